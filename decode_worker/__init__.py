@@ -1,0 +1,1 @@
+"""dsflash.decode_worker"""

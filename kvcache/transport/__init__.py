@@ -1,0 +1,1 @@
+"""dsflash.kvcache.transport"""

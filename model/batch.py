@@ -1,0 +1,46 @@
+"""One forward's view of the requests it serves: each request's rows in the flat token batch.
+
+Dense work (projections, MoE, mHC) runs over all rows at once; per-request work
+(attention, compressor, indexer, Engram look-back) loops over `SeqRun`s.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from ..kvcache.state import SequenceCache
+
+
+@dataclass
+class SeqRun:
+    cache: SequenceCache
+    tokens: torch.Tensor  # [n] int64 token ids of this forward
+    start: int  # absolute position of tokens[0]
+    history: list[int]  # token ids right before `start` (Engram look-back)
+    offset: int = 0  # first row in the flat batch
+    skip_compressor: bool = False  # CED decoder pass: the encoder pass already built the entries
+    shared: dict = field(default_factory=dict)  # per-forward CSA2 state: top-k lists, candidate pool
+
+    @property
+    def n(self) -> int:
+        return int(self.tokens.shape[0])
+
+    @property
+    def rows(self) -> slice:
+        return slice(self.offset, self.offset + self.n)
+
+    @property
+    def positions(self) -> torch.Tensor:
+        return torch.arange(self.start, self.start + self.n, dtype=torch.long)
+
+
+def pack(runs: list[SeqRun]) -> torch.Tensor:
+    """Assign row offsets; returns the flat token ids [T]."""
+    offset = 0
+    for run in runs:
+        run.offset = offset
+        run.shared = {}
+        offset += run.n
+    return torch.cat([run.tokens for run in runs]) if runs else torch.zeros(0, dtype=torch.long)

@@ -1,0 +1,157 @@
+"""DeepSeek-V4.1-Flash: the wiring of embedding, 40 mHC blocks and the head.
+
+Shapes: T rows (all requests' tokens of one forward), S = hc_mult streams, H hidden, V vocab.
+  X [T, S, H] = embed(tokens) on every stream; pre = one-hot(stream 0)
+  for each layer: [Engram] -> mHC block (attention, MoE), each collapse using the `pre`
+                  of the site before it (single-pass mHC)
+  logits = RMSNorm(sum_s pre_s X_s, norm) @ head^T   (fp32)
+
+Three entry points share one layer loop:
+- `forward`: every layer over every row (exact prefill, decode, verification);
+- `encode`:  CED encoder — layers before the last KV source over every row, plus that
+             layer's KV path (compressor, index keys), returning the streams entering it;
+- `decode_rows`: CED decoder — the remaining layers over a request's tail rows only.
+"""
+
+from __future__ import annotations
+
+import pathlib
+from dataclasses import dataclass
+
+import torch
+
+from .batch import SeqRun, pack
+from .config import LayerRole, ModelConfig
+from .engram_hash import EngramHasher, compressed_map
+from .layers.attention import attention
+from .layers.compressor import compress
+from .layers.engram import engram
+from .layers.mhc import hc_collapse, hc_expand, hc_mix
+from .layers.moe import moe
+from .layers.norm import rms_norm
+from .ops import ReferenceOps
+from .rope import Rope
+from .weights import Checkpoint, WeightStore, select_for_tier
+
+
+@dataclass
+class ForwardResult:
+    logits: list[torch.Tensor | None]  # per run: [rows, V] fp32 (rows chosen by `logits=`)
+    taps: list[torch.Tensor | None]  # per run: [n, targets*H] DSpark taps, when asked for
+
+
+class DeepseekV41:
+    def __init__(self, weights: WeightStore, *, tokenizer_json: str | pathlib.Path | None = None, qat: bool = True,
+                 act_quant: bool = False, device: str | torch.device = "cpu"):
+        self.config: ModelConfig = weights.config
+        self.ops = ReferenceOps(weights, act_quant=act_quant, device=device)
+        self.device = torch.device(device)
+        self.rope = Rope(self.config, device=self.device)
+        self.qat = qat
+        self.hasher = None
+        if self.config.engram_layers:
+            if tokenizer_json is None:
+                raise ValueError("Engram layers need the checkpoint's tokenizer.json to hash n-grams")
+            self.hasher = EngramHasher(self.config, compressed_map(str(tokenizer_json)))
+
+    @classmethod
+    def from_checkpoint(cls, path: str | pathlib.Path, *, tier: str = "all", device="cpu", progress: bool = False,
+                        **kwargs) -> "DeepseekV41":
+        ckpt = Checkpoint(path)
+        weights = ckpt.load(select_for_tier(tier), progress=progress)
+        tokenizer = pathlib.Path(path) / "tokenizer.json"
+        return cls(weights, tokenizer_json=tokenizer if tokenizer.exists() else None, device=device, **kwargs)
+
+    # ------------------------------------------------------------ entry points
+
+    def forward(self, runs: list[SeqRun], *, logits: str = "last", taps: bool = False) -> ForwardResult:
+        tokens = pack(runs)
+        X, pre = self.embed(tokens)
+        X, pre, tap_rows = self._layers(X, pre, runs, range(self.config.num_layers), self._hash(runs), taps)
+        return self._outputs(X, pre, runs, logits, tap_rows)
+
+    def encode(self, runs: list[SeqRun]) -> tuple[torch.Tensor, torch.Tensor]:
+        """CED encoder pass. Returns (X, pre) entering the first decoder layer, for every row."""
+        split = self.config.ced_split
+        tokens = pack(runs)
+        X, pre = self.embed(tokens)
+        hashes = self._hash(runs)
+        X, pre, _ = self._layers(X, pre, runs, range(split), hashes, False)
+        role = self.config.roles[split]
+        Xs = self._engram(role, X, hashes) if role.engram_slot is not None else X
+        xa = rms_norm(hc_collapse(Xs, pre), self.ops.w(f"{role.prefix}.attn_norm.weight"), self.config.rms_norm_eps)
+        for run in runs:
+            compress(self.ops, self.config, role, xa[run.rows], run, self.rope, self.qat)
+        return X, pre
+
+    def decode_rows(self, runs: list[SeqRun], X: torch.Tensor, pre: torch.Tensor, *, logits: str = "last",
+                    taps: bool = False) -> ForwardResult:
+        """CED decoder pass over given rows (X, pre from `encode`), skipping the rebuilt entries."""
+        pack(runs)
+        for run in runs:
+            run.skip_compressor = True
+        split = self.config.ced_split
+        X, pre, tap_rows = self._layers(X, pre, runs, range(split, self.config.num_layers), self._hash(runs), taps)
+        return self._outputs(X, pre, runs, logits, tap_rows)
+
+    # ------------------------------------------------------------ pieces
+
+    def embed(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        S = self.config.hc_mult
+        e = self.ops.w("embed.weight")[tokens.to(self.device)]
+        X = e.unsqueeze(1).expand(-1, S, -1).contiguous()
+        pre = torch.zeros(e.shape[0], S, device=self.device)
+        pre[:, 0] = 1.0
+        return X, pre
+
+    def block(self, role: LayerRole, X: torch.Tensor, pre: torch.Tensor, runs: list[SeqRun],
+              block_mode: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """One mHC block; returns the new streams and this block's FFN `pre` for the next site."""
+        c, w, p = self.config, self.ops.w, role.prefix
+        a_pre, a_post, a_comb = hc_mix(X, w(f"{p}.hc_attn_fn"), w(f"{p}.hc_attn_base"), w(f"{p}.hc_attn_scale"),
+                                       c.hc_sinkhorn_iters, c.hc_eps, c.rms_norm_eps)
+        xa = rms_norm(hc_collapse(X, pre), w(f"{p}.attn_norm.weight"), c.rms_norm_eps)
+        y = attention(self.ops, c, role, xa, runs, self.rope, self.qat, block_mode=block_mode)
+        X = hc_expand(y, X, a_post, a_comb)
+        f_pre, f_post, f_comb = hc_mix(X, w(f"{p}.hc_ffn_fn"), w(f"{p}.hc_ffn_base"), w(f"{p}.hc_ffn_scale"),
+                                       c.hc_sinkhorn_iters, c.hc_eps, c.rms_norm_eps)
+        xf = rms_norm(hc_collapse(X, a_pre), w(f"{p}.ffn_norm.weight"), c.rms_norm_eps)
+        X = hc_expand(moe(self.ops, c, role, xf), X, f_post, f_comb)
+        return X, f_pre
+
+    def head(self, X: torch.Tensor, pre: torch.Tensor, norm: str = "norm.weight") -> torch.Tensor:
+        h = rms_norm(hc_collapse(X, pre), self.ops.w(norm), self.config.rms_norm_eps)
+        return h @ self.ops.w("head.weight").T
+
+    def _layers(self, X, pre, runs, layers, hashes, want_taps):
+        roles = self.config.roles
+        taps = [None] * len(self.config.dspark_target_layers) if want_taps else None
+        for layer in layers:
+            role = roles[layer]
+            if role.engram_slot is not None:
+                X = self._engram(role, X, hashes)
+            if want_taps and role.tap_slot is not None:
+                taps[role.tap_slot] = X.mean(dim=1)
+            X, pre = self.block(role, X, pre, runs)
+        return X, pre, (torch.cat(taps, dim=-1) if want_taps and taps and all(t is not None for t in taps) else None)
+
+    def _engram(self, role: LayerRole, X: torch.Tensor, hashes: torch.Tensor | None) -> torch.Tensor:
+        return engram(self.ops, self.config, role, X, hashes[:, role.engram_slot])
+
+    def _hash(self, runs: list[SeqRun]) -> torch.Tensor | None:
+        if self.hasher is None:
+            return None
+        return torch.cat([self.hasher(run.tokens, run.history) for run in runs])
+
+    def _outputs(self, X, pre, runs, which: str, tap_rows) -> ForwardResult:
+        logits: list[torch.Tensor | None] = []
+        if which == "none":
+            logits = [None] * len(runs)
+        else:
+            pick = [run.offset + run.n - 1 for run in runs] if which == "last" else None
+            rows = torch.tensor(pick) if pick is not None else slice(None)
+            flat = self.head(X[rows], pre[rows])
+            for i, run in enumerate(runs):
+                logits.append(flat[i:i + 1] if which == "last" else flat[run.rows])
+        taps = [tap_rows[run.rows] if tap_rows is not None else None for run in runs]
+        return ForwardResult(logits, taps)

@@ -1,0 +1,205 @@
+"""Engram n-gram hashing: token ids -> rows of the per-layer hash tables.
+
+A token is first mapped to a "compressed id" (tokens whose normalized text is equal share
+one id), then every position hashes the 2..N-grams ending at it: a rolling XOR of
+compressed ids times per-layer odd multipliers, reduced modulo one prime per
+(n-gram size, head). Each (n-gram, head) owns a disjoint row range of the layer's table.
+The look-back needs the previous N-1 token ids, across chunks and requests: callers pass
+them explicitly (`history`), which is part of a request's cache state.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import pathlib
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+import torch
+
+from .config import ModelConfig
+
+log = logging.getLogger(__name__)
+
+DEAD = -1  # before the sequence start (or an image token): blocks longer n-grams
+
+
+def _is_prime(n: int) -> bool:
+    if n < 2:
+        return False
+    if n % 2 == 0:
+        return n == 2
+    f = 3
+    while f * f <= n:
+        if n % f == 0:
+            return False
+        f += 2
+    return True
+
+
+@dataclass(frozen=True)
+class EngramLayout:
+    """primes[layer][ngram-2][head]; offsets[layer][(ngram-2)*heads + head] (row start of that range)."""
+
+    primes: tuple[tuple[tuple[int, ...], ...], ...]
+    offsets: tuple[tuple[int, ...], ...]
+
+    @property
+    def table_rows(self) -> tuple[int, ...]:
+        return tuple(sum(p for per in layer for p in per) for layer in self.primes)
+
+    @classmethod
+    def build(cls, num_layers: int, max_ngram: int, n_heads: int, vocab_size: int) -> "EngramLayout":
+        # Primes are drawn in order, never reused across layers; the search cursor restarts at
+        # vocab_size - 1 for every n-gram size.
+        seen: set[int] = set()
+        primes = []
+        for _ in range(num_layers):
+            per_ngram = []
+            for _ in range(max_ngram - 1):
+                cursor, sizes = vocab_size - 1, []
+                for _ in range(n_heads):
+                    cursor += 1
+                    while not _is_prime(cursor) or cursor in seen:
+                        cursor += 1
+                    seen.add(cursor)
+                    sizes.append(cursor)
+                per_ngram.append(tuple(sizes))
+            primes.append(tuple(per_ngram))
+        offsets = []
+        for layer in primes:
+            row, total = [], 0
+            for p in (p for per in layer for p in per):
+                row.append(total)
+                total += p
+            offsets.append(tuple(row))
+        return cls(tuple(primes), tuple(offsets))
+
+
+def hash_multipliers(layer_ids: tuple[int, ...], max_ngram: int, compressed_vocab: int) -> torch.Tensor:
+    """[layers, max_ngram] odd int64 multipliers from numpy's PCG64 seeded 10007 * layer_id."""
+    bound = max(1, (np.iinfo(np.int64).max // compressed_vocab) // 2)
+    rows = []
+    for layer in layer_ids:
+        values = np.random.default_rng(10007 * layer).integers(0, bound, size=(max_ngram,), dtype=np.int64)
+        rows.append(torch.from_numpy(values * 2 + 1))
+    return torch.stack(rows)
+
+
+# ------------------------------------------------------------------ compressed token map
+
+
+def _normalizer():
+    from tokenizers import Regex, normalizers
+
+    sentinel = "\ue000"  # keeps a token that is exactly one space from collapsing to ""
+    return normalizers.Sequence([
+        normalizers.NFKC(), normalizers.NFD(), normalizers.StripAccents(), normalizers.Lowercase(),
+        normalizers.Replace(Regex(r"[ \t\r\n]+"), " "), normalizers.Replace(Regex(r"^ $"), sentinel),
+        normalizers.Strip(), normalizers.Replace(sentinel, " "),
+    ])
+
+
+def build_compressed_map(tokenizer_json: pathlib.Path) -> np.ndarray:
+    """token id -> compressed id, over the whole tokenizer (not just the model's vocab)."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(tokenizer_json))
+    norm = _normalizer()
+    size = tok.get_vocab_size(with_added_tokens=True)
+    keys: dict[str, int] = {}
+    out = np.zeros(size, dtype=np.int64)
+    for token_id in range(size):
+        text = tok.decode([token_id], skip_special_tokens=False)
+        if "\ufffd" in text:
+            key = tok.id_to_token(token_id)  # partial UTF-8 byte token: keyed by its raw form
+        else:
+            key = norm.normalize_str(text) or text
+        out[token_id] = keys.setdefault(key, len(keys))
+    return out
+
+
+def _cache_dir() -> pathlib.Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return pathlib.Path(base) / "dsflash"
+
+
+@lru_cache(maxsize=4)
+def compressed_map(tokenizer_json: str) -> np.ndarray:
+    """The map, cached on disk by the tokenizer file's hash (building it takes seconds)."""
+    path = pathlib.Path(tokenizer_json)
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+    cache = _cache_dir() / f"engram-map-{digest}.npy"
+    if cache.exists():
+        return np.load(cache)
+    table = build_compressed_map(path)
+    try:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cache.with_suffix(f".{os.getpid()}.tmp.npy")
+        np.save(tmp, table)
+        os.replace(tmp, cache)
+    except OSError as exc:  # a read-only home only costs the rebuild next time
+        log.warning("cannot cache the Engram token map in %s: %s", cache, exc)
+    return table
+
+
+# ------------------------------------------------------------------ hashing
+
+
+class EngramHasher:
+    """Hash ids of every engram layer for a run of tokens, given the N-1 ids before them."""
+
+    def __init__(self, config: ModelConfig, token_map: np.ndarray):
+        c = config
+        self.num_layers = len(c.engram_layers)
+        self.max_ngram = c.engram_max_ngram_size
+        self.context = self.max_ngram - 1
+        distinct = int(token_map.max()) + 1 if len(token_map) else 0
+        if distinct != c.engram_compressed_vocab_size:
+            raise ValueError(
+                f"the tokenizer gives {distinct} compressed Engram ids but the config says "
+                f"engram_compressed_vocab_size = {c.engram_compressed_vocab_size}: every hash would differ"
+            )
+        layout = EngramLayout.build(self.num_layers, self.max_ngram, c.engram_n_heads, c.engram_vocab_size)
+        if layout.table_rows != tuple(c.engram_num_embeddings):
+            raise ValueError(
+                f"engram_num_embeddings {list(c.engram_num_embeddings)} does not match the prime layout "
+                f"{list(layout.table_rows)} derived from engram_vocab_size / engram_n_heads"
+            )
+        self.token_map = torch.from_numpy(token_map)
+        self.pad = int(token_map[c.engram_pad_token_id])
+        self.primes = torch.tensor(layout.primes, dtype=torch.int64)  # [L, N-1, heads]
+        self.offsets = torch.tensor(layout.offsets, dtype=torch.int64)  # [L, cols]
+        self.multipliers = hash_multipliers(c.engram_layers, self.max_ngram, c.engram_compressed_vocab_size)
+
+    def __call__(self, tokens: torch.Tensor, history: list[int]) -> torch.Tensor:
+        """tokens [S] (new ids), history = the ids right before them (may be shorter than N-1
+        at the sequence start). Returns [S, layers, cols] int64 row ids."""
+        tokens = tokens.to("cpu", torch.int64)
+        before = list(history)[-self.context:] if self.context else []
+        lead = torch.full((self.context - len(before),), DEAD, dtype=torch.int64)
+        seq = torch.cat([lead, self.token_map[torch.tensor(before, dtype=torch.int64)], self.token_map[tokens]])
+        n = tokens.shape[0]
+        ids, blocked = [], torch.zeros(n, dtype=torch.bool)
+        for shift in range(self.max_ngram):
+            source = seq[self.context - shift: self.context - shift + n]
+            blocked = blocked | (source == DEAD)
+            ids.append(torch.where(blocked, torch.full_like(source, self.pad), source))
+        grams = torch.stack(ids, dim=-1)  # [S, N]
+        products = grams.unsqueeze(1) * self.multipliers  # [S, L, N]
+        rolling, hashes = products[..., 0], []
+        for i in range(1, self.max_ngram):
+            rolling = torch.bitwise_xor(rolling, products[..., i])
+            hashes.append(rolling.unsqueeze(-1) % self.primes[:, i - 1])
+        return torch.cat(hashes, dim=-1) + self.offsets
+
+
+def engram_table_rows(config_like: dict) -> list[int]:
+    """Rows per engram layer for a text_config dict (used when writing checkpoints)."""
+    layout = EngramLayout.build(len(config_like["engram_layer_ids"]), config_like["engram_max_ngram_size"],
+                                config_like["engram_n_heads"], config_like["engram_vocab_size"])
+    return list(layout.table_rows)
+

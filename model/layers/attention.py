@@ -1,0 +1,96 @@
+"""V4.1 attention sublayer: one shared 512-d latent as K and V, a window ring plus sparse
+compressed entries, a per-head sink, inverse RoPE on the output, grouped low-rank output.
+
+Shapes: T rows, n rows of one request, h heads, D latent, W window.
+  qr = RMSNorm(x @ wq_a^T, q_norm)            [T, q_lora]
+  q  = RoPE(qr @ wq_b^T)                       [T, h, D]
+  kv = FP8q(RoPE(RMSNorm(x @ wkv^T, kv_norm))) [T, D]     K = V, written to the ring
+  o  = attention over window [i-W+1, i] + selected entries, with sink
+  out = wo_b(group-wise wo_a(RoPE^-1(o)))     [T, H]
+A DSpark stage attends non-causally: every block row sees the stage ring up to the
+anchor position and all block rows.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..batch import SeqRun
+from ..config import LayerRole, ModelConfig
+from ..kernels.sparse_attention import sparse_attention_ref
+from ..ops import ReferenceOps
+from ..quant import fake_quant_fp8
+from ..rope import Rope, apply_rope
+from .compressor import compress
+from .indexer import index
+from .norm import rms_norm
+
+
+def attention(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, xa: torch.Tensor, runs: list[SeqRun],
+              rope: Rope, qat: bool, block_mode: bool = False) -> torch.Tensor:
+    p, eps, heads, hd = role.prefix, cfg.rms_norm_eps, cfg.num_heads, cfg.head_dim
+    q_res = rms_norm(ops.linear(xa, f"{p}.attn.wq_a"), ops.w(f"{p}.attn.q_norm.weight"), eps)
+    q_all = ops.linear(q_res, f"{p}.attn.wq_b").view(-1, heads, hd)
+    kv_all = rms_norm(ops.linear(xa, f"{p}.attn.wkv"), ops.w(f"{p}.attn.kv_norm.weight"), eps)
+    sink = ops.w(f"{p}.attn.attn_sink")
+    outputs = []
+    for run in runs:
+        rows = run.rows
+        cos, sin = rope.cos_sin(role.rope, run.positions)
+        q = apply_rope(q_all[rows], cos, sin)
+        kv = apply_rope(kv_all[rows], cos, sin)
+        if qat:
+            kv = fake_quant_fp8(kv)
+        selected = valid = None
+        if role.ratio:
+            if role.is_kv_source and not run.skip_compressor:
+                compress(ops, cfg, role, xa[rows], run, rope, qat)
+            if role.is_index_source:
+                index(ops, cfg, role, xa[rows], q_res[rows], run, rope, qat)
+            topk = run.shared.get("topk")
+            if topk is not None and topk.shape[1] > 0:
+                valid = topk >= 0
+                selected = run.cache.entries_gather(role.kv_source, topk.clamp_min(0))
+        if block_mode:
+            window_kv, mask = _block_window(run, role, kv)
+        else:
+            window_kv, mask = _causal_window(cfg, run, role, kv)
+        o = sparse_attention_ref(q, window_kv, mask, selected, valid, sink, hd**-0.5)
+        outputs.append(apply_rope(o, cos, sin, inverse=True))
+    o = torch.cat(outputs)  # [T, h, D]
+    return _grouped_output(ops, cfg, p, o)
+
+
+def _causal_window(cfg: ModelConfig, run: SeqRun, role: LayerRole, kv: torch.Tensor):
+    """Keys = cached ring positions before this run + this run's own; writes this run into the ring."""
+    cache, layer, window = run.cache, role.index, cfg.sliding_window
+    cached_pos = cache.window_positions(layer, run.start - window + 1, run.start)
+    keys = torch.cat([cache.ring_read(layer, cached_pos).float(), kv])
+    key_pos = torch.cat([cached_pos, run.positions])
+    q_pos = run.positions.unsqueeze(1)
+    mask = (key_pos.unsqueeze(0) <= q_pos) & (key_pos.unsqueeze(0) > q_pos - window)
+    keep = min(run.n, cache.ring_capacity)
+    cache.ring_write(layer, run.positions[-keep:], kv[-keep:])
+    cache.note_ring_write(layer, run.start, run.n)
+    return keys, mask
+
+
+def _block_window(run: SeqRun, role: LayerRole, kv: torch.Tensor):
+    """DSpark block: the stage ring up to the anchor (run.start - 1) and every block row."""
+    cache, layer = run.cache, role.index
+    window = cache.config.sliding_window
+    cached_pos = cache.window_positions(layer, run.start - window, run.start)
+    keys = torch.cat([cache.ring_read(layer, cached_pos).float(), kv])
+    mask = torch.ones(run.n, keys.shape[0], dtype=torch.bool)
+    return keys, mask
+
+
+def _grouped_output(ops: ReferenceOps, cfg: ModelConfig, p: str, o: torch.Tensor) -> torch.Tensor:
+    """o [T, h, D] -> [T, H]: block-diagonal wo_a over o_groups, then wo_b."""
+    groups = cfg.o_groups
+    flat = o.reshape(o.shape[0], -1)
+    if ops.act_quant:
+        flat = fake_quant_fp8(flat)
+    wo_a = ops.w(f"{p}.attn.wo_a").view(groups, cfg.o_lora_rank, -1)  # [G, r, in_g]
+    u = torch.einsum("tgi,gri->tgr", flat.view(o.shape[0], groups, -1), wo_a)
+    return ops.linear(u.reshape(o.shape[0], -1), f"{p}.attn.wo_b")

@@ -1,0 +1,28 @@
+"""Engram conditional memory: n-gram table rows gated into each residual stream.
+
+Shapes: T rows, S streams, H hidden, C hash columns ((N-1) n-gram sizes x heads), d row width.
+  e    = table rows for the hash ids                 [T, C*d]  (FP8 rows, e8m0 per 32)
+  kv   = e @ wkv^T -> S keys ++ 1 value              [T, (S+1)*H]
+  dot  = sum_d X_s * (q_w*k_w)_s * key_s * rstd(X_s) * rstd(key_s) / sqrt(H)
+  g    = sigmoid(sign(dot) * sqrt(max(|dot|, 1e-6)))  [T, S]
+  X_s += g_s * value
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..config import LayerRole, ModelConfig
+from ..ops import ReferenceOps
+
+
+def engram(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, X: torch.Tensor, hash_ids: torch.Tensor) -> torch.Tensor:
+    p, S, H, eps = role.prefix, cfg.hc_mult, cfg.hidden_size, cfg.rms_norm_eps
+    rows = ops.weights[f"{p}.engram.embed"].rows(hash_ids.to(X.device))  # [T, C, d]
+    kv = ops.linear(rows.flatten(-2), f"{p}.engram.wkv")
+    key, value = kv[:, : S * H].view(-1, S, H), kv[:, S * H:]
+    wqk = ops.w(f"{p}.engram.q_weight") * ops.w(f"{p}.engram.k_weight")  # [S, H]
+    rstd = torch.rsqrt(X.square().mean(-1) + eps) * torch.rsqrt(key.square().mean(-1) + eps)
+    dot = (X * wqk * key).sum(-1) * rstd * H**-0.5
+    gate = torch.sigmoid(torch.copysign(dot.abs().clamp_min(1e-6).sqrt(), dot))
+    return X + gate.unsqueeze(-1) * value.unsqueeze(-2)

@@ -1,0 +1,82 @@
+"""CSA2 indexer: which compressed entries each query attends to.
+
+Shapes: n queries, Hi indexer heads, Di head dim, N entries of the layer's KV source.
+score(j) = sum_h w_h * ReLU(qI_h . k_j) / sqrt(Di), with qI = FP4q32(RoPE(q_res @ wq_b^T)) and
+w = (x @ weights_proj^T) / sqrt(Hi). Entry j is visible to the query at position i iff
+j < (i+1) // ratio. The candidate-source layer keeps the best `candidate_topk_blocks` blocks
+of `candidate_block_size` entries (the block holding the newest visible entry always kept);
+later index sources score only inside that pool. Each query keeps the top `index_topk`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..batch import SeqRun
+from ..config import LayerRole, ModelConfig
+from ..ops import ReferenceOps
+from ..quant import fake_quant_fp4
+from ..rope import Rope, apply_rope
+
+_SCORE_BUDGET = 1 << 26  # fp32 elements of one [queries, heads, entries] score chunk
+
+
+def select_candidate_blocks(scores: torch.Tensor, visible: torch.Tensor, topk_blocks: int, block: int) -> torch.Tensor:
+    """scores [n, N] (-inf where invisible), visible [n] -> bool mask [n, N] of the kept blocks."""
+    width = scores.shape[-1]
+    padded = torch.nn.functional.pad(scores, (0, -width % block), value=float("-inf"))
+    block_scores = padded.unflatten(-1, (-1, block)).amax(dim=-1)  # [n, B]
+    newest = ((visible - 1) // block).unsqueeze(-1)  # -1 when nothing is visible: pins nothing
+    block_scores = block_scores.masked_fill(torch.arange(block_scores.shape[-1]) == newest, float("inf"))
+    k = min(topk_blocks, block_scores.shape[-1])
+    order = torch.sort(block_scores, dim=-1, descending=True, stable=True)
+    keep = torch.zeros_like(block_scores, dtype=torch.bool)
+    keep.scatter_(-1, order.indices[:, :k], order.values[:, :k] > float("-inf"))
+    return keep.repeat_interleave(block, dim=-1)[:, :width]
+
+
+def top_entries(scores: torch.Tensor, k: int) -> torch.Tensor:
+    """Top-k entry ids per query (stable: ties go to the lower id), ascending, -1 where fewer are visible."""
+    order = torch.sort(scores, dim=-1, descending=True, stable=True)
+    idx = torch.where(order.values[:, :k] > float("-inf"), order.indices[:, :k], -1)
+    return torch.sort(idx, dim=-1).values
+
+
+def index(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, xa: torch.Tensor, q_res: torch.Tensor, run: SeqRun,
+          rope: Rope, qat: bool) -> None:
+    """Publishes run.shared['topk'] ([n, k] entry ids, -1 = none) and, at the candidate source,
+    run.shared['candidates'] ([n, N] bool)."""
+    p, shared = role.prefix, run.shared
+    keys = run.cache.index_keys(role.kv_source)  # [N, Di]
+    total = keys.shape[0]
+    if total == 0:
+        shared["topk"] = None
+        if role.is_candidate_source:
+            shared["candidates"] = None
+        return
+    heads, dim = cfg.index_n_heads, cfg.index_head_dim
+    positions = run.positions
+    cos, sin = rope.cos_sin("yarn", positions)
+    q = apply_rope(ops.linear(q_res, f"{p}.attn.indexer.wq_b").view(run.n, heads, dim), cos, sin)
+    if qat:
+        q = fake_quant_fp4(q, 32)
+    weights = ops.linear(xa, f"{p}.attn.indexer.weights_proj.weight") * heads**-0.5  # [n, Hi]
+    visible = (positions + 1) // role.ratio
+    candidates_in = shared.get("candidates") if role.uses_candidates else None
+    k = min(cfg.index_topk, total)
+    chunk = max(1, _SCORE_BUDGET // (heads * total))
+    picks, pools = [], []
+    for lo in range(0, run.n, chunk):
+        hi = min(lo + chunk, run.n)
+        scores = torch.einsum("nhd,td->nht", q[lo:hi], keys.float()).relu() * dim**-0.5
+        scores = (scores * weights[lo:hi].unsqueeze(-1)).sum(dim=1)  # [c, N]
+        scores = scores.masked_fill(torch.arange(total) >= visible[lo:hi, None], float("-inf"))
+        if role.is_candidate_source:
+            pools.append(select_candidate_blocks(scores, visible[lo:hi], cfg.candidate_topk_blocks,
+                                                 cfg.candidate_block_size))
+        elif candidates_in is not None:
+            scores = scores.masked_fill(~candidates_in[lo:hi], float("-inf"))
+        picks.append(top_entries(scores, k))
+    if role.is_candidate_source:
+        shared["candidates"] = torch.cat(pools)
+    shared["topk"] = torch.cat(picks)

@@ -1,0 +1,40 @@
+"""Manifold-constrained hyper-connections (mHC): 4 residual streams mixed per sublayer.
+
+Shapes: T tokens, S streams (hc_mult), H hidden.
+A site's mix is one projection of the RMS-normalized flattened streams [T, S*H] into
+S `pre` gates, S `post` gates and an SxS `comb` matrix that Sinkhorn iterations push
+onto the doubly-stochastic manifold. V4.1 is single-pass: the `pre` a site computes is
+used by the NEXT site's collapse.
+"""
+
+import torch
+
+from .norm import rms_norm
+
+
+def hc_mix(X: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, iters: int,
+           hc_eps: float, norm_eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """X [T, S, H] -> pre [T, S], post [T, S], comb [T, S, S] (comb[j, k]: stream j into k)."""
+    S = X.shape[-2]
+    flat = rms_norm(X.flatten(-2), None, norm_eps)  # [T, S*H]
+    mixes = flat @ fn.T  # [T, (2+S)*S]
+    pre = torch.sigmoid(mixes[:, :S] * scale[0] + base[:S]) + hc_eps
+    post = 2 * torch.sigmoid(mixes[:, S:2 * S] * scale[1] + base[S:2 * S])
+    logits = mixes[:, 2 * S:].view(-1, S, S) * scale[2] + base[2 * S:].view(S, S)
+    comb = torch.softmax(logits, dim=-1) + hc_eps
+    comb = comb / (comb.sum(dim=-2, keepdim=True) + hc_eps)
+    for _ in range(iters - 1):
+        comb = comb / (comb.sum(dim=-1, keepdim=True) + hc_eps)
+        comb = comb / (comb.sum(dim=-2, keepdim=True) + hc_eps)
+    return pre, post, comb
+
+
+def hc_collapse(X: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
+    """sum_j pre_j X_j: [T, S, H] -> [T, H]."""
+    return (pre.unsqueeze(-1) * X).sum(dim=-2)
+
+
+def hc_expand(y: torch.Tensor, X: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
+    """Stream k <- post_k * y + sum_j comb[j, k] X_j."""
+    mixed = torch.einsum("tjk,tjd->tkd", comb, X)
+    return post.unsqueeze(-1) * y.unsqueeze(-2) + mixed

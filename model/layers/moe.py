@@ -1,0 +1,50 @@
+"""Mixture of experts: sqrt-softplus router with a selection-only bias, clamped SwiGLU experts.
+
+Shapes: T rows, H hidden, E routed experts, k per token, I expert width.
+  s   = sqrt(softplus(x @ gate^T / gate_temp))                 [T, E] fp32
+  idx = top-k(s + bias)   (ties -> lower expert id)             [T, k]
+  w   = s[idx] / (sum s[idx] + 1e-20) * routed_scaling_factor   [T, k]
+  y   = sum_e w2_e(w_e * silu(min(x w1_e, L)) * clamp(x w3_e, -L, L)) + shared(x)
+The routing weight multiplies the activation before w2 (the reference's order).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..config import LayerRole, ModelConfig
+from ..ops import ReferenceOps
+
+
+def route(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    p, k = role.prefix, role.num_experts_per_tok
+    logits = ops.linear(x, f"{p}.ffn.gate.weight") / cfg.gate_temp
+    scores = torch.sqrt(F.softplus(logits))
+    biased = scores + ops.w(f"{p}.ffn.gate.bias")
+    idx = torch.sort(biased, dim=-1, descending=True, stable=True).indices[:, :k]
+    weights = scores.gather(1, idx)
+    if cfg.norm_topk_prob and k > 1:
+        weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+    return weights * cfg.routed_scaling_factor, idx
+
+
+def clamped_swiglu(gate: torch.Tensor, up: torch.Tensor, limit: float) -> torch.Tensor:
+    if limit > 0:
+        gate, up = gate.clamp(max=limit), up.clamp(-limit, limit)
+    return F.silu(gate) * up
+
+
+def moe(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, x: torch.Tensor) -> torch.Tensor:
+    p, limit = role.prefix, cfg.swiglu_limit
+    weights, idx = route(ops, cfg, role, x)
+    y = torch.zeros(x.shape[0], x.shape[1], dtype=torch.float32, device=x.device)
+    for expert in torch.unique(idx).tolist():
+        rows, slot = torch.where(idx == expert)
+        xe = x[rows]
+        e = f"{p}.ffn.experts.{expert}"
+        h = clamped_swiglu(ops.linear(xe, f"{e}.w1"), ops.linear(xe, f"{e}.w3"), limit) * weights[rows, slot, None]
+        y.index_add_(0, rows, ops.linear(h, f"{e}.w2"))
+    s = f"{p}.ffn.shared_experts"
+    shared = ops.linear(clamped_swiglu(ops.linear(x, f"{s}.w1"), ops.linear(x, f"{s}.w3"), limit), f"{s}.w2")
+    return y + shared

@@ -1,0 +1,42 @@
+"""How the model touches its weights: one object, so a fast path can replace the reference one.
+
+`ReferenceOps` computes in fp32 on exactly dequantized weights. In faithful mode
+(`act_quant=True`) the input of every FP8/FP4-weight GEMM is first rounded to FP8 in 1x32
+blocks, as the reference inference code does; BF16-weight GEMMs (compressor, indexer keys
+and weights, router, heads) take the input as it is.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .quant import fake_quant_fp8
+from .weights import Fp4Weight, Fp8Weight, WeightStore
+
+
+class ReferenceOps:
+    def __init__(self, weights: WeightStore, act_quant: bool = False, device: str | torch.device = "cpu"):
+        self.weights = weights
+        self.act_quant = act_quant
+        self.device = torch.device(device)
+        self._dense: dict[str, torch.Tensor] = {}
+
+    def w(self, name: str) -> torch.Tensor:
+        """fp32 value of a weight on the compute device (dequantized once)."""
+        t = self._dense.get(name)
+        if t is None:
+            t = self.weights.dense(name).to(self.device)
+            self._dense[name] = t
+        return t
+
+    def has(self, name: str) -> bool:
+        return name in self.weights
+
+    def is_quantized(self, name: str) -> bool:
+        return isinstance(self.weights[name], (Fp8Weight, Fp4Weight))
+
+    def linear(self, x: torch.Tensor, name: str) -> torch.Tensor:
+        """x @ W.T in fp32; FP8/FP4 weights see an FP8-rounded input in faithful mode."""
+        if self.act_quant and self.is_quantized(name):
+            x = fake_quant_fp8(x)
+        return x.float() @ self.w(name).T

@@ -1,0 +1,55 @@
+"""Interleaved RoPE on the last `rope_head_dim` channels, two tables.
+
+`local`: rope_theta, plain (sliding-only layers and DSpark stages).
+`yarn`:  compress_rope_theta with YaRN frequency blending and no mscale (every layer with a
+         compressed branch: its queries, window KV and compressed entries).
+Adjacent channel pairs (2i, 2i+1) rotate as one complex number.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .config import ModelConfig, yarn_inv_freq_bounds
+
+
+def inverse_frequencies(config: ModelConfig, kind: str) -> torch.Tensor:
+    dim = config.rope_head_dim
+    if kind == "local" or config.yarn is None:
+        base = config.rope_theta if kind == "local" else config.compress_rope_theta
+        return 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
+    base, yarn = config.compress_rope_theta, config.yarn
+    pos_freqs = base ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim)
+    extrapolation = 1.0 / pos_freqs
+    interpolation = 1.0 / (yarn.factor * pos_freqs)
+    low, high = yarn_inv_freq_bounds(dim, base, yarn)
+    if low == high:
+        high += 0.001
+    ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    extrapolation_factor = 1 - ramp
+    return interpolation * (1 - extrapolation_factor) + extrapolation * extrapolation_factor
+
+
+class Rope:
+    """cos/sin per position for both tables, computed on demand (positions reach 1M)."""
+
+    def __init__(self, config: ModelConfig, device="cpu"):
+        self.inv_freq = {k: inverse_frequencies(config, k).to(device) for k in ("local", "yarn")}
+
+    def cos_sin(self, kind: str, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        inv = self.inv_freq[kind]
+        freqs = positions.to(inv.device, torch.float32)[:, None] * inv[None, :]  # [n, rope/2]
+        return freqs.cos(), freqs.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inverse: bool = False) -> torch.Tensor:
+    """x [n, ..., D]; cos/sin [n, rope/2]. Rotates the last 2*cos.shape[-1] channels."""
+    if inverse:
+        sin = -sin
+    rope_dim = cos.shape[-1] * 2
+    while cos.dim() < x.dim():
+        cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)
+    nope, rot = x[..., :-rope_dim], x[..., -rope_dim:]
+    even, odd = rot[..., 0::2].float(), rot[..., 1::2].float()
+    rotated = torch.stack([even * cos - odd * sin, even * sin + odd * cos], dim=-1).flatten(-2)
+    return torch.cat([nope, rotated.to(x.dtype)], dim=-1)

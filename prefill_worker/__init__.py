@@ -1,0 +1,1 @@
+"""dsflash.prefill_worker"""
