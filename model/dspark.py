@@ -1,0 +1,97 @@
+"""DSpark: the 3-stage block drafter shipped as `mtp.0-2` in the checkpoint.
+
+Shapes: R requests, B block size (5), H hidden, V vocab, r Markov rank, n taps.
+Context (after the target processed positions .. p):
+  taps   = mean over streams of the residual entering each target layer (37, 38, 39)   [n, 3H]
+  main_x = RMSNorm(taps @ main_proj^T, main_norm)                                        [n, H]
+  each stage writes FP8q(RoPE(RMSNorm(main_x @ wkv^T, kv_norm))) into its own window ring.
+Propose, with y the token just chosen for p+1:
+  block = [y, noise x (B-1)] at positions p+1..p+B, embedded on every stream;
+  the 3 stages run as mHC blocks whose attention sees the stage ring [p-W+1, p] and every
+  block row (non-causal); x = collapse with the last f_pre;
+  logits_i = RMSNorm(x_i, mtp.2.norm) @ head^T + markov_embed[out_i] @ markov_head^T, with
+  out_0 = y and out_{i+1} drawn from logits_i (sequentially);
+  confidence_i = sigmoid(cat(x_i, markov_embed[out_i]) @ confidence_proj^T).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from ..kvcache.state import SequenceCache
+from .batch import SeqRun, pack
+from .deepseek_v41 import DeepseekV41
+from .layers.mhc import hc_collapse
+from .layers.norm import rms_norm
+from .quant import fake_quant_fp8
+from .rope import apply_rope
+
+Chooser = Callable[[int, int, torch.Tensor], int]  # (request index, block row, logits [V]) -> token
+
+
+@dataclass
+class Proposal:
+    drafts: torch.Tensor  # [R, B] int64: tokens for positions p+2 .. p+B+1
+    logits: torch.Tensor  # [R, B, V] fp32: the distribution each draft was drawn from
+    confidence: torch.Tensor  # [R, B]: predicted probability that each draft is accepted
+
+
+def greedy_chooser(_request: int, _row: int, logits: torch.Tensor) -> int:
+    return int(torch.argmax(logits))
+
+
+class DSparkDrafter:
+    def __init__(self, model: DeepseekV41):
+        c = model.config
+        if c.num_dspark_stages == 0:
+            raise ValueError("this checkpoint has no DSpark stages")
+        self.model, self.config = model, c
+        self.stages = c.roles[c.num_layers:]
+        self.first, self.last = self.stages[0].prefix, self.stages[-1].prefix
+
+    def absorb(self, cache: SequenceCache, start: int, taps: torch.Tensor) -> None:
+        """Write the stage rings for positions start.. from the target's taps [n, targets*H]."""
+        ops, c = self.model.ops, self.config
+        main_x = rms_norm(ops.linear(taps, f"{self.first}.main_proj"), ops.w(f"{self.first}.main_norm.weight"),
+                          c.rms_norm_eps)
+        n = taps.shape[0]
+        positions = torch.arange(start, start + n)
+        keep = min(n, cache.ring_capacity)
+        cos, sin = self.model.rope.cos_sin("local", positions[-keep:])
+        for role in self.stages:
+            p = role.prefix
+            kv = rms_norm(ops.linear(main_x[-keep:], f"{p}.attn.wkv"), ops.w(f"{p}.attn.kv_norm.weight"), c.rms_norm_eps)
+            kv = apply_rope(kv, cos, sin)
+            if self.model.qat:
+                kv = fake_quant_fp8(kv)
+            cache.ring_write(role.index, positions[-keep:], kv)
+            cache.note_ring_write(role.index, start, n)
+
+    def propose(self, requests: list[tuple[SequenceCache, int]], choose: Chooser = greedy_chooser) -> Proposal:
+        """Drafts for each (cache, y): the cache has committed positions .. p, y is the token at p+1."""
+        c, model, ops = self.config, self.model, self.model.ops
+        B = c.dspark_block_size
+        runs = [SeqRun(cache=cache, tokens=torch.tensor([y] + [c.dspark_noise_token_id] * (B - 1)),
+                       start=cache.num_tokens, history=[]) for cache, y in requests]
+        X, pre = model.embed(pack(runs))
+        for role in self.stages:
+            X, pre = model.block(role, X, pre, runs, block_mode=True)
+        x = hc_collapse(X, pre).view(len(runs), B, -1)  # [R, B, H]
+        base = rms_norm(x, ops.w(f"{self.last}.norm.weight"), c.rms_norm_eps) @ ops.w("head.weight").T
+        markov_embed = ops.w(f"{self.last}.markov_head.embed.weight")
+        markov_head = ops.w(f"{self.last}.markov_head.head.weight")
+        out = torch.tensor([y for _, y in requests], dtype=torch.long)
+        drafts, logits, embeds = [], [], []
+        for i in range(B):
+            e = markov_embed[out]  # [R, r]
+            row = base[:, i] + e @ markov_head.T  # [R, V]
+            out = torch.tensor([choose(j, i, row[j]) for j in range(len(runs))], dtype=torch.long)
+            drafts.append(out)
+            logits.append(row)
+            embeds.append(e)
+        e = torch.stack(embeds, dim=1)  # [R, B, r]
+        confidence = torch.sigmoid(torch.cat([x, e], dim=-1) @ ops.w(f"{self.last}.confidence_head.proj.weight").T)
+        return Proposal(torch.stack(drafts, dim=1), torch.stack(logits, dim=1), confidence.squeeze(-1))

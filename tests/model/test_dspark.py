@@ -1,0 +1,94 @@
+"""The DSpark drafter is wired right.
+
+Construction: a target whose sublayers all output zero (wo_b, expert and shared w2, Engram
+wkv zeroed) keeps every stream equal to a multiple of the token embedding, so after the
+scale-invariant final RMSNorm its next-token logits are a pure function of the current
+token: a bigram model, head @ embed[t] (embeddings of +-1 entries and unit norm weights make
+the RMSNorm exact). The drafter gets the same treatment in its stages, a zero embedding for
+the noise token and a Markov head that copies the bigram (markov.embed = embed,
+markov.head = head, rank = hidden). Then block row 0 (token y) yields the target's logits for y,
+every later row only the Markov term of the previous draft, and the five drafts must be
+exactly the target's next five greedy tokens: this checks that the block starts with y at
+p+1, that each draft feeds the next row's Markov term in order, and the final collapse,
+norm and head. A second test checks that the stage rings matter and that drafts depend only
+on the committed context (one-shot vs token-by-token ring filling).
+"""
+
+import copy
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from dsflash.kvcache.state import DenseCache
+from dsflash.model.checkpoint_writer import preset_config, write_checkpoint
+from dsflash.model.deepseek_v41 import DeepseekV41
+from dsflash.model.dspark import DSparkDrafter
+from dsflash.model.runner import greedy, step
+
+
+@pytest.fixture(scope="module")
+def copying_checkpoint(tmp_path_factory):
+    raw = copy.deepcopy(preset_config("tiny"))
+    raw["text_config"]["dspark_markov_rank"] = raw["text_config"]["hidden_size"]
+    path = write_checkpoint(tmp_path_factory.mktemp("copy"), config_dict=raw, seed=3)
+    noise = raw["text_config"]["dspark_noise_token_id"]
+    for shard in path.glob("model-*.safetensors"):
+        t = load_file(str(shard))
+        g = torch.Generator().manual_seed(0)
+        for key in list(t):
+            if key.endswith((".attn.wo_b.weight", ".w2.weight", ".engram.wkv.weight")):
+                t[key] = torch.zeros_like(t[key])  # FP8 / FP4 zero codes: the sublayer outputs 0
+            elif key.endswith("norm.weight"):
+                t[key] = torch.ones_like(t[key])
+        if "embed.weight" in t:
+            signs = torch.randint(0, 2, t["embed.weight"].shape, generator=g).float() * 2 - 1
+            signs[noise] = 0
+            t["embed.weight"] = signs.to(torch.bfloat16)
+        save_file(t, str(shard), metadata={"format": "pt"})
+    # the Markov head copies the bigram: a second pass, once embed/head are known
+    tensors = {k: v for s in path.glob("model-*.safetensors") for k, v in load_file(str(s)).items()}
+    for shard in path.glob("model-*.safetensors"):
+        t = load_file(str(shard))
+        if "mtp.2.markov_head.embed.weight" in t:
+            t["mtp.2.markov_head.embed.weight"] = tensors["embed.weight"].clone()
+            t["mtp.2.markov_head.head.weight"] = tensors["head.weight"].clone()
+            save_file(t, str(shard), metadata={"format": "pt"})
+    return path
+
+
+def test_drafts_equal_target_greedy_when_the_drafter_copies_it(copying_checkpoint):
+    model = DeepseekV41.from_checkpoint(copying_checkpoint)
+    drafter = DSparkDrafter(model)
+    prompt = torch.tensor([0, 4021, 17, 99, 12345, 7, 800, 65000, 3, 42])
+    with torch.inference_mode():
+        expected = greedy(model, prompt, 6)
+        cache = DenseCache(model.config)
+        result = step(model, [cache], [prompt], taps=True)
+        drafter.absorb(cache, 0, result.taps[0])
+        y = int(result.logits[0][-1].argmax())
+        proposal = drafter.propose([(cache, y)])
+    assert y == expected[0]
+    assert proposal.drafts[0].tolist() == expected[1:6]
+    assert proposal.logits.shape == (1, 5, model.config.vocab_size)
+    assert ((proposal.confidence > 0) & (proposal.confidence < 1)).all()
+
+
+def test_drafts_depend_on_the_committed_context_only(tiny_model):
+    drafter = DSparkDrafter(tiny_model)
+    prompt = torch.tensor([0, 11, 222, 3333, 44444, 5, 66, 777, 8888, 99, 1000, 12, 13, 14])
+    with torch.inference_mode():
+        one = DenseCache(tiny_model.config)
+        r = step(tiny_model, [one], [prompt], taps=True)
+        drafter.absorb(one, 0, r.taps[0])
+        many = DenseCache(tiny_model.config)
+        for i, token in enumerate(prompt.tolist()):
+            drafter.absorb(many, i, step(tiny_model, [many], [torch.tensor([token])], taps=True).taps[0])
+        y = int(r.logits[0][-1].argmax())
+        a = drafter.propose([(one, y)])
+        b = drafter.propose([(many, y)])
+        empty = DenseCache(tiny_model.config)
+        step(tiny_model, [empty], [prompt])  # no rings absorbed: the block sees no context
+        c = drafter.propose([(empty, y)])
+    assert (a.logits - b.logits).abs().max() < 0.05
+    assert (a.logits - c.logits).abs().max() > 1e-3  # the stage rings do matter
