@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..model.config import ModelConfig
+from .layout import default_ring_capacity
 
 
 @dataclass
@@ -61,7 +62,9 @@ class SequenceCache:
 
     # ------------------------------------------------------------ storage API (subclasses)
 
-    def ring_write(self, layer: int, positions: torch.Tensor, values: torch.Tensor) -> None:
+    def ring_write(self, layer: int, positions: torch.Tensor, values: torch.Tensor, packed) -> None:
+        """Store rows at slots pos % capacity; `packed` = (FP8 codes, e8m0 scales) of the values
+        when the window quantizer is on, else None."""
         raise NotImplementedError
 
     def ring_read(self, layer: int, positions: torch.Tensor) -> torch.Tensor:
@@ -70,7 +73,9 @@ class SequenceCache:
     def num_entries(self, source: int) -> int:
         raise NotImplementedError
 
-    def entries_append(self, source: int, kv: torch.Tensor, index_keys: torch.Tensor) -> None:
+    def entries_append(self, source: int, kv: torch.Tensor, index_keys: torch.Tensor, packed) -> None:
+        """Append entries; `packed` = ((kv FP4 codes, e4m3 scales), (key FP4 codes, e8m0 scales))
+        exactly as the quantizers produced them, or None with the quantizers off."""
         raise NotImplementedError
 
     def entries_gather(self, source: int, idx: torch.Tensor) -> torch.Tensor:
@@ -99,6 +104,13 @@ class SequenceCache:
         hi = min(end, span.valid_to)
         return torch.arange(lo, max(lo, hi), dtype=torch.long)
 
+    def ring_store(self, layer: int, positions: torch.Tensor, values: torch.Tensor, packed) -> None:
+        """Write a contiguous run of positions (only the last `ring_capacity` survive)."""
+        keep = min(positions.shape[0], self.ring_capacity)
+        part = None if packed is None else (packed[0][-keep:], packed[1][-keep:])
+        self.ring_write(layer, positions[-keep:], values[-keep:], part)
+        self.note_ring_write(layer, int(positions[0]), positions.shape[0])
+
     def note_ring_write(self, layer: int, start: int, count: int) -> None:
         span = self.ring_spans[layer]
         if start != span.valid_to:
@@ -116,9 +128,6 @@ class SequenceCache:
         """The model has processed these tokens at positions num_tokens.."""
         self.num_tokens += len(tokens)
         self.history = (self.history + list(tokens))[-self.HISTORY_KEEP:]
-
-    def end_forward(self) -> None:
-        self._journal.clear()
 
     def truncate(self, num_tokens: int) -> None:
         """Roll back to `num_tokens` committed positions (rejected speculative tokens).
@@ -150,15 +159,12 @@ class SequenceCache:
         self.history = self.history[: len(self.history) - dropped]
         self.num_tokens = num_tokens
 
-    def entries_visible(self, source: int) -> int:
-        return self.num_entries(source)
-
 
 class DenseCache(SequenceCache):
     """fp32 tensors, grown on demand: the reference storage (exact with the quantizers on or off)."""
 
     def __init__(self, config: ModelConfig, ring_capacity: int | None = None, device="cpu"):
-        cap = ring_capacity or config.sliding_window + 2 * config.dspark_block_size + 2
+        cap = ring_capacity or default_ring_capacity(config)
         super().__init__(config=config, ring_capacity=cap)
         self.device = torch.device(device)
         self.rings = torch.zeros(config.num_all_layers, cap, config.head_dim, device=self.device)
@@ -171,7 +177,7 @@ class DenseCache(SequenceCache):
             self._index_keys[s] = torch.zeros(0, config.index_head_dim, device=self.device)
             self._counts[s] = 0
 
-    def ring_write(self, layer, positions, values):
+    def ring_write(self, layer, positions, values, packed):
         self.rings[layer, positions.to(self.device) % self.ring_capacity] = values.to(self.device, torch.float32)
 
     def ring_read(self, layer, positions):
@@ -180,7 +186,7 @@ class DenseCache(SequenceCache):
     def num_entries(self, source):
         return self._counts[source]
 
-    def entries_append(self, source, kv, index_keys):
+    def entries_append(self, source, kv, index_keys, packed):
         n = self._counts[source]
         need = n + kv.shape[0]
         for store, new in ((self._entries, kv), (self._index_keys, index_keys)):

@@ -17,7 +17,7 @@ import pathlib
 import shutil
 
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 
 from . import quant
 from .config import ModelConfig
@@ -197,3 +197,42 @@ def _check_tokenizer(config: ModelConfig, tokenizer_json: pathlib.Path) -> None:
         if distinct != config.engram_compressed_vocab_size:
             raise ValueError(f"tokenizer gives {distinct} compressed Engram ids, config says "
                              f"{config.engram_compressed_vocab_size}")
+
+
+def write_copying_checkpoint(out: str | pathlib.Path, seed: int = 0) -> pathlib.Path:
+    """A `tiny` checkpoint whose DSpark drafter predicts its target exactly (for testing and
+    measuring speculative decoding at full acceptance).
+
+    Every sublayer of target and drafter outputs zero (wo_b, expert and shared w2 and Engram
+    wkv are zero codes), so the streams stay multiples of the token embedding and, after the
+    scale-invariant final RMSNorm, the target is a bigram model: logits = head @ embed[t].
+    Embeddings of +-1 entries and unit norm weights make that RMSNorm exact. The noise token's
+    embedding is zero, so later block rows carry no stage logits, and the Markov head copies
+    the bigram (markov.embed = embed, markov.head = head, rank = hidden). Drafts are then the
+    target's greedy continuation.
+    """
+    raw = preset_config("tiny")
+    raw["text_config"]["dspark_markov_rank"] = raw["text_config"]["hidden_size"]
+    out = write_checkpoint(out, config_dict=raw, seed=seed)
+    noise = raw["text_config"]["dspark_noise_token_id"]
+    shards = sorted(out.glob("model-*.safetensors"))
+    tensors = {}
+    for shard in shards:
+        tensors.update(load_file(str(shard)))
+    g = torch.Generator().manual_seed(seed)
+    signs = torch.randint(0, 2, tensors["embed.weight"].shape, generator=g).float() * 2 - 1
+    signs[noise] = 0
+    embed = signs.to(torch.bfloat16)
+    for shard in shards:
+        t = load_file(str(shard))
+        for key in t:
+            if key.endswith((".attn.wo_b.weight", ".w2.weight", ".engram.wkv.weight")):
+                t[key] = torch.zeros_like(t[key])  # FP8 / FP4 zero codes: the sublayer outputs 0
+            elif key.endswith("norm.weight"):
+                t[key] = torch.ones_like(t[key])
+            elif key in ("embed.weight", "mtp.2.markov_head.embed.weight"):
+                t[key] = embed.clone()  # safetensors refuses tensors sharing memory
+            elif key == "mtp.2.markov_head.head.weight":
+                t[key] = tensors["head.weight"].clone()
+        save_file(t, str(shard), metadata={"format": "pt"})
+    return out

@@ -26,7 +26,7 @@ from .batch import SeqRun, pack
 from .deepseek_v41 import DeepseekV41
 from .layers.mhc import hc_collapse
 from .layers.norm import rms_norm
-from .quant import fake_quant_fp8
+from .quant import fp8_round_trip
 from .rope import apply_rope
 
 Chooser = Callable[[int, int, torch.Tensor], int]  # (request index, block row, logits [V]) -> token
@@ -65,10 +65,10 @@ class DSparkDrafter:
             p = role.prefix
             kv = rms_norm(ops.linear(main_x[-keep:], f"{p}.attn.wkv"), ops.w(f"{p}.attn.kv_norm.weight"), c.rms_norm_eps)
             kv = apply_rope(kv, cos, sin)
+            packed = None
             if self.model.qat:
-                kv = fake_quant_fp8(kv)
-            cache.ring_write(role.index, positions[-keep:], kv)
-            cache.note_ring_write(role.index, start, n)
+                kv, packed = fp8_round_trip(kv)
+            cache.ring_store(role.index, positions[-keep:], kv, packed)
 
     def propose(self, requests: list[tuple[SequenceCache, int]], choose: Chooser = greedy_chooser) -> Proposal:
         """Drafts for each (cache, y): the cache has committed positions .. p, y is the token at p+1."""

@@ -118,7 +118,7 @@ def fp8_quantize(x: torch.Tensor, block: int = 32) -> tuple[torch.Tensor, torch.
 
 def fp8_dequantize(codes: torch.Tensor, scales: torch.Tensor, block: int = 32) -> torch.Tensor:
     values = e4m3_decode(codes)
-    values = values.reshape(*values.shape[:-1], -1, block) * e8m0_to_float(scales).unsqueeze(-1)
+    values = values.reshape(*values.shape[:-1], values.shape[-1] // block, block) * e8m0_to_float(scales).unsqueeze(-1)
     return values.flatten(-2)
 
 
@@ -143,25 +143,41 @@ def fp4_quantize(x: torch.Tensor, block: int, e4m3_scales: bool = False) -> tupl
 def fp4_dequantize(packed: torch.Tensor, scales: torch.Tensor, block: int, e4m3_scales: bool = False) -> torch.Tensor:
     values = e2m1_decode(unpack_nibbles(packed))
     scale = e4m3_decode(scales) if e4m3_scales else e8m0_to_float(scales)
-    values = values.reshape(*values.shape[:-1], -1, block) * scale.unsqueeze(-1)
+    values = values.reshape(*values.shape[:-1], values.shape[-1] // block, block) * scale.unsqueeze(-1)
     return values.flatten(-2)
 
 
 # ---------------------------------------------------------------- fake quant (QAT round trips)
 
 
+Packed = tuple[torch.Tensor, torch.Tensor]  # (codes, scale bytes) exactly as a cache stores them
+
+
+def fp8_round_trip(x: torch.Tensor, block: int = 32) -> tuple[torch.Tensor, Packed]:
+    """x on the FP8 grid, and the codes that hold it."""
+    packed = fp8_quantize(x, block)
+    return fp8_dequantize(*packed, block), packed
+
+
+def fp4_round_trip(x: torch.Tensor, block: int, e4m3_scales: bool = False) -> tuple[torch.Tensor, Packed]:
+    """x on the FP4 grid, and the codes that hold it (re-quantizing the values would not always
+    give them back: an e4m3 scale need not survive a second pass)."""
+    packed = fp4_quantize(x, block, e4m3_scales)
+    return fp4_dequantize(*packed, block, e4m3_scales), packed
+
+
 def fake_quant_fp8(x: torch.Tensor, block: int = 32) -> torch.Tensor:
     """x rounded onto the FP8 grid and back (window KV; activations before FP8/FP4 GEMMs)."""
     if x.shape[-1] % block:
         return x  # shapes the reference cannot block run unquantized
-    return fp8_dequantize(*fp8_quantize(x, block), block).to(x.dtype)
+    return fp8_round_trip(x, block)[0].to(x.dtype)
 
 
 def fake_quant_fp4(x: torch.Tensor, block: int, e4m3_scales: bool = False) -> torch.Tensor:
     """x rounded onto the FP4 grid and back (compressed KV: block 16 e4m3; indexer: block 32 pow2)."""
     if x.shape[-1] % block:
         return x
-    return fp4_dequantize(*fp4_quantize(x, block, e4m3_scales), block, e4m3_scales).to(x.dtype)
+    return fp4_round_trip(x, block, e4m3_scales)[0].to(x.dtype)
 
 
 # ---------------------------------------------------------------- checkpoint weights

@@ -12,6 +12,7 @@ import torch
 from ..kvcache.state import DenseCache, SequenceCache
 from .batch import SeqRun
 from .deepseek_v41 import DeepseekV41, ForwardResult
+from .prefill import PrefillJob, PrefillOutput, prefill_step
 
 
 def step(model: DeepseekV41, caches: list[SequenceCache], tokens: list[torch.Tensor], *, logits: str = "last",
@@ -61,30 +62,15 @@ def ced_tail_length(model: DeepseekV41) -> int:
 
 
 def prefill_ced(model: DeepseekV41, cache: SequenceCache, tokens: torch.Tensor, chunk: int = 4096,
-                taps: bool = False, tail: int | None = None) -> ForwardResult:
+                taps: bool = False, tail: int | None = None) -> PrefillOutput:
     """Bounded replay: encoder layers (and the last KV source's compressor) over every token,
     decoder layers only over the last `tail` tokens. Exact when `tail` covers all new tokens and
     the decoder rings already hold the positions before them; an approximation otherwise (the
     tail's first rows see a truncated window in the decoder layers)."""
-    tail = tail if tail is not None else ced_tail_length(model)
-    n = tokens.shape[0]
-    start = cache.num_tokens
-    history_before = list(cache.history)
-    keep = min(tail, n)
-    kept_X, kept_pre = [], []
-    for lo in range(0, n, chunk):
-        piece = tokens[lo:lo + chunk].to(torch.long)
-        run = SeqRun(cache=cache, tokens=piece, start=cache.num_tokens, history=list(cache.history))
-        X, pre = model.encode([run])
-        cache.commit(piece.tolist())
-        first_kept = max(0, (n - keep) - lo)
-        if first_kept < piece.shape[0]:
-            kept_X.append(X[first_kept:])
-            kept_pre.append(pre[first_kept:])
-    tail_tokens = tokens[n - keep:].to(torch.long)
-    history = (history_before + tokens[: n - keep].tolist())[-cache.HISTORY_KEEP:]
-    run = SeqRun(cache=cache, tokens=tail_tokens, start=start + n - keep, history=history)
-    return model.decode_rows([run], torch.cat(kept_X), torch.cat(kept_pre), logits="last", taps=taps)
+    job = PrefillJob(cache, tokens, ced=True, tail=tail if tail is not None else ced_tail_length(model), want_taps=taps)
+    while not job.finished:
+        prefill_step(model, [(job, chunk)])
+    return job.output
 
 
 def greedy(model: DeepseekV41, tokens: torch.Tensor, steps: int, cache: SequenceCache | None = None) -> list[int]:

@@ -19,7 +19,7 @@ from ..batch import SeqRun
 from ..config import LayerRole, ModelConfig
 from ..kernels.sparse_attention import sparse_attention_ref
 from ..ops import ReferenceOps
-from ..quant import fake_quant_fp8
+from ..quant import fake_quant_fp8, fp8_round_trip
 from ..rope import Rope, apply_rope
 from .compressor import compress
 from .indexer import index
@@ -39,8 +39,9 @@ def attention(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, xa: torch.Te
         cos, sin = rope.cos_sin(role.rope, run.positions)
         q = apply_rope(q_all[rows], cos, sin)
         kv = apply_rope(kv_all[rows], cos, sin)
+        packed = None
         if qat:
-            kv = fake_quant_fp8(kv)
+            kv, packed = fp8_round_trip(kv)
         selected = valid = None
         if role.ratio:
             if role.is_kv_source and not run.skip_compressor:
@@ -54,14 +55,14 @@ def attention(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, xa: torch.Te
         if block_mode:
             window_kv, mask = _block_window(run, role, kv)
         else:
-            window_kv, mask = _causal_window(cfg, run, role, kv)
+            window_kv, mask = _causal_window(cfg, run, role, kv, packed)
         o = sparse_attention_ref(q, window_kv, mask, selected, valid, sink, hd**-0.5)
         outputs.append(apply_rope(o, cos, sin, inverse=True))
     o = torch.cat(outputs)  # [T, h, D]
     return _grouped_output(ops, cfg, p, o)
 
 
-def _causal_window(cfg: ModelConfig, run: SeqRun, role: LayerRole, kv: torch.Tensor):
+def _causal_window(cfg: ModelConfig, run: SeqRun, role: LayerRole, kv: torch.Tensor, packed):
     """Keys = cached ring positions before this run + this run's own; writes this run into the ring."""
     cache, layer, window = run.cache, role.index, cfg.sliding_window
     cached_pos = cache.window_positions(layer, run.start - window + 1, run.start)
@@ -69,9 +70,7 @@ def _causal_window(cfg: ModelConfig, run: SeqRun, role: LayerRole, kv: torch.Ten
     key_pos = torch.cat([cached_pos, run.positions])
     q_pos = run.positions.unsqueeze(1)
     mask = (key_pos.unsqueeze(0) <= q_pos) & (key_pos.unsqueeze(0) > q_pos - window)
-    keep = min(run.n, cache.ring_capacity)
-    cache.ring_write(layer, run.positions[-keep:], kv[-keep:])
-    cache.note_ring_write(layer, run.start, run.n)
+    cache.ring_store(layer, run.positions, kv, packed)
     return keys, mask
 
 

@@ -17,7 +17,7 @@ import torch
 from ..batch import SeqRun
 from ..config import LayerRole, ModelConfig
 from ..ops import ReferenceOps
-from ..quant import fake_quant_fp4
+from ..quant import fp4_round_trip
 from ..rope import Rope, apply_rope
 from .norm import rms_norm
 
@@ -56,7 +56,9 @@ def compress(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, xa: torch.Ten
                     cfg.rms_norm_eps)
     keys = apply_rope(keys, cos, sin)
     entries = apply_rope(latent, cos, sin)
+    packed = None
     if qat:
-        keys = fake_quant_fp4(keys, 32)
-        entries = fake_quant_fp4(entries, 16, e4m3_scales=True)
-    cache.entries_append(src, entries, keys)
+        keys, key_codes = fp4_round_trip(keys, 32)
+        entries, entry_codes = fp4_round_trip(entries, 16, e4m3_scales=True)
+        packed = (entry_codes, key_codes)
+    cache.entries_append(src, entries, keys, packed)

@@ -12,8 +12,8 @@ def test_ced_is_exact_when_the_tail_covers_the_prompt(golden_dir, golden):
     model = DeepseekV41.from_checkpoint(golden_dir, qat=False)
     ids = golden[1]["input_ids"]
     with torch.inference_mode():
-        exact = step(model, [DenseCache(model.config)], [ids]).logits[0]
-        ced = prefill_ced(model, DenseCache(model.config), ids, chunk=8, tail=len(ids)).logits[0]
+        exact = step(model, [DenseCache(model.config)], [ids]).logits[0][-1]
+        ced = prefill_ced(model, DenseCache(model.config), ids, chunk=8, tail=len(ids)).logits
     assert (exact - ced).abs().max() < 1e-4
 
 
@@ -26,8 +26,8 @@ def test_ced_continuation_is_exact_on_a_warm_cache(golden_dir, golden):
         exact_cache, ced_cache = DenseCache(model.config), DenseCache(model.config)
         step(model, [exact_cache], [ids[:80]])
         step(model, [ced_cache], [ids[:80]])
-        exact = step(model, [exact_cache], [ids[80:]]).logits[0]
-        ced = prefill_ced(model, ced_cache, ids[80:], chunk=7, tail=20).logits[0]
+        exact = step(model, [exact_cache], [ids[80:]]).logits[0][-1]
+        ced = prefill_ced(model, ced_cache, ids[80:], chunk=7, tail=20).logits
     assert (exact - ced).abs().max() < 1e-4
 
 
@@ -39,7 +39,7 @@ def test_bounded_replay_deviation_on_golden_prompts(golden_model, golden):
         with torch.inference_mode():
             exact = step(golden_model, [DenseCache(golden_model.config)], [ids]).logits[0][-1]
             ced_cache = DenseCache(golden_model.config)
-            ced = prefill_ced(golden_model, ced_cache, ids, chunk=64).logits[0][-1]
+            ced = prefill_ced(golden_model, ced_cache, ids, chunk=64).logits
             # decoding continues from the CED cache with every layer
             out, logits = [], ced
             for _ in range(len(prompt["greedy_ids"])):

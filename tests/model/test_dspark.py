@@ -1,27 +1,20 @@
 """The DSpark drafter is wired right.
 
-Construction: a target whose sublayers all output zero (wo_b, expert and shared w2, Engram
-wkv zeroed) keeps every stream equal to a multiple of the token embedding, so after the
-scale-invariant final RMSNorm its next-token logits are a pure function of the current
-token: a bigram model, head @ embed[t] (embeddings of +-1 entries and unit norm weights make
-the RMSNorm exact). The drafter gets the same treatment in its stages, a zero embedding for
-the noise token and a Markov head that copies the bigram (markov.embed = embed,
-markov.head = head, rank = hidden). Then block row 0 (token y) yields the target's logits for y,
-every later row only the Markov term of the previous draft, and the five drafts must be
-exactly the target's next five greedy tokens: this checks that the block starts with y at
-p+1, that each draft feeds the next row's Markov term in order, and the final collapse,
-norm and head. A second test checks that the stage rings matter and that drafts depend only
-on the committed context (one-shot vs token-by-token ring filling).
+Construction (`write_copying_checkpoint`): every sublayer of target and drafter outputs zero,
+so the target is a bigram model (logits = head @ embed[t], exactly), the noise token's
+embedding is zero and the Markov head copies the bigram. Block row 0 (token y) then yields
+the target's logits for y, every later row only the Markov term of the previous draft, and
+the five drafts must be exactly the target's next five greedy tokens: this checks that the
+block starts with y at p+1, that each draft feeds the next row's Markov term in order, and
+the final collapse, norm and head. A second test checks that the stage rings matter and that
+drafts depend only on the committed context (one-shot vs token-by-token ring filling).
 """
-
-import copy
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
 
 from dsflash.kvcache.state import DenseCache
-from dsflash.model.checkpoint_writer import preset_config, write_checkpoint
+from dsflash.model.checkpoint_writer import write_copying_checkpoint
 from dsflash.model.deepseek_v41 import DeepseekV41
 from dsflash.model.dspark import DSparkDrafter
 from dsflash.model.runner import greedy, step
@@ -29,32 +22,7 @@ from dsflash.model.runner import greedy, step
 
 @pytest.fixture(scope="module")
 def copying_checkpoint(tmp_path_factory):
-    raw = copy.deepcopy(preset_config("tiny"))
-    raw["text_config"]["dspark_markov_rank"] = raw["text_config"]["hidden_size"]
-    path = write_checkpoint(tmp_path_factory.mktemp("copy"), config_dict=raw, seed=3)
-    noise = raw["text_config"]["dspark_noise_token_id"]
-    for shard in path.glob("model-*.safetensors"):
-        t = load_file(str(shard))
-        g = torch.Generator().manual_seed(0)
-        for key in list(t):
-            if key.endswith((".attn.wo_b.weight", ".w2.weight", ".engram.wkv.weight")):
-                t[key] = torch.zeros_like(t[key])  # FP8 / FP4 zero codes: the sublayer outputs 0
-            elif key.endswith("norm.weight"):
-                t[key] = torch.ones_like(t[key])
-        if "embed.weight" in t:
-            signs = torch.randint(0, 2, t["embed.weight"].shape, generator=g).float() * 2 - 1
-            signs[noise] = 0
-            t["embed.weight"] = signs.to(torch.bfloat16)
-        save_file(t, str(shard), metadata={"format": "pt"})
-    # the Markov head copies the bigram: a second pass, once embed/head are known
-    tensors = {k: v for s in path.glob("model-*.safetensors") for k, v in load_file(str(s)).items()}
-    for shard in path.glob("model-*.safetensors"):
-        t = load_file(str(shard))
-        if "mtp.2.markov_head.embed.weight" in t:
-            t["mtp.2.markov_head.embed.weight"] = tensors["embed.weight"].clone()
-            t["mtp.2.markov_head.head.weight"] = tensors["head.weight"].clone()
-            save_file(t, str(shard), metadata={"format": "pt"})
-    return path
+    return write_copying_checkpoint(tmp_path_factory.mktemp("copy"), seed=3)
 
 
 def test_drafts_equal_target_greedy_when_the_drafter_copies_it(copying_checkpoint):

@@ -1,0 +1,144 @@
+"""Per-request sampling: penalties, temperature, top-k / top-p / min-p, seeds, logprobs.
+
+Each request owns a `RequestSampler` with its own seeded generator, so its random draws
+depend only on its own tokens (reproducible, and the same alone or in a batch). The
+processed distribution of a position can be asked for with tokens that are not committed
+yet (`extra`): speculative verification scores row i with the drafts accepted before it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+
+class SamplingError(ValueError):
+    """A sampling parameter out of range (the client's mistake)."""
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_tokens: int = 16
+    temperature: float = 1.0  # 0 = greedy
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = off
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    seed: int | None = None
+    stop_token_ids: tuple[int, ...] = ()
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+    logprobs: bool = False
+    top_logprobs: int = 0
+
+    def __post_init__(self):
+        checks = [
+            (self.max_tokens >= 1, "max_tokens", "must be >= 1"),
+            (0.0 <= self.temperature <= 100.0, "temperature", "must be in [0, 100]"),
+            (0.0 < self.top_p <= 1.0, "top_p", "must be in (0, 1]"),
+            (self.top_k >= 0 or self.top_k == -1, "top_k", "must be >= 0 (or -1 for off)"),
+            (0.0 <= self.min_p <= 1.0, "min_p", "must be in [0, 1]"),
+            (0.0 < self.repetition_penalty <= 10.0, "repetition_penalty", "must be in (0, 10]"),
+            (-2.0 <= self.presence_penalty <= 2.0, "presence_penalty", "must be in [-2, 2]"),
+            (-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty", "must be in [-2, 2]"),
+            (0 <= self.top_logprobs <= 20, "top_logprobs", "must be in [0, 20]"),
+        ]
+        for ok, name, msg in checks:
+            if not ok:
+                raise SamplingError(f"{name} {msg}")
+        for name in ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty"):
+            if not math.isfinite(getattr(self, name)):
+                raise SamplingError(f"{name} must be finite")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0 or self.top_k == 1
+
+
+@dataclass
+class TokenLogprob:
+    token: int
+    logprob: float
+    top: list[tuple[int, float]] = field(default_factory=list)
+
+
+class RequestSampler:
+    def __init__(self, params: SamplingParams, prompt_tokens: list[int], vocab_size: int):
+        self.params = params
+        self.vocab = vocab_size
+        self.generator = torch.Generator()
+        self.generator.manual_seed(params.seed if params.seed is not None else int(torch.randint(0, 2**62, ()).item()))
+        self.counts = torch.zeros(vocab_size, dtype=torch.float32)  # generated-token counts
+        self.seen = torch.zeros(vocab_size, dtype=torch.bool)  # prompt or generated (repetition penalty)
+        ids = torch.tensor([t for t in prompt_tokens if 0 <= t < vocab_size], dtype=torch.long)
+        if ids.numel():
+            self.seen[ids] = True
+
+    def record(self, tokens: list[int]) -> None:
+        """Tokens are now part of the output (counted by the penalties)."""
+        for t in tokens:
+            self.counts[t] += 1
+            self.seen[t] = True
+
+    def processed(self, logits: torch.Tensor, extra: list[int] = ()) -> torch.Tensor:
+        """Logits after penalties, temperature and the top-k/top-p/min-p masks (masked = -inf)."""
+        p = self.params
+        x = logits.float().clone()
+        if p.repetition_penalty != 1.0 or p.presence_penalty or p.frequency_penalty:
+            counts, seen = self.counts, self.seen
+            if extra:
+                counts, seen = counts.clone(), seen.clone()
+                for t in extra:
+                    counts[t] += 1
+                    seen[t] = True
+            if p.repetition_penalty != 1.0:
+                x = torch.where(seen, torch.where(x > 0, x / p.repetition_penalty, x * p.repetition_penalty), x)
+            x = x - p.frequency_penalty * counts - p.presence_penalty * (counts > 0).float()
+        if p.greedy:
+            return x
+        x = x / p.temperature
+        if p.top_k > 0 and p.top_k < x.numel():
+            kth = torch.topk(x, p.top_k).values[-1]
+            x = x.masked_fill(x < kth, float("-inf"))
+        if p.top_p < 1.0:
+            order = torch.sort(x, descending=True)
+            probs = torch.softmax(order.values, dim=-1)
+            cut = probs.cumsum(-1) - probs > p.top_p  # drop tokens once the mass before them exceeds top_p
+            x = x.masked_fill(torch.zeros_like(cut).scatter(0, order.indices, cut), float("-inf"))
+        if p.min_p > 0.0:
+            probs = torch.softmax(x, dim=-1)
+            x = x.masked_fill(probs < p.min_p * probs.max(), float("-inf"))
+        return x
+
+    def distribution(self, logits: torch.Tensor, extra: list[int] = ()) -> torch.Tensor:
+        """The probabilities this request samples from (one-hot at the argmax when greedy)."""
+        x = self.processed(logits, extra)
+        if self.params.greedy:
+            return torch.nn.functional.one_hot(torch.argmax(x), self.vocab).float()
+        return torch.softmax(x, dim=-1)
+
+    def choose(self, logits: torch.Tensor, extra: list[int] = ()) -> tuple[int, torch.Tensor]:
+        """Draw a token; returns it with the distribution it was drawn from."""
+        dist = self.distribution(logits, extra)
+        if self.params.greedy:
+            return int(torch.argmax(dist)), dist
+        return self.draw(dist), dist
+
+    def draw(self, dist: torch.Tensor) -> int:
+        return int(torch.multinomial(dist, 1, generator=self.generator))
+
+    def uniform(self) -> float:
+        return float(torch.rand((), generator=self.generator))
+
+    def logprob(self, logits: torch.Tensor, token: int) -> TokenLogprob:
+        """Log-probability of `token` under the model's own distribution (before sampling knobs)."""
+        logp = torch.log_softmax(logits.float(), dim=-1)
+        top = []
+        if self.params.top_logprobs:
+            values, ids = torch.topk(logp, self.params.top_logprobs)
+            top = list(zip(ids.tolist(), values.tolist()))
+        return TokenLogprob(token, float(logp[token]), top)

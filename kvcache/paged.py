@@ -1,0 +1,240 @@
+"""A request's cache in pool memory, in the real storage formats (see layout.py).
+
+The model reads and writes it through the `SequenceCache` interface; values come back exactly
+as the model's quantizers produced them, so a paged cache behaves like the dense reference
+one. The same object can be copied to another pool (device <-> host) or flattened into one
+byte buffer for transfer, exactly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from ..model.config import ModelConfig
+from ..model.quant import fp4_dequantize, fp8_dequantize
+from .layout import CacheLayout
+from .pool import CachePool
+from .state import RingSpan, SequenceCache
+
+
+@dataclass
+class CacheDescriptor:
+    """Everything about a cache that is not pool bytes; travels with (or ahead of) the bytes."""
+
+    layout_fingerprint: str
+    num_tokens: int
+    entry_counts: dict[int, int]
+    tail_lengths: dict[int, int]
+    ring_spans: list[tuple[int, int]]
+    history: list[int]
+    page_counts: dict[int, int] = field(default_factory=dict)
+
+    def payload_bytes(self, layout: CacheLayout) -> int:
+        return layout.slot_bytes + sum(self.page_counts.values()) * layout.page_bytes
+
+
+class PagedCache(SequenceCache):
+    def __init__(self, pool: CachePool, config: ModelConfig):
+        layout = pool.layout
+        super().__init__(config=config, ring_capacity=layout.ring_capacity)
+        self.pool, self.layout = pool, layout
+        self.slot = pool.allocate_slot()
+        self.page_table: dict[int, list[int]] = {s: [] for s in layout.sources}
+        self.counts = {s: 0 for s in layout.sources}
+        self.tail_lengths = {s: 0 for s in layout.tail_offsets()}
+        self._keys: dict[int, torch.Tensor] = {}  # dequantized index keys, extended as entries arrive
+        self.released = False
+        D = layout.head_dim
+        slot = pool.slots[self.slot]
+        rows = layout.num_ring_layers * layout.ring_capacity
+        self._ring_codes = slot[: rows * D].view(layout.num_ring_layers, layout.ring_capacity, D)
+        self._ring_scales = slot[layout.ring_scales_offset: layout.ring_scales_offset + rows * (D // 32)].view(
+            layout.num_ring_layers, layout.ring_capacity, D // 32)
+        self._sections = {name: pool.pages[:, off: off + width * layout.page_entries].view(
+            pool.num_pages, layout.page_entries, width) for name, (off, width) in layout.page_sections().items()}
+
+    # ------------------------------------------------------------ ring
+
+    def ring_write(self, layer, positions, values, packed):
+        if packed is None:
+            raise ValueError("paged storage keeps the quantized caches: run the model with its quantizers on")
+        idx = (positions % self.ring_capacity).to(self.pool.device)
+        self._ring_codes[layer, idx] = packed[0].to(self.pool.device)
+        self._ring_scales[layer, idx] = packed[1].to(self.pool.device)
+
+    def ring_read(self, layer, positions):
+        idx = (positions % self.ring_capacity).to(self.pool.device)
+        return fp8_dequantize(self._ring_codes[layer, idx], self._ring_scales[layer, idx])
+
+    # ------------------------------------------------------------ global entries
+
+    def num_entries(self, source):
+        return self.counts[source]
+
+    def _ensure_pages(self, source: int, count: int) -> None:
+        table = self.page_table[source]
+        need = -(-count // self.layout.page_entries) - len(table)
+        if need > 0:
+            table.extend(self.pool.allocate_pages(need))
+
+    def reserve(self, extra_tokens: int) -> None:
+        """Allocate now every page the next `extra_tokens` tokens will need (raises PoolExhausted),
+        so a forward never runs out of memory half way."""
+        for source, count in self.layout.entries_for(self.num_tokens + extra_tokens).items():
+            self._ensure_pages(source, count)
+
+    def pages_needed(self, extra_tokens: int) -> int:
+        total = 0
+        for source, count in self.layout.entries_for(self.num_tokens + extra_tokens).items():
+            total += max(0, -(-count // self.layout.page_entries) - len(self.page_table[source]))
+        return total
+
+    def _locate(self, source: int, entry_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        table = torch.tensor(self.page_table[source], dtype=torch.long)
+        P = self.layout.page_entries
+        return table[entry_ids.cpu() // P].to(self.pool.device), (entry_ids % P).to(self.pool.device)
+
+    def entries_append(self, source, kv, index_keys, packed):
+        if packed is None:
+            raise ValueError("paged storage keeps the quantized caches: run the model with its quantizers on")
+        (kv_codes, kv_scales), (key_codes, key_scales) = packed
+        n, start = kv.shape[0], self.counts[source]
+        self._ensure_pages(source, start + n)
+        pages, rows = self._locate(source, torch.arange(start, start + n))
+        for name, data in (("kv_codes", kv_codes), ("kv_scales", kv_scales), ("key_codes", key_codes),
+                           ("key_scales", key_scales)):
+            self._sections[name][pages, rows] = data.to(self.pool.device)
+        self.counts[source] = start + n
+        keys = self._keys.get(source)
+        new = index_keys.float().to(self.pool.device)
+        self._keys[source] = new if keys is None else torch.cat([keys[:start], new])
+
+    def entries_gather(self, source, idx):
+        pages, rows = self._locate(source, idx.reshape(-1))
+        codes = self._sections["kv_codes"][pages, rows]
+        scales = self._sections["kv_scales"][pages, rows]
+        return fp4_dequantize(codes, scales, 16, e4m3_scales=True).reshape(*idx.shape, -1)
+
+    def index_keys(self, source):
+        count = self.counts[source]
+        keys = self._keys.get(source)
+        if keys is None or keys.shape[0] < count:
+            keys = self._decode_keys(source, count)
+            self._keys[source] = keys
+        return keys[:count]
+
+    def _decode_keys(self, source: int, count: int) -> torch.Tensor:
+        pages, rows = self._locate(source, torch.arange(count))
+        return fp4_dequantize(self._sections["key_codes"][pages, rows], self._sections["key_scales"][pages, rows], 32)
+
+    def _truncate_entries(self, source, count):
+        self.counts[source] = min(self.counts[source], count)
+
+    # ------------------------------------------------------------ open groups
+
+    def _tail_views(self, source: int) -> tuple[torch.Tensor, torch.Tensor]:
+        D, r = self.layout.head_dim, self.layout.max_tail_tokens(source)
+        off = self.layout.tail_offsets()[source]
+        region = self.pool.slots[self.slot][off: off + 2 * r * D * 4].view(torch.float32).view(2, r, D)
+        return region[0], region[1]
+
+    def tail(self, source):
+        if source not in self.tail_lengths:
+            return None
+        kv, gate = self._tail_views(source)
+        n = self.tail_lengths[source]
+        return kv[:n].clone(), gate[:n].clone()
+
+    def _set_tail(self, source, kv, gate):
+        n = kv.shape[0]
+        if n > self.layout.max_tail_tokens(source):
+            raise ValueError(f"open group of {n} tokens exceeds ratio - 1")
+        kv_view, gate_view = self._tail_views(source)
+        kv_view[:n] = kv.to(self.pool.device, torch.float32)
+        gate_view[:n] = gate.to(self.pool.device, torch.float32)
+        self.tail_lengths[source] = n
+
+    # ------------------------------------------------------------ life cycle and transfer
+
+    def release(self) -> None:
+        """Give the pages and the slot back (idempotent)."""
+        if self.released:
+            return
+        for table in self.page_table.values():
+            self.pool.free_pages(table)
+            table.clear()
+        self.pool.free_slot(self.slot)
+        self.released = True
+
+    def descriptor(self) -> CacheDescriptor:
+        used = {s: -(-self.counts[s] // self.layout.page_entries) for s in self.layout.sources}
+        return CacheDescriptor(
+            layout_fingerprint=self.layout.fingerprint(), num_tokens=self.num_tokens, entry_counts=dict(self.counts),
+            tail_lengths=dict(self.tail_lengths), ring_spans=[(s.valid_from, s.valid_to) for s in self.ring_spans],
+            history=list(self.history), page_counts=used)
+
+    def byte_ranges(self) -> list[tuple[str, int, int]]:
+        """(segment, byte offset, length) of every byte this request owns, in payload order:
+        the slot, then each source's used pages in entry order."""
+        L = self.layout
+        ranges = [("slots", self.slot * L.slot_bytes, L.slot_bytes)]
+        for source in L.sources:
+            used = -(-self.counts[source] // L.page_entries)
+            ranges += [("pages", page * L.page_bytes, L.page_bytes) for page in self.page_table[source][:used]]
+        return ranges
+
+    def serialize(self) -> tuple[CacheDescriptor, torch.Tensor]:
+        """A flat uint8 copy of the payload (slot, then pages) and its descriptor."""
+        buffers = {"slots": self.pool.slots_buffer, "pages": self.pool.pages_buffer}
+        parts = [buffers[seg][off: off + n] for seg, off, n in self.byte_ranges()]
+        return self.descriptor(), torch.cat(parts).cpu()
+
+    @classmethod
+    def allocate_for(cls, pool: CachePool, config: ModelConfig, desc: CacheDescriptor) -> "PagedCache":
+        """An empty cache shaped like `desc` (pages reserved, metadata set): the landing place for
+        a transfer. Its byte_ranges() are where the payload's bytes go, in the same order."""
+        if desc.layout_fingerprint != pool.layout.fingerprint():
+            raise ValueError(f"incompatible cache layout {desc.layout_fingerprint} (this pool: {pool.layout.fingerprint()})")
+        cache = cls(pool, config)
+        try:
+            for source in pool.layout.sources:
+                count = desc.page_counts.get(source, 0)
+                cache.page_table[source].extend(pool.allocate_pages(count))
+        except Exception:
+            cache.release()
+            raise
+        cache.counts = {int(k): v for k, v in desc.entry_counts.items()}
+        cache.tail_lengths = {int(k): v for k, v in desc.tail_lengths.items()}
+        cache.num_tokens = desc.num_tokens
+        cache.history = list(desc.history)
+        cache.ring_spans = [RingSpan(a, b) for a, b in desc.ring_spans]
+        return cache
+
+    def load_payload(self, payload: torch.Tensor) -> None:
+        """Copy a serialized payload into this cache's own bytes (after allocate_for)."""
+        buffers = {"slots": self.pool.slots_buffer, "pages": self.pool.pages_buffer}
+        offset = 0
+        for seg, off, n in self.byte_ranges():
+            buffers[seg][off: off + n].copy_(payload[offset: offset + n])
+            offset += n
+        if offset != payload.numel():
+            raise ValueError(f"payload has {payload.numel()} bytes, the descriptor needs {offset}")
+        self._keys.clear()
+
+    @classmethod
+    def deserialize(cls, pool: CachePool, config: ModelConfig, desc: CacheDescriptor,
+                    payload: torch.Tensor) -> "PagedCache":
+        cache = cls.allocate_for(pool, config, desc)
+        try:
+            cache.load_payload(payload)
+        except Exception:
+            cache.release()
+            raise
+        return cache
+
+    def copy_to(self, pool: CachePool) -> "PagedCache":
+        """The same cache in another pool (e.g. device -> pinned host), byte for byte."""
+        desc, payload = self.serialize()
+        return PagedCache.deserialize(pool, self.config, desc, payload)

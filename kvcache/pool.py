@@ -1,0 +1,121 @@
+"""Preallocated cache memory: pages for the global entries, fixed slots for per-request state.
+
+Like vLLM's block manager: all memory is allocated once (no per-request allocation, no
+fragmentation), requests hold page ids and a slot id, and a full pool is a normal condition
+the scheduler handles (wait or preempt), never a crash. The same pool type serves device
+memory and (pinned) host memory; its storage may come from a transfer engine, so peers can
+read and write it directly.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+
+import torch
+
+from .layout import CacheLayout
+
+
+class PoolExhausted(RuntimeError):
+    """Not enough free pages or slots right now."""
+
+
+class _FreeList:
+    def __init__(self, count: int):
+        self.free = deque(range(count))
+        self.count = count
+
+    def take(self, n: int) -> list[int]:
+        if n > len(self.free):
+            raise PoolExhausted(f"need {n}, {len(self.free)} free of {self.count}")
+        return [self.free.popleft() for _ in range(n)]
+
+    def give(self, ids: list[int]) -> None:
+        self.free.extend(ids)
+        if len(self.free) > self.count:
+            raise RuntimeError("double free in the cache pool")
+
+
+Allocator = Callable[[str, int], torch.Tensor]  # (name, nbytes) -> uint8 tensor
+
+
+def plain_allocator(device: str | torch.device = "cpu", pin: bool = False) -> Allocator:
+    def allocate(_name: str, nbytes: int) -> torch.Tensor:
+        t = torch.empty(nbytes, dtype=torch.uint8, device=device, pin_memory=pin)
+        t.zero_()  # pre-touch: first-touch page faults are slow, pay them at start-up
+        return t
+
+    return allocate
+
+
+class CachePool:
+    def __init__(self, layout: CacheLayout, num_pages: int, num_slots: int, allocate: Allocator | None = None,
+                 name: str = "kv"):
+        self.layout = layout
+        allocate = allocate or plain_allocator()
+        self.pages_buffer = allocate(f"{name}-pages", num_pages * layout.page_bytes)
+        self.slots_buffer = allocate(f"{name}-slots", num_slots * layout.slot_bytes)
+        self.pages = self.pages_buffer.view(num_pages, layout.page_bytes)
+        self.slots = self.slots_buffer.view(num_slots, layout.slot_bytes)
+        self.device = self.pages_buffer.device
+        self._pages, self._slots = _FreeList(num_pages), _FreeList(num_slots)
+        self.name = name
+
+    @classmethod
+    def sized(cls, layout: CacheLayout, nbytes: int, max_requests: int, allocate: Allocator | None = None,
+              name: str = "kv") -> "CachePool":
+        """A pool using about `nbytes`: slots for `max_requests`, the rest as pages."""
+        pages = max(1, (nbytes - max_requests * layout.slot_bytes) // layout.page_bytes)
+        return cls(layout, int(pages), max_requests, allocate, name)
+
+    # ------------------------------------------------------------ allocation
+
+    def allocate_pages(self, n: int) -> list[int]:
+        return self._pages.take(n)
+
+    def free_pages(self, ids: list[int]) -> None:
+        self._pages.give(ids)
+
+    def allocate_slot(self) -> int:
+        slot = self._slots.take(1)[0]
+        self.slots[slot].zero_()
+        return slot
+
+    def free_slot(self, slot: int) -> None:
+        self._slots.give([slot])
+
+    # ------------------------------------------------------------ accounting
+
+    @property
+    def num_pages(self) -> int:
+        return self._pages.count
+
+    @property
+    def free_page_count(self) -> int:
+        return len(self._pages.free)
+
+    @property
+    def num_slots(self) -> int:
+        return self._slots.count
+
+    @property
+    def free_slot_count(self) -> int:
+        return len(self._slots.free)
+
+    @property
+    def capacity_bytes(self) -> int:
+        return self.pages_buffer.numel() + self.slots_buffer.numel()
+
+    @property
+    def used_bytes(self) -> int:
+        used_pages = self.num_pages - self.free_page_count
+        used_slots = self.num_slots - self.free_slot_count
+        return used_pages * self.layout.page_bytes + used_slots * self.layout.slot_bytes
+
+    def can_hold(self, num_tokens: int) -> bool:
+        """Could one request of this length ever fit (an empty pool)?"""
+        return self.layout.pages_for(num_tokens) <= self.num_pages and self.num_slots > 0
+
+    def is_empty(self) -> bool:
+        return self.free_page_count == self.num_pages and self.free_slot_count == self.num_slots

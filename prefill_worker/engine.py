@@ -1,0 +1,167 @@
+"""The prefill engine: builds caches in a pool, several requests per step, chunk by chunk.
+
+Life cycle of a request: add() -> Waiting (until a slot is free) -> Running (its chunks are
+scheduled within the step's token budget; pages are reserved before each chunk runs) ->
+Finished (cache complete, with the last position's logits and the DSpark taps) or Failed
+(can never fit, or cancelled). A request may arrive with a cache that already holds a
+prefix of its prompt (prefix reuse): only the rest is computed.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+import torch
+
+from ..kvcache.paged import PagedCache
+from ..kvcache.pool import CachePool, PoolExhausted
+from ..model.deepseek_v41 import DeepseekV41
+from ..model.prefill import PrefillJob, PrefillOutput, prefill_step
+from ..model.runner import ced_tail_length
+from .scheduler import PrefillScheduler, PrefillSchedulerConfig
+
+log = logging.getLogger(__name__)
+
+
+class PrefillStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+    FAILED = "failed"
+
+
+class PrefillError(RuntimeError):
+    """A request the engine cannot serve (too long for the pool, invalid tokens)."""
+
+
+@dataclass
+class PrefillRequest:
+    request_id: str
+    tokens: list[int]  # the whole prompt
+    cache: PagedCache | None = None  # may arrive holding a prefix of `tokens`
+    want_taps: bool = True
+    status: PrefillStatus = PrefillStatus.WAITING
+    job: PrefillJob | None = None
+    output: PrefillOutput | None = None
+    error: str | None = None
+    created_s: float = field(default_factory=time.monotonic)
+    finished_s: float | None = None
+
+    @property
+    def computed_tokens(self) -> int:
+        """Prompt tokens computed by this engine (not reused from the incoming cache)."""
+        return self.job.total if self.job is not None else 0
+
+    @property
+    def remaining(self) -> int:
+        if self.job is not None:
+            return self.job.remaining
+        held = self.cache.num_tokens if self.cache is not None else 0
+        return len(self.tokens) - held
+
+
+@dataclass
+class PrefillEngineConfig:
+    scheduler: PrefillSchedulerConfig = field(default_factory=PrefillSchedulerConfig)
+    ced: bool = False  # bounded replay (approximate for long prompts); exact otherwise
+    ced_tail: int | None = None
+
+
+class PrefillEngine:
+    def __init__(self, model: DeepseekV41, pool: CachePool, config: PrefillEngineConfig | None = None):
+        self.model, self.pool = model, pool
+        self.config = config or PrefillEngineConfig()
+        self.scheduler = PrefillScheduler(self.config.scheduler)
+        self.requests: OrderedDict[str, PrefillRequest] = OrderedDict()
+        self.tail = self.config.ced_tail or ced_tail_length(model)
+
+    # ------------------------------------------------------------ requests
+
+    def add(self, request: PrefillRequest) -> PrefillRequest:
+        vocab = self.model.config.vocab_size
+        if not request.tokens:
+            raise PrefillError("empty prompt")
+        bad = [t for t in request.tokens if not 0 <= t < vocab]
+        if bad:
+            raise PrefillError(f"token ids out of range [0, {vocab}): {bad[:5]}")
+        if not self.pool.can_hold(len(request.tokens)):
+            raise PrefillError(f"a {len(request.tokens)}-token prompt can never fit this worker's KV pool "
+                               f"({self.pool.num_pages} pages of {self.pool.layout.page_entries} entries)")
+        if request.cache is not None and request.cache.num_tokens >= len(request.tokens):
+            raise PrefillError("the cache already holds the whole prompt: at least one new token is needed")
+        self.requests[request.request_id] = request
+        return request
+
+    def cancel(self, request_id: str) -> bool:
+        request = self.requests.pop(request_id, None)
+        if request is None:
+            return False
+        if request.cache is not None:
+            request.cache.release()
+        request.status, request.error = PrefillStatus.FAILED, "cancelled"
+        return True
+
+    @property
+    def queued_tokens(self) -> int:
+        return sum(r.remaining for r in self.requests.values())
+
+    def has_work(self) -> bool:
+        return bool(self.requests)
+
+    # ------------------------------------------------------------ the step
+
+    def step(self) -> list[PrefillRequest]:
+        """One forward over the scheduled chunks; returns the requests that finished."""
+        self._start_waiting()
+        running = [r for r in self.requests.values() if r.status is PrefillStatus.RUNNING]
+        chunks = self.scheduler.schedule([(r.request_id, r.remaining) for r in running], self._reserve)
+        if not chunks and running and not any(r.status is PrefillStatus.WAITING for r in self.requests.values()):
+            self._relieve_memory(running)
+            return []
+        if chunks:
+            with torch.inference_mode():
+                prefill_step(self.model, [(self.requests[c.request_id].job, c.num_tokens) for c in chunks])
+        done = []
+        for chunk in chunks:
+            request = self.requests[chunk.request_id]
+            if request.job.finished:
+                request.output, request.status = request.job.output, PrefillStatus.FINISHED
+                request.finished_s = time.monotonic()
+                done.append(self.requests.pop(chunk.request_id))
+        return done
+
+    def _start_waiting(self) -> None:
+        for request in self.requests.values():
+            if request.status is not PrefillStatus.WAITING:
+                continue
+            if request.cache is None:
+                if self.pool.free_slot_count == 0:
+                    break  # arrival order: later requests wait too
+                request.cache = PagedCache(self.pool, self.model.config)
+            new = torch.tensor(request.tokens[request.cache.num_tokens:])
+            ced = self.config.ced and self.model.config.roles[self.model.config.ced_split].is_index_source
+            request.job = PrefillJob(request.cache, new, ced=ced, tail=self.tail, want_taps=request.want_taps)
+            request.status = PrefillStatus.RUNNING
+
+    def _reserve(self, request_id: str, n: int) -> bool:
+        try:
+            self.requests[request_id].cache.reserve(n)
+            return True
+        except PoolExhausted:
+            return False
+
+    def _relieve_memory(self, running: list[PrefillRequest]) -> None:
+        """Every running request is blocked on pages: restart the youngest later, so the others
+        can finish (its partial cache is dropped and recomputed). A lone request waits for the
+        pages of finished caches still being handed off."""
+        if len(running) == 1:
+            return
+        victim = running[-1]
+        log.warning("prefill pool full: restarting %s later", victim.request_id)
+        victim.cache.release()
+        victim.cache, victim.job, victim.status = None, None, PrefillStatus.WAITING
+        self.requests.move_to_end(victim.request_id)

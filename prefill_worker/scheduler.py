@@ -1,0 +1,43 @@
+"""Which prompt chunks run in the next prefill step.
+
+Life cycle of a request in the prefill engine: Waiting (no memory yet) -> Running (a cache in
+the pool, chunks advancing) -> Finished (handed off) or Failed. Each step takes chunks,
+first come first served, until the token budget is spent; a long prompt is cut into chunks so
+short requests behind it still move. The scheduler decides; it never touches tensors.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Chunk:
+    request_id: str
+    num_tokens: int
+
+
+@dataclass
+class PrefillSchedulerConfig:
+    token_budget: int = 8192  # tokens per step, over all requests
+    max_chunk: int = 8192  # longest chunk of one request in one step
+    max_requests_per_step: int = 16
+
+
+class PrefillScheduler:
+    def __init__(self, config: PrefillSchedulerConfig):
+        self.config = config
+
+    def schedule(self, remaining: list[tuple[str, int]], can_reserve) -> list[Chunk]:
+        """remaining: (request id, tokens left) in arrival order; can_reserve(id, n) says whether
+        memory for n more tokens of that request can be reserved now (and reserves it)."""
+        budget, chunks = self.config.token_budget, []
+        for request_id, left in remaining:
+            if budget <= 0 or len(chunks) >= self.config.max_requests_per_step:
+                break
+            n = min(left, budget, self.config.max_chunk)
+            if n <= 0 or not can_reserve(request_id, n):
+                continue
+            chunks.append(Chunk(request_id, n))
+            budget -= n
+        return chunks

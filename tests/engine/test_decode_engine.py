@@ -1,0 +1,148 @@
+"""Continuous batching with speculative blocks: exactness, batching, memory bounds."""
+
+import pytest
+import torch
+
+from dsflash.decode_worker.engine import DecodeError
+from dsflash.decode_worker.request import DecodeRequest, FinishReason
+from dsflash.decode_worker.sampling import SamplingParams
+
+from .conftest import ScriptedDrafter, engine_with, greedy_request, make_pool, run_to_end
+
+
+def test_speculative_greedy_equals_plain_greedy_on_golden_prompts(golden_model, golden):
+    pool = make_pool(golden_model)
+    for spec in (0, 5):
+        engine = engine_with(golden_model, pool, spec)
+        reqs = [greedy_request(f"g{i}", p["input_ids"].tolist()) for i, p in enumerate(golden)]
+        done = run_to_end(engine, reqs)
+        for i, p in enumerate(golden):
+            assert done[f"g{i}"].output == p["greedy_ids"].tolist(), (spec, i)
+    assert pool.is_empty()
+
+
+def test_partial_acceptance_and_rollback_stay_exact(golden_model, golden):
+    """Drafts right and wrong at every position: outputs still equal plain greedy."""
+    pool = make_pool(golden_model)
+    engine = engine_with(golden_model, pool, 5)
+    truth = {f"s{i}": p["input_ids"].tolist() + p["greedy_ids"].tolist() for i, p in enumerate(golden)}
+    engine.drafter = ScriptedDrafter(engine, truth, 5)
+    reqs = [greedy_request(f"s{i}", p["input_ids"].tolist()) for i, p in enumerate(golden)]
+    done = run_to_end(engine, reqs)
+    lengths = set()
+    for i, p in enumerate(golden):
+        assert done[f"s{i}"].output == p["greedy_ids"].tolist()
+        lengths |= set(done[f"s{i}"].stats.accepted)
+    assert len(lengths) >= 4  # several acceptance lengths happened
+    assert max(lengths) > 1
+    assert pool.is_empty()
+
+
+def _prompts(n, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, 120000, (int(torch.randint(2, 40, (1,), generator=g)),), generator=g).tolist()
+            for _ in range(n)]
+
+
+def test_batch_of_eight_joining_and_leaving_equals_alone(tiny_model, oracle):
+    prompts = _prompts(8, seed=1)
+    max_tokens = [3, 9, 14, 5, 12, 7, 16, 10]
+    pool = make_pool(tiny_model)
+    engine = engine_with(tiny_model, pool, 5)
+    truth = {f"b{i}": p + oracle(tiny_model, p, m) for i, (p, m) in enumerate(zip(prompts, max_tokens))}
+    engine.drafter = ScriptedDrafter(engine, truth, 5)
+    reqs = [greedy_request(f"b{i}", p, m) for i, (p, m) in enumerate(zip(prompts, max_tokens))]
+    done = run_to_end(engine, reqs, add_at=[0, 0, 1, 2, 4, 5, 7, 9])
+    for i, (p, m) in enumerate(zip(prompts, max_tokens)):
+        assert done[f"b{i}"].output == oracle(tiny_model, p, m), i
+        assert done[f"b{i}"].finish_reason is FinishReason.LENGTH
+    assert pool.is_empty()
+
+
+def test_real_drafter_batch_equals_alone(tiny_model, oracle):
+    prompts = _prompts(4, seed=2)
+    pool = make_pool(tiny_model)
+    done = run_to_end(engine_with(tiny_model, pool, 5), [greedy_request(f"d{i}", p, 6) for i, p in enumerate(prompts)],
+                      add_at=[0, 1, 1, 3])
+    for i, p in enumerate(prompts):
+        assert done[f"d{i}"].output == oracle(tiny_model, p, 6)
+        assert len(done[f"d{i}"].stats.step_ms) == len(done[f"d{i}"].stats.accepted)
+    assert pool.is_empty()
+
+
+def test_sampled_outputs_reproducible_with_seed(tiny_model):
+    params = SamplingParams(max_tokens=12, temperature=0.9, top_p=0.95, top_k=50, seed=1234,
+                            repetition_penalty=1.1, presence_penalty=0.2, frequency_penalty=0.1, logprobs=True,
+                            top_logprobs=3)
+    prompt = _prompts(1, seed=3)[0]
+    outs = []
+    for companions in (0, 3):  # alone, then in a batch with others
+        pool = make_pool(tiny_model)
+        reqs = [DecodeRequest("seeded", prompt, params)]
+        reqs += [DecodeRequest(f"o{i}", p, SamplingParams(max_tokens=8, temperature=1.0, seed=i))
+                 for i, p in enumerate(_prompts(companions, seed=4))]
+        done = run_to_end(engine_with(tiny_model, pool, 5), reqs)
+        outs.append(done["seeded"])
+        assert pool.is_empty()
+    assert outs[0].output == outs[1].output and len(outs[0].output) == 12
+    lp = outs[0].logprobs
+    assert len(lp) == 12 and all(x.logprob <= 0 and len(x.top) == 3 for x in lp)
+
+
+def test_stop_token_ids_eos_and_max_tokens(tiny_model, oracle):
+    prompt = _prompts(1, seed=5)[0]
+    ref = oracle(tiny_model, prompt, 10)
+    stop_at = ref[4]
+    first = ref.index(stop_at)
+    pool = make_pool(tiny_model)
+    done = run_to_end(engine_with(tiny_model, pool, 5), [greedy_request("st", prompt, 10, stop_token_ids=(stop_at,))])
+    assert done["st"].output == ref[: first + 1] and done["st"].finish_reason is FinishReason.STOP
+    assert pool.is_empty()
+
+
+def test_stop_strings_across_token_boundaries(tiny_model, oracle):
+    prompt = _prompts(1, seed=6)[0]
+    ref = oracle(tiny_model, prompt, 10)
+
+    def text(ids):
+        return "".join(f"<{t}>" for t in ids)  # stands in for a tokenizer
+
+    stop = text(ref[5:7])[3:-2]  # spans two tokens, starts and ends inside them
+    engine = engine_with(tiny_model, make_pool(tiny_model), 5)
+    engine.decode_text = text
+    done = run_to_end(engine, [greedy_request("ss", prompt, 10, stop=(stop,))])
+    assert done["ss"].output == ref[:7] and done["ss"].finish_reason is FinishReason.STOP
+
+
+def test_full_pool_preempts_and_still_exact(tiny_model, oracle):
+    """Four short prompts are admitted together; their growth overflows the pool, so younger
+    requests are preempted and rebuilt, and every output is still what it is alone."""
+    prompts = [p[:3 + i] for i, p in enumerate(_prompts(4, seed=7))]
+    layout_pool = make_pool(tiny_model, pages=30, slots=4, page_entries=8)
+    engine = engine_with(tiny_model, layout_pool, 5)
+    reqs = [greedy_request(f"p{i}", p, 40) for i, p in enumerate(prompts)]
+    done = run_to_end(engine, reqs, max_steps=2000)
+    for i, p in enumerate(prompts):
+        assert done[f"p{i}"].output == oracle(tiny_model, p, 40)
+    assert sum(r.stats.preemptions for r in done.values()) > 0
+    assert layout_pool.is_empty()
+
+
+def test_request_that_can_never_fit_is_refused(tiny_model):
+    pool = make_pool(tiny_model, pages=4, slots=2, page_entries=8)
+    engine = engine_with(tiny_model, pool, 5)
+    with pytest.raises(DecodeError, match="can never fit"):
+        engine.add(greedy_request("huge", list(range(3, 200)), 16))
+    with pytest.raises(DecodeError, match="token ids"):
+        engine.add(greedy_request("bad", [1, 2, 10**9], 4))
+
+
+def test_abort_releases_memory(tiny_model):
+    pool = make_pool(tiny_model)
+    engine = engine_with(tiny_model, pool, 5)
+    engine.add(greedy_request("a", _prompts(1, seed=8)[0], 50))
+    engine.step()
+    engine.step()
+    event = engine.abort("a")
+    assert event.finish_reason is FinishReason.ABORT
+    assert not engine.has_work() and pool.is_empty()

@@ -1,0 +1,123 @@
+"""The prefill engine: chunking within a token budget, prefix reuse, CED, handoff to decode."""
+
+import pytest
+import torch
+
+from dsflash.decode_worker.request import DecodeRequest
+from dsflash.decode_worker.sampling import SamplingParams
+from dsflash.kvcache.paged import PagedCache
+from dsflash.prefill_worker.engine import PrefillEngine, PrefillEngineConfig, PrefillError, PrefillRequest
+from dsflash.prefill_worker.scheduler import PrefillSchedulerConfig
+
+from .conftest import engine_with, make_pool, run_to_end
+
+
+def _drain(engine):
+    done = {}
+    steps = 0
+    while engine.has_work():
+        for r in engine.step():
+            done[r.request_id] = r
+        steps += 1
+        assert steps < 1000
+    return done, steps
+
+
+def _config(budget, chunk, ced=False):
+    return PrefillEngineConfig(PrefillSchedulerConfig(token_budget=budget, max_chunk=chunk), ced=ced)
+
+
+def test_several_requests_per_step_within_budget(golden_model, golden):
+    pool = make_pool(golden_model)
+    engine = PrefillEngine(golden_model, pool, _config(budget=64, chunk=32))
+    for i, p in enumerate(golden):
+        engine.add(PrefillRequest(f"r{i}", p["input_ids"].tolist()))
+    assert engine.queued_tokens == sum(len(p["input_ids"]) for p in golden)
+    done, steps = _drain(engine)
+    assert steps >= (5 + 37 + 100 + 300) // 64
+    for i, p in enumerate(golden):
+        out = done[f"r{i}"].output
+        ref = p["logits"][-1]
+        assert (out.logits - ref).abs().max() < 0.05 and int(out.logits.argmax()) == int(ref.argmax())
+        assert done[f"r{i}"].cache.num_tokens == len(p["input_ids"])
+        assert out.taps is not None and out.taps_start + out.taps.shape[0] == len(p["input_ids"])
+        done[f"r{i}"].cache.release()
+    assert pool.is_empty()
+
+
+def test_prefix_reuse_computes_only_new_tokens(golden_model, golden):
+    ids = golden[3]["input_ids"].tolist()
+    pool = make_pool(golden_model)
+    engine = PrefillEngine(golden_model, pool, _config(budget=128, chunk=128))
+    engine.add(PrefillRequest("prefix", ids[:200]))
+    prefix = _drain(engine)[0]["prefix"]
+    engine.add(PrefillRequest("rest", ids, cache=prefix.cache))
+    done = _drain(engine)[0]["rest"]
+    assert done.computed_tokens == 100
+    engine.add(PrefillRequest("fresh", ids))
+    fresh = _drain(engine)[0]["fresh"]
+    assert (done.output.logits - fresh.output.logits).abs().max() < 0.05
+    assert int(done.output.logits.argmax()) == int(golden[3]["logits"][-1].argmax())
+    done.cache.release()
+    fresh.cache.release()
+    assert pool.is_empty()
+
+
+def test_ced_option_close_to_exact(golden_model, golden):
+    ids = golden[3]["input_ids"].tolist()
+    pool = make_pool(golden_model)
+    engine = PrefillEngine(golden_model, pool, _config(budget=96, chunk=96, ced=True))
+    engine.add(PrefillRequest("ced", ids))
+    out = _drain(engine)[0]["ced"]
+    ref = golden[3]["logits"][-1]
+    assert (out.output.logits - ref).abs().max() < 0.5 and int(out.output.logits.argmax()) == int(ref.argmax())
+    out.cache.release()
+
+
+def test_never_fitting_and_invalid_prompts_are_refused(golden_model):
+    engine = PrefillEngine(golden_model, make_pool(golden_model, pages=3, slots=2, page_entries=8))
+    with pytest.raises(PrefillError, match="never fit"):
+        engine.add(PrefillRequest("long", [5] * 500))
+    with pytest.raises(PrefillError, match="out of range"):
+        engine.add(PrefillRequest("bad", [5, 10**7]))
+    with pytest.raises(PrefillError, match="empty"):
+        engine.add(PrefillRequest("empty", []))
+
+
+def test_handoff_through_serialization_decodes_identically(golden_model, golden):
+    """Prefill in one pool, serialize, restore into another pool (another worker), decode:
+    the same tokens as plain greedy."""
+    prefill_pool, decode_pool = make_pool(golden_model), make_pool(golden_model)
+    engine = PrefillEngine(golden_model, prefill_pool, _config(budget=256, chunk=256))
+    for i, p in enumerate(golden):
+        engine.add(PrefillRequest(f"h{i}", p["input_ids"].tolist()))
+    done, _ = _drain(engine)
+    decode = engine_with(golden_model, decode_pool, 5)
+    requests = []
+    for i, p in enumerate(golden):
+        desc, payload = done[f"h{i}"].cache.serialize()
+        done[f"h{i}"].cache.release()
+        cache = PagedCache.deserialize(decode_pool, golden_model.config, desc, payload)
+        requests.append(DecodeRequest(f"h{i}", p["input_ids"].tolist(), SamplingParams(max_tokens=16, temperature=0),
+                                      cache=cache, prefill=done[f"h{i}"].output))
+    finished = run_to_end(decode, requests)
+    for i, p in enumerate(golden):
+        assert finished[f"h{i}"].output == p["greedy_ids"].tolist()
+    assert prefill_pool.is_empty() and decode_pool.is_empty()
+
+
+def test_cache_restored_resumes_decoding_identically(tiny_model):
+    pool = make_pool(tiny_model)
+    prompt = list(range(100, 160))
+    engine = PrefillEngine(tiny_model, pool)
+    engine.add(PrefillRequest("a", prompt))
+    first = _drain(engine)[0]["a"]
+    desc, payload = first.cache.serialize()
+    twin = PagedCache.deserialize(pool, tiny_model.config, desc, payload)
+    decode = engine_with(tiny_model, pool, 5)
+    params = SamplingParams(max_tokens=12, temperature=0.7, seed=99)
+    a = DecodeRequest("a", prompt, params, cache=first.cache, prefill=first.output)
+    b = DecodeRequest("b", prompt, params, cache=twin, prefill=first.output)
+    done = run_to_end(decode, [a, b])
+    assert done["a"].output == done["b"].output
+    assert pool.is_empty()

@@ -1,0 +1,86 @@
+"""Sampling knobs and speculative rejection sampling."""
+
+import pytest
+import torch
+
+from dsflash.decode_worker.sampling import RequestSampler, SamplingError, SamplingParams
+from dsflash.decode_worker.spec import accept_block
+
+V = 8
+
+
+def _sampler(seed, **kw):
+    return RequestSampler(SamplingParams(seed=seed, **kw), prompt_tokens=[], vocab_size=V)
+
+
+def test_filters_by_hand():
+    logits = torch.tensor([4.0, 3.0, 2.0, 1.0, 0.0, -1.0, -2.0, -3.0])
+    x = _sampler(0, top_k=3).processed(logits)
+    assert torch.isinf(x[3:]).all() and torch.isfinite(x[:3]).all()
+    p = torch.softmax(logits, -1)
+    x = _sampler(0, top_p=float(p[0] + p[1] * 0.5)).processed(logits)
+    assert torch.isfinite(x[:2]).all() and torch.isinf(x[2:]).all()
+    x = _sampler(0, min_p=float(p[2] / p[0]) * 0.99).processed(logits)
+    assert torch.isfinite(x[:3]).all() and torch.isinf(x[3:]).all()
+
+
+def test_penalties_by_hand():
+    s = RequestSampler(SamplingParams(seed=0, temperature=1.0, repetition_penalty=2.0, presence_penalty=0.5,
+                                      frequency_penalty=0.25), prompt_tokens=[0], vocab_size=V)
+    s.record([1, 1, 2])
+    logits = torch.tensor([2.0, 2.0, -2.0, 1.0, 0, 0, 0, 0])
+    x = s.processed(logits, extra=[3])
+    assert x[0] == 1.0  # prompt token, positive: divided
+    assert x[1] == 1.0 - 0.5 - 0.5  # 2/2 - presence - 2 * frequency
+    assert x[2] == -4.0 - 0.5 - 0.25  # negative: multiplied
+    assert x[3] == 0.5 - 0.5 - 0.25  # counted through `extra`
+
+
+@pytest.mark.parametrize("bad", [dict(temperature=-1), dict(top_p=0), dict(top_p=1.5), dict(min_p=2),
+                                 dict(max_tokens=0), dict(top_logprobs=21), dict(presence_penalty=3),
+                                 dict(temperature=float("nan"))])
+def test_invalid_params_are_rejected(bad):
+    with pytest.raises(SamplingError):
+        SamplingParams(**bad)
+
+
+def _chi2(counts, probs):
+    expected = probs * counts.sum()
+    keep = expected > 0
+    return float((((counts - expected) ** 2)[keep] / expected[keep]).sum())
+
+
+def test_speculative_sampling_follows_the_target_distribution():
+    """Chi-squared on a vocabulary slice of 8: the first emitted token of a speculative block
+    follows the target's distribution (drafts from a badly-off drafter), like plain sampling."""
+    g = torch.Generator().manual_seed(0)
+    k = 2
+    target = torch.randn(k + 1, V, generator=g) * 1.5
+    draft = torch.randn(k, V, generator=g) * 1.5
+    trials = 20000
+    first = torch.zeros(V)
+    plain = torch.zeros(V)
+    for t in range(trials):
+        s = _sampler(t, temperature=1.0)
+        d0, q0 = s.choose(draft[0])
+        d1, q1 = s.choose(draft[1], [d0])
+        emitted = accept_block(s, target, [d0, d1], [q0, q1])
+        first[emitted[0]] += 1
+        plain[_sampler(10**6 + t, temperature=1.0).choose(target[0])[0]] += 1
+    p0 = torch.softmax(target[0], -1)
+    # df = 7; the 0.001 critical value is 24.3
+    assert _chi2(first, p0) < 24.3, _chi2(first, p0)
+    assert _chi2(plain, p0) < 24.3
+    # the speculative and the plain samples agree with each other too (two-sample chi-squared)
+    pooled = (first + plain) / (2 * trials)
+    assert _chi2(first, pooled) + _chi2(plain, pooled) < 24.3
+
+
+def test_greedy_acceptance_stops_at_first_mismatch():
+    s = _sampler(0, temperature=0.0)
+    target = torch.full((4, V), -5.0)
+    for row, tok in enumerate([3, 5, 1, 7]):
+        target[row, tok] = 5.0
+    assert accept_block(s, target, [3, 5, 1], None) == [3, 5, 1, 7]
+    assert accept_block(s, target, [3, 4, 1], None) == [3, 5]
+    assert accept_block(s, target, [2, 5, 1], None) == [3]
