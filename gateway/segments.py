@@ -1,0 +1,59 @@
+"""A prompt as segments: runs of plain text and special-token ids.
+
+Keeping the two apart is what makes prompt injection impossible: only the renderer decides
+where special tokens go; every string from the request is a text run. Adjacent text is merged
+so each run is exactly what the official pipeline tokenizes between two special tokens (the
+HF tokenizer also cuts its input at added tokens), which keeps the ids identical to it.
+"""
+
+from __future__ import annotations
+
+import re
+
+from . import special_tokens as st
+
+Segment = str | int
+
+# Only for the renderer's own constant templates, never for request text.
+_TEMPLATE_SPECIALS = re.compile("|".join(re.escape(t.text) for t in sorted(st.ALL, key=lambda t: -len(t.text))))
+
+
+class SegmentBuilder:
+    """Appends text and special ids, merging adjacent text runs."""
+
+    def __init__(self) -> None:
+        self._segments: list[Segment] = []
+        self._text: list[str] = []
+
+    def text(self, text: str) -> SegmentBuilder:
+        if text:
+            self._text.append(text)
+        return self
+
+    def special(self, token: st.SpecialToken) -> SegmentBuilder:
+        self._flush()
+        self._segments.append(token.id)
+        return self
+
+    def template(self, trusted: str) -> SegmentBuilder:
+        """A constant of ours in which special-token spellings mean the tokens themselves."""
+        at = 0
+        for match in _TEMPLATE_SPECIALS.finditer(trusted):
+            self.text(trusted[at:match.start()])
+            self.special(st.BY_TEXT[match.group()])
+            at = match.end()
+        return self.text(trusted[at:])
+
+    def build(self) -> list[Segment]:
+        self._flush()
+        return list(self._segments)
+
+    def _flush(self) -> None:
+        if self._text:
+            self._segments.append("".join(self._text))
+            self._text = []
+
+
+def spell(segments: list[Segment]) -> str:
+    """The prompt as one string, special tokens in their canonical V4.1 spelling."""
+    return "".join(s if isinstance(s, str) else st.BY_ID[s].text for s in segments)
