@@ -51,7 +51,8 @@ class DecodeEngineConfig:
 class DecodeEngine:
     def __init__(self, model: DeepseekV41, pool: CachePool, config: DecodeEngineConfig | None = None,
                  decode_text: Callable[[list[int]], str] | None = None,
-                 on_finish: Callable[[DecodeRequest], bool] | None = None):
+                 on_finish: Callable[[DecodeRequest], bool] | None = None,
+                 reclaim: Callable[[int], int] | None = None):
         self.model, self.pool = model, pool
         self.config = config or DecodeEngineConfig()
         c = model.config
@@ -59,10 +60,12 @@ class DecodeEngine:
         self.drafter = DSparkDrafter(model) if c.num_dspark_stages else None
         self.rebuilder = PrefillEngine(model, pool, self.config.prefill)
         self.decode_text = decode_text
-        self.on_finish = on_finish
+        self.on_finish = on_finish  # True: it kept the finished request's cache
+        self.reclaim = reclaim  # frees up to n bytes of kept caches (conversation LRU); returns bytes freed
         self.waiting: deque[DecodeRequest] = deque()
         self.running: list[DecodeRequest] = []
         self.rebuilding: dict[str, DecodeRequest] = {}
+        self.last_step: tuple[float, list[int]] | None = None  # (ms, tokens emitted per request) of the last block
 
     # ------------------------------------------------------------ requests
 
@@ -107,6 +110,7 @@ class DecodeEngine:
     # ------------------------------------------------------------ the step
 
     def step(self) -> list[TokenEvent]:
+        self.last_step = None
         events: list[TokenEvent] = []
         self._admit(events)
         if self.rebuilder.has_work():
@@ -207,7 +211,8 @@ class DecodeEngine:
                     request.cache.reserve(k)
                     break
                 except PoolExhausted:
-                    self._preempt(self.running[-1])
+                    if self.reclaim is None or self.reclaim(self.pool.layout.page_bytes * k) <= 0:
+                        self._preempt(self.running[-1])
 
     def _preempt(self, request: DecodeRequest) -> None:
         log.warning("KV pool full: preempting %s (its cache is rebuilt later)", request.request_id)
@@ -255,3 +260,4 @@ class DecodeEngine:
         elapsed_ms = (time.perf_counter() - began) * 1000.0
         for request in batch:
             request.stats.step_ms.append(elapsed_ms)
+        self.last_step = (elapsed_ms, [r.stats.accepted[-1] for r in batch])

@@ -57,6 +57,7 @@ class DecodeRequest:
     request_id: str
     prompt: list[int]  # tokens the cache must hold before decoding
     params: SamplingParams
+    conversation_id: str | None = None  # keep the cache for this conversation after the turn
     cache: PagedCache | None = None  # arrives from a prefill worker, or is rebuilt here
     prefill: PrefillOutput | None = None  # logits of the last prompt position + DSpark taps
     status: DecodeStatus = DecodeStatus.WAITING

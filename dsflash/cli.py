@@ -22,10 +22,23 @@ def _add(parser: argparse.ArgumentParser, flag: str, **kwargs) -> None:
     env = _env(flag)
     if env in os.environ:
         value = os.environ[env]
-        kwargs["default"] = kwargs["type"](value) if "type" in kwargs else value
+        if kwargs.get("action") == "store_true":
+            kwargs["default"] = value.lower() in ("1", "true", "yes", "on")
+        else:
+            kwargs["default"] = kwargs["type"](value) if "type" in kwargs else value
         kwargs["required"] = False
     kwargs["help"] = (kwargs.get("help", "") + f" [env {env}]").strip()
     parser.add_argument(flag, **kwargs)
+
+
+def _bytes(text: str) -> int:
+    """'512MiB', '2GiB', '1000000' -> bytes."""
+    units = {"kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40, "kb": 10**3, "mb": 10**6, "gb": 10**9}
+    t = text.strip().lower()
+    for suffix, factor in units.items():
+        if t.endswith(suffix):
+            return int(float(t[: -len(suffix)]) * factor)
+    return int(t)
 
 
 def _common_logging(p: argparse.ArgumentParser) -> None:
@@ -67,6 +80,18 @@ def build_parser() -> argparse.ArgumentParser:
         _add(p, "--gpus", help="comma-separated GPU ids (default: CPU)")
         _add(p, "--advertise", help="host name peers use to reach this worker (default: the bind address)")
         _add(p, "--kv-transports", default="shm,tcp", help="KV transports to offer, by preference (rdma,shm,tcp)")
+        _add(p, "--pool-bytes", type=_bytes, default="512MiB", help="KV pool size (pages + request slots)")
+        _add(p, "--max-requests", type=int, default=32, help="requests held at once (pool slots)")
+        _add(p, "--prefill-token-budget", type=int, default=8192, help="prompt tokens per engine step")
+        _add(p, "--inject-kv-fault", help="testing only: corrupt:BYTE | delay:SECONDS | drop:BYTES[,count:N] "
+                                           "applied to this worker's KV transfers")
+        if role == "prefill":
+            _add(p, "--ced", action="store_true", help="bounded replay: decoder layers over the prompt tail only")
+        else:
+            _add(p, "--spec-tokens", type=int, default=5, help="DSpark drafts verified per step (0 = off)")
+            _add(p, "--host-cache-bytes", type=_bytes, default="256MiB",
+                 help="conversation caches kept after a turn (LRU)")
+            _add(p, "--prefill", help="static prefill workers HOST:PORT,... (default: from Redis registrations)")
         _common_logging(p)
 
     p = sub.add_parser("make-checkpoint", help="write a random-weight checkpoint in the official format")

@@ -76,15 +76,76 @@ def logits(args) -> int:
     return 0
 
 
-def _not_yet(what: str, issue: int):
-    def handler(args) -> int:
-        print(f"dsflash {what}: not implemented yet (issue {issue})", file=sys.stderr)
-        return 2
-
-    return handler
+def _list(text: str | None) -> tuple[str, ...]:
+    return tuple(x.strip() for x in (text or "").split(",") if x.strip())
 
 
-serve = _not_yet("serve", 7)
-gateway = _not_yet("gateway", 7)
-prefill = _not_yet("prefill", 6)
-decode = _not_yet("decode", 6)
+def fault_plan(text: str | None):
+    """'corrupt:100,count:2' -> FaultPlan (tests inject transport faults through the CLI)."""
+    if not text:
+        return None
+    from dsflash.kvcache.transport import FaultPlan
+
+    fields = dict(part.split(":", 1) for part in _list(text))
+    names = {"corrupt": ("corrupt_at_byte", int), "delay": ("delay_s", float), "drop": ("drop_after_bytes", int),
+             "count": ("max_faults", int)}
+    unknown = set(fields) - set(names)
+    if unknown:
+        raise SystemExit(f"--inject-kv-fault: unknown fault {sorted(unknown)}")
+    return FaultPlan(**{names[k][0]: names[k][1](v) for k, v in fields.items()})
+
+
+def worker_settings(args, role: str):
+    """WorkerSettings from the parsed flags (the edge where configuration is read)."""
+    from dsflash.serving.worker import WorkerSettings
+
+    device = "cpu"
+    if args.gpus:
+        device = f"cuda:{_list(args.gpus)[0]}"
+    extra = {}
+    if role == "prefill":
+        extra["ced"] = args.ced
+    else:
+        extra.update(spec_tokens=args.spec_tokens, host_cache_bytes=args.host_cache_bytes,
+                     prefill_workers=_list(args.prefill))
+    return WorkerSettings(role=role, checkpoint=args.checkpoint, host=args.host, port=args.port,
+                          metrics_port=args.metrics_port,
+                          advertise=args.advertise, redis_url=args.redis_url, device=device,
+                          kv_transports=_list(args.kv_transports), pool_bytes=args.pool_bytes,
+                          max_requests=args.max_requests, prefill_token_budget=args.prefill_token_budget,
+                          faults=fault_plan(args.inject_kv_fault), **extra)
+
+
+def prefill(args) -> int:
+    import asyncio
+
+    from dsflash.prefill_worker.server import serve as serve_prefill
+
+    asyncio.run(serve_prefill(worker_settings(args, "prefill")))
+    return 0
+
+
+def decode(args) -> int:
+    import asyncio
+
+    from dsflash.decode_worker.server import serve as serve_decode
+
+    asyncio.run(serve_decode(worker_settings(args, "decode")))
+    return 0
+
+
+def serve(args) -> int:
+    from dsflash.serve_all import main as serve_main
+
+    return serve_main(args)
+
+
+def gateway(args) -> int:
+    import asyncio
+
+    from dsflash.gateway.endpoints import GatewaySettings
+    from dsflash.gateway.server import run
+
+    keys = _list(args.api_key or os.environ.get("DSFLASH_API_KEYS"))
+    asyncio.run(run(args, GatewaySettings(model_name=args.model_name, api_keys=keys)))
+    return 0

@@ -175,52 +175,78 @@ class PagedCache(SequenceCache):
             tail_lengths=dict(self.tail_lengths), ring_spans=[(s.valid_from, s.valid_to) for s in self.ring_spans],
             history=list(self.history), page_counts=used)
 
-    def byte_ranges(self) -> list[tuple[str, int, int]]:
+    def byte_ranges(self, num_tokens: int | None = None) -> list[tuple[str, int, int]]:
         """(segment, byte offset, length) of every byte this request owns, in payload order:
-        the slot, then each source's used pages in entry order."""
-        L = self.layout
-        ranges = [("slots", self.slot * L.slot_bytes, L.slot_bytes)]
+        the slot, then each source's used pages in entry order. With num_tokens: the ranges a
+        cache of that length occupies (where an incoming payload lands)."""
+        L, pool = self.layout, self.pool
+        counts = self.counts if num_tokens is None else L.entries_for(num_tokens)
+        ranges = [(pool.slots_segment, self.slot * L.slot_bytes, L.slot_bytes)]
         for source in L.sources:
-            used = -(-self.counts[source] // L.page_entries)
-            ranges += [("pages", page * L.page_bytes, L.page_bytes) for page in self.page_table[source][:used]]
+            used = -(-counts[source] // L.page_entries)
+            if used > len(self.page_table[source]):
+                raise ValueError(f"a {num_tokens}-token cache needs more pages than this one holds")
+            ranges += [(pool.pages_segment, page * L.page_bytes, L.page_bytes) for page in self.page_table[source][:used]]
         return ranges
 
     def serialize(self) -> tuple[CacheDescriptor, torch.Tensor]:
         """A flat uint8 copy of the payload (slot, then pages) and its descriptor."""
-        buffers = {"slots": self.pool.slots_buffer, "pages": self.pool.pages_buffer}
-        parts = [buffers[seg][off: off + n] for seg, off, n in self.byte_ranges()]
+        parts = [self.pool.buffer(seg)[off: off + n] for seg, off, n in self.byte_ranges()]
         return self.descriptor(), torch.cat(parts).cpu()
 
     @classmethod
-    def allocate_for(cls, pool: CachePool, config: ModelConfig, desc: CacheDescriptor) -> "PagedCache":
-        """An empty cache shaped like `desc` (pages reserved, metadata set): the landing place for
-        a transfer. Its byte_ranges() are where the payload's bytes go, in the same order."""
-        if desc.layout_fingerprint != pool.layout.fingerprint():
-            raise ValueError(f"incompatible cache layout {desc.layout_fingerprint} (this pool: {pool.layout.fingerprint()})")
+    def reserve_for(cls, pool: CachePool, config: ModelConfig, num_tokens: int) -> "PagedCache":
+        """An empty cache with the slot and the pages a `num_tokens` cache occupies: the landing
+        place for a transfer (byte_ranges() after apply() are where the payload goes)."""
         cache = cls(pool, config)
         try:
-            for source in pool.layout.sources:
-                count = desc.page_counts.get(source, 0)
-                cache.page_table[source].extend(pool.allocate_pages(count))
+            for source, count in pool.layout.entries_for(num_tokens).items():
+                cache.page_table[source].extend(pool.allocate_pages(-(-count // pool.layout.page_entries)))
         except Exception:
             cache.release()
             raise
-        cache.counts = {int(k): v for k, v in desc.entry_counts.items()}
-        cache.tail_lengths = {int(k): v for k, v in desc.tail_lengths.items()}
-        cache.num_tokens = desc.num_tokens
-        cache.history = list(desc.history)
-        cache.ring_spans = [RingSpan(a, b) for a, b in desc.ring_spans]
+        return cache
+
+    def apply(self, desc: CacheDescriptor) -> None:
+        """Take the metadata of a cache whose bytes land (or landed) in this one's pages."""
+        if desc.layout_fingerprint != self.layout.fingerprint():
+            raise ValueError(f"incompatible cache layout {desc.layout_fingerprint} "
+                             f"(this pool: {self.layout.fingerprint()})")
+        for source in self.layout.sources:
+            if desc.page_counts.get(source, 0) > len(self.page_table[source]):
+                raise ValueError("the descriptor needs more pages than were reserved")
+        self.counts = {int(k): int(v) for k, v in desc.entry_counts.items()}
+        self.tail_lengths = {int(k): int(v) for k, v in desc.tail_lengths.items()}
+        self.num_tokens = int(desc.num_tokens)
+        self.history = list(desc.history)
+        self.ring_spans = [RingSpan(int(a), int(b)) for a, b in desc.ring_spans]
+        self.bytes_changed()
+
+    @classmethod
+    def allocate_for(cls, pool: CachePool, config: ModelConfig, desc: CacheDescriptor) -> "PagedCache":
+        """An empty cache shaped like `desc`, metadata set: load_payload() fills its bytes."""
+        if desc.layout_fingerprint != pool.layout.fingerprint():
+            raise ValueError(f"incompatible cache layout {desc.layout_fingerprint} (this pool: {pool.layout.fingerprint()})")
+        cache = cls.reserve_for(pool, config, int(desc.num_tokens))
+        try:
+            cache.apply(desc)
+        except Exception:
+            cache.release()
+            raise
         return cache
 
     def load_payload(self, payload: torch.Tensor) -> None:
         """Copy a serialized payload into this cache's own bytes (after allocate_for)."""
-        buffers = {"slots": self.pool.slots_buffer, "pages": self.pool.pages_buffer}
         offset = 0
         for seg, off, n in self.byte_ranges():
-            buffers[seg][off: off + n].copy_(payload[offset: offset + n])
+            self.pool.buffer(seg)[off: off + n].copy_(payload[offset: offset + n])
             offset += n
         if offset != payload.numel():
             raise ValueError(f"payload has {payload.numel()} bytes, the descriptor needs {offset}")
+        self.bytes_changed()
+
+    def bytes_changed(self) -> None:
+        """The pool bytes were written from outside (a transfer): drop derived copies."""
         self._keys.clear()
 
     @classmethod

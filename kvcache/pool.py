@@ -9,6 +9,7 @@ read and write it directly.
 
 from __future__ import annotations
 
+import threading
 from collections import deque
 from collections.abc import Callable
 
@@ -22,19 +23,24 @@ class PoolExhausted(RuntimeError):
 
 
 class _FreeList:
+    """Thread-safe: the engine thread and the RPC handlers both allocate and free."""
+
     def __init__(self, count: int):
         self.free = deque(range(count))
         self.count = count
+        self._lock = threading.Lock()
 
     def take(self, n: int) -> list[int]:
-        if n > len(self.free):
-            raise PoolExhausted(f"need {n}, {len(self.free)} free of {self.count}")
-        return [self.free.popleft() for _ in range(n)]
+        with self._lock:
+            if n > len(self.free):
+                raise PoolExhausted(f"need {n}, {len(self.free)} free of {self.count}")
+            return [self.free.popleft() for _ in range(n)]
 
     def give(self, ids: list[int]) -> None:
-        self.free.extend(ids)
-        if len(self.free) > self.count:
-            raise RuntimeError("double free in the cache pool")
+        with self._lock:
+            self.free.extend(ids)
+            if len(self.free) > self.count:
+                raise RuntimeError("double free in the cache pool")
 
 
 Allocator = Callable[[str, int], torch.Tensor]  # (name, nbytes) -> uint8 tensor
@@ -54,8 +60,10 @@ class CachePool:
                  name: str = "kv"):
         self.layout = layout
         allocate = allocate or plain_allocator()
-        self.pages_buffer = allocate(f"{name}-pages", num_pages * layout.page_bytes)
-        self.slots_buffer = allocate(f"{name}-slots", num_slots * layout.slot_bytes)
+        # Segment names: peers address this memory as (segment, offset) through a transfer engine.
+        self.pages_segment, self.slots_segment = f"{name}-pages", f"{name}-slots"
+        self.pages_buffer = allocate(self.pages_segment, num_pages * layout.page_bytes)
+        self.slots_buffer = allocate(self.slots_segment, num_slots * layout.slot_bytes)
         self.pages = self.pages_buffer.view(num_pages, layout.page_bytes)
         self.slots = self.slots_buffer.view(num_slots, layout.slot_bytes)
         self.device = self.pages_buffer.device
@@ -116,6 +124,9 @@ class CachePool:
     def can_hold(self, num_tokens: int) -> bool:
         """Could one request of this length ever fit (an empty pool)?"""
         return self.layout.pages_for(num_tokens) <= self.num_pages and self.num_slots > 0
+
+    def buffer(self, segment: str) -> torch.Tensor:
+        return {self.pages_segment: self.pages_buffer, self.slots_segment: self.slots_buffer}[segment]
 
     def is_empty(self) -> bool:
         return self.free_page_count == self.num_pages and self.free_slot_count == self.num_slots

@@ -51,6 +51,18 @@ def golden_model(golden_dir):
     return DeepseekV41.from_checkpoint(golden_dir)
 
 
+@pytest.fixture
+def redis_server(tmp_path):
+    """A real redis-server on a free loopback port (skips when the binary is absent)."""
+    from tests.support.redis_server import start_redis
+
+    server = start_redis(tmp_path)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
 @pytest.fixture(scope="session")
 def tiny_checkpoint(tmp_path_factory) -> pathlib.Path:
     from dsflash.model.checkpoint_writer import write_checkpoint

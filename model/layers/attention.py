@@ -54,24 +54,35 @@ def attention(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, xa: torch.Te
                 selected = run.cache.entries_gather(role.kv_source, topk.clamp_min(0))
         if block_mode:
             window_kv, mask = _block_window(run, role, kv)
+            o = sparse_attention_ref(q, window_kv, mask, selected, valid, sink, hd**-0.5)
         else:
-            window_kv, mask = _causal_window(cfg, run, role, kv, packed)
-        o = sparse_attention_ref(q, window_kv, mask, selected, valid, sink, hd**-0.5)
+            o = _causal_attention(cfg, run, role, q, kv, packed, selected, valid, sink)
         outputs.append(apply_rope(o, cos, sin, inverse=True))
     o = torch.cat(outputs)  # [T, h, D]
     return _grouped_output(ops, cfg, p, o)
 
 
-def _causal_window(cfg: ModelConfig, run: SeqRun, role: LayerRole, kv: torch.Tensor, packed):
-    """Keys = cached ring positions before this run + this run's own; writes this run into the ring."""
+def _causal_attention(cfg: ModelConfig, run: SeqRun, role: LayerRole, q, kv, packed, selected, valid, sink):
+    """Queries in blocks: a block of B queries sees at most B + W - 1 window keys, so a chunk
+    costs O(n * (B + W)), not O(n^2). Writes this run's latents into the ring."""
     cache, layer, window = run.cache, role.index, cfg.sliding_window
     cached_pos = cache.window_positions(layer, run.start - window + 1, run.start)
     keys = torch.cat([cache.ring_read(layer, cached_pos).float(), kv])
     key_pos = torch.cat([cached_pos, run.positions])
-    q_pos = run.positions.unsqueeze(1)
-    mask = (key_pos.unsqueeze(0) <= q_pos) & (key_pos.unsqueeze(0) > q_pos - window)
     cache.ring_store(layer, run.positions, kv, packed)
-    return keys, mask
+    q_pos, offset = run.positions, cached_pos.shape[0]
+    block = max(window, 64)
+    out = []
+    for lo in range(0, run.n, block):
+        hi = min(lo + block, run.n)
+        first = max(0, offset + lo - window + 1)
+        k_pos = key_pos[first: offset + hi]
+        qp = q_pos[lo:hi].unsqueeze(1)
+        mask = (k_pos.unsqueeze(0) <= qp) & (k_pos.unsqueeze(0) > qp - window)
+        out.append(sparse_attention_ref(q[lo:hi], keys[first: offset + hi], mask,
+                                        None if selected is None else selected[lo:hi],
+                                        None if valid is None else valid[lo:hi], sink, cfg.head_dim**-0.5))
+    return torch.cat(out)
 
 
 def _block_window(run: SeqRun, role: LayerRole, kv: torch.Tensor):

@@ -18,7 +18,28 @@ from ..ops import ReferenceOps
 from ..quant import fake_quant_fp4
 from ..rope import Rope, apply_rope
 
-_SCORE_BUDGET = 1 << 26  # fp32 elements of one [queries, heads, entries] score chunk
+_SCORE_BUDGET = 1 << 25  # fp32 elements of one [queries, entries] score chunk
+
+
+def top_k_ascending(scores: torch.Tensor, k: int) -> torch.Tensor:
+    """The k best ids per row, ascending; ties at the boundary go to the lower id; -1 pads rows
+    with fewer than k finite scores. Linear in the row length (no full sort)."""
+    n, width = scores.shape
+    if k <= 0:
+        return torch.zeros(n, 0, dtype=torch.long)
+    values, ids = torch.topk(scores, k, dim=-1)
+    kth = values[:, -1:]
+    # topk's order among equal values is unspecified: redo the rows where a tie crosses the cut.
+    crossing = ((scores == kth).sum(-1) > (values == kth).sum(-1)) & (kth.squeeze(-1) > float("-inf"))
+    if crossing.any():
+        rows = scores[crossing]
+        cut = kth[crossing]
+        above, ties = rows > cut, rows == cut
+        keep = above | (ties & (ties.cumsum(-1) <= k - above.sum(-1, keepdim=True)))
+        ids[crossing] = torch.topk(torch.where(keep, torch.arange(width), width), k, dim=-1, largest=False).values
+    ids = torch.where(values > float("-inf"), ids, width)
+    ids = ids.sort(dim=-1).values
+    return torch.where(ids < width, ids, -1)
 
 
 def select_candidate_blocks(scores: torch.Tensor, visible: torch.Tensor, topk_blocks: int, block: int) -> torch.Tensor:
@@ -28,18 +49,10 @@ def select_candidate_blocks(scores: torch.Tensor, visible: torch.Tensor, topk_bl
     block_scores = padded.unflatten(-1, (-1, block)).amax(dim=-1)  # [n, B]
     newest = ((visible - 1) // block).unsqueeze(-1)  # -1 when nothing is visible: pins nothing
     block_scores = block_scores.masked_fill(torch.arange(block_scores.shape[-1]) == newest, float("inf"))
-    k = min(topk_blocks, block_scores.shape[-1])
-    order = torch.sort(block_scores, dim=-1, descending=True, stable=True)
-    keep = torch.zeros_like(block_scores, dtype=torch.bool)
-    keep.scatter_(-1, order.indices[:, :k], order.values[:, :k] > float("-inf"))
-    return keep.repeat_interleave(block, dim=-1)[:, :width]
-
-
-def top_entries(scores: torch.Tensor, k: int) -> torch.Tensor:
-    """Top-k entry ids per query (stable: ties go to the lower id), ascending, -1 where fewer are visible."""
-    order = torch.sort(scores, dim=-1, descending=True, stable=True)
-    idx = torch.where(order.values[:, :k] > float("-inf"), order.indices[:, :k], -1)
-    return torch.sort(idx, dim=-1).values
+    picked = top_k_ascending(block_scores, min(topk_blocks, block_scores.shape[-1]))
+    keep = torch.zeros(block_scores.shape[0], block_scores.shape[1] + 1, dtype=torch.bool)
+    keep.scatter_(-1, torch.where(picked >= 0, picked, block_scores.shape[1]), True)
+    return keep[:, :-1].repeat_interleave(block, dim=-1)[:, :width]
 
 
 def index(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, xa: torch.Tensor, q_res: torch.Tensor, run: SeqRun,
@@ -64,19 +77,23 @@ def index(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, xa: torch.Tensor
     visible = (positions + 1) // role.ratio
     candidates_in = shared.get("candidates") if role.uses_candidates else None
     k = min(cfg.index_topk, total)
-    chunk = max(1, _SCORE_BUDGET // (heads * total))
+    keys_t = keys.float().T.contiguous()
+    chunk = max(1, _SCORE_BUDGET // total)
     picks, pools = [], []
     for lo in range(0, run.n, chunk):
         hi = min(lo + chunk, run.n)
-        scores = torch.einsum("nhd,td->nht", q[lo:hi], keys.float()).relu() * dim**-0.5
-        scores = (scores * weights[lo:hi].unsqueeze(-1)).sum(dim=1)  # [c, N]
+        # sum_h w_h * ReLU(q_h . k) / sqrt(Di), one head at a time (no [c, Hi, N] tensor)
+        w = weights[lo:hi] * dim**-0.5
+        scores = torch.zeros(hi - lo, total)
+        for h in range(heads):
+            scores += (q[lo:hi, h] @ keys_t).relu_() * w[:, h:h + 1]
         scores = scores.masked_fill(torch.arange(total) >= visible[lo:hi, None], float("-inf"))
         if role.is_candidate_source:
             pools.append(select_candidate_blocks(scores, visible[lo:hi], cfg.candidate_topk_blocks,
                                                  cfg.candidate_block_size))
         elif candidates_in is not None:
             scores = scores.masked_fill(~candidates_in[lo:hi], float("-inf"))
-        picks.append(top_entries(scores, k))
+        picks.append(top_k_ascending(scores, k))
     if role.is_candidate_source:
         shared["candidates"] = torch.cat(pools)
     shared["topk"] = torch.cat(picks)

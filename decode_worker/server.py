@@ -1,0 +1,295 @@
+"""`dsflash decode`: the decode worker process.
+
+Life cycle of a Generate call: find the conversation's best prefix (own host cache, or the
+live owner's) -> reserve pool pages for the prompt's cache -> Prefill on a prefill worker,
+which pulls the prefix, computes the rest and writes the cache into those pages -> the
+decode engine streams tokens -> the finished turn's cache stays for the next turn. A
+prefill worker that is down, a transfer that fails or arrives corrupted: the pages are
+released and the prompt is recomputed here instead. The client going away aborts the
+request here and, through the cancelled Prefill call, on the prefill worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+
+import grpc
+import torch
+from tokenizers import Tokenizer
+
+from ..kvcache import handoff
+from ..kvcache.directory import DirectoryUnavailable, OwnershipDirectory, WorkerLoad, WorkerRole
+from ..kvcache.pool import PoolExhausted
+from ..logs import log_event
+from ..metrics import RequestTimer
+from ..model.prefill import PrefillOutput
+from ..prefill_worker.engine import PrefillEngineConfig
+from ..prefill_worker.scheduler import PrefillSchedulerConfig
+from ..serving.engine_loop import EngineLoop
+from ..serving.peers import PeerChannels
+from ..serving.worker import GRPC_OPTIONS, WorkerRuntime, WorkerSettings, serve_until_signal
+from ..v1 import worker_pb2, worker_pb2_grpc
+from .conversations import Conversations, PrefixSource
+from .engine import DecodeEngine, DecodeEngineConfig, DecodeError
+from .request import DecodeRequest, FinishReason, TokenEvent
+from .service import DecodeServicer, chunk_to_proto
+
+log = logging.getLogger("dsflash.decode")
+SERVICE = "dsflash.v1.Decode"
+RESERVE_WAIT_S = 30.0  # how long a prompt may wait for KV pages to free up
+
+
+class DecodeWorker:
+    def __init__(self, settings: WorkerSettings, directory: OwnershipDirectory | None = None, model=None,
+                 metrics=None):
+        self.runtime = rt = WorkerRuntime(settings, directory, metrics)
+        rt.load = self.load
+        rt.open("all", model)
+        tokenizer = Tokenizer.from_file(f"{settings.checkpoint}/tokenizer.json")
+        m = rt.metrics
+        self.conversations = Conversations(settings.host_cache_bytes, rt.directory, settings.conversation_lease_s,
+                                           rt.layout.fingerprint(),
+                                           on_evicted=lambda _entry: m.host_cache_evictions.labels("decode").inc())
+        budget = settings.prefill_token_budget
+        self.engine = DecodeEngine(
+            rt.model, rt.pool,
+            DecodeEngineConfig(max_running=settings.max_requests, spec_tokens=settings.spec_tokens,
+                               prefill=PrefillEngineConfig(PrefillSchedulerConfig(token_budget=budget, max_chunk=budget))),
+            decode_text=lambda ids: tokenizer.decode(ids, skip_special_tokens=False),
+            on_finish=self._on_finish, reclaim=self.conversations.cache.evict)
+        self.loop = EngineLoop("decode", self._step, self.engine.has_work, self._crash)
+        engine, cache = self.engine, self.conversations.cache
+        m.running.labels("decode").set_function(lambda: engine.num_running)
+        m.waiting.labels("decode").set_function(lambda: engine.num_waiting)
+        m.prefill_queue.labels("decode").set_function(lambda: engine.rebuilder.queued_tokens)
+        m.host_cache_bytes.labels("decode").set_function(lambda: cache.nbytes)
+        self.peers = PeerChannels()
+        self.streams: dict[str, asyncio.Queue] = {}
+        self._aio: asyncio.AbstractEventLoop | None = None
+        self.handoff_failures = 0
+        self._prefill_cache: tuple[float, list[str]] = (0.0, [])
+
+    # ------------------------------------------------------------ engine thread side
+
+    def _step(self) -> None:
+        for event in self.engine.step():
+            self._dispatch(event)
+        if self.engine.last_step is not None:
+            elapsed_ms, emitted = self.engine.last_step
+            m, k = self.runtime.metrics, self.engine.spec_tokens
+            m.step.labels("decode").observe(elapsed_ms / 1000.0)
+            for n in emitted:
+                m.accept.labels("decode").observe(n)
+            m.drafted.labels("decode").inc(k * len(emitted))
+            m.accepted.labels("decode").inc(sum(min(n - 1, k) for n in emitted))
+
+    def _dispatch(self, event: TokenEvent) -> None:
+        queue = self.streams.get(event.request_id)
+        if queue is not None:
+            self._aio.call_soon_threadsafe(queue.put_nowait, event)
+
+    def _crash(self, exc: BaseException) -> None:
+        ids = [r.request_id for r in list(self.engine.waiting) + self.engine.running + list(self.engine.rebuilding.values())]
+        for request_id in ids:
+            event = self.engine.abort(request_id)
+            if event is not None:
+                event.finish_reason, event.error = FinishReason.ERROR, f"engine failure: {exc}"
+                self._dispatch(event)
+
+    def _on_finish(self, request: DecodeRequest) -> bool:
+        if request.conversation_id and request.finish_reason in (FinishReason.STOP, FinishReason.LENGTH):
+            self.conversations.keep(request.conversation_id, request.cache, request.processed_tokens)
+            return True
+        return False
+
+    # ------------------------------------------------------------ a request
+
+    async def generate(self, request: worker_pb2.GenerateRequest, tokens: list[int], params):
+        request_id = request.request_id or uuid.uuid4().hex
+        began = time.monotonic()
+        source = await self.conversations.find_prefix(request.conversation_id, tokens)
+        try:
+            cache, prefill, info = await self._prefill(request_id, tokens, source, request.prefill_address)
+        finally:
+            self.conversations.done_with(source)
+        decode = DecodeRequest(request_id, tokens, params, conversation_id=request.conversation_id or None,
+                               cache=cache, prefill=prefill)
+        queue: asyncio.Queue = asyncio.Queue()
+        self.streams[request_id] = queue
+        first_token_s = None
+        timer = RequestTimer(self.runtime.metrics, "decode", len(tokens))
+        timer.began = began
+        try:
+            try:
+                await self.loop.call(lambda: self.engine.add(decode))
+            except DecodeError:
+                if cache is not None:
+                    cache.release()
+                raise
+            while True:
+                event: TokenEvent = await queue.get()
+                if event.finish_reason is FinishReason.ERROR:
+                    raise RuntimeError(event.error or "decode failed")
+                if event.tokens:
+                    first_token_s = first_token_s or time.monotonic()
+                    timer.tokens(len(event.tokens))
+                    yield chunk_to_proto(event)
+                if event.finish_reason is not None:
+                    break
+        except asyncio.CancelledError:
+            self.loop.post(lambda: self.engine.abort(request_id))
+            raise
+        finally:
+            self.streams.pop(request_id, None)
+        stats = decode.stats
+        timer.finish(decode.finish_reason.value, info["reused"])
+        ttft_ms = ((first_token_s or time.monotonic()) - began) * 1000.0
+        usage = worker_pb2.Usage(prompt_tokens=len(tokens), completion_tokens=len(decode.output),
+                                 cached_tokens=info["reused"], computed_tokens=info["computed"])
+        yield worker_pb2.GenerateResponse(finished=worker_pb2.Finished(
+            finish_reason=decode.finish_reason.value, usage=usage, stats=worker_pb2.RequestStats(
+                ttft_ms=ttft_ms, average_iteration_ms=stats.average_iteration_ms,
+                average_accept_length=stats.average_accept_length, decode_steps=len(stats.step_ms),
+                prefill_worker=info["worker"], cache_source=info["source"], transport=info["transport"],
+                transfer_ms=info["transfer_ms"], transfer_bytes=info["transfer_bytes"])))
+        log_event(log, "request_end", request_id=request_id, conversation_id=request.conversation_id or "-",
+                  prompt_tokens=len(tokens), cached_tokens=info["reused"], completion_tokens=len(decode.output),
+                  ttft_ms=round(ttft_ms, 2), average_iteration_ms=round(stats.average_iteration_ms, 2),
+                  average_accept_length=round(stats.average_accept_length, 3), finish_reason=decode.finish_reason.value,
+                  cache_source=info["source"], prefill_worker=info["worker"] or "local")
+
+    async def _prefill(self, request_id: str, tokens: list[int], source: PrefixSource, address: str):
+        """The prompt's cache built by a prefill worker into our pages; (None, None) means
+        recompute here (no prefill worker, or it failed)."""
+        info = {"reused": 0, "computed": len(tokens), "worker": "", "source": "recompute", "transport": "",
+                "transfer_ms": 0.0, "transfer_bytes": 0}
+        address = address or await self._pick_prefill()
+        if not address:
+            return None, None, info
+        rt = self.runtime
+        cache = await self._reserve(len(tokens))
+        try:
+            stub = worker_pb2_grpc.PrefillStub(self.peers.get(address))
+            reply = await stub.Prefill(worker_pb2.PrefillRequest(
+                request_id=request_id, token_ids=tokens, prefix=source.ref,
+                destination=handoff.destination(rt.transfer.endpoint(), cache, len(tokens)), want_taps=True),
+                timeout=rt.settings.prefill_timeout_s)
+            handoff.install(cache, handoff.descriptor_from_proto(reply.descriptor))
+        except grpc.aio.AioRpcError as exc:
+            cache.release()
+            if exc.code() == grpc.StatusCode.INVALID_ARGUMENT:
+                raise DecodeError(exc.details()) from None
+            if exc.code() in (grpc.StatusCode.DATA_LOSS, grpc.StatusCode.UNAVAILABLE):
+                self.handoff_failed()
+            log.warning("prefill on %s failed (%s: %s): recomputing here", address, exc.code().name, exc.details())
+            return None, None, info
+        except BaseException:
+            cache.release()
+            raise
+        logits = torch.frombuffer(bytearray(reply.last_logits), dtype=torch.float32)
+        taps = None
+        if reply.taps_rows:
+            taps = torch.frombuffer(bytearray(reply.taps), dtype=torch.int16).view(torch.bfloat16)
+            taps = taps.reshape(reply.taps_rows, reply.taps_width)
+        rt.record_transfer(reply.transfer_bytes, reply.transfer_ms / 1000.0, reply.transport)
+        info.update(reused=reply.reused_tokens, computed=reply.computed_tokens, worker=address,
+                    source=source.kind if reply.reused_tokens else "none", transport=reply.transport,
+                    transfer_ms=reply.transfer_ms, transfer_bytes=reply.transfer_bytes)
+        return cache, PrefillOutput(logits=logits, taps=taps, taps_start=reply.taps_start), info
+
+    async def _reserve(self, num_tokens: int):
+        """Pages for an incoming cache; evicts kept conversations, then waits for running ones."""
+        rt = self.runtime
+        deadline = time.monotonic() + RESERVE_WAIT_S
+        while True:
+            try:
+                return handoff.reserve(rt.pool, rt.model.config, num_tokens)
+            except PoolExhausted:
+                need = rt.layout.pages_for(num_tokens) * rt.layout.page_bytes + rt.layout.slot_bytes
+                if self.conversations.cache.evict(need) > 0:
+                    continue
+                if time.monotonic() > deadline:
+                    raise asyncio.TimeoutError from None
+                await asyncio.sleep(0.05)
+
+    async def _pick_prefill(self) -> str:
+        static = list(self.runtime.settings.prefill_workers)
+        if static:
+            return static[0]
+        now = time.monotonic()
+        if now - self._prefill_cache[0] > 1.0:
+            try:
+                workers = await self.runtime.directory.list_workers(WorkerRole.PREFILL)
+                workers.sort(key=lambda w: w.load.num_queued_prefill_tokens)
+                self._prefill_cache = (now, [w.address for w in workers])
+            except DirectoryUnavailable:
+                pass
+        return self._prefill_cache[1][0] if self._prefill_cache[1] else ""
+
+    async def cancel(self, request_id: str) -> bool:
+        event = await self.loop.call(lambda: self.engine.abort(request_id))
+        if event is not None:
+            self._dispatch(event)
+        return event is not None
+
+    # ------------------------------------------------------------ status
+
+    def handoff_failed(self) -> None:
+        self.handoff_failures += 1
+        self.runtime.record_transfer_failure()
+
+    def load(self) -> WorkerLoad:
+        pool = self.runtime.pool
+        return WorkerLoad(num_running_requests=self.engine.num_running + self.engine.num_waiting,
+                          free_kv_bytes=pool.free_page_count * pool.layout.page_bytes)
+
+    def status(self) -> worker_pb2.WorkerStatus:
+        rt, pool = self.runtime, self.runtime.pool
+        rebuilt = self.engine.rebuilder
+        return worker_pb2.WorkerStatus(
+            worker_id=rt.worker_id, role="decode", incarnation=rt.incarnation, endpoint=rt.transfer.endpoint(),
+            total_pages=pool.num_pages, free_pages=pool.free_page_count, total_slots=pool.num_slots,
+            free_slots=pool.free_slot_count, queued_prefill_tokens=rebuilt.queued_tokens,
+            running_requests=self.engine.num_running, waiting_requests=self.engine.num_waiting,
+            host_cache_bytes=self.conversations.cache.nbytes, host_cache_entries=len(self.conversations.cache),
+            handoff_failures_total=self.handoff_failures,
+            directory_degraded=bool(getattr(rt.directory, "is_degraded", False)), draining=rt.draining)
+
+    # ------------------------------------------------------------ serving
+
+    async def start(self) -> tuple[grpc.aio.Server, int]:
+        self._aio = asyncio.get_running_loop()
+        self.loop.start()
+        server = grpc.aio.server(options=GRPC_OPTIONS)
+        worker_pb2_grpc.add_DecodeServicer_to_server(DecodeServicer(self), server)
+        self.runtime.add_standard_services(server, [SERVICE])
+        s = self.runtime.settings
+        port = server.add_insecure_port(f"{s.host}:{s.port}")
+        await server.start()
+        await self.runtime.start(server, port, [SERVICE])
+        self.conversations.bind(self.runtime.worker_id, self.runtime.incarnation, self.runtime.address, self._aio)
+        self.server = server
+        return server, port
+
+    async def drain(self) -> None:
+        await self.runtime.drain(self.server, lambda: len(self.streams), [SERVICE])
+
+    async def close(self) -> None:
+        if getattr(self, "server", None) is not None:
+            await self.server.stop(grace=None)
+        self.loop.stop()
+        self.conversations.cache.clear()
+        await self.peers.close()
+        await self.runtime.close()
+
+
+async def serve(settings: WorkerSettings) -> None:
+    worker = DecodeWorker(settings)
+    server, _ = await worker.start()
+    try:
+        await serve_until_signal(server, worker.drain)
+    finally:
+        await worker.close()

@@ -1,0 +1,217 @@
+"""The parts every worker has: settings, identity, KV pool and transfer engine, the directory
+registration with heartbeats, gRPC health and reflection, and the drain on SIGTERM.
+
+Life cycle: open() loads the model and allocates the pool (health NOT_SERVING) -> start()
+serves, registers and heartbeats (SERVING) -> drain(): NOT_SERVING, refuse new requests,
+let running ones finish (bounded), unregister, stop the server, close the transports.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import time
+from dataclasses import dataclass, field
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from ..kvcache.directory import (DirectoryConfig, DirectoryUnavailable, OwnershipDirectory, WorkerInfo, WorkerLoad,
+                                 WorkerRole, new_incarnation, open_directory)
+from ..kvcache.layout import CacheLayout
+from ..kvcache.pool import CachePool
+from ..kvcache.transport import FaultPlan, MultiTransferEngine, TransportConfig, make_compatibility_hash, open_engines
+from ..logs import log_event
+from ..metrics import Metrics
+from ..model.deepseek_v41 import DeepseekV41
+
+log = logging.getLogger("dsflash.worker")
+
+MAX_MESSAGE_BYTES = 64 << 20  # logits + DSpark taps of a handoff exceed gRPC's 4 MiB default
+GRPC_OPTIONS = [
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    # Dead peers surface within seconds, not at the TCP timeout.
+    ("grpc.keepalive_time_ms", 10_000),
+    ("grpc.keepalive_timeout_ms", 5_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_pings_without_data", 0),
+]
+
+
+@dataclass(frozen=True)
+class WorkerSettings:
+    role: str  # "prefill" | "decode"
+    checkpoint: str
+    host: str = "0.0.0.0"
+    port: int = 0
+    metrics_port: int = 0  # 0: no separate /metrics endpoint (dsflash serve renders one registry)
+    advertise: str | None = None
+    redis_url: str | None = None
+    device: str = "cpu"
+    kv_transports: tuple[str, ...] = ("shm", "tcp")
+    pool_bytes: int = 256 << 20
+    max_requests: int = 32
+    page_entries: int = 64
+    host_cache_bytes: int = 128 << 20  # decode: conversation caches kept after a turn
+    heartbeat_s: float = 1.0
+    worker_ttl_s: float = 5.0
+    conversation_lease_s: float = 3600.0
+    drain_grace_s: float = 30.0
+    ced: bool = False  # prefill: bounded replay of the decoder layers
+    spec_tokens: int = 5  # decode: DSpark drafts per step
+    prefill_token_budget: int = 8192
+    prefill_workers: tuple[str, ...] = ()  # decode: static prefill addresses (without Redis)
+    prefill_timeout_s: float = 600.0
+    transfer_timeout_s: float = 30.0
+    faults: FaultPlan | None = field(default=None, compare=False)  # tests: inject transport faults
+
+    @property
+    def advertise_host(self) -> str:
+        if self.advertise:
+            return self.advertise
+        return "127.0.0.1" if self.host in ("0.0.0.0", "::", "") else self.host
+
+
+class WorkerRuntime:
+    """Model, pool, transfer engine and directory for one worker process."""
+
+    def __init__(self, settings: WorkerSettings, directory: OwnershipDirectory | None = None,
+                 metrics: Metrics | None = None):
+        self.settings = settings
+        self.metrics = metrics or Metrics()
+        self.role = settings.role
+        self.incarnation = new_incarnation()
+        self.directory = directory or open_directory(DirectoryConfig(redis_url=settings.redis_url))
+        self.health = health.aio.HealthServicer()
+        self.model: DeepseekV41 | None = None
+        self.pool: CachePool | None = None
+        self.transfer: MultiTransferEngine | None = None
+        self.layout: CacheLayout | None = None
+        self.address = ""
+        self.worker_id = ""
+        self.draining = False
+        self._heartbeat: asyncio.Task | None = None
+        self.started_s = time.monotonic()
+
+    def open(self, tier: str, model: DeepseekV41 | None = None) -> None:
+        """Load the model (or share one already loaded in this process) and allocate the KV pool
+        in transfer-engine memory (blocking)."""
+        s = self.settings
+        began = time.monotonic()
+        self.model = model or DeepseekV41.from_checkpoint(s.checkpoint, tier=tier, device=s.device, progress=True)
+        self.layout = CacheLayout.for_model(self.model.config, page_entries=s.page_entries)
+        config = TransportConfig(compatibility_hash=make_compatibility_hash(
+            self.layout.model_fingerprint, "fp8-window/fp4-global", self.layout.fingerprint()))
+        self.transfer = open_engines(config, s.kv_transports, tcp_host=_bind_host(s.host),
+                                     advertise_host=s.advertise_host, faults=s.faults)
+        self.pool = CachePool.sized(self.layout, s.pool_bytes, s.max_requests, self.transfer.allocate_segment,
+                                    name=f"{s.role}-kv")
+        m, pool = self.metrics, self.pool
+        m.kv_free_bytes.labels(s.role).set_function(lambda: pool.free_page_count * pool.layout.page_bytes)
+        m.degraded.labels(s.role).set_function(lambda: float(bool(getattr(self.directory, "is_degraded", False))))
+        if s.metrics_port:
+            m.serve(s.metrics_port, _bind_host(s.host))
+        log_event(log, "worker_loaded", role=s.role, checkpoint=s.checkpoint, seconds=round(time.monotonic() - began, 2),
+                  pool_pages=self.pool.num_pages, pool_slots=self.pool.num_slots, transports=",".join(s.kv_transports))
+
+    def add_standard_services(self, server: grpc.aio.Server, service_names: list[str]) -> None:
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+        names = service_names + [health.SERVICE_NAME, reflection.SERVICE_NAME]
+        reflection.enable_server_reflection(names, server)
+
+    async def start(self, server: grpc.aio.Server, port: int, service_names: list[str]) -> None:
+        self.address = f"{self.settings.advertise_host}:{port}"
+        self.worker_id = f"{self.settings.role}@{self.address}"
+        for name in service_names + [""]:
+            await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        await self._register()
+        self._heartbeat = asyncio.create_task(self._heartbeat_loop())
+        log_event(log, "worker_ready", role=self.settings.role, worker_id=self.worker_id, address=self.address,
+                  incarnation=self.incarnation)
+
+    def info(self, load: WorkerLoad) -> WorkerInfo:
+        return WorkerInfo(worker_id=self.worker_id, role=WorkerRole(self.settings.role), address=self.address,
+                          incarnation=self.incarnation, transports=tuple(self.settings.kv_transports), load=load)
+
+    def load(self) -> WorkerLoad:  # replaced by the worker
+        return WorkerLoad()
+
+    def record_transfer(self, nbytes: int, seconds: float, transport: str) -> None:
+        self.metrics.transfer_bytes.labels(self.role, transport).inc(nbytes)
+        self.metrics.transfer_seconds.labels(self.role, transport).observe(seconds)
+
+    def record_transfer_failure(self) -> None:
+        self.metrics.transfer_failures.labels(self.role).inc()
+
+    async def _register(self) -> None:
+        try:
+            await self.directory.register_worker(self.info(self.load()), self.settings.worker_ttl_s)
+        except DirectoryUnavailable as exc:
+            log.warning("directory unavailable at registration (%s); retrying with the heartbeats", exc)
+
+    async def _heartbeat_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.heartbeat_s)
+            try:
+                alive = await self.directory.heartbeat(self.worker_id, self.load(), incarnation=self.incarnation)
+                if not alive:
+                    await self._register()
+            except DirectoryUnavailable:
+                pass  # ResilientDirectory degrades by itself; a bare one retries next beat
+            except Exception:
+                log.exception("heartbeat failed")
+
+    async def drain(self, server: grpc.aio.Server, in_flight, service_names: list[str]) -> None:
+        """SIGTERM: stop taking work, let `in_flight()` reach 0 (bounded), unregister, stop."""
+        if self.draining:
+            return
+        self.draining = True
+        log_event(log, "worker_drain", role=self.settings.role, worker_id=self.worker_id, in_flight=in_flight())
+        await self.health.enter_graceful_shutdown()
+        deadline = time.monotonic() + self.settings.drain_grace_s
+        while in_flight() and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        if self._heartbeat is not None:
+            self._heartbeat.cancel()
+        try:
+            await self.directory.unregister_worker(self.worker_id, self.incarnation)
+        except Exception as exc:  # the registration expires by its TTL anyway
+            log.warning("unregister failed: %s", exc)
+        await server.stop(grace=1.0)
+        log_event(log, "worker_stopped", role=self.settings.role, worker_id=self.worker_id)
+
+    async def close(self) -> None:
+        if self._heartbeat is not None:
+            self._heartbeat.cancel()
+        if self.transfer is not None:
+            self.transfer.close()
+        await self.directory.close()
+
+
+def _bind_host(host: str) -> str:
+    return "0.0.0.0" if host in ("", "::") else host
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def serve_until_signal(server: grpc.aio.Server, drain) -> None:
+    """Run until SIGTERM/SIGINT, then call drain() once."""
+    import signal
+
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    waiter = asyncio.create_task(server.wait_for_termination())
+    stopper = asyncio.create_task(stop.wait())
+    await asyncio.wait([waiter, stopper], return_when=asyncio.FIRST_COMPLETED)
+    if stop.is_set():
+        await drain()
+    waiter.cancel()
