@@ -101,3 +101,11 @@ def render_calls(out: SegmentBuilder, calls: list[tuple[str, dict[str, Any]]]) -
             out.text(value if is_string else to_json(value)).template(PARAM_CLOSE)
         out.template("\n" + INVOKE_CLOSE)
     out.template("\n" + CALLS_CLOSE)
+
+
+def forced_call_opening(out: SegmentBuilder, name: str | None) -> None:
+    """The start of a tool call appended to the prompt when tool_choice forces one: the model
+    continues inside the invoke (a named function) or at its name ("required")."""
+    out.template(BLOCK_LEAD + CALLS_OPEN + "\n").template(INVOKE_OPEN)
+    if name is not None:
+        out.text(name).template('">\n')

@@ -1,0 +1,77 @@
+"""The gateway's FastAPI application: OpenAI endpoints, health, readiness, metrics, auth."""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import time
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+
+from . import endpoints
+from .endpoints import Context
+from .errors import APIError
+
+log = logging.getLogger("dsflash.gateway")
+
+
+def create_app(ctx: Context) -> FastAPI:
+    app = FastAPI(title="dsflash", docs_url=None, redoc_url=None, openapi_url=None)
+    started = int(time.time())
+    keys = tuple(k for k in ctx.settings.api_keys if k)
+
+    @app.exception_handler(APIError)
+    async def api_error(_request: Request, exc: APIError):
+        return JSONResponse(exc.body(), status_code=exc.status)
+
+    @app.exception_handler(Exception)
+    async def internal_error(_request: Request, exc: Exception):
+        log.exception("unhandled error")
+        return JSONResponse(APIError(500, "internal error", type="server_error").body(), status_code=500)
+
+    @app.middleware("http")
+    async def authenticate(request: Request, call_next):
+        if keys and request.url.path.startswith("/v1/"):
+            header = request.headers.get("authorization", "")
+            token = header[7:].strip() if header.lower().startswith("bearer ") else ""
+            if not any(hmac.compare_digest(token, k) for k in keys):
+                return JSONResponse(APIError(401, "invalid or missing API key", type="authentication_error",
+                                             code="invalid_api_key").body(), status_code=401)
+        return await call_next(request)
+
+    @app.get("/healthz")
+    async def healthz():
+        return {"status": "ok"}
+
+    @app.get("/readyz")
+    async def readyz():
+        if await ctx.router.ready():
+            return {"status": "ready"}
+        return JSONResponse(APIError(503, "no ready prefill and decode worker", type="service_unavailable").body(),
+                            status_code=503)
+
+    @app.get("/metrics")
+    async def metrics():
+        body, content_type = ctx.metrics.render()
+        return Response(body, media_type=content_type)
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": ctx.settings.model_name, "object": "model", "created": started,
+                                            "owned_by": "dsflash"}]}
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request):
+        return await endpoints.chat_completions(ctx, request)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        return await endpoints.completions(ctx, request)
+
+    @app.api_route("/v1/{path:path}", methods=["GET", "POST", "PUT", "DELETE", "PATCH"])
+    async def unknown(path: str):
+        return JSONResponse(APIError(404, f"unknown endpoint /v1/{path}", code="not_found").body(), status_code=404)
+
+    return app
+

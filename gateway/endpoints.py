@@ -1,0 +1,338 @@
+"""POST /v1/chat/completions and POST /v1/completions.
+
+Life cycle of a request: auth and body limits (app.py) -> parse and validate -> render and
+tokenize (chat encoding, off the event loop) -> context-length check -> route (conversation
+owner / prefix match, least loaded) -> relay the decode workers' token streams as SSE chunks
+or one JSON body. A client that goes away cancels the streams, which aborts the request on
+both tiers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel, ValidationError
+
+from ..v1 import worker_pb2
+from . import responses as R
+from . import special_tokens as st
+from .chat_encoding import encode_chat, encode_segments
+from .chat_errors import ChatEncodingError
+from .dsml import forced_call_opening
+from .segments import SegmentBuilder, spell
+from .errors import APIError, invalid
+from .generation import DecodeClients, GenerationSpec, relay
+from .router import NoWorkers, Router
+from .schema import ChatCompletionRequest, CompletionRequest, SamplingFields
+from .tokenizer import Tokenizer
+
+
+@dataclass(frozen=True)
+class GatewaySettings:
+    model_name: str = "deepseek-v4.1-flash"
+    api_keys: tuple[str, ...] = ()
+    max_body_bytes: int = 64 << 20
+    max_context_tokens: int = 1_048_576
+    default_max_tokens: int = 4096
+    keepalive_s: float = 15.0
+    request_timeout_s: float = 3600.0
+
+
+@dataclass
+class Context:
+    settings: GatewaySettings
+    router: Router
+    tokenizer: Tokenizer
+    clients: DecodeClients
+    metrics: Any
+
+
+async def read_body(request: Request, model: type[BaseModel], limit: int):
+    raw = await request.body()
+    if len(raw) > limit:
+        raise APIError(413, f"request body exceeds {limit} bytes", code="request_too_large")
+    try:
+        data = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise invalid(f"the body is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise invalid("the body must be a JSON object")
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        param = ".".join(str(p) for p in first["loc"] if not _is_union_tag(p)) or None
+        raise invalid(f"{param}: {first['msg']}" if param else first["msg"], param=param) from None
+
+
+_TYPE_TAGS = {"str", "int", "float", "bool", "dict", "list", "none"}
+
+
+def _is_union_tag(part) -> bool:
+    """pydantic names the union member in error locations ("prompt.str"); OpenAI's `param` does not."""
+    return isinstance(part, str) and ("[" in part or part in _TYPE_TAGS)
+
+
+def sampling_proto(req: SamplingFields, max_tokens: int, logprobs: bool, top_logprobs: int) -> worker_pb2.SamplingParams:
+    params = worker_pb2.SamplingParams(
+        max_tokens=max_tokens, temperature=req.temperature, top_p=req.top_p, top_k=max(req.top_k, 0),
+        min_p=req.min_p, repetition_penalty=req.repetition_penalty, presence_penalty=req.presence_penalty,
+        frequency_penalty=req.frequency_penalty, stop_token_ids=req.stop_token_ids or [], ignore_eos=req.ignore_eos,
+        logprobs=logprobs, top_logprobs=top_logprobs)
+    if req.seed is not None:
+        params.seed = req.seed
+    return params
+
+
+def conversation_of(request: Request, req: SamplingFields) -> str | None:
+    return request.headers.get("x-conversation-id") or req.conversation_id or req.user or None
+
+
+def budget(ctx: Context, prompt_len: int, asked: int | None, param: str) -> int:
+    room = ctx.settings.max_context_tokens - prompt_len
+    if asked is None:
+        asked = min(ctx.settings.default_max_tokens, room)
+    if asked < 1 or prompt_len + asked > ctx.settings.max_context_tokens:
+        raise invalid(f"this model's context is {ctx.settings.max_context_tokens} tokens; the prompt has {prompt_len} "
+                      f"and {asked} more were asked for", param=param, code="context_length_exceeded")
+    return asked
+
+
+async def route(ctx: Context, conversation: str | None, prompt: list[int]):
+    try:
+        return await ctx.router.route(conversation, prompt)
+    except NoWorkers as exc:
+        raise APIError(503, str(exc), type="service_unavailable", code="no_workers") from None
+
+
+# ------------------------------------------------------------------ chat
+
+
+async def chat_completions(ctx: Context, request: Request):
+    req = await read_body(request, ChatCompletionRequest, ctx.settings.max_body_bytes)
+    thinking = req.thinking.type == "enabled" if req.thinking is not None else True
+    try:
+        encoded = await asyncio.get_running_loop().run_in_executor(None, lambda: encode_chat(
+            ctx.tokenizer, req.messages, tools=req.tools, tool_choice=req.tool_choice,
+            response_format=req.response_format, thinking=thinking, reasoning_effort=req.reasoning_effort))
+    except ChatEncodingError as exc:
+        raise invalid(str(exc), param=exc.param, code=exc.code) from None
+    prompt = encoded.token_ids
+    forced_text = ""
+    forced = _forced_tool(req)
+    if forced is not None and encoded.rendered.tools_enabled:
+        # tool_choice forces a call: the prompt goes on with the call's opening (after an empty
+        # reasoning when thinking), and the parser reads it as if generated.
+        out = SegmentBuilder()
+        if encoded.rendered.starts_in_reasoning:
+            out.special(st.THINK_END)
+        forced_call_opening(out, forced or None)
+        segments = out.build()
+        prompt = prompt + encode_segments(ctx.tokenizer, segments)
+        forced_text = spell(segments)
+    max_tokens = budget(ctx, len(prompt), req.limit, "max_tokens")
+    top = req.top_logprobs or 0
+    spec = GenerationSpec(
+        request_id=f"chatcmpl-{uuid.uuid4().hex}", prompt=prompt,
+        sampling=sampling_proto(req, max_tokens, req.logprobs, top), n=req.n,
+        route=await route(ctx, conversation_of(request, req), prompt), stops=req.stop_list(), chat=True,
+        starts_in_reasoning=encoded.rendered.starts_in_reasoning, tools_enabled=encoded.rendered.tools_enabled,
+        forced_text=forced_text, timeout_s=ctx.settings.request_timeout_s)
+    include_usage = bool(req.stream_options and req.stream_options.include_usage)
+    return await _respond(ctx, request, spec, req.stream, _ChatFormat(ctx, spec, req, include_usage))
+
+
+def _forced_tool(req: ChatCompletionRequest) -> str | None:
+    """"" for tool_choice "required", the function name for a named choice, None otherwise."""
+    choice = req.tool_choice
+    if choice == "required":
+        return ""
+    if isinstance(choice, dict) and isinstance(choice.get("function"), dict):
+        return str(choice["function"].get("name") or "")
+    return None
+
+
+class _ChatFormat:
+    object, chunk_object = "chat.completion", "chat.completion.chunk"
+
+    def __init__(self, ctx: Context, spec: GenerationSpec, req: ChatCompletionRequest, include_usage: bool):
+        self.ctx, self.spec, self.req, self.include_usage = ctx, spec, req, include_usage
+        self.created = int(time.time())
+
+    def head(self) -> dict:
+        return {"id": self.spec.request_id, "created": self.created, "model": self.ctx.settings.model_name}
+
+    def opening(self) -> list[dict]:
+        return [{**self.head(), "object": self.chunk_object, "choices": [
+            {"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+            for i in range(self.spec.n)], **self._usage_null()}]
+
+    def _usage_null(self) -> dict:
+        return {"usage": None} if self.include_usage else {}
+
+    def chunk(self, update) -> dict | None:
+        delta = update.delta or {}
+        logprobs = R.chat_logprobs(self.ctx.tokenizer, update.logprobs) if self.req.logprobs and update.logprobs else None
+        if not delta and not logprobs and not update.done:
+            return None
+        choice = {"index": update.choice.index, "delta": delta, "logprobs": logprobs,
+                  "finish_reason": update.choice.finish_reason if update.done else None}
+        if update.done and self.req.return_token_ids:
+            choice["token_ids"] = update.choice.token_ids
+        return {**self.head(), "object": self.chunk_object, "choices": [choice], **self._usage_null()}
+
+    def body(self, choices) -> dict:
+        return {**self.head(), "object": self.object, "system_fingerprint": None,
+                "choices": [R.chat_message(c, self.ctx.tokenizer, self.req.logprobs, self.req.return_token_ids)
+                            for c in choices], "usage": R.usage(len(self.spec.prompt), choices)}
+
+
+# ------------------------------------------------------------------ text completions
+
+
+async def completions(ctx: Context, request: Request):
+    req = await read_body(request, CompletionRequest, ctx.settings.max_body_bytes)
+    prompts = await _prompts(ctx, req.prompt)
+    if len(prompts) != 1:
+        raise invalid("one prompt per request is supported (send several requests)", param="prompt")
+    prompt = prompts[0]
+    max_tokens = budget(ctx, len(prompt), req.limit, "max_tokens")
+    want = req.logprobs is not None
+    spec = GenerationSpec(
+        request_id=f"cmpl-{uuid.uuid4().hex}", prompt=prompt,
+        sampling=sampling_proto(req, max_tokens, want, req.logprobs or 0), n=req.n,
+        route=await route(ctx, conversation_of(request, req), prompt), stops=req.stop_list(), chat=False,
+        timeout_s=ctx.settings.request_timeout_s)
+    include_usage = bool(req.stream_options and req.stream_options.include_usage)
+    return await _respond(ctx, request, spec, req.stream, _CompletionFormat(ctx, spec, req, include_usage))
+
+
+async def _prompts(ctx: Context, prompt) -> list[list[int]]:
+    vocab = ctx.tokenizer.vocab_size
+    if isinstance(prompt, str):
+        return [await asyncio.get_running_loop().run_in_executor(None, ctx.tokenizer.encode_text, prompt)]
+    if isinstance(prompt[0], int):
+        prompt = [prompt]
+    elif isinstance(prompt[0], str):
+        return [ctx.tokenizer.encode_text(p) for p in prompt]
+    for ids in prompt:
+        bad = [t for t in ids if not 0 <= t < vocab]
+        if bad:
+            raise invalid(f"token ids must be in [0, {vocab}): {bad[:5]}", param="prompt", code="invalid_token_id")
+    return [list(p) for p in prompt]
+
+
+class _CompletionFormat(_ChatFormat):
+    object = chunk_object = "text_completion"
+
+    def opening(self) -> list[dict]:
+        return []
+
+    def chunk(self, update) -> dict | None:
+        if not update.text and not update.done and not update.logprobs:
+            return None
+        choice = {"index": update.choice.index, "text": update.text,
+                  "logprobs": R.completion_logprobs(self.ctx.tokenizer, update.logprobs)
+                  if self.req.logprobs is not None else None,
+                  "finish_reason": update.choice.finish_reason if update.done else None}
+        if update.done and self.req.return_token_ids:
+            choice["token_ids"] = update.choice.token_ids
+        return {**self.head(), "object": self.object, "choices": [choice], **self._usage_null()}
+
+    def body(self, choices) -> dict:
+        return {**self.head(), "object": self.object, "system_fingerprint": None,
+                "choices": [R.completion_choice(c, self.ctx.tokenizer, self.req.logprobs is not None,
+                                                self.req.return_token_ids) for c in choices],
+                "usage": R.usage(len(self.spec.prompt), choices)}
+
+
+# ------------------------------------------------------------------ relaying
+
+
+async def _respond(ctx: Context, request: Request, spec: GenerationSpec, stream: bool, fmt):
+    metrics = ctx.metrics.start(spec)
+    if stream:
+        return StreamingResponse(_stream(ctx, spec, fmt, metrics), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Request-Id": spec.request_id})
+    task = asyncio.ensure_future(_collect(ctx, spec, metrics))
+    watcher = asyncio.ensure_future(_cancel_on_disconnect(request, task))
+    try:
+        choices = await task
+    except asyncio.CancelledError:
+        raise APIError(499, "client closed the request", code="client_closed") from None
+    finally:
+        watcher.cancel()
+    return JSONResponse(fmt.body(choices), headers={"X-Request-Id": spec.request_id})
+
+
+async def _collect(ctx: Context, spec: GenerationSpec, metrics):
+    choices = {}
+    try:
+        async for update in relay(spec, ctx.clients, ctx.tokenizer):
+            metrics.tokens(update)
+            choices[update.choice.index] = update.choice
+    except APIError:
+        metrics.failed()
+        raise
+    ordered = [choices[i] for i in sorted(choices)]
+    metrics.finished(ordered)
+    return ordered
+
+
+async def _cancel_on_disconnect(request: Request, task: asyncio.Future) -> None:
+    while not task.done():
+        if await request.is_disconnected():
+            task.cancel()
+            return
+        await asyncio.sleep(0.25)
+
+
+async def _stream(ctx: Context, spec: GenerationSpec, fmt, metrics):
+    for chunk in fmt.opening():
+        yield R.sse(chunk)
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump():
+        try:
+            async for update in relay(spec, ctx.clients, ctx.tokenizer):
+                await queue.put(update)
+            await queue.put(None)
+        except APIError as exc:
+            await queue.put(exc)
+
+    task = asyncio.create_task(pump())
+    choices = {}
+    try:
+        while True:
+            try:
+                item = await asyncio.wait_for(queue.get(), ctx.settings.keepalive_s)
+            except asyncio.TimeoutError:
+                yield R.SSE_KEEPALIVE  # a long prefill: keep proxies from closing the stream
+                continue
+            if item is None:
+                break
+            if isinstance(item, APIError):
+                metrics.failed()
+                yield R.sse(item.body())
+                yield R.SSE_DONE
+                return
+            metrics.tokens(item)
+            choices[item.choice.index] = item.choice
+            chunk = fmt.chunk(item)
+            if chunk is not None:
+                yield R.sse(chunk)
+        ordered = [choices[i] for i in sorted(choices)]
+        metrics.finished(ordered)
+        if fmt.include_usage:
+            yield R.sse({**fmt.head(), "object": fmt.chunk_object, "choices": [],
+                         "usage": R.usage(len(spec.prompt), ordered)})
+        yield R.SSE_DONE
+    finally:
+        task.cancel()

@@ -1,0 +1,35 @@
+"""OpenAI error objects: {"error": {"message", "type", "param", "code"}}, 4xx for the client's
+mistakes, 5xx only for ours."""
+
+from __future__ import annotations
+
+import grpc
+
+
+class APIError(Exception):
+    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error", param: str | None = None,
+                 code: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+def invalid(message: str, param: str | None = None, code: str | None = None) -> APIError:
+    return APIError(400, message, param=param, code=code)
+
+
+_GRPC_TO_HTTP = {
+    grpc.StatusCode.INVALID_ARGUMENT: (400, "invalid_request_error"),
+    grpc.StatusCode.OUT_OF_RANGE: (400, "invalid_request_error"),
+    grpc.StatusCode.FAILED_PRECONDITION: (400, "invalid_request_error"),
+    grpc.StatusCode.RESOURCE_EXHAUSTED: (429, "rate_limit_error"),
+    grpc.StatusCode.UNAVAILABLE: (503, "service_unavailable"),
+    grpc.StatusCode.DEADLINE_EXCEEDED: (504, "timeout"),
+}
+
+
+def from_grpc(exc: grpc.aio.AioRpcError) -> APIError:
+    status, kind = _GRPC_TO_HTTP.get(exc.code(), (500, "server_error"))
+    return APIError(status, exc.details() or exc.code().name, type=kind, code=exc.code().name.lower())

@@ -1,0 +1,197 @@
+"""Relaying one OpenAI request's choices from decode workers.
+
+Each choice is one Decode.Generate stream (n > 1 runs n streams at once). Its tokens go
+through a streaming detokenizer (UTF-8 boundaries, stop strings, which end the stream early)
+and, for chat, the output parser (reasoning vs content, DSML tool calls). Updates are
+yielded in arrival order; closing the generator cancels every stream, which aborts the
+request on the decode and prefill workers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+import grpc
+
+from ..v1 import worker_pb2, worker_pb2_grpc
+from . import special_tokens as st
+from .detokenizer import StreamingDetokenizer
+from .errors import APIError, from_grpc
+from .output_parser import OutputParser
+from .parser_output import ParsedMessage
+from .router import Route
+from .tokenizer import Tokenizer
+
+
+@dataclass
+class GenerationSpec:
+    request_id: str
+    prompt: list[int]
+    sampling: worker_pb2.SamplingParams
+    n: int
+    route: Route
+    stops: list[str] = field(default_factory=list)
+    chat: bool = True
+    starts_in_reasoning: bool = False
+    tools_enabled: bool = False
+    forced_text: str = ""  # output the prompt already forced (a tool call's opening): primes the parser
+    timeout_s: float = 3600.0
+
+
+@dataclass
+class Choice:
+    index: int
+    detok: StreamingDetokenizer
+    parser: OutputParser | None
+    starts_in_reasoning: bool = False
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[worker_pb2.TokenLogprob] = field(default_factory=list)
+    text: list[str] = field(default_factory=list)
+    finish_reason: str | None = None
+    finished: worker_pb2.Finished | None = None
+    message: ParsedMessage | None = None
+
+    @property
+    def reasoning_tokens(self) -> int:
+        if not self.starts_in_reasoning:
+            return 0
+        return self.token_ids.index(st.THINK_END.id) + 1 if st.THINK_END.id in self.token_ids else len(self.token_ids)
+
+
+@dataclass
+class Update:
+    choice: Choice
+    tokens: list[int]
+    text: str
+    delta: dict | None  # chat: the OpenAI delta of this update (None when nothing to send)
+    logprobs: list[worker_pb2.TokenLogprob]
+    done: bool
+
+
+class DecodeClients:
+    def __init__(self, channels):
+        self.channels = channels
+
+    def generate(self, address: str, request: worker_pb2.GenerateRequest, timeout_s: float):
+        return worker_pb2_grpc.DecodeStub(self.channels.get(address)).Generate(request, timeout=timeout_s)
+
+
+async def relay(spec: GenerationSpec, clients: DecodeClients, tokenizer: Tokenizer):
+    """Async generator of Updates for every choice; raises APIError if a worker fails."""
+    queue: asyncio.Queue = asyncio.Queue()
+    calls, tasks = [], []
+    choices = []
+    for index in range(spec.n):
+        stop_after = st.THINK_END.id if spec.chat and spec.starts_in_reasoning else None
+        detok = StreamingDetokenizer(tokenizer, spec.stops, stop_after_token=stop_after)
+        parser = OutputParser(starts_in_reasoning=spec.starts_in_reasoning,
+                              tools_enabled=spec.tools_enabled) if spec.chat else None
+        choices.append(Choice(index, detok, parser, spec.chat and spec.starts_in_reasoning))
+        sampling = worker_pb2.SamplingParams()
+        sampling.CopyFrom(spec.sampling)
+        if spec.sampling.HasField("seed"):
+            sampling.seed = spec.sampling.seed + index
+        request = worker_pb2.GenerateRequest(
+            request_id=f"{spec.request_id}-{index}", token_ids=spec.prompt, sampling=sampling,
+            # only the first choice continues the conversation: n siblings would overwrite each other
+            conversation_id=spec.route.conversation_id if index == 0 else "",
+            prefill_address=spec.route.prefill)
+        call = clients.generate(spec.route.decode, request, spec.timeout_s)
+        calls.append(call)
+        tasks.append(asyncio.create_task(_pump(index, call, queue)))
+    open_choices = spec.n
+    try:
+        if spec.forced_text:
+            for choice in choices:
+                delta = choice.parser.feed(spec.forced_text)
+                yield Update(choice, [], "", delta.to_openai() if delta else None, [], done=False)
+        while open_choices:
+            index, message, error = await queue.get()
+            if error is not None:
+                raise error
+            choice = choices[index]
+            if choice.finish_reason is not None:
+                continue
+            update = _apply(choice, message)
+            if update.done:
+                open_choices -= 1
+                calls[index].cancel()  # no-op once the stream ended; stops it after a stop string
+            yield update
+    finally:
+        for call in calls:
+            call.cancel()
+        for task in tasks:
+            task.cancel()
+
+
+async def _pump(index: int, call, queue: asyncio.Queue) -> None:
+    try:
+        async for message in call:
+            await queue.put((index, message, None))
+        await queue.put((index, None, None))
+    except asyncio.CancelledError:
+        raise
+    except grpc.aio.AioRpcError as exc:
+        if exc.code() != grpc.StatusCode.CANCELLED:
+            await queue.put((index, None, from_grpc(exc)))
+
+
+def _apply(choice: Choice, message: worker_pb2.GenerateResponse | None) -> Update:
+    if message is None:  # the stream ended without a Finished message
+        raise APIError(502, "the decode worker closed the stream early", type="server_error")
+    if message.HasField("finished"):
+        choice.finished = message.finished
+        return _finish(choice, message.finished.finish_reason, [], [])
+    tokens, logprobs, text = [], [], []
+    for i, token in enumerate(message.chunk.token_ids):
+        text.append(choice.detok.push(token))
+        tokens.append(token)
+        if i < len(message.chunk.logprobs):
+            logprobs.append(message.chunk.logprobs[i])
+        if choice.detok.is_stopped:
+            choice.token_ids += tokens
+            choice.logprobs += logprobs
+            return _finish(choice, "stop", [], [], "".join(text))
+    choice.token_ids += tokens
+    choice.logprobs += logprobs
+    piece = "".join(text)
+    choice.text.append(piece)
+    delta = _delta(choice, piece)
+    return Update(choice, tokens, piece, delta, logprobs, done=False)
+
+
+def _finish(choice: Choice, reason: str, tokens, logprobs, text: str = "") -> Update:
+    text += choice.detok.finish()
+    choice.text.append(text)
+    delta = _delta(choice, text) if text else None
+    if choice.parser is not None:
+        last, choice.message = choice.parser.finish()
+        delta = _merge(delta, last.to_openai() if last else None)
+        if choice.message.has_tool_calls and reason == "stop":
+            reason = "tool_calls"
+    choice.finish_reason = reason
+    return Update(choice, tokens, text, delta, logprobs, done=True)
+
+
+def _delta(choice: Choice, text: str) -> dict | None:
+    if choice.parser is None or not text:
+        return None
+    delta = choice.parser.feed(text)
+    return delta.to_openai() if delta else None
+
+
+def _merge(a: dict | None, b: dict | None) -> dict | None:
+    if not a:
+        return b
+    if not b:
+        return a
+    out = dict(a)
+    for key, value in b.items():
+        if key in ("content", "reasoning_content") and key in out:
+            out[key] = (out[key] or "") + (value or "")
+        elif key == "tool_calls" and key in out:
+            out[key] = out[key] + value
+        else:
+            out[key] = value
+    return out

@@ -1,0 +1,79 @@
+"""OpenAI response objects: chat completions, text completions, their stream chunks, usage
+and logprobs, built from the relayed choices."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from ..v1 import worker_pb2
+from .generation import Choice
+from .tokenizer import Tokenizer
+
+
+def sse(payload: dict | str) -> str:
+    data = payload if isinstance(payload, str) else json.dumps(payload, separators=(",", ":"), ensure_ascii=False)
+    return f"data: {data}\n\n"
+
+
+SSE_DONE = "data: [DONE]\n\n"
+SSE_KEEPALIVE = ": keep-alive\n\n"
+
+
+def usage(prompt_tokens: int, choices: list[Choice]) -> dict[str, Any]:
+    completion = sum(len(c.token_ids) for c in choices)
+    first = choices[0].finished if choices else None
+    cached = first.usage.cached_tokens if first is not None else 0
+    out = {"prompt_tokens": prompt_tokens, "completion_tokens": completion, "total_tokens": prompt_tokens + completion,
+           "prompt_tokens_details": {"cached_tokens": cached}}
+    reasoning = sum(c.reasoning_tokens for c in choices)
+    if any(c.starts_in_reasoning for c in choices):
+        out["completion_tokens_details"] = {"reasoning_tokens": reasoning}
+    return out
+
+
+def _token_text(tokenizer: Tokenizer, token: int) -> tuple[str, list[int]]:
+    data = tokenizer.token_bytes(token)
+    return data.decode("utf-8", errors="replace"), list(data)
+
+
+def chat_logprobs(tokenizer: Tokenizer, items: list[worker_pb2.TokenLogprob]) -> dict:
+    content = []
+    for lp in items:
+        text, raw = _token_text(tokenizer, lp.token_id)
+        top = []
+        for t in lp.top:
+            t_text, t_raw = _token_text(tokenizer, t.token_id)
+            top.append({"token": t_text, "logprob": t.logprob, "bytes": t_raw})
+        content.append({"token": text, "logprob": lp.logprob, "bytes": raw, "top_logprobs": top})
+    return {"content": content}
+
+
+def completion_logprobs(tokenizer: Tokenizer, items: list[worker_pb2.TokenLogprob], offset: int = 0) -> dict:
+    tokens, values, tops, offsets = [], [], [], []
+    for lp in items:
+        text, _ = _token_text(tokenizer, lp.token_id)
+        tokens.append(text)
+        values.append(lp.logprob)
+        tops.append({_token_text(tokenizer, t.token_id)[0]: t.logprob for t in lp.top})
+        offsets.append(offset)
+        offset += len(text)
+    return {"tokens": tokens, "token_logprobs": values, "top_logprobs": tops, "text_offset": offsets}
+
+
+def chat_message(choice: Choice, tokenizer: Tokenizer, want_logprobs: bool, want_ids: bool) -> dict:
+    message = choice.message.to_openai() if choice.message is not None else {"role": "assistant", "content": ""}
+    out = {"index": choice.index, "message": message,
+           "logprobs": chat_logprobs(tokenizer, choice.logprobs) if want_logprobs else None,
+           "finish_reason": choice.finish_reason}
+    if want_ids:
+        out["token_ids"] = choice.token_ids
+    return out
+
+
+def completion_choice(choice: Choice, tokenizer: Tokenizer, want_logprobs: bool, want_ids: bool) -> dict:
+    out = {"index": choice.index, "text": "".join(choice.text), "finish_reason": choice.finish_reason,
+           "logprobs": completion_logprobs(tokenizer, choice.logprobs) if want_logprobs else None}
+    if want_ids:
+        out["token_ids"] = choice.token_ids
+    return out

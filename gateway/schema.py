@@ -1,0 +1,124 @@
+"""Request bodies of the OpenAI endpoints. Unknown fields are ignored (as OpenAI does); wrong
+types and out-of-range values are rejected with the field named. Chat messages are checked
+in detail by chat_encoding, which knows the format."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+MAX_CONTEXT_TOKENS = 1_048_576
+MAX_STOP_STRINGS = 16
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    include_usage: bool = False
+
+
+class Thinking(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["enabled", "disabled"]
+
+
+class SamplingFields(BaseModel):
+    """Fields shared by chat and text completions (OpenAI's, plus vLLM/SGLang's usual extras)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str | None = None
+    max_tokens: int | None = Field(default=None, ge=1, le=MAX_CONTEXT_TOKENS)
+    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    top_k: int = Field(default=0, ge=-1)
+    min_p: float = Field(default=0.0, ge=0.0, le=1.0)
+    presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    repetition_penalty: float = Field(default=1.0, gt=0.0, le=10.0)
+    seed: int | None = Field(default=None, ge=-(2**63), lt=2**63)
+    n: int = Field(default=1, ge=1, le=16)
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+    conversation_id: str | None = None
+    return_token_ids: bool = False  # extension: the generated token ids in each choice
+
+    @field_validator("stop")
+    @classmethod
+    def _stop(cls, value):
+        if isinstance(value, list):
+            if len(value) > MAX_STOP_STRINGS:
+                raise ValueError(f"at most {MAX_STOP_STRINGS} stop sequences")
+            if any(not s for s in value):
+                raise ValueError("stop sequences must be non-empty strings")
+        elif value == "":
+            raise ValueError("stop must be a non-empty string")
+        return value
+
+    @field_validator("stop_token_ids")
+    @classmethod
+    def _stop_ids(cls, value):
+        if value is not None and any(t < 0 for t in value):
+            raise ValueError("token ids are non-negative")
+        return value
+
+    def stop_list(self) -> list[str]:
+        if self.stop is None:
+            return []
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+
+
+class ChatCompletionRequest(SamplingFields):
+    messages: list[dict[str, Any]] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1, le=MAX_CONTEXT_TOKENS)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    response_format: dict[str, Any] | None = None
+    thinking: Thinking | None = None
+    reasoning_effort: str | int | None = None
+    parallel_tool_calls: bool | None = None
+
+    @model_validator(mode="after")
+    def _logprobs(self):
+        if self.top_logprobs and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs: true")
+        return self
+
+    @property
+    def limit(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens
+
+
+class CompletionRequest(SamplingFields):
+    prompt: str | list[str] | list[int] | list[list[int]]
+    logprobs: int | None = Field(default=None, ge=0, le=20)  # legacy: top-k per position
+    echo: bool = False
+    suffix: str | None = None
+
+    @field_validator("prompt")
+    @classmethod
+    def _prompt(cls, value):
+        if isinstance(value, list):
+            if not value:
+                raise ValueError("prompt must not be empty")
+            if isinstance(value[0], list) and any(not p for p in value):
+                raise ValueError("token-id prompts must not be empty")
+        return value
+
+    @model_validator(mode="after")
+    def _unsupported(self):
+        if self.echo:
+            raise ValueError("echo is not supported")
+        if self.suffix:
+            raise ValueError("suffix is not supported")
+        return self
+
+    @property
+    def limit(self) -> int | None:
+        return self.max_tokens

@@ -1,0 +1,74 @@
+"""Bad input gets an OpenAI error object with a 4xx, and the server keeps serving."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from dsflash.gateway.endpoints import GatewaySettings
+from dsflash.gateway.tokenizer import load_tokenizer
+from tests.support.gateway_harness import ScriptedGateway
+
+CHAT, TEXT = "/v1/chat/completions", "/v1/completions"
+MSG = [{"role": "user", "content": "hi"}]
+
+CASES = [
+    ("malformed JSON", CHAT, b'{"messages": [', 400, None),
+    ("not an object", CHAT, b"[1, 2]", 400, None),
+    ("missing messages", CHAT, {"model": "m"}, 400, "messages"),
+    ("empty messages", CHAT, {"messages": []}, 400, "messages"),
+    ("messages wrong type", CHAT, {"messages": "hi"}, 400, "messages"),
+    ("unknown role", CHAT, {"messages": [{"role": "wizard", "content": "x"}]}, 400, None),
+    ("image part", CHAT, {"messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "http://x"}}]}]}, 400, None),
+    ("temperature type", CHAT, {"messages": MSG, "temperature": "hot"}, 400, "temperature"),
+    ("temperature range", CHAT, {"messages": MSG, "temperature": 5}, 400, "temperature"),
+    ("top_p range", CHAT, {"messages": MSG, "top_p": 0}, 400, "top_p"),
+    ("n range", CHAT, {"messages": MSG, "n": 0}, 400, "n"),
+    ("max_tokens range", CHAT, {"messages": MSG, "max_tokens": 0}, 400, "max_tokens"),
+    ("top_logprobs without logprobs", CHAT, {"messages": MSG, "top_logprobs": 3}, 400, None),
+    ("top_logprobs range", CHAT, {"messages": MSG, "logprobs": True, "top_logprobs": 99}, 400, "top_logprobs"),
+    ("too many stops", CHAT, {"messages": MSG, "stop": ["a"] * 17}, 400, "stop"),
+    ("bad thinking", CHAT, {"messages": MSG, "thinking": {"type": "sometimes"}}, 400, "thinking.type"),
+    ("bad effort", CHAT, {"messages": MSG, "reasoning_effort": "extreme"}, 400, None),
+    ("tool_choice unknown function", CHAT, {"messages": MSG, "tools": [
+        {"type": "function", "function": {"name": "f", "parameters": {}}}],
+        "tool_choice": {"type": "function", "function": {"name": "g"}}}, 400, None),
+    ("context too long", CHAT, {"messages": MSG, "max_tokens": 1_048_576}, 400, "max_tokens"),
+    ("prompt too long", TEXT, {"prompt": [5] * 1_048_500, "max_tokens": 100}, 400, "max_tokens"),
+    ("out-of-vocab token id", TEXT, {"prompt": [1, 2, 10_000_000]}, 400, "prompt"),
+    ("negative token id", TEXT, {"prompt": [1, -2]}, 400, "prompt"),
+    ("empty prompt", TEXT, {"prompt": []}, 400, "prompt"),
+    ("prompt wrong type", TEXT, {"prompt": {"a": 1}}, 400, "prompt"),
+    ("echo unsupported", TEXT, {"prompt": "x", "echo": True}, 400, None),
+    ("body too large", TEXT, {"prompt": "x" * (3 << 20)}, 413, None),
+    ("unknown endpoint", "/v1/embeddings", {"input": "x"}, 404, None),
+]
+
+
+@pytest.fixture(scope="module")
+def gateway():
+    tok = load_tokenizer()
+    ok = tok.encode_text("fine")
+    gw = ScriptedGateway(lambda r: ([ok], "stop"), settings=GatewaySettings(max_body_bytes=2 << 20))
+    yield gw
+    gw.close()
+
+
+@pytest.mark.parametrize("name, path, body, status, param", CASES, ids=[c[0] for c in CASES])
+def test_bad_requests_get_error_objects(gateway, name, path, body, status, param):
+    kwargs = {"content": body} if isinstance(body, bytes) else {"json": body}
+    r = httpx.post(gateway.url + path, timeout=30, headers={"Content-Type": "application/json"}, **kwargs)
+    assert r.status_code == status, r.text
+    error = r.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["message"]
+    if param is not None:
+        assert error["param"] == param, error
+    # the server keeps serving
+    good = httpx.post(gateway.url + TEXT, json={"prompt": [1, 2], "max_tokens": 2}, timeout=30)
+    assert good.status_code == 200 and good.json()["choices"][0]["text"] == "fine"
+
+
+def test_unknown_fields_are_ignored(gateway):
+    r = httpx.post(gateway.url + CHAT, json={"messages": MSG, "frobnicate": 3, "metadata": {"a": 1}}, timeout=30)
+    assert r.status_code == 200

@@ -1,0 +1,147 @@
+"""Gateway behaviour a random model cannot show, against a scripted decode worker: tool calls,
+SSE framing, worker failures as errors (never a 200 with empty content)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import grpc
+import httpx
+import openai
+import pytest
+
+from dsflash.gateway import special_tokens as st
+from dsflash.gateway.dsml import render_calls
+from dsflash.gateway.segments import SegmentBuilder, spell
+from dsflash.gateway.tokenizer import load_tokenizer
+from tests.support.gateway_harness import ScriptedGateway
+
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "weather",
+                                           "parameters": {"type": "object", "properties": {
+                                               "city": {"type": "string"}, "days": {"type": "integer"}}}}}]
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return load_tokenizer()
+
+
+def _ids(tok, segments):
+    from dsflash.gateway.chat_encoding import encode_segments
+
+    return encode_segments(tok, segments)
+
+
+def _chunks(ids, size=3):
+    return [ids[i:i + size] for i in range(0, len(ids), size)]
+
+
+def test_forced_tool_call_streams_as_tool_call_deltas(tok):
+    call = SegmentBuilder()
+    render_calls(call, [("get_weather", {"city": "Paris", "days": 3})])
+    full = spell(call.build())
+    opening = full[: full.index('">\n') + 3]  # what the gateway forces into the prompt
+    rest = _ids(tok, [full[len(opening):]]) + [st.EOS.id]
+
+    def script(request):
+        # the prompt must end with the forced opening of the named function
+        assert tok.decode(list(request.token_ids[-12:])).endswith('invoke name="get_weather">\n')
+        return _chunks(rest), "stop"
+
+    gw = ScriptedGateway(script)
+    try:
+        client = openai.OpenAI(base_url=f"{gw.url}/v1", api_key="x", max_retries=0)
+        choice = {"type": "function", "function": {"name": "get_weather"}}
+        out = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "weather?"}], tools=TOOLS,
+                                             tool_choice=choice)
+        msg = out.choices[0]
+        assert msg.finish_reason == "tool_calls"
+        assert msg.message.tool_calls[0].function.name == "get_weather"
+        assert json.loads(msg.message.tool_calls[0].function.arguments) == {"city": "Paris", "days": 3}
+        stream = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "weather?"}],
+                                                tools=TOOLS, tool_choice=choice, stream=True)
+        pieces = [c.choices[0].delta.tool_calls for c in stream if c.choices and c.choices[0].delta.tool_calls]
+        first = pieces[0][0]
+        assert first.id and first.function.name == "get_weather"
+        args = "".join(p[0].function.arguments or "" for p in pieces)
+        assert json.loads(args) == {"city": "Paris", "days": 3}
+    finally:
+        gw.close()
+
+
+def test_sse_framing_keepalive_and_done(tok):
+    text = _ids(tok, ["Hello world, this is streamed."])
+    gw = ScriptedGateway(lambda r: (_chunks(text, 2), "stop"), delay_s=0.3)
+    try:
+        body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True,
+                "thinking": {"type": "disabled"}}
+        with httpx.stream("POST", f"{gw.url}/v1/chat/completions", json=body, timeout=30) as r:
+            assert r.headers["content-type"].startswith("text/event-stream")
+            raw = r.read().decode()
+        events = [e for e in raw.split("\n\n") if e]
+        assert events[-1] == "data: [DONE]"
+        assert any(e == ": keep-alive" for e in events)  # keepalive_s is 0.2 in the harness
+        data = [json.loads(e[6:]) for e in events if e.startswith("data: {")]
+        assert "".join(d["choices"][0]["delta"].get("content", "") for d in data) == "Hello world, this is streamed."
+        assert data[-1]["choices"][0]["finish_reason"] == "stop"
+    finally:
+        gw.close()
+
+
+def test_worker_failure_mid_stream_is_an_sse_error_event(tok):
+    ids = _ids(tok, ["partial answer"])
+    gw = ScriptedGateway(lambda r: ([ids, grpc.StatusCode.UNAVAILABLE], "stop"))
+    try:
+        body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+        raw = httpx.post(f"{gw.url}/v1/chat/completions", json=body, timeout=30).text
+        events = [e for e in raw.split("\n\n") if e.startswith("data: ")]
+        assert json.loads(events[-2][6:])["error"]["type"] == "service_unavailable"
+        assert events[-1] == "data: [DONE]"
+        r = httpx.post(f"{gw.url}/v1/chat/completions", json={**body, "stream": False}, timeout=30)
+        assert r.status_code == 503 and r.json()["error"]["code"] == "unavailable"
+    finally:
+        gw.close()
+
+
+def test_rejected_by_worker_is_a_4xx(tok):
+    gw = ScriptedGateway(lambda r: (grpc.StatusCode.INVALID_ARGUMENT, "prompt too long for this worker"))
+    try:
+        r = httpx.post(f"{gw.url}/v1/completions", json={"prompt": [1, 2, 3]}, timeout=30)
+        assert r.status_code == 400 and "too long" in r.json()["error"]["message"]
+    finally:
+        gw.close()
+
+
+def test_client_disconnect_cancels_the_worker_stream(tok):
+    ids = _ids(tok, ["word " * 200])
+    gw = ScriptedGateway(lambda r: (_chunks(ids, 1), "length"), delay_s=0.05)
+    try:
+        body = {"model": "m", "prompt": [5, 6], "stream": True}
+        with httpx.stream("POST", f"{gw.url}/v1/completions", json=body, timeout=30) as r:
+            for line in r.iter_lines():
+                if '"text":"' in line:
+                    break
+        deadline = time.monotonic() + 5
+        while not gw.backend.cancelled and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert gw.backend.cancelled  # the gRPC stream was cancelled: the decode worker aborts
+    finally:
+        gw.close()
+
+
+def test_api_keys(tok):
+    from dsflash.gateway.endpoints import GatewaySettings
+
+    ids = _ids(tok, ["ok"])
+    gw = ScriptedGateway(lambda r: ([ids], "stop"), settings=GatewaySettings(api_keys=("k1", "k2")))
+    try:
+        body = {"prompt": [1, 2]}
+        assert httpx.post(f"{gw.url}/v1/completions", json=body).status_code == 401
+        bad = httpx.post(f"{gw.url}/v1/completions", json=body, headers={"Authorization": "Bearer nope"})
+        assert bad.status_code == 401 and bad.json()["error"]["type"] == "authentication_error"
+        good = httpx.post(f"{gw.url}/v1/completions", json=body, headers={"Authorization": "Bearer k2"})
+        assert good.status_code == 200 and good.json()["choices"][0]["text"] == "ok"
+        assert httpx.get(f"{gw.url}/healthz").status_code == 200  # probes need no key
+    finally:
+        gw.close()
