@@ -132,6 +132,28 @@ class PagedCache(SequenceCache):
     def _truncate_entries(self, source, count):
         self.counts[source] = min(self.counts[source], count)
 
+    # ------------------------------------------------------------ byte offsets (kernels read the pool)
+
+    def ring_offsets(self, layer: int, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Byte offsets in pool.slots_buffer of the FP8 codes and the e8m0 scales of ring rows."""
+        L, D = self.layout, self.layout.head_dim
+        row = layer * L.ring_capacity + positions.to(torch.long) % L.ring_capacity
+        base = self.slot * L.slot_bytes
+        return base + row * D, base + L.ring_scales_offset + row * (D // 32)
+
+    def entry_offsets(self, source: int, entry_ids: torch.Tensor, kind: str = "kv"
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Byte offsets in pool.pages_buffer of the codes and scales of entries (kind kv | key)."""
+        L = self.layout
+        sections = L.page_sections()
+        codes_off, codes_width = sections[f"{kind}_codes"]
+        scales_off, scales_width = sections["kv_scales" if kind == "kv" else "key_scales"]
+        table = torch.tensor(self.page_table[source], dtype=torch.long, device=entry_ids.device)
+        ids = entry_ids.to(torch.long)
+        page = table[ids.clamp_min(0) // L.page_entries] * L.page_bytes
+        row = ids.clamp_min(0) % L.page_entries
+        return page + codes_off + row * codes_width, page + scales_off + row * scales_width
+
     # ------------------------------------------------------------ open groups
 
     def _tail_views(self, source: int) -> tuple[torch.Tensor, torch.Tensor]:

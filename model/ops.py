@@ -15,6 +15,8 @@ from .weights import Fp4Weight, Fp8Weight, WeightStore
 
 
 class ReferenceOps:
+    fast = False  # TritonOps: layers take their kernel paths
+
     def __init__(self, weights: WeightStore, act_quant: bool = False, device: str | torch.device = "cpu"):
         self.weights = weights
         self.act_quant = act_quant

@@ -17,7 +17,7 @@ import torch
 
 from ..batch import SeqRun
 from ..config import LayerRole, ModelConfig
-from ..kernels.sparse_attention import sparse_attention_ref
+from ..kernels.sparse_attention import sparse_attention, sparse_attention_ref
 from ..ops import ReferenceOps
 from ..quant import fake_quant_fp8, fp8_round_trip
 from ..rope import Rope, apply_rope
@@ -49,12 +49,14 @@ def attention(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, xa: torch.Te
             if role.is_index_source:
                 index(ops, cfg, role, xa[rows], q_res[rows], run, rope, qat)
             topk = run.shared.get("topk")
-            if topk is not None and topk.shape[1] > 0:
+            if topk is not None and topk.shape[1] > 0 and not ops.fast:
                 valid = topk >= 0
                 selected = run.cache.entries_gather(role.kv_source, topk.clamp_min(0))
         if block_mode:
             window_kv, mask = _block_window(run, role, kv)
             o = sparse_attention_ref(q, window_kv, mask, selected, valid, sink, hd**-0.5)
+        elif ops.fast and packed is not None and hasattr(run.cache, "ring_offsets"):
+            o = _causal_attention_kernel(cfg, run, role, q, kv, packed, sink)
         else:
             o = _causal_attention(cfg, run, role, q, kv, packed, selected, valid, sink)
         outputs.append(apply_rope(o, cos, sin, inverse=True))
@@ -83,6 +85,36 @@ def _causal_attention(cfg: ModelConfig, run: SeqRun, role: LayerRole, q, kv, pac
                                         None if selected is None else selected[lo:hi],
                                         None if valid is None else valid[lo:hi], sink, cfg.head_dim**-0.5))
     return torch.cat(out)
+
+
+def _causal_attention_kernel(cfg: ModelConfig, run: SeqRun, role: LayerRole, q, kv, packed, sink):
+    """The kernel path: window keys (FP8) and selected entries (FP4) are read as stored bytes.
+    Old window rows and this run's rows go into one small scratch buffer (a long chunk would
+    overwrite its own early rows in the ring); entries are read where they live in the pages."""
+    cache, layer, window, D = run.cache, role.index, cfg.sliding_window, cfg.head_dim
+    device = q.device
+    cached_pos = cache.window_positions(layer, run.start - window + 1, run.start)
+    old_codes, old_scales = cache.ring_offsets(layer, cached_pos)
+    buf = cache.pool.slots_buffer
+    codes = torch.cat([buf[old_codes.to(device)[:, None] + torch.arange(D, device=device)], packed[0].to(device)])
+    scales = torch.cat([buf[old_scales.to(device)[:, None] + torch.arange(D // 32, device=device)],
+                        packed[1].to(device)])
+    scratch = torch.cat([codes.reshape(-1), scales.reshape(-1)])
+    key_pos = torch.cat([cached_pos, run.positions]).to(device)
+    m = cached_pos.shape[0]
+    rows = (m + torch.arange(run.n, device=device))[:, None] - torch.arange(window - 1, -1, -1, device=device)
+    q_pos = run.positions.to(device)[:, None]
+    valid = (rows >= 0) & (key_pos[rows.clamp_min(0)] > q_pos - window)
+    win_off = torch.where(valid, rows * D, -1)
+    win_soff = codes.numel() + rows.clamp_min(0) * (D // 32)
+    cache.ring_store(layer, run.positions, kv, packed)
+    topk = run.shared.get("topk") if role.ratio else None
+    if topk is None or topk.shape[1] == 0:
+        topk = torch.full((run.n, 1), -1, dtype=torch.long, device=device)
+    ent_off, ent_soff = cache.entry_offsets(role.kv_source, topk.to(device)) if role.ratio else (topk, topk)
+    ent_off = torch.where(topk.to(device) >= 0, ent_off, -1)
+    return sparse_attention(q, scratch, win_off, win_soff, cache.pool.pages_buffer, ent_off, ent_soff, sink,
+                            D**-0.5)
 
 
 def _block_window(run: SeqRun, role: LayerRole, kv: torch.Tensor):

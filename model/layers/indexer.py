@@ -16,6 +16,7 @@ from ..batch import SeqRun
 from ..config import LayerRole, ModelConfig
 from ..ops import ReferenceOps
 from ..quant import fake_quant_fp4
+from ..kernels.indexer_score import indexer_scores
 from ..rope import Rope, apply_rope
 
 _SCORE_BUDGET = 1 << 25  # fp32 elements of one [queries, entries] score chunk
@@ -26,7 +27,7 @@ def top_k_ascending(scores: torch.Tensor, k: int) -> torch.Tensor:
     with fewer than k finite scores. Linear in the row length (no full sort)."""
     n, width = scores.shape
     if k <= 0:
-        return torch.zeros(n, 0, dtype=torch.long)
+        return torch.zeros(n, 0, dtype=torch.long, device=scores.device)
     values, ids = torch.topk(scores, k, dim=-1)
     kth = values[:, -1:]
     # topk's order among equal values is unspecified: redo the rows where a tie crosses the cut.
@@ -36,7 +37,8 @@ def top_k_ascending(scores: torch.Tensor, k: int) -> torch.Tensor:
         cut = kth[crossing]
         above, ties = rows > cut, rows == cut
         keep = above | (ties & (ties.cumsum(-1) <= k - above.sum(-1, keepdim=True)))
-        ids[crossing] = torch.topk(torch.where(keep, torch.arange(width), width), k, dim=-1, largest=False).values
+        ids[crossing] = torch.topk(torch.where(keep, torch.arange(width, device=scores.device), width), k, dim=-1,
+                                   largest=False).values
     ids = torch.where(values > float("-inf"), ids, width)
     ids = ids.sort(dim=-1).values
     return torch.where(ids < width, ids, -1)
@@ -48,11 +50,37 @@ def select_candidate_blocks(scores: torch.Tensor, visible: torch.Tensor, topk_bl
     padded = torch.nn.functional.pad(scores, (0, -width % block), value=float("-inf"))
     block_scores = padded.unflatten(-1, (-1, block)).amax(dim=-1)  # [n, B]
     newest = ((visible - 1) // block).unsqueeze(-1)  # -1 when nothing is visible: pins nothing
-    block_scores = block_scores.masked_fill(torch.arange(block_scores.shape[-1]) == newest, float("inf"))
+    block_scores = block_scores.masked_fill(torch.arange(block_scores.shape[-1], device=scores.device) == newest,
+                                            float("inf"))
     picked = top_k_ascending(block_scores, min(topk_blocks, block_scores.shape[-1]))
-    keep = torch.zeros(block_scores.shape[0], block_scores.shape[1] + 1, dtype=torch.bool)
+    keep = torch.zeros(block_scores.shape[0], block_scores.shape[1] + 1, dtype=torch.bool, device=scores.device)
     keep.scatter_(-1, torch.where(picked >= 0, picked, block_scores.shape[1]), True)
     return keep[:, :-1].repeat_interleave(block, dim=-1)[:, :width]
+
+
+def _reference_scores(q, keys, w, visible):
+    keys_t = keys.float().T.contiguous()
+    total = keys.shape[0]
+
+    def score(lo: int, hi: int) -> torch.Tensor:
+        # sum_h w_h * ReLU(q_h . k) / sqrt(Di), one head at a time (no [c, Hi, N] tensor)
+        out = torch.zeros(hi - lo, total, device=q.device)
+        for h in range(q.shape[1]):
+            out += (q[lo:hi, h] @ keys_t).relu_() * w[lo:hi, h:h + 1]
+        return out.masked_fill(torch.arange(total, device=q.device) >= visible[lo:hi, None], float("-inf"))
+
+    return score
+
+
+def _kernel_scores(run, role, q, w, visible, total):
+    cache = run.cache
+    key_off, key_soff = cache.entry_offsets(role.kv_source, torch.arange(total, device=q.device), kind="key")
+    pages = cache.pool.pages_buffer
+
+    def score(lo: int, hi: int) -> torch.Tensor:
+        return indexer_scores(q[lo:hi], w[lo:hi], visible[lo:hi].to(q.device), pages, key_off, key_soff)
+
+    return score
 
 
 def index(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, xa: torch.Tensor, q_res: torch.Tensor, run: SeqRun,
@@ -60,8 +88,7 @@ def index(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, xa: torch.Tensor
     """Publishes run.shared['topk'] ([n, k] entry ids, -1 = none) and, at the candidate source,
     run.shared['candidates'] ([n, N] bool)."""
     p, shared = role.prefix, run.shared
-    keys = run.cache.index_keys(role.kv_source)  # [N, Di]
-    total = keys.shape[0]
+    total = run.cache.num_entries(role.kv_source)
     if total == 0:
         shared["topk"] = None
         if role.is_candidate_source:
@@ -74,20 +101,18 @@ def index(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, xa: torch.Tensor
     if qat:
         q = fake_quant_fp4(q, 32)
     weights = ops.linear(xa, f"{p}.attn.indexer.weights_proj.weight") * heads**-0.5  # [n, Hi]
-    visible = (positions + 1) // role.ratio
+    visible = ((positions + 1) // role.ratio).to(q.device)
     candidates_in = shared.get("candidates") if role.uses_candidates else None
     k = min(cfg.index_topk, total)
-    keys_t = keys.float().T.contiguous()
+    if ops.fast and hasattr(run.cache, "entry_offsets"):
+        score = _kernel_scores(run, role, q, weights * dim**-0.5, visible, total)
+    else:
+        score = _reference_scores(q, run.cache.index_keys(role.kv_source), weights * dim**-0.5, visible)
     chunk = max(1, _SCORE_BUDGET // total)
     picks, pools = [], []
     for lo in range(0, run.n, chunk):
         hi = min(lo + chunk, run.n)
-        # sum_h w_h * ReLU(q_h . k) / sqrt(Di), one head at a time (no [c, Hi, N] tensor)
-        w = weights[lo:hi] * dim**-0.5
-        scores = torch.zeros(hi - lo, total)
-        for h in range(heads):
-            scores += (q[lo:hi, h] @ keys_t).relu_() * w[:, h:h + 1]
-        scores = scores.masked_fill(torch.arange(total) >= visible[lo:hi, None], float("-inf"))
+        scores = score(lo, hi)
         if role.is_candidate_source:
             pools.append(select_candidate_blocks(scores, visible[lo:hi], cfg.candidate_topk_blocks,
                                                  cfg.candidate_block_size))

@@ -38,6 +38,16 @@ def clamped_swiglu(gate: torch.Tensor, up: torch.Tensor, limit: float) -> torch.
 def moe(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, x: torch.Tensor) -> torch.Tensor:
     p, limit = role.prefix, cfg.swiglu_limit
     weights, idx = route(ops, cfg, role, x)
+    if ops.fast:
+        y = ops.routed_experts(f"{p}.ffn.experts", role.n_routed_experts, x, idx, weights, limit)
+    else:
+        y = _routed_reference(ops, p, x, idx, weights, limit)
+    s = f"{p}.ffn.shared_experts"
+    shared = ops.linear(clamped_swiglu(ops.linear(x, f"{s}.w1"), ops.linear(x, f"{s}.w3"), limit), f"{s}.w2")
+    return y + shared
+
+
+def _routed_reference(ops: ReferenceOps, p: str, x, idx, weights, limit: float) -> torch.Tensor:
     y = torch.zeros(x.shape[0], x.shape[1], dtype=torch.float32, device=x.device)
     for expert in torch.unique(idx).tolist():
         rows, slot = torch.where(idx == expert)
@@ -45,6 +55,4 @@ def moe(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, x: torch.Tensor) -
         e = f"{p}.ffn.experts.{expert}"
         h = clamped_swiglu(ops.linear(xe, f"{e}.w1"), ops.linear(xe, f"{e}.w3"), limit) * weights[rows, slot, None]
         y.index_add_(0, rows, ops.linear(h, f"{e}.w2"))
-    s = f"{p}.ffn.shared_experts"
-    shared = ops.linear(clamped_swiglu(ops.linear(x, f"{s}.w1"), ops.linear(x, f"{s}.w3"), limit), f"{s}.w2")
-    return y + shared
+    return y

@@ -1,0 +1,41 @@
+"""Pieces the Triton kernels share: decoding FP8/FP4 bytes in registers.
+
+On the GPU an e4m3 byte is reinterpreted as float8e4nv and converted by hardware. The CPU
+interpreter (CI) cannot be trusted with low-precision types, so there the byte is decoded
+arithmetically (exact for every code); both give the same fp32 value.
+"""
+
+from __future__ import annotations
+
+import os
+
+import triton
+import triton.language as tl
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+@triton.jit
+def e4m3_to_float(codes, HW_FP8: tl.constexpr):
+    """uint8 e4m3 codes -> fp32 values (sign | 4 exponent bits, bias 7 | 3 mantissa bits)."""
+    if HW_FP8:
+        return codes.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+    c = codes.to(tl.int32)
+    exponent = (c >> 3) & 0xF
+    mantissa = (c & 0x7).to(tl.float32)
+    normal = (1.0 + mantissa / 8.0) * tl.exp2((exponent - 7).to(tl.float32))
+    subnormal = mantissa / 8.0 * 0.015625  # 2^-6
+    magnitude = tl.where(exponent == 0, subnormal, normal)
+    return tl.where((c & 0x80) != 0, -magnitude, magnitude)
+
+
+@triton.jit
+def e2m1_to_float(nibbles):
+    """4-bit e2m1 codes (int32, sign in bit 3) -> fp32: 0, .5, 1, 1.5, 2, 3, 4, 6 and negatives."""
+    m = nibbles & 0x7
+    small = m.to(tl.float32) * 0.5
+    large = (1.0 + (m & 1).to(tl.float32) * 0.5) * tl.exp2(((m >> 1) - 1).to(tl.float32))
+    magnitude = tl.where(m < 2, small, large)
+    return tl.where((nibbles & 0x8) != 0, -magnitude, magnitude)
