@@ -13,6 +13,9 @@ side's verification. Baselines, measured in the same run and interleaved with th
   same block by block, which is what any copy of a fragmented pool can do at best;
 - raw TCP: blocking sendall of 4 MiB slices into a recv_into loop on a pre-faulted buffer,
   between the same two processes.
+Two more lines show what verification alone costs on this machine, with no engine around it:
+memcpy + memcmp block by block (what shm does per block), and raw TCP with blocksum64 at
+both ends (what tcp adds per slice).
 "x baseline" is best transfer / best baseline; the target is >= 0.8. After the rounds the
 decode side digests a few blocks to confirm the bytes really arrived.
 """
@@ -34,6 +37,8 @@ import torch
 
 from dsflash.kvcache.transport import (ShmTransferEngine, TcpTransferEngine, TransferRequest,
                                        TransportConfig, make_compatibility_hash)
+from dsflash.kvcache.transport.checksum import checksum
+from dsflash.kvcache.transport.memory import same_bytes
 
 GIB = 1 << 30
 # Raw-socket baseline step: the fastest of 256 KiB / 1 / 4 MiB / one call measured here
@@ -57,7 +62,7 @@ def _block_plan(num_blocks: int, block_bytes: int, seed: int) -> list[TransferRe
 # ---------------------------------------------------------------- decode side (child process)
 
 
-def _raw_receiver(listener: socket.socket, buffer: np.ndarray) -> None:
+def _raw_receiver(listener: socket.socket, buffer: np.ndarray, summed: bool) -> None:
     conn, _ = listener.accept()
     with conn:
         view, got = memoryview(buffer), 0
@@ -65,6 +70,8 @@ def _raw_receiver(listener: socket.socket, buffer: np.ndarray) -> None:
             n = conn.recv_into(view[got:], min(RAW_CHUNK, len(buffer) - got))
             if n == 0:
                 raise ConnectionError("sender went away")
+            if summed:
+                checksum(buffer[got:got + n])  # as it lands, like the transport
             got += n
         conn.sendall(b"k")
 
@@ -79,8 +86,8 @@ def decode_side(pipe, nbytes: int) -> None:
     listener = socket.create_server(("127.0.0.1", 0))
     pipe.send([e.endpoint().SerializeToString() for e in engines] + [listener.getsockname()[1]])
     while (command := pipe.recv()) != "stop":
-        if command == "raw":
-            _raw_receiver(listener, raw)
+        if command[0] == "raw":  # ("raw", summed)
+            _raw_receiver(listener, raw, command[1])
             pipe.send("done")
         elif command[0] == "digest":  # ("digest", kind index, [(offset, length), ...])
             data = engines[command[1]].segment("kv").numpy()
@@ -92,24 +99,31 @@ def decode_side(pipe, nbytes: int) -> None:
 # ---------------------------------------------------------------- prefill side (this process)
 
 
-def memcpy_rate(dst: np.ndarray, src: np.ndarray, blocks: list[TransferRequest] | None) -> float:
-    """One thread copying pre-faulted memory: in one call, or block by block as the plan."""
+def memcpy_rate(dst: np.ndarray, src: np.ndarray, blocks: list[TransferRequest] | None,
+                compared: bool = False) -> float:
+    """One thread copying pre-faulted memory: in one call, or block by block as the plan
+    (and then, if `compared`, checking each block with memcmp right after copying it)."""
     start = time.perf_counter()
     if blocks is None:
         np.copyto(dst, src)
     else:
         for r in blocks:
             np.copyto(dst[r.peer_offset:r.peer_offset + r.length], src[r.local_offset:r.local_offset + r.length])
+            if compared:
+                same_bytes(dst.ctypes.data + r.peer_offset, src.ctypes.data + r.local_offset, r.length)
     return len(src) / (time.perf_counter() - start)
 
 
-def raw_tcp_rate(pipe, port: int, payload: np.ndarray) -> float:
-    """sendall in RAW_CHUNK slices into the peer's recv_into loop, one fresh connection."""
+def raw_tcp_rate(pipe, port: int, payload: np.ndarray, summed: bool = False) -> float:
+    """sendall in RAW_CHUNK slices into the peer's recv_into loop, one fresh connection;
+    `summed`: both ends also checksum every slice (the verification the transport adds)."""
     view = memoryview(payload)
-    pipe.send("raw")
+    pipe.send(("raw", summed))
     sock = socket.create_connection(("127.0.0.1", port))
     start = time.perf_counter()
     for offset in range(0, len(payload), RAW_CHUNK):
+        if summed:
+            checksum(payload[offset:offset + RAW_CHUNK])
         sock.sendall(view[offset:offset + RAW_CHUNK])
     assert sock.recv(1) == b"k"
     elapsed = time.perf_counter() - start
@@ -165,11 +179,13 @@ async def measure(args, pipe, endpoints, raw_port, requests, nbytes) -> Figures:
             if "shm" in peers:
                 figures.add("memcpy, one call", memcpy_rate(scratch, source, None))
                 figures.add("memcpy, block by block", memcpy_rate(scratch, source, requests))
+                figures.add("memcpy + memcmp, block by block", memcpy_rate(scratch, source, requests, True))
                 for op in ("write", "read"):
                     call = getattr(engines["shm"], f"{op}_batch")
                     figures.add(f"shm {op}_batch", await batch_rate(call, peers["shm"], requests, nbytes))
             if "tcp" in peers:
                 figures.add("raw TCP (sendall -> recv_into)", raw_tcp_rate(pipe, raw_port, source))
+                figures.add("raw TCP + checksum at both ends", raw_tcp_rate(pipe, raw_port, source, True))
                 for op in ("write", "read"):
                     call = getattr(engines["tcp"], f"{op}_batch")
                     figures.add(f"tcp {op}_batch", await batch_rate(call, peers["tcp"], requests, nbytes))
@@ -222,10 +238,12 @@ def main() -> None:
     if "shm" in args.transports:
         print(figures.line("memcpy, one call"))
         print(figures.line("memcpy, block by block", "memcpy, one call"))
+        print(figures.line("memcpy + memcmp, block by block", "memcpy, one call"))
         for op in ("write", "read"):
             print(figures.line(f"shm {op}_batch", "memcpy, one call"))
     if "tcp" in args.transports:
         print(figures.line("raw TCP (sendall -> recv_into)"))
+        print(figures.line("raw TCP + checksum at both ends", "raw TCP (sendall -> recv_into)"))
         for op in ("write", "read"):
             print(figures.line(f"tcp {op}_batch", "raw TCP (sendall -> recv_into)"))
 

@@ -8,9 +8,10 @@ Who calls what:
   `connect()`; select.py picks which engine connects.
 - The prefill side calls `write_batch` to push a request's cache into a decode worker's
   segments; a decode worker calls `read_batch` to pull a conversation's cache from its owner.
-  Both return a receipt only after the receiving side verified every region (its checksum;
-  shm compares the bytes themselves), and raise a `TransferError` otherwise; after an error the destination bytes are unspecified and
-  the caller recomputes. Neither frees or reuses blocks: the caller owns both ends' blocks and
+  Both return a receipt only after every region was verified where it landed (a checksum
+  the receiving side compares; shm compares the bytes themselves), and raise a
+  `TransferError` otherwise; after an error the destination bytes are unspecified and the
+  caller recomputes. Neither frees or reuses blocks: the caller owns both ends' blocks and
   must keep them untouched until the call returns.
 Every wait is bounded: `connect_timeout_s` for connects, and per batch a deadline (argument,
 or `batch_timeout_s(bytes)`) plus `stall_timeout_s` without progress. A dead peer therefore

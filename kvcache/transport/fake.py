@@ -86,10 +86,11 @@ class FakeTransferEngine(TransferEngine):
         await self._stall(peer, faults.delay_s, deadline)
         target = self._fabric.reach(peer.engine_id)
         remote = target._segments.views_for(plan.regions(), reject_overlap=plan.op is TransferOp.WRITE)
+        pairs = [(mine, theirs) if plan.op is TransferOp.WRITE else (theirs, mine)
+                 for mine, theirs in zip(plan.local_views(), remote)]
+        expected = [checksum(src) for src, _ in pairs]  # the sender's, before anything moves
         pos = 0
-        for mine, theirs in zip(plan.local_views(), remote):
-            src, dst = (mine, theirs) if plan.op is TransferOp.WRITE else (theirs, mine)
-            expected = checksum(src)
+        for src, dst in pairs:
             keep = faults.drop_within(pos, len(src))
             if keep is not None:
                 dst[:keep] = src[:keep]
@@ -98,6 +99,6 @@ class FakeTransferEngine(TransferEngine):
             flip = faults.corrupt_offset(pos, len(src))
             if flip is not None:
                 dst[flip] ^= 0xFF
-            record.advance(TransferState.VERIFYING)
-            check_verdict([expected], [checksum(dst)])
             pos += len(src)
+        record.advance(TransferState.VERIFYING)
+        check_verdict(expected, [checksum(dst) for _, dst in pairs])

@@ -88,7 +88,3 @@ class FaultInjector:
                 return NO_FAULTS
             self._used += 1
         return BatchFaults(plan.fail_with, plan.delay_s, plan.corrupt_at_byte, plan.drop_after_bytes)
-
-    @property
-    def num_injected(self) -> int:
-        return self._used

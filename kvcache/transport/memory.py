@@ -75,10 +75,6 @@ class Segment:
     def data_ptr(self) -> int:
         return self.base
 
-    def address(self, offset: int, length: int) -> int:
-        self.view(offset, length)  # bounds check
-        return self.base + offset
-
     def view(self, offset: int, length: int) -> np.ndarray:
         if offset < 0 or length <= 0 or offset + length > self.nbytes:
             raise InvalidRequest(f"[{offset}, {offset + length}) is outside segment {self.name!r} "
@@ -194,13 +190,15 @@ class SegmentTable:
         return True
 
     def sizes(self) -> dict[str, int]:
-        return {name: s.nbytes for name, s in self._segments.items()}
+        with self._lock:  # another thread may be allocating
+            return {name: s.nbytes for name, s in self._segments.items()}
 
     def infos(self) -> list[kvcache_pb2.SegmentInfo]:
         return [kvcache_pb2.SegmentInfo(name=n, size_bytes=s) for n, s in self.sizes().items()]
 
     def segments(self) -> list[Segment]:
-        return list(self._segments.values())
+        with self._lock:
+            return list(self._segments.values())
 
     def close(self) -> None:
         with self._lock:

@@ -1,8 +1,9 @@
 """RDMA transport (pyverbs): one-sided WRITE into, or READ from, the peer's registered segments.
 
-Untested here: neither this sandbox (no RDMA subsystem in the kernel) nor the lent GPU host
-(no /sys/class/infiniband, no uverbs device) has an RDMA device; the contract suite runs it
-wherever pyverbs imports and `ibv_devices` lists one.
+Never run against hardware: neither this sandbox (no RDMA subsystem in the kernel) nor the
+lent GPU host (no /sys/class/infiniband, no uverbs device) has an RDMA device. The contract
+suite runs it wherever pyverbs imports and a device is listed; test_transport_rdma_sim.py
+runs this module's logic against a simulated verbs layer everywhere.
 
 - Memory: every segment is registered once, at allocation, as a memory region (MR). The
   endpoint publishes each segment's address and rkey, which only this module reads.
@@ -37,8 +38,8 @@ from . import rdma_verbs as verbs
 from .base import PeerHandle, TransferEngine, TransportConfig, check_endpoint
 from .batch import BatchPlan, BatchRecord, TransferOp, TransferState
 from .checksum import StreamChecksums, check_verdict
-from .errors import (InvalidRequest, PeerUnreachable, TransferError, TransferTimeout,
-                     TransportUnavailable)
+from .errors import (ChecksumMismatch, InvalidRequest, PeerUnreachable, TransferError,
+                     TransferTimeout, TransportUnavailable)
 from .faults import BatchFaults, FaultPlan
 from .memory import Segment, SegmentTable
 from .wire import Deadline, check_hello, make_hello, raise_for_status, status_of
@@ -99,6 +100,13 @@ class _Connection:
         verbs.post_rdma(self.v, self.qp, True, 0, self.send_mr.buf, 0, self.send_mr.lkey,
                         remote_addr, rkey)
         verbs.wait_completions(self.v, self.send_cq, 1, deadline)
+
+    def destroy(self) -> None:
+        for resource in (self.qp, self.send_cq, self.recv_mr, self.send_mr):
+            try:
+                resource.close()
+            except Exception:
+                pass  # the context may already have closed it
 
     def fail(self) -> None:
         """Move the QP to the error state: posted work flushes, blocked waits end."""
@@ -193,22 +201,27 @@ class RdmaTransferEngine(TransferEngine):
         if self._handshake is None:
             raise TransportUnavailable("this RDMA engine was given no handshake channel")
         deadline = Deadline(timeout_s if timeout_s is not None else self.config.connect_timeout_s)
+        conn = await self._handshake_connection(peer_endpoint, deadline)
+        return self._adopt_peer(RdmaPeer(peer_endpoint, conn))
+
+    async def _handshake_connection(self, endpoint: pb.TransportEndpoint, deadline: Deadline) -> _Connection:
+        """A new queue pair, connected to one the peer creates in accept()."""
         conn = self._open_connection(is_caller=True)
         request = pb.RdmaConnectRequest(
-            hello=make_hello(self.kind, self.config.compatibility_hash, self.engine_id, peer_endpoint),
+            hello=make_hello(self.kind, self.config.compatibility_hash, self.engine_id, endpoint),
             qp=conn.info())
         try:
-            response = await asyncio.wait_for(self._handshake(peer_endpoint, request), deadline.remaining())
+            response = await asyncio.wait_for(self._handshake(endpoint, request), deadline.remaining())
             raise_for_status(response.ack.status, response.ack.message)
             conn.start(response.qp)
         except BaseException as exc:
             conn.fail()
             if isinstance(exc, asyncio.TimeoutError):
-                raise TransferTimeout("RDMA handshake timed out") from None
+                raise PeerUnreachable("RDMA handshake: no answer in time") from None
             if isinstance(exc, Exception) and not isinstance(exc, TransferError):
                 raise PeerUnreachable(f"RDMA handshake failed: {exc!r}") from exc
             raise
-        return self._adopt_peer(RdmaPeer(peer_endpoint, conn))
+        return conn
 
     def _connect_blocking(self, endpoint, deadline):
         raise NotImplementedError  # connect() is asynchronous: the handshake is the project's
@@ -228,11 +241,19 @@ class RdmaTransferEngine(TransferEngine):
 
     async def _transfer(self, peer: RdmaPeer, plan: BatchPlan, record: BatchRecord,
                         faults: BatchFaults, deadline: Deadline) -> None:
+        if peer.conn.is_failed:  # an earlier batch left it out of step: start a fresh one
+            peer.conn = await self._handshake_connection(peer.endpoint, deadline)
+        conn = peer.conn
         try:
             await self._in_thread(lambda: self._exchange(peer, plan, record, faults, deadline),
-                                  deadline, abort=peer.conn.fail)
+                                  deadline, abort=conn.fail)
         except PeerUnreachable:
-            peer.close()  # the QP is in the error state; this handle is done
+            peer.close()  # its queue pair failed a completion: the peer is gone
+            raise
+        except (ChecksumMismatch, InvalidRequest):
+            raise  # the exchange finished in step; the connection stays usable
+        except BaseException:
+            conn.fail()  # a late reply would be mistaken for the next batch's: never reuse
             raise
 
     def _exchange(self, peer: RdmaPeer, plan: BatchPlan, record: BatchRecord, faults: BatchFaults,
@@ -339,28 +360,47 @@ class RdmaTransferEngine(TransferEngine):
     # ------------------------------------------------------------ answering side
 
     def _poll_loop(self) -> None:
-        v = self._device.v
+        """Receive completions of every connection: replies go to the waiting caller, requests
+        to a responder thread. It is also the only thread that destroys failed connections,
+        so no completion it handles can refer to freed buffers."""
         while not self._stop.is_set():
+            self._retire_failed()
             npolled, wcs = self._recv_cq.poll(16)
             if not npolled:
                 time.sleep(verbs._IDLE_POLL_S)
                 continue
             for wc in wcs:
                 conn = self._connections.get(wc.qp_num)
-                if conn is None:
-                    continue
-                if wc.status != v.e.IBV_WC_SUCCESS:  # flushed: the connection failed
-                    conn.is_failed = True
-                    conn.replies.put(PeerUnreachable(f"RDMA receive failed ({wc.status})"))
-                    continue
-                body = conn.message(wc.wr_id, wc.byte_len)
-                conn.repost(wc.wr_id)
-                if conn.is_caller:
-                    conn.replies.put(body)
-                elif isinstance(body, pb.BatchHeader) and body.op == pb.TRANSFER_OP_WRITE:
-                    conn.pending_write = body  # its trailer follows on this QP, in order
-                else:
-                    self._responders.submit(self._answer, conn, body)
+                if conn is not None:
+                    try:
+                        self._dispatch(conn, wc)
+                    except Exception as exc:  # a garbled frame fails its connection only
+                        conn.fail()
+                        conn.replies.put(TransferError(f"RDMA control message: {exc!r}"))
+
+    def _dispatch(self, conn: _Connection, wc) -> None:
+        if wc.status != self._device.v.e.IBV_WC_SUCCESS:  # flushed: the connection failed
+            conn.is_failed = True
+            conn.replies.put(PeerUnreachable(f"RDMA receive failed (status {wc.status})"))
+            return
+        body = conn.message(wc.wr_id, wc.byte_len)
+        conn.repost(wc.wr_id)
+        if conn.is_caller:
+            conn.replies.put(body)
+        elif isinstance(body, pb.BatchHeader) and body.op == pb.TRANSFER_OP_WRITE:
+            conn.pending_write = body  # its trailer follows on this QP, in order
+        else:
+            self._responders.submit(self._answer, conn, body)
+
+    def _retire_failed(self) -> None:
+        """Destroy failed connections that no batch holds (a caller's lock is free)."""
+        with self._lock:
+            failed = [c for c in self._connections.values() if c.is_failed]
+        for conn in failed:
+            if conn.lock.acquire(blocking=False):
+                with self._lock:
+                    self._connections.pop(conn.qp.qp_num, None)
+                conn.destroy()
 
     def _answer(self, conn: _Connection, body) -> None:
         deadline = Deadline(self.config.stall_timeout_s)
@@ -368,6 +408,7 @@ class RdmaTransferEngine(TransferEngine):
         header = body if is_read else conn.pending_write
         ack = pb.BatchAck(batch_id=header.batch_id if header else 0, status=pb.TRANSFER_STATUS_OK)
         sums: list[int] = []
+        conn.pending_write = None
         try:
             if header is None:
                 raise InvalidRequest("trailer without a write header")

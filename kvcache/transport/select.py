@@ -7,7 +7,8 @@ peer then reaches the same segments by the best kind both sides have.
 
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+import logging
+from typing import TYPE_CHECKING, Iterable, Sequence
 
 import torch
 
@@ -19,7 +20,12 @@ from .identity import new_engine_id
 from .memory import SegmentTable
 from .shm import ShmTransferEngine
 from .tcp import TcpTransferEngine
+
+if TYPE_CHECKING:
+    from .rdma import Handshake
 from ...v1 import kvcache_pb2 as pb
+
+log = logging.getLogger(__name__)
 
 PREFERENCE = (pb.TRANSPORT_KIND_RDMA, pb.TRANSPORT_KIND_SHM, pb.TRANSPORT_KIND_TCP,
               pb.TRANSPORT_KIND_FAKE)
@@ -40,6 +46,19 @@ def select_engine(engines: Sequence[TransferEngine], peer: pb.TransportEndpoint)
     if not by_kind:
         raise TransportUnavailable("no local engines")
     return by_kind[choose_kind(by_kind, engines[0].host_id, peer)]
+
+
+def _candidates(engines: Sequence[TransferEngine], peer: pb.TransportEndpoint) -> list[TransferEngine]:
+    """Every usable local engine for this peer, best first."""
+    ranked, remaining = [], list(engines)
+    while remaining:
+        try:
+            best = select_engine(remaining, peer)
+        except TransportUnavailable:
+            break
+        ranked.append(best)
+        remaining.remove(best)
+    return ranked
 
 
 class MultiTransferEngine(TransferEngine):
@@ -75,8 +94,28 @@ class MultiTransferEngine(TransferEngine):
 
     async def connect(self, peer_endpoint: pb.TransportEndpoint,
                       timeout_s: float | None = None) -> PeerHandle:
+        """Connect by the best kind both sides offer; a kind that cannot serve this pair
+        (TransportUnavailable: say RDMA without a handshake channel) yields to the next."""
         self._check_open()
-        return await select_engine(self.engines, peer_endpoint).connect(peer_endpoint, timeout_s)
+        candidates = _candidates(self.engines, peer_endpoint)
+        if not candidates:
+            select_engine(self.engines, peer_endpoint)  # raises, naming what the peer offers
+        for engine in candidates[:-1]:
+            try:
+                return await engine.connect(peer_endpoint, timeout_s)
+            except TransportUnavailable as exc:
+                log.info("kv transport %s unavailable for %s: %s",
+                         pb.TransportKind.Name(engine.kind), peer_endpoint.engine_id[:8], exc)
+        return await candidates[-1].connect(peer_endpoint, timeout_s)
+
+    def accept(self, request: pb.RdmaConnectRequest) -> pb.RdmaConnectResponse:
+        """The RDMA engine's accept() (for the gRPC servicer that carries the handshake)."""
+        for engine in self.engines:
+            if engine.kind == pb.TRANSPORT_KIND_RDMA:
+                return engine.accept(request)
+        return pb.RdmaConnectResponse(ack=pb.HelloAck(
+            status=pb.TRANSFER_STATUS_INCOMPATIBLE, message="RDMA is not open here",
+            engine_id=self.engine_id))
 
     def _connect_blocking(self, endpoint, deadline):
         raise NotImplementedError  # connect() delegates
@@ -105,13 +144,13 @@ class MultiTransferEngine(TransferEngine):
 
 def open_engines(config: TransportConfig, kinds: Sequence[str] = ("shm", "tcp"), *,
                  tcp_host: str = "127.0.0.1", tcp_port: int = 0, advertise_host: str | None = None,
-                 rdma_device: str | None = None, rdma_handshake=None,
+                 rdma_device: str | None = None, rdma_handshake: Handshake | None = None,
                  faults: FaultPlan | None = None) -> MultiTransferEngine:
     """The entry point for workers: every requested transport over shared segments.
 
-    RDMA is opened only when asked for, and raises TransportUnavailable where it cannot run
-    (no pyverbs, no device); callers that want "RDMA if possible" catch that and retry
-    without it.
+    `kinds` are offers, not demands: RDMA where it cannot run (no pyverbs, no device) is
+    left out with a warning, so one configuration serves hosts with and without NICs; only
+    when nothing at all can be opened does this raise TransportUnavailable.
     """
     segments = SegmentTable(shared="shm" in kinds)
     engine_id = new_engine_id()
@@ -125,12 +164,17 @@ def open_engines(config: TransportConfig, kinds: Sequence[str] = ("shm", "tcp"),
                 engines.append(TcpTransferEngine(config, tcp_host, tcp_port, advertise_host, faults,
                                                  **shared))
             elif kind == "rdma":
-                from .rdma import RdmaTransferEngine  # imports pyverbs
+                try:
+                    from .rdma import RdmaTransferEngine
 
-                engines.append(RdmaTransferEngine(config, rdma_handshake, device=rdma_device,
-                                                  faults=faults, **shared))
+                    engines.append(RdmaTransferEngine(config, rdma_handshake, device=rdma_device,
+                                                      faults=faults, **shared))
+                except TransportUnavailable as exc:
+                    log.warning("kv transport rdma left out: %s", exc)
             else:
                 raise ValueError(f"unknown transport {kind!r}")
+        if not engines:
+            raise TransportUnavailable(f"none of the transports {list(kinds)} can run here")
     except BaseException:
         for engine in engines:
             engine.close()

@@ -62,10 +62,6 @@ class ConnectionServer:
                 self._connections.pop(conn, None)
             conn.close()
 
-    @property
-    def num_connections(self) -> int:
-        return len(self._connections)
-
     def close(self) -> None:
         with self._lock:
             self._closed = True

@@ -152,7 +152,7 @@ class ShmTransferEngine(TransferEngine):
             raise TransportUnavailable("shm needs both engines on one host")
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            with socket_errors("shm connect"):
+            with socket_errors("shm connect", PeerUnreachable):
                 sock.settimeout(deadline.wait_s(self.config.connect_timeout_s))
                 sock.connect("\0" + peer.endpoint.shm.socket_name)
                 send_frame(sock, hello=make_hello(self.kind, self.config.compatibility_hash,

@@ -4,9 +4,11 @@ The regions of a batch travel back to back. They are moved in groups of up to `g
 (a KV pool block is ~100-900 KB, so a group spans a few regions, or a slice of a big one)
 with one `sendmsg` / `recvmsg_into` per group: the kernel gathers from, or scatters straight
 into, the registered segments, and Python pays per group, not per region or per 64 KB wake-up.
-The sender sums a group right before sending it and the receiver right after it landed, while
-it is still in cache; no per-transfer buffer is allocated (except the one piece copied to
-inject a corruption).
+Each side sums a group right after the kernel copied it (out of the source, into the
+destination), while it is still in cache, so the checksum adds no memory traffic; no
+per-transfer buffer is allocated (except the one piece copied to inject a corruption). Both
+stay on the one thread that does the I/O: a helper thread summing beside the sends was
+measured slower (2.0 vs 3.1 GiB/s), because each return from sendmsg then waits for the GIL.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import numpy as np
 
 from .checksum import StreamChecksums
 from .errors import PeerUnreachable
-from .faults import BatchFaults
+from .faults import NO_FAULTS, BatchFaults
 from .server import shutdown_quietly
 from .wire import Deadline
 
@@ -69,8 +71,10 @@ def _with_faults(group: list[memoryview], pos: int, faults: BatchFaults,
 
 def _sendmsg_all(sock: socket.socket, buffers: list[memoryview], deadline: Deadline,
                  stall_s: float) -> None:
+    # settimeout costs a system call (CPython re-applies O_NONBLOCK): once per group, not
+    # per partial send.
+    sock.settimeout(deadline.wait_s(stall_s))
     while buffers:
-        sock.settimeout(deadline.wait_s(stall_s))
         sent = sock.sendmsg(buffers)
         while sent and buffers:  # drop what went out; a partial send leaves a tail
             if sent >= len(buffers[0]):
@@ -86,9 +90,10 @@ def send_payload(sock: socket.socket, views: list[np.ndarray], group_bytes: int,
     pos = 0
     for group in _groups(views, group_bytes):
         size = sum(len(piece) for piece in group)
-        sums.advance(pos + size)
-        _sendmsg_all(sock, _with_faults(group, pos, faults, sock), deadline, stall_s)
+        _sendmsg_all(sock, group if faults is NO_FAULTS else _with_faults(group, pos, faults, sock),
+                     deadline, stall_s)
         pos += size
+        sums.advance(pos)  # the kernel's copy just pulled the group into cache
     return sums.finish()
 
 
@@ -99,8 +104,8 @@ def recv_payload(sock: socket.socket, views: list[np.ndarray], group_bytes: int,
     pos = 0
     for group in _groups(views, group_bytes):
         start, pending = pos, list(group)
+        sock.settimeout(deadline.wait_s(stall_s))  # once per group: it costs a system call
         while pending:
-            sock.settimeout(deadline.wait_s(stall_s))
             got = sock.recvmsg_into(pending)[0]
             if got == 0:
                 raise PeerUnreachable("peer closed the connection mid-payload")

@@ -44,13 +44,13 @@ class Deadline:
 
 
 @contextlib.contextmanager
-def socket_errors(what: str):
+def socket_errors(what: str, on_timeout: type[errors.TransferError] = errors.TransferTimeout):
     """Map socket failures to typed errors: a dead or resetting peer is PeerUnreachable, a
-    silent one TransferTimeout."""
+    silent one TransferTimeout (PeerUnreachable while connecting: nothing answered)."""
     try:
         yield
     except TimeoutError as exc:  # socket.timeout is TimeoutError since 3.10
-        raise errors.TransferTimeout(f"{what}: no progress ({exc})") from exc
+        raise on_timeout(f"{what}: no answer in time ({exc})") from exc
     except (ConnectionError, OSError) as exc:
         raise errors.PeerUnreachable(f"{what}: {exc}") from exc
 
@@ -124,7 +124,3 @@ def check_hello(hello: pb.Hello, compatibility_hash: str, engine_id: str) -> tup
         return pb.TRANSFER_STATUS_PEER_RESTARTED, (
             f"engine {hello.expected_peer_engine_id} is gone; this is {engine_id}")
     return pb.TRANSFER_STATUS_OK, ""
-
-
-def regions_total(regions) -> int:
-    return sum(r.length for r in regions)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import os
 import threading
 import time
 
@@ -18,7 +17,7 @@ import pytest
 
 from dsflash.kvcache.transport import (ChecksumMismatch, EngineClosed, FakeFabric, FaultPlan,
                                        IncompatiblePeer, InvalidRequest, PeerRestarted,
-                                       PeerUnreachable, TransferError, TransferRequest,
+                                       PeerUnreachable, TransferRequest,
                                        TransferState, TransferTimeout)
 from test_transport_peer import (SEGMENT_BYTES, InProcessPeer, ProcessPeer, digest, leak_report,
                                  make_config, make_engine, pattern)
@@ -290,7 +289,7 @@ def test_hung_then_killed_peer_fails_fast_and_never_hangs(kind, fabric):
         async def killed_mid_transfer():
             transfer = asyncio.ensure_future(local.engine.write_batch(local.handle, big, timeout_s=30.0))
             await asyncio.sleep(0.3)
-            assert not transfer.done()  # in flight, blocked on the peer
+            assert not transfer.done(), transfer.exception()  # in flight, blocked on the peer
             killed_at = time.monotonic()
             peer.kill()
             with pytest.raises(PeerUnreachable):

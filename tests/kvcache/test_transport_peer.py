@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 
 import numpy as np
 
@@ -161,7 +162,19 @@ class ProcessPeer:
         return pb.RdmaConnectResponse.FromString(bytes.fromhex(reply["response"]))
 
     def pause(self) -> None:
+        """SIGSTOP, and wait until every thread is stopped (the signal lands asynchronously)."""
         os.kill(self.process.pid, signal.SIGSTOP)
+        deadline = time.monotonic() + 5.0
+        while not self._all_stopped() and time.monotonic() < deadline:
+            time.sleep(0.005)
+
+    def _all_stopped(self) -> bool:
+        tasks = f"/proc/{self.process.pid}/task"
+        states = []
+        for tid in os.listdir(tasks):
+            with open(f"{tasks}/{tid}/stat") as stat:
+                states.append(stat.read().rsplit(")", 1)[1].split()[0])
+        return all(state in "Tt" for state in states)
 
     def resume(self) -> None:
         os.kill(self.process.pid, signal.SIGCONT)

@@ -22,7 +22,8 @@ import numpy as np
 import pytest
 
 from dsflash.kvcache.transport import (ChecksumMismatch, FaultPlan, PeerRestarted, PeerUnreachable,
-                                       TransferRequest, TransferTimeout, rdma_verbs)
+                                       TransferRequest, TransferTimeout, open_engines, rdma_verbs)
+from dsflash.v1 import kvcache_pb2 as pb
 from test_transport_peer import SEGMENT_BYTES, make_config, pattern
 
 E = SimpleNamespace(
@@ -61,6 +62,9 @@ class CQ:
             taken, self.entries = self.entries[:n], self.entries[n:]
         return len(taken), taken
 
+    def close(self):
+        pass
+
 
 class MR:
     def __init__(self, pd, length, access, address=None):
@@ -78,6 +82,9 @@ class MR:
 
     def covers(self, addr, length):
         return self.buf <= addr and addr + length <= self.buf + self.length
+
+    def close(self):
+        FABRIC.mrs.pop(self.rkey, None)
 
 
 class QP:
@@ -100,6 +107,10 @@ class QP:
 
     def post_recv(self, wr):
         self.receives.append(wr)
+
+    def close(self):
+        self.failed = True
+        FABRIC.qps.pop(self.qp_num, None)
 
     def post_send(self, wr):
         peer = FABRIC.qps.get(self.remote)
@@ -240,16 +251,30 @@ def test_rdma_corruption_is_detected(pair, op):
 def test_rdma_dead_peer_and_dropped_connection(pair):
     peer_engine, local, peer = connected(pair, FaultPlan(drop_after_bytes=1 << 20))
     fails_within(2.0, PeerUnreachable, local.write_batch(peer, requests()))
+    deadline = time.monotonic() + 2.0
+    while local._connections and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not local._connections  # the failed queue pair was destroyed, not kept
     peer = asyncio.run(local.connect(peer_engine.endpoint()))
     peer_engine.close()  # its queue pairs go to the error state
     fails_within(2.0, PeerUnreachable, local.write_batch(peer, requests()))
 
 
-def test_rdma_silent_peer_times_out(pair):
+def test_rdma_silent_peer_times_out_then_a_fresh_queue_pair_works(pair, monkeypatch):
     peer_engine, local, peer = connected(pair)
-    peer_engine._stop.set()  # its poller stops answering; the QP stays alive
-    peer_engine._poller.join()
+    answer, calls = peer_engine._answer, []
+
+    def slow_once(*args):  # the first answer comes after the caller gave up
+        calls.append(1)
+        if len(calls) == 1:
+            time.sleep(1.5)
+        answer(*args)
+
+    monkeypatch.setattr(peer_engine, "_answer", slow_once)
+    first_qp = peer.conn.qp.qp_num
     fails_within(3.0, TransferTimeout, local.write_batch(peer, requests()))
+    asyncio.run(local.write_batch(peer, requests()))  # not confused by the late ack
+    assert peer.conn.qp.qp_num != first_qp
 
 
 def test_rdma_handshake_refuses_stale_incarnation(pair):
@@ -259,3 +284,30 @@ def test_rdma_handshake_refuses_stale_incarnation(pair):
     stale.engine_id = "0" * 32
     with pytest.raises(PeerRestarted):
         asyncio.run(local.connect(stale))
+
+
+def test_open_engines_prefers_rdma_and_falls_back_without_a_handshake(monkeypatch):
+    monkeypatch.setattr(rdma_verbs, "load", lambda: SIM_VERBS)
+    far = open_engines(make_config(), ("rdma", "tcp"))
+    plain = open_engines(make_config(), ("rdma", "tcp"))  # no handshake channel: RDMA unusable
+
+    async def carry(endpoint, request):  # what the project's gRPC call does
+        return far.accept(request)
+
+    wired = open_engines(make_config(), ("rdma", "tcp"), rdma_handshake=carry)
+    try:
+        far.allocate_segment("kv", 1 << 20)
+        for near in (plain, wired):
+            near.allocate_segment("kv", 1 << 20).numpy()[:] = pattern(4, 1 << 20)
+
+        async def push(near):
+            peer = await near.connect(far.endpoint())
+            await near.write_batch(peer, [TransferRequest("kv", 0, "kv", 0, 1 << 20)])
+            return peer.kind
+
+        assert asyncio.run(push(plain)) == pb.TRANSPORT_KIND_TCP
+        assert asyncio.run(push(wired)) == pb.TRANSPORT_KIND_RDMA
+        np.testing.assert_array_equal(far.segment("kv").numpy(), pattern(4, 1 << 20))
+    finally:
+        for engines in (far, plain, wired):
+            engines.close()
