@@ -89,7 +89,7 @@ class RequestSampler:
         p = self.params
         x = logits.float().clone()
         if p.repetition_penalty != 1.0 or p.presence_penalty or p.frequency_penalty:
-            counts, seen = self.counts, self.seen
+            counts, seen = self.counts.to(x.device), self.seen.to(x.device)
             if extra:
                 counts, seen = counts.clone(), seen.clone()
                 for t in extra:
@@ -129,7 +129,8 @@ class RequestSampler:
         return self.draw(dist), dist
 
     def draw(self, dist: torch.Tensor) -> int:
-        return int(torch.multinomial(dist, 1, generator=self.generator))
+        # the request's own CPU generator keeps seeded sampling identical on every device
+        return int(torch.multinomial(dist.float().cpu(), 1, generator=self.generator))
 
     def uniform(self) -> float:
         return float(torch.rand((), generator=self.generator))

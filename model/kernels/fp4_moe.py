@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 from ..quant import dequantize_fp4_weight
-from .common import e2m1_to_float
+from .common import DOT, e2m1_to_float
 
 
 def fp4_moe_ref(x, idx, weights, w13, s13, w2, s2, limit: float) -> torch.Tensor:
@@ -73,8 +73,8 @@ def _gate_up_kernel(x_ptr, tok_ptr, wt_ptr, blk_ptr, w_ptr, s_ptr, h_ptr, H, INT
                     mask=live[:, None] & ((k0 + rk)[None, :] < H), other=0.0).to(tl.float32)
         w1 = _fp4_tile(w_e, s_e, n0, rn, k0, INTER, H, swr, swc, ssr, ssc, BLOCK_N, BLOCK_K)
         w3 = _fp4_tile(w_e, s_e, INTER + n0, rn, k0, 2 * INTER, H, swr, swc, ssr, ssc, BLOCK_N, BLOCK_K)
-        gate += tl.dot(x, tl.trans(w1), input_precision="ieee")
-        up += tl.dot(x, tl.trans(w3), input_precision="ieee")
+        gate += tl.dot(x, tl.trans(w1), input_precision=DOT)
+        up += tl.dot(x, tl.trans(w3), input_precision=DOT)
     if limit > 0:
         gate = tl.minimum(gate, limit)
         up = tl.minimum(tl.maximum(up, -limit), limit)
@@ -102,7 +102,7 @@ def _down_kernel(h_ptr, tok_ptr, blk_ptr, w_ptr, s_ptr, o_ptr, H, INTER,
         h = tl.load(h_ptr + pairs[:, None] * shp + (k0 + rk)[None, :] * shi,
                     mask=live[:, None] & ((k0 + rk)[None, :] < INTER), other=0.0)
         w = _fp4_tile(w_e, s_e, n0, rn, k0, H, INTER, swr, swc, ssr, ssc, BLOCK_N, BLOCK_K)
-        acc += tl.dot(h, tl.trans(w), input_precision="ieee")
+        acc += tl.dot(h, tl.trans(w), input_precision=DOT)
     cols = n0 + rn
     tl.store(o_ptr + pairs[:, None] * sop + cols[None, :] * soh, acc, mask=live[:, None] & (cols[None, :] < H))
 

@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 
 from ..quant import dequantize_fp8_weight, fake_quant_fp8
-from .common import e4m3_to_float, interpreting
+from .common import DOT, e4m3_to_float, interpreting
 
 
 def fp8_gemm_ref(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, act_quant: bool = False) -> torch.Tensor:
@@ -23,28 +23,34 @@ def fp8_gemm_ref(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, act
 
 
 @triton.jit
-def _fp8_gemm_kernel(x_ptr, w_ptr, s_ptr, y_ptr, M, N, K,
-                     sxm, sxk, swn, swk, ssn, ssk, sym, syn,
+def _fp8_gemm_kernel(x_ptr, w_ptr, s_ptr, y_ptr, M, N, K, K_PER_SPLIT,
+                     sxm, sxk, swn, swk, ssn, ssk, sys, sym, syn,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                      HW_FP8: tl.constexpr):
+    """One (M, N) tile over one K range (split-K: the ranges' partial sums are added after)."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
+    pid_k = tl.program_id(2)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rk = tl.arange(0, BLOCK_K)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    k_start = pid_k * K_PER_SPLIT
+    for k0 in range(k_start, tl.minimum(k_start + K_PER_SPLIT, K), BLOCK_K):
         kk = k0 + rk
         x = tl.load(x_ptr + rm[:, None] * sxm + kk[None, :] * sxk,
                     mask=(rm[:, None] < M) & (kk[None, :] < K), other=0.0).to(tl.float32)
         codes = tl.load(w_ptr + rn[:, None] * swn + kk[None, :] * swk,
                         mask=(rn[:, None] < N) & (kk[None, :] < K), other=0)
-        w = e4m3_to_float(codes, HW_FP8)
-        # one e8m0 scale per 32x32 block: BLOCK_K is 32, so one scale column per step
-        sbyte = tl.load(s_ptr + (rn // 32) * ssn + (k0 // 32) * ssk, mask=rn < N, other=127).to(tl.float32)
-        w = w * tl.exp2(sbyte - 127.0)[:, None]
-        acc += tl.dot(x, tl.trans(w), input_precision="ieee")
-    tl.store(y_ptr + rm[:, None] * sym + rn[None, :] * syn, acc, mask=(rm[:, None] < M) & (rn[None, :] < N))
+        w = tl.reshape(e4m3_to_float(codes, HW_FP8), (BLOCK_N, BLOCK_K // 32, 32))
+        # one e8m0 scale per 32x32 block of the weight
+        sk = k0 // 32 + tl.arange(0, BLOCK_K // 32)
+        sbyte = tl.load(s_ptr + (rn // 32)[:, None] * ssn + sk[None, :] * ssk,
+                        mask=(rn[:, None] < N) & (sk[None, :] * 32 < K), other=127).to(tl.float32)
+        w = tl.reshape(w * tl.exp2(sbyte - 127.0)[:, :, None], (BLOCK_N, BLOCK_K))
+        acc += tl.dot(x, tl.trans(w), input_precision=DOT)
+    tl.store(y_ptr + pid_k * sys + rm[:, None] * sym + rn[None, :] * syn, acc,
+             mask=(rm[:, None] < M) & (rn[None, :] < N))
 
 
 def fp8_gemm(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, act_quant: bool = False) -> torch.Tensor:
@@ -55,11 +61,16 @@ def fp8_gemm(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, act_qua
     N = codes.shape[0]
     assert codes.shape == (N, K) and codes.dtype == torch.uint8, (codes.shape, codes.dtype)
     assert scales.shape == (-(-N // 32), -(-K // 32)) and scales.dtype == torch.uint8
-    y = torch.empty(M, N, dtype=torch.float32, device=x.device)
     block_m = 16 if M <= 16 else 64
-    block_n = 64
-    grid = (triton.cdiv(M, block_m), triton.cdiv(N, block_n))
-    _fp8_gemm_kernel[grid](x, codes, scales, y, M, N, K, x.stride(0), x.stride(1), codes.stride(0),
+    block_n, block_k = 64, (32 if interpreting() else 128)
+    tiles = triton.cdiv(M, block_m) * triton.cdiv(N, block_n)
+    # Decode shapes have few output tiles: split K so every SM streams part of the weight.
+    splits = 1 if interpreting() else max(1, min(triton.cdiv(K, block_k), 264 // tiles))
+    per_split = triton.cdiv(triton.cdiv(K, splits), block_k) * block_k
+    splits = triton.cdiv(K, per_split)
+    y = torch.empty(splits, M, N, dtype=torch.float32, device=x.device)
+    grid = (triton.cdiv(M, block_m), triton.cdiv(N, block_n), splits)
+    _fp8_gemm_kernel[grid](x, codes, scales, y, M, N, K, per_split, x.stride(0), x.stride(1), codes.stride(0),
                            codes.stride(1), scales.stride(0), scales.stride(1), y.stride(0), y.stride(1),
-                           BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=32, HW_FP8=not interpreting())
-    return y
+                           y.stride(2), BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, HW_FP8=not interpreting())
+    return y[0] if splits == 1 else y.sum(dim=0)

@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import e2m1_to_float, e4m3_to_float, interpreting
+from .common import DOT, e2m1_to_float, e4m3_to_float, interpreting
 
 
 def sparse_attention_ref(q: torch.Tensor, window_kv: torch.Tensor, window_mask: torch.Tensor,
@@ -40,21 +40,22 @@ def sparse_attention_ref(q: torch.Tensor, window_kv: torch.Tensor, window_mask: 
 @triton.jit
 def _online(q, keys, valid, m_i, l_i, acc, scale):
     """One tile of keys (K = V) into the running softmax of one query's head block."""
-    logits = tl.dot(q, tl.trans(keys), input_precision="ieee") * scale  # [HB, KT]
+    logits = tl.dot(q, tl.trans(keys), input_precision=DOT) * scale  # [HB, KT]
     logits = tl.where(valid[None, :], logits, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(logits, axis=1))
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
     p = tl.exp(logits - m_safe[:, None])
     alpha = tl.exp(m_i - m_safe)
     l_i = l_i * alpha + tl.sum(p, axis=1)
-    acc = acc * alpha[:, None] + tl.dot(p, keys, input_precision="ieee")
+    acc = acc * alpha[:, None] + tl.dot(p, keys, input_precision=DOT)
     return m_new, l_i, acc
 
 
 @triton.jit
 def _sparse_attention_kernel(q_ptr, ring_ptr, win_off, win_soff, page_ptr, ent_off, ent_soff, sink_ptr, o_ptr,
                              H, W, K, scale, sqn, sqh, swn, sen, son, soh,
-                             D: tl.constexpr, HB: tl.constexpr, KT: tl.constexpr, HW_FP8: tl.constexpr):
+                             D: tl.constexpr, HB: tl.constexpr, KT: tl.constexpr, HW_FP8: tl.constexpr,
+                             JOIN: tl.constexpr = False):
     i = tl.program_id(0)
     h0 = tl.program_id(1) * HB
     heads = h0 + tl.arange(0, HB)
@@ -75,14 +76,21 @@ def _sparse_attention_kernel(q_ptr, ring_ptr, win_off, win_soff, page_ptr, ent_o
         keys = e4m3_to_float(codes, HW_FP8) * tl.exp2(sbytes.to(tl.float32) - 127.0)
         m_i, l_i, acc = _online(q, keys, valid, m_i, l_i, acc, scale)
     # selected compressed entries: packed e2m1 (low nibble first), one e4m3 scale per 16 values
-    half = tl.arange(0, D // 2)
+    # Each value's nibble is picked from its byte by a shift: a join + reshape here, feeding both
+    # dots of the online softmax, compiled to wrong values on H200 (Triton 3.6).
+    shift = (d % 2) * 4
     for t0 in range(0, K, KT):
         j = t0 + kt
         off = tl.load(ent_off + i * sen + j, mask=j < K, other=-1)
         soff = tl.load(ent_soff + i * sen + j, mask=j < K, other=0)
         valid = off >= 0
-        packed = tl.load(page_ptr + off[:, None] + half[None, :], mask=valid[:, None], other=0).to(tl.int32)
-        values = tl.reshape(tl.join(e2m1_to_float(packed & 0xF), e2m1_to_float((packed >> 4) & 0xF)), (KT, D))
+        if JOIN:
+            half = tl.arange(0, D // 2)
+            packed = tl.load(page_ptr + off[:, None] + half[None, :], mask=valid[:, None], other=0).to(tl.int32)
+            values = tl.reshape(tl.join(e2m1_to_float(packed & 0xF), e2m1_to_float((packed >> 4) & 0xF)), (KT, D))
+        else:
+            packed = tl.load(page_ptr + off[:, None] + (d // 2)[None, :], mask=valid[:, None], other=0).to(tl.int32)
+            values = e2m1_to_float((packed >> shift[None, :]) & 0xF)
         sbytes = tl.load(page_ptr + soff[:, None] + (d // 16)[None, :], mask=valid[:, None], other=0)
         keys = values * e4m3_to_float(sbytes, HW_FP8)
         m_i, l_i, acc = _online(q, keys, valid, m_i, l_i, acc, scale)
@@ -95,7 +103,8 @@ def _sparse_attention_kernel(q_ptr, ring_ptr, win_off, win_soff, page_ptr, ent_o
 
 def sparse_attention(q: torch.Tensor, ring: torch.Tensor, window_offsets: torch.Tensor,
                      window_scale_offsets: torch.Tensor, pages: torch.Tensor, entry_offsets: torch.Tensor,
-                     entry_scale_offsets: torch.Tensor, sink: torch.Tensor, scale: float) -> torch.Tensor:
+                     entry_scale_offsets: torch.Tensor, sink: torch.Tensor, scale: float,
+                     num_warps: int = 4) -> torch.Tensor:
     """q [n, h, D]; `ring`/`pages`: the pool's byte buffers; *_offsets [n, W] / [n, k] byte offsets of
     each key's codes and scales in them (-1: masked). Returns [n, h, D] fp32."""
     n, heads, dim = q.shape
@@ -103,7 +112,7 @@ def sparse_attention(q: torch.Tensor, ring: torch.Tensor, window_offsets: torch.
     assert ring.dtype == torch.uint8 and pages.dtype == torch.uint8 and dim % 32 == 0
     q = q.contiguous()
     out = torch.empty(n, heads, dim, dtype=torch.float32, device=q.device)
-    hb = 16 if heads >= 16 else triton.next_power_of_2(heads)
+    hb = 16  # tensor-core dots need M >= 16: fewer heads are padded by the mask, not a smaller block
     kt = 16
     w_off, w_soff = window_offsets.contiguous(), window_scale_offsets.contiguous()
     e_off, e_soff = entry_offsets.contiguous(), entry_scale_offsets.contiguous()
@@ -111,5 +120,5 @@ def sparse_attention(q: torch.Tensor, ring: torch.Tensor, window_offsets: torch.
     _sparse_attention_kernel[grid](q, ring, w_off, w_soff, pages, e_off, e_soff, sink.float().contiguous(), out,
                                    heads, w_off.shape[1], e_off.shape[1], scale, q.stride(0), q.stride(1),
                                    w_off.stride(0), e_off.stride(0), out.stride(0), out.stride(1),
-                                   D=dim, HB=hb, KT=kt, HW_FP8=not interpreting())
+                                   D=dim, HB=hb, KT=kt, HW_FP8=not interpreting(), num_warps=num_warps)
     return out

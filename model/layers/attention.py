@@ -80,7 +80,7 @@ def _causal_attention(cfg: ModelConfig, run: SeqRun, role: LayerRole, q, kv, pac
         first = max(0, offset + lo - window + 1)
         k_pos = key_pos[first: offset + hi]
         qp = q_pos[lo:hi].unsqueeze(1)
-        mask = (k_pos.unsqueeze(0) <= qp) & (k_pos.unsqueeze(0) > qp - window)
+        mask = ((k_pos.unsqueeze(0) <= qp) & (k_pos.unsqueeze(0) > qp - window)).to(q.device)
         out.append(sparse_attention_ref(q[lo:hi], keys[first: offset + hi], mask,
                                         None if selected is None else selected[lo:hi],
                                         None if valid is None else valid[lo:hi], sink, cfg.head_dim**-0.5))
@@ -123,7 +123,7 @@ def _block_window(run: SeqRun, role: LayerRole, kv: torch.Tensor):
     window = cache.config.sliding_window
     cached_pos = cache.window_positions(layer, run.start - window, run.start)
     keys = torch.cat([cache.ring_read(layer, cached_pos).float(), kv])
-    mask = torch.ones(run.n, keys.shape[0], dtype=torch.bool)
+    mask = torch.ones(run.n, keys.shape[0], dtype=torch.bool, device=keys.device)
     return keys, mask
 
 

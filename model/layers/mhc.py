@@ -12,12 +12,15 @@ import torch
 from .norm import rms_norm
 
 
-def hc_mix(X: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, iters: int,
-           hc_eps: float, norm_eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """X [T, S, H] -> pre [T, S], post [T, S], comb [T, S, S] (comb[j, k]: stream j into k)."""
-    S = X.shape[-2]
-    flat = rms_norm(X.flatten(-2), None, norm_eps)  # [T, S*H]
-    mixes = flat @ fn.T  # [T, (2+S)*S]
+def hc_mixes(X: torch.Tensor, fn: torch.Tensor, norm_eps: float) -> torch.Tensor:
+    """X [T, S, H] -> the site's raw mixes [T, (2+S)*S]: a projection of the normalized streams."""
+    return rms_norm(X.flatten(-2), None, norm_eps) @ fn.T
+
+
+def hc_gates(mixes: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, iters: int,
+             hc_eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """mixes [T, (2+S)*S] -> pre [T, S], post [T, S], comb [T, S, S] (comb[j, k]: stream j into k)."""
+    S = int(round((1 + mixes.shape[-1]) ** 0.5)) - 1  # width (2+S)*S = (S+1)^2 - 1
     pre = torch.sigmoid(mixes[:, :S] * scale[0] + base[:S]) + hc_eps
     post = 2 * torch.sigmoid(mixes[:, S:2 * S] * scale[1] + base[S:2 * S])
     logits = mixes[:, 2 * S:].view(-1, S, S) * scale[2] + base[2 * S:].view(S, S)
@@ -27,6 +30,12 @@ def hc_mix(X: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.T
         comb = comb / (comb.sum(dim=-1, keepdim=True) + hc_eps)
         comb = comb / (comb.sum(dim=-2, keepdim=True) + hc_eps)
     return pre, post, comb
+
+
+def hc_mix(X: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, iters: int,
+           hc_eps: float, norm_eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """X [T, S, H] -> pre [T, S], post [T, S], comb [T, S, S]."""
+    return hc_gates(hc_mixes(X, fn, norm_eps), base, scale, iters, hc_eps)
 
 
 def hc_collapse(X: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:

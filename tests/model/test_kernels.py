@@ -12,12 +12,15 @@ from dsflash.kvcache.pool import CachePool, plain_allocator
 from dsflash.model.fast_ops import TritonOps
 from dsflash.model.kernels.fp4_moe import fp4_moe, fp4_moe_ref
 from dsflash.model.kernels.fp8_gemm import fp8_gemm, fp8_gemm_ref
+from dsflash.model.kernels.hc_gates import hc_gates
 from dsflash.model.kernels.indexer_score import indexer_scores, indexer_scores_ref
 from dsflash.model.kernels.sparse_attention import sparse_attention, sparse_attention_ref
+from dsflash.model.layers import mhc
 from dsflash.model.quant import quantize_fp4_weight, quantize_fp8_weight
 from dsflash.model.runner import prompt_logits, step
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+REL = 1e-4 if DEVICE == "cpu" else 5e-3  # GPU: hardware exp and fp8 conversion, split-K sums
 
 
 def _g(seed=0):
@@ -34,7 +37,7 @@ def test_fp8_gemm(m, n, k, act_quant):
         xd = x.to(DEVICE, dtype)
         got = fp8_gemm(xd, codes.to(DEVICE), scales.to(DEVICE), act_quant).cpu()
         ref = fp8_gemm_ref(xd.cpu(), codes, scales, act_quant)
-        assert (got - ref).abs().max() < 1e-4 * ref.abs().max() + 1e-5
+        assert (got - ref).abs().max() < REL * ref.abs().max() + 1e-5
 
 
 def test_fp8_gemm_decodes_every_code_exactly():
@@ -57,7 +60,19 @@ def test_fp4_moe():
     weights = torch.rand(T, k, generator=g)
     ref = fp4_moe_ref(x, idx, weights, *stack, 0.7)
     got = fp4_moe(x.to(DEVICE), idx.to(DEVICE), weights.to(DEVICE), *[t.to(DEVICE) for t in stack], 0.7).cpu()
-    assert (got - ref).abs().max() < 1e-4 * ref.abs().max() + 1e-6
+    assert (got - ref).abs().max() < REL * ref.abs().max() + 1e-6
+
+
+def test_hc_gates_match_the_sinkhorn_reference():
+    g = _g(4)
+    S, T = 4, 9
+    mixes = torch.randn(T, (2 + S) * S, generator=g) * 3
+    base, scale = torch.randn((2 + S) * S, generator=g), torch.rand(3, generator=g) + 0.5
+    ref = mhc.hc_gates(mixes, base, scale, 20, 1e-6)
+    got = hc_gates(mixes.to(DEVICE), base.to(DEVICE), scale.to(DEVICE), 20, 1e-6)
+    for r, o in zip(ref, got):
+        assert torch.allclose(o.cpu(), r, rtol=1e-5, atol=1e-6)
+    assert torch.allclose(got[2].sum(-2).cpu(), torch.ones(T, S), atol=1e-4)  # columns of comb sum to 1
 
 
 @pytest.fixture(scope="module")
@@ -90,7 +105,7 @@ def test_sparse_attention_on_a_paged_cache(paged):
                            dev(sink), dim**-0.5).cpu()
     ref = sparse_attention_ref(q, cache.ring_read(layer, positions), win >= 0,
                                cache.entries_gather(source, idx.clamp_min(0)), idx >= 0, sink, dim**-0.5)
-    assert (got - ref).abs().max() < 1e-5
+    assert (got - ref).abs().max() < REL * ref.abs().max() + 1e-5
 
 
 def test_indexer_scores_on_a_paged_cache(paged):
@@ -104,7 +119,8 @@ def test_indexer_scores_on_a_paged_cache(paged):
                          k_off.to(DEVICE), k_soff.to(DEVICE)).cpu()
     ref = indexer_scores_ref(q, cache.index_keys(source), w, visible)
     finite = torch.isfinite(ref)
-    assert torch.equal(finite, torch.isfinite(got)) and (got[finite] - ref[finite]).abs().max() < 1e-4
+    assert torch.equal(finite, torch.isfinite(got))
+    assert (got[finite] - ref[finite]).abs().max() < REL * ref[finite].abs().max() + 1e-5
 
 
 def test_fast_path_reproduces_golden_logits(golden_dir, golden):
@@ -120,5 +136,6 @@ def test_fast_path_reproduces_golden_logits(golden_dir, golden):
         logits = prompt_logits(model, ids, "chunked:12", cache=cache).cpu()
     ref = golden[1]["logits"]
     d = (logits - ref).abs().amax(-1)
-    assert (d <= 1e-2).float().mean() >= 0.9 and (logits.argmax(-1) == ref.argmax(-1)).all()
+    share, agree = (d <= 1e-2).float().mean(), (logits.argmax(-1) == ref.argmax(-1)).float().mean()
+    assert share >= 0.9 and agree == 1, f"max |d| {d.max():.3g}, share <= 1e-2 {share:.3f}, argmax agree {agree:.3f}"
     cache.release()

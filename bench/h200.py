@@ -1,0 +1,406 @@
+"""GPU benchmarks on the `bench` preset (release widths and depth, 48 routed experts), each
+figure printed next to its physical limit: bytes at 4.2 TB/s HBM read (decode is memory
+bound), FLOPs at 694 TFLOP/s bf16 (prefill). Results also go to $OUT/h200.json.
+
+    python bench/h200.py [--sections kernels,decode,reference,prefill] [--budget-s 540]
+
+Decode caches are filled with synthetic bytes (valid FP8/FP4 codes) to the target context:
+a step's cost does not depend on the values, and building a 1M-token cache by prefill is a
+separate measurement. Weights are built in device memory with the preset's shapes and
+formats (model/checkpoint_writer.random_weight_store).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import pathlib
+import time
+
+import torch
+
+HBM_BPS = 4.2e12  # measured H200 HBM read bandwidth (issue 9)
+BF16_FLOPS = 694e12
+FP8_FLOPS = 1276e12
+RESULTS: dict = {}
+DEADLINE = [0.0]
+PROFILE = [False]
+DEV = "cuda"  # --device cpu with --preset tiny: a smoke test of this script (Triton interpreter)
+
+
+def out_dir() -> pathlib.Path:
+    path = pathlib.Path(os.environ.get("OUT", "."))
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def record(section: str, key: str, value: dict) -> None:
+    RESULTS.setdefault(section, {})[key] = value
+    (out_dir() / "h200.json").write_text(json.dumps(RESULTS, indent=1))
+    print(f"[{section}] {key}: " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                                              for k, v in value.items()), flush=True)
+
+
+def time_left() -> float:
+    return DEADLINE[0] - time.monotonic()
+
+
+def sync() -> None:
+    if DEV == "cuda":
+        torch.cuda.synchronize()
+
+
+def cuda_time(fn, iters: int = 20, warmup: int = 3) -> float:
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / 1000.0 / iters
+
+
+# ------------------------------------------------------------------ ceilings
+
+
+def ceilings() -> None:
+    x = torch.empty(2 << 30, dtype=torch.uint8, device="cuda")
+    x.random_(0, 255)
+    t = cuda_time(lambda: x.view(torch.int64).sum(), iters=10)
+    a = torch.randn(8192, 8192, dtype=torch.bfloat16, device="cuda")
+    tm = cuda_time(lambda: a @ a, iters=10)
+    record("ceilings", "measured", {"hbm_read_TBps": x.numel() / t / 1e12, "bf16_matmul_TFLOPs": 2 * 8192**3 / tm / 1e12,
+                                    "used_hbm_TBps": HBM_BPS / 1e12, "used_bf16_TFLOPs": BF16_FLOPS / 1e12})
+    del x, a
+
+
+# ------------------------------------------------------------------ kernels at real shapes
+
+
+def kernels() -> None:
+    from dsflash.model.kernels.fp4_moe import fp4_moe
+    from dsflash.model.kernels.fp8_gemm import fp8_gemm
+    from dsflash.model.kernels.indexer_score import indexer_scores
+    from dsflash.model.kernels.sparse_attention import sparse_attention
+    from dsflash.model.quant import dequantize_fp8_weight
+
+    dev = "cuda"
+    for name, (n, k) in {"wq_b": (32768, 1280), "wo_b": (5120, 8192), "wo_a_group": (1024, 4096),
+                         "shared_w1": (2304, 5120)}.items():
+        codes = torch.randint(0, 0x77, (n, k), dtype=torch.uint8, device=dev)
+        scales = torch.full((n // 32, k // 32), 120, dtype=torch.uint8, device=dev)
+        for m in (6, 48, 192):
+            x = torch.randn(m, k, device=dev)
+            t = cuda_time(lambda: fp8_gemm(x, codes, scales))
+            t_eager = cuda_time(lambda: x @ dequantize_fp8_weight(codes, scales).T, iters=5)
+            nbytes = n * k + scales.numel()
+            record("kernel_fp8_gemm", f"{name}_M{m}", {"us": t * 1e6, "GBps": nbytes / t / 1e9,
+                                                        "roofline_us": nbytes / HBM_BPS * 1e6,
+                                                        "ratio_to_roofline": t / (nbytes / HBM_BPS),
+                                                        "eager_dequant_matmul_us": t_eager * 1e6})
+    E, H, inter, k = 48, 5120, 2304, 6
+    w13 = torch.randint(0, 255, (E, 2 * inter, H // 2), dtype=torch.uint8, device=dev)
+    s13 = torch.full((E, 2 * inter, H // 32), 120, dtype=torch.uint8, device=dev)
+    w2 = torch.randint(0, 255, (E, H, inter // 2), dtype=torch.uint8, device=dev)
+    s2 = torch.full((E, H, inter // 32), 120, dtype=torch.uint8, device=dev)
+    per_expert = w13[0].numel() + s13[0].numel() + w2[0].numel() + s2[0].numel()
+    for tokens in (6, 48, 192):
+        x = torch.randn(tokens, H, device=dev)
+        idx = torch.stack([torch.randperm(E, device=dev)[:k] for _ in range(tokens)])
+        weights = torch.rand(tokens, k, device=dev)
+        t = cuda_time(lambda: fp4_moe(x, idx, weights, w13, s13, w2, s2, 10.0))
+        nbytes = len(torch.unique(idx)) * per_expert
+        record("kernel_fp4_moe", f"T{tokens}", {"us": t * 1e6, "experts": len(torch.unique(idx)),
+                                                 "GBps": nbytes / t / 1e9, "roofline_us": nbytes / HBM_BPS * 1e6,
+                                                 "ratio_to_roofline": t / (nbytes / HBM_BPS)})
+    heads, D, W, K = 64, 512, 128, 512
+    rows = 1 << 16
+    ring = torch.randint(0, 0x77, (rows * (D + D // 32),), dtype=torch.uint8, device=dev)
+    pages = torch.randint(0, 255, (rows * 288,), dtype=torch.uint8, device=dev)
+    for n in (6, 48, 192):
+        q = torch.randn(n, heads, D, device=dev)
+        w_off = torch.randint(0, rows, (n, W), device=dev) * D
+        w_soff = rows * D + torch.randint(0, rows, (n, W), device=dev) * (D // 32)
+        e_off = torch.randint(0, rows, (n, K), device=dev) * 256
+        e_soff = rows * 256 + torch.randint(0, rows, (n, K), device=dev) * 32
+        sink = torch.zeros(heads, device=dev)
+        nbytes = n * (W * (D + D // 32) + K * 288 + heads * D * 4 * 2)
+        for warps in (4, 8):
+            t = cuda_time(lambda: sparse_attention(q, ring, w_off, w_soff, pages, e_off, e_soff, sink, D**-0.5,
+                                                   num_warps=warps))
+            record("kernel_sparse_attention", f"n{n}_warps{warps}", {"us": t * 1e6, "GBps": nbytes / t / 1e9,
+                                                                      "roofline_us": nbytes / HBM_BPS * 1e6,
+                                                                      "ratio_to_roofline": t / (nbytes / HBM_BPS)})
+    for entries in (2048, 1 << 20):
+        page_bytes = torch.randint(0, 255, (entries * 68,), dtype=torch.uint8, device=dev)
+        k_off = torch.arange(entries, device=dev) * 64
+        k_soff = entries * 64 + torch.arange(entries, device=dev) * 4
+        for n in (6, 192):
+            q = torch.randn(n, 32, 128, device=dev)
+            w = torch.randn(n, 32, device=dev)
+            visible = torch.full((n,), entries, device=dev)
+            t = cuda_time(lambda: indexer_scores(q, w, visible, page_bytes, k_off, k_soff), iters=10)
+            nbytes = entries * 68 * math.ceil(n / 16) + n * entries * 4
+            flops = 2 * n * 32 * 128 * entries
+            record("kernel_indexer", f"N{entries}_n{n}", {"us": t * 1e6, "GBps": nbytes / t / 1e9,
+                                                          "roofline_us": max(nbytes / HBM_BPS, flops / BF16_FLOPS) * 1e6,
+                                                          "ratio_to_roofline": t / max(nbytes / HBM_BPS,
+                                                                                       flops / BF16_FLOPS)})
+
+
+# ------------------------------------------------------------------ the model
+
+
+def build_model(fast: bool, preset: str):
+    from dsflash.model.checkpoint_writer import preset_config, random_weight_store
+    from dsflash.model.deepseek_v41 import DeepseekV41
+    from dsflash.model.fast_ops import TritonOps
+    from dsflash.model.ops import ReferenceOps
+
+    began = time.monotonic()
+    store = random_weight_store(preset_config(preset), seed=0, device=DEV)
+    tokenizer = pathlib.Path(os.environ.get("DSFLASH_TOKENIZER", ".bench/golden/v41-tiny-a/tokenizer.json"))
+    model = DeepseekV41(store, tokenizer_json=tokenizer, device=DEV)
+    model.ops = TritonOps(store, device=DEV) if fast else ReferenceOps(store, device=DEV, cache_dense=False)
+    record("setup", "weights", {"seconds": time.monotonic() - began, "GiB": store.nbytes / 2**30})
+    return model, store
+
+
+def fill_synthetic(cache, tokens: int, g: torch.Generator) -> None:
+    """A cache of `tokens` positions with random but valid bytes (no NaN codes)."""
+    from dsflash.kvcache.state import RingSpan
+
+    layout, pool = cache.layout, cache.pool
+    for source, count in layout.entries_for(tokens).items():
+        cache._ensure_pages(source, count)
+        cache.counts[source] = count
+        ids = torch.tensor(cache.page_table[source], device=pool.device)
+        if len(ids):
+            pool.pages[ids] = torch.randint(0, 255, (len(ids), layout.page_bytes), dtype=torch.uint8,
+                                            device=pool.device, generator=g)
+            for name, byte in (("kv_scales", 0x30), ("key_scales", 120)):
+                off, width = layout.page_sections()[name]
+                pool.pages[ids, off: off + width * layout.page_entries] = byte
+    slot = pool.slots[cache.slot]
+    slot[: layout.ring_scales_offset] = torch.randint(0, 0x77, (layout.ring_scales_offset,), dtype=torch.uint8,
+                                                      device=pool.device, generator=g)
+    slot[layout.ring_scales_offset: layout.ring_bytes] = 120
+    cache.num_tokens = tokens
+    cache.history = torch.randint(3, 100000, (64,), generator=torch.Generator().manual_seed(tokens)).tolist()
+    cache.ring_spans = [RingSpan(max(0, tokens - layout.ring_capacity), tokens) for _ in cache.ring_spans]
+    cache.bytes_changed()
+
+
+def step_bytes(store, config, batch: int, context: int) -> float:
+    """Bytes one decode step must read: every weight of the step (experts only those routed to,
+    in expectation), plus the KV the 6-token verify block and the 5-row draft read."""
+    from dsflash.model.weights import Fp4Weight
+
+    rows = 6 * batch
+    dense = 0
+    expert_bytes = {}
+    for name in store.names():
+        w = store[name]
+        parts = [w] if isinstance(w, torch.Tensor) else [getattr(w, f) for f in ("weight", "packed", "scale")
+                                                          if hasattr(w, f)]
+        nbytes = sum(p.numel() * p.element_size() for p in parts)
+        if ".engram.embed" in name:
+            continue  # row gathers only
+        if isinstance(w, Fp4Weight):
+            layer = name.split(".experts.")[0]
+            expert_bytes[layer] = expert_bytes.get(layer, 0) + nbytes
+        else:
+            dense += nbytes
+    dense += 2 * config.vocab_size * config.hidden_size * 2  # head read again by the drafter
+    routed = 0
+    for role in config.roles:
+        e, k = role.n_routed_experts, role.num_experts_per_tok
+        n = rows if not role.is_dspark else 5 * batch
+        touched = e * (1 - (1 - k / e) ** n)
+        routed += expert_bytes.get(f"{role.prefix}.ffn", 0) * touched / e
+    kv = 0
+    for role in config.roles[: config.num_layers]:
+        kv += rows * config.sliding_window * (config.head_dim + config.head_dim // 32)
+        if role.ratio:
+            kv += rows * min(config.index_topk, context // role.ratio) * 288
+        if role.is_index_source:
+            kv += math.ceil(rows / 16) * batch * (context // role.ratio) * 68
+    return dense + routed + kv
+
+
+def decode(model, store, batches, contexts, label: str) -> None:
+    from dsflash.decode_worker.engine import DecodeEngine, DecodeEngineConfig
+    from dsflash.decode_worker.request import DecodeRequest
+    from dsflash.decode_worker.sampling import SamplingParams
+    from dsflash.kvcache.layout import CacheLayout
+    from dsflash.kvcache.paged import PagedCache
+    from dsflash.kvcache.pool import CachePool, plain_allocator
+    from dsflash.model.prefill import PrefillOutput
+
+    config = model.config
+    layout = CacheLayout.for_model(config, page_entries=256)
+    g = torch.Generator(device=DEV).manual_seed(0)
+    for context in contexts:
+        for batch in batches:
+            if time_left() < 60:
+                record(label, f"ctx{context}_B{batch}", {"skipped": "device time budget"})
+                continue
+            pool = CachePool(layout, layout.pages_for(context + 64) * batch + 8, batch + 1, plain_allocator(DEV))
+            engine = DecodeEngine(model, pool, DecodeEngineConfig(max_running=batch, spec_tokens=5))
+            width = len(config.dspark_target_layers) * config.hidden_size
+            for i in range(batch):
+                cache = PagedCache(pool, config)
+                fill_synthetic(cache, context, g)
+                prefill = PrefillOutput(torch.randn(config.vocab_size, device=DEV),
+                                        torch.randn(layout.ring_capacity, width, device=DEV) * 0.1,
+                                        context - layout.ring_capacity)
+                engine.add(DecodeRequest(f"r{i}", list(cache.history), SamplingParams(max_tokens=100, temperature=0,
+                                                                                      ignore_eos=True),
+                                         cache=cache, prefill=prefill))
+            with torch.inference_mode():
+                engine.step()  # admission
+                steps = 2 if label == "reference" else 6
+                for _ in range(2 if label != "reference" else 1):
+                    engine.step()
+                sync()
+                began = time.perf_counter()
+                for _ in range(steps):
+                    engine.step()
+                sync()
+            step_s = (time.perf_counter() - began) / steps
+            if PROFILE[0] and label == "decode" and batch == batches[0]:
+                profile_steps(engine, f"{label}_ctx{context}_B{batch}")
+            emitted = sum(len(r.output) for r in engine.running)
+            nbytes = step_bytes(store, config, batch, context)
+            roofline = nbytes / HBM_BPS
+            record(label, f"ctx{context}_B{batch}", {"step_ms": step_s * 1e3, "roofline_ms": roofline * 1e3,
+                                                     "ratio_to_roofline": step_s / roofline,
+                                                     "GB_per_step": nbytes / 1e9,
+                                                     "tokens_per_s_at_accept_1": batch / step_s,
+                                                     "tokens_per_s_at_accept_6": 6 * batch / step_s,
+                                                     "emitted": emitted})
+            for r in list(engine.running):
+                engine.abort(r.request_id)
+            del engine, pool
+            if DEV == "cuda":
+                torch.cuda.empty_cache()
+
+
+def profile_steps(engine, name: str) -> None:
+    """Where a decode step's time goes: the top operators by host and by device time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if DEV == "cuda" else [])
+    with torch.inference_mode(), profile(activities=activities) as prof:
+        for _ in range(2):
+            engine.step()
+        sync()
+    table = prof.key_averages()
+    text = [table.table(sort_by="self_cpu_time_total", row_limit=30)]
+    if DEV == "cuda":
+        text.append(table.table(sort_by="self_cuda_time_total", row_limit=20))
+    (out_dir() / f"profile_{name}.txt").write_text("\n".join(text))
+    print("\n".join(t[:6000] for t in text), flush=True)
+
+
+def prefill(model, lengths) -> None:
+    from dsflash.kvcache.layout import CacheLayout
+    from dsflash.kvcache.pool import CachePool, plain_allocator
+    from dsflash.prefill_worker.engine import PrefillEngine, PrefillEngineConfig, PrefillRequest
+    from dsflash.prefill_worker.scheduler import PrefillSchedulerConfig
+
+    config = model.config
+    layout = CacheLayout.for_model(config, page_entries=256)
+    for n in lengths:
+        if time_left() < 90:
+            record("prefill", f"T{n}", {"skipped": "device time budget"})
+            continue
+        pool = CachePool(layout, layout.pages_for(n) + 8, 2, plain_allocator(DEV))
+        engine = PrefillEngine(model, pool, PrefillEngineConfig(PrefillSchedulerConfig(token_budget=8192, max_chunk=8192),
+                                                                ced=True))
+        engine.add(PrefillRequest("p", torch.randint(3, 100000, (n,)).tolist(), want_taps=False))
+        sync()
+        began = time.perf_counter()
+        with torch.inference_mode():
+            while engine.has_work():
+                done = engine.step()
+                if time_left() < 30:
+                    break
+        sync()
+        seconds = time.perf_counter() - began
+        if engine.has_work():
+            record("prefill", f"T{n}", {"aborted_after_s": seconds, "done_tokens": n - engine.queued_tokens})
+            continue
+        flops = prefill_flops(model, n)
+        record("prefill", f"T{n}", {"seconds": seconds, "tokens_per_s": n / seconds,
+                                    "roofline_s_bf16": flops / BF16_FLOPS, "ratio_to_roofline": seconds / (flops / BF16_FLOPS),
+                                    "TFLOP": flops / 1e12})
+        done[0].cache.release()
+        del engine, pool
+        if DEV == "cuda":
+            torch.cuda.empty_cache()
+
+
+def prefill_flops(model, n: int) -> float:
+    """Matrix FLOPs of a CED prefill: encoder layers over every token, decoder over the tail;
+    2 * params touched per token, plus the indexer (queries x visible keys) and attention."""
+    c = model.config
+    attn = 2 * (c.q_lora_rank * c.hidden_size + c.num_heads * c.head_dim * c.q_lora_rank + c.head_dim * c.hidden_size
+                + c.o_groups * c.o_lora_rank * c.num_heads * c.head_dim // c.o_groups
+                + c.hidden_size * c.o_groups * c.o_lora_rank)
+    ffn = 2 * 3 * c.moe_intermediate_size * c.hidden_size * (c.num_experts_per_tok + 1)
+    per_token = (attn + ffn) * c.ced_split
+    flops = per_token * n
+    for role in c.roles[: c.ced_split + 1]:
+        if role.ratio:
+            flops += 2 * c.num_heads * c.head_dim * 2 * (c.sliding_window + min(c.index_topk, n // role.ratio)) * n
+        if role.is_index_source:
+            flops += 2 * c.index_n_heads * c.index_head_dim * n * (n // role.ratio) / 2
+    return flops
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sections", default="kernels,decode,reference,prefill")
+    parser.add_argument("--budget-s", type=float, default=540.0)
+    parser.add_argument("--prefill", default="32768")
+    parser.add_argument("--contexts", default="4096,1048576")
+    parser.add_argument("--batches", default="1,8,32")
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--preset", default="bench")
+    parser.add_argument("--profile", action="store_true", help="profile two decode steps of the first batch size")
+    args = parser.parse_args()
+    DEV = globals()["DEV"] = args.device
+    DEADLINE[0] = time.monotonic() + args.budget_s
+    PROFILE[0] = args.profile
+    sections = args.sections.split(",")
+    batches = [int(x) for x in args.batches.split(",")]
+    contexts = [int(x) for x in args.contexts.split(",")]
+    record("setup", "device", {"name": torch.cuda.get_device_name() if DEV == "cuda" else "cpu",
+                               "torch": torch.__version__})
+    if DEV == "cuda":
+        ceilings()
+    if "kernels" in sections and DEV == "cuda":
+        kernels()
+    if {"decode", "prefill", "reference"} & set(sections):
+        model, store = build_model(fast=True, preset=args.preset)
+        if "decode" in sections:
+            for context in contexts:
+                decode(model, store, [b for b in batches if context < (1 << 20) or b <= 8], [context], "decode")
+        if "prefill" in sections:
+            prefill(model, [int(x) for x in args.prefill.split(",")])
+        if "reference" in sections:
+            from dsflash.model.ops import ReferenceOps
+
+            model.ops = ReferenceOps(store, device=DEV, cache_dense=False)
+            decode(model, store, [1], [contexts[0]], "reference")
+    print(json.dumps(RESULTS, indent=1))
+
+
+if __name__ == "__main__":
+    main()
