@@ -17,9 +17,13 @@ TOP_LEVEL = ["model", "kvcache", "prefill_worker", "decode_worker", "gateway"]
 
 
 def generate_stubs() -> None:
-    from grpc_tools import protoc  # build requirement, see pyproject.toml
+    try:
+        from grpc_tools import protoc  # build requirement, see pyproject.toml
 
-    import grpc_tools
+        import grpc_tools
+    except ImportError:  # a --no-build-isolation install on a machine without grpcio-tools
+        print("warning: grpcio-tools missing: gRPC stubs not generated (the tiers need them)")
+        return
 
     proto_root = ROOT / "protos"
     protos = sorted(str(p.relative_to(proto_root)) for p in proto_root.rglob("*.proto"))
@@ -36,7 +40,7 @@ def generate_stubs() -> None:
 
 
 def package_map() -> tuple[list[str], dict[str, str]]:
-    packages = ["dsflash", "dsflash.v1"]
+    packages = ["dsflash", "dsflash.v1"] + [f"dsflash.{p}" for p in find_packages(where="dsflash") if p != "v1"]
     package_dir = {"dsflash": "dsflash"}
     for top in TOP_LEVEL:
         package_dir[f"dsflash.{top}"] = top
