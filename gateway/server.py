@@ -32,9 +32,14 @@ def build_context(settings: GatewaySettings, *, redis_url: str | None = None, di
     return ctx, channels
 
 
+# Open streams get this long after SIGTERM; k8s/gateway.yaml's preStop (10 s) plus this stays
+# inside its 30 s termination grace.
+GRACEFUL_SHUTDOWN_S = 15
+
+
 async def serve_http(ctx: Context, host: str, port: int, ready: asyncio.Event | None = None) -> None:
     config = uvicorn.Config(create_app(ctx), host=host, port=port, log_level="warning", access_log=False,
-                            timeout_graceful_shutdown=5)
+                            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S)
     server = uvicorn.Server(config)
     task = asyncio.create_task(server.serve())
     while not server.started and not task.done():

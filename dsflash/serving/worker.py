@@ -38,6 +38,9 @@ GRPC_OPTIONS = [
     ("grpc.keepalive_timeout_ms", 5_000),
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.max_pings_without_data", 0),
+    # Server side: accept those pings on idle connections (the default, one per 5 minutes,
+    # answers them with GOAWAY "too_many_pings").
+    ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
 ]
 
 
@@ -123,7 +126,8 @@ class WorkerRuntime:
         reflection.enable_server_reflection(names, server)
 
     async def start(self, server: grpc.aio.Server, port: int, service_names: list[str]) -> None:
-        self.address = f"{self.settings.advertise_host}:{port}"
+        host = self.settings.advertise_host
+        self.address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"  # IPv6 pod IPs
         self.worker_id = f"{self.settings.role}@{self.address}"
         for name in service_names + [""]:
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
@@ -171,15 +175,16 @@ class WorkerRuntime:
         self.draining = True
         log_event(log, "worker_drain", role=self.settings.role, worker_id=self.worker_id, in_flight=in_flight())
         await self.health.enter_graceful_shutdown()
-        deadline = time.monotonic() + self.settings.drain_grace_s
-        while in_flight() and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
+        # Leave the registry first, so gateways stop routing here while running work finishes.
         if self._heartbeat is not None:
             self._heartbeat.cancel()
         try:
             await self.directory.unregister_worker(self.worker_id, self.incarnation)
         except Exception as exc:  # the registration expires by its TTL anyway
             log.warning("unregister failed: %s", exc)
+        deadline = time.monotonic() + self.settings.drain_grace_s
+        while in_flight() and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
         await server.stop(grace=1.0)
         log_event(log, "worker_stopped", role=self.settings.role, worker_id=self.worker_id)
 

@@ -6,6 +6,7 @@ side, stranded KV, failed transfers answered as success, lost ownership)."""
 from __future__ import annotations
 
 import asyncio
+import signal
 import threading
 import time
 
@@ -235,9 +236,27 @@ def test_sigterm_drains_then_exits(tiny_checkpoint, redis_server, tmp_path):
             generate(c.decodes[0].address, _prompt(15, 12), max_tokens=40, ignore_eos=True, temperature=0)))
         thread.start()
         wait_for(lambda: c.decodes[0].status().running_requests == 1)
-        assert c.decodes[0].terminate() == 0
+        c.decodes[0].process.send_signal(signal.SIGTERM)
+        # it leaves the registry at once, so gateways stop routing to it while the request runs on
+        assert wait_for(lambda: c.decodes[0].address not in _registered(redis_server.url), timeout_s=5)
+        assert c.decodes[0].status().running_requests == 1
+        assert c.decodes[0].process.wait(30) == 0
         thread.join(30)
         assert len(results) == 1 and len(results[0][0]) == 40  # the running request finished
         assert "worker_stopped" in c.decodes[0].log()
     finally:
         c.stop()
+
+
+def _registered(redis_url: str) -> set[str]:
+    """Addresses of the workers the directory lists right now."""
+    from dsflash.kvcache.directory import DirectoryConfig, open_directory
+
+    async def addresses():
+        directory = open_directory(DirectoryConfig(redis_url=redis_url))
+        try:
+            return {w.address for w in await directory.list_workers()}
+        finally:
+            await directory.close()
+
+    return asyncio.run(addresses())
