@@ -224,7 +224,10 @@ class DecodeWorker:
             try:
                 workers = await self.runtime.directory.list_workers(WorkerRole.PREFILL)
                 workers.sort(key=lambda w: w.load.num_queued_prefill_tokens)
-                self._prefill_cache = (now, [w.address for w in workers])
+                # A degraded directory answers from this process's own state, which holds no
+                # prefill workers: keep the last list (a dead one fails its RPC -> recompute).
+                if workers or not self.runtime.directory_degraded():
+                    self._prefill_cache = (now, [w.address for w in workers])
             except DirectoryUnavailable:
                 pass
         return self._prefill_cache[1][0] if self._prefill_cache[1] else ""
@@ -256,7 +259,7 @@ class DecodeWorker:
             running_requests=self.engine.num_running, waiting_requests=self.engine.num_waiting,
             host_cache_bytes=self.conversations.cache.nbytes, host_cache_entries=len(self.conversations.cache),
             handoff_failures_total=self.handoff_failures,
-            directory_degraded=bool(getattr(rt.directory, "is_degraded", False)), draining=rt.draining)
+            directory_degraded=rt.directory_degraded(), draining=rt.draining)
 
     # ------------------------------------------------------------ serving
 

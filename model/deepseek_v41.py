@@ -30,6 +30,7 @@ from .layers.mhc import hc_collapse, hc_expand
 from .layers.moe import moe
 from .layers.norm import rms_norm
 from .ops import ReferenceOps
+from .parallel import SINGLE, Parallel, check_divisible, keeps_spec, shard_attention
 from .rope import Rope
 from .weights import Checkpoint, WeightStore, select_for_tier
 
@@ -42,9 +43,9 @@ class ForwardResult:
 
 class DeepseekV41:
     def __init__(self, weights: WeightStore, *, tokenizer_json: str | pathlib.Path | None = None, qat: bool = True,
-                 act_quant: bool = False, device: str | torch.device = "cpu"):
+                 act_quant: bool = False, device: str | torch.device = "cpu", parallel: Parallel = SINGLE):
         self.config: ModelConfig = weights.config
-        self.ops = ReferenceOps(weights, act_quant=act_quant, device=device)
+        self.ops = ReferenceOps(weights, act_quant=act_quant, device=device, parallel=parallel)
         self.device = torch.device(device)
         self.rope = Rope(self.config, device=self.device)
         self.qat = qat
@@ -58,9 +59,21 @@ class DeepseekV41:
     def from_checkpoint(cls, path: str | pathlib.Path, *, tier: str = "all", device="cpu", progress: bool = False,
                         **kwargs) -> "DeepseekV41":
         ckpt = Checkpoint(path)
-        weights = ckpt.load(select_for_tier(tier), progress=progress)
+        parallel = kwargs.get("parallel", SINGLE)
+        check_divisible(ckpt.config, parallel.world)
+        tier_select, rank_select = select_for_tier(tier), keeps_spec(ckpt.config, parallel)
+        weights = ckpt.load(lambda spec: rank_select(spec) and (tier_select is None or tier_select(spec)),
+                            progress=progress)
         tokenizer = pathlib.Path(path) / "tokenizer.json"
-        return cls(weights, tokenizer_json=tokenizer if tokenizer.exists() else None, device=device, **kwargs)
+        return cls(shard_attention(weights, parallel), tokenizer_json=tokenizer if tokenizer.exists() else None,
+                   device=device, **kwargs)
+
+    def use_kernels(self) -> None:
+        """Switch to the Triton fast path (packed weights on the device, model/fast_ops.py)."""
+        from .fast_ops import TritonOps
+
+        old = self.ops
+        self.ops = TritonOps(old.weights, act_quant=old.act_quant, device=self.device, parallel=old.parallel)
 
     # ------------------------------------------------------------ entry points
 

@@ -16,14 +16,16 @@ from .kernels.fp8_gemm import fp8_gemm
 from .kernels.hc_gates import hc_gates
 from .layers.mhc import hc_mixes
 from .ops import ReferenceOps
+from .parallel import SINGLE, Parallel
 from .weights import Fp4Weight, Fp8Weight, WeightStore
 
 
 class TritonOps(ReferenceOps):
     fast = True
 
-    def __init__(self, weights: WeightStore, act_quant: bool = False, device: str | torch.device = "cuda"):
-        super().__init__(weights, act_quant=act_quant, device=device)
+    def __init__(self, weights: WeightStore, act_quant: bool = False, device: str | torch.device = "cuda",
+                 parallel: Parallel = SINGLE):
+        super().__init__(weights, act_quant=act_quant, device=device, parallel=parallel)
         self._packed: dict[str, Fp8Weight] = {}
         self._experts: dict[str, tuple[torch.Tensor, ...]] = {}
 
@@ -40,21 +42,24 @@ class TritonOps(ReferenceOps):
                hc_eps: float, norm_eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         return hc_gates(hc_mixes(X, fn, norm_eps), base, scale, iters, hc_eps)
 
-    def routed_experts(self, prefix: str, num_experts: int, x: torch.Tensor, idx: torch.Tensor,
+    def routed_experts(self, prefix: str, local: range, x: torch.Tensor, idx: torch.Tensor,
                        weights: torch.Tensor, limit: float) -> torch.Tensor:
+        """Pairs routed to this rank's experts `local`; the others are left to their ranks."""
         stacked = self._experts.get(prefix)
         if stacked is None:
-            stacked = self._experts[prefix] = self._stack(prefix, num_experts)
+            stacked = self._experts[prefix] = self._stack(prefix, local)
         if self.act_quant:
             from .quant import fake_quant_fp8
 
             x = fake_quant_fp8(x)
-        return fp4_moe(x.contiguous(), idx, weights, *stacked, limit)
+        own = idx - local.start
+        own = torch.where((own >= 0) & (own < len(local)), own, len(local))  # len(local): not ours, dropped
+        return fp4_moe(x.contiguous(), own, weights, *stacked, limit)
 
-    def _stack(self, prefix: str, num_experts: int) -> tuple[torch.Tensor, ...]:
+    def _stack(self, prefix: str, local: range) -> tuple[torch.Tensor, ...]:
         """[E, 2I, H/2] gate+up codes and scales, [E, H, I/2] down: the experts' own bytes, stacked once."""
         w13, s13, w2, s2 = [], [], [], []
-        for e in range(num_experts):
+        for e in local:
             w1: Fp4Weight = self.weights[f"{prefix}.{e}.w1"]
             w3: Fp4Weight = self.weights[f"{prefix}.{e}.w3"]
             down: Fp4Weight = self.weights[f"{prefix}.{e}.w2"]
@@ -63,4 +68,3 @@ class TritonOps(ReferenceOps):
             w2.append(down.packed)
             s2.append(down.scale)
         return tuple(torch.stack(t).to(self.device) for t in (w13, s13, w2, s2))
-

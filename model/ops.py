@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from .layers.mhc import hc_mix
+from .parallel import SINGLE, Parallel
 from .quant import fake_quant_fp8
 from .weights import Fp4Weight, Fp8Weight, WeightStore
 
@@ -19,8 +20,9 @@ class ReferenceOps:
     fast = False  # TritonOps: layers take their kernel paths
 
     def __init__(self, weights: WeightStore, act_quant: bool = False, device: str | torch.device = "cpu",
-                 cache_dense: bool = True):
+                 cache_dense: bool = True, parallel: Parallel = SINGLE):
         self.weights = weights
+        self.parallel = parallel  # this rank's heads and experts (model/parallel.py)
         self.act_quant = act_quant
         self.device = torch.device(device)
         self.cache_dense = cache_dense  # False: dequantize at every use (weights too big to keep in fp32)

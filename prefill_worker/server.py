@@ -151,7 +151,7 @@ class PrefillWorker:
             free_slots=pool.free_slot_count, queued_prefill_tokens=self.engine.queued_tokens,
             running_requests=len(self.engine.requests), computed_prefill_tokens_total=self.computed_tokens_total,
             reused_prefill_tokens_total=self.reused_tokens_total, handoff_failures_total=self.handoff_failures,
-            directory_degraded=bool(getattr(rt.directory, "is_degraded", False)), draining=rt.draining)
+            directory_degraded=rt.directory_degraded(), draining=rt.draining)
 
     # ------------------------------------------------------------ serving
 

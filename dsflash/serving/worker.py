@@ -140,6 +140,10 @@ class WorkerRuntime:
         return WorkerInfo(worker_id=self.worker_id, role=WorkerRole(self.settings.role), address=self.address,
                           incarnation=self.incarnation, transports=tuple(self.settings.kv_transports), load=load)
 
+    def directory_degraded(self) -> bool:
+        """True while Redis is unreachable and the directory answers from local state."""
+        return bool(getattr(self.directory, "is_degraded", False))
+
     def load(self) -> WorkerLoad:  # replaced by the worker
         return WorkerLoad()
 

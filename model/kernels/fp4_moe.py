@@ -109,27 +109,30 @@ def _down_kernel(h_ptr, tok_ptr, blk_ptr, w_ptr, s_ptr, o_ptr, H, INTER,
 
 def align_pairs(idx: torch.Tensor, weights: torch.Tensor, num_experts: int, block_m: int):
     """Sort (token, slot) pairs by expert, pad each expert's run to a multiple of block_m.
+    Pairs with expert id == num_experts belong to another rank and are dropped.
     Returns (token per padded row or -1, routing weight per row, expert per block, pair id
     per row (token*k + slot) or -1)."""
     T, k = idx.shape
     flat = idx.reshape(-1)
     order = torch.argsort(flat, stable=True)
-    counts = torch.bincount(flat, minlength=num_experts)
+    counts = torch.bincount(flat, minlength=num_experts + 1)[:num_experts]
     padded = (counts + block_m - 1) // block_m * block_m
     starts = torch.cumsum(padded, 0) - padded
     firsts = torch.cumsum(counts, 0) - counts
     sorted_experts = flat[order]
-    rank = torch.arange(flat.numel(), device=idx.device) - firsts[sorted_experts]
-    dest = starts[sorted_experts] + rank
+    ours = sorted_experts < num_experts
+    expert = sorted_experts.clamp_max(num_experts - 1)
+    rank = torch.arange(flat.numel(), device=idx.device) - firsts[expert]
     total = int(padded.sum())  # one host sync: the grid size
-    tokens = torch.full((total,), -1, dtype=torch.int32, device=idx.device)
-    pair_ids = torch.full((total,), -1, dtype=torch.long, device=idx.device)
-    routed = torch.zeros(total, dtype=torch.float32, device=idx.device)
+    dest = torch.where(ours, starts[expert] + rank, total)  # row `total`: a spare, cut off below
+    tokens = torch.full((total + 1,), -1, dtype=torch.int32, device=idx.device)
+    pair_ids = torch.full((total + 1,), -1, dtype=torch.long, device=idx.device)
+    routed = torch.zeros(total + 1, dtype=torch.float32, device=idx.device)
     tokens[dest] = (order // k).to(torch.int32)
     pair_ids[dest] = order
     routed[dest] = weights.reshape(-1)[order].float()
     block_expert = torch.repeat_interleave(torch.arange(num_experts, device=idx.device), padded // block_m)
-    return tokens, routed, block_expert.to(torch.int32), pair_ids
+    return tokens[:total], routed[:total], block_expert.to(torch.int32), pair_ids[:total]
 
 
 def fp4_moe(x, idx, weights, w13, s13, w2, s2, limit: float) -> torch.Tensor:

@@ -28,7 +28,8 @@ from .norm import rms_norm
 
 def attention(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, xa: torch.Tensor, runs: list[SeqRun],
               rope: Rope, qat: bool, block_mode: bool = False) -> torch.Tensor:
-    p, eps, heads, hd = role.prefix, cfg.rms_norm_eps, cfg.num_heads, cfg.head_dim
+    p, eps, hd = role.prefix, cfg.rms_norm_eps, cfg.head_dim
+    heads = cfg.num_heads // ops.parallel.world  # this rank's heads (model/parallel.py)
     q_res = rms_norm(ops.linear(xa, f"{p}.attn.wq_a"), ops.w(f"{p}.attn.q_norm.weight"), eps)
     q_all = ops.linear(q_res, f"{p}.attn.wq_b").view(-1, heads, hd)
     kv_all = rms_norm(ops.linear(xa, f"{p}.attn.wkv"), ops.w(f"{p}.attn.kv_norm.weight"), eps)
@@ -128,11 +129,11 @@ def _block_window(run: SeqRun, role: LayerRole, kv: torch.Tensor):
 
 
 def _grouped_output(ops: ReferenceOps, cfg: ModelConfig, p: str, o: torch.Tensor) -> torch.Tensor:
-    """o [T, h, D] -> [T, H]: block-diagonal wo_a over o_groups, then wo_b."""
-    groups = cfg.o_groups
+    """o [T, h, D] -> [T, H]: block-diagonal wo_a over o_groups, then wo_b (summed over ranks)."""
+    groups = cfg.o_groups // ops.parallel.world
     flat = o.reshape(o.shape[0], -1)
     if ops.act_quant:
         flat = fake_quant_fp8(flat)
     wo_a = ops.w(f"{p}.attn.wo_a").view(groups, cfg.o_lora_rank, -1)  # [G, r, in_g]
     u = torch.einsum("tgi,gri->tgr", flat.view(o.shape[0], groups, -1), wo_a)
-    return ops.linear(u.reshape(o.shape[0], -1), f"{p}.attn.wo_b")
+    return ops.parallel.all_reduce(ops.linear(u.reshape(o.shape[0], -1), f"{p}.attn.wo_b"))

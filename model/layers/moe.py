@@ -38,18 +38,20 @@ def clamped_swiglu(gate: torch.Tensor, up: torch.Tensor, limit: float) -> torch.
 def moe(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, x: torch.Tensor) -> torch.Tensor:
     p, limit = role.prefix, cfg.swiglu_limit
     weights, idx = route(ops, cfg, role, x)
+    local = ops.parallel.split(role.n_routed_experts)  # every expert on one rank
     if ops.fast:
-        y = ops.routed_experts(f"{p}.ffn.experts", role.n_routed_experts, x, idx, weights, limit)
+        y = ops.routed_experts(f"{p}.ffn.experts", local, x, idx, weights, limit)
     else:
-        y = _routed_reference(ops, p, x, idx, weights, limit)
-    s = f"{p}.ffn.shared_experts"
-    shared = ops.linear(clamped_swiglu(ops.linear(x, f"{s}.w1"), ops.linear(x, f"{s}.w3"), limit), f"{s}.w2")
-    return y + shared
+        y = _routed_reference(ops, p, local, x, idx, weights, limit)
+    s, rows = f"{p}.ffn.shared_experts", ops.parallel.rows(x.shape[0])
+    xs = x[rows]
+    y[rows] += ops.linear(clamped_swiglu(ops.linear(xs, f"{s}.w1"), ops.linear(xs, f"{s}.w3"), limit), f"{s}.w2")
+    return ops.parallel.all_reduce(y)
 
 
-def _routed_reference(ops: ReferenceOps, p: str, x, idx, weights, limit: float) -> torch.Tensor:
+def _routed_reference(ops: ReferenceOps, p: str, local: range, x, idx, weights, limit: float) -> torch.Tensor:
     y = torch.zeros(x.shape[0], x.shape[1], dtype=torch.float32, device=x.device)
-    for expert in torch.unique(idx).tolist():
+    for expert in [e for e in torch.unique(idx).tolist() if e in local]:
         rows, slot = torch.where(idx == expert)
         xe = x[rows]
         e = f"{p}.ffn.experts.{expert}"

@@ -205,6 +205,7 @@ def test_redis_outage_degrades_to_local_ownership_and_recovers(tiny_checkpoint, 
         prompt, conv = _prompt(20, 10), "conv-redis-outage"
         out, _ = generate(c.decodes[0].address, prompt, conversation=conv)
         redis_server.stop()
+        time.sleep(1.2)  # past the decode worker's 1 s refresh of its prefill-worker list
         # everything keeps working: the decode worker knows its own conversations locally
         prompt = prompt + out + _prompt(5, 11)
         out, finished = generate(c.decodes[0].address, prompt, conversation=conv, timeout_s=60)
