@@ -48,7 +48,7 @@ def time_left() -> float:
 
 
 def sync() -> None:
-    if DEV == "cuda":
+    if DEV.startswith("cuda"):
         torch.cuda.synchronize()
 
 
@@ -156,17 +156,23 @@ def kernels() -> None:
 # ------------------------------------------------------------------ the model
 
 
-def build_model(fast: bool, preset: str):
+def build_model(fast: bool, preset: str, parallel=None):
     from dsflash.model.checkpoint_writer import preset_config, random_weight_store
+    from dsflash.model.config import ModelConfig
     from dsflash.model.deepseek_v41 import DeepseekV41
     from dsflash.model.fast_ops import TritonOps
     from dsflash.model.ops import ReferenceOps
+    from dsflash.model.parallel import SINGLE, keeps_spec, shard_attention
 
+    parallel = parallel or SINGLE
     began = time.monotonic()
-    store = random_weight_store(preset_config(preset), seed=0, device=DEV)
+    config = preset_config(preset)
+    select = keeps_spec(ModelConfig.from_dict(config), parallel)
+    store = shard_attention(random_weight_store(config, seed=0, device=DEV, select=select), parallel)
     tokenizer = pathlib.Path(os.environ.get("DSFLASH_TOKENIZER", ".bench/golden/v41-tiny-a/tokenizer.json"))
-    model = DeepseekV41(store, tokenizer_json=tokenizer, device=DEV)
-    model.ops = TritonOps(store, device=DEV) if fast else ReferenceOps(store, device=DEV, cache_dense=False)
+    model = DeepseekV41(store, tokenizer_json=tokenizer, device=DEV, parallel=parallel)
+    model.ops = (TritonOps(store, device=DEV, parallel=parallel) if fast
+                 else ReferenceOps(store, device=DEV, cache_dense=False, parallel=parallel))
     record("setup", "weights", {"seconds": time.monotonic() - began, "GiB": store.nbytes / 2**30})
     return model, store
 
@@ -198,7 +204,8 @@ def fill_synthetic(cache, tokens: int, g: torch.Generator) -> None:
 
 def step_bytes(store, config, batch: int, context: int) -> float:
     """Bytes one decode step must read: every weight of the step (experts only those routed to,
-    in expectation), plus the KV the 6-token verify block and the 5-row draft read."""
+    in expectation), plus the KV the 6-token verify block and the 5-row draft read. With a
+    sharded store (--tp) these are one rank's bytes: its heads and experts, all of the KV."""
     from dsflash.model.weights import Fp4Weight
 
     rows = 6 * batch
@@ -287,7 +294,7 @@ def decode(model, store, batches, contexts, label: str) -> None:
             for r in list(engine.running):
                 engine.abort(r.request_id)
             del engine, pool
-            if DEV == "cuda":
+            if DEV.startswith("cuda"):
                 torch.cuda.empty_cache()
 
 
@@ -295,14 +302,14 @@ def profile_steps(engine, name: str) -> None:
     """Where a decode step's time goes: the top operators by host and by device time."""
     from torch.profiler import ProfilerActivity, profile
 
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if DEV == "cuda" else [])
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if DEV.startswith("cuda") else [])
     with torch.inference_mode(), profile(activities=activities) as prof:
         for _ in range(2):
             engine.step()
         sync()
     table = prof.key_averages()
     text = [table.table(sort_by="self_cpu_time_total", row_limit=30)]
-    if DEV == "cuda":
+    if DEV.startswith("cuda"):
         text.append(table.table(sort_by="self_cuda_time_total", row_limit=20))
     (out_dir() / f"profile_{name}.txt").write_text("\n".join(text))
     print("\n".join(t[:6000] for t in text), flush=True)
@@ -342,7 +349,7 @@ def prefill(model, lengths) -> None:
                                     "TFLOP": flops / 1e12})
         done[0].cache.release()
         del engine, pool
-        if DEV == "cuda":
+        if DEV.startswith("cuda"):
             torch.cuda.empty_cache()
 
 
@@ -364,6 +371,26 @@ def prefill_flops(model, n: int) -> float:
     return flops
 
 
+def tensor_parallel_rank(rank: int, world: int, rendezvous: str, contexts, batches, preset: str) -> None:
+    """One rank of a `--tp` run: every rank steps the same engine on the same inputs (SPMD);
+    rank 0 reports. No time-budget checks here: ranks must take the same branches."""
+    from dsflash.model.parallel import init_parallel
+
+    global DEV
+    DEV = f"cuda:{rank}" if torch.cuda.is_available() else "cpu"  # cpu: a gloo smoke test of this path
+    if DEV != "cpu":
+        torch.cuda.set_device(rank)
+    parallel = init_parallel(rank, world, rendezvous, DEV)
+    if rank:
+        RESULTS.clear()
+        globals()["record"] = lambda *a, **k: None
+    DEADLINE[0] = float("inf")
+    model, store = build_model(fast=True, preset=preset, parallel=parallel)
+    for context in contexts:
+        decode(model, store, batches, [context], f"decode_tp{world}")
+    torch.distributed.destroy_process_group()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sections", default="kernels,decode,reference,prefill")
@@ -374,6 +401,7 @@ def main() -> None:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--preset", default="bench")
     parser.add_argument("--profile", action="store_true", help="profile two decode steps of the first batch size")
+    parser.add_argument("--tp", type=int, default=1, help="ranks for tensor/expert parallel decode (GPUs)")
     args = parser.parse_args()
     DEV = globals()["DEV"] = args.device
     DEADLINE[0] = time.monotonic() + args.budget_s
@@ -381,11 +409,20 @@ def main() -> None:
     sections = args.sections.split(",")
     batches = [int(x) for x in args.batches.split(",")]
     contexts = [int(x) for x in args.contexts.split(",")]
-    record("setup", "device", {"name": torch.cuda.get_device_name() if DEV == "cuda" else "cpu",
+    record("setup", "device", {"name": torch.cuda.get_device_name() if DEV.startswith("cuda") else "cpu",
                                "torch": torch.__version__})
-    if DEV == "cuda":
+    if args.tp > 1:
+        import tempfile
+
+        import torch.multiprocessing as mp
+
+        rendezvous = f"file://{tempfile.mkdtemp()}/rendezvous"
+        mp.start_processes(tensor_parallel_rank, args=(args.tp, rendezvous, contexts, batches, args.preset),
+                           nprocs=args.tp, join=True, start_method="spawn")
+        return
+    if DEV.startswith("cuda"):
         ceilings()
-    if "kernels" in sections and DEV == "cuda":
+    if "kernels" in sections and DEV.startswith("cuda"):
         kernels()
     if {"decode", "prefill", "reference"} & set(sections):
         model, store = build_model(fast=True, preset=args.preset)

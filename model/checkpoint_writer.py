@@ -191,14 +191,15 @@ def write_checkpoint(out: str | pathlib.Path, preset: str = "tiny", seed: int = 
     return out
 
 
-def random_weight_store(config_dict: dict, seed: int = 0, device: str | torch.device = "cpu"):
+def random_weight_store(config_dict: dict, seed: int = 0, device: str | torch.device = "cpu", select=None):
     """The weights write_checkpoint would store, built directly in memory on `device` (benchmarks
     on a GPU skip the disk: same names, shapes and packed formats; values from the device's
-    generator)."""
+    generator, seeded by name, so every rank builds the same replicated tensors). `select`
+    keeps a subset of the specs, as Checkpoint.load does."""
     from .weights import WeightStore, _assemble
 
     config = ModelConfig.from_dict(config_dict)
-    specs = model_tensors(config)
+    specs = [s for s in model_tensors(config) if select is None or select(s)]
     raw: dict[str, torch.Tensor] = {}
     for spec in specs:
         raw.update(encode_tensor(spec, random_value(spec, seed, device), config.quant.weight_block))

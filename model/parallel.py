@@ -109,10 +109,10 @@ def _fp8_slice(w: Fp8Weight, rows: slice = slice(None), cols: slice = slice(None
     return Fp8Weight(w.weight[rows, cols].contiguous(), w.scale[scale_rows, scale_cols].contiguous(), w.block)
 
 
-def init_parallel(rank: int, world: int, init_method: str, backend: str | None = None) -> Parallel:
-    """Join the worker's process group (NCCL between GPUs, gloo on CPU)."""
+def init_parallel(rank: int, world: int, init_method: str, device: str | torch.device = "cpu") -> Parallel:
+    """Join the worker's process group: NCCL when the ranks compute on GPUs, gloo on CPU."""
     if world == 1:
         return SINGLE
-    backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+    backend = "nccl" if torch.device(device).type == "cuda" else "gloo"
     dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world)
     return Parallel(rank, world)

@@ -61,6 +61,8 @@ def fp8_gemm(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, act_qua
     N = codes.shape[0]
     assert codes.shape == (N, K) and codes.dtype == torch.uint8, (codes.shape, codes.dtype)
     assert scales.shape == (-(-N // 32), -(-K // 32)) and scales.dtype == torch.uint8
+    if M == 0:  # e.g. a rank's share of the rows of a one-token step
+        return torch.zeros(0, N, dtype=torch.float32, device=x.device)
     block_m = 16 if M <= 16 else 64
     block_n, block_k = 64, (32 if interpreting() else 128)
     tiles = triton.cdiv(M, block_m) * triton.cdiv(N, block_n)

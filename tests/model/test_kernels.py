@@ -40,6 +40,11 @@ def test_fp8_gemm(m, n, k, act_quant):
         assert (got - ref).abs().max() < REL * ref.abs().max() + 1e-5
 
 
+def test_fp8_gemm_of_no_rows_is_empty():
+    codes, scales = quantize_fp8_weight(torch.randn(64, 64, generator=_g()))
+    assert fp8_gemm(torch.zeros(0, 64, device=DEVICE), codes.to(DEVICE), scales.to(DEVICE)).shape == (0, 64)
+
+
 def test_fp8_gemm_decodes_every_code_exactly():
     codes = torch.arange(256, dtype=torch.uint8).view(8, 32).repeat_interleave(4, 0)
     codes[(codes == 0x7F) | (codes == 0xFF)] = 0  # the two NaN codes
