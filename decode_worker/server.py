@@ -198,7 +198,9 @@ class DecodeWorker:
         info.update(reused=reply.reused_tokens, computed=reply.computed_tokens, worker=address,
                     source=source.kind if reply.reused_tokens else "none", transport=reply.transport,
                     transfer_ms=reply.transfer_ms, transfer_bytes=reply.transfer_bytes)
-        return cache, PrefillOutput(logits=logits, taps=taps, taps_start=reply.taps_start), info
+        device = rt.model.device
+        taps = None if taps is None else taps.to(device)
+        return cache, PrefillOutput(logits=logits.to(device), taps=taps, taps_start=reply.taps_start), info
 
     async def _reserve(self, num_tokens: int):
         """Pages for an incoming cache; evicts kept conversations, then waits for running ones."""

@@ -38,6 +38,11 @@ class ReferenceOps:
                 self._dense[name] = t
         return t
 
+    def reads_cache_in_place(self, cache) -> bool:
+        """The kernel paths read a paged cache's bytes where they lie, so its pool must sit on
+        this device (a worker with a host-memory pool keeps the gathering reference path)."""
+        return self.fast and hasattr(cache, "entry_offsets") and same_device(cache.pool.device, self.device)
+
     def has(self, name: str) -> bool:
         return name in self.weights
 
@@ -54,3 +59,14 @@ class ReferenceOps:
                hc_eps: float, norm_eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """An mHC site's gates (layers/mhc.py); the fast path fuses the Sinkhorn loop."""
         return hc_mix(X, fn, base, scale, iters, hc_eps, norm_eps)
+
+
+def same_device(a: str | torch.device, b: str | torch.device) -> bool:
+    """'cuda' and 'cuda:0' are the same GPU when 0 is the current one."""
+    a, b = torch.device(a), torch.device(b)
+    if a.type != b.type:
+        return False
+    if a.type != "cuda":
+        return True
+    current = torch.cuda.current_device()
+    return (current if a.index is None else a.index) == (current if b.index is None else b.index)

@@ -61,10 +61,10 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
             done.cache.release()
         w.count(done, pushed)
         out = done.output
-        taps = out.taps.to(torch.bfloat16).contiguous() if out.taps is not None else None
+        taps = out.taps.to('cpu', torch.bfloat16).contiguous() if out.taps is not None else None
         return worker_pb2.PrefillReply(
             descriptor=handoff.descriptor_to_proto(done.cache.descriptor()),
-            last_logits=out.logits.float().contiguous().numpy().tobytes(),
+            last_logits=out.logits.to('cpu', torch.float32).contiguous().numpy().tobytes(),
             taps=taps.view(torch.int16).numpy().tobytes() if taps is not None else b"",
             taps_start=out.taps_start, taps_rows=taps.shape[0] if taps is not None else 0,
             taps_width=taps.shape[1] if taps is not None else 0,

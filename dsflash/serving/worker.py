@@ -104,7 +104,11 @@ class WorkerRuntime:
         in transfer-engine memory (blocking)."""
         s = self.settings
         began = time.monotonic()
-        self.model = model or DeepseekV41.from_checkpoint(s.checkpoint, tier=tier, device=s.device, progress=True)
+        if model is None:
+            model = DeepseekV41.from_checkpoint(s.checkpoint, tier=tier, device=s.device, progress=True)
+            if model.device.type == "cuda":
+                model.use_kernels()
+        self.model = model
         self.layout = CacheLayout.for_model(self.model.config, page_entries=s.page_entries)
         config = TransportConfig(compatibility_hash=make_compatibility_hash(
             self.layout.model_fingerprint, "fp8-window/fp4-global", self.layout.fingerprint()))

@@ -50,13 +50,13 @@ def attention(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, xa: torch.Te
             if role.is_index_source:
                 index(ops, cfg, role, xa[rows], q_res[rows], run, rope, qat)
             topk = run.shared.get("topk")
-            if topk is not None and topk.shape[1] > 0 and not ops.fast:
+            if topk is not None and topk.shape[1] > 0 and not ops.reads_cache_in_place(run.cache):
                 valid = topk >= 0
-                selected = run.cache.entries_gather(role.kv_source, topk.clamp_min(0))
+                selected = run.cache.entries_gather(role.kv_source, topk.clamp_min(0)).to(xa.device)
         if block_mode:
             window_kv, mask = _block_window(run, role, kv)
             o = sparse_attention_ref(q, window_kv, mask, selected, valid, sink, hd**-0.5)
-        elif ops.fast and packed is not None and hasattr(run.cache, "ring_offsets"):
+        elif packed is not None and ops.reads_cache_in_place(run.cache):
             o = _causal_attention_kernel(cfg, run, role, q, kv, packed, sink)
         else:
             o = _causal_attention(cfg, run, role, q, kv, packed, selected, valid, sink)
@@ -70,7 +70,7 @@ def _causal_attention(cfg: ModelConfig, run: SeqRun, role: LayerRole, q, kv, pac
     costs O(n * (B + W)), not O(n^2). Writes this run's latents into the ring."""
     cache, layer, window = run.cache, role.index, cfg.sliding_window
     cached_pos = cache.window_positions(layer, run.start - window + 1, run.start)
-    keys = torch.cat([cache.ring_read(layer, cached_pos).float(), kv])
+    keys = torch.cat([cache.ring_read(layer, cached_pos).to(kv.device, torch.float32), kv])
     key_pos = torch.cat([cached_pos, run.positions])
     cache.ring_store(layer, run.positions, kv, packed)
     q_pos, offset = run.positions, cached_pos.shape[0]
@@ -123,7 +123,7 @@ def _block_window(run: SeqRun, role: LayerRole, kv: torch.Tensor):
     cache, layer = run.cache, role.index
     window = cache.config.sliding_window
     cached_pos = cache.window_positions(layer, run.start - window, run.start)
-    keys = torch.cat([cache.ring_read(layer, cached_pos).float(), kv])
+    keys = torch.cat([cache.ring_read(layer, cached_pos).to(kv.device, torch.float32), kv])
     mask = torch.ones(run.n, keys.shape[0], dtype=torch.bool, device=keys.device)
     return keys, mask
 

@@ -38,7 +38,7 @@ def compress(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, xa: torch.Ten
         group_start = count * ratio
         tail = cache.tail(src)
         if tail is not None and tail[0].shape[0]:
-            kv, gate = torch.cat([tail[0], kv]), torch.cat([tail[1], gate])
+            kv, gate = torch.cat([tail[0].to(kv.device), kv]), torch.cat([tail[1].to(kv.device), gate])
         if group_start + kv.shape[0] != run.start + run.n:
             raise RuntimeError(f"layer {src}: open group does not end at position {run.start}")
         done = ((run.start + run.n) // ratio) * ratio - group_start  # tokens in complete groups

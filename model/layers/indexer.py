@@ -104,10 +104,10 @@ def index(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, xa: torch.Tensor
     visible = ((positions + 1) // role.ratio).to(q.device)
     candidates_in = shared.get("candidates") if role.uses_candidates else None
     k = min(cfg.index_topk, total)
-    if ops.fast and hasattr(run.cache, "entry_offsets"):
+    if ops.reads_cache_in_place(run.cache):
         score = _kernel_scores(run, role, q, weights * dim**-0.5, visible, total)
     else:
-        score = _reference_scores(q, run.cache.index_keys(role.kv_source), weights * dim**-0.5, visible)
+        score = _reference_scores(q, run.cache.index_keys(role.kv_source).to(q.device), weights * dim**-0.5, visible)
     chunk = max(1, _SCORE_BUDGET // total)
     picks, pools = [], []
     for lo in range(0, run.n, chunk):

@@ -1,0 +1,33 @@
+"""Prefill and decode workers on a GPU (`--gpus 0`, Triton kernels for the GEMMs and experts,
+KV pool in host memory handed over TCP) produce the tokens the same model produces in-process."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dsflash.model.deepseek_v41 import DeepseekV41
+from dsflash.model.runner import greedy
+
+from .cluster import Worker, generate
+
+pytestmark = [pytest.mark.gpu, pytest.mark.slow]
+
+
+def test_gpu_workers_match_the_in_process_model(tiny_checkpoint, tmp_path):
+    prefill = Worker("prefill", tiny_checkpoint, tmp_path, extra=["--gpus", "0", "--kv-transports", "tcp"])
+    decode = Worker("decode", tiny_checkpoint, tmp_path,
+                    extra=["--gpus", "0", "--kv-transports", "tcp", "--prefill", prefill.address])
+    try:
+        prefill.wait_ready(120)
+        decode.wait_ready(120)
+        prompt = [(7 * i + 3) % 1000 + 5 for i in range(40)]
+        out, finished = generate(decode.address, prompt, max_tokens=8, ignore_eos=True, temperature=0, timeout_s=120)
+        assert finished.stats.prefill_worker == prefill.address and finished.stats.transport == "tcp"
+        model = DeepseekV41.from_checkpoint(tiny_checkpoint, device="cuda")
+        model.use_kernels()
+        with torch.inference_mode():
+            assert out == greedy(model, torch.tensor(prompt), 8)
+    finally:
+        prefill.stop()
+        decode.stop()
