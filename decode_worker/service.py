@@ -9,6 +9,7 @@ import grpc
 
 from ..kvcache import handoff
 from ..kvcache.transport import ChecksumMismatch, TransferError
+from ..serving.worker import admit_tokens
 from ..v1 import worker_pb2, worker_pb2_grpc
 from .engine import DecodeError
 from .sampling import SamplingError, SamplingParams
@@ -38,12 +39,7 @@ class DecodeServicer(worker_pb2_grpc.DecodeServicer):
 
     async def Generate(self, request: worker_pb2.GenerateRequest, context: grpc.aio.ServicerContext):
         w = self.worker
-        if w.runtime.draining:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, "decode worker is draining")
-        tokens = list(request.token_ids)
-        vocab = w.runtime.model.config.vocab_size
-        if not tokens or any(t >= vocab for t in tokens):
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"token_ids must be a non-empty list in [0, {vocab})")
+        tokens = await admit_tokens(w.runtime, request.token_ids, context)
         try:
             params = sampling_from_proto(request.sampling)
         except SamplingError as exc:

@@ -18,6 +18,7 @@ import torch
 from ..kvcache import handoff
 from ..kvcache.pool import PoolExhausted
 from ..kvcache.transport import ChecksumMismatch, TransferError
+from ..serving.worker import admit_tokens
 from ..v1 import worker_pb2, worker_pb2_grpc
 from .engine import PrefillError, PrefillRequest, PrefillStatus
 
@@ -30,12 +31,7 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
 
     async def Prefill(self, request: worker_pb2.PrefillRequest, context: grpc.aio.ServicerContext):
         w = self.worker
-        if w.runtime.draining:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, "prefill worker is draining")
-        tokens = list(request.token_ids)
-        vocab = w.runtime.model.config.vocab_size
-        if not tokens or any(t >= vocab for t in tokens):
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"token ids must be a non-empty list in [0, {vocab})")
+        tokens = await admit_tokens(w.runtime, request.token_ids, context)
         if not request.HasField("destination") or not request.destination.ranges:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "no destination for the cache")
         began = time.perf_counter()

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import pathlib
+import random
 import socket
 import time
 from dataclasses import dataclass, field
@@ -204,14 +206,43 @@ class WorkerRuntime:
         await self.directory.close()
 
 
+async def admit_tokens(runtime: WorkerRuntime, token_ids, context: grpc.aio.ServicerContext) -> list[int]:
+    """The common gate of a worker RPC: not while draining, and only ids the model knows."""
+    if runtime.draining:
+        await context.abort(grpc.StatusCode.UNAVAILABLE, f"{runtime.role} worker is draining")
+    tokens = list(token_ids)
+    vocab = runtime.model.config.vocab_size
+    if not tokens or any(t >= vocab for t in tokens):
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"token_ids must be a non-empty list in [0, {vocab})")
+    return tokens
+
+
 def _bind_host(host: str) -> str:
     return "0.0.0.0" if host in ("", "::") else host
 
 
 def free_port() -> int:
-    with socket.socket() as s:
+    """A port to listen on, chosen below the kernel's ephemeral range: a port the kernel hands
+    out (an outgoing connection, another server's port 0) can then never take it between our
+    choosing it and the server binding it."""
+    low = _ephemeral_low()
+    for port in random.sample(range(max(1024, low - 10000), low), 64):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as s:  # crowded: fall back to any free port
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(pathlib.Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
 
 
 async def serve_until_signal(server: grpc.aio.Server, drain) -> None:

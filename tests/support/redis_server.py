@@ -16,13 +16,9 @@ import time
 
 import pytest
 
+from dsflash.serving.worker import free_port
+
 REDIS_SERVER = shutil.which("redis-server")
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _answers_ping(port: int) -> bool:
@@ -36,7 +32,7 @@ def _answers_ping(port: int) -> bool:
 
 class RedisServer:
     def __init__(self, log_dir):
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"redis://127.0.0.1:{self.port}/0"
         self._log_path = log_dir / f"redis-{self.port}.log"
         self._process: subprocess.Popen | None = None
