@@ -27,6 +27,7 @@ FP8_FLOPS = 1276e12
 RESULTS: dict = {}
 DEADLINE = [0.0]
 PROFILE = [False]
+REPORTING = [True]
 DEV = "cuda"  # --device cpu with --preset tiny: a smoke test of this script (Triton interpreter)
 
 
@@ -37,6 +38,8 @@ def out_dir() -> pathlib.Path:
 
 
 def record(section: str, key: str, value: dict) -> None:
+    if not REPORTING[0]:
+        return  # a --tp rank other than 0
     RESULTS.setdefault(section, {})[key] = value
     (out_dir() / "h200.json").write_text(json.dumps(RESULTS, indent=1))
     print(f"[{section}] {key}: " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
@@ -382,8 +385,7 @@ def tensor_parallel_rank(rank: int, world: int, rendezvous: str, contexts, batch
         torch.cuda.set_device(rank)
     parallel = init_parallel(rank, world, rendezvous, DEV)
     if rank:
-        RESULTS.clear()
-        globals()["record"] = lambda *a, **k: None
+        REPORTING[0] = False
     DEADLINE[0] = float("inf")
     model, store = build_model(fast=True, preset=preset, parallel=parallel)
     for context in contexts:
@@ -392,6 +394,7 @@ def tensor_parallel_rank(rank: int, world: int, rendezvous: str, contexts, batch
 
 
 def main() -> None:
+    global DEV
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sections", default="kernels,decode,reference,prefill")
     parser.add_argument("--budget-s", type=float, default=540.0)
@@ -403,7 +406,7 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true", help="profile two decode steps of the first batch size")
     parser.add_argument("--tp", type=int, default=1, help="ranks for tensor/expert parallel decode (GPUs)")
     args = parser.parse_args()
-    DEV = globals()["DEV"] = args.device
+    DEV = args.device
     DEADLINE[0] = time.monotonic() + args.budget_s
     PROFILE[0] = args.profile
     sections = args.sections.split(",")

@@ -89,7 +89,9 @@ class RequestSampler:
         p = self.params
         x = logits.float().clone()
         if p.repetition_penalty != 1.0 or p.presence_penalty or p.frequency_penalty:
-            counts, seen = self.counts.to(x.device), self.seen.to(x.device)
+            if self.counts.device != x.device:  # once: the penalty state follows the logits' device
+                self.counts, self.seen = self.counts.to(x.device), self.seen.to(x.device)
+            counts, seen = self.counts, self.seen
             if extra:
                 counts, seen = counts.clone(), seen.clone()
                 for t in extra:

@@ -54,8 +54,7 @@ def _online(q, keys, valid, m_i, l_i, acc, scale):
 @triton.jit
 def _sparse_attention_kernel(q_ptr, ring_ptr, win_off, win_soff, page_ptr, ent_off, ent_soff, sink_ptr, o_ptr,
                              H, W, K, scale, sqn, sqh, swn, sen, son, soh,
-                             D: tl.constexpr, HB: tl.constexpr, KT: tl.constexpr, HW_FP8: tl.constexpr,
-                             JOIN: tl.constexpr = False):
+                             D: tl.constexpr, HB: tl.constexpr, KT: tl.constexpr, HW_FP8: tl.constexpr):
     i = tl.program_id(0)
     h0 = tl.program_id(1) * HB
     heads = h0 + tl.arange(0, HB)
@@ -76,21 +75,16 @@ def _sparse_attention_kernel(q_ptr, ring_ptr, win_off, win_soff, page_ptr, ent_o
         keys = e4m3_to_float(codes, HW_FP8) * tl.exp2(sbytes.to(tl.float32) - 127.0)
         m_i, l_i, acc = _online(q, keys, valid, m_i, l_i, acc, scale)
     # selected compressed entries: packed e2m1 (low nibble first), one e4m3 scale per 16 values
-    # Each value's nibble is picked from its byte by a shift: a join + reshape here, feeding both
-    # dots of the online softmax, compiled to wrong values on H200 (Triton 3.6).
+    # Each value's nibble is picked from its byte by a shift: a join + reshape (as fp4_moe does),
+    # feeding both dots of the online softmax, compiled to wrong values on H200 (Triton 3.6).
     shift = (d % 2) * 4
     for t0 in range(0, K, KT):
         j = t0 + kt
         off = tl.load(ent_off + i * sen + j, mask=j < K, other=-1)
         soff = tl.load(ent_soff + i * sen + j, mask=j < K, other=0)
         valid = off >= 0
-        if JOIN:
-            half = tl.arange(0, D // 2)
-            packed = tl.load(page_ptr + off[:, None] + half[None, :], mask=valid[:, None], other=0).to(tl.int32)
-            values = tl.reshape(tl.join(e2m1_to_float(packed & 0xF), e2m1_to_float((packed >> 4) & 0xF)), (KT, D))
-        else:
-            packed = tl.load(page_ptr + off[:, None] + (d // 2)[None, :], mask=valid[:, None], other=0).to(tl.int32)
-            values = e2m1_to_float((packed >> shift[None, :]) & 0xF)
+        packed = tl.load(page_ptr + off[:, None] + (d // 2)[None, :], mask=valid[:, None], other=0).to(tl.int32)
+        values = e2m1_to_float((packed >> shift[None, :]) & 0xF)
         sbytes = tl.load(page_ptr + soff[:, None] + (d // 16)[None, :], mask=valid[:, None], other=0)
         keys = values * e4m3_to_float(sbytes, HW_FP8)
         m_i, l_i, acc = _online(q, keys, valid, m_i, l_i, acc, scale)
