@@ -122,28 +122,31 @@ class DecodeWorker:
         first_token_s = None
         timer = RequestTimer(self.runtime.metrics, "decode", len(tokens))
         timer.began = began
+        ended = False
         try:
             try:
                 await self.loop.call(lambda: self.engine.add(decode))
             except DecodeError:
+                ended = True
                 if cache is not None:
                     cache.release()
                 raise
-            while True:
+            while not ended:
                 event: TokenEvent = await queue.get()
+                ended = event.finish_reason is not None
                 if event.finish_reason is FinishReason.ERROR:
                     raise RuntimeError(event.error or "decode failed")
                 if event.tokens:
                     first_token_s = first_token_s or time.monotonic()
                     timer.tokens(len(event.tokens))
                     yield chunk_to_proto(event)
-                if event.finish_reason is not None:
-                    break
-        except asyncio.CancelledError:
-            self.loop.post(lambda: self.engine.abort(request_id))
-            raise
         finally:
             self.streams.pop(request_id, None)
+            # The client went away: a cancel lands as CancelledError while we wait, but as
+            # GeneratorExit when it lands while gRPC is sending our last chunk. Either way the
+            # engine must stop decoding for nobody.
+            if not ended:
+                self.loop.post(lambda: self.engine.abort(request_id))
         stats = decode.stats
         timer.finish(decode.finish_reason.value, info["reused"])
         ttft_ms = ((first_token_s or time.monotonic()) - began) * 1000.0

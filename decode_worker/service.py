@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 
 import grpc
@@ -45,8 +46,10 @@ class DecodeServicer(worker_pb2_grpc.DecodeServicer):
         except SamplingError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         try:
-            async for message in w.generate(request, tokens, params):
-                yield message
+            # aclosing: a cancelled call closes the inner generator now, not when it is collected
+            async with contextlib.aclosing(w.generate(request, tokens, params)) as messages:
+                async for message in messages:
+                    yield message
         except DecodeError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         except asyncio.TimeoutError:

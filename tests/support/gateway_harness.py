@@ -73,19 +73,28 @@ class ServeProcess:
         with open(log_path, "ab") as log:
             self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
                                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        try:
+            self.decode_address = self._wait_ready(log_path)
+        except BaseException:
+            self.close()  # a failed setup must not leave a server behind
+            raise
+
+    def _wait_ready(self, log_path) -> str:
+        """The decode address from the serve_ready line. /readyz answers 200 a moment before
+        that line is written, so both are waited for."""
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise RuntimeError("dsflash serve exited:\n" + log_path.read_text()[-3000:])
             try:
-                if httpx.get(f"{self.url}/readyz", timeout=1).status_code == 200:
-                    break
+                ready = httpx.get(f"{self.url}/readyz", timeout=1).status_code == 200
             except httpx.HTTPError:
-                pass
+                ready = False
+            found = re.search(r"serve_ready .*decode=(\S+)", log_path.read_text()) if ready else None
+            if found:
+                return found.group(1)
             time.sleep(0.2)
-        else:
-            raise TimeoutError("dsflash serve not ready:\n" + log_path.read_text()[-3000:])
-        self.decode_address = re.search(r"decode=(\S+)", log_path.read_text()).group(1)
+        raise TimeoutError("dsflash serve not ready:\n" + log_path.read_text()[-3000:])
 
     def decode_status(self) -> worker_pb2.WorkerStatus:
         with grpc.insecure_channel(self.decode_address) as channel:

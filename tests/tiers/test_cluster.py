@@ -35,10 +35,14 @@ class Cluster:
         self.redis_url = redis_url
         self.prefill = Worker("prefill", checkpoint, log_dir, redis_url, list(prefill_extra))
         self.decodes = [Worker("decode", checkpoint, log_dir, redis_url, list(decode_extra)) for _ in range(2)]
-        for w in [self.prefill] + self.decodes:
-            w.wait_ready()
-        # the decode workers find the prefill worker through Redis registrations
-        wait_for(lambda: self.decodes[0].status().worker_id and self.prefill.status().worker_id)
+        try:
+            for w in [self.prefill] + self.decodes:
+                w.wait_ready()
+            # the decode workers find the prefill worker through Redis registrations
+            wait_for(lambda: self.decodes[0].status().worker_id and self.prefill.status().worker_id)
+        except BaseException:
+            self.stop()  # a failed setup must not leave workers behind
+            raise
 
     def stop(self):
         for w in [self.prefill] + self.decodes:
