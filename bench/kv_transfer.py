@@ -16,6 +16,8 @@ side's verification. Baselines, measured in the same run and interleaved with th
 Two more lines show what verification alone costs on this machine, with no engine around it:
 memcpy + memcmp block by block (what shm does per block), and raw TCP with blocksum64 at
 both ends (what tcp adds per slice).
+The transports move a large batch as --streams parallel stripes (TransportConfig.streams):
+for tcp a third baseline, raw TCP over as many connections, shows what that alone buys.
 "x baseline" is best transfer / best baseline; the target is >= 0.8. After the rounds the
 decode side digests a few blocks to confirm the bytes really arrived.
 """
@@ -30,6 +32,7 @@ import os
 import platform
 import socket
 import statistics
+import threading
 import time
 
 import numpy as np
@@ -45,11 +48,12 @@ GIB = 1 << 30
 # (3.1 / 4.9 / 5.2 / 3.7 GiB/s), kernel-default socket buffers.
 RAW_CHUNK = 4 << 20
 DECODE_ENGINES = ("tcp", "shm")  # order of the child's engines
+RAW_STREAMS = "raw TCP, as many streams as stripes"
 
 
-def _config() -> TransportConfig:
+def _config(streams: int = 2) -> TransportConfig:
     return TransportConfig(compatibility_hash=make_compatibility_hash("bench", "fp8", "v1"),
-                           stall_timeout_s=30.0)
+                           stall_timeout_s=30.0, streams=streams)
 
 
 def _block_plan(num_blocks: int, block_bytes: int, seed: int) -> list[TransferRequest]:
@@ -62,18 +66,32 @@ def _block_plan(num_blocks: int, block_bytes: int, seed: int) -> list[TransferRe
 # ---------------------------------------------------------------- decode side (child process)
 
 
-def _raw_receiver(listener: socket.socket, buffer: np.ndarray, summed: bool) -> None:
-    conn, _ = listener.accept()
+def _stream_bounds(nbytes: int, streams: int) -> list[tuple[int, int]]:
+    return [(nbytes * k // streams, nbytes * (k + 1) // streams) for k in range(streams)]
+
+
+def _raw_receive(conn: socket.socket, buffer: np.ndarray, start: int, end: int, summed: bool) -> None:
     with conn:
-        view, got = memoryview(buffer), 0
-        while got < len(buffer):
-            n = conn.recv_into(view[got:], min(RAW_CHUNK, len(buffer) - got))
+        view, got = memoryview(buffer), start
+        while got < end:
+            n = conn.recv_into(view[got:end], min(RAW_CHUNK, end - got))
             if n == 0:
                 raise ConnectionError("sender went away")
             if summed:
                 checksum(buffer[got:got + n])  # as it lands, like the transport
             got += n
         conn.sendall(b"k")
+
+
+def _raw_receiver(listener: socket.socket, buffer: np.ndarray, summed: bool, streams: int) -> None:
+    """One thread per connection, each filling its share of the buffer."""
+    conns = [listener.accept()[0] for _ in range(streams)]
+    threads = [threading.Thread(target=_raw_receive, args=(conn, buffer, start, end, summed))
+               for conn, (start, end) in zip(conns, _stream_bounds(len(buffer), streams))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
 
 
 def decode_side(pipe, nbytes: int) -> None:
@@ -86,8 +104,8 @@ def decode_side(pipe, nbytes: int) -> None:
     listener = socket.create_server(("127.0.0.1", 0))
     pipe.send([e.endpoint().SerializeToString() for e in engines] + [listener.getsockname()[1]])
     while (command := pipe.recv()) != "stop":
-        if command[0] == "raw":  # ("raw", summed)
-            _raw_receiver(listener, raw, command[1])
+        if command[0] == "raw":  # ("raw", summed, streams)
+            _raw_receiver(listener, raw, command[1], command[2])
             pipe.send("done")
         elif command[0] == "digest":  # ("digest", kind index, [(offset, length), ...])
             data = engines[command[1]].segment("kv").numpy()
@@ -114,20 +132,32 @@ def memcpy_rate(dst: np.ndarray, src: np.ndarray, blocks: list[TransferRequest] 
     return len(src) / (time.perf_counter() - start)
 
 
-def raw_tcp_rate(pipe, port: int, payload: np.ndarray, summed: bool = False) -> float:
-    """sendall in RAW_CHUNK slices into the peer's recv_into loop, one fresh connection;
-    `summed`: both ends also checksum every slice (the verification the transport adds)."""
-    view = memoryview(payload)
-    pipe.send(("raw", summed))
-    sock = socket.create_connection(("127.0.0.1", port))
+def raw_tcp_rate(pipe, port: int, payload: np.ndarray, summed: bool = False, streams: int = 1) -> float:
+    """sendall in RAW_CHUNK slices into the peer's recv_into loop, on fresh connections, one
+    thread and one share of the payload each; `summed`: both ends also checksum every slice
+    (the verification the transport adds)."""
+    pipe.send(("raw", summed, streams))
+    socks = [socket.create_connection(("127.0.0.1", port)) for _ in range(streams)]
+
+    def send(sock: socket.socket, start: int, end: int) -> None:
+        view = memoryview(payload)
+        for offset in range(start, end, RAW_CHUNK):
+            stop = min(offset + RAW_CHUNK, end)
+            if summed:
+                checksum(payload[offset:stop])
+            sock.sendall(view[offset:stop])
+        assert sock.recv(1) == b"k"
+
+    threads = [threading.Thread(target=send, args=(sock, start, end))
+               for sock, (start, end) in zip(socks, _stream_bounds(len(payload), streams))]
     start = time.perf_counter()
-    for offset in range(0, len(payload), RAW_CHUNK):
-        if summed:
-            checksum(payload[offset:offset + RAW_CHUNK])
-        sock.sendall(view[offset:offset + RAW_CHUNK])
-    assert sock.recv(1) == b"k"
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
     elapsed = time.perf_counter() - start
-    sock.close()
+    for sock in socks:
+        sock.close()
     assert pipe.recv() == "done"
     return len(payload) / elapsed
 
@@ -151,9 +181,10 @@ class Figures:
     def best(self, name: str) -> float:
         return max(self.samples[name])
 
-    def line(self, name: str, baseline: str | None = None) -> str:
+    def line(self, name: str, baseline: str | None = None, label: str | None = None) -> str:
         rates = self.samples[name]
-        text = f"  {name:<38} {max(rates) / GIB:6.2f} GiB/s (median {statistics.median(rates) / GIB:5.2f})"
+        label = name if label is None else label
+        text = f"  {label:<42} {max(rates) / GIB:6.2f} GiB/s (median {statistics.median(rates) / GIB:5.2f})"
         if baseline:
             text += f"   {max(rates) / self.best(baseline):4.2f} x {baseline}"
         return text
@@ -166,7 +197,7 @@ async def measure(args, pipe, endpoints, raw_port, requests, nbytes) -> Figures:
     source = torch.randint(0, 256, (nbytes,), dtype=torch.uint8).numpy()
     scratch = np.empty(nbytes, np.uint8)
     scratch.fill(0)  # pre-faulted, like every registered segment
-    engines = {"shm": ShmTransferEngine(_config()), "tcp": TcpTransferEngine(_config())}
+    engines = {"shm": ShmTransferEngine(_config(args.streams)), "tcp": TcpTransferEngine(_config(args.streams))}
     peers = {}
     for kind in args.transports.split(","):
         engine = engines[kind]
@@ -186,6 +217,8 @@ async def measure(args, pipe, endpoints, raw_port, requests, nbytes) -> Figures:
             if "tcp" in peers:
                 figures.add("raw TCP (sendall -> recv_into)", raw_tcp_rate(pipe, raw_port, source))
                 figures.add("raw TCP + checksum at both ends", raw_tcp_rate(pipe, raw_port, source, True))
+                if args.streams > 1:
+                    figures.add(RAW_STREAMS, raw_tcp_rate(pipe, raw_port, source, streams=args.streams))
                 for op in ("write", "read"):
                     call = getattr(engines["tcp"], f"{op}_batch")
                     figures.add(f"tcp {op}_batch", await batch_rate(call, peers["tcp"], requests, nbytes))
@@ -209,6 +242,7 @@ def main() -> None:
     parser.add_argument("--block-tokens", type=int, default=256)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--transports", default="shm,tcp")
+    parser.add_argument("--streams", type=int, default=2, help="stripes per batch (TransportConfig.streams)")
     args = parser.parse_args()
     torch.set_num_threads(1)  # two processes on a small host: no intra-op thread fights
 
@@ -244,8 +278,12 @@ def main() -> None:
     if "tcp" in args.transports:
         print(figures.line("raw TCP (sendall -> recv_into)"))
         print(figures.line("raw TCP + checksum at both ends", "raw TCP (sendall -> recv_into)"))
+        if args.streams > 1:
+            print(figures.line(RAW_STREAMS, "raw TCP (sendall -> recv_into)"))
         for op in ("write", "read"):
             print(figures.line(f"tcp {op}_batch", "raw TCP (sendall -> recv_into)"))
+            if args.streams > 1:
+                print(figures.line(f"tcp {op}_batch", RAW_STREAMS, label=""))
 
 
 if __name__ == "__main__":

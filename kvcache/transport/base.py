@@ -33,7 +33,7 @@ import torch
 
 from .batch import (BatchPlan, BatchRecord, TransferOp, TransferReceipt, TransferRequest,
                     TransferState, plan_batch)
-from .errors import (EngineClosed, IncompatiblePeer, InvalidRequest, PeerUnreachable,
+from .errors import (ChecksumMismatch, EngineClosed, IncompatiblePeer, InvalidRequest, PeerUnreachable,
                      TransferError, TransferTimeout, TransportUnavailable)
 from .faults import BatchFaults, FaultInjector, FaultPlan
 from .identity import host_id, new_engine_id
@@ -55,10 +55,23 @@ class TransportConfig:
     # Default batch deadline: stall_timeout_s + bytes / this rate (~10x below loopback TCP).
     min_rate_bytes_per_s: float = 256e6
     max_concurrent_batches: int = 4
+    # A batch of at least 2 x min_stripe_bytes moves as up to `streams` stripes side by side
+    # (tcp: one connection each, shm: one copying thread each). Measured on a 2-core VM:
+    # two loopback streams carry 9.4-10 GiB/s against 4.2-4.6 for one; two threads copy and
+    # compare at 18-19 GiB/s against 15 for one.
+    streams: int = 2
+    min_stripe_bytes: int = 8 << 20
 
     def __post_init__(self):
         if min(self.connect_timeout_s, self.stall_timeout_s, self.min_rate_bytes_per_s) <= 0:
             raise ValueError("timeouts and rates must be positive")
+        if self.streams < 1 or self.min_stripe_bytes < 1:
+            raise ValueError("streams and min_stripe_bytes must be >= 1")
+
+    @property
+    def max_connections(self) -> int:
+        """Connections (and threads) one peer's batches can use at once."""
+        return self.max_concurrent_batches * self.streams
 
     def batch_timeout_s(self, num_bytes: int) -> float:
         return self.stall_timeout_s + num_bytes / self.min_rate_bytes_per_s
@@ -98,6 +111,7 @@ def check_endpoint(local_hash: str, kind: int, peer: pb.TransportEndpoint) -> No
 class TransferEngine(ABC):
     kind: ClassVar[int]
     shares_memory: ClassVar[bool] = False  # segments are memfd-backed (shm.py)
+    striped: ClassVar[bool] = False  # large batches move as parallel stripes (config.streams)
 
     def __init__(self, config: TransportConfig, faults: FaultPlan | None = None, *,
                  segments: SegmentTable | None = None, engine_id: str | None = None):
@@ -112,7 +126,7 @@ class TransferEngine(ABC):
         self._segments = segments if segments is not None else SegmentTable(shared=self.shares_memory)
         self._faults = FaultInjector(faults)
         name = pb.TransportKind.Name(self.kind).removeprefix("TRANSPORT_KIND_").lower()
-        self._executor = ThreadPoolExecutor(config.max_concurrent_batches,
+        self._executor = ThreadPoolExecutor(config.max_connections,
                                             thread_name_prefix=f"kv-{name}")
         self._peers: weakref.WeakSet[PeerHandle] = weakref.WeakSet()
         self._lock = threading.Lock()
@@ -209,7 +223,7 @@ class TransferEngine(ABC):
             if faults.fail_with is not None:
                 raise faults.fail_with("injected fault")
             record.advance(TransferState.TRANSFERRING)
-            await self._transfer(peer, plan, record, faults, deadline)
+            await self._transfer_stripes(peer, plan, record, faults, deadline)
             record.advance(TransferState.DONE)
         except TransferError as exc:
             record.fail(exc)
@@ -226,6 +240,30 @@ class TransferEngine(ABC):
     async def _transfer(self, peer: PeerHandle, plan: BatchPlan, record: BatchRecord,
                         faults: BatchFaults, deadline: Deadline) -> None:
         """Move and verify the bytes, or raise a TransferError."""
+
+    async def _transfer_stripes(self, peer: PeerHandle, plan: BatchPlan, record: BatchRecord,
+                                faults: BatchFaults, deadline: Deadline) -> None:
+        """`_transfer` once per stripe, concurrently. The first failure stops the others (their
+        sockets are shut by the cancelled waits) and is raised with the batch's region index."""
+        stripes = plan.stripes(self.config.streams, self.config.min_stripe_bytes) if self.striped else [plan]
+        if len(stripes) == 1:
+            return await self._transfer(peer, plan, record, faults, deadline)
+        tasks = [asyncio.ensure_future(self._transfer(peer, s, record, faults.shifted(s.stream_offset), deadline))
+                 for s in stripes]
+        try:
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        finally:
+            for task in tasks:
+                task.cancel()  # a no-op on finished ones
+            await asyncio.gather(*tasks, return_exceptions=True)
+        for stripe, task in zip(stripes, tasks):
+            # Only stripes that ended before the others were stopped: a stopped stripe's
+            # error (its socket shut under it) is a consequence, not the cause.
+            error = task.exception() if task in done else None
+            if error is not None:
+                if isinstance(error, ChecksumMismatch) and 0 <= error.region_index < len(stripe.origins):
+                    error.region_index = stripe.origins[error.region_index]
+                raise error
 
     async def _in_thread(self, fn: Callable[[], T], deadline: Deadline,
                          abort: Callable[[], None] | None = None) -> T:

@@ -52,6 +52,7 @@ class TransferState(enum.Enum):
 _ORDER = [TransferState.PENDING, TransferState.TRANSFERRING, TransferState.VERIFYING,
           TransferState.DONE]
 _batch_ids = itertools.count(1)
+_CUT_ALIGN = 4096  # where stripes may cut a piece, counted from its start
 
 
 @dataclass
@@ -100,6 +101,10 @@ class BatchPlan:
     pieces: list[TransferRequest]
     num_bytes: int
     local: SegmentTable
+    # A stripe (see stripes()): the batch's piece each of ours came from, and where our bytes
+    # start in the batch's byte stream (fault positions count in that stream).
+    origins: list[int] | None = None
+    stream_offset: int = 0
 
     def regions(self, pieces: list[TransferRequest] | None = None) -> list[pb.Region]:
         """The peer's side of each piece, as the wire names it."""
@@ -109,6 +114,44 @@ class BatchPlan:
     def local_views(self, pieces: list[TransferRequest] | None = None) -> list[np.ndarray]:
         return [self.local.view(p.local_segment, p.local_offset, p.length)
                 for p in (self.pieces if pieces is None else pieces)]
+
+    def stripes(self, parts: int, min_bytes: int) -> list[BatchPlan]:
+        """The batch as up to `parts` sub-batches of near-equal size (none under `min_bytes`)
+        that move side by side, each on its own connection or thread: one loopback TCP stream
+        or one copying thread is CPU-bound well below what the host can move. The pieces are
+        laid end to end and cut at 4 KiB steps from a piece's start, so sub-pieces keep the
+        alignment of their piece."""
+        parts = max(1, min(parts, self.num_bytes // max(min_bytes, 2 * _CUT_ALIGN)))
+        if parts == 1:
+            return [self]
+        bounds = [self.num_bytes * k // parts for k in range(1, parts)]
+        stripes: list[BatchPlan] = []
+        pieces: list[TransferRequest] = []
+        origins: list[int] = []
+        pos = start = 0
+
+        def close() -> None:
+            nonlocal pieces, origins, start
+            if pieces:
+                stripes.append(BatchPlan(self.op, pieces, pos - start, self.local, origins, start))
+            pieces, origins, start = [], [], pos
+
+        for index, p in enumerate(self.pieces):
+            taken = 0
+            while taken < p.length:
+                take, cut = p.length - taken, False
+                if len(stripes) < len(bounds) and pos + take >= bounds[len(stripes)]:
+                    room = bounds[len(stripes)] - pos
+                    end = max((taken + room) // _CUT_ALIGN * _CUT_ALIGN, taken + _CUT_ALIGN)
+                    take, cut = min(end, p.length) - taken, True
+                pieces.append(TransferRequest(p.local_segment, p.local_offset + taken, p.peer_segment,
+                                              p.peer_offset + taken, take))
+                origins.append(index)
+                taken, pos = taken + take, pos + take
+                if cut:
+                    close()
+        close()
+        return stripes
 
 
 def _check_range(sizes: dict[str, int], segment: str, offset: int, length: int, side: str) -> None:

@@ -68,6 +68,15 @@ class BatchFaults:
         return None
 
 
+    def shifted(self, offset: int) -> BatchFaults:
+        """The same faults as seen by a stripe whose bytes start `offset` into the batch."""
+        if self is NO_FAULTS or offset == 0:
+            return self
+        return BatchFaults(self.fail_with, self.delay_s,
+                           None if self.corrupt_at_byte is None else self.corrupt_at_byte - offset,
+                           None if self.drop_after_bytes is None else self.drop_after_bytes - offset)
+
+
 NO_FAULTS = BatchFaults()
 
 

@@ -57,8 +57,8 @@ class ConnectionPool:
         with self._lock:
             self._closed = True
             idle, self._idle = self._idle, []
-            busy = self._all - set(idle)
-            self._all = busy
+            self._all -= set(idle)
+            busy = list(self._all)  # a snapshot: releases from other threads change the set
         for sock in idle:
             shutdown_quietly(sock)
             sock.close()

@@ -15,6 +15,8 @@ thread) trailing the copy re-read the data from DRAM and halved throughput (~9.5
 inline checksums of both ends reached ~10 GiB/s, copy + memcmp ~15 GiB/s against ~19 GiB/s
 for a bare memcpy. So here the side that copies verifies: for a read that is the receiver,
 for a write the sender checks the receiver's memory before reporting the batch landed.
+A large batch moves as stripes (base.py), each copied and compared by its own thread over its
+own control connection: two threads reach 17-19 GiB/s on that VM, against 13-15 for one.
 The control connection is the liveness check: a peer that dies closes it, and the caller gets
 PeerUnreachable at the next frame instead of reporting a handoff to a process that is gone.
 """
@@ -28,7 +30,7 @@ import socket
 from .base import PeerHandle, TransferEngine, TransportConfig
 from .batch import BatchPlan, BatchRecord, TransferOp, TransferState
 from .errors import (ChecksumMismatch, InvalidRequest, PeerUnreachable, TransferError,
-                     TransportUnavailable)
+                     TransferTimeout, TransportUnavailable)
 from .faults import NO_FAULTS, BatchFaults, FaultPlan
 from .memory import SegmentTable, copy_bytes, map_peer_segment, same_bytes
 from .pool import ConnectionPool, Lease
@@ -130,6 +132,7 @@ def copy_verified(pairs: list[tuple[int, int, int]], chunk: int, faults: BatchFa
 class ShmTransferEngine(TransferEngine):
     kind = pb.TRANSPORT_KIND_SHM
     shares_memory = True
+    striped = True
 
     def __init__(self, config: TransportConfig, faults: FaultPlan | None = None,
                  segments: SegmentTable | None = None, engine_id: str | None = None):
@@ -146,13 +149,15 @@ class ShmTransferEngine(TransferEngine):
     def _close_transport(self) -> None:
         self._server.close()
 
-    def _dial(self, peer: ShmPeer, deadline: Deadline) -> socket.socket:
-        """A control connection: Hello out; HelloAck and the peer's segments back."""
+    def _dial(self, peer: ShmPeer, deadline: Deadline,
+              silent: type[TransferError] = PeerUnreachable) -> socket.socket:
+        """A control connection: Hello out; HelloAck and the peer's segments back. `silent`:
+        the error for a peer that never answers (see TcpTransferEngine._dial)."""
         if peer.endpoint.host_id != self.host_id:
             raise TransportUnavailable("shm needs both engines on one host")
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            with socket_errors("shm connect", PeerUnreachable):
+            with socket_errors("shm connect", silent):
                 sock.settimeout(deadline.wait_s(self.config.connect_timeout_s))
                 sock.connect("\0" + peer.endpoint.shm.socket_name)
                 send_frame(sock, hello=make_hello(self.kind, self.config.compatibility_hash,
@@ -168,7 +173,7 @@ class ShmTransferEngine(TransferEngine):
 
     def _connect_blocking(self, endpoint: pb.TransportEndpoint, deadline: Deadline) -> ShmPeer:
         peer = ShmPeer(endpoint)
-        peer.pool = ConnectionPool(lambda d: self._dial(peer, d))
+        peer.pool = ConnectionPool(lambda d: self._dial(peer, d, TransferTimeout), self.config.max_connections)
         try:
             peer.pool.release(peer.pool.adopt(self._dial(peer, deadline)), healthy=True)
         except BaseException:

@@ -16,7 +16,7 @@ import socket
 from .base import PeerHandle, TransferEngine, TransportConfig
 from .batch import BatchPlan, BatchRecord, TransferOp, TransferState
 from .checksum import check_verdict
-from .errors import ChecksumMismatch, InvalidRequest, PeerUnreachable, TransferError
+from .errors import ChecksumMismatch, InvalidRequest, PeerUnreachable, TransferError, TransferTimeout
 from .faults import NO_FAULTS, BatchFaults, FaultPlan
 from .memory import SegmentTable
 from .pool import ConnectionPool, Lease
@@ -53,6 +53,7 @@ class TcpPeer(PeerHandle):
 
 class TcpTransferEngine(TransferEngine):
     kind = pb.TRANSPORT_KIND_TCP
+    striped = True
 
     def __init__(self, config: TransportConfig, host: str = "127.0.0.1", port: int = 0,
                  advertise_host: str | None = None, faults: FaultPlan | None = None,
@@ -70,14 +71,17 @@ class TcpTransferEngine(TransferEngine):
 
     # ------------------------------------------------------------ caller side
 
-    def _dial(self, endpoint: pb.TransportEndpoint, deadline: Deadline) -> tuple[socket.socket, pb.HelloAck]:
+    def _dial(self, endpoint: pb.TransportEndpoint, deadline: Deadline,
+              silent: type[TransferError] = PeerUnreachable) -> tuple[socket.socket, pb.HelloAck]:
+        """`silent`: the error for a peer that accepts but never answers the handshake
+        (while connecting: unreachable; while a batch waits on it: stalled, TransferTimeout)."""
         address = (endpoint.tcp.host, endpoint.tcp.port)
         timeout_s = deadline.wait_s(self.config.connect_timeout_s)
         with socket_errors(f"connect to {address[0]}:{address[1]}", PeerUnreachable):
             sock = socket.create_connection(address, timeout=timeout_s)
         try:
             _tune(sock)
-            with socket_errors("handshake", PeerUnreachable):
+            with socket_errors("handshake", silent):
                 sock.settimeout(deadline.wait_s(self.config.connect_timeout_s))
                 send_frame(sock, hello=make_hello(self.kind, self.config.compatibility_hash,
                                                   self.engine_id, endpoint))
@@ -91,7 +95,7 @@ class TcpTransferEngine(TransferEngine):
     def _connect_blocking(self, endpoint: pb.TransportEndpoint, deadline: Deadline) -> TcpPeer:
         # The first connection proves the peer is alive and compatible now, not at first use.
         sock, ack = self._dial(endpoint, deadline)
-        pool = ConnectionPool(lambda d: self._dial(endpoint, d)[0])
+        pool = ConnectionPool(lambda d: self._dial(endpoint, d, TransferTimeout)[0], self.config.max_connections)
         peer = TcpPeer(endpoint, pool)
         peer.update_segments(ack.segments)
         pool.release(pool.adopt(sock), healthy=True)

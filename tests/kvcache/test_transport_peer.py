@@ -31,8 +31,9 @@ REPLY_TIMEOUT_S = 30.0
 
 
 def make_config(compatibility_hash: str = COMPAT) -> TransportConfig:
+    # Stripes from 2 x 1 MiB up: the contract's larger batches move as up to 3 parallel stripes.
     return TransportConfig(compatibility_hash=compatibility_hash, connect_timeout_s=1.0,
-                           stall_timeout_s=1.0)
+                           stall_timeout_s=1.0, streams=3, min_stripe_bytes=1 << 20)
 
 
 def pattern(seed: int, nbytes: int = SEGMENT_BYTES) -> np.ndarray:

@@ -12,6 +12,7 @@ from dsflash.kvcache.transport import (InvalidRequest, TransferRequest, Transfer
 from dsflash.kvcache.transport.batch import BatchRecord, TransferOp, plan_batch
 from dsflash.kvcache.transport.checksum import BLOCK_BYTES, Checksum, StreamChecksums, checksum
 from dsflash.kvcache.transport.errors import TransferError
+from dsflash.kvcache.transport.faults import NO_FAULTS, BatchFaults
 from dsflash.kvcache.transport.memory import SegmentTable
 from dsflash.v1 import kvcache_pb2 as pb
 from test_transport_peer import ProcessPeer, digest, make_config, pattern
@@ -101,6 +102,52 @@ def test_reads_may_share_sources_but_not_destinations(table):
     with pytest.raises(InvalidRequest):
         plan_batch(TransferOp.READ, [TransferRequest("a", 0, "p", 0, 10), TransferRequest("a", 5, "p", 50, 10)],
                    table, {"p": 4096})
+
+
+@pytest.mark.parametrize("parts", [2, 3, 5])
+@pytest.mark.parametrize("lengths", [[1 << 20], [70_000, 300_001, 5, 123_456, 500_000], [4096] * 64])
+def test_stripes_cover_the_batch_once_in_order(table, parts, lengths):
+    requests, local, peer = [], 0, 7  # peer offsets with gaps: no two pieces merge
+    for n in lengths:
+        requests.append(TransferRequest("a", local, "p", peer, n))
+        local, peer = local + n, peer + n + 1
+    plan = plan_batch(TransferOp.WRITE, requests, table, {"p": 4 << 20})
+    stripes = plan.stripes(parts, min_bytes=8192)
+    assert 2 <= len(stripes) <= parts
+    stream = [(s.stream_offset, p) for s in stripes for p in s.pieces]
+    # laid end to end the stripes are the batch: same bytes, same order, nothing twice
+    joined, pos = [], 0
+    for s in stripes:
+        assert s.stream_offset == pos and s.num_bytes == sum(p.length for p in s.pieces) > 0
+        pos += s.num_bytes
+        for origin, p in zip(s.origins, s.pieces):
+            whole = plan.pieces[origin]
+            within = p.local_offset - whole.local_offset
+            assert p.peer_offset - whole.peer_offset == within and within % 4096 == 0
+            joined.append((origin, within, p.length))
+    assert pos == plan.num_bytes and len(stream) == len(joined)
+    covered = {}
+    for origin, within, n in joined:
+        assert covered.get(origin, 0) == within  # each piece continues where it stopped
+        covered[origin] = within + n
+    assert covered == {i: p.length for i, p in enumerate(plan.pieces)}
+    sizes = [s.num_bytes for s in stripes]
+    assert max(sizes) - min(sizes) <= 2 * 4096 + max(0, plan.num_bytes // len(stripes) // 100)
+
+
+def test_small_batches_stay_whole(table):
+    plan = plan_batch(TransferOp.READ, [TransferRequest("a", 0, "p", 0, 100_000)], table, {"p": 1 << 20})
+    assert plan.stripes(4, min_bytes=64_000) == [plan]  # two stripes would be under 64 KB
+    assert plan.stripes(1, min_bytes=1) == [plan]
+
+
+def test_faults_shift_into_a_stripe():
+    faults = BatchFaults(corrupt_at_byte=1000, drop_after_bytes=5000)
+    later = faults.shifted(4000)
+    assert later.corrupt_offset(0, 10_000) is None  # the flip was in an earlier stripe
+    assert later.drop_within(0, 10_000) == 1000
+    assert faults.shifted(500).corrupt_offset(0, 1000) == 500
+    assert NO_FAULTS.shifted(123) is NO_FAULTS
 
 
 def test_batch_state_moves_forward_and_failure_is_terminal():
