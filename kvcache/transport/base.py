@@ -56,9 +56,10 @@ class TransportConfig:
     min_rate_bytes_per_s: float = 256e6
     max_concurrent_batches: int = 4
     # A batch of at least 2 x min_stripe_bytes moves as up to `streams` stripes side by side
-    # (tcp: one connection each, shm: one copying thread each). Measured on a 2-core VM:
-    # two loopback streams carry 9.4-10 GiB/s against 4.2-4.6 for one; two threads copy and
-    # compare at 18-19 GiB/s against 15 for one.
+    # (tcp: one connection each, shm: one copying thread each). Measured on a 2-vCPU VM: two
+    # threads copy and compare at 17-19 GiB/s against 13-15 for one. Raw loopback TCP nearly
+    # doubles with two streams (9.8 vs 5.3 GiB/s), but there the checksum passes fill both
+    # vCPUs and tcp gains only a few percent; hosts with more cores gain more.
     streams: int = 2
     min_stripe_bytes: int = 8 << 20
 
