@@ -144,8 +144,8 @@ class BatchPlan:
                     room = bounds[len(stripes)] - pos
                     end = max((taken + room) // _CUT_ALIGN * _CUT_ALIGN, taken + _CUT_ALIGN)
                     take, cut = min(end, p.length) - taken, True
-                pieces.append(TransferRequest(p.local_segment, p.local_offset + taken, p.peer_segment,
-                                              p.peer_offset + taken, take))
+                pieces.append(p if take == p.length else TransferRequest(
+                    p.local_segment, p.local_offset + taken, p.peer_segment, p.peer_offset + taken, take))
                 origins.append(index)
                 taken, pos = taken + take, pos + take
                 if cut:
