@@ -20,19 +20,21 @@ conversation has none), as vLLM's V4.1 wrapper does.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from . import special_tokens as st
 from .chat_errors import ChatEncodingError
 from .chat_messages import AssistantTurn, ReminderTurn, SystemTurn, ToolResult, Turn, UserTurn, parse_messages
 from .chat_options import parse_response_format, parse_tools, resolve_effort, tools_for_prompt
 from .dsml import render_calls, render_tools, to_json
-from .segments import Segment, SegmentBuilder, spell
+from .segments import Segment, SegmentBuilder, Tokens, spell
 from .tokenizer import Tokenizer
 
 EFFORT_PREFIX = "Reasoning Effort: {} (range 1-100, the higher the value, the more thorough the reasoning)\n\n"
 RESPONSE_FORMAT_PREFIX = "## Response Format:\n\nYou MUST strictly adhere to the following schema to reply:\n"
 BLOCK_SEPARATOR = "\n\n"
+# The ids the model generated for an assistant body of this exact text, if known (replies.py).
+ReplyLookup = Callable[[str], "tuple[int, ...] | None"]
 
 
 @dataclass(frozen=True)
@@ -52,11 +54,14 @@ class EncodedChat:
 
 
 def render_chat(messages: Any, *, tools: Any = None, tool_choice: Any = None, response_format: Any = None,
-                thinking: bool = True, reasoning_effort: str | int | None = None) -> RenderedChat:
+                thinking: bool = True, reasoning_effort: str | int | None = None,
+                replies: ReplyLookup | None = None) -> RenderedChat:
     """Render an OpenAI chat request into prompt segments (text runs and special-token ids).
 
     `thinking` picks the mode; `reasoning_effort` is low/medium/high/max, an int 1-100, or
     "none" (= thinking off); `tool_choice` "none" leaves the tools out of the prompt.
+    `replies` maps the exact text of an assistant turn's body (what follows its header, up to
+    its EOS) to the ids the model generated for it; a match is spliced in as those ids.
     Raises ChatEncodingError (an HTTP 400) for anything the format cannot carry.
     """
     effort = resolve_effort(thinking, reasoning_effort)
@@ -67,7 +72,7 @@ def render_chat(messages: Any, *, tools: Any = None, tool_choice: Any = None, re
         if not isinstance(turns[0], SystemTurn):
             turns.insert(0, SystemTurn(""))
         turns[0].tools, turns[0].response_format = functions, schema
-    segments = _render(turns, effort, keep_all_reasoning=bool(functions))
+    segments = _render(turns, effort, keep_all_reasoning=bool(functions), replies=replies)
     return RenderedChat(segments, segments[-1] == st.THINK_START.id, bool(functions))
 
 
@@ -77,7 +82,7 @@ def render_chat_text(messages: Any, **options: Any) -> str:
 
 
 def encode_segments(tokenizer: Tokenizer, segments: list[Segment]) -> list[int]:
-    """Token ids of segments: text runs encoded in one batch, special ids kept."""
+    """Token ids of segments: text runs encoded in one batch, special ids and spliced runs kept."""
     texts = [s for s in segments if isinstance(s, str)]
     try:
         encoded = iter(tokenizer.encode_texts(texts))
@@ -87,6 +92,8 @@ def encode_segments(tokenizer: Tokenizer, segments: list[Segment]) -> list[int]:
     for segment in segments:
         if isinstance(segment, int):
             ids.append(segment)
+        elif isinstance(segment, Tokens):
+            ids.extend(segment.ids)
         else:
             ids.extend(next(encoded))
     return ids
@@ -98,7 +105,8 @@ def encode_chat(tokenizer: Tokenizer, messages: Any, **options: Any) -> EncodedC
     return EncodedChat(encode_segments(tokenizer, rendered.segments), rendered)
 
 
-def _render(turns: list[Turn], effort: int | None, keep_all_reasoning: bool) -> list[Segment]:
+def _render(turns: list[Turn], effort: int | None, keep_all_reasoning: bool,
+            replies: ReplyLookup | None = None) -> list[Segment]:
     thinking = effort is not None
     # Mid-conversation system messages count as user turns (official find_last_user_index).
     last_user = max((i for i, t in enumerate(turns) if isinstance(t, UserTurn)
@@ -118,7 +126,7 @@ def _render(turns: list[Turn], effort: int | None, keep_all_reasoning: bool) -> 
             out.special(st.LATEST_REMINDER).text(turn.text)
         else:
             keep = thinking and (keep_all_reasoning or i > last_user)
-            _assistant(out, turn, keep_reasoning=keep, is_prefix=i == len(turns) - 1)
+            _assistant(out, turn, keep_reasoning=keep, is_prefix=i == len(turns) - 1, replies=replies)
         following = turns[i + 1] if i + 1 < len(turns) else None
         asks_reply = isinstance(turn, UserTurn) or (isinstance(turn, SystemTurn) and i > 0)
         if asks_reply and (following is None or isinstance(following, (AssistantTurn, ReminderTurn))):
@@ -142,11 +150,22 @@ def _block_text(block: str | ToolResult) -> str:
     return block if isinstance(block, str) else f"<tool_result>{block.text}</tool_result>"
 
 
-def _assistant(out: SegmentBuilder, turn: AssistantTurn, *, keep_reasoning: bool, is_prefix: bool) -> None:
+def _assistant(out: SegmentBuilder, turn: AssistantTurn, *, keep_reasoning: bool, is_prefix: bool,
+               replies: ReplyLookup | None = None) -> None:
+    body = SegmentBuilder()
     if keep_reasoning:
-        out.text(turn.reasoning).special(st.THINK_END)
-    out.text(turn.content)
+        body.text(turn.reasoning).special(st.THINK_END)
+    body.text(turn.content)
     if turn.calls:
-        render_calls(out, [(c.name, c.params) for c in turn.calls])
+        render_calls(body, [(c.name, c.params) for c in turn.calls])
+    segments = body.build()
+    text = spell(segments)
+    # The body sits between special tokens (the header before, EOS or the end after), so the
+    # splice changes no text run's boundaries: only how the body itself is tokenized.
+    ids = replies(text) if replies is not None and text and not out.ends_in_text else None
+    if ids:
+        out.tokens(Tokens(tuple(ids), text))
+    else:
+        out.extend(segments)
     if not is_prefix:
         out.special(st.EOS)

@@ -13,7 +13,7 @@ import asyncio
 import json
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import Request
@@ -29,6 +29,7 @@ from .dsml import forced_call_opening
 from .segments import SegmentBuilder, spell
 from .errors import APIError, invalid
 from .generation import DecodeClients, GenerationSpec, relay
+from .replies import ReplyMemory
 from .router import NoWorkers, Router
 from .schema import ChatCompletionRequest, CompletionRequest, SamplingFields
 from .tokenizer import Tokenizer
@@ -52,6 +53,7 @@ class Context:
     tokenizer: Tokenizer
     clients: DecodeClients
     metrics: Any
+    replies: ReplyMemory = field(default_factory=ReplyMemory)  # generated ids of recent replies
 
 
 async def read_body(request: Request, model: type[BaseModel], limit: int):
@@ -121,7 +123,8 @@ async def chat_completions(ctx: Context, request: Request):
     try:
         encoded = await asyncio.get_running_loop().run_in_executor(None, lambda: encode_chat(
             ctx.tokenizer, req.messages, tools=req.tools, tool_choice=req.tool_choice,
-            response_format=req.response_format, thinking=thinking, reasoning_effort=req.reasoning_effort))
+            response_format=req.response_format, thinking=thinking, reasoning_effort=req.reasoning_effort,
+            replies=ctx.replies.lookup))
     except ChatEncodingError as exc:
         raise invalid(str(exc), param=exc.param, code=exc.code) from None
     prompt = encoded.token_ids
@@ -275,7 +278,7 @@ async def _respond(ctx: Context, request: Request, spec: GenerationSpec, stream:
 async def _collect(ctx: Context, spec: GenerationSpec, metrics):
     choices = {}
     try:
-        async for update in relay(spec, ctx.clients, ctx.tokenizer):
+        async for update in relay(spec, ctx.clients, ctx.tokenizer, ctx.replies):
             metrics.tokens(update)
             choices[update.choice.index] = update.choice
     except APIError:
@@ -301,7 +304,7 @@ async def _stream(ctx: Context, spec: GenerationSpec, fmt, metrics):
 
     async def pump():
         try:
-            async for update in relay(spec, ctx.clients, ctx.tokenizer):
+            async for update in relay(spec, ctx.clients, ctx.tokenizer, ctx.replies):
                 await queue.put(update)
             await queue.put(None)
         except APIError as exc:

@@ -20,6 +20,7 @@ from .detokenizer import StreamingDetokenizer
 from .errors import APIError, from_grpc
 from .output_parser import OutputParser
 from .parser_output import ParsedMessage
+from .replies import ReplyMemory
 from .router import Route
 from .tokenizer import Tokenizer
 
@@ -77,8 +78,10 @@ class DecodeClients:
         return worker_pb2_grpc.DecodeStub(self.channels.get(address)).Generate(request, timeout=timeout_s)
 
 
-async def relay(spec: GenerationSpec, clients: DecodeClients, tokenizer: Tokenizer):
-    """Async generator of Updates for every choice; raises APIError if a worker fails."""
+async def relay(spec: GenerationSpec, clients: DecodeClients, tokenizer: Tokenizer,
+                replies: ReplyMemory | None = None):
+    """Async generator of Updates for every choice; raises APIError if a worker fails. The
+    first choice's reply goes into `replies`, for the next turn that quotes it."""
     queue: asyncio.Queue = asyncio.Queue()
     calls, tasks = [], []
     choices = []
@@ -117,6 +120,8 @@ async def relay(spec: GenerationSpec, clients: DecodeClients, tokenizer: Tokeniz
             if update.done:
                 open_choices -= 1
                 calls[index].cancel()  # no-op once the stream ended; stops it after a stop string
+                if replies is not None and index == 0 and spec.chat and not spec.forced_text:
+                    _remember(replies, tokenizer, choice)
             yield update
     finally:
         for call in calls:
@@ -135,6 +140,16 @@ async def _pump(index: int, call, queue: asyncio.Queue) -> None:
     except grpc.aio.AioRpcError as exc:
         if exc.code() != grpc.StatusCode.CANCELLED:
             await queue.put((index, None, from_grpc(exc)))
+
+
+def _remember(replies: ReplyMemory, tokenizer: Tokenizer, choice: Choice) -> None:
+    """The reply's ids under the text a next turn quotes; the renderer writes the EOS itself.
+    (Only choice 0 continues the conversation, and a forced call's opening was prompt, not
+    reply, so neither is remembered.)"""
+    ids = choice.token_ids
+    if ids and ids[-1] == st.EOS.id:
+        ids = ids[:-1]
+    replies.remember(tokenizer.decode(ids), ids)
 
 
 def _apply(choice: Choice, message: worker_pb2.GenerateResponse | None) -> Update:

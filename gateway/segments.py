@@ -9,10 +9,22 @@ HF tokenizer also cuts its input at added tokens), which keeps the ids identical
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 from . import special_tokens as st
 
-Segment = str | int
+
+@dataclass(frozen=True)
+class Tokens:
+    """Ids that stand for `text` as the model produced them: a reply quoted back in the history.
+    Re-tokenizing the text can give other ids, and then the prompt would no longer start with
+    the tokens the decode worker cached for that turn."""
+
+    ids: tuple[int, ...]
+    text: str
+
+
+Segment = str | int | Tokens
 
 # Only for the renderer's own constant templates, never for request text.
 _TEMPLATE_SPECIALS = re.compile("|".join(re.escape(t.text) for t in sorted(st.ALL, key=lambda t: -len(t.text))))
@@ -44,6 +56,25 @@ class SegmentBuilder:
             at = match.end()
         return self.text(trusted[at:])
 
+    def tokens(self, run: Tokens) -> SegmentBuilder:
+        self._flush()
+        self._segments.append(run)
+        return self
+
+    def extend(self, segments: list[Segment]) -> SegmentBuilder:
+        """Append built segments as if they were added here one by one (text runs merge)."""
+        for segment in segments:
+            if isinstance(segment, str):
+                self.text(segment)
+            else:
+                self._flush()
+                self._segments.append(segment)
+        return self
+
+    @property
+    def ends_in_text(self) -> bool:
+        return bool(self._text)
+
     def build(self) -> list[Segment]:
         self._flush()
         return list(self._segments)
@@ -56,4 +87,5 @@ class SegmentBuilder:
 
 def spell(segments: list[Segment]) -> str:
     """The prompt as one string, special tokens in their canonical V4.1 spelling."""
-    return "".join(s if isinstance(s, str) else st.BY_ID[s].text for s in segments)
+    return "".join(s if isinstance(s, str) else s.text if isinstance(s, Tokens) else st.BY_ID[s].text
+                   for s in segments)

@@ -120,3 +120,29 @@ def test_golden_greedy_through_the_whole_stack(golden_dir, golden, tmp_path):
             assert out.choices[0].model_extra["token_ids"] == prompt["greedy_ids"].tolist()
     finally:
         process.close()
+
+
+def test_sampled_reply_quoted_back_reuses_the_cached_turn(client, tiny_checkpoint):
+    """A sampled reply often re-tokenizes to other ids than the model generated. Quoted back
+    in the next turn it must still match the cached turn (the gateway splices the generated
+    ids), or the whole conversation is recomputed."""
+    from dsflash.gateway import special_tokens as st
+    from dsflash.gateway.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(tiny_checkpoint)
+    options = dict(model="m", max_tokens=8, temperature=1.0, logprobs=True,
+                   extra_body={"thinking": {"type": "disabled"}})
+    for seed in range(20):  # a reply of plain text whose ids differ from its re-tokenization
+        conversation = {"X-Conversation-Id": f"respelled-{seed}"}
+        first = client.chat.completions.create(messages=USER, seed=seed, extra_headers=conversation, **options)
+        content = first.choices[0].message.content or ""
+        spelled = [t.token for t in first.choices[0].logprobs.content]
+        if (content and not any(t in st.BY_TEXT for t in spelled)
+                and len(tokenizer.encode_texts([content])[0]) != first.usage.completion_tokens):
+            break
+    else:
+        pytest.fail("no seed gave a plain reply that re-tokenizes differently")
+    history = USER + [{"role": "assistant", "content": content}, {"role": "user", "content": "More."}]
+    second = client.chat.completions.create(messages=history, seed=seed, extra_headers=conversation, **options)
+    held = first.usage.prompt_tokens + first.usage.completion_tokens
+    assert held - 1 <= second.usage.prompt_tokens_details.cached_tokens < second.usage.prompt_tokens

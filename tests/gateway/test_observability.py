@@ -37,8 +37,7 @@ def served(tiny_checkpoint, tmp_path_factory):
     log = tmp_path_factory.mktemp("obs") / "serve.log"
     process = ServeProcess(tiny_checkpoint, log)
     client = openai.OpenAI(base_url=f"{process.url}/v1", api_key="x", max_retries=0)
-    # greedy: a sampled reply may not re-tokenize to the tokens that were cached, and then
-    # the second turn cannot reuse the first (a known limit: reuse needs an exact prefix)
+    # greedy, so that the counts below do not depend on what a sample happens to be
     history = [{"role": "user", "content": "Say something."}]
     first = client.chat.completions.create(model="m", messages=history, max_tokens=6, temperature=0,
                                            extra_body={"thinking": {"type": "disabled"}},
