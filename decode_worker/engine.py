@@ -81,8 +81,26 @@ class DecodeEngine:
             request.sampler = RequestSampler(request.params, request.prompt, c.vocab_size)
         if request.stop_matcher is None and request.params.stop and self.decode_text is not None:
             request.stop_matcher = StopStringMatcher(self.decode_text, request.params.stop)
+        if request.keep_before_last:
+            self._split_prompt(request)
         request.status = DecodeStatus.WAITING
         self.waiting.append(request)
+
+    def _split_prompt(self, request: DecodeRequest) -> None:
+        """The cache holds the prompt but its last token: copy it for the conversation (with
+        the drafter's state of those positions), and let the rebuilder compute that token."""
+        request.keep_before_last = False
+        cache, prefill = request.cache, request.prefill
+        if cache is None or cache.num_tokens != len(request.prompt) - 1:
+            return
+        if self.drafter is not None and prefill is not None and prefill.taps is not None:
+            with torch.inference_mode():
+                self.drafter.absorb(cache, prefill.taps_start, prefill.taps.float())
+        try:
+            request.snapshot = cache.copy_to(self.pool)
+        except PoolExhausted:
+            log.info("no pool room to keep %s before its last prompt token", request.request_id)
+        request.prefill = None
 
     def abort(self, request_id: str) -> TokenEvent | None:
         for request in list(self.waiting) + self.running + list(self.rebuilding.values()):
@@ -125,7 +143,7 @@ class DecodeEngine:
 
     def _admit(self, events: list[TokenEvent]) -> None:
         for request in list(self.waiting):
-            if request.cache is None:
+            if request.cache is None or request.cache.num_tokens < len(request.processed_tokens):
                 if not self._room_for(len(request.processed_tokens)):
                     break  # first come, first served: later requests wait too
                 self.waiting.remove(request)
@@ -148,7 +166,8 @@ class DecodeEngine:
     def _rebuild(self, request: DecodeRequest) -> None:
         request.status = DecodeStatus.PREFILLING
         self.rebuilding[request.request_id] = request
-        self.rebuilder.add(PrefillRequest(request.request_id, request.processed_tokens,
+        cache, request.cache = request.cache, None  # the rebuilder owns a partial cache now
+        self.rebuilder.add(PrefillRequest(request.request_id, request.processed_tokens, cache=cache,
                                           want_taps=self.drafter is not None))
 
     def _start(self, request: DecodeRequest, events: list[TokenEvent]) -> None:
@@ -199,7 +218,9 @@ class DecodeEngine:
         kept = self.on_finish(request) if (self.on_finish and request.cache is not None and reason is not FinishReason.ABORT) else False
         if request.cache is not None and not kept:
             request.cache.release()
-        request.cache = None
+        if request.snapshot is not None:  # on_finish did not take it
+            request.snapshot.release()
+        request.cache = request.snapshot = None
         return TokenEvent(request.request_id, tokens, logprobs if request.params.logprobs else None, reason, error)
 
     def _ensure_memory(self) -> None:

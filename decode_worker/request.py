@@ -58,6 +58,10 @@ class DecodeRequest:
     prompt: list[int]  # tokens the cache must hold before decoding
     params: SamplingParams
     conversation_id: str | None = None  # keep the cache for this conversation after the turn
+    # Keep the conversation's cache as of the prompt minus its last token (history_drops_reply):
+    # the cache arrives one token short, is copied into `snapshot`, then completed here.
+    keep_before_last: bool = False
+    snapshot: PagedCache | None = None
     cache: PagedCache | None = None  # arrives from a prefill worker, or is rebuilt here
     prefill: PrefillOutput | None = None  # logits of the last prompt position + DSpark taps
     status: DecodeStatus = DecodeStatus.WAITING

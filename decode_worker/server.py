@@ -100,10 +100,16 @@ class DecodeWorker:
                 self._dispatch(event)
 
     def _on_finish(self, request: DecodeRequest) -> bool:
-        if request.conversation_id and request.finish_reason in (FinishReason.STOP, FinishReason.LENGTH):
-            self.conversations.keep(request.conversation_id, request.cache, request.processed_tokens)
-            return True
-        return False
+        """Engine thread: keep the turn's cache for its conversation. True: the request's own
+        cache was kept (the engine must not release it)."""
+        if not request.conversation_id or request.finish_reason not in (FinishReason.STOP, FinishReason.LENGTH):
+            return False
+        if request.snapshot is not None:  # the next prompt extends the prompt minus its last token
+            snapshot, request.snapshot = request.snapshot, None
+            self.conversations.keep(request.conversation_id, snapshot, request.prompt[:-1])
+            return False
+        self.conversations.keep(request.conversation_id, request.cache, request.processed_tokens)
+        return True
 
     # ------------------------------------------------------------ a request
 
@@ -111,12 +117,19 @@ class DecodeWorker:
         request_id = request.request_id or uuid.uuid4().hex
         began = time.monotonic()
         source = await self.conversations.find_prefix(request.conversation_id, tokens)
+        # history_drops_reply: the prefill stops one token short, so that the engine can keep
+        # the conversation's cache as of there (DecodeEngine._split_prompt).
+        split = (request.history_drops_reply and bool(request.conversation_id)
+                 and source.num_tokens < len(tokens) - 1)
         try:
-            cache, prefill, info = await self._prefill(request_id, tokens, source, request.prefill_address)
+            cache, prefill, info = await self._prefill(request_id, tokens[:-1] if split else tokens, source,
+                                                       request.prefill_address)
         finally:
             self.conversations.done_with(source)
+        if split:
+            info["computed"] += 1  # the last prompt token, computed here either way
         decode = DecodeRequest(request_id, tokens, params, conversation_id=request.conversation_id or None,
-                               cache=cache, prefill=prefill)
+                               cache=cache, prefill=prefill, keep_before_last=split and cache is not None)
         queue: asyncio.Queue = asyncio.Queue()
         self.streams[request_id] = queue
         first_token_s = None

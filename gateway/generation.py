@@ -39,6 +39,12 @@ class GenerationSpec:
     forced_text: str = ""  # output the prompt already forced (a tool call's opening): primes the parser
     timeout_s: float = 3600.0
 
+    @property
+    def history_drops_reply(self) -> bool:
+        """Thinking without tools: the next turn's history drops this reply's reasoning, so it
+        extends the prompt minus its closing `<think>`, not the reply (chat_encoding._render)."""
+        return self.chat and self.starts_in_reasoning and not self.tools_enabled and not self.forced_text
+
 
 @dataclass
 class Choice:
@@ -99,7 +105,7 @@ async def relay(spec: GenerationSpec, clients: DecodeClients, tokenizer: Tokeniz
             request_id=f"{spec.request_id}-{index}", token_ids=spec.prompt, sampling=sampling,
             # only the first choice continues the conversation: n siblings would overwrite each other
             conversation_id=spec.route.conversation_id if index == 0 else "",
-            prefill_address=spec.route.prefill)
+            prefill_address=spec.route.prefill, history_drops_reply=spec.history_drops_reply)
         call = clients.generate(spec.route.decode, request, spec.timeout_s)
         calls.append(call)
         tasks.append(asyncio.create_task(_pump(index, call, queue)))

@@ -146,3 +146,57 @@ def test_abort_releases_memory(tiny_model):
     event = engine.abort("a")
     assert event.finish_reason is FinishReason.ABORT
     assert not engine.has_work() and pool.is_empty()
+
+
+def _prefilled(model, pool, tokens):
+    """A cache holding `tokens` and its prefill output, as a prefill worker hands them over."""
+    from dsflash.prefill_worker.engine import PrefillEngine, PrefillRequest
+
+    prefill = PrefillEngine(model, pool)
+    job = prefill.add(PrefillRequest("handoff", list(tokens)))
+    while not prefill.step():
+        pass
+    return job.cache, job.output
+
+
+def test_prompt_split_before_its_last_token_keeps_that_cache(tiny_model, oracle):
+    """history_drops_reply: the cache arrives one token short, a copy of it is kept for the
+    conversation, the engine computes the last token. Output and the kept cache are exact."""
+    prompt = _prompts(1, seed=5)[0] + [11, 12]
+    pool = make_pool(tiny_model)
+    engine = engine_with(tiny_model, pool, 5)
+    kept = {}
+
+    def take(request):
+        kept["cache"], request.snapshot = request.snapshot, None
+        return False  # the live cache goes back to the pool
+
+    engine.on_finish = take
+    cache, output = _prefilled(tiny_model, pool, prompt[:-1])
+    first = greedy_request("split", prompt, 6)
+    first.cache, first.prefill, first.keep_before_last, first.conversation_id = cache, output, True, "c"
+    assert run_to_end(engine, [first])["split"].output == oracle(tiny_model, prompt, 6)
+    snapshot = kept["cache"]
+    assert snapshot.num_tokens == len(prompt) - 1
+    # the next turn extends the prompt minus its last token: continued from the kept cache,
+    # the engine computes only the new tokens and decodes as if from scratch
+    extended = prompt[:-1] + [21, 22, 23]
+    second = greedy_request("next", extended, 6)
+    second.cache = snapshot
+    engine.on_finish = None
+    assert run_to_end(engine, [second])["next"].output == oracle(tiny_model, extended, 6)
+    assert pool.is_empty()
+
+
+def test_aborted_split_request_returns_its_kept_copy(tiny_model):
+    prompt = _prompts(1, seed=6)[0] + [11, 12]
+    pool = make_pool(tiny_model)
+    engine = engine_with(tiny_model, pool, 0)
+    cache, output = _prefilled(tiny_model, pool, prompt[:-1])
+    request = greedy_request("gone", prompt, 50)
+    request.cache, request.prefill, request.keep_before_last, request.conversation_id = cache, output, True, "c"
+    engine.add(request)
+    assert request.snapshot is not None
+    engine.step()
+    engine.abort("gone")
+    assert request.snapshot is None and pool.is_empty()

@@ -146,3 +146,16 @@ def test_sampled_reply_quoted_back_reuses_the_cached_turn(client, tiny_checkpoin
     second = client.chat.completions.create(messages=history, seed=seed, extra_headers=conversation, **options)
     held = first.usage.prompt_tokens + first.usage.completion_tokens
     assert held - 1 <= second.usage.prompt_tokens_details.cached_tokens < second.usage.prompt_tokens
+
+
+def test_thinking_conversation_reuses_the_turn_before_its_reply(client):
+    """Thinking mode drops earlier reasoning from the history, so turn two quotes turn one's
+    reply differently from how it was generated; it still reuses turn one's prompt."""
+    conversation = {"X-Conversation-Id": "thinking-turns"}
+    first = client.chat.completions.create(model="m", messages=USER, max_tokens=6, extra_headers=conversation)
+    reply = first.choices[0].message
+    history = USER + [{"role": "assistant", "content": reply.content or "",
+                       "reasoning_content": reply.model_extra.get("reasoning_content")},
+                      {"role": "user", "content": "And another."}]
+    second = client.chat.completions.create(model="m", messages=history, max_tokens=6, extra_headers=conversation)
+    assert second.usage.prompt_tokens_details.cached_tokens == first.usage.prompt_tokens - 1

@@ -67,10 +67,12 @@ class Worker:
 
 
 def generate(address: str, tokens: list[int], *, conversation: str = "", max_tokens: int = 8, request_id: str = "",
-             timeout_s: float = 120, **sampling) -> tuple[list[int], worker_pb2.Finished]:
+             timeout_s: float = 120, history_drops_reply: bool = False,
+             **sampling) -> tuple[list[int], worker_pb2.Finished]:
     params = worker_pb2.SamplingParams(max_tokens=max_tokens, **sampling)
     request = worker_pb2.GenerateRequest(request_id=request_id or f"t{time.monotonic_ns()}", token_ids=tokens,
-                                         conversation_id=conversation, sampling=params)
+                                         conversation_id=conversation, sampling=params,
+                                         history_drops_reply=history_drops_reply)
     out, finished = [], None
     with grpc.insecure_channel(address, options=GRPC_OPTIONS) as channel:
         for message in worker_pb2_grpc.DecodeStub(channel).Generate(request, timeout=timeout_s):

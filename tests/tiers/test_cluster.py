@@ -108,6 +108,29 @@ def test_conversation_alternating_workers_fetches_instead_of_recomputing(cluster
     assert cluster.prefill.status().computed_prefill_tokens_total - computed_before == sum(new_tokens)
 
 
+def test_thinking_turn_keeps_the_prompt_before_its_closing_token(cluster, tiny_model):
+    """Thinking without tools: the next prompt drops the reply's reasoning, so it extends the
+    prompt minus its last token (the `<think>`), never the reply. The conversation keeps that."""
+    conv = "conv-thinking"
+    computed_before = cluster.prefill.status().computed_prefill_tokens_total
+    prompt = _prompt(41, 11)
+    out, finished = generate(cluster.decodes[0].address, prompt, conversation=conv, history_drops_reply=True)
+    assert finished.usage.cached_tokens == 0 and finished.usage.computed_tokens == len(prompt)
+    with torch.inference_mode():  # the prompt computed in two steps decodes as in one
+        assert out == greedy(tiny_model, torch.tensor(prompt), 8)
+    for turn, worker in enumerate([cluster.decodes[1], cluster.decodes[0]], start=2):
+        held = len(prompt) - 1
+        prompt = prompt[:-1] + _prompt(7 + turn, 11 + turn)
+        wait_for(lambda: _owner_known(cluster, conv))
+        out, finished = generate(worker.address, prompt, conversation=conv, history_drops_reply=True)
+        assert finished.stats.cache_source == "peer", turn
+        assert finished.usage.cached_tokens == held and finished.usage.computed_tokens == len(prompt) - held
+        with torch.inference_mode():
+            assert out == greedy(tiny_model, torch.tensor(prompt), 8)
+    # the prefill worker computed what was new in each prompt, all but its last token
+    assert cluster.prefill.status().computed_prefill_tokens_total - computed_before == 40 + (9 - 1) + (10 - 1)
+
+
 def _owner_known(cluster, conv):
     async def look():
         d = RedisDirectory.from_url(cluster.redis_url)
