@@ -283,6 +283,14 @@ class PagedCache(SequenceCache):
         return cache
 
     def copy_to(self, pool: CachePool) -> "PagedCache":
-        """The same cache in another pool (e.g. device -> pinned host), byte for byte."""
-        desc, payload = self.serialize()
-        return PagedCache.deserialize(pool, self.config, desc, payload)
+        """The same cache in another pool, or this one (e.g. device -> pinned host, or a kept
+        copy of a prompt), byte for byte: page to page, with no flat payload in between."""
+        copy = PagedCache.allocate_for(pool, self.config, self.descriptor())
+        try:
+            for (src_seg, src_off, n), (dst_seg, dst_off, _) in zip(self.byte_ranges(), copy.byte_ranges()):
+                pool.buffer(dst_seg)[dst_off: dst_off + n].copy_(self.pool.buffer(src_seg)[src_off: src_off + n])
+        except Exception:
+            copy.release()
+            raise
+        copy.bytes_changed()
+        return copy
