@@ -143,8 +143,8 @@ class DecodeEngine:
 
     def _admit(self, events: list[TokenEvent]) -> None:
         for request in list(self.waiting):
-            if request.cache is None or request.cache.num_tokens < len(request.processed_tokens):
-                if not self._room_for(len(request.processed_tokens)):
+            if request.cache is None or request.cache.num_tokens < request.num_processed_tokens:
+                if not self._room_for(request.num_processed_tokens):
                     break  # first come, first served: later requests wait too
                 self.waiting.remove(request)
                 self._rebuild(request)
@@ -159,7 +159,7 @@ class DecodeEngine:
         their next block? (Without this check a rebuilt request would evict the others again.)"""
         block = self.spec_tokens + 1
         headroom = sum(r.cache.pages_needed(block) for r in self.running)
-        headroom += sum(self.pool.layout.pages_for(len(r.processed_tokens) + block) for r in self.rebuilding.values())
+        headroom += sum(self.pool.layout.pages_for(r.num_processed_tokens + block) for r in self.rebuilding.values())
         need = self.pool.layout.pages_for(num_tokens + block)
         return self.pool.free_slot_count > 0 and self.pool.free_page_count - headroom >= need
 

@@ -78,3 +78,8 @@ class DecodeRequest:
     def processed_tokens(self) -> list[int]:
         """Tokens whose KV the cache must hold: the prompt and every output but the pending one."""
         return self.prompt + (self.output[:-1] if self.pending is not None else self.output)
+
+    @property
+    def num_processed_tokens(self) -> int:
+        """len(processed_tokens), without building a prompt-sized list (the scheduler asks often)."""
+        return len(self.prompt) + len(self.output) - (self.pending is not None)

@@ -129,7 +129,7 @@ class DecodeWorker:
         if split:
             info["computed"] += 1  # the last prompt token, computed here either way
         decode = DecodeRequest(request_id, tokens, params, conversation_id=request.conversation_id or None,
-                               cache=cache, prefill=prefill, keep_before_last=split and cache is not None)
+                               cache=cache, prefill=prefill, keep_before_last=split)
         queue: asyncio.Queue = asyncio.Queue()
         self.streams[request_id] = queue
         first_token_s = None

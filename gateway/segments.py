@@ -43,9 +43,7 @@ class SegmentBuilder:
         return self
 
     def special(self, token: st.SpecialToken) -> SegmentBuilder:
-        self._flush()
-        self._segments.append(token.id)
-        return self
+        return self._add(token.id)
 
     def template(self, trusted: str) -> SegmentBuilder:
         """A constant of ours in which special-token spellings mean the tokens themselves."""
@@ -57,9 +55,7 @@ class SegmentBuilder:
         return self.text(trusted[at:])
 
     def tokens(self, run: Tokens) -> SegmentBuilder:
-        self._flush()
-        self._segments.append(run)
-        return self
+        return self._add(run)
 
     def extend(self, segments: list[Segment]) -> SegmentBuilder:
         """Append built segments as if they were added here one by one (text runs merge)."""
@@ -67,8 +63,7 @@ class SegmentBuilder:
             if isinstance(segment, str):
                 self.text(segment)
             else:
-                self._flush()
-                self._segments.append(segment)
+                self._add(segment)
         return self
 
     @property
@@ -78,6 +73,12 @@ class SegmentBuilder:
     def build(self) -> list[Segment]:
         self._flush()
         return list(self._segments)
+
+    def _add(self, segment: int | Tokens) -> SegmentBuilder:
+        """A special id or a spliced run: it ends the text run before it."""
+        self._flush()
+        self._segments.append(segment)
+        return self
 
     def _flush(self) -> None:
         if self._text:
