@@ -156,6 +156,48 @@ def kernels() -> None:
                                                                                        flops / BF16_FLOPS)})
 
 
+def moe_tiles() -> None:
+    """The routed-expert kernels' tile shapes, swept at decode and prefill sizes (model/kernels/fp4_moe.TILES)."""
+    from dsflash.model.kernels import fp4_moe as moe
+
+    dev, E, H, inter, k = "cuda", 48, 5120, 2304, 6
+    w13 = torch.randint(0, 255, (E, 2 * inter, H // 2), dtype=torch.uint8, device=dev)
+    s13 = torch.full((E, 2 * inter, H // 32), 120, dtype=torch.uint8, device=dev)
+    w2 = torch.randint(0, 255, (E, H, inter // 2), dtype=torch.uint8, device=dev)
+    s2 = torch.full((E, H, inter // 32), 120, dtype=torch.uint8, device=dev)
+    per_expert = w13[0].numel() + s13[0].numel() + w2[0].numel() + s2[0].numel()
+    default = {key: dict(value) for key, value in moe.TILES.items()}
+    candidates = [dict(BLOCK_N=n, BLOCK_KB=kb, num_warps=w, num_stages=st)
+                  for n, kb, w, st in [(64, 32, 4, 3), (64, 16, 4, 3), (32, 32, 4, 3), (128, 32, 8, 3), (64, 64, 4, 3),
+                                       (32, 64, 4, 3), (128, 16, 4, 3), (64, 32, 8, 4), (64, 32, 4, 4)]]
+    for tokens in (6, 48, 8192):
+        x = torch.randn(tokens, H, device=dev)
+        idx = torch.stack([torch.randperm(E, device=dev)[:k] for _ in range(tokens)])
+        weights = torch.rand(tokens, k, device=dev)
+        block_m = 16 if tokens * k < 16 * E else 64
+        nbytes = len(torch.unique(idx)) * per_expert
+        ref = moe.fp4_moe(x, idx, weights, w13, s13, w2, s2, 10.0)
+        best = None
+        for tiles in candidates:
+            if time_left() < 60:
+                break
+            moe.TILES[block_m] = tiles
+            try:
+                got = moe.fp4_moe(x, idx, weights, w13, s13, w2, s2, 10.0)
+                t = cuda_time(lambda: moe.fp4_moe(x, idx, weights, w13, s13, w2, s2, 10.0), iters=5 if tokens > 1000 else 20)
+            except Exception as exc:  # a shape the compiler refuses (registers, shared memory)
+                record("moe_tiles", f"T{tokens}_{tiles}", {"error": type(exc).__name__})
+                continue
+            same = bool(torch.allclose(got, ref, rtol=1e-3, atol=1e-3 * ref.abs().max().item()))
+            record("moe_tiles", f"T{tokens}_N{tiles['BLOCK_N']}_KB{tiles['BLOCK_KB']}_w{tiles['num_warps']}_s{tiles['num_stages']}",
+                   {"us": t * 1e6, "ratio_to_roofline": t / (nbytes / HBM_BPS), "matches_default": same})
+            if same and (best is None or t < best[0]):
+                best = (t, tiles)
+        moe.TILES.update({key: dict(value) for key, value in default.items()})
+        if best:
+            record("moe_tiles", f"T{tokens}_best", {"us": best[0] * 1e6, **best[1]})
+
+
 # ------------------------------------------------------------------ the model
 
 
@@ -164,6 +206,7 @@ def build_model(fast: bool, preset: str, parallel=None):
     from dsflash.model.config import ModelConfig
     from dsflash.model.deepseek_v41 import DeepseekV41
     from dsflash.model.fast_ops import TritonOps
+    from dsflash.model.graphs import GraphCache
     from dsflash.model.ops import ReferenceOps
     from dsflash.model.parallel import SINGLE, keeps_spec, shard_attention
 
@@ -176,6 +219,8 @@ def build_model(fast: bool, preset: str, parallel=None):
     model = DeepseekV41(store, tokenizer_json=tokenizer, device=DEV, parallel=parallel)
     model.ops = (TritonOps(store, device=DEV, parallel=parallel) if fast
                  else ReferenceOps(store, device=DEV, cache_dense=False, parallel=parallel))
+    if fast and GraphCache.wanted(torch.device(DEV)) and parallel.world == 1:
+        model.graphs = GraphCache()
     record("setup", "weights", {"seconds": time.monotonic() - began, "GiB": store.nbytes / 2**30})
     return model, store
 
@@ -427,17 +472,23 @@ def main() -> None:
         ceilings()
     if "kernels" in sections and DEV.startswith("cuda"):
         kernels()
+    if "moe_tiles" in sections and DEV.startswith("cuda"):
+        moe_tiles()
     if {"decode", "prefill", "reference"} & set(sections):
         model, store = build_model(fast=True, preset=args.preset)
         if "decode" in sections:
             for context in contexts:
                 decode(model, store, [b for b in batches if context < (1 << 20) or b <= 8], [context], "decode")
+        if "decode_eager" in sections:  # the same kernels without CUDA graphs: what the graphs buy
+            graphs, model.graphs = model.graphs, None
+            decode(model, store, [batches[0]], [contexts[0]], "decode_eager")
+            model.graphs = graphs
         if "prefill" in sections:
             prefill(model, [int(x) for x in args.prefill.split(",")])
         if "reference" in sections:
             from dsflash.model.ops import ReferenceOps
 
-            model.ops = ReferenceOps(store, device=DEV, cache_dense=False)
+            model.ops, model.graphs = ReferenceOps(store, device=DEV, cache_dense=False), None
             decode(model, store, [1], [contexts[0]], "reference")
     print(json.dumps(RESULTS, indent=1))
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..model.config import ModelConfig
+from ..model.device import to_device
 from ..model.quant import fp4_dequantize, fp8_dequantize
 from .layout import CacheLayout
 from .pool import CachePool
@@ -42,6 +43,7 @@ class PagedCache(SequenceCache):
         self.pool, self.layout = pool, layout
         self.slot = pool.allocate_slot()
         self.page_table: dict[int, list[int]] = {s: [] for s in layout.sources}
+        self._tables: dict[int, torch.Tensor] = {}  # page_table on the pool's device, rebuilt when it changes
         self.counts = {s: 0 for s in layout.sources}
         self.tail_lengths = {s: 0 for s in layout.tail_offsets()}
         self._keys: dict[int, torch.Tensor] = {}  # dequantized index keys, extended as entries arrive
@@ -78,6 +80,16 @@ class PagedCache(SequenceCache):
         need = -(-count // self.layout.page_entries) - len(table)
         if need > 0:
             table.extend(self.pool.allocate_pages(need))
+            self._tables.pop(source, None)
+
+    def _device_table(self, source: int) -> torch.Tensor:
+        """The source's page table on the pool's device: one copy each time pages are added,
+        not one (synchronizing) copy per lookup."""
+        table = self._tables.get(source)
+        if table is None:
+            table = self._tables[source] = to_device(torch.tensor(self.page_table[source], dtype=torch.long),
+                                                     self.pool.device)
+        return table
 
     def reserve(self, extra_tokens: int) -> None:
         """Allocate now every page the next `extra_tokens` tokens will need (raises PoolExhausted),
@@ -92,9 +104,8 @@ class PagedCache(SequenceCache):
         return total
 
     def _locate(self, source: int, entry_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        table = torch.tensor(self.page_table[source], dtype=torch.long)
-        P = self.layout.page_entries
-        return table[entry_ids.cpu() // P].to(self.pool.device), (entry_ids % P).to(self.pool.device)
+        ids, P = entry_ids.to(self.pool.device), self.layout.page_entries
+        return self._device_table(source)[ids // P], ids % P
 
     def entries_append(self, source, kv, index_keys, packed):
         if packed is None:
@@ -102,7 +113,7 @@ class PagedCache(SequenceCache):
         (kv_codes, kv_scales), (key_codes, key_scales) = packed
         n, start = kv.shape[0], self.counts[source]
         self._ensure_pages(source, start + n)
-        pages, rows = self._locate(source, torch.arange(start, start + n))
+        pages, rows = self._locate(source, torch.arange(start, start + n, device=self.pool.device))
         for name, data in (("kv_codes", kv_codes), ("kv_scales", kv_scales), ("key_codes", key_codes),
                            ("key_scales", key_scales)):
             self._sections[name][pages, rows] = data.to(self.pool.device)
@@ -126,7 +137,7 @@ class PagedCache(SequenceCache):
         return keys[:count]
 
     def _decode_keys(self, source: int, count: int) -> torch.Tensor:
-        pages, rows = self._locate(source, torch.arange(count))
+        pages, rows = self._locate(source, torch.arange(count, device=self.pool.device))
         return fp4_dequantize(self._sections["key_codes"][pages, rows], self._sections["key_scales"][pages, rows], 32)
 
     def _truncate_entries(self, source, count):
@@ -148,7 +159,7 @@ class PagedCache(SequenceCache):
         sections = L.page_sections()
         codes_off, codes_width = sections[f"{kind}_codes"]
         scales_off, scales_width = sections["kv_scales" if kind == "kv" else "key_scales"]
-        table = torch.tensor(self.page_table[source], dtype=torch.long, device=entry_ids.device)
+        table = self._device_table(source).to(entry_ids.device)
         ids = entry_ids.to(torch.long)
         page = table[ids.clamp_min(0) // L.page_entries] * L.page_bytes
         row = ids.clamp_min(0) % L.page_entries
@@ -187,6 +198,7 @@ class PagedCache(SequenceCache):
         for table in self.page_table.values():
             self.pool.free_pages(table)
             table.clear()
+        self._tables.clear()
         self.pool.free_slot(self.slot)
         self.released = True
 
@@ -223,7 +235,7 @@ class PagedCache(SequenceCache):
         cache = cls(pool, config)
         try:
             for source, count in pool.layout.entries_for(num_tokens).items():
-                cache.page_table[source].extend(pool.allocate_pages(-(-count // pool.layout.page_entries)))
+                cache._ensure_pages(source, count)
         except Exception:
             cache.release()
             raise

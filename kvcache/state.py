@@ -97,19 +97,23 @@ class SequenceCache:
 
     # ------------------------------------------------------------ shared bookkeeping
 
-    def window_positions(self, layer: int, start: int, end: int) -> torch.Tensor:
+    def window_positions(self, layer: int, start: int, end: int, device: str | torch.device | None = None
+                         ) -> torch.Tensor:
         """Cached positions in [start, end) whose ring slots hold valid data, ascending."""
         span = self.ring_spans[layer]
         lo = max(start, span.valid_from, span.valid_to - self.ring_capacity)
         hi = min(end, span.valid_to)
-        return torch.arange(lo, max(lo, hi), dtype=torch.long)
+        return torch.arange(lo, max(lo, hi), dtype=torch.long, device=device)
 
-    def ring_store(self, layer: int, positions: torch.Tensor, values: torch.Tensor, packed) -> None:
-        """Write a contiguous run of positions (only the last `ring_capacity` survive)."""
-        keep = min(positions.shape[0], self.ring_capacity)
+    def ring_store(self, layer: int, start: int, values: torch.Tensor, packed) -> None:
+        """Write the rows of positions start.. (only the last `ring_capacity` survive). The start
+        comes as a host int: reading it from a device tensor would synchronize."""
+        n = values.shape[0]
+        keep = min(n, self.ring_capacity)
         part = None if packed is None else (packed[0][-keep:], packed[1][-keep:])
-        self.ring_write(layer, positions[-keep:], values[-keep:], part)
-        self.note_ring_write(layer, int(positions[0]), positions.shape[0])
+        positions = torch.arange(start + n - keep, start + n, dtype=torch.long, device=values.device)
+        self.ring_write(layer, positions, values[-keep:], part)
+        self.note_ring_write(layer, start, n)
 
     def note_ring_write(self, layer: int, start: int, count: int) -> None:
         span = self.ring_spans[layer]

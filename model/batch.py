@@ -21,7 +21,7 @@ class SeqRun:
     history: list[int]  # token ids right before `start` (Engram look-back)
     offset: int = 0  # first row in the flat batch
     skip_compressor: bool = False  # CED decoder pass: the encoder pass already built the entries
-    shared: dict = field(default_factory=dict)  # per-forward CSA2 state: top-k lists, candidate pool
+    shared: dict = field(default_factory=dict)  # per-forward state: top-k lists, candidate pool, positions, RoPE
 
     @property
     def n(self) -> int:
@@ -31,9 +31,13 @@ class SeqRun:
     def rows(self) -> slice:
         return slice(self.offset, self.offset + self.n)
 
-    @property
-    def positions(self) -> torch.Tensor:
-        return torch.arange(self.start, self.start + self.n, dtype=torch.long)
+    def positions_on(self, device: str | torch.device) -> torch.Tensor:
+        """Absolute positions [n] of this forward's tokens, built on `device` (a host tensor would
+        cost a synchronizing copy per layer), once per forward."""
+        key = ("positions", torch.device(device))
+        if key not in self.shared:
+            self.shared[key] = torch.arange(self.start, self.start + self.n, dtype=torch.long, device=device)
+        return self.shared[key]
 
 
 def pack(runs: list[SeqRun]) -> torch.Tensor:

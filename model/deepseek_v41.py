@@ -22,8 +22,10 @@ import torch
 
 from .batch import SeqRun, pack
 from .config import LayerRole, ModelConfig
+from .device import to_device
 from .engram_hash import EngramHasher, compressed_map
-from .layers.attention import attention
+from .graphs import GraphCache
+from .layers.attention import attend, grouped_output, project
 from .layers.compressor import compress
 from .layers.engram import engram
 from .layers.mhc import hc_collapse, hc_expand
@@ -49,6 +51,7 @@ class DeepseekV41:
         self.device = torch.device(device)
         self.rope = Rope(self.config, device=self.device)
         self.qat = qat
+        self.graphs: GraphCache | None = None  # CUDA graphs of the dense parts (use_kernels turns them on)
         self.hasher = None
         if self.config.engram_layers:
             if tokenizer_json is None:
@@ -74,6 +77,10 @@ class DeepseekV41:
 
         old = self.ops
         self.ops = TritonOps(old.weights, act_quant=old.act_quant, device=self.device, parallel=old.parallel)
+        # One rank only for now: the graphs would also capture the all-reduces (NCCL allows it),
+        # untested so far.
+        if GraphCache.wanted(self.device) and old.parallel.world == 1:
+            self.graphs = GraphCache()
 
     # ------------------------------------------------------------ entry points
 
@@ -111,7 +118,7 @@ class DeepseekV41:
 
     def embed(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         S = self.config.hc_mult
-        e = self.ops.w("embed.weight")[tokens.to(self.device)]
+        e = self.ops.w("embed.weight")[to_device(tokens, self.device)]
         X = e.unsqueeze(1).expand(-1, S, -1).contiguous()
         pre = torch.zeros(e.shape[0], S, device=self.device)
         pre[:, 0] = 1.0
@@ -120,17 +127,33 @@ class DeepseekV41:
     def block(self, role: LayerRole, X: torch.Tensor, pre: torch.Tensor, runs: list[SeqRun],
               block_mode: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """One mHC block; returns the new streams and this block's FFN `pre` for the next site."""
+        a_pre, a_post, a_comb, xa, q_res, q_all, kv_all = self._dense("attn_in", role, self._attn_in, X, pre)
+        o = attend(self.ops, self.config, role, xa, q_res, q_all, kv_all, runs, self.rope, self.qat, block_mode)
+        return self._dense("attn_out_ffn", role, self._attn_out_ffn, o, X, a_pre, a_post, a_comb)
+
+    def _attn_in(self, role: LayerRole, X: torch.Tensor, pre: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The attention site's gates and its input, projected (dense: one graph per T)."""
         c, w, p = self.config, self.ops.w, role.prefix
         a_pre, a_post, a_comb = self.ops.hc_mix(X, w(f"{p}.hc_attn_fn"), w(f"{p}.hc_attn_base"), w(f"{p}.hc_attn_scale"),
-                                       c.hc_sinkhorn_iters, c.hc_eps, c.rms_norm_eps)
+                                                c.hc_sinkhorn_iters, c.hc_eps, c.rms_norm_eps)
         xa = rms_norm(hc_collapse(X, pre), w(f"{p}.attn_norm.weight"), c.rms_norm_eps)
-        y = attention(self.ops, c, role, xa, runs, self.rope, self.qat, block_mode=block_mode)
-        X = hc_expand(y, X, a_post, a_comb)
+        return (a_pre, a_post, a_comb, xa) + project(self.ops, c, role, xa)
+
+    def _attn_out_ffn(self, role: LayerRole, o: torch.Tensor, X: torch.Tensor, a_pre: torch.Tensor,
+                      a_post: torch.Tensor, a_comb: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Attention output into the streams, then the whole FFN site (dense: one graph per T)."""
+        c, w, p = self.config, self.ops.w, role.prefix
+        X = hc_expand(grouped_output(self.ops, c, role, o), X, a_post, a_comb)
         f_pre, f_post, f_comb = self.ops.hc_mix(X, w(f"{p}.hc_ffn_fn"), w(f"{p}.hc_ffn_base"), w(f"{p}.hc_ffn_scale"),
-                                       c.hc_sinkhorn_iters, c.hc_eps, c.rms_norm_eps)
+                                                c.hc_sinkhorn_iters, c.hc_eps, c.rms_norm_eps)
         xf = rms_norm(hc_collapse(X, a_pre), w(f"{p}.ffn_norm.weight"), c.rms_norm_eps)
         X = hc_expand(moe(self.ops, c, role, xf), X, f_post, f_comb)
         return X, f_pre
+
+    def _dense(self, part: str, role: LayerRole, fn, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        if self.graphs is None:
+            return fn(role, *inputs)
+        return self.graphs.run((part, role.index), lambda *t: fn(role, *t), inputs)
 
     def head(self, X: torch.Tensor, pre: torch.Tensor, norm: str = "norm.weight") -> torch.Tensor:
         h = rms_norm(hc_collapse(X, pre), self.ops.w(norm), self.config.rms_norm_eps)
@@ -162,7 +185,7 @@ class DeepseekV41:
             logits = [None] * len(runs)
         else:
             pick = [run.offset + run.n - 1 for run in runs] if which == "last" else None
-            rows = torch.tensor(pick) if pick is not None else slice(None)
+            rows = to_device(torch.tensor(pick), X.device) if pick is not None else slice(None)
             flat = self.head(X[rows], pre[rows])
             for i, run in enumerate(runs):
                 logits.append(flat[i:i + 1] if which == "last" else flat[run.rows])

@@ -24,6 +24,7 @@ import torch
 from ..kvcache.state import SequenceCache
 from .batch import SeqRun, pack
 from .deepseek_v41 import DeepseekV41
+from .device import to_device
 from .layers.mhc import hc_collapse
 from .layers.norm import rms_norm
 from .quant import fp8_round_trip
@@ -58,9 +59,8 @@ class DSparkDrafter:
         main_x = rms_norm(ops.linear(taps, f"{self.first}.main_proj"), ops.w(f"{self.first}.main_norm.weight"),
                           c.rms_norm_eps)
         n = taps.shape[0]
-        positions = torch.arange(start, start + n)
         keep = min(n, cache.ring_capacity)
-        cos, sin = self.model.rope.cos_sin("local", positions[-keep:])
+        cos, sin = self.model.rope.cos_sin("local", torch.arange(start + n - keep, start + n, device=taps.device))
         for role in self.stages:
             p = role.prefix
             kv = rms_norm(ops.linear(main_x[-keep:], f"{p}.attn.wkv"), ops.w(f"{p}.attn.kv_norm.weight"), c.rms_norm_eps)
@@ -68,7 +68,7 @@ class DSparkDrafter:
             packed = None
             if self.model.qat:
                 kv, packed = fp8_round_trip(kv)
-            cache.ring_store(role.index, positions[-keep:], kv, packed)
+            cache.ring_store(role.index, start + n - keep, kv, packed)
 
     def propose(self, requests: list[tuple[SequenceCache, int]], choose: Chooser = greedy_chooser) -> Proposal:
         """Drafts for each (cache, y): the cache has committed positions .. p, y is the token at p+1."""
@@ -86,9 +86,9 @@ class DSparkDrafter:
         out = torch.tensor([y for _, y in requests], dtype=torch.long)
         drafts, logits, embeds = [], [], []
         for i in range(B):
-            e = markov_embed[out]  # [R, r]
+            e = markov_embed[to_device(out, markov_embed.device)]  # [R, r]
             row = base[:, i] + e @ markov_head.T  # [R, V]
-            out = torch.tensor([choose(j, i, row[j]) for j in range(len(runs))], dtype=torch.long)
+            out = torch.tensor([choose(j, i, row[j]) for j in range(len(runs))], dtype=torch.long)  # host ints
             drafts.append(out)
             logits.append(row)
             embeds.append(e)

@@ -14,6 +14,8 @@ float8_e8m0fnu is lossy in some stacks.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
@@ -70,16 +72,23 @@ def e4m3_decode(byte: torch.Tensor) -> torch.Tensor:
     return as_uint8(byte).view(torch.float8_e4m3fn).to(torch.float32)
 
 
+@functools.cache
+def _e2m1_tables(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(decision thresholds, values) on one device, copied there once, not at every call."""
+    mids = _E2M1_MIDPOINTS.to(device)
+    thresholds = torch.where(_E2M1_TIE_UP.to(device), mids, torch.nextafter(mids, torch.full_like(mids, 1e9)))
+    return thresholds, E2M1_VALUES.to(device)
+
+
 def e2m1_encode(q: torch.Tensor) -> torch.Tensor:
     """fp32 (already within +-6) -> e2m1 code (uint8, sign in bit 3), round to nearest even."""
-    mids = _E2M1_MIDPOINTS.to(q.device)
-    thresholds = torch.where(_E2M1_TIE_UP.to(q.device), mids, torch.nextafter(mids, torch.full_like(mids, 1e9)))
+    thresholds = _e2m1_tables(q.device)[0]
     magnitude = torch.bucketize(q.abs().float(), thresholds, right=True).to(torch.uint8)
     return magnitude | (torch.signbit(q).to(torch.uint8) << 3)
 
 
 def e2m1_decode(code: torch.Tensor) -> torch.Tensor:
-    return E2M1_VALUES.to(code.device)[code.long()]
+    return _e2m1_tables(code.device)[1][code.long()]
 
 
 def pack_nibbles(codes: torch.Tensor) -> torch.Tensor:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from .batch import SeqRun
 from .config import ModelConfig, yarn_inv_freq_bounds
 
 
@@ -35,11 +36,20 @@ class Rope:
 
     def __init__(self, config: ModelConfig, device="cpu"):
         self.inv_freq = {k: inverse_frequencies(config, k).to(device) for k in ("local", "yarn")}
+        self.device = self.inv_freq["local"].device  # with its index: cuda:0, as tensors report it
 
     def cos_sin(self, kind: str, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """positions should already be on the device: a host tensor costs a synchronizing copy."""
         inv = self.inv_freq[kind]
         freqs = positions.to(inv.device, torch.float32)[:, None] * inv[None, :]  # [n, rope/2]
         return freqs.cos(), freqs.sin()
+
+    def for_run(self, kind: str, run: SeqRun) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin of a run's positions, once per forward: every layer of a forward asks for the same."""
+        key = ("rope", kind)
+        if key not in run.shared:
+            run.shared[key] = self.cos_sin(kind, run.positions_on(self.device))
+        return run.shared[key]
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inverse: bool = False) -> torch.Tensor:

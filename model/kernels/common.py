@@ -22,6 +22,20 @@ def interpreting() -> bool:
 # the golden logits past 1e-2 (measured 2026-11-30); tf32x3 is fp32-accurate on tensor cores.
 # DSFLASH_DOT_PRECISION=ieee (or tf32) overrides it, to tell rounding from bugs.
 DOT = tl.constexpr(os.environ.get("DSFLASH_DOT_PRECISION") or ("ieee" if interpreting() else "tf32x3"))
+# Where one operand holds dequantized FP8/FP4 values (at most 4 significant bits, times a power
+# of two, or an e4m3 scale: at most 8 bits), that operand is exact in TF32. Splitting only the
+# other one into a TF32 head and its remainder then gives tf32x3's accuracy in two passes.
+_SPLIT_ONE = tl.constexpr(DOT.value == "tf32x3")
+
+
+@triton.jit
+def dot_exact_rhs(a, b, acc):
+    """acc + a @ b where every value of b is exact in TF32 (see above)."""
+    if _SPLIT_ONE:
+        head = (a.to(tl.int32, bitcast=True) & -8192).to(tl.float32, bitcast=True)  # top 10 mantissa bits
+        acc = tl.dot(head, b, acc, input_precision="tf32")
+        return tl.dot(a - head, b, acc, input_precision="tf32")
+    return tl.dot(a, b, acc, input_precision=DOT)
 
 
 @triton.jit

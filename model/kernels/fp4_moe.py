@@ -9,6 +9,13 @@ expert's rows:
   2. o[p] = h[p] W2^T                                              [P, H]
 and the token outputs are o summed over each token's k pairs (deterministic, no atomics).
 Hopper has no FP4 tensor cores: codes are decoded to fp32 in registers, scaled, then dotted.
+A byte's two codes are weights of columns 2c and 2c+1, so the dot runs as two half-width
+dots (even columns with low nibbles, odd with high): no interleaving of registers, which
+Triton 3.6 compiled wrongly on the H200 elsewhere. Codes are decoded with integer operations
+(no exp2, no table lookups: either made this kernel several times slower on the H200).
+Nothing here waits for the GPU: the grid is sized for the worst case of the batch's shape
+(every expert's run padded), and blocks past the real runs return at once, so a decode step
+can be captured in a CUDA graph.
 """
 
 from __future__ import annotations
@@ -18,7 +25,7 @@ import triton
 import triton.language as tl
 
 from ..quant import dequantize_fp4_weight
-from .common import DOT, e2m1_to_float
+from .common import dot_exact_rhs, interpreting
 
 
 def fp4_moe_ref(x, idx, weights, w13, s13, w2, s2, limit: float) -> torch.Tensor:
@@ -38,101 +45,131 @@ def fp4_moe_ref(x, idx, weights, w13, s13, w2, s2, limit: float) -> torch.Tensor
 
 
 @triton.jit
-def _fp4_tile(w_ptr, s_ptr, row0, rows, col0, n_rows, n_cols, swr, swc, ssr, ssc,
-              BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
-    """Decode a [BLOCK_R, BLOCK_C] tile of a packed FP4 matrix (rows row0+rows, columns col0..)."""
-    r = row0 + rows
-    half = col0 // 2 + tl.arange(0, BLOCK_C // 2)
-    packed = tl.load(w_ptr + r[:, None] * swr + half[None, :] * swc,
-                     mask=(r[:, None] < n_rows) & (half[None, :] < n_cols // 2), other=0).to(tl.int32)
-    lo = e2m1_to_float(packed & 0xF)
-    hi = e2m1_to_float((packed >> 4) & 0xF)
-    values = tl.reshape(tl.join(lo, hi), (BLOCK_R, BLOCK_C))  # element 2c low nibble, 2c+1 high
-    s = tl.load(s_ptr + r * ssr + (col0 // 32) * ssc, mask=r < n_rows, other=127).to(tl.float32)
-    return values * tl.exp2(s - 127.0)[:, None]
+def _e2m1_scaled(nibbles, scale):
+    """e2m1 codes (int32, sign in bit 3) times fp32 scales, with integer ops and one multiply:
+    magnitudes 1, 1.5, 2, 3, 4, 6 (codes 2..7) are the fp32 bit patterns 0x3F000000 + code<<22;
+    codes 0 and 1 (0, 0.5) are code * 0.5."""
+    m = nibbles & 0x7
+    normal = (0x3F000000 + (m << 22)).to(tl.float32, bitcast=True)
+    magnitude = tl.where(m >= 2, normal, m.to(tl.float32) * 0.5) * scale
+    return tl.where((nibbles & 0x8) != 0, -magnitude, magnitude)
+
+
+@triton.jit
+def _half_dots(a_ptr, a_rows, a_live, sak, w_ptr, s_ptr, rows, n_rows, kb, K, swr, ssr, acc,
+               BLOCK_N: tl.constexpr, BLOCK_KB: tl.constexpr):
+    """acc + a[:, 2c:2c+2] . W[rows, 2c:2c+2] summed over the BLOCK_KB bytes c from kb: the
+    weight's [BLOCK_N, BLOCK_KB] bytes are read once and decoded as two half tiles."""
+    c = kb + tl.arange(0, BLOCK_KB)
+    in_k = 2 * c < K
+    a_mask = a_live[:, None] & in_k[None, :]
+    a_even = tl.load(a_ptr + a_rows[:, None] + (2 * c)[None, :] * sak, mask=a_mask, other=0.0).to(tl.float32)
+    a_odd = tl.load(a_ptr + a_rows[:, None] + (2 * c + 1)[None, :] * sak, mask=a_mask, other=0.0).to(tl.float32)
+    row_ok = rows < n_rows
+    packed = tl.load(w_ptr + rows[:, None] * swr + c[None, :], mask=row_ok[:, None] & in_k[None, :],
+                     other=0).to(tl.int32)
+    # one e8m0 scale per 32 columns = 16 bytes: 2^(e-127) is the float whose exponent field is e
+    g = kb // 16 + tl.arange(0, BLOCK_KB // 16)
+    sbyte = tl.load(s_ptr + rows[:, None] * ssr + g[None, :], mask=row_ok[:, None] & (g * 32 < K)[None, :], other=127)
+    scale = (sbyte.to(tl.int32) << 23).to(tl.float32, bitcast=True)
+    scale = tl.reshape(tl.broadcast_to(scale[:, :, None], (BLOCK_N, BLOCK_KB // 16, 16)), (BLOCK_N, BLOCK_KB))
+    acc = dot_exact_rhs(a_even, tl.trans(_e2m1_scaled(packed & 0xF, scale)), acc)
+    return dot_exact_rhs(a_odd, tl.trans(_e2m1_scaled(packed >> 4, scale)), acc)
 
 
 @triton.jit
 def _gate_up_kernel(x_ptr, tok_ptr, wt_ptr, blk_ptr, w_ptr, s_ptr, h_ptr, H, INTER, limit,
-                    sxt, sxh, swe, swr, swc, sse, ssr, ssc, shp, shi,
-                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                    sxt, sxh, swe, swr, sse, ssr, shp, shi,
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_KB: tl.constexpr):
     pid_b = tl.program_id(0)
-    pid_n = tl.program_id(1)
     expert = tl.load(blk_ptr + pid_b)
+    if expert < 0:  # past the last real run of this batch
+        return
     pairs = pid_b * BLOCK_M + tl.arange(0, BLOCK_M)
     tokens = tl.load(tok_ptr + pairs)
     live = tokens >= 0
-    rn = tl.arange(0, BLOCK_N)
-    rk = tl.arange(0, BLOCK_K)
-    n0 = pid_n * BLOCK_N
-    w_e, s_e = w_ptr + expert * swe, s_ptr + expert * sse
+    x_rows = tokens.to(tl.int64) * sxt
+    n0 = tl.program_id(1) * BLOCK_N
+    rows = n0 + tl.arange(0, BLOCK_N)
+    w_e, s_e = w_ptr + expert.to(tl.int64) * swe, s_ptr + expert.to(tl.int64) * sse
     gate = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, H, BLOCK_K):
-        x = tl.load(x_ptr + tokens[:, None] * sxt + (k0 + rk)[None, :] * sxh,
-                    mask=live[:, None] & ((k0 + rk)[None, :] < H), other=0.0).to(tl.float32)
-        w1 = _fp4_tile(w_e, s_e, n0, rn, k0, INTER, H, swr, swc, ssr, ssc, BLOCK_N, BLOCK_K)
-        w3 = _fp4_tile(w_e, s_e, INTER + n0, rn, k0, 2 * INTER, H, swr, swc, ssr, ssc, BLOCK_N, BLOCK_K)
-        gate += tl.dot(x, tl.trans(w1), input_precision=DOT)
-        up += tl.dot(x, tl.trans(w3), input_precision=DOT)
+    for kb in range(0, H // 2, BLOCK_KB):
+        gate = _half_dots(x_ptr, x_rows, live, sxh, w_e, s_e, rows, INTER, kb, H, swr, ssr, gate,
+                          BLOCK_N, BLOCK_KB)
+        up = _half_dots(x_ptr, x_rows, live, sxh, w_e + INTER * swr, s_e + INTER * ssr, rows, INTER, kb, H,
+                        swr, ssr, up, BLOCK_N, BLOCK_KB)
     if limit > 0:
         gate = tl.minimum(gate, limit)
         up = tl.minimum(tl.maximum(up, -limit), limit)
     routed = tl.load(wt_ptr + pairs, mask=live, other=0.0)
     h = gate / (1.0 + tl.exp(-gate)) * up * routed[:, None]
-    cols = n0 + rn
-    tl.store(h_ptr + pairs[:, None] * shp + cols[None, :] * shi, h, mask=live[:, None] & (cols[None, :] < INTER))
+    tl.store(h_ptr + pairs[:, None] * shp + rows[None, :] * shi, h, mask=live[:, None] & (rows[None, :] < INTER))
 
 
 @triton.jit
-def _down_kernel(h_ptr, tok_ptr, blk_ptr, w_ptr, s_ptr, o_ptr, H, INTER,
-                 shp, shi, swe, swr, swc, sse, ssr, ssc, sop, soh,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+def _down_kernel(h_ptr, tok_ptr, pair_ptr, blk_ptr, w_ptr, s_ptr, o_ptr, H, INTER,
+                 shp, shi, swe, swr, sse, ssr, sop, soh,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_KB: tl.constexpr):
     pid_b = tl.program_id(0)
-    pid_n = tl.program_id(1)
     expert = tl.load(blk_ptr + pid_b)
+    if expert < 0:
+        return
     pairs = pid_b * BLOCK_M + tl.arange(0, BLOCK_M)
     live = tl.load(tok_ptr + pairs) >= 0
-    rn = tl.arange(0, BLOCK_N)
-    rk = tl.arange(0, BLOCK_K)
-    n0 = pid_n * BLOCK_N
-    w_e, s_e = w_ptr + expert * swe, s_ptr + expert * sse
+    n0 = tl.program_id(1) * BLOCK_N
+    rows = n0 + tl.arange(0, BLOCK_N)
+    w_e, s_e = w_ptr + expert.to(tl.int64) * swe, s_ptr + expert.to(tl.int64) * sse
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, INTER, BLOCK_K):
-        h = tl.load(h_ptr + pairs[:, None] * shp + (k0 + rk)[None, :] * shi,
-                    mask=live[:, None] & ((k0 + rk)[None, :] < INTER), other=0.0)
-        w = _fp4_tile(w_e, s_e, n0, rn, k0, H, INTER, swr, swc, ssr, ssc, BLOCK_N, BLOCK_K)
-        acc += tl.dot(h, tl.trans(w), input_precision=DOT)
-    cols = n0 + rn
-    tl.store(o_ptr + pairs[:, None] * sop + cols[None, :] * soh, acc, mask=live[:, None] & (cols[None, :] < H))
+    for kb in range(0, INTER // 2, BLOCK_KB):
+        acc = _half_dots(h_ptr, pairs.to(tl.int64) * shp, live, shi, w_e, s_e, rows, H, kb, INTER, swr, ssr,
+                         acc, BLOCK_N, BLOCK_KB)
+    # straight to the pair's own row of the output: no gather pass afterwards
+    dest = tl.load(pair_ptr + pairs, mask=live, other=0).to(tl.int64)
+    tl.store(o_ptr + dest[:, None] * sop + rows[None, :] * soh, acc, mask=live[:, None] & (rows[None, :] < H))
 
 
-def align_pairs(idx: torch.Tensor, weights: torch.Tensor, num_experts: int, block_m: int):
-    """Sort (token, slot) pairs by expert, pad each expert's run to a multiple of block_m.
-    Pairs with expert id == num_experts belong to another rank and are dropped.
-    Returns (token per padded row or -1, routing weight per row, expert per block, pair id
-    per row (token*k + slot) or -1)."""
-    T, k = idx.shape
-    flat = idx.reshape(-1)
-    order = torch.argsort(flat, stable=True)
-    counts = torch.bincount(flat, minlength=num_experts + 1)[:num_experts]
-    padded = (counts + block_m - 1) // block_m * block_m
-    starts = torch.cumsum(padded, 0) - padded
-    firsts = torch.cumsum(counts, 0) - counts
-    sorted_experts = flat[order]
-    ours = sorted_experts < num_experts
-    expert = sorted_experts.clamp_max(num_experts - 1)
-    rank = torch.arange(flat.numel(), device=idx.device) - firsts[expert]
-    total = int(padded.sum())  # one host sync: the grid size
-    dest = torch.where(ours, starts[expert] + rank, total)  # row `total`: a spare, cut off below
-    tokens = torch.full((total + 1,), -1, dtype=torch.int32, device=idx.device)
-    pair_ids = torch.full((total + 1,), -1, dtype=torch.long, device=idx.device)
-    routed = torch.zeros(total + 1, dtype=torch.float32, device=idx.device)
-    tokens[dest] = (order // k).to(torch.int32)
-    pair_ids[dest] = order
-    routed[dest] = weights.reshape(-1)[order].float()
-    block_expert = torch.repeat_interleave(torch.arange(num_experts, device=idx.device), padded // block_m)
-    return tokens[:total], routed[:total], block_expert.to(torch.int32), pair_ids[:total]
+# Tile shape and launch options per block height (bench/h200.py --sections moe_tiles sweeps them).
+TILES = {
+    16: dict(BLOCK_N=64, BLOCK_KB=32, num_warps=8, num_stages=4),  # H200, 2026-11-30: 1.87 ms at 6 tokens
+    64: dict(BLOCK_N=128, BLOCK_KB=16, num_warps=4, num_stages=3),  # 135 ms at 8192 tokens
+    "interpreter": dict(BLOCK_N=64, BLOCK_KB=16),
+}
+
+
+class RoutePlan:
+    """The batch's (token, expert) pairs sorted by expert into blocks of `block_m` rows, in
+    tensors of a size fixed by (pairs, experts, block_m) alone, built without a host sync:
+    tokens / pair_ids / routed: per row the token, its pair (token*k + slot) and the routing
+    weight, or -1 / -1 / 0 for padding; block_expert: per block its expert, -1 past the end.
+    Pairs whose expert id is E (another rank's) are left out."""
+
+    def __init__(self, idx: torch.Tensor, weights: torch.Tensor, num_experts: int, block_m: int):
+        E, dev = num_experts, idx.device
+        k = idx.shape[1]
+        flat = idx.reshape(-1).long()
+        P = flat.numel()
+        order = torch.argsort(flat, stable=True)
+        counts = torch.zeros(E + 1, dtype=torch.long, device=dev).scatter_add_(0, flat, torch.ones_like(flat))[:E]
+        padded = (counts + block_m - 1) // block_m * block_m
+        ends = torch.cumsum(padded, 0)
+        firsts = torch.cumsum(counts, 0) - counts
+        sorted_experts = flat[order]
+        expert = sorted_experts.clamp_max(E - 1)
+        self.rows = triton.cdiv(P + min(E, P) * (block_m - 1), block_m) * block_m  # every run padded
+        rank = torch.arange(P, device=dev) - firsts[expert]
+        dest = torch.where(sorted_experts < E, ends[expert] - padded[expert] + rank, self.rows)  # spare row
+        self.tokens = self._scatter(dest, (order // k).to(torch.int32), -1)
+        self.pair_ids = self._scatter(dest, order.to(torch.int32), -1)
+        self.routed = self._scatter(dest, weights.reshape(-1)[order].float(), 0)
+        block_start = torch.arange(0, self.rows, block_m, device=dev)
+        owner = torch.searchsorted(ends, block_start, right=True)  # first expert whose run ends past it
+        self.block_expert = torch.where(block_start < ends[-1], owner, -1).to(torch.int32)
+
+    def _scatter(self, dest: torch.Tensor, values: torch.Tensor, fill) -> torch.Tensor:
+        out = torch.full((self.rows + 1,), fill, dtype=values.dtype, device=values.device)
+        out[dest] = values
+        return out[: self.rows]
 
 
 def fp4_moe(x, idx, weights, w13, s13, w2, s2, limit: float) -> torch.Tensor:
@@ -142,21 +179,24 @@ def fp4_moe(x, idx, weights, w13, s13, w2, s2, limit: float) -> torch.Tensor:
     inter = two_i // 2
     assert w13.dtype == torch.uint8 and w13.shape[2] * 2 == H and w2.shape == (E, H, inter // 2)
     assert s13.shape == (E, two_i, H // 32) and s2.shape == (E, H, inter // 32)
-    block_m, block_n, block_k = 16, 64, 32
-    tokens, routed, block_expert, pair_ids = align_pairs(idx, weights, E, block_m)
-    rows = tokens.numel()
-    h = torch.empty(rows, inter, dtype=torch.float32, device=x.device)
-    o = torch.empty(rows, H, dtype=torch.float32, device=x.device)
-    blocks = rows // block_m
-    _gate_up_kernel[(blocks, triton.cdiv(inter, block_n))](
-        x, tokens, routed, block_expert, w13, s13, h, H, inter, float(limit),
-        x.stride(0), x.stride(1), w13.stride(0), w13.stride(1), w13.stride(2), s13.stride(0), s13.stride(1),
-        s13.stride(2), h.stride(0), h.stride(1), BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k)
-    _down_kernel[(blocks, triton.cdiv(H, block_n))](
-        h, tokens, block_expert, w2, s2, o, H, inter, h.stride(0), h.stride(1), w2.stride(0), w2.stride(1),
-        w2.stride(2), s2.stride(0), s2.stride(1), s2.stride(2), o.stride(0), o.stride(1),
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k)
-    per_pair = torch.zeros(T * idx.shape[1], H, dtype=torch.float32, device=x.device)
-    live = pair_ids >= 0
-    per_pair[pair_ids[live]] = o[live]
-    return per_pair.view(T, idx.shape[1], H).sum(dim=1)
+    assert w13.stride(2) == 1 and w2.stride(2) == 1 and s13.stride(2) == 1 and s2.stride(2) == 1
+    pairs = idx.numel()
+    if pairs == 0:
+        return torch.zeros(T, H, dtype=torch.float32, device=x.device)
+    # Decode: a few pairs per expert, so short blocks; prefill: many, so each decoded weight
+    # tile serves more rows.
+    block_m = 16 if pairs < 16 * E else 64
+    tiles = TILES["interpreter" if interpreting() else block_m]
+    plan = RoutePlan(idx, weights, E, block_m)
+    h = torch.empty(plan.rows, inter, dtype=torch.float32, device=x.device)
+    out = torch.zeros(pairs, H, dtype=torch.float32, device=x.device)  # other ranks' pairs stay 0
+    blocks = plan.rows // block_m
+    _gate_up_kernel[(blocks, triton.cdiv(inter, tiles["BLOCK_N"]))](
+        x, plan.tokens, plan.routed, plan.block_expert, w13, s13, h, H, inter, float(limit),
+        x.stride(0), x.stride(1), w13.stride(0), w13.stride(1), s13.stride(0), s13.stride(1), h.stride(0), h.stride(1),
+        BLOCK_M=block_m, **tiles)
+    _down_kernel[(blocks, triton.cdiv(H, tiles["BLOCK_N"]))](
+        h, plan.tokens, plan.pair_ids, plan.block_expert, w2, s2, out, H, inter, h.stride(0), h.stride(1),
+        w2.stride(0), w2.stride(1), s2.stride(0), s2.stride(1), out.stride(0), out.stride(1),
+        BLOCK_M=block_m, **tiles)
+    return out.view(T, idx.shape[1], H).sum(dim=1)

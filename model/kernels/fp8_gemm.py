@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 
 from ..quant import dequantize_fp8_weight, fake_quant_fp8
-from .common import DOT, e4m3_to_float, interpreting
+from .common import dot_exact_rhs, e4m3_to_float, interpreting
 
 
 def fp8_gemm_ref(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, act_quant: bool = False) -> torch.Tensor:
@@ -48,7 +48,7 @@ def _fp8_gemm_kernel(x_ptr, w_ptr, s_ptr, y_ptr, M, N, K, K_PER_SPLIT,
         sbyte = tl.load(s_ptr + (rn // 32)[:, None] * ssn + sk[None, :] * ssk,
                         mask=(rn[:, None] < N) & (sk[None, :] * 32 < K), other=127).to(tl.float32)
         w = tl.reshape(w * tl.exp2(sbyte - 127.0)[:, :, None], (BLOCK_N, BLOCK_K))
-        acc += tl.dot(x, tl.trans(w), input_precision=DOT)
+        acc = dot_exact_rhs(x, tl.trans(w), acc)
     tl.store(y_ptr + pid_k * sys + rm[:, None] * sym + rn[None, :] * syn, acc,
              mask=(rm[:, None] < M) & (rn[None, :] < N))
 

@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import DOT, e2m1_to_float
+from .common import dot_exact_rhs, e2m1_to_float
 
 
 def indexer_scores_ref(q: torch.Tensor, keys: torch.Tensor, w: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
@@ -41,7 +41,7 @@ def _indexer_kernel(q_ptr, w_ptr, vis_ptr, page_ptr, k_off, k_soff, o_ptr, n, N,
     for h in range(0, HI):
         q = tl.load(q_ptr + rq[:, None] * sqn + h * sqh + d[None, :], mask=rq[:, None] < n, other=0.0).to(tl.float32)
         w = tl.load(w_ptr + rq * swn + h, mask=rq < n, other=0.0)
-        acc += tl.maximum(tl.dot(q, tl.trans(keys), input_precision=DOT), 0.0) * w[:, None]
+        acc += tl.maximum(dot_exact_rhs(q, tl.trans(keys), tl.zeros((QB, NB), tl.float32)), 0.0) * w[:, None]
     visible = tl.load(vis_ptr + rq, mask=rq < n, other=0)
     acc = tl.where(rj[None, :] < visible[:, None], acc, float("-inf"))
     tl.store(o_ptr + rq[:, None] * son + rj[None, :], acc, mask=(rq[:, None] < n) & live[None, :])

@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import DOT, e2m1_to_float, e4m3_to_float, interpreting
+from .common import dot_exact_rhs, e2m1_to_float, e4m3_to_float, interpreting
 
 
 def sparse_attention_ref(q: torch.Tensor, window_kv: torch.Tensor, window_mask: torch.Tensor,
@@ -40,23 +40,29 @@ def sparse_attention_ref(q: torch.Tensor, window_kv: torch.Tensor, window_mask: 
 @triton.jit
 def _online(q, keys, valid, m_i, l_i, acc, scale):
     """One tile of keys (K = V) into the running softmax of one query's head block."""
-    logits = tl.dot(q, tl.trans(keys), input_precision=DOT) * scale  # [HB, KT]
+    logits = dot_exact_rhs(q, tl.trans(keys), tl.zeros((q.shape[0], keys.shape[0]), tl.float32)) * scale
     logits = tl.where(valid[None, :], logits, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(logits, axis=1))
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
     p = tl.exp(logits - m_safe[:, None])
     alpha = tl.exp(m_i - m_safe)
     l_i = l_i * alpha + tl.sum(p, axis=1)
-    acc = acc * alpha[:, None] + tl.dot(p, keys, input_precision=DOT)
+    acc = dot_exact_rhs(p, keys, acc * alpha[:, None])
     return m_new, l_i, acc
 
 
 @triton.jit
 def _sparse_attention_kernel(q_ptr, ring_ptr, win_off, win_soff, page_ptr, ent_off, ent_soff, sink_ptr, o_ptr,
-                             H, W, K, scale, sqn, sqh, swn, sen, son, soh,
-                             D: tl.constexpr, HB: tl.constexpr, KT: tl.constexpr, HW_FP8: tl.constexpr):
+                             part_ml, part_acc, H, W, K, K_PER_SPLIT, scale, sqn, sqh, swn, sen, son, soh,
+                             D: tl.constexpr, HB: tl.constexpr, KT: tl.constexpr, HW_FP8: tl.constexpr,
+                             SPLITS: tl.constexpr):
+    """Program (query i, head block, split s). With one split it reads every key and writes the
+    output. With more (decode: few queries, so few programs otherwise), split 0 reads the
+    window, split s >= 1 the s-th slice of the entries, and each writes its running max, sum
+    and accumulator for _combine_kernel."""
     i = tl.program_id(0)
     h0 = tl.program_id(1) * HB
+    split = tl.program_id(2)
     heads = h0 + tl.arange(0, HB)
     d = tl.arange(0, D)
     q = tl.load(q_ptr + i * sqn + heads[:, None] * sqh + d[None, :], mask=heads[:, None] < H, other=0.0).to(tl.float32)
@@ -65,42 +71,87 @@ def _sparse_attention_kernel(q_ptr, ring_ptr, win_off, win_soff, page_ptr, ent_o
     acc = tl.zeros((HB, D), tl.float32)
     kt = tl.arange(0, KT)
     # window: FP8 e4m3 rows, one e8m0 scale per 32 values
-    for t0 in range(0, W, KT):
-        j = t0 + kt
-        off = tl.load(win_off + i * swn + j, mask=j < W, other=-1)
-        soff = tl.load(win_soff + i * swn + j, mask=j < W, other=0)
-        valid = off >= 0
-        codes = tl.load(ring_ptr + off[:, None] + d[None, :], mask=valid[:, None], other=0)
-        sbytes = tl.load(ring_ptr + soff[:, None] + (d // 32)[None, :], mask=valid[:, None], other=127)
-        keys = e4m3_to_float(codes, HW_FP8) * tl.exp2(sbytes.to(tl.float32) - 127.0)
-        m_i, l_i, acc = _online(q, keys, valid, m_i, l_i, acc, scale)
+    if split == 0:
+        for t0 in range(0, W, KT):
+            j = t0 + kt
+            off = tl.load(win_off + i * swn + j, mask=j < W, other=-1)
+            soff = tl.load(win_soff + i * swn + j, mask=j < W, other=0)
+            valid = off >= 0
+            codes = tl.load(ring_ptr + off[:, None] + d[None, :], mask=valid[:, None], other=0)
+            sbytes = tl.load(ring_ptr + soff[:, None] + (d // 32)[None, :], mask=valid[:, None], other=127)
+            keys = e4m3_to_float(codes, HW_FP8) * tl.exp2(sbytes.to(tl.float32) - 127.0)
+            m_i, l_i, acc = _online(q, keys, valid, m_i, l_i, acc, scale)
     # selected compressed entries: packed e2m1 (low nibble first), one e4m3 scale per 16 values
-    # Each value's nibble is picked from its byte by a shift: a join + reshape (as fp4_moe does),
+    # Each value's nibble is picked from its byte by a shift: a join + reshape (as fp4_moe did),
     # feeding both dots of the online softmax, compiled to wrong values on H200 (Triton 3.6).
+    if SPLITS == 1:
+        first = 0
+        last = K
+    else:  # split 0 had the window: an empty range here
+        first = tl.maximum(split - 1, 0) * K_PER_SPLIT
+        last = tl.where(split == 0, first, tl.minimum(first + K_PER_SPLIT, K))
     shift = (d % 2) * 4
-    for t0 in range(0, K, KT):
+    for t0 in range(first, last, KT):
         j = t0 + kt
-        off = tl.load(ent_off + i * sen + j, mask=j < K, other=-1)
-        soff = tl.load(ent_soff + i * sen + j, mask=j < K, other=0)
+        off = tl.load(ent_off + i * sen + j, mask=j < last, other=-1)
+        soff = tl.load(ent_soff + i * sen + j, mask=j < last, other=0)
         valid = off >= 0
         packed = tl.load(page_ptr + off[:, None] + (d // 2)[None, :], mask=valid[:, None], other=0).to(tl.int32)
         values = e2m1_to_float((packed >> shift[None, :]) & 0xF)
         sbytes = tl.load(page_ptr + soff[:, None] + (d // 16)[None, :], mask=valid[:, None], other=0)
         keys = values * e4m3_to_float(sbytes, HW_FP8)
         m_i, l_i, acc = _online(q, keys, valid, m_i, l_i, acc, scale)
+    if SPLITS == 1:
+        _finish(sink_ptr, heads, H, m_i, l_i, acc, o_ptr + i * son + heads[:, None] * soh + d[None, :])
+    else:
+        base = (i * SPLITS + split) * H + heads
+        tl.store(part_ml + 2 * base, m_i, mask=heads < H)
+        tl.store(part_ml + 2 * base + 1, l_i, mask=heads < H)
+        tl.store(part_acc + base[:, None] * D + d[None, :], acc, mask=heads[:, None] < H)
+
+
+@triton.jit
+def _finish(sink_ptr, heads, H, m_i, l_i, acc, out_ptrs):
+    """The sink joins the denominator only; a query that saw nothing returns zeros."""
     sink = tl.load(sink_ptr + heads, mask=heads < H, other=0.0)
     m_fin = tl.maximum(m_i, sink)
     l_i = l_i * tl.exp(m_i - m_fin) + tl.exp(sink - m_fin)
     out = acc * tl.exp(m_i - m_fin)[:, None] / l_i[:, None]
-    tl.store(o_ptr + i * son + heads[:, None] * soh + d[None, :], out, mask=heads[:, None] < H)
+    tl.store(out_ptrs, out, mask=(heads < H)[:, None])
+
+
+@triton.jit
+def _combine_kernel(part_ml, part_acc, sink_ptr, o_ptr, H, son, soh,
+                    D: tl.constexpr, HB: tl.constexpr, SPLITS: tl.constexpr):
+    """Merge the splits' partial softmaxes of one (query, head block)."""
+    i = tl.program_id(0)
+    heads = tl.program_id(1) * HB + tl.arange(0, HB)
+    d = tl.arange(0, D)
+    m_i = tl.full((HB,), float("-inf"), tl.float32)
+    l_i = tl.zeros((HB,), tl.float32)
+    acc = tl.zeros((HB, D), tl.float32)
+    for split in range(SPLITS):
+        base = (i * SPLITS + split) * H + heads
+        m_s = tl.load(part_ml + 2 * base, mask=heads < H, other=float("-inf"))
+        l_s = tl.load(part_ml + 2 * base + 1, mask=heads < H, other=0.0)
+        acc_s = tl.load(part_acc + base[:, None] * D + d[None, :], mask=heads[:, None] < H, other=0.0)
+        m_new = tl.maximum(m_i, m_s)
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha, beta = tl.exp(m_i - m_safe), tl.exp(m_s - m_safe)
+        l_i = l_i * alpha + l_s * beta
+        acc = acc * alpha[:, None] + acc_s * beta[:, None]
+        m_i = m_new
+    _finish(sink_ptr, heads, H, m_i, l_i, acc, o_ptr + i * son + heads[:, None] * soh + d[None, :])
 
 
 def sparse_attention(q: torch.Tensor, ring: torch.Tensor, window_offsets: torch.Tensor,
                      window_scale_offsets: torch.Tensor, pages: torch.Tensor, entry_offsets: torch.Tensor,
                      entry_scale_offsets: torch.Tensor, sink: torch.Tensor, scale: float,
-                     num_warps: int = 4) -> torch.Tensor:
+                     num_warps: int = 4, entry_splits: int | None = None) -> torch.Tensor:
     """q [n, h, D]; `ring`/`pages`: the pool's byte buffers; *_offsets [n, W] / [n, k] byte offsets of
-    each key's codes and scales in them (-1: masked). Returns [n, h, D] fp32."""
+    each key's codes and scales in them (-1: masked). Returns [n, h, D] fp32. `entry_splits`
+    (programs over the entries besides the window's; 0: one program reads all) is chosen
+    from the shape unless given."""
     n, heads, dim = q.shape
     assert window_offsets.shape == window_scale_offsets.shape and entry_offsets.shape == entry_scale_offsets.shape
     assert ring.dtype == torch.uint8 and pages.dtype == torch.uint8 and dim % 32 == 0
@@ -110,9 +161,24 @@ def sparse_attention(q: torch.Tensor, ring: torch.Tensor, window_offsets: torch.
     kt = 16
     w_off, w_soff = window_offsets.contiguous(), window_scale_offsets.contiguous()
     e_off, e_soff = entry_offsets.contiguous(), entry_scale_offsets.contiguous()
-    grid = (n, triton.cdiv(heads, hb))
+    K = e_off.shape[1]
+    head_blocks = triton.cdiv(heads, hb)
+    # Few queries (decode) leave most SMs idle: split the entries over more programs (flash
+    # decoding), aiming at ~2 programs per SM; prefill has programs enough.
+    if entry_splits is None:
+        entry_splits = min(triton.cdiv(K, 64), max(0, 264 // (n * head_blocks) - 1))
+    splits = 1 if entry_splits == 0 else entry_splits + 1
+    per_split = triton.cdiv(triton.cdiv(K, max(entry_splits, 1)), kt) * kt
+    part_ml = part_acc = out  # unused with one split
+    if splits > 1:
+        part_ml = torch.empty(n, splits, heads, 2, dtype=torch.float32, device=q.device)
+        part_acc = torch.empty(n, splits, heads, dim, dtype=torch.float32, device=q.device)
+    grid = (n, head_blocks, splits)
     _sparse_attention_kernel[grid](q, ring, w_off, w_soff, pages, e_off, e_soff, sink.float().contiguous(), out,
-                                   heads, w_off.shape[1], e_off.shape[1], scale, q.stride(0), q.stride(1),
-                                   w_off.stride(0), e_off.stride(0), out.stride(0), out.stride(1),
-                                   D=dim, HB=hb, KT=kt, HW_FP8=not interpreting(), num_warps=num_warps)
+                                   part_ml, part_acc, heads, w_off.shape[1], K, per_split, scale, q.stride(0),
+                                   q.stride(1), w_off.stride(0), e_off.stride(0), out.stride(0), out.stride(1),
+                                   D=dim, HB=hb, KT=kt, HW_FP8=not interpreting(), SPLITS=splits, num_warps=num_warps)
+    if splits > 1:
+        _combine_kernel[(n, head_blocks)](part_ml, part_acc, sink.float().contiguous(), out, heads, out.stride(0),
+                                          out.stride(1), D=dim, HB=hb, SPLITS=splits, num_warps=num_warps)
     return out

@@ -26,18 +26,29 @@ from .indexer import index
 from .norm import rms_norm
 
 
-def attention(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, xa: torch.Tensor, runs: list[SeqRun],
-              rope: Rope, qat: bool, block_mode: bool = False) -> torch.Tensor:
+def project(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, xa: torch.Tensor
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """xa [T, H] -> q_res [T, q_lora], q [T, h, D], kv [T, D]: before RoPE and quantization.
+    This and `grouped_output` have shapes set by T alone, so a CUDA graph can replay them
+    (model/graphs.py); `attend` between them follows each request's cache."""
     p, eps, hd = role.prefix, cfg.rms_norm_eps, cfg.head_dim
     heads = cfg.num_heads // ops.parallel.world  # this rank's heads (model/parallel.py)
     q_res = rms_norm(ops.linear(xa, f"{p}.attn.wq_a"), ops.w(f"{p}.attn.q_norm.weight"), eps)
     q_all = ops.linear(q_res, f"{p}.attn.wq_b").view(-1, heads, hd)
     kv_all = rms_norm(ops.linear(xa, f"{p}.attn.wkv"), ops.w(f"{p}.attn.kv_norm.weight"), eps)
-    sink = ops.w(f"{p}.attn.attn_sink")
+    return q_res, q_all, kv_all
+
+
+def attend(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, xa: torch.Tensor, q_res: torch.Tensor,
+           q_all: torch.Tensor, kv_all: torch.Tensor, runs: list[SeqRun], rope: Rope, qat: bool,
+           block_mode: bool = False) -> torch.Tensor:
+    """Each run's RoPE, cache writes, compressor, indexer and attention -> o [T, h, D]."""
+    hd = cfg.head_dim
+    sink = ops.w(f"{role.prefix}.attn.attn_sink")
     outputs = []
     for run in runs:
         rows = run.rows
-        cos, sin = rope.cos_sin(role.rope, run.positions)
+        cos, sin = rope.for_run(role.rope, run)
         q = apply_rope(q_all[rows], cos, sin)
         kv = apply_rope(kv_all[rows], cos, sin)
         packed = None
@@ -61,19 +72,19 @@ def attention(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, xa: torch.Te
         else:
             o = _causal_attention(cfg, run, role, q, kv, packed, selected, valid, sink)
         outputs.append(apply_rope(o, cos, sin, inverse=True))
-    o = torch.cat(outputs)  # [T, h, D]
-    return _grouped_output(ops, cfg, p, o)
+    return torch.cat(outputs)  # [T, h, D]
 
 
 def _causal_attention(cfg: ModelConfig, run: SeqRun, role: LayerRole, q, kv, packed, selected, valid, sink):
     """Queries in blocks: a block of B queries sees at most B + W - 1 window keys, so a chunk
     costs O(n * (B + W)), not O(n^2). Writes this run's latents into the ring."""
     cache, layer, window = run.cache, role.index, cfg.sliding_window
-    cached_pos = cache.window_positions(layer, run.start - window + 1, run.start)
+    q_pos = run.positions_on(q.device)
+    cached_pos = cache.window_positions(layer, run.start - window + 1, run.start, device=q.device)
     keys = torch.cat([cache.ring_read(layer, cached_pos).to(kv.device, torch.float32), kv])
-    key_pos = torch.cat([cached_pos, run.positions])
-    cache.ring_store(layer, run.positions, kv, packed)
-    q_pos, offset = run.positions, cached_pos.shape[0]
+    key_pos = torch.cat([cached_pos, q_pos])
+    cache.ring_store(layer, run.start, kv, packed)
+    offset = cached_pos.shape[0]
     block = max(window, 64)
     out = []
     for lo in range(0, run.n, block):
@@ -81,7 +92,7 @@ def _causal_attention(cfg: ModelConfig, run: SeqRun, role: LayerRole, q, kv, pac
         first = max(0, offset + lo - window + 1)
         k_pos = key_pos[first: offset + hi]
         qp = q_pos[lo:hi].unsqueeze(1)
-        mask = ((k_pos.unsqueeze(0) <= qp) & (k_pos.unsqueeze(0) > qp - window)).to(q.device)
+        mask = (k_pos.unsqueeze(0) <= qp) & (k_pos.unsqueeze(0) > qp - window)
         out.append(sparse_attention_ref(q[lo:hi], keys[first: offset + hi], mask,
                                         None if selected is None else selected[lo:hi],
                                         None if valid is None else valid[lo:hi], sink, cfg.head_dim**-0.5))
@@ -93,27 +104,26 @@ def _causal_attention_kernel(cfg: ModelConfig, run: SeqRun, role: LayerRole, q, 
     Old window rows and this run's rows go into one small scratch buffer (a long chunk would
     overwrite its own early rows in the ring); entries are read where they live in the pages."""
     cache, layer, window, D = run.cache, role.index, cfg.sliding_window, cfg.head_dim
-    device = q.device
-    cached_pos = cache.window_positions(layer, run.start - window + 1, run.start)
+    device = q.device  # the pool's device too (ops.reads_cache_in_place): every index is built here
+    cached_pos = cache.window_positions(layer, run.start - window + 1, run.start, device=device)
     old_codes, old_scales = cache.ring_offsets(layer, cached_pos)
     buf = cache.pool.slots_buffer
-    codes = torch.cat([buf[old_codes.to(device)[:, None] + torch.arange(D, device=device)], packed[0].to(device)])
-    scales = torch.cat([buf[old_scales.to(device)[:, None] + torch.arange(D // 32, device=device)],
-                        packed[1].to(device)])
+    codes = torch.cat([buf[old_codes[:, None] + torch.arange(D, device=device)], packed[0]])
+    scales = torch.cat([buf[old_scales[:, None] + torch.arange(D // 32, device=device)], packed[1]])
     scratch = torch.cat([codes.reshape(-1), scales.reshape(-1)])
-    key_pos = torch.cat([cached_pos, run.positions]).to(device)
+    q_pos = run.positions_on(device)
+    key_pos = torch.cat([cached_pos, q_pos])
     m = cached_pos.shape[0]
     rows = (m + torch.arange(run.n, device=device))[:, None] - torch.arange(window - 1, -1, -1, device=device)
-    q_pos = run.positions.to(device)[:, None]
-    valid = (rows >= 0) & (key_pos[rows.clamp_min(0)] > q_pos - window)
+    valid = (rows >= 0) & (key_pos[rows.clamp_min(0)] > q_pos[:, None] - window)
     win_off = torch.where(valid, rows * D, -1)
     win_soff = codes.numel() + rows.clamp_min(0) * (D // 32)
-    cache.ring_store(layer, run.positions, kv, packed)
+    cache.ring_store(layer, run.start, kv, packed)
     topk = run.shared.get("topk") if role.ratio else None
     if topk is None or topk.shape[1] == 0:
         topk = torch.full((run.n, 1), -1, dtype=torch.long, device=device)
-    ent_off, ent_soff = cache.entry_offsets(role.kv_source, topk.to(device)) if role.ratio else (topk, topk)
-    ent_off = torch.where(topk.to(device) >= 0, ent_off, -1)
+    ent_off, ent_soff = cache.entry_offsets(role.kv_source, topk) if role.ratio else (topk, topk)
+    ent_off = torch.where(topk >= 0, ent_off, -1)
     return sparse_attention(q, scratch, win_off, win_soff, cache.pool.pages_buffer, ent_off, ent_soff, sink,
                             D**-0.5)
 
@@ -122,14 +132,15 @@ def _block_window(run: SeqRun, role: LayerRole, kv: torch.Tensor):
     """DSpark block: the stage ring up to the anchor (run.start - 1) and every block row."""
     cache, layer = run.cache, role.index
     window = cache.config.sliding_window
-    cached_pos = cache.window_positions(layer, run.start - window, run.start)
+    cached_pos = cache.window_positions(layer, run.start - window, run.start, device=kv.device)
     keys = torch.cat([cache.ring_read(layer, cached_pos).to(kv.device, torch.float32), kv])
     mask = torch.ones(run.n, keys.shape[0], dtype=torch.bool, device=keys.device)
     return keys, mask
 
 
-def _grouped_output(ops: ReferenceOps, cfg: ModelConfig, p: str, o: torch.Tensor) -> torch.Tensor:
+def grouped_output(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, o: torch.Tensor) -> torch.Tensor:
     """o [T, h, D] -> [T, H]: block-diagonal wo_a over o_groups, then wo_b (summed over ranks)."""
+    p = role.prefix
     groups = cfg.o_groups // ops.parallel.world
     flat = o.reshape(o.shape[0], -1)
     if ops.act_quant:

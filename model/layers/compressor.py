@@ -50,7 +50,7 @@ def compress(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, xa: torch.Ten
         latent = (kv[:done].view(groups, ratio, -1) * weights).sum(dim=1)  # [G, D]
         first_entry = count
     latent = rms_norm(latent, ops.w(f"{p}.attn.compressor.norm.weight"), cfg.rms_norm_eps)
-    positions = (first_entry + torch.arange(latent.shape[0])) * ratio
+    positions = torch.arange(first_entry, first_entry + latent.shape[0], device=latent.device) * ratio
     cos, sin = rope.cos_sin("yarn", positions)
     keys = rms_norm(ops.linear(latent, f"{p}.attn.indexer.wk.weight"), ops.w(f"{p}.attn.indexer.k_norm.weight"),
                     cfg.rms_norm_eps)

@@ -13,12 +13,16 @@ from __future__ import annotations
 import torch
 
 from ..config import LayerRole, ModelConfig
+from ..device import to_device
 from ..ops import ReferenceOps
 
 
 def engram(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, X: torch.Tensor, hash_ids: torch.Tensor) -> torch.Tensor:
     p, S, H, eps = role.prefix, cfg.hc_mult, cfg.hidden_size, cfg.rms_norm_eps
-    rows = ops.weights[f"{p}.engram.embed"].rows(hash_ids.to(X.device))  # [T, C, d]
+    # Hash ids are computed on the host; the (large) table may live there too: look the rows
+    # up where it lives and copy without a sync whichever side of the bus that is.
+    table = ops.weights[f"{p}.engram.embed"]
+    rows = to_device(table.rows(to_device(hash_ids, table.weight.device)), X.device)  # [T, C, d]
     kv = ops.linear(rows.flatten(-2), f"{p}.engram.wkv")
     key, value = kv[:, : S * H].view(-1, S, H), kv[:, S * H:]
     wqk = ops.w(f"{p}.engram.q_weight") * ops.w(f"{p}.engram.k_weight")  # [S, H]

@@ -24,22 +24,19 @@ _SCORE_BUDGET = 1 << 25  # fp32 elements of one [queries, entries] score chunk
 
 def top_k_ascending(scores: torch.Tensor, k: int) -> torch.Tensor:
     """The k best ids per row, ascending; ties at the boundary go to the lower id; -1 pads rows
-    with fewer than k finite scores. Linear in the row length (no full sort)."""
+    with fewer than k finite scores. Linear in the row length (no full sort), and no host sync:
+    one topk over unique int64 keys, score bits above and (width - 1 - id) below, so equal
+    scores rank by id (topk's own order among equal values is unspecified)."""
     n, width = scores.shape
     if k <= 0:
         return torch.zeros(n, 0, dtype=torch.long, device=scores.device)
-    values, ids = torch.topk(scores, k, dim=-1)
-    kth = values[:, -1:]
-    # topk's order among equal values is unspecified: redo the rows where a tie crosses the cut.
-    crossing = ((scores == kth).sum(-1) > (values == kth).sum(-1)) & (kth.squeeze(-1) > float("-inf"))
-    if crossing.any():
-        rows = scores[crossing]
-        cut = kth[crossing]
-        above, ties = rows > cut, rows == cut
-        keep = above | (ties & (ties.cumsum(-1) <= k - above.sum(-1, keepdim=True)))
-        ids[crossing] = torch.topk(torch.where(keep, torch.arange(width, device=scores.device), width), k, dim=-1,
-                                   largest=False).values
-    ids = torch.where(values > float("-inf"), ids, width)
+    scores = scores.float()
+    bits = torch.where(scores == 0, 0.0, scores).view(torch.int32)  # -0.0 ties with 0.0
+    # IEEE floats order like sign-magnitude ints: flip the magnitude bits of negatives.
+    ordered = torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits).to(torch.int64)
+    key = (ordered << 32) | (width - 1 - torch.arange(width, device=scores.device))
+    ids = width - 1 - (torch.topk(key, k, dim=-1).values & 0xFFFFFFFF)
+    ids = torch.where(scores.gather(-1, ids) > float("-inf"), ids, width)
     ids = ids.sort(dim=-1).values
     return torch.where(ids < width, ids, -1)
 
@@ -78,7 +75,7 @@ def _kernel_scores(run, role, q, w, visible, total):
     pages = cache.pool.pages_buffer
 
     def score(lo: int, hi: int) -> torch.Tensor:
-        return indexer_scores(q[lo:hi], w[lo:hi], visible[lo:hi].to(q.device), pages, key_off, key_soff)
+        return indexer_scores(q[lo:hi], w[lo:hi], visible[lo:hi], pages, key_off, key_soff)
 
     return score
 
@@ -95,13 +92,12 @@ def index(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, xa: torch.Tensor
             shared["candidates"] = None
         return
     heads, dim = cfg.index_n_heads, cfg.index_head_dim
-    positions = run.positions
-    cos, sin = rope.cos_sin("yarn", positions)
+    cos, sin = rope.for_run("yarn", run)
     q = apply_rope(ops.linear(q_res, f"{p}.attn.indexer.wq_b").view(run.n, heads, dim), cos, sin)
     if qat:
         q = fake_quant_fp4(q, 32)
     weights = ops.linear(xa, f"{p}.attn.indexer.weights_proj.weight") * heads**-0.5  # [n, Hi]
-    visible = ((positions + 1) // role.ratio).to(q.device)
+    visible = (run.positions_on(q.device) + 1) // role.ratio
     candidates_in = shared.get("candidates") if role.uses_candidates else None
     k = min(cfg.index_topk, total)
     if ops.reads_cache_in_place(run.cache):

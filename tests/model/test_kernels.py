@@ -54,9 +54,10 @@ def test_fp8_gemm_decodes_every_code_exactly():
     assert torch.equal(got, fp8_gemm_ref(eye, codes, scales))
 
 
-def test_fp4_moe():
+@pytest.mark.parametrize("T", [11, 30])  # 30 x 3 pairs over 5 experts: prefill-sized blocks
+def test_fp4_moe(T):
     g = _g(1)
-    E, H, inter, T, k = 5, 64, 96, 11, 3
+    E, H, inter, k = 5, 64, 96, 3
     w13 = [quantize_fp4_weight(torch.randn(2 * inter, H, generator=g) / 6) for _ in range(E)]
     w2 = [quantize_fp4_weight(torch.randn(H, inter, generator=g) / 6) for _ in range(E)]
     stack = [torch.stack([w[i] for w in ws]) for ws in (w13, w2) for i in (0, 1)]
@@ -91,7 +92,8 @@ def paged(golden_model, golden):
     cache.release()
 
 
-def test_sparse_attention_on_a_paged_cache(paged):
+@pytest.mark.parametrize("entry_splits", [0, 3])  # one program per query and head block, or flash decoding
+def test_sparse_attention_on_a_paged_cache(paged, entry_splits):
     g = _g(2)
     cache, layer, source = paged, 8, 7
     n, heads, dim, window = 5, 4, 64, 8
@@ -99,15 +101,16 @@ def test_sparse_attention_on_a_paged_cache(paged):
     positions = torch.arange(100 - window, 100)
     win = positions.expand(n, -1).clone()
     win[0, :3] = -1
-    idx = torch.randint(0, cache.num_entries(source), (n, 4), generator=g)
+    idx = torch.randint(0, cache.num_entries(source), (n, 40), generator=g)
     idx[1, 2] = -1
+    idx[2, 20:] = -1
     w_off, w_soff = cache.ring_offsets(layer, win.clamp_min(0))
     e_off, e_soff = cache.entry_offsets(source, idx)
     sink = torch.randn(heads, generator=g)
     dev = lambda t: t.to(DEVICE)  # noqa: E731
     got = sparse_attention(dev(q), dev(cache.pool.slots_buffer), dev(torch.where(win >= 0, w_off, -1)), dev(w_soff),
                            dev(cache.pool.pages_buffer), dev(torch.where(idx >= 0, e_off, -1)), dev(e_soff),
-                           dev(sink), dim**-0.5).cpu()
+                           dev(sink), dim**-0.5, entry_splits=entry_splits).cpu()
     ref = sparse_attention_ref(q, cache.ring_read(layer, positions), win >= 0,
                                cache.entries_gather(source, idx.clamp_min(0)), idx >= 0, sink, dim**-0.5)
     assert (got - ref).abs().max() < REL * ref.abs().max() + 1e-5
