@@ -168,8 +168,8 @@ def moe_tiles() -> None:
     per_expert = w13[0].numel() + s13[0].numel() + w2[0].numel() + s2[0].numel()
     default = {key: dict(value) for key, value in moe.TILES.items()}
     candidates = [dict(BLOCK_N=n, BLOCK_KB=kb, num_warps=w, num_stages=st)
-                  for n, kb, w, st in [(64, 32, 4, 3), (64, 16, 4, 3), (32, 32, 4, 3), (128, 32, 8, 3), (64, 64, 4, 3),
-                                       (32, 64, 4, 3), (128, 16, 4, 3), (64, 32, 8, 4), (64, 32, 4, 4)]]
+                  for n, kb, w, st in [(64, 32, 4, 3), (64, 16, 4, 3), (64, 64, 4, 3), (128, 32, 4, 3), (128, 32, 8, 3),
+                                       (128, 16, 8, 3), (64, 32, 4, 4), (64, 32, 8, 4), (32, 32, 4, 3)]]
     for tokens in (6, 48, 8192):
         x = torch.randn(tokens, H, device=dev)
         idx = torch.stack([torch.randperm(E, device=dev)[:k] for _ in range(tokens)])

@@ -60,3 +60,13 @@ def e2m1_to_float(nibbles):
     large = (1.0 + (m & 1).to(tl.float32) * 0.5) * tl.exp2(((m >> 1) - 1).to(tl.float32))
     magnitude = tl.where(m < 2, small, large)
     return tl.where((nibbles & 0x8) != 0, -magnitude, magnitude)
+
+
+@triton.jit
+def dot_exact_lhs(a, b, acc):
+    """acc + a @ b where every value of a is exact in TF32 (the mirror of dot_exact_rhs)."""
+    if _SPLIT_ONE:
+        head = (b.to(tl.int32, bitcast=True) & -8192).to(tl.float32, bitcast=True)
+        acc = tl.dot(a, head, acc, input_precision="tf32")
+        return tl.dot(a, b - head, acc, input_precision="tf32")
+    return tl.dot(a, b, acc, input_precision=DOT)

@@ -11,7 +11,9 @@ and the token outputs are o summed over each token's k pairs (deterministic, no 
 Hopper has no FP4 tensor cores: codes are decoded to fp32 in registers, scaled, then dotted.
 A byte's two codes are weights of columns 2c and 2c+1, so the dot runs as two half-width
 dots (even columns with low nibbles, odd with high): no interleaving of registers, which
-Triton 3.6 compiled wrongly on the H200 elsewhere. Codes are decoded with integer operations
+Triton 3.6 compiled wrongly on the H200 elsewhere. Each program computes the transposed
+product, W x^T: the decoded weight tile is the dot's left operand as it stands (64 weight
+rows fill a Hopper warpgroup MMA), and only the few activation rows are read transposed. Codes are decoded with integer operations
 (no exp2, no table lookups: either made this kernel several times slower on the H200).
 Nothing here waits for the GPU: the grid is sized for the worst case of the batch's shape
 (every expert's run padded), and blocks past the real runs return at once, so a decode step
@@ -25,7 +27,7 @@ import triton
 import triton.language as tl
 
 from ..quant import dequantize_fp4_weight
-from .common import dot_exact_rhs, interpreting
+from .common import dot_exact_lhs, interpreting
 
 
 def fp4_moe_ref(x, idx, weights, w13, s13, w2, s2, limit: float) -> torch.Tensor:
@@ -56,15 +58,16 @@ def _e2m1_scaled(nibbles, scale):
 
 
 @triton.jit
-def _half_dots(a_ptr, a_rows, a_live, sak, w_ptr, s_ptr, rows, n_rows, kb, K, swr, ssr, acc,
+def _half_dots(w_ptr, s_ptr, rows, n_rows, a_ptr, a_cols, a_live, sak, kb, K, swr, ssr, acc,
                BLOCK_N: tl.constexpr, BLOCK_KB: tl.constexpr):
-    """acc + a[:, 2c:2c+2] . W[rows, 2c:2c+2] summed over the BLOCK_KB bytes c from kb: the
-    weight's [BLOCK_N, BLOCK_KB] bytes are read once and decoded as two half tiles."""
+    """acc + W[rows, 2c:2c+2] . a^T[2c:2c+2, :] summed over the BLOCK_KB bytes c from kb, as
+    [BLOCK_N, BLOCK_M]: the weight's bytes are read once and decoded as two half tiles, each
+    the left operand of its dot as decoded (the activations are read transposed instead)."""
     c = kb + tl.arange(0, BLOCK_KB)
     in_k = 2 * c < K
-    a_mask = a_live[:, None] & in_k[None, :]
-    a_even = tl.load(a_ptr + a_rows[:, None] + (2 * c)[None, :] * sak, mask=a_mask, other=0.0).to(tl.float32)
-    a_odd = tl.load(a_ptr + a_rows[:, None] + (2 * c + 1)[None, :] * sak, mask=a_mask, other=0.0).to(tl.float32)
+    a_mask = in_k[:, None] & a_live[None, :]
+    a_even = tl.load(a_ptr + (2 * c)[:, None] * sak + a_cols[None, :], mask=a_mask, other=0.0).to(tl.float32)
+    a_odd = tl.load(a_ptr + (2 * c + 1)[:, None] * sak + a_cols[None, :], mask=a_mask, other=0.0).to(tl.float32)
     row_ok = rows < n_rows
     packed = tl.load(w_ptr + rows[:, None] * swr + c[None, :], mask=row_ok[:, None] & in_k[None, :],
                      other=0).to(tl.int32)
@@ -73,14 +76,15 @@ def _half_dots(a_ptr, a_rows, a_live, sak, w_ptr, s_ptr, rows, n_rows, kb, K, sw
     sbyte = tl.load(s_ptr + rows[:, None] * ssr + g[None, :], mask=row_ok[:, None] & (g * 32 < K)[None, :], other=127)
     scale = (sbyte.to(tl.int32) << 23).to(tl.float32, bitcast=True)
     scale = tl.reshape(tl.broadcast_to(scale[:, :, None], (BLOCK_N, BLOCK_KB // 16, 16)), (BLOCK_N, BLOCK_KB))
-    acc = dot_exact_rhs(a_even, tl.trans(_e2m1_scaled(packed & 0xF, scale)), acc)
-    return dot_exact_rhs(a_odd, tl.trans(_e2m1_scaled(packed >> 4, scale)), acc)
+    acc = dot_exact_lhs(_e2m1_scaled(packed & 0xF, scale), a_even, acc)
+    return dot_exact_lhs(_e2m1_scaled(packed >> 4, scale), a_odd, acc)
 
 
 @triton.jit
 def _gate_up_kernel(x_ptr, tok_ptr, wt_ptr, blk_ptr, w_ptr, s_ptr, h_ptr, H, INTER, limit,
                     sxt, sxh, swe, swr, sse, ssr, shp, shi,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_KB: tl.constexpr):
+    """Program (block of pairs, N tile): h^T[rows, pairs] of one expert."""
     pid_b = tl.program_id(0)
     expert = tl.load(blk_ptr + pid_b)
     if expert < 0:  # past the last real run of this batch
@@ -88,51 +92,49 @@ def _gate_up_kernel(x_ptr, tok_ptr, wt_ptr, blk_ptr, w_ptr, s_ptr, h_ptr, H, INT
     pairs = pid_b * BLOCK_M + tl.arange(0, BLOCK_M)
     tokens = tl.load(tok_ptr + pairs)
     live = tokens >= 0
-    x_rows = tokens.to(tl.int64) * sxt
-    n0 = tl.program_id(1) * BLOCK_N
-    rows = n0 + tl.arange(0, BLOCK_N)
+    x_cols = tokens.to(tl.int64) * sxt
+    rows = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     w_e, s_e = w_ptr + expert.to(tl.int64) * swe, s_ptr + expert.to(tl.int64) * sse
-    gate = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    gate = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    up = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     for kb in range(0, H // 2, BLOCK_KB):
-        gate = _half_dots(x_ptr, x_rows, live, sxh, w_e, s_e, rows, INTER, kb, H, swr, ssr, gate,
-                          BLOCK_N, BLOCK_KB)
-        up = _half_dots(x_ptr, x_rows, live, sxh, w_e + INTER * swr, s_e + INTER * ssr, rows, INTER, kb, H,
-                        swr, ssr, up, BLOCK_N, BLOCK_KB)
+        gate = _half_dots(w_e, s_e, rows, INTER, x_ptr, x_cols, live, sxh, kb, H, swr, ssr, gate, BLOCK_N, BLOCK_KB)
+        up = _half_dots(w_e + INTER * swr, s_e + INTER * ssr, rows, INTER, x_ptr, x_cols, live, sxh, kb, H, swr, ssr,
+                        up, BLOCK_N, BLOCK_KB)
     if limit > 0:
         gate = tl.minimum(gate, limit)
         up = tl.minimum(tl.maximum(up, -limit), limit)
     routed = tl.load(wt_ptr + pairs, mask=live, other=0.0)
-    h = gate / (1.0 + tl.exp(-gate)) * up * routed[:, None]
-    tl.store(h_ptr + pairs[:, None] * shp + rows[None, :] * shi, h, mask=live[:, None] & (rows[None, :] < INTER))
+    h = gate / (1.0 + tl.exp(-gate)) * up * routed[None, :]
+    tl.store(h_ptr + pairs[None, :] * shp + rows[:, None] * shi, h, mask=live[None, :] & (rows[:, None] < INTER))
 
 
 @triton.jit
 def _down_kernel(h_ptr, tok_ptr, pair_ptr, blk_ptr, w_ptr, s_ptr, o_ptr, H, INTER,
                  shp, shi, swe, swr, sse, ssr, sop, soh,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_KB: tl.constexpr):
+    """Program (block of pairs, N tile): o^T[rows, pairs], stored at each pair's own row."""
     pid_b = tl.program_id(0)
     expert = tl.load(blk_ptr + pid_b)
     if expert < 0:
         return
     pairs = pid_b * BLOCK_M + tl.arange(0, BLOCK_M)
     live = tl.load(tok_ptr + pairs) >= 0
-    n0 = tl.program_id(1) * BLOCK_N
-    rows = n0 + tl.arange(0, BLOCK_N)
+    rows = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     w_e, s_e = w_ptr + expert.to(tl.int64) * swe, s_ptr + expert.to(tl.int64) * sse
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     for kb in range(0, INTER // 2, BLOCK_KB):
-        acc = _half_dots(h_ptr, pairs.to(tl.int64) * shp, live, shi, w_e, s_e, rows, H, kb, INTER, swr, ssr,
-                         acc, BLOCK_N, BLOCK_KB)
+        acc = _half_dots(w_e, s_e, rows, H, h_ptr, pairs.to(tl.int64) * shp, live, shi, kb, INTER, swr, ssr, acc,
+                         BLOCK_N, BLOCK_KB)
     # straight to the pair's own row of the output: no gather pass afterwards
     dest = tl.load(pair_ptr + pairs, mask=live, other=0).to(tl.int64)
-    tl.store(o_ptr + dest[:, None] * sop + rows[None, :] * soh, acc, mask=live[:, None] & (rows[None, :] < H))
+    tl.store(o_ptr + dest[None, :] * sop + rows[:, None] * soh, acc, mask=live[None, :] & (rows[:, None] < H))
 
 
 # Tile shape and launch options per block height (bench/h200.py --sections moe_tiles sweeps them).
-TILES = {
-    16: dict(BLOCK_N=64, BLOCK_KB=32, num_warps=8, num_stages=4),  # H200, 2026-11-30: 1.87 ms at 6 tokens
-    64: dict(BLOCK_N=128, BLOCK_KB=16, num_warps=4, num_stages=3),  # 135 ms at 8192 tokens
+TILES = {  # H200, 2026-11-30, the best of 9 shapes at 6, 48 and 8192 tokens
+    16: dict(BLOCK_N=64, BLOCK_KB=64, num_warps=4, num_stages=3),  # 1.64 ms at 6 tokens, 3.0 ms at 48
+    64: dict(BLOCK_N=64, BLOCK_KB=64, num_warps=4, num_stages=3),  # 109 ms at 8192 tokens
     "interpreter": dict(BLOCK_N=64, BLOCK_KB=16),
 }
 
