@@ -85,7 +85,3 @@ class GraphCache:
 
     def captured(self) -> int:
         return sum(isinstance(entry, _Captured) for entry in self._entries.values())
-
-    def clear(self) -> None:
-        self._entries.clear()
-        self._pool = None

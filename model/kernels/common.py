@@ -29,12 +29,26 @@ _SPLIT_ONE = tl.constexpr(DOT.value == "tf32x3")
 
 
 @triton.jit
+def _tf32_head(x):
+    """x with its low 13 mantissa bits cleared: exact in TF32, and x - head is the rest."""
+    return (x.to(tl.int32, bitcast=True) & -8192).to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def dot_exact_rhs(a, b, acc):
     """acc + a @ b where every value of b is exact in TF32 (see above)."""
     if _SPLIT_ONE:
-        head = (a.to(tl.int32, bitcast=True) & -8192).to(tl.float32, bitcast=True)  # top 10 mantissa bits
-        acc = tl.dot(head, b, acc, input_precision="tf32")
-        return tl.dot(a - head, b, acc, input_precision="tf32")
+        head = _tf32_head(a)
+        return tl.dot(a - head, b, tl.dot(head, b, acc, input_precision="tf32"), input_precision="tf32")
+    return tl.dot(a, b, acc, input_precision=DOT)
+
+
+@triton.jit
+def dot_exact_lhs(a, b, acc):
+    """acc + a @ b where every value of a is exact in TF32 (the mirror of dot_exact_rhs)."""
+    if _SPLIT_ONE:
+        head = _tf32_head(b)
+        return tl.dot(a, b - head, tl.dot(a, head, acc, input_precision="tf32"), input_precision="tf32")
     return tl.dot(a, b, acc, input_precision=DOT)
 
 
@@ -54,19 +68,10 @@ def e4m3_to_float(codes, HW_FP8: tl.constexpr):
 
 @triton.jit
 def e2m1_to_float(nibbles):
-    """4-bit e2m1 codes (int32, sign in bit 3) -> fp32: 0, .5, 1, 1.5, 2, 3, 4, 6 and negatives."""
+    """4-bit e2m1 codes (int32, sign in bit 3) -> fp32: 0, .5, 1, 1.5, 2, 3, 4, 6 and negatives.
+    Integer operations only: magnitudes 1 .. 6 (codes 2..7) are the fp32 bit patterns
+    0x3F000000 + code<<22; codes 0 and 1 are code * 0.5."""
     m = nibbles & 0x7
-    small = m.to(tl.float32) * 0.5
-    large = (1.0 + (m & 1).to(tl.float32) * 0.5) * tl.exp2(((m >> 1) - 1).to(tl.float32))
-    magnitude = tl.where(m < 2, small, large)
+    normal = (0x3F000000 + (m << 22)).to(tl.float32, bitcast=True)
+    magnitude = tl.where(m >= 2, normal, m.to(tl.float32) * 0.5)
     return tl.where((nibbles & 0x8) != 0, -magnitude, magnitude)
-
-
-@triton.jit
-def dot_exact_lhs(a, b, acc):
-    """acc + a @ b where every value of a is exact in TF32 (the mirror of dot_exact_rhs)."""
-    if _SPLIT_ONE:
-        head = (b.to(tl.int32, bitcast=True) & -8192).to(tl.float32, bitcast=True)
-        acc = tl.dot(a, head, acc, input_precision="tf32")
-        return tl.dot(a, b - head, acc, input_precision="tf32")
-    return tl.dot(a, b, acc, input_precision=DOT)
