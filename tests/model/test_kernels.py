@@ -5,18 +5,21 @@ from __future__ import annotations
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from dsflash.kvcache.layout import CacheLayout
 from dsflash.kvcache.paged import PagedCache
 from dsflash.kvcache.pool import CachePool, plain_allocator
 from dsflash.model.fast_ops import TritonOps
-from dsflash.model.kernels.fp4_moe import fp4_moe, fp4_moe_ref
+from dsflash.model.kernels.common import e2m1_pairs, interpreting
+from dsflash.model.kernels.fp4_moe import bf16_parts, fp4_moe, fp4_moe_ref
 from dsflash.model.kernels.fp8_gemm import fp8_gemm, fp8_gemm_ref
 from dsflash.model.kernels.hc_gates import hc_gates
 from dsflash.model.kernels.indexer_score import indexer_scores, indexer_scores_ref
 from dsflash.model.kernels.sparse_attention import sparse_attention, sparse_attention_ref
 from dsflash.model.layers import mhc
-from dsflash.model.quant import quantize_fp4_weight, quantize_fp8_weight
+from dsflash.model.quant import dequantize_fp4_weight, quantize_fp4_weight, quantize_fp8_weight
 from dsflash.model.runner import prompt_logits, step
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -52,6 +55,32 @@ def test_fp8_gemm_decodes_every_code_exactly():
     eye = torch.eye(32)
     got = fp8_gemm(eye.to(DEVICE), codes.to(DEVICE), scales.to(DEVICE)).cpu()
     assert torch.equal(got, fp8_gemm_ref(eye, codes, scales))
+
+
+@triton.jit
+def _decode_pairs_kernel(packed_ptr, exps_ptr, low_ptr, high_ptr, PTX: tl.constexpr):
+    at = tl.arange(0, 8)[:, None] * 256 + tl.arange(0, 256)[None, :]
+    low, high = e2m1_pairs(tl.load(packed_ptr + at), tl.load(exps_ptr + at), PTX)
+    tl.store(low_ptr + at, low.to(tl.float32))
+    tl.store(high_ptr + at, high.to(tl.float32))
+
+
+def test_e2m1_pairs_decode_every_byte_at_every_scale_range():
+    """All 256 bytes times scales from 2^-127 (e = 0 reads as 0) to 2^73: exactly the reference
+    dequantization (on the GPU through the PTX decoder, whose code 1 passes through a subnormal)."""
+    exps = torch.tensor([0, 1, 2, 60, 119, 127, 135, 200], dtype=torch.uint8)
+    packed = torch.arange(256, dtype=torch.int32).to(torch.uint8).repeat(8, 1)
+    per_byte = exps[:, None].expand(8, 256).contiguous()
+    low, high = (torch.empty(8, 256, device=DEVICE) for _ in range(2))
+    _decode_pairs_kernel[(1,)](packed.to(DEVICE), per_byte.to(DEVICE), low, high, PTX=not interpreting())
+    ref = torch.stack([dequantize_fp4_weight(packed[r:r + 1], exps[r:r + 1, None].repeat(1, 16))[0] for r in range(8)])
+    ref[0] = 0.0
+    assert torch.equal(low.cpu(), ref[:, 0::2]) and torch.equal(high.cpu(), ref[:, 1::2])
+
+
+def test_bf16_parts_sum_to_the_fp32_values():
+    x = torch.randn(7, 64, generator=_g(3)) * torch.logspace(-20, 20, 64)
+    assert torch.equal(bf16_parts(x, 3).double().sum(0), x.double())
 
 
 @pytest.mark.parametrize("T", [11, 30])  # 30 x 3 pairs over 5 experts: prefill-sized blocks
