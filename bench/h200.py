@@ -106,6 +106,24 @@ def kernels() -> None:
                                                         "roofline_us": nbytes / HBM_BPS * 1e6,
                                                         "ratio_to_roofline": t / (nbytes / HBM_BPS),
                                                         "eager_dequant_matmul_us": t_eager * 1e6})
+        if name in ("wq_b", "wo_b"):  # a prefill chunk: tensor-core bound, tile shapes compared
+            x = torch.randn(8192, k, device=dev)
+            ref = x @ dequantize_fp8_weight(codes, scales).T
+            flops = 2 * 8192 * n * k
+            for tiles in [None, dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=32, num_warps=8, num_stages=4),
+                          dict(BLOCK_M=128, BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=3),
+                          dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, num_warps=4, num_stages=3),
+                          dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, num_warps=8, num_stages=3)]:
+                try:
+                    t = cuda_time(lambda: fp8_gemm(x, codes, scales, tiles=tiles), iters=5)
+                    err = ((fp8_gemm(x, codes, scales, tiles=tiles) - ref).abs().max() / ref.abs().max()).item()
+                except Exception as exc:  # a shape the compiler cannot fit
+                    record("kernel_fp8_gemm", f"{name}_M8192_{tiles}", {"error": type(exc).__name__})
+                    continue
+                label = "default" if tiles is None else "_".join(str(v) for v in tiles.values())
+                record("kernel_fp8_gemm", f"{name}_M8192_{label}", {"us": t * 1e6, "TFLOPs": flops / t / 1e12,
+                                                                   "ratio_to_bf16_roofline": t / (flops / BF16_FLOPS),
+                                                                   "max_rel_error": err})
     E, H, inter, k = 48, 5120, 2304, 6
     w13 = torch.randint(0, 255, (E, 2 * inter, H // 2), dtype=torch.uint8, device=dev)
     s13 = torch.full((E, 2 * inter, H // 32), 120, dtype=torch.uint8, device=dev)
@@ -125,7 +143,7 @@ def kernels() -> None:
     rows = 1 << 16
     ring = torch.randint(0, 0x77, (rows * (D + D // 32),), dtype=torch.uint8, device=dev)
     pages = torch.randint(0, 255, (rows * 288,), dtype=torch.uint8, device=dev)
-    for n in (6, 48, 192):
+    for n in (6, 48, 192, 2048):
         q = torch.randn(n, heads, D, device=dev)
         w_off = torch.randint(0, rows, (n, W), device=dev) * D
         w_soff = rows * D + torch.randint(0, rows, (n, W), device=dev) * (D // 32)
@@ -133,12 +151,20 @@ def kernels() -> None:
         e_soff = rows * 256 + torch.randint(0, rows, (n, K), device=dev) * 32
         sink = torch.zeros(heads, device=dev)
         nbytes = n * (W * (D + D // 32) + K * 288 + heads * D * 4 * 2)
-        for warps in (4, 8):
-            t = cuda_time(lambda: sparse_attention(q, ring, w_off, w_soff, pages, e_off, e_soff, sink, D**-0.5,
-                                                   num_warps=warps))
-            record("kernel_sparse_attention", f"n{n}_warps{warps}", {"us": t * 1e6, "GBps": nbytes / t / 1e9,
-                                                                      "roofline_us": nbytes / HBM_BPS * 1e6,
-                                                                      "ratio_to_roofline": t / (nbytes / HBM_BPS)})
+        shapes = [(16, 4), (16, 8)] if n < 1000 else [(16, 4), (16, 8), (32, 8), (32, 4), (64, 8)]
+        ref = sparse_attention(q, ring, w_off, w_soff, pages, e_off, e_soff, sink, D**-0.5, 4, None, 16)
+        for hb, warps in shapes:
+            try:
+                t = cuda_time(lambda: sparse_attention(q, ring, w_off, w_soff, pages, e_off, e_soff, sink, D**-0.5,
+                                                       warps, None, hb), iters=5 if n > 1000 else 20)
+                got = sparse_attention(q, ring, w_off, w_soff, pages, e_off, e_soff, sink, D**-0.5, warps, None, hb)
+            except Exception as exc:  # registers or shared memory the compiler cannot fit
+                record("kernel_sparse_attention", f"n{n}_hb{hb}_warps{warps}", {"error": type(exc).__name__})
+                continue
+            record("kernel_sparse_attention", f"n{n}_hb{hb}_warps{warps}",
+                   {"us": t * 1e6, "GBps": nbytes / t / 1e9, "roofline_us": nbytes / HBM_BPS * 1e6,
+                    "ratio_to_roofline": t / (nbytes / HBM_BPS), "max_abs_diff_vs_hb16": (got - ref).abs().max().item(),
+                    "TFLOPs": 4 * n * heads * (W + K) * D / t / 1e12})
     for entries in (2048, 1 << 20):
         page_bytes = torch.randint(0, 255, (entries * 68,), dtype=torch.uint8, device=dev)
         k_off = torch.arange(entries, device=dev) * 64
@@ -383,6 +409,12 @@ def prefill(model, lengths) -> None:
         pool = CachePool(layout, layout.pages_for(n) + 8, 2, plain_allocator(DEV))
         engine = PrefillEngine(model, pool, PrefillEngineConfig(PrefillSchedulerConfig(token_budget=8192, max_chunk=8192),
                                                                 ced=True))
+        if n == lengths[0]:  # compile every kernel for prefill shapes first: a full chunk, then a part
+            engine.add(PrefillRequest("warm", torch.randint(3, 100000, (8192 + 1000,)).tolist(), want_taps=False))
+            with torch.inference_mode():
+                while engine.has_work():
+                    for finished in engine.step():
+                        finished.cache.release()
         engine.add(PrefillRequest("p", torch.randint(3, 100000, (n,)).tolist(), want_taps=False))
         sync()
         began = time.perf_counter()

@@ -27,7 +27,6 @@ from .deepseek_v41 import DeepseekV41
 from .device import to_device
 from .layers.mhc import hc_collapse
 from .layers.norm import rms_norm
-from .quant import fp8_round_trip
 from .rope import apply_rope
 
 Chooser = Callable[[int, int, torch.Tensor], int]  # (request index, block row, logits [V]) -> token
@@ -67,7 +66,7 @@ class DSparkDrafter:
             kv = apply_rope(kv, cos, sin)
             packed = None
             if self.model.qat:
-                kv, packed = fp8_round_trip(kv)
+                kv, packed = ops.fp8_round_trip(kv)
             cache.ring_store(role.index, start + n - keep, kv, packed)
 
     def propose(self, requests: list[tuple[SequenceCache, int]], choose: Chooser = greedy_chooser) -> Proposal:

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import torch
 
+from . import quant
 from .layers.mhc import hc_mix
 from .parallel import SINGLE, Parallel
-from .quant import fake_quant_fp8
 from .weights import Fp4Weight, Fp8Weight, WeightStore
 
 
@@ -52,8 +52,21 @@ class ReferenceOps:
     def linear(self, x: torch.Tensor, name: str) -> torch.Tensor:
         """x @ W.T in fp32; FP8/FP4 weights see an FP8-rounded input in faithful mode."""
         if self.act_quant and self.is_quantized(name):
-            x = fake_quant_fp8(x)
+            x = quant.fake_quant_fp8(x)
         return x.float() @ self.w(name).T
+
+    def fp8_round_trip(self, x: torch.Tensor, block: int = 32) -> tuple[torch.Tensor, quant.Packed]:
+        """x [..., n] on the FP8 grid (window KV) and the codes and scale bytes a cache stores."""
+        return quant.fp8_round_trip(x, block)
+
+    def fp4_round_trip(self, x: torch.Tensor, block: int, e4m3_scales: bool = False
+                       ) -> tuple[torch.Tensor, quant.Packed]:
+        """x [..., n] on the FP4 grid (compressed entries and index keys) and its packed codes and scale bytes."""
+        return quant.fp4_round_trip(x, block, e4m3_scales)
+
+    def fake_quant_fp4(self, x: torch.Tensor, block: int, e4m3_scales: bool = False) -> torch.Tensor:
+        """x on the FP4 grid (indexer queries), through this object's fp4_round_trip."""
+        return quant.fake_quant_fp4(x, block, e4m3_scales, round_trip=self.fp4_round_trip)
 
     def hc_mix(self, X: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, iters: int,
                hc_eps: float, norm_eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -15,6 +15,7 @@ float8_e8m0fnu is lossy in some stacks.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
 import torch
 
@@ -80,6 +81,14 @@ def _e2m1_tables(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     return thresholds, E2M1_VALUES.to(device)
 
 
+@functools.cache
+def _fp4_max(device: torch.device) -> torch.Tensor:
+    """6 as a tensor on `device`, to divide by. ATen multiplies a CUDA tensor "divided" by a Python
+    number by the number's fp32 inverse (div_true_kernel_cuda): an ulp off at times, which sends
+    some amax/6 to the other e4m3 neighbour. A tensor divisor divides (IEEE) on CPU and GPU alike."""
+    return torch.tensor(FP4_MAX, device=device)
+
+
 def e2m1_encode(q: torch.Tensor) -> torch.Tensor:
     """fp32 (already within +-6) -> e2m1 code (uint8, sign in bit 3), round to nearest even."""
     thresholds = _e2m1_tables(q.device)[0]
@@ -140,7 +149,7 @@ def fp4_quantize(x: torch.Tensor, block: int, e4m3_scales: bool = False) -> tupl
     blocks = _blocks(x, block)
     amax = blocks.abs().amax(-1)
     if e4m3_scales:
-        scale_bytes = e4m3_encode(amax.clamp_min(FP4_MAX * 2.0**-9) / FP4_MAX)
+        scale_bytes = e4m3_encode(amax.clamp_min(FP4_MAX * 2.0**-9) / _fp4_max(amax.device))
         scale = e4m3_decode(scale_bytes)
     else:
         scale = pow2_ceil(amax.clamp_min(FP4_MAX * 2.0**-126) * (1.0 / FP4_MAX))
@@ -182,11 +191,13 @@ def fake_quant_fp8(x: torch.Tensor, block: int = 32) -> torch.Tensor:
     return fp8_round_trip(x, block)[0].to(x.dtype)
 
 
-def fake_quant_fp4(x: torch.Tensor, block: int, e4m3_scales: bool = False) -> torch.Tensor:
-    """x rounded onto the FP4 grid and back (compressed KV: block 16 e4m3; indexer: block 32 pow2)."""
+def fake_quant_fp4(x: torch.Tensor, block: int, e4m3_scales: bool = False,
+                   round_trip: Callable[..., tuple[torch.Tensor, Packed]] = fp4_round_trip) -> torch.Tensor:
+    """x rounded onto the FP4 grid and back (compressed KV: block 16 e4m3; indexer: block 32 pow2).
+    `round_trip`: fp4_round_trip or a kernel that computes the same (model/kernels/quantize.py)."""
     if x.shape[-1] % block:
         return x
-    return fp4_round_trip(x, block, e4m3_scales)[0].to(x.dtype)
+    return round_trip(x, block, e4m3_scales)[0].to(x.dtype)
 
 
 # ---------------------------------------------------------------- checkpoint weights

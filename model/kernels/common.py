@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 
+import torch
 import triton
 import triton.language as tl
 
@@ -70,12 +71,12 @@ def e4m3_to_float(codes, HW_FP8: tl.constexpr):
 @triton.jit
 def e2m1_to_float(nibbles):
     """4-bit e2m1 codes (int32, sign in bit 3) -> fp32: 0, .5, 1, 1.5, 2, 3, 4, 6 and negatives.
-    Integer operations only: magnitudes 1 .. 6 (codes 2..7) are the fp32 bit patterns
-    0x3F000000 + code<<22; codes 0 and 1 are code * 0.5."""
+    Integer operations only, on the fp32 bit patterns: magnitudes 1 .. 6 (codes 2..7) are
+    0x3F000000 + code<<22, 0.5 is 0x3F000000, and the sign is bit 31 (so code 8 is -0.0,
+    as the reference decodes it: a float negation compiled for the GPU may give +0.0)."""
     m = nibbles & 0x7
-    normal = (0x3F000000 + (m << 22)).to(tl.float32, bitcast=True)
-    magnitude = tl.where(m >= 2, normal, m.to(tl.float32) * 0.5)
-    return tl.where((nibbles & 0x8) != 0, -magnitude, magnitude)
+    magnitude = tl.where(m >= 2, 0x3F000000 + (m << 22), tl.where(m == 1, 0x3F000000, 0))
+    return (magnitude | ((nibbles & 0x8) << 28)).to(tl.float32, bitcast=True)
 
 
 # Four packed bytes -> their eight e2m1 values times 2^(e-127), as four bf16 pairs: $0 $1 the
@@ -120,3 +121,13 @@ def e2m1_pairs(packed, exponents, PTX: tl.constexpr):
         scale = (exponents.to(tl.int32) << 23).to(tl.float32, bitcast=True)  # the float with exponent field e
         low, high = e2m1_to_float(codes & 0xF) * scale, e2m1_to_float(codes >> 4) * scale
     return low, high
+
+
+def bf16_parts(x: torch.Tensor, splits: int) -> torch.Tensor:
+    """[splits, *x.shape] bf16 whose sum is x: each part rounds what the ones before left over
+    (three parts carry fp32's 24 significant bits)."""
+    parts, rest = [], x.float()
+    for _ in range(splits):
+        parts.append(rest.to(torch.bfloat16))
+        rest = rest - parts[-1].float()
+    return torch.stack(parts)

@@ -35,7 +35,7 @@ import triton
 import triton.language as tl
 
 from ..quant import dequantize_fp4_weight
-from .common import DOT, e2m1_pairs, interpreting
+from .common import DOT, bf16_parts, e2m1_pairs, interpreting
 
 
 def fp4_moe_ref(x, idx, weights, w13, s13, w2, s2, limit: float) -> torch.Tensor:
@@ -159,16 +159,6 @@ def block_height(pairs: int, experts: int) -> int:
     has many, and a taller block decodes each weight tile once for more of them."""
     per_expert = pairs / experts
     return 16 if per_expert < 16 else 64 if per_expert < 256 else 128
-
-
-def bf16_parts(x: torch.Tensor, splits: int) -> torch.Tensor:
-    """[splits, *x.shape] bf16 whose sum is x: each part rounds what the ones before left over
-    (three parts carry fp32's 24 significant bits)."""
-    parts, rest = [], x.float()
-    for _ in range(splits):
-        parts.append(rest.to(torch.bfloat16))
-        rest = rest - parts[-1].float()
-    return torch.stack(parts)
 
 
 class RoutePlan:

@@ -17,7 +17,6 @@ import torch
 from ..batch import SeqRun
 from ..config import LayerRole, ModelConfig
 from ..ops import ReferenceOps
-from ..quant import fp4_round_trip
 from ..rope import Rope, apply_rope
 from .norm import rms_norm
 
@@ -58,7 +57,7 @@ def compress(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, xa: torch.Ten
     entries = apply_rope(latent, cos, sin)
     packed = None
     if qat:
-        keys, key_codes = fp4_round_trip(keys, 32)
-        entries, entry_codes = fp4_round_trip(entries, 16, e4m3_scales=True)
+        keys, key_codes = ops.fp4_round_trip(keys, 32)
+        entries, entry_codes = ops.fp4_round_trip(entries, 16, e4m3_scales=True)
         packed = (entry_codes, key_codes)
     cache.entries_append(src, entries, keys, packed)

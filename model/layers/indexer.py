@@ -15,7 +15,6 @@ import torch
 from ..batch import SeqRun
 from ..config import LayerRole, ModelConfig
 from ..ops import ReferenceOps
-from ..quant import fake_quant_fp4
 from ..kernels.indexer_score import indexer_scores
 from ..rope import Rope, apply_rope
 
@@ -95,7 +94,7 @@ def index(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, xa: torch.Tensor
     cos, sin = rope.for_run("yarn", run)
     q = apply_rope(ops.linear(q_res, f"{p}.attn.indexer.wq_b").view(run.n, heads, dim), cos, sin)
     if qat:
-        q = fake_quant_fp4(q, 32)
+        q = ops.fake_quant_fp4(q, 32)
     weights = ops.linear(xa, f"{p}.attn.indexer.weights_proj.weight") * heads**-0.5  # [n, Hi]
     visible = (run.positions_on(q.device) + 1) // role.ratio
     candidates_in = shared.get("candidates") if role.uses_candidates else None

@@ -12,8 +12,8 @@ from dsflash.kvcache.layout import CacheLayout
 from dsflash.kvcache.paged import PagedCache
 from dsflash.kvcache.pool import CachePool, plain_allocator
 from dsflash.model.fast_ops import TritonOps
-from dsflash.model.kernels.common import e2m1_pairs, interpreting
-from dsflash.model.kernels.fp4_moe import bf16_parts, fp4_moe, fp4_moe_ref
+from dsflash.model.kernels.common import bf16_parts, e2m1_pairs, interpreting
+from dsflash.model.kernels.fp4_moe import fp4_moe, fp4_moe_ref
 from dsflash.model.kernels.fp8_gemm import fp8_gemm, fp8_gemm_ref
 from dsflash.model.kernels.hc_gates import hc_gates
 from dsflash.model.kernels.indexer_score import indexer_scores, indexer_scores_ref
@@ -121,11 +121,12 @@ def paged(golden_model, golden):
     cache.release()
 
 
-@pytest.mark.parametrize("entry_splits", [0, 3])  # one program per query and head block, or flash decoding
-def test_sparse_attention_on_a_paged_cache(paged, entry_splits):
+# one program per query and head block, or flash decoding; prefill's taller head block
+@pytest.mark.parametrize("entry_splits, head_block", [(0, 16), (3, 16), (0, 32)])
+def test_sparse_attention_on_a_paged_cache(paged, entry_splits, head_block):
     g = _g(2)
     cache, layer, source = paged, 8, 7
-    n, heads, dim, window = 5, 4, 64, 8
+    n, heads, dim, window = 5, 40, 64, 8  # 40 heads: the last head block is partly masked
     q = torch.randn(n, heads, dim, generator=g)
     positions = torch.arange(100 - window, 100)
     win = positions.expand(n, -1).clone()
@@ -139,7 +140,7 @@ def test_sparse_attention_on_a_paged_cache(paged, entry_splits):
     dev = lambda t: t.to(DEVICE)  # noqa: E731
     got = sparse_attention(dev(q), dev(cache.pool.slots_buffer), dev(torch.where(win >= 0, w_off, -1)), dev(w_soff),
                            dev(cache.pool.pages_buffer), dev(torch.where(idx >= 0, e_off, -1)), dev(e_soff),
-                           dev(sink), dim**-0.5, entry_splits=entry_splits).cpu()
+                           dev(sink), dim**-0.5, entry_splits=entry_splits, head_block=head_block).cpu()
     ref = sparse_attention_ref(q, cache.ring_read(layer, positions), win >= 0,
                                cache.entries_gather(source, idx.clamp_min(0)), idx >= 0, sink, dim**-0.5)
     assert (got - ref).abs().max() < REL * ref.abs().max() + 1e-5
