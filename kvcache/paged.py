@@ -152,6 +152,13 @@ class PagedCache(SequenceCache):
         base = self.slot * L.slot_bytes
         return base + row * D, base + L.ring_scales_offset + row * (D // 32)
 
+    @property
+    def ring_layer_stride(self) -> tuple[int, int]:
+        """Bytes between a position's codes (and its scales) in one ring layer and the next: the
+        offsets of layer l are those of layer 0 plus l strides, so a forward computes them once."""
+        L, D = self.layout, self.layout.head_dim
+        return L.ring_capacity * D, L.ring_capacity * (D // 32)
+
     def entry_offsets(self, source: int, entry_ids: torch.Tensor, kind: str = "kv"
                       ) -> tuple[torch.Tensor, torch.Tensor]:
         """Byte offsets in pool.pages_buffer of the codes and scales of entries (kind kv | key)."""

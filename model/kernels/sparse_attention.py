@@ -149,6 +149,24 @@ def _combine_kernel(part_ml, part_acc, sink_ptr, o_ptr, H, son, soh,
 # not fit in registers and shared memory.
 HEAD_BLOCKS = {"decode": (16, 4), "prefill": (32, 4)}
 PREFILL_QUERIES = 256
+KEY_TILE = 16  # keys per step of the online softmax
+
+
+def launch_plan(n: int, num_entries: int, heads: int, head_block: int | None = None,
+                entry_splits: int | None = None) -> tuple[int, int, int, int]:
+    """(heads per program, warps, entry splits, entries per split) for n queries over
+    num_entries selected entries each. The splits set the order of the sums, so callers that
+    batch requests launch together only requests with the same plan (layers/attention_kernel.py).
+    Tensor-core dots need M >= 16: fewer heads are padded by the mask, not a smaller block.
+    Many queries (prefill) fill the GPU anyway, and a taller head block decodes each key for
+    more heads at once. Few queries (decode) leave most SMs idle: the entries are split over
+    more programs (flash decoding), aiming at ~2 programs per SM."""
+    hb, warps = HEAD_BLOCKS["prefill" if n >= PREFILL_QUERIES else "decode"]
+    hb = head_block or hb
+    if entry_splits is None:
+        entry_splits = min(triton.cdiv(num_entries, 64), max(0, 264 // (n * triton.cdiv(heads, hb)) - 1))
+    per_split = triton.cdiv(triton.cdiv(num_entries, max(entry_splits, 1)), KEY_TILE) * KEY_TILE
+    return hb, warps, entry_splits, per_split
 
 
 def sparse_attention(q: torch.Tensor, ring: torch.Tensor, window_offsets: torch.Tensor,
@@ -166,22 +184,13 @@ def sparse_attention(q: torch.Tensor, ring: torch.Tensor, window_offsets: torch.
     assert ring.dtype == torch.uint8 and pages.dtype == torch.uint8 and dim % 32 == 0
     q = q.contiguous()
     out = torch.empty(n, heads, dim, dtype=torch.float32, device=q.device)
-    # Tensor-core dots need M >= 16: fewer heads are padded by the mask, not a smaller block.
-    # Many queries (prefill) fill the GPU anyway, and a taller head block decodes each key for
-    # more heads at once.
-    hb, warps = HEAD_BLOCKS["prefill" if n >= PREFILL_QUERIES else "decode"]
-    hb, num_warps = head_block or hb, num_warps or warps
-    kt = 16
     w_off, w_soff = window_offsets.contiguous(), window_scale_offsets.contiguous()
     e_off, e_soff = entry_offsets.contiguous(), entry_scale_offsets.contiguous()
     K = e_off.shape[1]
+    hb, warps, entry_splits, per_split = launch_plan(n, K, heads, head_block, entry_splits)
+    num_warps = num_warps or warps
     head_blocks = triton.cdiv(heads, hb)
-    # Few queries (decode) leave most SMs idle: split the entries over more programs (flash
-    # decoding), aiming at ~2 programs per SM; prefill has programs enough.
-    if entry_splits is None:
-        entry_splits = min(triton.cdiv(K, 64), max(0, 264 // (n * head_blocks) - 1))
     splits = 1 if entry_splits == 0 else entry_splits + 1
-    per_split = triton.cdiv(triton.cdiv(K, max(entry_splits, 1)), kt) * kt
     part_ml = part_acc = out  # unused with one split
     if splits > 1:
         part_ml = torch.empty(n, splits, heads, 2, dtype=torch.float32, device=q.device)
@@ -190,7 +199,8 @@ def sparse_attention(q: torch.Tensor, ring: torch.Tensor, window_offsets: torch.
     _sparse_attention_kernel[grid](q, ring, w_off, w_soff, pages, e_off, e_soff, sink.float().contiguous(), out,
                                    part_ml, part_acc, heads, w_off.shape[1], K, per_split, scale, q.stride(0),
                                    q.stride(1), w_off.stride(0), e_off.stride(0), out.stride(0), out.stride(1),
-                                   D=dim, HB=hb, KT=kt, HW_FP8=not interpreting(), SPLITS=splits, num_warps=num_warps)
+                                   D=dim, HB=hb, KT=KEY_TILE, HW_FP8=not interpreting(), SPLITS=splits,
+                                   num_warps=num_warps)
     if splits > 1:
         _combine_kernel[(n, head_blocks)](part_ml, part_acc, sink.float().contiguous(), out, heads, out.stride(0),
                                           out.stride(1), D=dim, HB=hb, SPLITS=splits, num_warps=num_warps)

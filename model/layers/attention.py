@@ -17,12 +17,11 @@ import torch
 
 from ..batch import SeqRun
 from ..config import LayerRole, ModelConfig
-from ..kernels.sparse_attention import sparse_attention, sparse_attention_ref
+from ..kernels.sparse_attention import sparse_attention_ref
 from ..ops import ReferenceOps
-from ..quant import fake_quant_fp8, fp8_round_trip
+from ..quant import fake_quant_fp8
 from ..rope import Rope, apply_rope
-from .compressor import compress
-from .indexer import index
+from .attention_kernel import attend_in_place, update_entries
 from .norm import rms_norm
 
 
@@ -43,6 +42,8 @@ def attend(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, xa: torch.Tenso
            q_all: torch.Tensor, kv_all: torch.Tensor, runs: list[SeqRun], rope: Rope, qat: bool,
            block_mode: bool = False) -> torch.Tensor:
     """Each run's RoPE, cache writes, compressor, indexer and attention -> o [T, h, D]."""
+    if qat and not block_mode and all(ops.reads_cache_in_place(run.cache) for run in runs):
+        return attend_in_place(ops, cfg, role, xa, q_res, q_all, kv_all, runs, rope)  # all runs at once
     hd = cfg.head_dim
     sink = ops.w(f"{role.prefix}.attn.attn_sink")
     outputs = []
@@ -53,22 +54,17 @@ def attend(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, xa: torch.Tenso
         kv = apply_rope(kv_all[rows], cos, sin)
         packed = None
         if qat:
-            kv, packed = fp8_round_trip(kv)
+            kv, packed = ops.fp8_round_trip(kv)
         selected = valid = None
         if role.ratio:
-            if role.is_kv_source and not run.skip_compressor:
-                compress(ops, cfg, role, xa[rows], run, rope, qat)
-            if role.is_index_source:
-                index(ops, cfg, role, xa[rows], q_res[rows], run, rope, qat)
+            update_entries(ops, cfg, role, xa, q_res, run, rope, qat)
             topk = run.shared.get("topk")
-            if topk is not None and topk.shape[1] > 0 and not ops.reads_cache_in_place(run.cache):
+            if topk is not None and topk.shape[1] > 0:
                 valid = topk >= 0
                 selected = run.cache.entries_gather(role.kv_source, topk.clamp_min(0)).to(xa.device)
         if block_mode:
             window_kv, mask = _block_window(run, role, kv)
             o = sparse_attention_ref(q, window_kv, mask, selected, valid, sink, hd**-0.5)
-        elif packed is not None and ops.reads_cache_in_place(run.cache):
-            o = _causal_attention_kernel(cfg, run, role, q, kv, packed, sink)
         else:
             o = _causal_attention(cfg, run, role, q, kv, packed, selected, valid, sink)
         outputs.append(apply_rope(o, cos, sin, inverse=True))
@@ -97,35 +93,6 @@ def _causal_attention(cfg: ModelConfig, run: SeqRun, role: LayerRole, q, kv, pac
                                         None if selected is None else selected[lo:hi],
                                         None if valid is None else valid[lo:hi], sink, cfg.head_dim**-0.5))
     return torch.cat(out)
-
-
-def _causal_attention_kernel(cfg: ModelConfig, run: SeqRun, role: LayerRole, q, kv, packed, sink):
-    """The kernel path: window keys (FP8) and selected entries (FP4) are read as stored bytes.
-    Old window rows and this run's rows go into one small scratch buffer (a long chunk would
-    overwrite its own early rows in the ring); entries are read where they live in the pages."""
-    cache, layer, window, D = run.cache, role.index, cfg.sliding_window, cfg.head_dim
-    device = q.device  # the pool's device too (ops.reads_cache_in_place): every index is built here
-    cached_pos = cache.window_positions(layer, run.start - window + 1, run.start, device=device)
-    old_codes, old_scales = cache.ring_offsets(layer, cached_pos)
-    buf = cache.pool.slots_buffer
-    codes = torch.cat([buf[old_codes[:, None] + torch.arange(D, device=device)], packed[0]])
-    scales = torch.cat([buf[old_scales[:, None] + torch.arange(D // 32, device=device)], packed[1]])
-    scratch = torch.cat([codes.reshape(-1), scales.reshape(-1)])
-    q_pos = run.positions_on(device)
-    key_pos = torch.cat([cached_pos, q_pos])
-    m = cached_pos.shape[0]
-    rows = (m + torch.arange(run.n, device=device))[:, None] - torch.arange(window - 1, -1, -1, device=device)
-    valid = (rows >= 0) & (key_pos[rows.clamp_min(0)] > q_pos[:, None] - window)
-    win_off = torch.where(valid, rows * D, -1)
-    win_soff = codes.numel() + rows.clamp_min(0) * (D // 32)
-    cache.ring_store(layer, run.start, kv, packed)
-    topk = run.shared.get("topk") if role.ratio else None
-    if topk is None or topk.shape[1] == 0:
-        topk = torch.full((run.n, 1), -1, dtype=torch.long, device=device)
-    ent_off, ent_soff = cache.entry_offsets(role.kv_source, topk) if role.ratio else (topk, topk)
-    ent_off = torch.where(topk >= 0, ent_off, -1)
-    return sparse_attention(q, scratch, win_off, win_soff, cache.pool.pages_buffer, ent_off, ent_soff, sink,
-                            D**-0.5)
 
 
 def _block_window(run: SeqRun, role: LayerRole, kv: torch.Tensor):
