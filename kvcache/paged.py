@@ -162,15 +162,11 @@ class PagedCache(SequenceCache):
     def entry_offsets(self, source: int, entry_ids: torch.Tensor, kind: str = "kv"
                       ) -> tuple[torch.Tensor, torch.Tensor]:
         """Byte offsets in pool.pages_buffer of the codes and scales of entries (kind kv | key)."""
-        L = self.layout
-        sections = L.page_sections()
-        codes_off, codes_width = sections[f"{kind}_codes"]
-        scales_off, scales_width = sections["kv_scales" if kind == "kv" else "key_scales"]
-        table = self._device_table(source).to(entry_ids.device)
-        ids = entry_ids.to(torch.long)
-        page = table[ids.clamp_min(0) // L.page_entries] * L.page_bytes
-        row = ids.clamp_min(0) % L.page_entries
-        return page + codes_off + row * codes_width, page + scales_off + row * scales_width
+        return page_offsets(self.layout, self.device_table(source).to(entry_ids.device), entry_ids, kind)
+
+    def device_table(self, source: int) -> torch.Tensor:
+        """The source's page table on the pool's device (valid until pages are added)."""
+        return self._device_table(source)
 
     # ------------------------------------------------------------ open groups
 
@@ -313,3 +309,19 @@ class PagedCache(SequenceCache):
             raise
         copy.bytes_changed()
         return copy
+
+
+def page_offsets(layout: CacheLayout, table: torch.Tensor, entry_ids: torch.Tensor, kind: str = "kv",
+                 first_page: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Byte offsets in the pool's pages_buffer of the codes and scales of entries (kind kv | key)
+    through a page table on the device; a negative id reads entry 0. first_page [rows, 1]: where
+    each row's own table starts when `table` is several caches' tables end to end (one lookup
+    for a batch)."""
+    sections = layout.page_sections()
+    codes_off, codes_width = sections[f"{kind}_codes"]
+    scales_off, scales_width = sections["kv_scales" if kind == "kv" else "key_scales"]
+    ids = entry_ids.to(torch.long).clamp_min(0)
+    index = ids // layout.page_entries
+    page = table[index if first_page is None else index + first_page] * layout.page_bytes
+    row = ids % layout.page_entries
+    return page + codes_off + row * codes_width, page + scales_off + row * scales_width

@@ -53,13 +53,26 @@ class Rope:
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inverse: bool = False) -> torch.Tensor:
-    """x [n, ..., D]; cos/sin [n, rope/2]. Rotates the last 2*cos.shape[-1] channels."""
-    if inverse:
-        sin = -sin
-    rope_dim = cos.shape[-1] * 2
-    while cos.dim() < x.dim():
-        cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)
-    nope, rot = x[..., :-rope_dim], x[..., -rope_dim:]
-    even, odd = rot[..., 0::2].float(), rot[..., 1::2].float()
-    rotated = torch.stack([even * cos - odd * sin, even * sin + odd * cos], dim=-1).flatten(-2)
-    return torch.cat([nope, rotated.to(x.dtype)], dim=-1)
+    """x [n, ..., D]; cos/sin [n, rope/2]. Rotates the last 2*cos.shape[-1] channels.
+
+    Each pair (e, o) becomes (e*cos - o*sin, o*cos + e*sin) in fp32, written as
+    pair*cos + swapped*sin*sign with sign (-1, +1): the same rounded products and sums as the
+    textbook form (negation is exact), in a handful of ops (a decode step is host-bound)."""
+    half = cos.shape[-1]
+    lead = cos.shape[:-1] + (1,) * (x.dim() - cos.dim()) + (half, 1)  # broadcast over heads and the pair
+    rot = x[..., -2 * half:]
+    pair = rot.unflatten(-1, (half, 2)).float()
+    rotated = pair * cos.reshape(lead) + pair.flip(-1) * sin.reshape(lead) * _pair_sign(x.device, inverse)
+    rotated = rotated.flatten(-2).to(x.dtype)
+    return rotated if rotated.shape[-1] == x.shape[-1] else torch.cat([x[..., :-2 * half], rotated], dim=-1)
+
+
+_PAIR_SIGNS: dict[tuple, torch.Tensor] = {}
+
+
+def _pair_sign(device: torch.device, inverse: bool) -> torch.Tensor:
+    """(-1, +1), or (+1, -1) for the inverse rotation, kept per device (no copy per call)."""
+    key = (str(device), inverse)
+    if key not in _PAIR_SIGNS:
+        _PAIR_SIGNS[key] = torch.tensor([1.0, -1.0] if inverse else [-1.0, 1.0], device=device)
+    return _PAIR_SIGNS[key]

@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import torch
 
+from ...kvcache.paged import page_offsets
 from ..batch import SeqRun
 from ..config import LayerRole, ModelConfig
+from ..device import to_device
 from ..kernels.sparse_attention import launch_plan, sparse_attention
 from ..ops import ReferenceOps
 from ..rope import Rope, apply_rope
@@ -60,25 +62,29 @@ def _rope_rows(rope: Rope, kind: str, runs: list[SeqRun]) -> tuple[torch.Tensor,
 
 
 def _attention(cfg: ModelConfig, role: LayerRole, q, kv, packed, runs: list[SeqRun], sink) -> torch.Tensor:
-    """Writes each run's rows into its ring, then attends: one launch per program layout."""
+    """Writes the runs' rows into their rings, then attends: one launch per program layout."""
     layer, heads = role.index, q.shape[1]
-    groups: dict[tuple, list[tuple[SeqRun, tuple[torch.Tensor, torch.Tensor]]]] = {}
+    fits = [_fits_in_ring(cfg, run, layer) for run in runs]
+    entries, widths = _entry_offsets(role, runs, q.device)
+    _ring_store([run for run, fit in zip(runs, fits) if fit], layer, kv, packed)
+    groups: dict[tuple, list[tuple[SeqRun, int]]] = {}
     outputs: dict[int, torch.Tensor] = {}
-    for run in runs:
-        rows, entries = run.rows, _entry_offsets(role, run, q.device)
-        run_packed = (packed[0][rows], packed[1][rows])
-        if not _fits_in_ring(cfg, run, layer):
-            outputs[run.offset] = scratch_attention(cfg, run, role, q[rows], kv[rows], run_packed, entries, sink)
+    for run, fit, width in zip(runs, fits, widths):
+        if not fit:
+            rows = run.rows
+            own, run_packed = tuple(e[rows, :width] for e in entries), (packed[0][rows], packed[1][rows])
+            outputs[run.offset] = scratch_attention(cfg, run, role, q[rows], kv[rows], run_packed, own, sink)
             continue
-        run.cache.ring_store(layer, run.start, kv[rows], run_packed)
-        plan = launch_plan(run.n, entries[0].shape[1], heads) + (id(run.cache.pool),)
-        groups.setdefault(plan, []).append((run, entries))
+        plan = launch_plan(run.n, width, heads) + (id(run.cache.pool),)
+        groups.setdefault(plan, []).append((run, width))
     if not outputs and len(groups) == 1:
         (plan, members), = groups.items()
-        return _launch(cfg, layer, q, members, sink, plan)  # every run, in row order
+        return _launch(cfg, layer, q, runs, entries, sink, plan)  # every run, in row order
     for plan, members in groups.items():
-        o = _launch(cfg, layer, _cat([q[run.rows] for run, _ in members]), members, sink, plan)
-        outputs.update(zip((run.offset for run, _ in members), o.split([run.n for run, _ in members])))
+        group, width = [run for run, _ in members], max(w for _, w in members)
+        own = tuple(_rows(e, group)[:, :width] for e in entries)
+        o = _launch(cfg, layer, _rows(q, group), group, own, sink, plan)
+        outputs.update(zip((run.offset for run in group), o.split([run.n for run in group])))
     return torch.cat([outputs[run.offset] for run in runs])
 
 
@@ -89,28 +95,105 @@ def _fits_in_ring(cfg: ModelConfig, run: SeqRun, layer: int) -> bool:
     return run.n <= cache.ring_capacity - cfg.sliding_window + 1 and cache.ring_spans[layer].valid_to == run.start
 
 
-def _entry_offsets(role: LayerRole, run: SeqRun, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Byte offsets [n, K] of the codes (-1: none) and scales of each query's selected entries."""
-    topk = run.shared.get("topk") if role.ratio else None
-    if topk is None or topk.shape[1] == 0:
-        key = ("no entries", run.n)
-        if key not in run.shared:
-            run.shared[key] = torch.full((run.n, 1), -1, dtype=torch.long, device=device)
-        return run.shared[key], run.shared[key]
-    off, soff = run.cache.entry_offsets(role.kv_source, topk)
-    return torch.where(topk >= 0, off, -1), soff
+def _ring_store(runs: list[SeqRun], layer: int, kv: torch.Tensor, packed) -> None:
+    """The rows of runs that fit into their rings: one write of the codes and one of the scales
+    for all of them (the same bytes at the same places as each cache's ring_store)."""
+    if not runs:
+        return
+    if len({id(run.cache.pool) for run in runs}) > 1:
+        for run in runs:
+            run.cache.ring_store(layer, run.start, kv[run.rows], (packed[0][run.rows], packed[1][run.rows]))
+        return
+    codes0, scales0 = _ring_rows(runs)
+    code_stride, scale_stride = runs[0].cache.ring_layer_stride
+    if sum(run.n for run in runs) != kv.shape[0]:
+        packed = tuple(_rows(part, runs) for part in packed)
+    buf = runs[0].cache.pool.slots_buffer
+    buf[codes0 + layer * code_stride] = packed[0]
+    buf[scales0 + layer * scale_stride] = packed[1]
+    for run in runs:
+        run.cache.note_ring_write(layer, run.start, run.n)
 
 
-def _launch(cfg: ModelConfig, layer: int, q: torch.Tensor, members, sink, plan) -> torch.Tensor:
-    """One sparse_attention over the members' rows q; keys in the ring and the pages."""
+def _ring_rows(runs: list[SeqRun]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Layer-0 byte offsets [rows, D] and [rows, D/32] in the slots of the runs' rows' codes and
+    scales (positions start.., each in its own ring), built once per forward."""
+    key = ("ring rows", tuple(run.offset for run in runs))
+    shared = runs[0].shared
+    if key not in shared:
+        device, D = runs[0].cache.pool.device, runs[0].cache.layout.head_dim
+        parts = [run.cache.ring_offsets(0, run.positions_on(device)) for run in runs]
+        codes, scales = (_cat(list(t)) for t in zip(*parts))
+        shared[key] = (codes[:, None] + torch.arange(D, device=device),
+                       scales[:, None] + torch.arange(D // 32, device=device))
+    return shared[key]
+
+
+def _entry_offsets(role: LayerRole, runs: list[SeqRun], device) -> tuple[tuple[torch.Tensor, torch.Tensor], list[int]]:
+    """Byte offsets [T, K] of the codes (-1: none) and scales of each query's selected entries,
+    every run in one lookup, and each run's own K (-1 for both past it). The layers after an
+    index source read its top-k lists of the same source: they reuse its offsets (pages only
+    grow, so an entry's offsets never move)."""
+    topks = [run.shared.get("topk") if role.ratio else None for run in runs]
+    topks = [None if t is None or t.shape[1] == 0 else t for t in topks]
+    key = ("entry offsets", tuple(run.offset for run in runs))
+    last = runs[0].shared.get(key)
+    if last is not None and last[0] == role.kv_source and all(a is b for a, b in zip(last[1], topks)):
+        return last[2]
+    runs[0].shared[key] = (role.kv_source, topks, _lookup_entries(role, runs, topks, device))
+    return runs[0].shared[key][2]
+
+
+def _lookup_entries(role: LayerRole, runs: list[SeqRun], topks: list, device
+                    ) -> tuple[tuple[torch.Tensor, torch.Tensor], list[int]]:
+    widths = [1 if t is None else t.shape[1] for t in topks]
+    if all(t is None for t in topks):
+        return _no_entries(runs, device, 1), widths
+    width = max(widths)
+    ids = _cat([_no_entries([run], device, width, -2)[0] if t is None else _pad(t, width, -2)
+                for run, t in zip(runs, topks)])  # -2: past the run's own K
+    table, first_page = _page_tables(runs, role.kv_source)
+    off, soff = page_offsets(runs[0].cache.layout, table, ids, first_page=first_page)
+    off = torch.where(ids >= 0, off, -1)
+    if any(w != width for w in widths):
+        soff = torch.where(ids >= -1, soff, -1)
+    return (off, soff), widths
+
+
+def _no_entries(runs: list[SeqRun], device, width: int, value: int = -1) -> tuple[torch.Tensor, torch.Tensor]:
+    key = ("no entries", tuple(run.offset for run in runs), width, value)
+    shared = runs[0].shared
+    if key not in shared:
+        rows = sum(run.n for run in runs)
+        shared[key] = torch.full((rows, width), value, dtype=torch.long, device=device)
+    return shared[key], shared[key]
+
+
+def _page_tables(runs: list[SeqRun], source: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The runs' page tables of `source` end to end and the first page [T, 1] of each row's own
+    (0 for an empty table), rebuilt when a table changes (pages added)."""
+    tables = tuple(run.cache.device_table(source) for run in runs)
+    if len(runs) == 1:
+        return tables[0], None
+    key = ("page tables", source, tuple(run.offset for run in runs))
+    built = runs[0].shared.get(key)
+    if built is None or any(a is not b for a, b in zip(built[0], tables)):
+        firsts, total = [], 0
+        for run, table in zip(runs, tables):
+            firsts += [total if table.numel() else 0] * run.n
+            total += table.numel()
+        first_page = to_device(torch.tensor(firsts, dtype=torch.long)[:, None], tables[0].device)
+        built = runs[0].shared[key] = (tables, torch.cat(tables), first_page)
+    return built[1], built[2]
+
+
+def _launch(cfg: ModelConfig, layer: int, q: torch.Tensor, runs: list[SeqRun], entries, sink, plan) -> torch.Tensor:
+    """One sparse_attention over the runs' rows q; keys in the ring, entries (offsets [rows, K])
+    in the pages."""
     hb, warps, splits = plan[:3]
-    runs = [run for run, _ in members]
     win_off, win_soff = _window_offsets(cfg, layer, runs)
-    width = max(entries[0].shape[1] for _, entries in members)
-    ent_off = _cat([_pad(entries[0], width) for _, entries in members])
-    ent_soff = _cat([_pad(entries[1], width) for _, entries in members])
     pool = runs[0].cache.pool
-    return sparse_attention(q, pool.slots_buffer, win_off, win_soff, pool.pages_buffer, ent_off, ent_soff, sink,
+    return sparse_attention(q, pool.slots_buffer, win_off, win_soff, pool.pages_buffer, *entries, sink,
                             cfg.head_dim**-0.5, num_warps=warps, entry_splits=splits, head_block=hb)
 
 
@@ -139,10 +222,15 @@ def _window_grid(cfg: ModelConfig, layer: int, runs: list[SeqRun]) -> tuple[torc
     return shared[key]
 
 
-def _pad(offsets: torch.Tensor, width: int) -> torch.Tensor:
-    """Masked (-1) entries up to `width`: they add nothing to any sum."""
-    extra = width - offsets.shape[1]
-    return offsets if extra == 0 else torch.nn.functional.pad(offsets, (0, extra), value=-1)
+def _pad(ids: torch.Tensor, width: int, value: int) -> torch.Tensor:
+    """`value` columns up to `width` (masked entries: they add nothing to any sum)."""
+    extra = width - ids.shape[1]
+    return ids if extra == 0 else torch.nn.functional.pad(ids, (0, extra), value=value)
+
+
+def _rows(t: torch.Tensor, runs: list[SeqRun]) -> torch.Tensor:
+    """The runs' rows of t, in order."""
+    return _cat([t[run.rows] for run in runs])
 
 
 def _cat(parts: list[torch.Tensor]) -> torch.Tensor:
