@@ -124,12 +124,8 @@ def kernels() -> None:
                 record("kernel_fp8_gemm", f"{name}_M8192_{label}", {"us": t * 1e6, "TFLOPs": flops / t / 1e12,
                                                                    "ratio_to_bf16_roofline": t / (flops / BF16_FLOPS),
                                                                    "max_rel_error": err})
-    E, H, inter, k = 48, 5120, 2304, 6
-    w13 = torch.randint(0, 255, (E, 2 * inter, H // 2), dtype=torch.uint8, device=dev)
-    s13 = torch.full((E, 2 * inter, H // 32), 120, dtype=torch.uint8, device=dev)
-    w2 = torch.randint(0, 255, (E, H, inter // 2), dtype=torch.uint8, device=dev)
-    s2 = torch.full((E, H, inter // 32), 120, dtype=torch.uint8, device=dev)
-    per_expert = w13[0].numel() + s13[0].numel() + w2[0].numel() + s2[0].numel()
+    E, H, k = MOE_SHAPE["E"], MOE_SHAPE["H"], MOE_SHAPE["k"]
+    (w13, s13, w2, s2), per_expert = random_experts(dev)
     for tokens in (6, 48, 192):
         x = torch.randn(tokens, H, device=dev)
         idx = torch.stack([torch.randperm(E, device=dev)[:k] for _ in range(tokens)])
@@ -182,16 +178,25 @@ def kernels() -> None:
                                                                                        flops / BF16_FLOPS)})
 
 
-def moe_tiles() -> None:
-    """The routed-expert kernels' tile shapes, swept at decode and prefill sizes (model/kernels/fp4_moe.TILES)."""
-    from dsflash.model.kernels import fp4_moe as moe
+MOE_SHAPE = dict(E=48, H=5120, inter=2304, k=6)  # the bench preset's routed experts
 
-    dev, E, H, inter, k = "cuda", 48, 5120, 2304, 6
+
+def random_experts(dev: str) -> tuple[tuple[torch.Tensor, ...], int]:
+    """Stacked packed experts of MOE_SHAPE (random codes, scale 2^-7) and one expert's bytes."""
+    E, H, inter = MOE_SHAPE["E"], MOE_SHAPE["H"], MOE_SHAPE["inter"]
     w13 = torch.randint(0, 255, (E, 2 * inter, H // 2), dtype=torch.uint8, device=dev)
     s13 = torch.full((E, 2 * inter, H // 32), 120, dtype=torch.uint8, device=dev)
     w2 = torch.randint(0, 255, (E, H, inter // 2), dtype=torch.uint8, device=dev)
     s2 = torch.full((E, H, inter // 32), 120, dtype=torch.uint8, device=dev)
-    per_expert = w13[0].numel() + s13[0].numel() + w2[0].numel() + s2[0].numel()
+    return (w13, s13, w2, s2), sum(t[0].numel() for t in (w13, s13, w2, s2))
+
+
+def moe_tiles() -> None:
+    """The routed-expert kernels' tile shapes, swept at decode and prefill sizes (model/kernels/fp4_moe.TILES)."""
+    from dsflash.model.kernels import fp4_moe as moe
+
+    dev, E, H, k = "cuda", MOE_SHAPE["E"], MOE_SHAPE["H"], MOE_SHAPE["k"]
+    (w13, s13, w2, s2), per_expert = random_experts(dev)
     default = {key: dict(value) for key, value in moe.TILES.items()}
     candidates = [dict(BLOCK_N=n, BLOCK_KB=kb, num_warps=w, num_stages=st)
                   for n, kb, w, st in [(64, 64, 4, 3), (64, 32, 4, 3), (64, 32, 4, 4), (128, 32, 8, 3), (128, 64, 8, 2),

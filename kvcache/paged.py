@@ -82,9 +82,9 @@ class PagedCache(SequenceCache):
             table.extend(self.pool.allocate_pages(need))
             self._tables.pop(source, None)
 
-    def _device_table(self, source: int) -> torch.Tensor:
+    def device_table(self, source: int) -> torch.Tensor:
         """The source's page table on the pool's device: one copy each time pages are added,
-        not one (synchronizing) copy per lookup."""
+        not one (synchronizing) copy per lookup (valid until pages are added)."""
         table = self._tables.get(source)
         if table is None:
             table = self._tables[source] = to_device(torch.tensor(self.page_table[source], dtype=torch.long),
@@ -105,7 +105,7 @@ class PagedCache(SequenceCache):
 
     def _locate(self, source: int, entry_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         ids, P = entry_ids.to(self.pool.device), self.layout.page_entries
-        return self._device_table(source)[ids // P], ids % P
+        return self.device_table(source)[ids // P], ids % P
 
     def entries_append(self, source, kv, index_keys, packed):
         if packed is None:
@@ -163,10 +163,6 @@ class PagedCache(SequenceCache):
                       ) -> tuple[torch.Tensor, torch.Tensor]:
         """Byte offsets in pool.pages_buffer of the codes and scales of entries (kind kv | key)."""
         return page_offsets(self.layout, self.device_table(source).to(entry_ids.device), entry_ids, kind)
-
-    def device_table(self, source: int) -> torch.Tensor:
-        """The source's page table on the pool's device (valid until pages are added)."""
-        return self._device_table(source)
 
     # ------------------------------------------------------------ open groups
 

@@ -6,11 +6,15 @@ Dense work (projections, MoE, mHC) runs over all rows at once; per-request work
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import torch
 
 from ..kvcache.state import SequenceCache
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -31,13 +35,17 @@ class SeqRun:
     def rows(self) -> slice:
         return slice(self.offset, self.offset + self.n)
 
+    def once(self, key, build: Callable[[], T]) -> T:
+        """build(), computed once per forward under `key` (every layer asks for the same)."""
+        if key not in self.shared:
+            self.shared[key] = build()
+        return self.shared[key]
+
     def positions_on(self, device: str | torch.device) -> torch.Tensor:
         """Absolute positions [n] of this forward's tokens, built on `device` (a host tensor would
         cost a synchronizing copy per layer), once per forward."""
-        key = ("positions", torch.device(device))
-        if key not in self.shared:
-            self.shared[key] = torch.arange(self.start, self.start + self.n, dtype=torch.long, device=device)
-        return self.shared[key]
+        return self.once(("positions", torch.device(device)),
+                         lambda: torch.arange(self.start, self.start + self.n, dtype=torch.long, device=device))
 
 
 def pack(runs: list[SeqRun]) -> torch.Tensor:

@@ -46,10 +46,7 @@ class Rope:
 
     def for_run(self, kind: str, run: SeqRun) -> tuple[torch.Tensor, torch.Tensor]:
         """cos/sin of a run's positions, once per forward: every layer of a forward asks for the same."""
-        key = ("rope", kind)
-        if key not in run.shared:
-            run.shared[key] = self.cos_sin(kind, run.positions_on(self.device))
-        return run.shared[key]
+        return run.once(("rope", kind), lambda: self.cos_sin(kind, run.positions_on(self.device)))
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inverse: bool = False) -> torch.Tensor:

@@ -69,6 +69,13 @@ def e4m3_to_float(codes, HW_FP8: tl.constexpr):
 
 
 @triton.jit
+def pow2(exponent):
+    """The fp32 2^(e-127) for a biased exponent e (int32, 1 <= e <= 254), built from its bits
+    (exact; e = 0 gives 0)."""
+    return (exponent << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def e2m1_to_float(nibbles):
     """4-bit e2m1 codes (int32, sign in bit 3) -> fp32: 0, .5, 1, 1.5, 2, 3, 4, 6 and negatives.
     Integer operations only, on the fp32 bit patterns: magnitudes 1 .. 6 (codes 2..7) are
@@ -118,7 +125,7 @@ def e2m1_pairs(packed, exponents, PTX: tl.constexpr):
                                               dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4)
     else:
         codes = packed.to(tl.int32)
-        scale = (exponents.to(tl.int32) << 23).to(tl.float32, bitcast=True)  # the float with exponent field e
+        scale = pow2(exponents.to(tl.int32))
         low, high = e2m1_to_float(codes & 0xF) * scale, e2m1_to_float(codes >> 4) * scale
     return low, high
 

@@ -98,10 +98,8 @@ def fp8_gemm(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, act_qua
     splits = 1 if interpreting() else max(1, min(triton.cdiv(K, block_k), 264 // output_tiles))
     per_split = triton.cdiv(triton.cdiv(K, splits), block_k) * block_k
     splits = triton.cdiv(K, per_split)
-    if interpreting():
-        parts = x[None]
-    else:
-        parts = x[None] if x.dtype == torch.bfloat16 else bf16_parts(x, 3)
+    # the interpreter dots in fp32; bf16 activations are their own single part
+    parts = x[None] if interpreting() or x.dtype == torch.bfloat16 else bf16_parts(x, 3)
     y = torch.empty(splits, M, N, dtype=torch.float32, device=x.device)
     grid = (triton.cdiv(M, block_m), triton.cdiv(N, block_n), splits)
     _fp8_gemm_kernel[grid](parts, codes, scales, y, M, N, K, per_split, *parts.stride(), codes.stride(0),

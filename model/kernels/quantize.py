@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 
 from .. import quant
-from .common import e2m1_to_float
+from .common import e2m1_to_float, pow2
 
 _TILE_ELEMENTS = 2048  # elements per program: few programs for the interpreter, ample for decode sizes
 _INV_FP8_MAX = tl.constexpr(1.0 / quant.FP8_MAX)  # the reference multiplies by this fp32 constant
@@ -28,12 +28,6 @@ _INV_FP4_MAX = tl.constexpr(1.0 / quant.FP4_MAX)
 _FP8_AMAX_FLOOR = tl.constexpr(1e-4)
 _FP4_AMAX_FLOOR_E8M0 = tl.constexpr(quant.FP4_MAX * 2.0**-126)
 _FP4_AMAX_FLOOR_E4M3 = tl.constexpr(quant.FP4_MAX * 2.0**-9)
-
-
-@triton.jit
-def _pow2(exponent):
-    """The fp32 2^(e-127) for a biased exponent 1 <= e <= 254, built from its bits (exact)."""
-    return (exponent << 23).to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -86,8 +80,8 @@ def _fp8_round_trip_kernel(x_ptr, values_ptr, codes_ptr, scales_ptr, num_blocks,
     exponent = _pow2_ceil_exponent(amax * _INV_FP8_MAX)
     # Dividing by a power of two and multiplying by its (exact) inverse round alike.
     # No clamp to +-448 before encoding: the encoder saturates there, as the clamp would.
-    code, value = _e4m3_rne(x * _pow2(254 - exponent)[:, None])
-    tl.store(values_ptr + offsets, value * _pow2(exponent)[:, None], mask=is_block[:, None])
+    code, value = _e4m3_rne(x * pow2(254 - exponent)[:, None])
+    tl.store(values_ptr + offsets, value * pow2(exponent)[:, None], mask=is_block[:, None])
     tl.store(codes_ptr + offsets, code.to(tl.uint8), mask=is_block[:, None])
     tl.store(scales_ptr + blocks, exponent.to(tl.uint8), mask=is_block)
 
@@ -110,8 +104,8 @@ def _fp4_round_trip_kernel(x_ptr, values_ptr, packed_ptr, scales_ptr, num_blocks
         high = _e2m1_rne(tl.div_rn(odd, scale[:, None]))
     else:
         scale_byte = _pow2_ceil_exponent(tl.maximum(amax, _FP4_AMAX_FLOOR_E8M0) * _INV_FP4_MAX)
-        scale = _pow2(scale_byte)
-        inverse = _pow2(254 - scale_byte)[:, None]  # exact, so multiplying rounds as dividing does
+        scale = pow2(scale_byte)
+        inverse = pow2(254 - scale_byte)[:, None]  # exact, so multiplying rounds as dividing does
         low = _e2m1_rne(even * inverse)
         high = _e2m1_rne(odd * inverse)
     tl.store(values_ptr + 2 * pairs, e2m1_to_float(low) * scale[:, None], mask=is_block)

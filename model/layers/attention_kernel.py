@@ -54,11 +54,11 @@ def _rope_rows(rope: Rope, kind: str, runs: list[SeqRun]) -> tuple[torch.Tensor,
     """cos/sin of every row, once per forward (each table is a run's, as alone)."""
     if len(runs) == 1:
         return rope.for_run(kind, runs[0])
-    key = ("rope rows", kind, len(runs))
-    if key not in runs[0].shared:
+    def build():
         tables = [rope.for_run(kind, run) for run in runs]
-        runs[0].shared[key] = torch.cat([c for c, _ in tables]), torch.cat([s for _, s in tables])
-    return runs[0].shared[key]
+        return torch.cat([c for c, _ in tables]), torch.cat([s for _, s in tables])
+
+    return runs[0].once(("rope rows", kind, len(runs)), build)
 
 
 def _attention(cfg: ModelConfig, role: LayerRole, q, kv, packed, runs: list[SeqRun], sink) -> torch.Tensor:
@@ -118,15 +118,13 @@ def _ring_store(runs: list[SeqRun], layer: int, kv: torch.Tensor, packed) -> Non
 def _ring_rows(runs: list[SeqRun]) -> tuple[torch.Tensor, torch.Tensor]:
     """Layer-0 byte offsets [rows, D] and [rows, D/32] in the slots of the runs' rows' codes and
     scales (positions start.., each in its own ring), built once per forward."""
-    key = ("ring rows", tuple(run.offset for run in runs))
-    shared = runs[0].shared
-    if key not in shared:
+    def build():
         device, D = runs[0].cache.pool.device, runs[0].cache.layout.head_dim
         parts = [run.cache.ring_offsets(0, run.positions_on(device)) for run in runs]
         codes, scales = (_cat(list(t)) for t in zip(*parts))
-        shared[key] = (codes[:, None] + torch.arange(D, device=device),
-                       scales[:, None] + torch.arange(D // 32, device=device))
-    return shared[key]
+        return codes[:, None] + torch.arange(D, device=device), scales[:, None] + torch.arange(D // 32, device=device)
+
+    return runs[0].once(("ring rows", tuple(run.offset for run in runs)), build)
 
 
 def _entry_offsets(role: LayerRole, runs: list[SeqRun], device) -> tuple[tuple[torch.Tensor, torch.Tensor], list[int]]:
@@ -161,12 +159,9 @@ def _lookup_entries(role: LayerRole, runs: list[SeqRun], topks: list, device
 
 
 def _no_entries(runs: list[SeqRun], device, width: int, value: int = -1) -> tuple[torch.Tensor, torch.Tensor]:
-    key = ("no entries", tuple(run.offset for run in runs), width, value)
-    shared = runs[0].shared
-    if key not in shared:
-        rows = sum(run.n for run in runs)
-        shared[key] = torch.full((rows, width), value, dtype=torch.long, device=device)
-    return shared[key], shared[key]
+    ids = runs[0].once(("no entries", tuple(run.offset for run in runs), width, value),
+                       lambda: torch.full((sum(run.n for run in runs), width), value, dtype=torch.long, device=device))
+    return ids, ids
 
 
 def _page_tables(runs: list[SeqRun], source: int) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -210,16 +205,16 @@ def _window_grid(cfg: ModelConfig, layer: int, runs: list[SeqRun]) -> tuple[torc
     them hold data: from the layer's first valid position on (_fits_in_ring: no gap before
     run.start). Layers with the same first positions share one build per forward."""
     valid_from = tuple(run.cache.ring_spans[layer].valid_from for run in runs)
-    key = ("window grid", tuple(run.offset for run in runs), valid_from)
-    shared = runs[0].shared
-    if key not in shared:
+
+    def build():
         parts = []
         for run, first in zip(runs, valid_from):
             device = run.cache.pool.device
             grid = run.positions_on(device)[:, None] - torch.arange(cfg.sliding_window - 1, -1, -1, device=device)
             parts.append(run.cache.ring_offsets(0, grid) + (grid >= first,))
-        shared[key] = tuple(_cat(list(t)) for t in zip(*parts))
-    return shared[key]
+        return tuple(_cat(list(t)) for t in zip(*parts))
+
+    return runs[0].once(("window grid", tuple(run.offset for run in runs), valid_from), build)
 
 
 def _pad(ids: torch.Tensor, width: int, value: int) -> torch.Tensor:

@@ -69,10 +69,10 @@ def _reference_scores(q, keys, w, visible):
 
 
 def _kernel_scores(run, role, q, w, visible, total):
-    cache, key = run.cache, ("key offsets", role.kv_source, total)
-    if key not in run.shared:  # index sources of one KV source share them (pages only grow)
-        run.shared[key] = cache.entry_offsets(role.kv_source, torch.arange(total, device=q.device), kind="key")
-    key_off, key_soff = run.shared[key]
+    cache = run.cache
+    # index sources of one KV source share them (pages only grow)
+    key_off, key_soff = run.once(("key offsets", role.kv_source, total), lambda: cache.entry_offsets(
+        role.kv_source, torch.arange(total, device=q.device), kind="key"))
     pages = cache.pool.pages_buffer
 
     def score(lo: int, hi: int) -> torch.Tensor:
