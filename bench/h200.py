@@ -68,6 +68,22 @@ def cuda_time(fn, iters: int = 20, warmup: int = 3) -> float:
     return start.elapsed_time(end) / 1000.0 / iters
 
 
+def graph_time(fn, iters: int = 20) -> float:
+    """GPU time per call of fn with `iters` calls captured in one CUDA graph, as a decode step
+    runs them: no host launch cost (decode-sized kernels take a few us, Python launches 20-100).
+    The same weights are read each call, so ones that fit in the 50 MB L2 look faster."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()  # compile and warm outside the capture
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(iters):
+            fn()
+    return cuda_time(graph.replay, iters=5, warmup=1) / iters
+
+
 # ------------------------------------------------------------------ ceilings
 
 
@@ -85,6 +101,60 @@ def ceilings() -> None:
 # ------------------------------------------------------------------ kernels at real shapes
 
 
+def skinny_tiles(name: str, codes: torch.Tensor, scales: torch.Tensor, nbytes: int) -> None:
+    """Decode-sized (6-row) FP8 GEMMs through the transposed kernel, by tile shape
+    (model/kernels/fp8_gemm.SKINNY_TILES), and through the general one's decoder (small=False)."""
+    from dsflash.model.kernels import fp8_gemm as gemm
+
+    x = torch.randn(6, codes.shape[1], device="cuda")
+    ref = gemm.fp8_gemm_ref(x, codes, scales)
+    default = dict(gemm.SKINNY_TILES)
+    for n, kb, w, st in [(64, 128, 4, 3), (128, 128, 8, 3), (256, 128, 8, 3), (128, 256, 8, 3), (128, 64, 8, 4),
+                         (32, 128, 4, 3)]:
+        gemm.SKINNY_TILES.update(BLOCK_N=n, BLOCK_K=kb, num_warps=w, num_stages=st)
+        for small in (True, False):
+            try:
+                t = graph_time(lambda: gemm.fp8_gemm(x, codes, scales, small=small))
+                err = ((gemm.fp8_gemm(x, codes, scales, small=small) - ref).abs().max() / ref.abs().max()).item()
+            except Exception as exc:  # a shape the compiler cannot fit
+                record("kernel_fp8_skinny", f"{name}_N{n}_K{kb}_w{w}_s{st}_small{small}", {"error": type(exc).__name__})
+                continue
+            record("kernel_fp8_skinny", f"{name}_N{n}_K{kb}_w{w}_s{st}_small{small}",
+                   {"us": t * 1e6, "ratio_to_roofline": t / (nbytes / HBM_BPS), "max_rel_error": err})
+    gemm.SKINNY_TILES.clear()
+    gemm.SKINNY_TILES.update(default)
+    chosen, gemm.SKINNY_FP8 = gemm.SKINNY_FP8, False  # the tile kernel, as before the transposed one
+    t = graph_time(lambda: gemm.fp8_gemm(x, codes, scales))
+    record("kernel_fp8_skinny", f"{name}_tile_kernel", {"us": t * 1e6, "ratio_to_roofline": t / (nbytes / HBM_BPS)})
+    gemm.SKINNY_FP8 = chosen
+
+
+def bf16_gemms() -> None:
+    """The bf16-weight GEMMs at decode size (router, LM head) against torch's fp32 matmul of the
+    upcast weight, which the fast path used before; the fp32 mHC mix projection likewise."""
+    from dsflash.model.kernels.fp8_gemm import bf16_gemm, fp32_gemm
+
+    for name, (n, k) in {"router": (48, 5120), "head": (129280, 5120), "compressor_wkv": (1024, 5120)}.items():
+        weight = (torch.randn(n, k, device="cuda") / 64).to(torch.bfloat16)
+        dense = weight.float()
+        for m in (6, 48):
+            x = torch.randn(m, k, device="cuda")
+            t = graph_time(lambda: bf16_gemm(x, weight))
+            t_torch = graph_time(lambda: x @ dense.T)
+            ref = x.double() @ dense.double().T
+            err = ((bf16_gemm(x, weight).double() - ref).abs().max() / ref.abs().max()).item()
+            record("kernel_bf16_gemm", f"{name}_M{m}", {"us": t * 1e6, "ratio_to_roofline": t / (2 * n * k / HBM_BPS),
+                                                         "torch_fp32_us": t_torch * 1e6, "max_rel_error": err})
+    fn = torch.randn(24, 4 * 5120, device="cuda") / 128  # an mHC site's mix projection
+    for m in (6, 11):
+        x = torch.randn(m, 4 * 5120, device="cuda")
+        t, t_torch = graph_time(lambda: fp32_gemm(x, fn)), graph_time(lambda: x @ fn.T)
+        ref = x.double() @ fn.double().T
+        err = ((fp32_gemm(x, fn).double() - ref).abs().max() / ref.abs().max()).item()
+        record("kernel_fp32_gemm", f"mhc_mix_M{m}", {"us": t * 1e6, "ratio_to_roofline": t / (4 * fn.numel() / HBM_BPS),
+                                                     "torch_fp32_us": t_torch * 1e6, "max_rel_error": err})
+
+
 def kernels() -> None:
     from dsflash.model.kernels.fp4_moe import fp4_moe
     from dsflash.model.kernels.fp8_gemm import fp8_gemm
@@ -97,15 +167,16 @@ def kernels() -> None:
                          "shared_w1": (2304, 5120)}.items():
         codes = torch.randint(0, 0x77, (n, k), dtype=torch.uint8, device=dev)
         scales = torch.full((n // 32, k // 32), 120, dtype=torch.uint8, device=dev)
+        nbytes = n * k + scales.numel()
         for m in (6, 48, 192):
             x = torch.randn(m, k, device=dev)
-            t = cuda_time(lambda: fp8_gemm(x, codes, scales))
+            t = graph_time(lambda: fp8_gemm(x, codes, scales, small=True))
             t_eager = cuda_time(lambda: x @ dequantize_fp8_weight(codes, scales).T, iters=5)
-            nbytes = n * k + scales.numel()
             record("kernel_fp8_gemm", f"{name}_M{m}", {"us": t * 1e6, "GBps": nbytes / t / 1e9,
                                                         "roofline_us": nbytes / HBM_BPS * 1e6,
                                                         "ratio_to_roofline": t / (nbytes / HBM_BPS),
                                                         "eager_dequant_matmul_us": t_eager * 1e6})
+        skinny_tiles(name, codes, scales, nbytes)
         if name in ("wq_b", "wo_b"):  # a prefill chunk: tensor-core bound, tile shapes compared
             x = torch.randn(8192, k, device=dev)
             ref = x @ dequantize_fp8_weight(codes, scales).T
@@ -124,13 +195,14 @@ def kernels() -> None:
                 record("kernel_fp8_gemm", f"{name}_M8192_{label}", {"us": t * 1e6, "TFLOPs": flops / t / 1e12,
                                                                    "ratio_to_bf16_roofline": t / (flops / BF16_FLOPS),
                                                                    "max_rel_error": err})
+    bf16_gemms()
     E, H, k = MOE_SHAPE["E"], MOE_SHAPE["H"], MOE_SHAPE["k"]
     (w13, s13, w2, s2), per_expert = random_experts(dev)
     for tokens in (6, 48, 192):
         x = torch.randn(tokens, H, device=dev)
         idx = torch.stack([torch.randperm(E, device=dev)[:k] for _ in range(tokens)])
         weights = torch.rand(tokens, k, device=dev)
-        t = cuda_time(lambda: fp4_moe(x, idx, weights, w13, s13, w2, s2, 10.0))
+        t = graph_time(lambda: fp4_moe(x, idx, weights, w13, s13, w2, s2, 10.0, small=True))
         nbytes = len(torch.unique(idx)) * per_expert
         record("kernel_fp4_moe", f"T{tokens}", {"us": t * 1e6, "experts": len(torch.unique(idx)),
                                                  "GBps": nbytes / t / 1e9, "roofline_us": nbytes / HBM_BPS * 1e6,
@@ -198,29 +270,32 @@ def moe_tiles() -> None:
     dev, E, H, k = "cuda", MOE_SHAPE["E"], MOE_SHAPE["H"], MOE_SHAPE["k"]
     (w13, s13, w2, s2), per_expert = random_experts(dev)
     default = {key: dict(value) for key, value in moe.TILES.items()}
-    candidates = [dict(BLOCK_N=n, BLOCK_KB=kb, num_warps=w, num_stages=st)
-                  for n, kb, w, st in [(64, 64, 4, 3), (64, 32, 4, 3), (64, 32, 4, 4), (128, 32, 8, 3), (128, 64, 8, 2),
-                                       (64, 128, 4, 2), (32, 64, 4, 3), (64, 64, 8, 3), (128, 32, 4, 2)]]
-    for tokens, block_m in ((6, 16), (48, 16), (8192, 64), (8192, 128)):
+    shapes = {  # (BLOCK_N, BLOCK_KU, warps, stages); units are words (short blocks) or bytes (tall)
+        "words": [(64, 16, 4, 4), (64, 16, 4, 2), (64, 16, 4, 3), (64, 32, 4, 2), (32, 16, 4, 3), (128, 16, 8, 3)],
+        "bytes": [(64, 64, 4, 3), (64, 32, 4, 2), (128, 32, 4, 2), (128, 64, 8, 2)],
+    }
+    for tokens, block_m in ((6, 4), (48, 16), (8192, 128)):
+        candidates = [dict(BLOCK_N=n, BLOCK_KU=ku, num_warps=w, num_stages=st)
+                      for n, ku, w, st in shapes["words" if moe.pieces(block_m) == 8 else "bytes"]]
         x = torch.randn(tokens, H, device=dev)
         idx = torch.stack([torch.randperm(E, device=dev)[:k] for _ in range(tokens)])
         weights = torch.rand(tokens, k, device=dev)
         nbytes = len(torch.unique(idx)) * per_expert
-        ref = moe.fp4_moe(x, idx, weights, w13, s13, w2, s2, 10.0, block_m=16)
+        ref = moe.fp4_moe(x, idx, weights, w13, s13, w2, s2, 10.0, block_m=16, small=True)
         best = None
         for tiles in candidates:
             if time_left() < 60:
                 break
             moe.TILES[block_m] = tiles
             try:
-                got = moe.fp4_moe(x, idx, weights, w13, s13, w2, s2, 10.0, block_m)
-                t = cuda_time(lambda: moe.fp4_moe(x, idx, weights, w13, s13, w2, s2, 10.0, block_m),
-                              iters=5 if tokens > 1000 else 20)
+                got = moe.fp4_moe(x, idx, weights, w13, s13, w2, s2, 10.0, block_m, small=True)
+                run = lambda: moe.fp4_moe(x, idx, weights, w13, s13, w2, s2, 10.0, block_m, small=True)  # noqa: E731
+                t = cuda_time(run, iters=5) if tokens > 1000 else graph_time(run)
             except Exception as exc:  # a shape the compiler refuses (registers, shared memory)
                 record("moe_tiles", f"T{tokens}_M{block_m}_{tiles}", {"error": type(exc).__name__})
                 continue
             same = bool(torch.allclose(got, ref, rtol=1e-3, atol=1e-3 * ref.abs().max().item()))
-            record("moe_tiles", f"T{tokens}_M{block_m}_N{tiles['BLOCK_N']}_KB{tiles['BLOCK_KB']}_w{tiles['num_warps']}_s{tiles['num_stages']}",
+            record("moe_tiles", f"T{tokens}_M{block_m}_N{tiles['BLOCK_N']}_KU{tiles['BLOCK_KU']}_w{tiles['num_warps']}_s{tiles['num_stages']}",
                    {"us": t * 1e6, "ratio_to_roofline": t / (nbytes / HBM_BPS), "matches_default": same})
             if same and (best is None or t < best[0]):
                 best = (t, tiles)
@@ -228,8 +303,9 @@ def moe_tiles() -> None:
         if best:
             record("moe_tiles", f"T{tokens}_M{block_m}_best", {"us": best[0] * 1e6, **best[1]})
         splits, moe.SPLITS = moe.SPLITS, 2  # activations in 2 bf16 parts instead of 3: 16 significant bits
-        t = cuda_time(lambda: moe.fp4_moe(x, idx, weights, w13, s13, w2, s2, 10.0, block_m), iters=5 if tokens > 1000 else 20)
-        got = moe.fp4_moe(x, idx, weights, w13, s13, w2, s2, 10.0, block_m)
+        run = lambda: moe.fp4_moe(x, idx, weights, w13, s13, w2, s2, 10.0, block_m, small=True)  # noqa: E731
+        t = cuda_time(run, iters=5) if tokens > 1000 else graph_time(run)
+        got = moe.fp4_moe(x, idx, weights, w13, s13, w2, s2, 10.0, block_m, small=True)
         moe.SPLITS = splits
         record("moe_tiles", f"T{tokens}_M{block_m}_splits2", {"us": t * 1e6, "max_rel_error": ((got - ref).abs().max() / ref.abs().max()).item()})
 

@@ -157,7 +157,7 @@ class DeepseekV41:
 
     def head(self, X: torch.Tensor, pre: torch.Tensor, norm: str = "norm.weight") -> torch.Tensor:
         h = rms_norm(hc_collapse(X, pre), self.ops.w(norm), self.config.rms_norm_eps)
-        return h @ self.ops.w("head.weight").T
+        return self.ops.linear(h, "head.weight")
 
     def _layers(self, X, pre, runs, layers, hashes, want_taps):
         roles = self.config.roles

@@ -79,7 +79,7 @@ class DSparkDrafter:
         for role in self.stages:
             X, pre = model.block(role, X, pre, runs, block_mode=True)
         x = hc_collapse(X, pre).view(len(runs), B, -1)  # [R, B, H]
-        base = rms_norm(x, ops.w(f"{self.last}.norm.weight"), c.rms_norm_eps) @ ops.w("head.weight").T
+        base = ops.linear(rms_norm(x, ops.w(f"{self.last}.norm.weight"), c.rms_norm_eps), "head.weight")
         markov_embed = ops.w(f"{self.last}.markov_head.embed.weight")
         markov_head = ops.w(f"{self.last}.markov_head.head.weight")
         out = torch.tensor([y for _, y in requests], dtype=torch.long)

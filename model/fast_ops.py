@@ -2,7 +2,8 @@
 
 Same interface as ReferenceOps (layers ask `ops.fast` to pick kernel paths), same math:
 every kernel is checked against the reference it replaces (tests/model/test_kernels.py).
-- FP8 GEMMs decode their 32x32-block weights in registers (fp8_gemm);
+- FP8 GEMMs decode their 32x32-block weights in registers (fp8_gemm); bf16-weight GEMMs
+  (router, compressor, indexer, heads) run on the same kernel (bf16_gemm);
 - routed experts run as two grouped GEMMs over packed FP4 weights (fp4_moe);
 - attention and indexer scoring read the paged cache's bytes in place (their layers call them);
 - the FP8/FP4 cache round trips run as one launch each (quantize), not ~25 small torch ops.
@@ -13,8 +14,8 @@ from __future__ import annotations
 import torch
 
 from .kernels.common import interpreting
-from .kernels.fp4_moe import fp4_moe
-from .kernels.fp8_gemm import fp8_gemm
+from .kernels.fp4_moe import fp4_moe, small_scales
+from .kernels.fp8_gemm import bf16_gemm, fp32_gemm, fp8_gemm, grouped_fp8_gemm, small_fp8_scales
 from .kernels.hc_gates import hc_gates
 from .kernels.quantize import fp4_round_trip, fp8_round_trip
 from .layers.mhc import hc_mixes
@@ -24,27 +25,58 @@ from .quant import Packed
 from .weights import Fp4Weight, Fp8Weight, WeightStore
 
 
+# Output widths from which bf16 GEMMs of any row count take the kernel (the LM heads).
+WIDE_OUTPUT = 32768
+
+
 class TritonOps(ReferenceOps):
     fast = True
 
     def __init__(self, weights: WeightStore, act_quant: bool = False, device: str | torch.device = "cuda",
                  parallel: Parallel = SINGLE):
         super().__init__(weights, act_quant=act_quant, device=device, parallel=parallel)
-        self._packed: dict[str, Fp8Weight] = {}
-        self._experts: dict[str, tuple[torch.Tensor, ...]] = {}
+        self._packed: dict[str, tuple[Fp8Weight, bool]] = {}
+        self._bf16: dict[str, torch.Tensor] = {}
+        self._experts: dict[str, tuple[tuple[torch.Tensor, ...], bool]] = {}
+
+    def _fp8(self, name: str) -> tuple[Fp8Weight, bool]:
+        """An FP8 weight on the device, and whether its scales allow the one-multiply decoder."""
+        packed = self._packed.get(name)
+        if packed is None:
+            on_device = self.weights[name].to(self.device)
+            packed = self._packed[name] = on_device, small_fp8_scales(on_device.scale)
+        return packed
 
     def linear(self, x: torch.Tensor, name: str) -> torch.Tensor:
         weight = self.weights[name]
-        if not isinstance(weight, Fp8Weight):
-            return super().linear(x, name)
-        packed = self._packed.get(name)
-        if packed is None:
-            packed = self._packed[name] = weight.to(self.device)
-        return fp8_gemm(x.contiguous(), packed.weight, packed.scale, act_quant=self.act_quant)
+        if isinstance(weight, Fp8Weight):
+            packed, small = self._fp8(name)
+            return fp8_gemm(x.contiguous(), packed.weight, packed.scale, act_quant=self.act_quant, small=small)
+        rows = x.reshape(-1, x.shape[-1])
+        if (isinstance(weight, torch.Tensor) and weight.dtype == torch.bfloat16 and _kernels_run_on(x)
+                and (rows.shape[0] <= 16 or weight.shape[0] >= WIDE_OUTPUT)):
+            # bf16 tensor cores at fp32 accuracy on the weight as stored (half the bytes of an
+            # fp32 copy): decode rows (one launch, the parts cut in the kernel) and the LM heads
+            # (2.6x faster than the fp32 matmul at 48 rows). Other shapes keep cuBLAS, which
+            # is quick there and needs no activation split launches.
+            dense = self._bf16.get(name)
+            if dense is None:
+                dense = self._bf16[name] = weight.to(self.device).contiguous()
+            return bf16_gemm(rows.contiguous(), dense).view(*x.shape[:-1], dense.shape[0])
+        return super().linear(x, name)
+
+    def grouped_linear(self, x: torch.Tensor, name: str, groups: int) -> torch.Tensor:
+        if isinstance(self.weights[name], Fp8Weight) and _kernels_run_on(x):
+            packed, small = self._fp8(name)
+            out = grouped_fp8_gemm(x.contiguous(), packed.weight, packed.scale, groups, small)
+            if out is not None:  # decode rows: one launch on the FP8 bytes, not an fp32 copy
+                return out
+        return super().grouped_linear(x, name, groups)
 
     def hc_mix(self, X: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, iters: int,
                hc_eps: float, norm_eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        return hc_gates(hc_mixes(X, fn, norm_eps), base, scale, iters, hc_eps)
+        project = fp32_gemm if _kernels_run_on(X) and fn.dtype == torch.float32 else None
+        return hc_gates(hc_mixes(X, fn, norm_eps, project), base, scale, iters, hc_eps)
 
     def fp8_round_trip(self, x: torch.Tensor, block: int = 32) -> tuple[torch.Tensor, Packed]:
         if not _kernels_run_on(x):
@@ -61,14 +93,16 @@ class TritonOps(ReferenceOps):
         """Pairs routed to this rank's experts `local`; the others are left to their ranks."""
         stacked = self._experts.get(prefix)
         if stacked is None:
-            stacked = self._experts[prefix] = self._stack(prefix, local)
+            tensors = self._stack(prefix, local)
+            stacked = self._experts[prefix] = tensors, small_scales(tensors[1], tensors[3])
         if self.act_quant:
             from .quant import fake_quant_fp8
 
             x = fake_quant_fp8(x)
         own = idx - local.start
         own = torch.where((own >= 0) & (own < len(local)), own, len(local))  # len(local): not ours, dropped
-        return fp4_moe(x.contiguous(), own, weights, *stacked, limit)
+        tensors, small = stacked
+        return fp4_moe(x.contiguous(), own, weights, *tensors, limit, small=small)
 
     def _stack(self, prefix: str, local: range) -> tuple[torch.Tensor, ...]:
         """[E, 2I, H/2] gate+up codes and scales, [E, H, I/2] down: the experts' own bytes, stacked once."""

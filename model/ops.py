@@ -55,6 +55,13 @@ class ReferenceOps:
             x = quant.fake_quant_fp8(x)
         return x.float() @ self.w(name).T
 
+    def grouped_linear(self, x: torch.Tensor, name: str, groups: int) -> torch.Tensor:
+        """x [T, G*K] -> [T, G*R] through a block-diagonal weight [G*R, K]: group g's R rows see
+        only x's g-th K columns (the attention output's wo_a). The input is taken as it is."""
+        w = self.w(name)
+        out = torch.einsum("tgi,gri->tgr", x.float().view(x.shape[0], groups, -1), w.view(groups, -1, w.shape[-1]))
+        return out.reshape(x.shape[0], -1)
+
     def fp8_round_trip(self, x: torch.Tensor, block: int = 32) -> tuple[torch.Tensor, quant.Packed]:
         """x [..., n] on the FP8 grid (window KV) and the codes and scale bytes a cache stores."""
         return quant.fp8_round_trip(x, block)

@@ -1,7 +1,7 @@
 """Pieces the Triton kernels share: decoding FP8/FP4 bytes in registers.
 
-On the GPU an e4m3 byte is reinterpreted as float8e4nv and converted by hardware, and packed
-e2m1 bytes are decoded to bf16 pairs by a few PTX instructions per four bytes. The CPU
+On the GPU an e4m3 byte is reinterpreted as float8e4nv and converted by hardware, and words
+of packed e2m1 codes are decoded to bf16 pairs by a few PTX instructions per value. The CPU
 interpreter (CI) cannot be trusted with low-precision types and runs no PTX, so there the
 codes are decoded arithmetically to fp32 (exact for every code); both give the same values.
 """
@@ -68,6 +68,49 @@ def e4m3_to_float(codes, HW_FP8: tl.constexpr):
     return tl.where((c & 0x80) != 0, -magnitude, magnitude)
 
 
+# e4m3 codes to bf16 by integer ops: the 7 magnitude bits placed at bf16 bits 4..10 make a
+# bf16 whose exponent field is the e4m3 one (bias 7 where bf16's is 127) and whose mantissa
+# starts with the 3 e4m3 bits: the value times 2^-120, subnormals included; the sign goes to
+# bit 15. One multiply by the bf16 2^(e-7) (exponent field e + 120, so e <= 134) then gives the
+# value times its scale 2^(e-127) exactly.
+def _e4m3_to_bf16_ptx(src: str, dst: str) -> str:
+    """A register with one code in the low byte of each half -> the bf16 pair times 2^-120."""
+    return (f"and.b32 m, {src}, 0x007F007F; and.b32 g, {src}, 0x00800080; shl.b32 m, m, 4; shl.b32 g, g, 8; "
+            f"or.b32 {dst}, m, g;")
+
+
+# Two int32 words $4 $5 of four codes each (columns 4c..4c+3) and their (shared) scale exponent
+# $6 -> four bf16 pairs $0..$3, pair t = (code t of word 0, code t of word 1). prmt puts byte t
+# of each word in the low byte of a half; the high bytes it fills are masked off by the decode.
+_E4M3_WORDS_PTX = tl.constexpr("\n".join([
+    "{", ".reg .b32 c, s, m, g;",
+    "add.u32 s, $6, 120; shl.b32 s, s, 7; prmt.b32 s, s, 0, 0x1010;",
+    *[f"prmt.b32 c, $4, $5, {(4 + t) * 0x1100 + t * 0x11:#06x}; " + _e4m3_to_bf16_ptx("c", f"${t}")
+      + f" mul.rn.bf16x2 ${t}, ${t}, s;" for t in range(4)], "}"]))
+
+
+@triton.jit
+def e4m3_words(words, exponents, PTX: tl.constexpr, SMALL: tl.constexpr):
+    """int32 words of four e4m3 codes (code t in byte t: column 4c + t of a row) and each word's
+    int32 e8m0 scale exponent e -> four tiles, tile t holding code t of every word times
+    2^(e-127): bf16 on the GPU (by integer ops and one multiply when SMALL, every e <= 134; by
+    the hardware conversion otherwise), fp32 by arithmetic in the interpreter. A thread's two
+    neighbouring words are decoded together and must share their scale."""
+    if PTX and SMALL:
+        values = tl.inline_asm_elementwise(_E4M3_WORDS_PTX, "=r,=r,=r,=r,r,r,r,r", [words, exponents],
+                                           dtype=(tl.bfloat16,) * 4, is_pure=True, pack=2)
+    else:
+        scale = pow2(exponents)
+        values = (e4m3_to_float((words & 0xFF).to(tl.uint8), PTX) * scale,
+                  e4m3_to_float(((words >> 8) & 0xFF).to(tl.uint8), PTX) * scale,
+                  e4m3_to_float(((words >> 16) & 0xFF).to(tl.uint8), PTX) * scale,
+                  e4m3_to_float(((words >> 24) & 0xFF).to(tl.uint8), PTX) * scale)
+        if PTX:
+            values = (values[0].to(tl.bfloat16), values[1].to(tl.bfloat16), values[2].to(tl.bfloat16),
+                      values[3].to(tl.bfloat16))
+    return values
+
+
 @triton.jit
 def pow2(exponent):
     """The fp32 2^(e-127) for a biased exponent e (int32, 1 <= e <= 254), built from its bits
@@ -86,40 +129,61 @@ def e2m1_to_float(nibbles):
     return (magnitude | ((nibbles & 0x8) << 28)).to(tl.float32, bitcast=True)
 
 
-# Four packed bytes -> their eight e2m1 values times 2^(e-127), as four bf16 pairs: $0 $1 the
-# low nibbles (even columns), $2 $3 the high ones (odd), from bytes $4 and scale exponents $5.
-# A nibble's three magnitude bits placed at bf16 bits 6..8 make a bf16 with exponent field
-# e1e0 and mantissa m0: the e2m1 value times 2^-126 (code 1, 0.5, is a bf16 subnormal), which
-# one multiply by 2^126 makes exact; the sign goes to bit 15. The bf16 whose exponent field is
-# e (bits e << 7) is 2^(e-127), and 0 for e = 0.
-_E2M1_PAIRS_PTX = tl.constexpr("""
-{
-.reg .b32 t<2>, s<2>, m, g, two126;
-mov.b32 two126, 0x7E807E80;
-prmt.b32 t0, $4, 0, 0x4140;
-prmt.b32 t1, $4, 0, 0x4342;
-prmt.b32 s0, $5, 0, 0x4140;
-prmt.b32 s1, $5, 0, 0x4342;
-shl.b32 s0, s0, 7;
-shl.b32 s1, s1, 7;
-and.b32 m, t0, 0x00070007; and.b32 g, t0, 0x00080008; shl.b32 m, m, 6; shl.b32 g, g, 12; or.b32 $0, m, g;
-and.b32 m, t1, 0x00070007; and.b32 g, t1, 0x00080008; shl.b32 m, m, 6; shl.b32 g, g, 12; or.b32 $1, m, g;
-and.b32 m, t0, 0x00700070; and.b32 g, t0, 0x00800080; shl.b32 m, m, 2; shl.b32 g, g, 8; or.b32 $2, m, g;
-and.b32 m, t1, 0x00700070; and.b32 g, t1, 0x00800080; shl.b32 m, m, 2; shl.b32 g, g, 8; or.b32 $3, m, g;
-mul.rn.bf16x2 $0, $0, two126; mul.rn.bf16x2 $0, $0, s0;
-mul.rn.bf16x2 $1, $1, two126; mul.rn.bf16x2 $1, $1, s1;
-mul.rn.bf16x2 $2, $2, two126; mul.rn.bf16x2 $2, $2, s0;
-mul.rn.bf16x2 $3, $3, two126; mul.rn.bf16x2 $3, $3, s1;
-}
-""")
+def _e2m1_nibble_ptx(src: str, place: int, dst: str) -> str:
+    """PTX: the e2m1 code at nibble `place` (0..3) of each 16-bit half of register src -> a bf16
+    pair in dst, worth the code times 2^-126. The magnitude bits placed at bf16 bits 6..8 make
+    a bf16 with exponent field e1e0 and mantissa m0: the e2m1 value times 2^-126 (code 1, 0.5,
+    is a bf16 subnormal); the sign goes to bit 15."""
+    magnitude = ("shl.b32 m, m, 6", "shl.b32 m, m, 2", "shr.b32 m, m, 2", "shr.b32 m, m, 6")[place]
+    sign = ("shl.b32 g, g, 12;", "shl.b32 g, g, 8;", "shl.b32 g, g, 4;", "")[place]
+    nibble = 0x000F000F << (4 * place)
+    return (f"and.b32 m, {src}, {nibble & 0x77777777:#010x}; and.b32 g, {src}, {nibble & 0x88888888:#010x}; "
+            f"{magnitude}; {sign} or.b32 {dst}, m, g;")
+
+
+# Times 2^-126 -> times 2^(e-127): one multiply by 2^126 (exponent field 253, in both halves)
+# and one by 2^(e-127), the bf16 whose exponent field is e (bits e << 7; 0 for e = 0).
+_TWO126 = "0x7E807E80"
+
+
+def _e2m1_words_ptx(small: bool) -> str:
+    """PTX for two int32 words of eight e2m1 codes each (code t in bits 4t..4t+3) and their
+    e8m0 scale exponent e: eight bf16 pairs $0..$7, pair t = (code t of word 0, of word 1).
+    The two words' low halves, then high halves, are put side by side (a, b), so that each
+    output takes its nibble from the same place in both halves. With `small` (e <= 128) one
+    multiply by the bf16 2^(e-1) (exponent field e + 126; 0 for e = 0) scales the codes times
+    2^-126 exactly; otherwise two, by 2^126 and by 2^(e-127)."""
+    fields = [_e2m1_nibble_ptx(src, place, f"${4 * half + place}")
+              for half, src in enumerate("ab") for place in range(4)]
+    if small:
+        scale = ("add.u32 s, $10, 126; shl.b32 s, s, 7; setp.eq.u32 z, $10, 0; selp.b32 s, 0, s, z; "
+                 "prmt.b32 s, s, 0, 0x1010;")
+        multiply = " ".join(f"mul.rn.bf16x2 ${k}, ${k}, s;" for k in range(8))
+    else:
+        scale = f"shl.b32 s, $10, 7; prmt.b32 s, s, 0, 0x1010; mov.b32 h, {_TWO126};"
+        multiply = " ".join(f"mul.rn.bf16x2 ${k}, ${k}, h; mul.rn.bf16x2 ${k}, ${k}, s;" for k in range(8))
+    return "\n".join(["{", ".reg .b32 a, b, m, g, s, h;", ".reg .pred z;",
+                      "prmt.b32 a, $8, $9, 0x5410;", "prmt.b32 b, $8, $9, 0x7632;", scale, *fields, multiply, "}"])
+
+
+# Four packed bytes $4 and their scale exponents $5 -> their eight values as four bf16 pairs:
+# $0 $1 the low nibbles (even columns), $2 $3 the high ones (odd); bytes 0, 1 and 2, 3 are
+# spread over the halves of t0 and t1 first.
+_E2M1_PAIRS_PTX = tl.constexpr("\n".join([
+    "{", ".reg .b32 t<2>, s<2>, m, g, h;", f"mov.b32 h, {_TWO126};",
+    "prmt.b32 t0, $4, 0, 0x4140;", "prmt.b32 t1, $4, 0, 0x4342;",
+    "prmt.b32 s0, $5, 0, 0x4140;", "prmt.b32 s1, $5, 0, 0x4342;", "shl.b32 s0, s0, 7;", "shl.b32 s1, s1, 7;",
+    _e2m1_nibble_ptx("t0", 0, "$0"), _e2m1_nibble_ptx("t1", 0, "$1"),
+    _e2m1_nibble_ptx("t0", 1, "$2"), _e2m1_nibble_ptx("t1", 1, "$3"),
+    *[f"mul.rn.bf16x2 ${k}, ${k}, h; mul.rn.bf16x2 ${k}, ${k}, s{k % 2};" for k in range(4)], "}"]))
 
 
 @triton.jit
 def e2m1_pairs(packed, exponents, PTX: tl.constexpr):
     """uint8 bytes of two e2m1 codes (low nibble first) and each byte's uint8 e8m0 scale
     exponent e -> (low values, high values) times 2^(e-127) (0 for e = 0): bf16 through PTX on
-    the GPU, about 4 instructions per value instead of 20; fp32 by arithmetic elsewhere.
-    Both are exact: an e2m1 value has 2 significant bits."""
+    the GPU, fp32 by arithmetic elsewhere. Both are exact: an e2m1 value has 2 significant
+    bits. Tall expert blocks (prefill) read bytes: their dots are longer (see fp4_moe)."""
     if PTX:
         low, high = tl.inline_asm_elementwise(_E2M1_PAIRS_PTX, "=r,=r,=r,=r,r,r", [packed, exponents],
                                               dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4)
@@ -128,6 +192,31 @@ def e2m1_pairs(packed, exponents, PTX: tl.constexpr):
         scale = pow2(exponents.to(tl.int32))
         low, high = e2m1_to_float(codes & 0xF) * scale, e2m1_to_float(codes >> 4) * scale
     return low, high
+
+
+_E2M1_WORDS_SMALL = tl.constexpr(_e2m1_words_ptx(True))
+_E2M1_WORDS_ANY = tl.constexpr(_e2m1_words_ptx(False))
+
+
+@triton.jit
+def e2m1_words(words, exponents, PTX: tl.constexpr, SMALL: tl.constexpr):
+    """int32 words of eight e2m1 codes (code t in bits 4t..4t+3: column 8c + t of a packed
+    row) and each word's int32 e8m0 scale exponent e -> eight tiles, tile t holding code t of
+    every word times 2^(e-127) (0 for e = 0). bf16 on the GPU, about 2.6 instructions per
+    value with SMALL (every e <= 128), 3.1 without; fp32 by arithmetic elsewhere. Both exact:
+    an e2m1 value has 2 significant bits. A thread's two neighbouring words of a row are
+    decoded together, so each output register is the bf16 pair a tensor-core operand holds."""
+    if PTX:
+        values = tl.inline_asm_elementwise(_E2M1_WORDS_SMALL if SMALL else _E2M1_WORDS_ANY,
+                                           "=r,=r,=r,=r,=r,=r,=r,=r,r,r,r,r", [words, exponents],
+                                           dtype=(tl.bfloat16,) * 8, is_pure=True, pack=2)
+    else:
+        scale = pow2(exponents)
+        values = (e2m1_to_float(words & 0xF) * scale, e2m1_to_float((words >> 4) & 0xF) * scale,
+                  e2m1_to_float((words >> 8) & 0xF) * scale, e2m1_to_float((words >> 12) & 0xF) * scale,
+                  e2m1_to_float((words >> 16) & 0xF) * scale, e2m1_to_float((words >> 20) & 0xF) * scale,
+                  e2m1_to_float((words >> 24) & 0xF) * scale, e2m1_to_float((words >> 28) & 0xF) * scale)
+    return values
 
 
 def bf16_parts(x: torch.Tensor, splits: int) -> torch.Tensor:

@@ -11,16 +11,19 @@ and the token outputs are o summed over each token's k pairs (deterministic, no 
 Hopper has no FP4 tensor cores: codes are decoded in registers, scaled, then dotted on bf16
 tensor cores. An e2m1 value times a power of two is exact in bf16, and bf16 products are exact
 in the fp32 accumulator, so the activations go in as 3 bf16 parts that sum to their fp32
-values (bf16_parts): the result has fp32 accuracy. On the GPU the codes are decoded by a few
-PTX instructions per four bytes (common.e2m1_pairs): the main loop runs 8 instructions per
-weight (SASS for sm_90), where the arithmetic fp32 decoding before it ran 20 and was ALU-bound
-(6 tokens on the H200: 1.76-1.97 ms then, 0.76-1.17 ms now).
-A byte's two codes are weights of columns 2c and 2c+1, so the dot runs as two half-width
-dots (even columns with low nibbles, odd with high): no interleaving of registers, which
-Triton 3.6 compiled wrongly on the H200 elsewhere. The activations are stored the same way,
-even columns then odd, so every load is a contiguous 16-byte vector. Each program computes the
-transposed product, W x^T: the decoded weight tile is the dot's left operand as it stands (64
-weight rows fill a Hopper warpgroup MMA), and only the few activation rows are read transposed.
+values (bf16_parts): the result has fp32 accuracy.
+The weights are read in units decoded by a few PTX instructions (common.e2m1_words / pairs):
+- decode blocks (at most 4 pairs: batch 1) read int32 words of eight codes, decoded as eight
+  tiles (code t of every word: columns 8c + t), because a thread's two neighbouring words then
+  decode straight into the bf16 pairs a tensor-core operand holds (616 sm_90 instructions per
+  128 values and thread, 1,016 from bytes). Their few pairs put each pair's three parts side
+  by side as dot columns (4 pairs x 4 slots), one dot where three ran;
+- taller blocks read bytes of two codes, decoded as two tiles (even and odd columns): their
+  dots are tensor-core bound, and 4x longer per activation byte kept in shared memory.
+The activations are stored the same way as the codes (piece t holding columns P*c + t), so
+every load is a contiguous vector. Each program computes the transposed product, W x^T: the
+decoded weight tile is the dot's left operand as it stands (64 weight rows fill a Hopper
+warpgroup MMA), and only the few activation rows are read transposed.
 Nothing here waits for the GPU: the grid is sized for the worst case of the batch's shape
 (every expert's run padded), and blocks past the real runs return at once, so a decode step
 can be captured in a CUDA graph.
@@ -35,7 +38,7 @@ import triton
 import triton.language as tl
 
 from ..quant import dequantize_fp4_weight
-from .common import DOT, bf16_parts, e2m1_pairs, interpreting
+from .common import DOT, bf16_parts, e2m1_pairs, e2m1_words, interpreting
 
 
 def fp4_moe_ref(x, idx, weights, w13, s13, w2, s2, limit: float) -> torch.Tensor:
@@ -55,64 +58,94 @@ def fp4_moe_ref(x, idx, weights, w13, s13, w2, s2, limit: float) -> torch.Tensor
 
 
 @triton.jit
-def _expert_dots(w_ptr, s_ptr, rows, n_rows, a_ptr, a_cols, a_live, sap, sah, kb, K, swr, ssr, acc,
-                 SPLITS: tl.constexpr, PTX: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_KB: tl.constexpr):
-    """acc + W[rows, 2c:2c+2] . a^T[2c:2c+2, :] summed over the BLOCK_KB bytes c from kb, as
-    [BLOCK_N, BLOCK_M]: the weight's bytes are read once and decoded as two half tiles (even
-    and odd columns), each the left operand of its dots as decoded. The activations a come as
-    SPLITS bf16 parts that sum to the fp32 values, each part in two halves, even columns then
-    odd (stride sah), so that both halves are read contiguously; a_cols offsets each row."""
-    c = kb + tl.arange(0, BLOCK_KB)
-    in_k = c < K // 2  # not 2 * c < K: this form lets the loads below be 16-byte vectors
+def _expert_dots(w_ptr, s_ptr, rows, n_rows, a_ptr, a_cols, a_live, sap, sat, ku, KU, swr, ssr, acc,
+                 PARTS: tl.constexpr, PIECES: tl.constexpr, PTX: tl.constexpr, SMALL: tl.constexpr,
+                 BLOCK_N: tl.constexpr, BLOCK_KU: tl.constexpr):
+    """acc + W[rows, cols] . a^T[cols, :] over the weight units ku .. ku + BLOCK_KU, as
+    [BLOCK_N, columns]. A unit is an int32 word of eight codes (PIECES = 8) or a byte of two
+    (PIECES = 2); it is read once and decoded as PIECES tiles, tile t holding the code of
+    column PIECES*c + t of every unit c, each the left operand of its dot as decoded. The
+    activations a come as PARTS bf16 slices (stride sap) that sum to the fp32 values (or as
+    one slice whose columns are the parts, PARTS = 1), each in PIECES pieces laid out the same
+    way (stride sat), so that every piece is read contiguously; a_cols offsets each column."""
+    c = ku + tl.arange(0, BLOCK_KU)
+    in_k = c < KU
     row_ok = rows < n_rows
-    packed = tl.load(w_ptr + rows[:, None] * swr + c[None, :], mask=row_ok[:, None] & in_k[None, :], other=0)
-    g = kb // 16 + tl.arange(0, BLOCK_KB // 16)  # one e8m0 scale per 32 columns = 16 bytes
-    exps = tl.load(s_ptr + rows[:, None] * ssr + g[None, :], mask=row_ok[:, None] & (g * 32 < K)[None, :], other=0)
-    exps = tl.reshape(tl.broadcast_to(exps[:, :, None], (BLOCK_N, BLOCK_KB // 16, 16)), (BLOCK_N, BLOCK_KB))
-    w_even, w_odd = e2m1_pairs(packed, exps, PTX)
+    units = tl.load(w_ptr + rows[:, None] * swr + c[None, :], mask=row_ok[:, None] & in_k[None, :], other=0)
+    per_scale: tl.constexpr = 32 // PIECES  # one e8m0 scale per 32 columns
+    g = ku // per_scale + tl.arange(0, BLOCK_KU // per_scale)
+    exps = tl.load(s_ptr + rows[:, None] * ssr + g[None, :], mask=row_ok[:, None] & (g * per_scale < KU)[None, :],
+                   other=0)
+    exps = tl.reshape(tl.broadcast_to(exps[:, :, None], (BLOCK_N, BLOCK_KU // per_scale, per_scale)),
+                      (BLOCK_N, BLOCK_KU))
+    if PIECES == 8:
+        w = e2m1_words(units, exps.to(tl.int32), PTX, SMALL)
+    else:
+        w = e2m1_pairs(units, exps, PTX)
     a_mask = in_k[:, None] & a_live[None, :]
-    for p in tl.static_range(SPLITS):
-        at = a_ptr + p * sap + c[:, None] + a_cols[None, :]
-        a_even = tl.load(at, mask=a_mask, other=0.0)
-        a_odd = tl.load(at + sah, mask=a_mask, other=0.0)
-        if PTX:  # bf16 x bf16 products are exact in the fp32 accumulator
-            acc = tl.dot(w_odd, a_odd, tl.dot(w_even, a_even, acc))
-        else:
-            acc = tl.dot(w_even, a_even.to(tl.float32), acc, input_precision=DOT)
-            acc = tl.dot(w_odd, a_odd.to(tl.float32), acc, input_precision=DOT)
+    for p in tl.static_range(PARTS):
+        for t in tl.static_range(PIECES):
+            a = tl.load(a_ptr + p * sap + t * sat + c[:, None] + a_cols[None, :], mask=a_mask, other=0.0)
+            if PTX:  # bf16 x bf16 products are exact in the fp32 accumulator
+                acc = tl.dot(w[t], a, acc)
+            else:
+                acc = tl.dot(w[t], a.to(tl.float32), acc, input_precision=DOT)
     return acc
 
 
 @triton.jit
+def _columns(pid_b, tok_ptr, SPLITS: tl.constexpr, BLOCK_M: tl.constexpr, SLOTS: tl.constexpr):
+    """The dot's columns for a block of BLOCK_M pairs: SLOTS columns per pair, one per bf16
+    part of its activations when SLOTS > 1 (the last slots past SPLITS stay empty). Returns
+    each column's pair row, token and part, and whether it holds data."""
+    j = tl.arange(0, BLOCK_M * SLOTS)
+    pairs = pid_b * BLOCK_M + j // SLOTS
+    tokens = tl.load(tok_ptr + pairs)
+    part = j % SLOTS
+    return pairs, tokens, part, (tokens >= 0) & (part < SPLITS)
+
+
+@triton.jit
+def _per_pair(acc, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, SLOTS: tl.constexpr):
+    """[BLOCK_N, BLOCK_M * SLOTS] partial products -> [BLOCK_N, BLOCK_M]: each pair's parts summed."""
+    if SLOTS == 1:
+        return acc
+    return tl.sum(tl.reshape(acc, (BLOCK_N, BLOCK_M, SLOTS)), axis=2)
+
+
+@triton.jit
 def _gate_up_kernel(x_ptr, tok_ptr, wt_ptr, blk_ptr, w_ptr, s_ptr, h_ptr, H, INTER, limit,
-                    sxs, sxh, sxt, swe, swr, sse, ssr, shs, shh, shp,
-                    SPLITS: tl.constexpr, PTX: tl.constexpr,
-                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_KB: tl.constexpr):
+                    sxs, sxt8, sxt, swe, swr, sse, ssr, shs, sht, shp,
+                    SPLITS: tl.constexpr, SLOTS: tl.constexpr, PIECES: tl.constexpr, PTX: tl.constexpr,
+                    SMALL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_KU: tl.constexpr):
     """Program (block of pairs, N tile): h^T[rows, pairs] of one expert, stored as SPLITS bf16
-    parts for the down projection."""
+    parts for the down projection (in PIECES pieces of every PIECES-th column, as x comes)."""
     pid_b = tl.program_id(0)
     expert = tl.load(blk_ptr + pid_b)
     if expert < 0:  # past the last real run of this batch
         return
-    pairs = pid_b * BLOCK_M + tl.arange(0, BLOCK_M)
-    tokens = tl.load(tok_ptr + pairs)
-    live = tokens >= 0
-    x_cols = tokens.to(tl.int64) * sxt
+    col_pairs, col_tokens, col_part, col_live = _columns(pid_b, tok_ptr, SPLITS, BLOCK_M, SLOTS)
+    x_cols = col_tokens.to(tl.int64) * sxt + col_part * sxs
     rows = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     w_e, s_e = w_ptr + expert.to(tl.int64) * swe, s_ptr + expert.to(tl.int64) * sse
-    gate = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    up = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    for kb in range(0, H // 2, BLOCK_KB):
-        gate = _expert_dots(w_e, s_e, rows, INTER, x_ptr, x_cols, live, sxs, sxh, kb, H, swr, ssr, gate,
-                            SPLITS, PTX, BLOCK_N, BLOCK_KB)
-        up = _expert_dots(w_e + INTER * swr, s_e + INTER * ssr, rows, INTER, x_ptr, x_cols, live, sxs, sxh, kb, H,
-                          swr, ssr, up, SPLITS, PTX, BLOCK_N, BLOCK_KB)
+    gate = tl.zeros((BLOCK_N, BLOCK_M * SLOTS), dtype=tl.float32)
+    up = tl.zeros((BLOCK_N, BLOCK_M * SLOTS), dtype=tl.float32)
+    parts: tl.constexpr = SPLITS if SLOTS == 1 else 1
+    for ku in range(0, H // PIECES, BLOCK_KU):
+        gate = _expert_dots(w_e, s_e, rows, INTER, x_ptr, x_cols, col_live, sxs, sxt8, ku, H // PIECES, swr, ssr,
+                            gate, parts, PIECES, PTX, SMALL, BLOCK_N, BLOCK_KU)
+        up = _expert_dots(w_e + INTER * swr, s_e + INTER * ssr, rows, INTER, x_ptr, x_cols, col_live, sxs, sxt8, ku,
+                          H // PIECES, swr, ssr, up, parts, PIECES, PTX, SMALL, BLOCK_N, BLOCK_KU)
+    gate = _per_pair(gate, BLOCK_N, BLOCK_M, SLOTS)
+    up = _per_pair(up, BLOCK_N, BLOCK_M, SLOTS)
     if limit > 0:
         gate = tl.minimum(gate, limit)
         up = tl.minimum(tl.maximum(up, -limit), limit)
+    pairs = pid_b * BLOCK_M + tl.arange(0, BLOCK_M)
+    live = tl.load(tok_ptr + pairs) >= 0
     routed = tl.load(wt_ptr + pairs, mask=live, other=0.0)
     rest = gate / (1.0 + tl.exp(-gate)) * up * routed[None, :]
-    at = h_ptr + pairs[None, :] * shp + (rows % 2 * shh + rows // 2)[:, None]  # even rows, then odd
+    at = h_ptr + pairs[None, :] * shp + (rows % PIECES * sht + rows // PIECES)[:, None]  # the down projection's pieces
     for p in tl.static_range(SPLITS):
         part = rest.to(tl.bfloat16)
         tl.store(at + p * shs, part, mask=live[None, :] & (rows[:, None] < INTER))
@@ -121,36 +154,56 @@ def _gate_up_kernel(x_ptr, tok_ptr, wt_ptr, blk_ptr, w_ptr, s_ptr, h_ptr, H, INT
 
 @triton.jit
 def _down_kernel(h_ptr, tok_ptr, pair_ptr, blk_ptr, w_ptr, s_ptr, o_ptr, H, INTER,
-                 shs, shh, shp, swe, swr, sse, ssr, sop, soh,
-                 SPLITS: tl.constexpr, PTX: tl.constexpr,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_KB: tl.constexpr):
+                 shs, sht, shp, swe, swr, sse, ssr, sop, soh,
+                 SPLITS: tl.constexpr, SLOTS: tl.constexpr, PIECES: tl.constexpr, PTX: tl.constexpr,
+                 SMALL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_KU: tl.constexpr):
     """Program (block of pairs, N tile): o^T[rows, pairs], stored at each pair's own row."""
     pid_b = tl.program_id(0)
     expert = tl.load(blk_ptr + pid_b)
     if expert < 0:
         return
-    pairs = pid_b * BLOCK_M + tl.arange(0, BLOCK_M)
-    live = tl.load(tok_ptr + pairs) >= 0
+    col_pairs, col_tokens, col_part, col_live = _columns(pid_b, tok_ptr, SPLITS, BLOCK_M, SLOTS)
+    h_cols = col_pairs.to(tl.int64) * shp + col_part * shs
     rows = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     w_e, s_e = w_ptr + expert.to(tl.int64) * swe, s_ptr + expert.to(tl.int64) * sse
-    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    for kb in range(0, INTER // 2, BLOCK_KB):
-        acc = _expert_dots(w_e, s_e, rows, H, h_ptr, pairs.to(tl.int64) * shp, live, shs, shh, kb, INTER, swr, ssr,
-                           acc, SPLITS, PTX, BLOCK_N, BLOCK_KB)
+    acc = tl.zeros((BLOCK_N, BLOCK_M * SLOTS), dtype=tl.float32)
+    parts: tl.constexpr = SPLITS if SLOTS == 1 else 1
+    for ku in range(0, INTER // PIECES, BLOCK_KU):
+        acc = _expert_dots(w_e, s_e, rows, H, h_ptr, h_cols, col_live, shs, sht, ku, INTER // PIECES, swr, ssr, acc,
+                           parts, PIECES, PTX, SMALL, BLOCK_N, BLOCK_KU)
+    acc = _per_pair(acc, BLOCK_N, BLOCK_M, SLOTS)
     # straight to the pair's own row of the output: no gather pass afterwards
+    pairs = pid_b * BLOCK_M + tl.arange(0, BLOCK_M)
+    live = tl.load(tok_ptr + pairs) >= 0
     dest = tl.load(pair_ptr + pairs, mask=live, other=0).to(tl.int64)
     tl.store(o_ptr + dest[None, :] * sop + rows[:, None] * soh, acc, mask=live[None, :] & (rows[:, None] < H))
 
 
 # bf16 parts the activations are split into: 3 carry fp32 exactly, 2 carry 16 significant bits.
 SPLITS = int(os.environ.get("DSFLASH_MOE_SPLITS", "3"))
+# Blocks of at most this many pairs put each pair's parts side by side as columns of one dot
+# (4 pairs x 4 slots = the 16 columns a dot needs at least): one dot per weight tile where
+# looping over the parts took three. Decode steps route 1-2 pairs to most experts.
+PARTS_AS_COLUMNS = 4
 
-# Tile shape and launch options per block height (bench/h200.py --sections moe_tiles sweeps them).
-TILES = {  # H200, 2026-11-30: the best of 9 shapes at 6 and 48 tokens (16) and 8,192 tokens (64, 128)
-    16: dict(BLOCK_N=64, BLOCK_KB=64, num_warps=4, num_stages=3),  # 0.76-1.17 ms at 6 tokens, 1.18 ms at 48
-    64: dict(BLOCK_N=128, BLOCK_KB=32, num_warps=4, num_stages=2),  # 32.1 ms at 8,192 tokens
-    128: dict(BLOCK_N=128, BLOCK_KB=64, num_warps=8, num_stages=2),  # 28.3 ms at 8,192 tokens
-    "interpreter": dict(BLOCK_N=64, BLOCK_KB=16),
+# Weight units per block height: int32 words of eight codes for the shortest blocks (decode
+# at batch 1: ALU-bound, and a word decodes in fewer instructions per value), bytes of two for
+# taller ones (their dots are 4x longer per activation byte kept in shared memory; measured on
+# the H200 at 48 tokens the word kernel took 667 + 315 us per layer against 571 + 260).
+def pieces(block_m: int) -> int:
+    return 8 if block_m <= PARTS_AS_COLUMNS else 2
+
+
+# Tile shape and launch options per block height, BLOCK_KU in units (bench/h200.py --sections
+# moe_tiles sweeps them). H200, 2026-11-30: 4 the best of 6 shapes at 6 tokens (0.39 ms of GPU
+# time in a CUDA graph); 16, 64 and 128 the byte kernel's best (1.09-1.18 ms at 48 tokens,
+# 32.1 and 28.3 ms at 8,192; the word kernel took 57 and 72 ms there).
+TILES = {
+    4: dict(BLOCK_N=64, BLOCK_KU=32, num_warps=4, num_stages=2),
+    16: dict(BLOCK_N=64, BLOCK_KU=64, num_warps=4, num_stages=3),
+    64: dict(BLOCK_N=128, BLOCK_KU=32, num_warps=4, num_stages=2),
+    128: dict(BLOCK_N=128, BLOCK_KU=64, num_warps=8, num_stages=2),
+    "interpreter": {8: dict(BLOCK_N=64, BLOCK_KU=4), 2: dict(BLOCK_N=64, BLOCK_KU=16)},
 }
 
 
@@ -158,7 +211,7 @@ def block_height(pairs: int, experts: int) -> int:
     """Rows of pairs per program: decode has a few pairs per expert, so short blocks; prefill
     has many, and a taller block decodes each weight tile once for more of them."""
     per_expert = pairs / experts
-    return 16 if per_expert < 16 else 64 if per_expert < 256 else 128
+    return 4 if per_expert < 2 else 16 if per_expert < 16 else 64 if per_expert < 256 else 128
 
 
 class RoutePlan:
@@ -196,32 +249,47 @@ class RoutePlan:
         return out[: self.rows]
 
 
-def fp4_moe(x, idx, weights, w13, s13, w2, s2, limit: float, block_m: int | None = None) -> torch.Tensor:
+def small_scales(*scales: torch.Tensor) -> bool:
+    """Whether every e8m0 scale is at most 2 (byte <= 128): then the decoder needs one
+    multiply per value instead of two. Real checkpoints' scales are far below; this reads the
+    bytes once (a host sync), so callers keep the answer with the weights."""
+    return all(int(s.max()) <= 128 for s in scales if s.numel())
+
+
+def fp4_moe(x, idx, weights, w13, s13, w2, s2, limit: float, block_m: int | None = None,
+            small: bool | None = None) -> torch.Tensor:
     """x [T, H], idx/weights [T, k]; stacked packed experts. Returns [T, H] fp32. block_m
-    overrides the block height (a benchmark's choice)."""
+    overrides the block height (a benchmark's choice); small is small_scales(s13, s2), worked
+    out here when not given."""
     T, H = x.shape
     E, two_i, _ = w13.shape
     inter = two_i // 2
     assert w13.dtype == torch.uint8 and w13.shape[2] * 2 == H and w2.shape == (E, H, inter // 2)
     assert s13.shape == (E, two_i, H // 32) and s2.shape == (E, H, inter // 32)
     assert w13.stride(2) == 1 and w2.stride(2) == 1 and s13.stride(2) == 1 and s2.stride(2) == 1
+    assert H % 8 == 0 and inter % 8 == 0, "eight codes per int32 word"
     pairs = idx.numel()
     if pairs == 0:
         return torch.zeros(T, H, dtype=torch.float32, device=x.device)
+    small = small_scales(s13, s2) if small is None else small
     block_m = block_m or block_height(pairs, E)
-    tiles = TILES["interpreter" if interpreting() else block_m]
+    slots = 4 if block_m <= PARTS_AS_COLUMNS else 1
+    P = pieces(block_m)
+    tiles = TILES["interpreter"][P] if interpreting() else TILES[block_m]
     plan = RoutePlan(idx, weights, E, block_m)
-    parts = bf16_parts(torch.stack((x[:, 0::2], x[:, 1::2])), SPLITS)  # [SPLITS, 2, T, H/2]
-    h = torch.empty(SPLITS, 2, plan.rows, inter // 2, dtype=torch.bfloat16, device=x.device)
+    # [SPLITS, P, T, H/P]: piece t holds columns P*c + t, as the weight units' code t
+    parts = bf16_parts(x.reshape(T, H // P, P).permute(2, 0, 1), SPLITS)
+    h = torch.empty(SPLITS, P, plan.rows, inter // P, dtype=torch.bfloat16, device=x.device)
     out = torch.zeros(pairs, H, dtype=torch.float32, device=x.device)  # other ranks' pairs stay 0
+    units13, units2 = (w13.view(torch.int32), w2.view(torch.int32)) if P == 8 else (w13, w2)
     blocks = plan.rows // block_m
-    ptx = not interpreting()
+    options = dict(SPLITS=SPLITS, SLOTS=slots, PIECES=P, PTX=not interpreting(), SMALL=small, BLOCK_M=block_m,
+                   **tiles)
     _gate_up_kernel[(blocks, triton.cdiv(inter, tiles["BLOCK_N"]))](
-        parts, plan.tokens, plan.routed, plan.block_expert, w13, s13, h, H, inter, float(limit), *parts.stride()[:3],
-        w13.stride(0), w13.stride(1), s13.stride(0), s13.stride(1), *h.stride()[:3],
-        SPLITS=SPLITS, PTX=ptx, BLOCK_M=block_m, **tiles)
+        parts, plan.tokens, plan.routed, plan.block_expert, units13, s13, h, H, inter, float(limit),
+        *parts.stride()[:3], units13.stride(0), units13.stride(1), s13.stride(0), s13.stride(1), *h.stride()[:3],
+        **options)
     _down_kernel[(blocks, triton.cdiv(H, tiles["BLOCK_N"]))](
-        h, plan.tokens, plan.pair_ids, plan.block_expert, w2, s2, out, H, inter, *h.stride()[:3],
-        w2.stride(0), w2.stride(1), s2.stride(0), s2.stride(1), out.stride(0), out.stride(1),
-        SPLITS=SPLITS, PTX=ptx, BLOCK_M=block_m, **tiles)
+        h, plan.tokens, plan.pair_ids, plan.block_expert, units2, s2, out, H, inter, *h.stride()[:3],
+        units2.stride(0), units2.stride(1), s2.stride(0), s2.stride(1), out.stride(0), out.stride(1), **options)
     return out.view(T, idx.shape[1], H).sum(dim=1)

@@ -1,4 +1,4 @@
-"""y = x @ W^T with W stored as FP8 e4m3 bytes and one e8m0 scale per 32x32 block.
+"""y = x @ W^T with W stored as FP8 e4m3 bytes and one e8m0 scale per 32x32 block (or as bf16).
 
 Shapes: x [M, K] (fp32 or bf16), W [N, K] e4m3 bytes, scales [ceil(N/32), ceil(K/32)] e8m0 bytes,
 y [M, N] fp32. The weight is decoded in registers (never materialized in memory): at decode
@@ -6,7 +6,8 @@ batch sizes the GEMM is bound by reading W, one byte per weight. With `act_quant
 rounded to FP8 in 1x32 blocks (the reference's faithful mode).
 On the GPU the dots run on bf16 tensor cores: an e4m3 value times a power of two is exact in
 bf16, and fp32 activations go in as 3 bf16 parts that sum to them (bf16 activations as
-themselves), so the result keeps fp32 accuracy.
+themselves), so the result keeps fp32 accuracy. Up to 16 rows of x (decode) run the transposed
+product (_skinny_kernel), which cuts the parts itself; bigger tiles take them precomputed.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import triton
 import triton.language as tl
 
 from ..quant import dequantize_fp8_weight, fake_quant_fp8
-from .common import bf16_parts, dot_exact_rhs, e4m3_to_float, interpreting
+from .common import DOT, bf16_parts, dot_exact_lhs, dot_exact_rhs, e4m3_to_float, e4m3_words, interpreting
 
 
 def fp8_gemm_ref(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, act_quant: bool = False) -> torch.Tensor:
@@ -28,30 +29,36 @@ def fp8_gemm_ref(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, act
 @triton.jit
 def _fp8_gemm_kernel(x_ptr, w_ptr, s_ptr, y_ptr, M, N, K, K_PER_SPLIT,
                      sxp, sxm, sxk, swn, swk, ssn, ssk, sys, sym, syn,
-                     PARTS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                     HW_FP8: tl.constexpr):
+                     PARTS: tl.constexpr, GROUP_ROWS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                     HW_FP8: tl.constexpr, FP8_WEIGHT: tl.constexpr):
     """One (M, N) tile over one K range (split-K: the ranges' partial sums are added after).
-    x comes as PARTS slices (stride sxp) that sum to the activations."""
+    The weight is e4m3 codes with e8m0 block scales, or (FP8_WEIGHT off) plain bf16. x comes
+    as PARTS slices (stride sxp) that sum to the activations. GROUP_ROWS > 0: a block-diagonal
+    weight, each GROUP_ROWS rows applied to their own K columns of x."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     pid_k = tl.program_id(2)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rk = tl.arange(0, BLOCK_K)
+    if GROUP_ROWS > 0:  # a tile lies in one group (GROUP_ROWS is a multiple of BLOCK_N)
+        x_ptr += (pid_n * BLOCK_N // GROUP_ROWS) * K * sxk
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     k_start = pid_k * K_PER_SPLIT
     for k0 in range(k_start, tl.minimum(k_start + K_PER_SPLIT, K), BLOCK_K):
         kk = k0 + rk
-        codes = tl.load(w_ptr + rn[:, None] * swn + kk[None, :] * swk,
-                        mask=(rn[:, None] < N) & (kk[None, :] < K), other=0)
-        w = tl.reshape(e4m3_to_float(codes, HW_FP8), (BLOCK_N, BLOCK_K // 32, 32))
-        # one e8m0 scale per 32x32 block of the weight
-        sk = k0 // 32 + tl.arange(0, BLOCK_K // 32)
-        sbyte = tl.load(s_ptr + (rn // 32)[:, None] * ssn + sk[None, :] * ssk,
-                        mask=(rn[:, None] < N) & (sk[None, :] * 32 < K), other=127).to(tl.float32)
-        w = tl.reshape(w * tl.exp2(sbyte - 127.0)[:, :, None], (BLOCK_N, BLOCK_K))
+        w = tl.load(w_ptr + rn[:, None] * swn + kk[None, :] * swk, mask=(rn[:, None] < N) & (kk[None, :] < K), other=0)
+        if FP8_WEIGHT:
+            w = tl.reshape(e4m3_to_float(w, HW_FP8), (BLOCK_N, BLOCK_K // 32, 32))
+            # one e8m0 scale per 32x32 block of the weight
+            sk = k0 // 32 + tl.arange(0, BLOCK_K // 32)
+            sbyte = tl.load(s_ptr + (rn // 32)[:, None] * ssn + sk[None, :] * ssk,
+                            mask=(rn[:, None] < N) & (sk[None, :] * 32 < K), other=127).to(tl.float32)
+            w = tl.reshape(w * tl.exp2(sbyte - 127.0)[:, :, None], (BLOCK_N, BLOCK_K))
         if HW_FP8:
             w = w.to(tl.bfloat16)
+        else:
+            w = w.to(tl.float32)
         for p in tl.static_range(PARTS):
             x = tl.load(x_ptr + p * sxp + rm[:, None] * sxm + kk[None, :] * sxk,
                         mask=(rm[:, None] < M) & (kk[None, :] < K), other=0.0)
@@ -63,11 +70,92 @@ def _fp8_gemm_kernel(x_ptr, w_ptr, s_ptr, y_ptr, M, N, K, K_PER_SPLIT,
              mask=(rm[:, None] < M) & (rn[None, :] < N))
 
 
-def tiles_for(m: int) -> dict:
+@triton.jit
+def _dot_columns(w, x_ptr, rm, kk, K, sxm, sxk, acc, SPLIT: tl.constexpr, PTX: tl.constexpr, EVEN_K: tl.constexpr):
+    """acc + w . x^T[kk, rm]: x's rows rm at columns kk, read transposed. With SPLIT the fp32
+    values are cut into the 3 bf16 parts that sum to them, one dot each (bf16 products are
+    exact in the fp32 accumulator); the cut happens once per value, before the tile is shared.
+    An fp32 w (no PTX decode, or an fp32 weight) dots at DOT precision (three-pass TF32)."""
+    at = x_ptr + rm[None, :] * sxm + kk[:, None] * sxk
+    if EVEN_K:
+        xt = tl.load(at)
+    else:
+        xt = tl.load(at, mask=(kk < K)[:, None], other=0.0)
+    if not PTX:
+        acc = dot_exact_lhs(w, xt.to(tl.float32), acc)
+    elif w.dtype == tl.float32:
+        acc = tl.dot(w, xt.to(tl.float32), acc, input_precision=DOT)
+    elif SPLIT:
+        head = xt.to(tl.bfloat16)
+        rest = xt - head.to(tl.float32)
+        middle = rest.to(tl.bfloat16)
+        acc = tl.dot(w, head, acc)
+        acc = tl.dot(w, middle, acc)
+        acc = tl.dot(w, (rest - middle.to(tl.float32)).to(tl.bfloat16), acc)
+    else:
+        acc = tl.dot(w, xt, acc)
+    return acc
+
+
+@triton.jit
+def _skinny_kernel(x_ptr, w_ptr, s_ptr, y_ptr, M, N, K, K_PER_SPLIT,
+                   sxm, sxk, swn, ssn, ssk, sys, sym, syn,
+                   FP8_WEIGHT: tl.constexpr, SMALL: tl.constexpr, SPLIT: tl.constexpr, PTX: tl.constexpr,
+                   EVEN_K: tl.constexpr, GROUP_ROWS: tl.constexpr,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """y^T[rows, :M] = W[rows] x^T over one K range, for at most BLOCK_M rows of x (decode):
+    the weight tile is the left operand as decoded (64 rows fill a Hopper warpgroup MMA) and
+    the few activation rows the right one, read transposed and cut into parts once. FP8
+    codes are read four at a time (int32 words) and decoded as four tiles, one per place in
+    the word, so that each output register is the bf16 pair a tensor-core operand holds; bf16
+    and fp32 weights are read as they are. Rows past N or M re-read the last real one instead of masking every load (their sums are
+    not stored); EVEN_K: K is a multiple of BLOCK_K, no column masks either."""
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rm = tl.arange(0, BLOCK_M)
+    wn, xm = tl.minimum(rn, N - 1), tl.minimum(rm, M - 1)
+    if GROUP_ROWS > 0:  # a tile lies in one group (GROUP_ROWS is a multiple of BLOCK_N)
+        x_ptr += (pid_n * BLOCK_N // GROUP_ROWS) * K * sxk
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    k_start = pid_k * K_PER_SPLIT
+    for k0 in range(k_start, tl.minimum(k_start + K_PER_SPLIT, K), BLOCK_K):
+        if FP8_WEIGHT:
+            c = k0 // 4 + tl.arange(0, BLOCK_K // 4)  # words of four codes: columns 4c .. 4c + 3
+            sk = k0 // 32 + tl.arange(0, BLOCK_K // 32)  # one e8m0 scale per 32x32 block
+            w_at = w_ptr + wn[:, None] * swn + c[None, :]
+            s_at = s_ptr + (wn // 32)[:, None] * ssn + sk[None, :] * ssk
+            if EVEN_K:
+                words, sbyte = tl.load(w_at), tl.load(s_at)
+            else:
+                words = tl.load(w_at, mask=(c * 4 < K)[None, :], other=0)
+                sbyte = tl.load(s_at, mask=(sk * 32 < K)[None, :], other=127)
+            exps = tl.reshape(tl.broadcast_to(sbyte.to(tl.int32)[:, :, None], (BLOCK_N, BLOCK_K // 32, 8)),
+                              (BLOCK_N, BLOCK_K // 4))
+            w = e4m3_words(words, exps, PTX, SMALL)
+            for t in tl.static_range(4):
+                acc = _dot_columns(w[t], x_ptr, xm, 4 * c + t, K, sxm, sxk, acc, SPLIT, PTX, EVEN_K)
+        else:
+            kk = k0 + tl.arange(0, BLOCK_K)
+            w_at = w_ptr + wn[:, None] * swn + kk[None, :]
+            if EVEN_K:
+                w = tl.load(w_at)
+            else:
+                w = tl.load(w_at, mask=(kk < K)[None, :], other=0.0)
+            if not PTX:
+                w = w.to(tl.float32)
+            acc = _dot_columns(w, x_ptr, xm, kk, K, sxm, sxk, acc, SPLIT, PTX, EVEN_K)
+    tl.store(y_ptr + pid_k * sys + rm[None, :] * sym + rn[:, None] * syn, acc, mask=(rm[None, :] < M) & (rn[:, None] < N))
+
+
+def tiles_for(m: int, fp8: bool = True) -> dict:
     """Tile shape by row count: decode rows are few and the weight's bytes bound the time;
-    prefill rows are many and the tensor cores do."""
+    prefill rows are many and the tensor cores do. A bf16 weight tile takes twice the shared
+    memory of an FP8 one."""
     if interpreting():
         return dict(BLOCK_M=16 if m <= 16 else 64, BLOCK_N=64, BLOCK_K=32)
+    if m >= 1024 and not fp8:
+        return dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=3)
     return dict(TILES[16 if m <= 16 else 64 if m < 1024 else 128])
 
 
@@ -80,29 +168,125 @@ TILES = {  # block_m: launch shape
 }
 
 
+def small_fp8_scales(scales: torch.Tensor) -> bool:
+    """Whether every e8m0 scale byte is at most 134 (scale <= 2^7), so that the weight decodes
+    by integer ops and one multiply. Reads the bytes (a host sync): callers keep the answer."""
+    return scales.numel() == 0 or int(scales.max()) <= 134
+
+
 def fp8_gemm(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, act_quant: bool = False,
-             tiles: dict | None = None) -> torch.Tensor:
-    """x [M, K] @ (codes, scales)^T -> [M, N] fp32. `tiles` overrides the launch shape."""
+             tiles: dict | None = None, small: bool | None = None) -> torch.Tensor:
+    """x [M, K] @ (codes, scales)^T -> [M, N] fp32. `tiles` overrides the launch shape; small
+    is small_fp8_scales(scales), worked out here when not given."""
     if act_quant:
         x = fake_quant_fp8(x.float())
-    M, K = x.shape
-    N = codes.shape[0]
-    assert codes.shape == (N, K) and codes.dtype == torch.uint8, (codes.shape, codes.dtype)
+    N, K = codes.shape
+    assert x.shape[1] == K and codes.dtype == torch.uint8, (x.shape, codes.shape, codes.dtype)
     assert scales.shape == (-(-N // 32), -(-K // 32)) and scales.dtype == torch.uint8
-    if M == 0:  # e.g. a rank's share of the rows of a one-token step
-        return torch.zeros(0, N, dtype=torch.float32, device=x.device)
-    tiles = tiles or tiles_for(M)
-    block_m, block_n, block_k = tiles["BLOCK_M"], tiles["BLOCK_N"], tiles["BLOCK_K"]
-    output_tiles = triton.cdiv(M, block_m) * triton.cdiv(N, block_n)
-    # Decode shapes have few output tiles: split K so every SM streams part of the weight.
+    return _gemm(x, codes, scales, tiles, small_fp8_scales(scales) if small is None else small)
+
+
+def grouped_fp8_gemm(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, groups: int,
+                     small: bool | None = None) -> torch.Tensor | None:
+    """Block-diagonal y [M, G*R] = x [M, G*K] with group g's rows g*R .. of (codes, scales)
+    [G*R, K] applied to x's columns g*K ..: one launch for all groups (the attention output's
+    wo_a), on the FP8 bytes. None where no tile fits a group (the caller keeps its einsum)."""
+    M, GK = x.shape
+    N, K = codes.shape
+    rows = N // groups
+    if GK != groups * K or codes.stride(1) != 1:
+        return None
+    block_n = min(_skinny_tiles(N)["BLOCK_N"], rows)  # as _skinny picks it: a power of two dividing R
+    if M <= 16 and K % 4 == 0 and rows % block_n == 0 and block_n >= 16 and block_n & (block_n - 1) == 0:
+        return _skinny(x, codes, scales, small_fp8_scales(scales) if small is None else small, group_rows=rows)
+    if rows % tiles_for(M)["BLOCK_N"]:
+        return None
+    return _gemm(x, codes, scales, None, False, group_rows=rows, skinny=False)
+
+
+def bf16_gemm(x: torch.Tensor, weight: torch.Tensor, tiles: dict | None = None) -> torch.Tensor:
+    """x [M, K] @ weight^T for a bf16 weight [N, K] -> [M, N] fp32, as accurate as the fp32
+    product of the upcast weight: bf16 tensor cores and 3-part activations."""
+    assert weight.dtype == torch.bfloat16 and x.shape[1] == weight.shape[1], (x.shape, weight.shape, weight.dtype)
+    return _gemm(x, weight, None, tiles, False)
+
+
+def fp32_gemm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x [M, K] @ weight^T for an fp32 weight [N, K] -> [M, N] fp32 (three-pass TF32) for up to
+    16 rows; more rows go to torch, whose kernels are good at those shapes. Small-N fp32 GEMMs
+    (the mHC mixes: [6, 20480] x [20480, 24]) got a 65 us split-N kernel from cuBLAS."""
+    assert weight.dtype == torch.float32 and x.shape[1] == weight.shape[1], (x.shape, weight.shape, weight.dtype)
+    if x.shape[0] > 16 or x.shape[1] % 4 or weight.stride(1) != 1:
+        return x.float() @ weight.T
+    return _skinny(x, weight, None, False)
+
+
+# Decode shapes (at most 16 rows of x): the transposed kernel, for FP8, bf16 and fp32 weights.
+# In a decode step on the H200 (2026-11-30) its FP8 calls took about the GPU time of the tile
+# kernel plus the activation-split launches that one needs (16 against 8.9 + 5.6 ms per two
+# steps), with ~1,100 fewer kernels per step. SKINNY_FP8 off sends FP8 weights to the tile kernel.
+SKINNY_FP8 = True
+
+
+def _skinny_tiles(n: int) -> dict:
+    """256-row weight tiles (two 64-row MMAs per warpgroup) were the fastest of six shapes on
+    4-42 MB FP8 weights; narrow outputs (the router's 48 rows) take 64."""
+    if n <= 64:
+        return dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=3)
+    return dict(SKINNY_TILES)
+
+
+SKINNY_TILES = dict(BLOCK_M=16, BLOCK_N=256, BLOCK_K=128, num_warps=8, num_stages=3)
+
+
+def _split_k(K: int, block_k: int, output_tiles: int) -> tuple[int, int]:
+    """Few output tiles (decode): split K so every SM streams part of the weight."""
     splits = 1 if interpreting() else max(1, min(triton.cdiv(K, block_k), 264 // output_tiles))
     per_split = triton.cdiv(triton.cdiv(K, splits), block_k) * block_k
-    splits = triton.cdiv(K, per_split)
+    return triton.cdiv(K, per_split), per_split
+
+
+def _gemm(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor | None, tiles: dict | None,
+          small: bool, group_rows: int = 0, skinny: bool = True) -> torch.Tensor:
+    """The tile kernel (or, for decode rows where it serves, the transposed one). With
+    group_rows, x holds one K-column block per group of weight rows (block-diagonal)."""
+    M = x.shape[0]
+    N, K = weight.shape
+    if M == 0:  # e.g. a rank's share of the rows of a one-token step
+        return torch.zeros(0, N, dtype=torch.float32, device=x.device)
+    fp8 = scales is not None
+    if skinny and M <= 16 and tiles is None and K % 4 == 0 and weight.stride(1) == 1 and (SKINNY_FP8 or not fp8):
+        return _skinny(x, weight, scales, small)
+    tiles = tiles or tiles_for(M, fp8=fp8)
+    block_m, block_n, block_k = tiles["BLOCK_M"], tiles["BLOCK_N"], tiles["BLOCK_K"]
+    splits, per_split = _split_k(K, block_k, triton.cdiv(M, block_m) * triton.cdiv(N, block_n))
     # the interpreter dots in fp32; bf16 activations are their own single part
     parts = x[None] if interpreting() or x.dtype == torch.bfloat16 else bf16_parts(x, 3)
     y = torch.empty(splits, M, N, dtype=torch.float32, device=x.device)
     grid = (triton.cdiv(M, block_m), triton.cdiv(N, block_n), splits)
-    _fp8_gemm_kernel[grid](parts, codes, scales, y, M, N, K, per_split, *parts.stride(), codes.stride(0),
-                           codes.stride(1), scales.stride(0), scales.stride(1), *y.stride(), PARTS=parts.shape[0],
-                           HW_FP8=not interpreting(), **tiles)
+    scale_args = (scales, scales.stride(0), scales.stride(1)) if fp8 else (weight, 0, 0)
+    _fp8_gemm_kernel[grid](parts, weight, scale_args[0], y, M, N, K, per_split, *parts.stride(), weight.stride(0),
+                           weight.stride(1), *scale_args[1:], *y.stride(), PARTS=parts.shape[0],
+                           GROUP_ROWS=group_rows, HW_FP8=not interpreting(), FP8_WEIGHT=fp8, **tiles)
+    return y[0] if splits == 1 else y.sum(dim=0)
+
+
+def _skinny(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor | None, small: bool,
+            group_rows: int = 0) -> torch.Tensor:
+    M = x.shape[0]
+    N, K = weight.shape
+    fp8 = scales is not None
+    tiles = _skinny_tiles(N)
+    if interpreting():
+        tiles.update(BLOCK_K=32)
+    if group_rows:
+        tiles.update(BLOCK_N=min(tiles["BLOCK_N"], group_rows))
+    splits, per_split = _split_k(K, tiles["BLOCK_K"], triton.cdiv(N, tiles["BLOCK_N"]))
+    y = torch.empty(splits, M, N, dtype=torch.float32, device=x.device)
+    w = weight.view(torch.int32) if fp8 else weight
+    scale_args = (scales, scales.stride(0), scales.stride(1)) if fp8 else (weight, 0, 0)
+    _skinny_kernel[(triton.cdiv(N, tiles["BLOCK_N"]), splits)](
+        x, w, scale_args[0], y, M, N, K, per_split, x.stride(0), x.stride(1), w.stride(0), *scale_args[1:], *y.stride(),
+        FP8_WEIGHT=fp8, SMALL=small, SPLIT=x.dtype != torch.bfloat16, PTX=not interpreting(),
+        EVEN_K=K % tiles["BLOCK_K"] == 0, GROUP_ROWS=group_rows, **tiles)
     return y[0] if splits == 1 else y.sum(dim=0)

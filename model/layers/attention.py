@@ -112,6 +112,5 @@ def grouped_output(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, o: torc
     flat = o.reshape(o.shape[0], -1)
     if ops.act_quant:
         flat = fake_quant_fp8(flat)
-    wo_a = ops.w(f"{p}.attn.wo_a").view(groups, cfg.o_lora_rank, -1)  # [G, r, in_g]
-    u = torch.einsum("tgi,gri->tgr", flat.view(o.shape[0], groups, -1), wo_a)
-    return ops.parallel.all_reduce(ops.linear(u.reshape(o.shape[0], -1), f"{p}.attn.wo_b"))
+    u = ops.grouped_linear(flat, f"{p}.attn.wo_a", groups)  # [T, G*r]
+    return ops.parallel.all_reduce(ops.linear(u, f"{p}.attn.wo_b"))

@@ -12,9 +12,11 @@ import torch
 from .norm import rms_norm
 
 
-def hc_mixes(X: torch.Tensor, fn: torch.Tensor, norm_eps: float) -> torch.Tensor:
-    """X [T, S, H] -> the site's raw mixes [T, (2+S)*S]: a projection of the normalized streams."""
-    return rms_norm(X.flatten(-2), None, norm_eps) @ fn.T
+def hc_mixes(X: torch.Tensor, fn: torch.Tensor, norm_eps: float, project=None) -> torch.Tensor:
+    """X [T, S, H] -> the site's raw mixes [T, (2+S)*S]: a projection of the normalized streams
+    (by `project(x, fn)` when given: a kernel for x @ fn.T)."""
+    x = rms_norm(X.flatten(-2), None, norm_eps)
+    return x @ fn.T if project is None else project(x, fn)
 
 
 def hc_gates(mixes: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, iters: int,

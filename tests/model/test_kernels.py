@@ -12,14 +12,15 @@ from dsflash.kvcache.layout import CacheLayout
 from dsflash.kvcache.paged import PagedCache
 from dsflash.kvcache.pool import CachePool, plain_allocator
 from dsflash.model.fast_ops import TritonOps
-from dsflash.model.kernels.common import bf16_parts, e2m1_pairs, interpreting
+from dsflash.model.kernels.common import bf16_parts, e2m1_words, interpreting
 from dsflash.model.kernels.fp4_moe import fp4_moe, fp4_moe_ref
-from dsflash.model.kernels.fp8_gemm import fp8_gemm, fp8_gemm_ref
+from dsflash.model.kernels.fp8_gemm import bf16_gemm, fp32_gemm, fp8_gemm, fp8_gemm_ref, grouped_fp8_gemm
 from dsflash.model.kernels.hc_gates import hc_gates
 from dsflash.model.kernels.indexer_score import indexer_scores, indexer_scores_ref
 from dsflash.model.kernels.sparse_attention import sparse_attention, sparse_attention_ref
 from dsflash.model.layers import mhc
-from dsflash.model.quant import dequantize_fp4_weight, quantize_fp4_weight, quantize_fp8_weight
+from dsflash.model.quant import (dequantize_fp4_weight, dequantize_fp8_weight, quantize_fp4_weight,
+                                 quantize_fp8_weight)
 from dsflash.model.runner import prompt_logits, step
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -30,7 +31,7 @@ def _g(seed=0):
     return torch.Generator().manual_seed(seed)
 
 
-@pytest.mark.parametrize("m, n, k", [(1, 96, 64), (6, 64, 96), (37, 128, 64)])
+@pytest.mark.parametrize("m, n, k", [(1, 96, 64), (6, 64, 96), (16, 80, 160), (37, 128, 64)])
 @pytest.mark.parametrize("act_quant", [False, True])
 def test_fp8_gemm(m, n, k, act_quant):
     g = _g(m)
@@ -43,39 +44,85 @@ def test_fp8_gemm(m, n, k, act_quant):
         assert (got - ref).abs().max() < REL * ref.abs().max() + 1e-5
 
 
+@pytest.mark.parametrize("m", [1, 6, 37])
+def test_bf16_gemm_matches_the_fp32_product_of_the_upcast_weight(m):
+    g = _g(m)
+    weight = torch.randn(96, 160, generator=g).to(torch.bfloat16)
+    x = torch.randn(m, 160, generator=g) * torch.logspace(-3, 3, 160)  # parts of very different size
+    for dtype in (torch.float32, torch.bfloat16):
+        xd = x.to(dtype)
+        got = bf16_gemm(xd.to(DEVICE), weight.to(DEVICE)).cpu()
+        ref = xd.float() @ weight.float().T
+        assert (got - ref).abs().max() < REL * ref.abs().max() + 1e-5
+
+
+@pytest.mark.parametrize("m, rows", [(1, 32), (6, 32), (37, 64)])  # 37: the tile kernel
+def test_grouped_fp8_gemm_is_block_diagonal(m, rows):
+    """Group g's rows see only x's g-th 64 columns: the attention output's wo_a."""
+    g = _g(m)
+    codes, scales = quantize_fp8_weight(torch.randn(4 * rows, 64, generator=g))
+    x = torch.randn(m, 4 * 64, generator=g)
+    got = grouped_fp8_gemm(x.to(DEVICE), codes.to(DEVICE), scales.to(DEVICE), 4).cpu()
+    dense = dequantize_fp8_weight(codes, scales).view(4, rows, 64)
+    ref = torch.einsum("tgi,gri->tgr", x.view(m, 4, 64), dense).reshape(m, -1)
+    assert (got - ref).abs().max() < REL * ref.abs().max() + 1e-5
+
+
+def test_grouped_fp8_gemm_declines_groups_no_tile_fits():
+    codes, scales = quantize_fp8_weight(torch.randn(4 * 32, 64, generator=_g()))
+    assert grouped_fp8_gemm(torch.randn(17, 4 * 64).to(DEVICE), codes.to(DEVICE), scales.to(DEVICE), 4) is None
+
+
+@pytest.mark.parametrize("m", [1, 16])
+def test_fp32_gemm_matches_the_fp32_product(m):
+    g = _g(m)
+    weight, x = torch.randn(24, 320, generator=g), torch.randn(m, 320, generator=g)
+    got = fp32_gemm(x.to(DEVICE), weight.to(DEVICE)).cpu()
+    ref = x.double() @ weight.double().T
+    assert (got - ref).abs().max() < REL * ref.abs().max() + 1e-5
+
+
 def test_fp8_gemm_of_no_rows_is_empty():
     codes, scales = quantize_fp8_weight(torch.randn(64, 64, generator=_g()))
     assert fp8_gemm(torch.zeros(0, 64, device=DEVICE), codes.to(DEVICE), scales.to(DEVICE)).shape == (0, 64)
 
 
-def test_fp8_gemm_decodes_every_code_exactly():
+@pytest.mark.parametrize("scale", [130, 140])  # 140: past the one-multiply decoder's range
+@pytest.mark.parametrize("rows", [32, 16])  # 16: the transposed decode kernel, two calls of 16 rows
+def test_fp8_gemm_decodes_every_code_exactly(scale, rows):
     codes = torch.arange(256, dtype=torch.uint8).view(8, 32).repeat_interleave(4, 0)
     codes[(codes == 0x7F) | (codes == 0xFF)] = 0  # the two NaN codes
-    scales = torch.tensor([[130]], dtype=torch.uint8)
+    scales = torch.tensor([[scale]], dtype=torch.uint8)
     eye = torch.eye(32)
-    got = fp8_gemm(eye.to(DEVICE), codes.to(DEVICE), scales.to(DEVICE)).cpu()
+    got = torch.cat([fp8_gemm(eye[r:r + rows].to(DEVICE), codes.to(DEVICE), scales.to(DEVICE)).cpu()
+                     for r in range(0, 32, rows)])
     assert torch.equal(got, fp8_gemm_ref(eye, codes, scales))
 
 
 @triton.jit
-def _decode_pairs_kernel(packed_ptr, exps_ptr, low_ptr, high_ptr, PTX: tl.constexpr):
-    at = tl.arange(0, 8)[:, None] * 256 + tl.arange(0, 256)[None, :]
-    low, high = e2m1_pairs(tl.load(packed_ptr + at), tl.load(exps_ptr + at), PTX)
-    tl.store(low_ptr + at, low.to(tl.float32))
-    tl.store(high_ptr + at, high.to(tl.float32))
+def _decode_words_kernel(words_ptr, exps_ptr, out_ptr, PTX: tl.constexpr, SMALL: tl.constexpr):
+    at = tl.arange(0, 8)[:, None] * 32 + tl.arange(0, 32)[None, :]
+    values = e2m1_words(tl.load(words_ptr + at), tl.load(exps_ptr + at), PTX, SMALL)
+    for t in tl.static_range(8):
+        tl.store(out_ptr + at * 8 + t, values[t].to(tl.float32))
 
 
-def test_e2m1_pairs_decode_every_byte_at_every_scale_range():
-    """All 256 bytes times scales from 2^-127 (e = 0 reads as 0) to 2^73: exactly the reference
-    dequantization (on the GPU through the PTX decoder, whose code 1 passes through a subnormal)."""
-    exps = torch.tensor([0, 1, 2, 60, 119, 127, 135, 200], dtype=torch.uint8)
-    packed = torch.arange(256, dtype=torch.int32).to(torch.uint8).repeat(8, 1)
-    per_byte = exps[:, None].expand(8, 256).contiguous()
-    low, high = (torch.empty(8, 256, device=DEVICE) for _ in range(2))
-    _decode_pairs_kernel[(1,)](packed.to(DEVICE), per_byte.to(DEVICE), low, high, PTX=not interpreting())
-    ref = torch.stack([dequantize_fp4_weight(packed[r:r + 1], exps[r:r + 1, None].repeat(1, 16))[0] for r in range(8)])
+@pytest.mark.parametrize("small", [True, False])
+def test_e2m1_words_decode_every_code_at_every_scale_range(small):
+    """Every code at every place of a word, times scales from 2^-127 (e = 0 reads as 0) to 2^73
+    (to 2 with small, the one-multiply decoder): exactly the reference dequantization (on the
+    GPU through the PTX decoder, whose code 1 passes through a subnormal)."""
+    exps = torch.tensor([0, 1, 2, 60, 119, 127, 128, 200 if not small else 126], dtype=torch.uint8)
+    codes = (torch.arange(32 * 8).view(32, 8) * 3 + torch.arange(8)) % 16  # each place sees every code
+    words = (codes << (4 * torch.arange(8))).sum(1).to(torch.int64)
+    words = torch.where(words >= 2**31, words - 2**32, words).to(torch.int32).repeat(8, 1)
+    per_word = exps[:, None].expand(8, 32).to(torch.int32).contiguous()
+    out = torch.empty(8, 32 * 8, device=DEVICE)
+    _decode_words_kernel[(1,)](words.to(DEVICE), per_word.to(DEVICE), out, PTX=not interpreting(), SMALL=small)
+    packed = words.contiguous().view(torch.uint8)  # little-endian: code t of a word is column 8c + t
+    ref = torch.stack([dequantize_fp4_weight(packed[r:r + 1], exps[r:r + 1, None].repeat(1, 8))[0] for r in range(8)])
     ref[0] = 0.0
-    assert torch.equal(low.cpu(), ref[:, 0::2]) and torch.equal(high.cpu(), ref[:, 1::2])
+    assert torch.equal(out.cpu(), ref)
 
 
 def test_bf16_parts_sum_to_the_fp32_values():
@@ -83,8 +130,10 @@ def test_bf16_parts_sum_to_the_fp32_values():
     assert torch.equal(bf16_parts(x, 3).double().sum(0), x.double())
 
 
-@pytest.mark.parametrize("T", [11, 30])  # 30 x 3 pairs over 5 experts: prefill-sized blocks
-def test_fp4_moe(T):
+# Block heights: 4 pairs (their parts as columns), 16, 64 (30 x 3 pairs over 5 experts); small:
+# the one-multiply decoder (these scales allow it) or the general one.
+@pytest.mark.parametrize("T, block_m, small", [(1, None, None), (11, 4, True), (11, None, False), (30, None, None)])
+def test_fp4_moe(T, block_m, small):
     g = _g(1)
     E, H, inter, k = 5, 64, 96, 3
     w13 = [quantize_fp4_weight(torch.randn(2 * inter, H, generator=g) / 6) for _ in range(E)]
@@ -94,7 +143,8 @@ def test_fp4_moe(T):
     idx = torch.stack([torch.randperm(E, generator=g)[:k] for _ in range(T)])
     weights = torch.rand(T, k, generator=g)
     ref = fp4_moe_ref(x, idx, weights, *stack, 0.7)
-    got = fp4_moe(x.to(DEVICE), idx.to(DEVICE), weights.to(DEVICE), *[t.to(DEVICE) for t in stack], 0.7).cpu()
+    got = fp4_moe(x.to(DEVICE), idx.to(DEVICE), weights.to(DEVICE), *[t.to(DEVICE) for t in stack], 0.7,
+                  block_m=block_m, small=small).cpu()
     assert (got - ref).abs().max() < REL * ref.abs().max() + 1e-6
 
 
