@@ -195,12 +195,12 @@ def pieces(block_m: int) -> int:
 
 
 # Tile shape and launch options per block height, BLOCK_KU in units (bench/h200.py --sections
-# moe_tiles sweeps them). H200, 2026-11-30: 4 the best of 6 shapes at 6 tokens (0.39 ms of GPU
-# time in a CUDA graph); 16, 64 and 128 the byte kernel's best (1.09-1.18 ms at 48 tokens,
-# 32.1 and 28.3 ms at 8,192; the word kernel took 57 and 72 ms there).
+# moe_tiles sweeps them). H200, 2026-11-30, GPU time in a CUDA graph: 4 the best of 6 shapes at
+# 6 tokens (0.38 ms); 16 the best of 4 byte-kernel shapes at 48 tokens (0.99 ms); 64 and 128
+# the byte kernel's best at 8,192 tokens (33.2 and 28.0 ms; the word kernel took 57 and 72).
 TILES = {
     4: dict(BLOCK_N=64, BLOCK_KU=32, num_warps=4, num_stages=2),
-    16: dict(BLOCK_N=64, BLOCK_KU=64, num_warps=4, num_stages=3),
+    16: dict(BLOCK_N=64, BLOCK_KU=32, num_warps=4, num_stages=2),
     64: dict(BLOCK_N=128, BLOCK_KU=32, num_warps=4, num_stages=2),
     128: dict(BLOCK_N=128, BLOCK_KU=64, num_warps=8, num_stages=2),
     "interpreter": {8: dict(BLOCK_N=64, BLOCK_KU=4), 2: dict(BLOCK_N=64, BLOCK_KU=16)},
