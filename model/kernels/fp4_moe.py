@@ -58,7 +58,7 @@ def fp4_moe_ref(x, idx, weights, w13, s13, w2, s2, limit: float) -> torch.Tensor
 
 
 @triton.jit
-def _expert_dots(w_ptr, s_ptr, rows, n_rows, a_ptr, a_cols, a_live, sap, sat, ku, KU, swr, ssr, acc,
+def _expert_dots(w_ptr, s_ptr, rows, n_rows, a_ptr, a_cols, a_live, sap, saq, ku, KU, swr, ssr, acc,
                  PARTS: tl.constexpr, PIECES: tl.constexpr, PTX: tl.constexpr, SMALL: tl.constexpr,
                  BLOCK_N: tl.constexpr, BLOCK_KU: tl.constexpr):
     """acc + W[rows, cols] . a^T[cols, :] over the weight units ku .. ku + BLOCK_KU, as
@@ -67,7 +67,7 @@ def _expert_dots(w_ptr, s_ptr, rows, n_rows, a_ptr, a_cols, a_live, sap, sat, ku
     column PIECES*c + t of every unit c, each the left operand of its dot as decoded. The
     activations a come as PARTS bf16 slices (stride sap) that sum to the fp32 values (or as
     one slice whose columns are the parts, PARTS = 1), each in PIECES pieces laid out the same
-    way (stride sat), so that every piece is read contiguously; a_cols offsets each column."""
+    way (piece stride saq), so that every piece is read contiguously; a_cols offsets each column."""
     c = ku + tl.arange(0, BLOCK_KU)
     in_k = c < KU
     row_ok = rows < n_rows
@@ -85,7 +85,7 @@ def _expert_dots(w_ptr, s_ptr, rows, n_rows, a_ptr, a_cols, a_live, sap, sat, ku
     a_mask = in_k[:, None] & a_live[None, :]
     for p in tl.static_range(PARTS):
         for t in tl.static_range(PIECES):
-            a = tl.load(a_ptr + p * sap + t * sat + c[:, None] + a_cols[None, :], mask=a_mask, other=0.0)
+            a = tl.load(a_ptr + p * sap + t * saq + c[:, None] + a_cols[None, :], mask=a_mask, other=0.0)
             if PTX:  # bf16 x bf16 products are exact in the fp32 accumulator
                 acc = tl.dot(w[t], a, acc)
             else:
@@ -115,7 +115,7 @@ def _per_pair(acc, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, SLOTS: tl.const
 
 @triton.jit
 def _gate_up_kernel(x_ptr, tok_ptr, wt_ptr, blk_ptr, w_ptr, s_ptr, h_ptr, H, INTER, limit,
-                    sxs, sxt8, sxt, swe, swr, sse, ssr, shs, sht, shp,
+                    sxs, sxq, sxt, swe, swr, sse, ssr, shs, shq, shp,
                     SPLITS: tl.constexpr, SLOTS: tl.constexpr, PIECES: tl.constexpr, PTX: tl.constexpr,
                     SMALL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_KU: tl.constexpr):
     """Program (block of pairs, N tile): h^T[rows, pairs] of one expert, stored as SPLITS bf16
@@ -132,9 +132,9 @@ def _gate_up_kernel(x_ptr, tok_ptr, wt_ptr, blk_ptr, w_ptr, s_ptr, h_ptr, H, INT
     up = tl.zeros((BLOCK_N, BLOCK_M * SLOTS), dtype=tl.float32)
     parts: tl.constexpr = SPLITS if SLOTS == 1 else 1
     for ku in range(0, H // PIECES, BLOCK_KU):
-        gate = _expert_dots(w_e, s_e, rows, INTER, x_ptr, x_cols, col_live, sxs, sxt8, ku, H // PIECES, swr, ssr,
+        gate = _expert_dots(w_e, s_e, rows, INTER, x_ptr, x_cols, col_live, sxs, sxq, ku, H // PIECES, swr, ssr,
                             gate, parts, PIECES, PTX, SMALL, BLOCK_N, BLOCK_KU)
-        up = _expert_dots(w_e + INTER * swr, s_e + INTER * ssr, rows, INTER, x_ptr, x_cols, col_live, sxs, sxt8, ku,
+        up = _expert_dots(w_e + INTER * swr, s_e + INTER * ssr, rows, INTER, x_ptr, x_cols, col_live, sxs, sxq, ku,
                           H // PIECES, swr, ssr, up, parts, PIECES, PTX, SMALL, BLOCK_N, BLOCK_KU)
     gate = _per_pair(gate, BLOCK_N, BLOCK_M, SLOTS)
     up = _per_pair(up, BLOCK_N, BLOCK_M, SLOTS)
@@ -145,7 +145,7 @@ def _gate_up_kernel(x_ptr, tok_ptr, wt_ptr, blk_ptr, w_ptr, s_ptr, h_ptr, H, INT
     live = tl.load(tok_ptr + pairs) >= 0
     routed = tl.load(wt_ptr + pairs, mask=live, other=0.0)
     rest = gate / (1.0 + tl.exp(-gate)) * up * routed[None, :]
-    at = h_ptr + pairs[None, :] * shp + (rows % PIECES * sht + rows // PIECES)[:, None]  # the down projection's pieces
+    at = h_ptr + pairs[None, :] * shp + (rows % PIECES * shq + rows // PIECES)[:, None]  # the down projection's pieces
     for p in tl.static_range(SPLITS):
         part = rest.to(tl.bfloat16)
         tl.store(at + p * shs, part, mask=live[None, :] & (rows[:, None] < INTER))
@@ -154,7 +154,7 @@ def _gate_up_kernel(x_ptr, tok_ptr, wt_ptr, blk_ptr, w_ptr, s_ptr, h_ptr, H, INT
 
 @triton.jit
 def _down_kernel(h_ptr, tok_ptr, pair_ptr, blk_ptr, w_ptr, s_ptr, o_ptr, H, INTER,
-                 shs, sht, shp, swe, swr, sse, ssr, sop, soh,
+                 shs, shq, shp, swe, swr, sse, ssr, sop, soh,
                  SPLITS: tl.constexpr, SLOTS: tl.constexpr, PIECES: tl.constexpr, PTX: tl.constexpr,
                  SMALL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_KU: tl.constexpr):
     """Program (block of pairs, N tile): o^T[rows, pairs], stored at each pair's own row."""
@@ -169,7 +169,7 @@ def _down_kernel(h_ptr, tok_ptr, pair_ptr, blk_ptr, w_ptr, s_ptr, o_ptr, H, INTE
     acc = tl.zeros((BLOCK_N, BLOCK_M * SLOTS), dtype=tl.float32)
     parts: tl.constexpr = SPLITS if SLOTS == 1 else 1
     for ku in range(0, INTER // PIECES, BLOCK_KU):
-        acc = _expert_dots(w_e, s_e, rows, H, h_ptr, h_cols, col_live, shs, sht, ku, INTER // PIECES, swr, ssr, acc,
+        acc = _expert_dots(w_e, s_e, rows, H, h_ptr, h_cols, col_live, shs, shq, ku, INTER // PIECES, swr, ssr, acc,
                            parts, PIECES, PTX, SMALL, BLOCK_N, BLOCK_KU)
     acc = _per_pair(acc, BLOCK_N, BLOCK_M, SLOTS)
     # straight to the pair's own row of the output: no gather pass afterwards
