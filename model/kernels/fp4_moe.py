@@ -214,18 +214,72 @@ def block_height(pairs: int, experts: int) -> int:
     return 4 if per_expert < 2 else 16 if per_expert < 16 else 64 if per_expert < 256 else 128
 
 
+@triton.jit
+def _route_plan_kernel(idx_ptr, wt_ptr, tok_ptr, pair_ptr, routed_ptr, blk_ptr, P, E, K, ROWS, BLOCKS,
+                       BLOCK_M: tl.constexpr, PP: tl.constexpr, EP: tl.constexpr, RP: tl.constexpr,
+                       BP: tl.constexpr):
+    """RoutePlan in one program, for decode-sized batches (PP x EP fits a program's registers):
+    the ~40 small torch kernels of the general path were ~40 graph nodes per MoE layer. A pair's
+    row is its expert's first row plus its rank among that expert's pairs, in pair order (the
+    stable sort of the general path): a one-hot [experts, pairs] matrix and its running sums."""
+    p = tl.arange(0, PP)
+    live = p < P
+    ids = tl.load(idx_ptr + p, mask=live, other=E).to(tl.int32)  # E: another rank's expert, or none
+    experts = tl.arange(0, EP)
+    onehot = (ids[None, :] == experts[:, None]) & (experts[:, None] < E)
+    ones = onehot.to(tl.int32)
+    padded = (tl.sum(ones, axis=1) + BLOCK_M - 1) // BLOCK_M * BLOCK_M  # each expert's run, padded
+    ends = tl.cumsum(padded, axis=0)
+    rank = tl.sum(tl.where(onehot, tl.cumsum(ones, axis=1), 0), axis=0) - 1
+    dest = tl.sum(tl.where(onehot, (ends - padded)[:, None], 0), axis=0) + rank
+    rows = tl.arange(0, RP)
+    tl.store(tok_ptr + rows, tl.full((RP,), -1, tl.int32), mask=rows < ROWS)  # padding first
+    tl.store(pair_ptr + rows, tl.full((RP,), -1, tl.int32), mask=rows < ROWS)
+    tl.store(routed_ptr + rows, tl.zeros((RP,), tl.float32), mask=rows < ROWS)
+    tl.debug_barrier()
+    ours = live & (ids < E)
+    tl.store(tok_ptr + dest, p // K, mask=ours)
+    tl.store(pair_ptr + dest, p, mask=ours)
+    tl.store(routed_ptr + dest, tl.load(wt_ptr + p, mask=ours, other=0.0).to(tl.float32), mask=ours)
+    starts = tl.arange(0, BP) * BLOCK_M
+    owner = tl.sum((ends[:, None] <= starts[None, :]).to(tl.int32), axis=0)  # experts ending at or before
+    tl.store(blk_ptr + tl.arange(0, BP), tl.where(starts < tl.sum(padded, axis=0), owner, -1),
+             mask=tl.arange(0, BP) < BLOCKS)
+
+
+# Pairs x experts (both padded to powers of two) up to which one program builds the plan.
+ONE_PROGRAM_PLAN = 16384
+
+
 class RoutePlan:
     """The batch's (token, expert) pairs sorted by expert into blocks of `block_m` rows, in
     tensors of a size fixed by (pairs, experts, block_m) alone, built without a host sync:
     tokens / pair_ids / routed: per row the token, its pair (token*k + slot) and the routing
     weight, or -1 / -1 / 0 for padding; block_expert: per block its expert, -1 past the end.
-    Pairs whose expert id is E (another rank's) are left out."""
+    Pairs whose expert id is E (another rank's) are left out. Decode-sized batches take one
+    kernel (_route_plan_kernel), bigger ones torch; both give the same plan."""
 
-    def __init__(self, idx: torch.Tensor, weights: torch.Tensor, num_experts: int, block_m: int):
+    def __init__(self, idx: torch.Tensor, weights: torch.Tensor, num_experts: int, block_m: int,
+                 one_program: bool | None = None):
         E, dev = num_experts, idx.device
         k = idx.shape[1]
+        P = idx.numel()
+        self.rows = triton.cdiv(P + min(E, P) * (block_m - 1), block_m) * block_m  # every run padded
+        blocks = self.rows // block_m
+        PP, EP = triton.next_power_of_2(P), triton.next_power_of_2(E)
+        if one_program is None:
+            one_program = PP * EP <= ONE_PROGRAM_PLAN
+        if one_program:
+            self.tokens = torch.empty(self.rows, dtype=torch.int32, device=dev)
+            self.pair_ids = torch.empty(self.rows, dtype=torch.int32, device=dev)
+            self.routed = torch.empty(self.rows, dtype=torch.float32, device=dev)
+            self.block_expert = torch.empty(blocks, dtype=torch.int32, device=dev)
+            _route_plan_kernel[(1,)](idx.reshape(-1).contiguous(), weights.reshape(-1).contiguous(), self.tokens,
+                                     self.pair_ids, self.routed, self.block_expert, P, E, k, self.rows, blocks,
+                                     BLOCK_M=block_m, PP=PP, EP=EP, RP=triton.next_power_of_2(self.rows),
+                                     BP=triton.next_power_of_2(blocks))
+            return
         flat = idx.reshape(-1).long()
-        P = flat.numel()
         order = torch.argsort(flat, stable=True)
         counts = torch.zeros(E + 1, dtype=torch.long, device=dev).scatter_add_(0, flat, torch.ones_like(flat))[:E]
         padded = (counts + block_m - 1) // block_m * block_m
@@ -233,7 +287,6 @@ class RoutePlan:
         firsts = torch.cumsum(counts, 0) - counts
         sorted_experts = flat[order]
         expert = sorted_experts.clamp_max(E - 1)
-        self.rows = triton.cdiv(P + min(E, P) * (block_m - 1), block_m) * block_m  # every run padded
         rank = torch.arange(P, device=dev) - firsts[expert]
         dest = torch.where(sorted_experts < E, ends[expert] - padded[expert] + rank, self.rows)  # spare row
         self.tokens = self._scatter(dest, (order // k).to(torch.int32), -1)

@@ -13,7 +13,7 @@ from dsflash.kvcache.paged import PagedCache
 from dsflash.kvcache.pool import CachePool, plain_allocator
 from dsflash.model.fast_ops import TritonOps
 from dsflash.model.kernels.common import bf16_parts, e2m1_words, interpreting
-from dsflash.model.kernels.fp4_moe import fp4_moe, fp4_moe_ref
+from dsflash.model.kernels.fp4_moe import RoutePlan, fp4_moe, fp4_moe_ref
 from dsflash.model.kernels.fp8_gemm import bf16_gemm, fp32_gemm, fp8_gemm, fp8_gemm_ref, grouped_fp8_gemm
 from dsflash.model.kernels.hc_gates import hc_gates
 from dsflash.model.kernels.indexer_score import indexer_scores, indexer_scores_ref
@@ -227,3 +227,17 @@ def test_fast_path_reproduces_golden_logits(golden_dir, golden):
     share, agree = (d <= 1e-2).float().mean(), (logits.argmax(-1) == ref.argmax(-1)).float().mean()
     assert share >= 0.9 and agree == 1, f"max |d| {d.max():.3g}, share <= 1e-2 {share:.3f}, argmax agree {agree:.3f}"
     cache.release()
+
+
+@pytest.mark.parametrize("T, k, E, block_m", [(1, 6, 48, 4), (6, 6, 48, 4), (11, 3, 5, 16), (40, 6, 48, 16)])
+def test_route_plan_kernel_equals_the_torch_plan(T, k, E, block_m):
+    """The one-program plan (decode) and the torch one (any size) give the same rows, with
+    another rank's experts (id E) left out."""
+    g = _g(T)
+    idx = torch.stack([torch.randperm(E + 1, generator=g)[:k] for _ in range(T)])  # id E: not ours
+    weights = torch.rand(T, k, generator=g)
+    fast = RoutePlan(idx.to(DEVICE), weights.to(DEVICE), E, block_m, one_program=True)
+    ref = RoutePlan(idx.to(DEVICE), weights.to(DEVICE), E, block_m, one_program=False)
+    assert fast.rows == ref.rows
+    for name in ("tokens", "pair_ids", "routed", "block_expert"):
+        assert torch.equal(getattr(fast, name).cpu(), getattr(ref, name).cpu()), name
