@@ -2,8 +2,9 @@
 
 Same interface as ReferenceOps (layers ask `ops.fast` to pick kernel paths), same math:
 every kernel is checked against the reference it replaces (tests/model/test_kernels.py).
-- FP8 GEMMs decode their 32x32-block weights in registers (fp8_gemm); bf16-weight GEMMs
-  (router, compressor, indexer, heads) run on the same kernel (bf16_gemm);
+- FP8 GEMMs decode their 32x32-block weights in registers (fp8_gemm); at decode sizes the
+  bf16- and fp32-weight GEMMs (router, compressor, indexer, LM heads, mHC mixes) and the
+  block-diagonal wo_a run on the same transposed decode kernel;
 - routed experts run as two grouped GEMMs over packed FP4 weights (fp4_moe);
 - attention and indexer scoring read the paged cache's bytes in place (their layers call them);
 - the FP8/FP4 cache round trips run as one launch each (quantize), not ~25 small torch ops.
