@@ -219,6 +219,13 @@ def e2m1_words(words, exponents, PTX: tl.constexpr, SMALL: tl.constexpr):
     return values
 
 
+def scale_bytes_at_most(limit: int, *scales: torch.Tensor) -> bool:
+    """Whether every e8m0 scale byte of these tensors is at most `limit`, which decides if a
+    PTX decoder may scale with one multiply. Reads the bytes (a host sync): callers work it out
+    once per weight and keep the answer."""
+    return all(int(s.max()) <= limit for s in scales if s.numel())
+
+
 def bf16_parts(x: torch.Tensor, splits: int) -> torch.Tensor:
     """[splits, *x.shape] bf16 whose sum is x: each part rounds what the ones before left over
     (three parts carry fp32's 24 significant bits)."""

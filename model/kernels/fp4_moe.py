@@ -38,7 +38,7 @@ import triton
 import triton.language as tl
 
 from ..quant import dequantize_fp4_weight
-from .common import DOT, bf16_parts, e2m1_pairs, e2m1_words, interpreting
+from .common import DOT, bf16_parts, e2m1_pairs, e2m1_words, interpreting, scale_bytes_at_most
 
 
 def fp4_moe_ref(x, idx, weights, w13, s13, w2, s2, limit: float) -> torch.Tensor:
@@ -303,10 +303,9 @@ class RoutePlan:
 
 
 def small_scales(*scales: torch.Tensor) -> bool:
-    """Whether every e8m0 scale is at most 2 (byte <= 128): then the decoder needs one
-    multiply per value instead of two. Real checkpoints' scales are far below; this reads the
-    bytes once (a host sync), so callers keep the answer with the weights."""
-    return all(int(s.max()) <= 128 for s in scales if s.numel())
+    """Whether every scale is at most 2 (byte <= 128): then the decoder needs one multiply per
+    value instead of two. Real checkpoints' scales are far below."""
+    return scale_bytes_at_most(128, *scales)
 
 
 def fp4_moe(x, idx, weights, w13, s13, w2, s2, limit: float, block_m: int | None = None,

@@ -17,7 +17,8 @@ import triton
 import triton.language as tl
 
 from ..quant import dequantize_fp8_weight, fake_quant_fp8
-from .common import DOT, bf16_parts, dot_exact_lhs, dot_exact_rhs, e4m3_to_float, e4m3_words, interpreting
+from .common import (DOT, bf16_parts, dot_exact_lhs, dot_exact_rhs, e4m3_to_float, e4m3_words, interpreting,
+                     scale_bytes_at_most)
 
 
 def fp8_gemm_ref(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, act_quant: bool = False) -> torch.Tensor:
@@ -169,9 +170,9 @@ TILES = {  # block_m: launch shape
 
 
 def small_fp8_scales(scales: torch.Tensor) -> bool:
-    """Whether every e8m0 scale byte is at most 134 (scale <= 2^7), so that the weight decodes
-    by integer ops and one multiply. Reads the bytes (a host sync): callers keep the answer."""
-    return scales.numel() == 0 or int(scales.max()) <= 134
+    """Whether every scale is at most 2^7 (byte <= 134): then the decode kernel's weight decodes
+    by integer ops and one multiply."""
+    return scale_bytes_at_most(134, scales)
 
 
 def fp8_gemm(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, act_quant: bool = False,
