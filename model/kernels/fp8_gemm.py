@@ -30,7 +30,8 @@ def fp8_gemm_ref(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, act
 @triton.jit
 def _fp8_gemm_kernel(x_ptr, w_ptr, s_ptr, y_ptr, M, N, K, K_PER_SPLIT,
                      sxp, sxm, sxk, swn, swk, ssn, ssk, sys, sym, syn,
-                     PARTS: tl.constexpr, GROUP_ROWS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                     PARTS: tl.constexpr, GROUP_ROWS: tl.constexpr,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                      HW_FP8: tl.constexpr, FP8_WEIGHT: tl.constexpr):
     """One (M, N) tile over one K range (split-K: the ranges' partial sums are added after).
     The weight is e4m3 codes with e8m0 block scales, or (FP8_WEIGHT off) plain bf16. x comes
@@ -109,8 +110,10 @@ def _skinny_kernel(x_ptr, w_ptr, s_ptr, y_ptr, M, N, K, K_PER_SPLIT,
     the few activation rows the right one, read transposed and cut into parts once. FP8
     codes are read four at a time (int32 words) and decoded as four tiles, one per place in
     the word, so that each output register is the bf16 pair a tensor-core operand holds; bf16
-    and fp32 weights are read as they are. Rows past N or M re-read the last real one instead of masking every load (their sums are
-    not stored); EVEN_K: K is a multiple of BLOCK_K, no column masks either."""
+    and fp32 weights are read as they are. Rows past N or M re-read the last real one instead
+    of masking every load (their sums are not stored); EVEN_K: K is a multiple of BLOCK_K, no
+    column masks either. GROUP_ROWS > 0: a block-diagonal weight, each GROUP_ROWS rows applied
+    to their own K columns of x."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -146,7 +149,8 @@ def _skinny_kernel(x_ptr, w_ptr, s_ptr, y_ptr, M, N, K, K_PER_SPLIT,
             if not PTX:
                 w = w.to(tl.float32)
             acc = _dot_columns(w, x_ptr, xm, kk, K, sxm, sxk, acc, SPLIT, PTX, EVEN_K)
-    tl.store(y_ptr + pid_k * sys + rm[None, :] * sym + rn[:, None] * syn, acc, mask=(rm[None, :] < M) & (rn[:, None] < N))
+    tl.store(y_ptr + pid_k * sys + rm[None, :] * sym + rn[:, None] * syn, acc,
+             mask=(rm[None, :] < M) & (rn[:, None] < N))
 
 
 def tiles_for(m: int, fp8: bool = True) -> dict:
@@ -265,11 +269,11 @@ def _gemm(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor | None, ti
     parts = x[None] if interpreting() or x.dtype == torch.bfloat16 else bf16_parts(x, 3)
     y = torch.empty(splits, M, N, dtype=torch.float32, device=x.device)
     grid = (triton.cdiv(M, block_m), triton.cdiv(N, block_n), splits)
-    scale_args = (scales, scales.stride(0), scales.stride(1)) if fp8 else (weight, 0, 0)
-    _fp8_gemm_kernel[grid](parts, weight, scale_args[0], y, M, N, K, per_split, *parts.stride(), weight.stride(0),
-                           weight.stride(1), *scale_args[1:], *y.stride(), PARTS=parts.shape[0],
+    scale_ptr, ssn, ssk = _scale_args(weight, scales)
+    _fp8_gemm_kernel[grid](parts, weight, scale_ptr, y, M, N, K, per_split, *parts.stride(), weight.stride(0),
+                           weight.stride(1), ssn, ssk, *y.stride(), PARTS=parts.shape[0],
                            GROUP_ROWS=group_rows, HW_FP8=not interpreting(), FP8_WEIGHT=fp8, **tiles)
-    return y[0] if splits == 1 else y.sum(dim=0)
+    return _sum_splits(y)
 
 
 def _skinny(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor | None, small: bool,
@@ -285,9 +289,20 @@ def _skinny(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor | None, 
     splits, per_split = _split_k(K, tiles["BLOCK_K"], triton.cdiv(N, tiles["BLOCK_N"]))
     y = torch.empty(splits, M, N, dtype=torch.float32, device=x.device)
     w = weight.view(torch.int32) if fp8 else weight
-    scale_args = (scales, scales.stride(0), scales.stride(1)) if fp8 else (weight, 0, 0)
+    scale_ptr, ssn, ssk = _scale_args(weight, scales)
     _skinny_kernel[(triton.cdiv(N, tiles["BLOCK_N"]), splits)](
-        x, w, scale_args[0], y, M, N, K, per_split, x.stride(0), x.stride(1), w.stride(0), *scale_args[1:], *y.stride(),
+        x, w, scale_ptr, y, M, N, K, per_split, x.stride(0), x.stride(1), w.stride(0), ssn, ssk, *y.stride(),
         FP8_WEIGHT=fp8, SMALL=small, SPLIT=x.dtype != torch.bfloat16, PTX=not interpreting(),
         EVEN_K=K % tiles["BLOCK_K"] == 0, GROUP_ROWS=group_rows, **tiles)
-    return y[0] if splits == 1 else y.sum(dim=0)
+    return _sum_splits(y)
+
+
+def _scale_args(weight: torch.Tensor, scales: torch.Tensor | None) -> tuple:
+    """A kernel's scale pointer and strides; a bf16 or fp32 weight has none (the kernel's
+    FP8_WEIGHT branch never reads them)."""
+    return (scales, scales.stride(0), scales.stride(1)) if scales is not None else (weight, 0, 0)
+
+
+def _sum_splits(y: torch.Tensor) -> torch.Tensor:
+    """[splits, M, N] partial sums over K ranges -> [M, N]."""
+    return y[0] if y.shape[0] == 1 else y.sum(dim=0)
