@@ -18,6 +18,10 @@ memcpy + memcmp block by block (what shm does per block), and raw TCP with block
 both ends (what tcp adds per slice).
 The transports move a large batch as --streams parallel stripes (TransportConfig.streams):
 for tcp a third baseline, raw TCP over as many connections, shows what that alone buys.
+tcp runs twice per round: with every block's checksum sealed on the sending side, as a KV
+pool seals a page when prefill fills it (the sender then reads each byte once, in the
+kernel's copy), and with no seals (", no seals": the sender sums each block as it sends it).
+The receiver always sums what landed.
 "x baseline" is best transfer / best baseline; the target is >= 0.8. After the rounds the
 decode side digests a few blocks to confirm the bytes really arrived.
 """
@@ -49,6 +53,7 @@ GIB = 1 << 30
 RAW_CHUNK = 4 << 20
 DECODE_ENGINES = ("tcp", "shm")  # order of the child's engines
 RAW_STREAMS = "raw TCP, as many streams as stripes"
+SUMMED_AS_SENT = ", no seals"  # the sender sums each block as it sends it
 
 
 def _config(streams: int = 2) -> TransportConfig:
@@ -107,11 +112,25 @@ def decode_side(pipe, nbytes: int) -> None:
         if command[0] == "raw":  # ("raw", summed, streams)
             _raw_receiver(listener, raw, command[1], command[2])
             pipe.send("done")
+        elif command[0] in ("seal", "unseal"):  # (command, [(offset, length), ...]) on tcp's segment
+            set_seals(engines[0], command[1], command[0] == "seal")
+            pipe.send("done")
         elif command[0] == "digest":  # ("digest", kind index, [(offset, length), ...])
             data = engines[command[1]].segment("kv").numpy()
             pipe.send([hashlib.sha256(data[o:o + n]).hexdigest() for o, n in command[2]])
     for engine in engines:
         engine.close()
+
+
+def set_seals(engine, spans: list[tuple[int, int]], sealed: bool) -> None:
+    """Seal (or drop) the checksums of these blocks of segment "kv", as a KV pool does when
+    a page fills: a sender then sends the sums instead of reading the bytes twice."""
+    data = engine.segment("kv").numpy()
+    for offset, length in spans:
+        if sealed:
+            engine.sealed.seal("kv", offset, data[offset:offset + length])
+        else:
+            engine.sealed.drop("kv", [offset])
 
 
 # ---------------------------------------------------------------- prefill side (this process)
@@ -162,6 +181,13 @@ def raw_tcp_rate(pipe, port: int, payload: np.ndarray, summed: bool = False, str
     return len(payload) / elapsed
 
 
+def tcp_seals(engine, pipe, requests: list[TransferRequest], sealed: bool) -> None:
+    """Seal (or unseal) every block on both sides: ours for writes, the peer's for reads."""
+    set_seals(engine, [(r.local_offset, r.length) for r in requests], sealed)
+    pipe.send(("seal" if sealed else "unseal", [(r.peer_offset, r.length) for r in requests]))
+    assert pipe.recv() == "done"
+
+
 async def batch_rate(call, peer, requests, nbytes: int) -> float:
     start = time.perf_counter()
     await call(peer, requests)
@@ -204,7 +230,8 @@ async def measure(args, pipe, endpoints, raw_port, requests, nbytes) -> Figures:
         engine.allocate_segment("kv", nbytes).numpy()[:] = source
         endpoint = kvcache_pb2.TransportEndpoint.FromString(endpoints[kind])
         peers[kind] = await engine.connect(endpoint)
-        await engine.write_batch(peers[kind], requests[:8])  # warm connections and threads
+        await engine.write_batch(peers[kind], requests)  # warm connections and threads; the
+        # peer's blocks now hold the bytes its read rounds send back (and seal)
     try:
         for _ in range(args.repeat):
             if "shm" in peers:
@@ -219,9 +246,12 @@ async def measure(args, pipe, endpoints, raw_port, requests, nbytes) -> Figures:
                 figures.add("raw TCP + checksum at both ends", raw_tcp_rate(pipe, raw_port, source, True))
                 if args.streams > 1:
                     figures.add(RAW_STREAMS, raw_tcp_rate(pipe, raw_port, source, streams=args.streams))
-                for op in ("write", "read"):
-                    call = getattr(engines["tcp"], f"{op}_batch")
-                    figures.add(f"tcp {op}_batch", await batch_rate(call, peers["tcp"], requests, nbytes))
+                for sealed in (True, False):  # the sender's sums sealed when the pages filled, or taken as sent
+                    tcp_seals(engines["tcp"], pipe, requests, sealed)
+                    for op in ("write", "read"):
+                        call = getattr(engines["tcp"], f"{op}_batch")
+                        figures.add(f"tcp {op}_batch{'' if sealed else SUMMED_AS_SENT}",
+                                    await batch_rate(call, peers["tcp"], requests, nbytes))
         for kind in peers:  # the last write landed where the plan says
             await engines[kind].write_batch(peers[kind], requests)
             sample = requests[:: max(1, len(requests) // 8)]
@@ -281,9 +311,10 @@ def main() -> None:
         if args.streams > 1:
             print(figures.line(RAW_STREAMS, "raw TCP (sendall -> recv_into)"))
         for op in ("write", "read"):
-            print(figures.line(f"tcp {op}_batch", "raw TCP (sendall -> recv_into)"))
-            if args.streams > 1:
-                print(figures.line(f"tcp {op}_batch", RAW_STREAMS, label=""))
+            for name in (f"tcp {op}_batch", f"tcp {op}_batch{SUMMED_AS_SENT}"):
+                print(figures.line(name, "raw TCP (sendall -> recv_into)"))
+                if args.streams > 1:
+                    print(figures.line(name, RAW_STREAMS, label=""))
 
 
 if __name__ == "__main__":

@@ -77,6 +77,7 @@ class Conversations:
 
     def keep(self, conversation_id: str, cache, tokens: list[int]) -> None:
         """Engine thread: a turn finished; its cache now belongs to the conversation."""
+        cache.seal_full_pages()  # the next turn may fetch it from another worker: sums ready
         entry = ConversationEntry(conversation_id, cache, list(tokens))
         self.cache.put(entry)
         self._spawn(self._claim(entry))

@@ -45,6 +45,7 @@ class PagedCache(SequenceCache):
         self.page_table: dict[int, list[int]] = {s: [] for s in layout.sources}
         self._tables: dict[int, torch.Tensor] = {}  # page_table on the pool's device, rebuilt when it changes
         self.counts = {s: 0 for s in layout.sources}
+        self._sealed = {s: 0 for s in layout.sources}  # leading pages whose checksums are sealed
         self.tail_lengths = {s: 0 for s in layout.tail_offsets()}
         self._keys: dict[int, torch.Tensor] = {}  # dequantized index keys, extended as entries arrive
         self.released = False
@@ -142,6 +143,23 @@ class PagedCache(SequenceCache):
 
     def _truncate_entries(self, source, count):
         self.counts[source] = min(self.counts[source], count)
+        self._unseal_from(source, self.counts[source] // self.layout.page_entries)
+
+    # ------------------------------------------------------------ sealed page checksums
+
+    def seal_full_pages(self) -> None:
+        """Seal the checksums of pages that filled up since the last call: their bytes are
+        final (entries are only appended), so a transfer sends them without summing them."""
+        for source, table in self.page_table.items():
+            full = min(self.counts[source] // self.layout.page_entries, len(table))
+            if full > self._sealed[source]:
+                self.pool.seal_pages(table[self._sealed[source]:full])
+                self._sealed[source] = full
+
+    def _unseal_from(self, source: int, first_page: int) -> None:
+        if self._sealed[source] > first_page:
+            self.pool.unseal_pages(self.page_table[source][first_page:self._sealed[source]])
+            self._sealed[source] = first_page
 
     # ------------------------------------------------------------ byte offsets (kernels read the pool)
 
@@ -194,9 +212,10 @@ class PagedCache(SequenceCache):
         """Give the pages and the slot back (idempotent)."""
         if self.released:
             return
-        for table in self.page_table.values():
-            self.pool.free_pages(table)
+        for source, table in self.page_table.items():
+            self.pool.free_pages(table)  # drops their seals
             table.clear()
+            self._sealed[source] = 0
         self._tables.clear()
         self.pool.free_slot(self.slot)
         self.released = True
@@ -279,8 +298,10 @@ class PagedCache(SequenceCache):
         self.bytes_changed()
 
     def bytes_changed(self) -> None:
-        """The pool bytes were written from outside (a transfer): drop derived copies."""
+        """The pool bytes were written from outside (a transfer): drop derived copies and seals."""
         self._keys.clear()
+        for source in self.layout.sources:
+            self._unseal_from(source, 0)
 
     @classmethod
     def deserialize(cls, pool: CachePool, config: ModelConfig, desc: CacheDescriptor,

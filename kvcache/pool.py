@@ -16,6 +16,7 @@ from collections.abc import Callable
 import torch
 
 from .layout import CacheLayout
+from .transport.checksum import SealedSums
 
 
 class PoolExhausted(RuntimeError):
@@ -57,8 +58,11 @@ def plain_allocator(device: str | torch.device = "cpu", pin: bool = False) -> Al
 
 class CachePool:
     def __init__(self, layout: CacheLayout, num_pages: int, num_slots: int, allocate: Allocator | None = None,
-                 name: str = "kv"):
+                 name: str = "kv", sealed: SealedSums | None = None):
         self.layout = layout
+        # Checksums of full pages, taken as they fill (a transfer then sends them without a
+        # second read): only for host memory that a transfer engine sends from.
+        self.sealed = sealed
         allocate = allocate or plain_allocator()
         # Segment names: peers address this memory as (segment, offset) through a transfer engine.
         self.pages_segment, self.slots_segment = f"{name}-pages", f"{name}-slots"
@@ -72,10 +76,10 @@ class CachePool:
 
     @classmethod
     def sized(cls, layout: CacheLayout, nbytes: int, max_requests: int, allocate: Allocator | None = None,
-              name: str = "kv") -> "CachePool":
+              name: str = "kv", sealed: SealedSums | None = None) -> "CachePool":
         """A pool using about `nbytes`: slots for `max_requests`, the rest as pages."""
         pages = max(1, (nbytes - max_requests * layout.slot_bytes) // layout.page_bytes)
-        return cls(layout, int(pages), max_requests, allocate, name)
+        return cls(layout, int(pages), max_requests, allocate, name, sealed)
 
     # ------------------------------------------------------------ allocation
 
@@ -83,7 +87,21 @@ class CachePool:
         return self._pages.take(n)
 
     def free_pages(self, ids: list[int]) -> None:
+        self.unseal_pages(ids)
         self._pages.give(ids)
+
+    def seal_pages(self, ids: list[int]) -> None:
+        """Record the checksums of pages whose bytes are final (see transport.SealedSums)."""
+        if self.sealed is None or not ids:
+            return
+        pages, size = self.pages_buffer.numpy(), self.layout.page_bytes
+        for page in ids:
+            self.sealed.seal(self.pages_segment, page * size, pages[page * size: (page + 1) * size])
+
+    def unseal_pages(self, ids: list[int]) -> None:
+        """Before sealed pages are written again (freed, or a cache cut back into them)."""
+        if self.sealed is not None and ids:
+            self.sealed.drop(self.pages_segment, (page * self.layout.page_bytes for page in ids))
 
     def allocate_slot(self) -> int:
         slot = self._slots.take(1)[0]

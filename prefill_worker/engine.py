@@ -128,6 +128,7 @@ class PrefillEngine:
         done = []
         for chunk in chunks:
             request = self.requests[chunk.request_id]
+            request.cache.seal_full_pages()  # while the chunk's pages are warm; a handoff sends them as is
             if request.job.finished:
                 request.output, request.status = request.job.output, PrefillStatus.FINISHED
                 request.finished_s = time.monotonic()

@@ -117,7 +117,7 @@ class WorkerRuntime:
         self.transfer = open_engines(config, s.kv_transports, tcp_host=_bind_host(s.host),
                                      advertise_host=s.advertise_host, faults=s.faults)
         self.pool = CachePool.sized(self.layout, s.pool_bytes, s.max_requests, self.transfer.allocate_segment,
-                                    name=f"{s.role}-kv")
+                                    name=f"{s.role}-kv", sealed=self.transfer.sealed)
         m, pool = self.metrics, self.pool
         m.kv_free_bytes.labels(s.role).set_function(lambda: pool.free_page_count * pool.layout.page_bytes)
         m.degraded.labels(s.role).set_function(lambda: float(bool(getattr(self.directory, "is_degraded", False))))

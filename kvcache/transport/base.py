@@ -33,6 +33,7 @@ import torch
 
 from .batch import (BatchPlan, BatchRecord, TransferOp, TransferReceipt, TransferRequest,
                     TransferState, plan_batch)
+from .checksum import SealedSums
 from .errors import (ChecksumMismatch, EngineClosed, IncompatiblePeer, InvalidRequest, PeerUnreachable,
                      TransferError, TransferTimeout, TransportUnavailable)
 from .faults import BatchFaults, FaultInjector, FaultPlan
@@ -144,6 +145,11 @@ class TransferEngine(ABC):
 
     def segment(self, name: str) -> torch.Tensor:
         return self._segments.get(name).tensor
+
+    @property
+    def sealed(self) -> SealedSums:
+        """Checksums of final bytes in our segments: sending those regions reads them once."""
+        return self._segments.sealed
 
     def _register_segment(self, segment: Segment) -> None:
         """Transports that must register memory with hardware do it here (rdma.py)."""

@@ -115,6 +115,11 @@ class BatchPlan:
         return [self.local.view(p.local_segment, p.local_offset, p.length)
                 for p in (self.pieces if pieces is None else pieces)]
 
+    def local_sums(self, pieces: list[TransferRequest] | None = None) -> list[int | None]:
+        """Sealed checksums of our side of each piece (what a sender need not compute)."""
+        return self.local.sealed_sums([(p.local_segment, p.local_offset, p.length)
+                                       for p in (self.pieces if pieces is None else pieces)])
+
     def stripes(self, parts: int, min_bytes: int) -> list[BatchPlan]:
         """The batch as up to `parts` sub-batches of near-equal size (none under `min_bytes`)
         that move side by side, each on its own connection or thread: one loopback TCP stream

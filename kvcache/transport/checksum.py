@@ -22,6 +22,9 @@ construct; this is an integrity check against bugs and faults, not an authentica
 
 from __future__ import annotations
 
+import threading
+from typing import Iterable, NamedTuple
+
 import numpy as np
 
 from .errors import ChecksumMismatch
@@ -58,16 +61,18 @@ class Checksum:
     in such steps); `digest()` may be called at any time.
     """
 
-    __slots__ = ("_next_block", "_value", "_finished")
+    __slots__ = ("_next_block", "_value", "_total", "_finished")
 
     def __init__(self) -> None:
         self._next_block = 0
         self._value = 0
+        self._total = 0  # sum_j S_j: what placing these bytes later in a region adds (see Sealed)
         self._finished = False
 
     def _add(self, first_block: int, total: int, weighted: int) -> None:
         # sum_j S_j * (2(first+j) + 1) * G  ==  G * ((2 first + 1) * sum S_j + 2 * sum j S_j)
         self._value = (self._value + _GOLDEN * ((2 * first_block + 1) * total + 2 * weighted)) & _MASK64
+        self._total = (self._total + total) & _MASK64
 
     def update(self, data: np.ndarray) -> None:
         if self._finished:
@@ -90,6 +95,9 @@ class Checksum:
     def digest(self) -> int:
         return self._value
 
+    def sealed(self, length: int) -> Sealed:
+        return Sealed(length, self._value, self._total)
+
 
 def checksum(data: np.ndarray) -> int:
     """blocksum64 of a whole region in one call (tests, callers caching source checksums)."""
@@ -98,17 +106,92 @@ def checksum(data: np.ndarray) -> int:
     return c.digest()
 
 
+class Sealed(NamedTuple):
+    """A region's checksum taken ahead of time, with what it needs to be joined to others."""
+
+    length: int
+    value: int
+    total: int  # sum of its block sums
+
+    def then(self, later: Sealed) -> Sealed:
+        """The checksum of this region's bytes followed by `later`'s. Exact only when this
+        region is whole 4 KiB blocks: `later`'s block j becomes block k + j, and its weight
+        (2(k + j) + 1) G is its own plus 2 k G."""
+        blocks = self.length // BLOCK_BYTES
+        return Sealed(self.length + later.length,
+                      (self.value + later.value + 2 * blocks * _GOLDEN * later.total) & _MASK64,
+                      (self.total + later.total) & _MASK64)
+
+
+def seal(data: np.ndarray) -> Sealed:
+    c = Checksum()
+    c.update(data)
+    return c.sealed(len(data))
+
+
+class SealedSums:
+    """Checksums of local regions whose bytes are final, taken when they became final (a KV
+    page as prefill fills it), so that a transfer sending them reads no byte twice.
+
+    A sender looks a piece up by (segment, offset, length): an exact seal, or seals laid end
+    to end whose lengths (all but the last) are whole 4 KiB blocks. Anything else is summed
+    while it is sent, as without seals. Whoever writes sealed bytes must drop the seal first
+    (the KV pool does, when a page is freed or a cache is cut back); a seal left stale can
+    only make the receiver's check fail, which means recompute, never accepted corruption.
+    """
+
+    def __init__(self) -> None:
+        self._seals: dict[str, dict[int, Sealed]] = {}
+        self._lock = threading.Lock()  # the pool seals on its thread, transfers look up on theirs
+
+    def seal(self, segment: str, offset: int, data: np.ndarray) -> None:
+        sealed = seal(data)
+        with self._lock:
+            self._seals.setdefault(segment, {})[offset] = sealed
+
+    def drop(self, segment: str, offsets: Iterable[int]) -> None:
+        with self._lock:
+            seals = self._seals.get(segment)
+            if seals:
+                for offset in offsets:
+                    seals.pop(offset, None)
+
+    def lookup(self, segment: str, offset: int, length: int) -> int | None:
+        """The checksum of [offset, offset + length) if seals cover it exactly, else None."""
+        with self._lock:
+            seals = self._seals.get(segment)
+            if not seals:
+                return None
+            joined, end = None, offset + length
+            while offset < end:
+                part = seals.get(offset)
+                if part is None or offset + part.length > end:
+                    return None
+                if joined is not None and joined.length % BLOCK_BYTES:
+                    return None
+                joined = part if joined is None else joined.then(part)
+                offset += part.length
+            return joined.value
+
+    def __len__(self) -> int:
+        with self._lock:
+            return sum(len(seals) for seals in self._seals.values())
+
+
 class StreamChecksums:
     """Checksums of a batch's regions laid end to end as one byte stream.
 
     `advance(pos)` sums every complete 4 KiB block (and every finished region's short tail)
     below stream position `pos` that is not summed yet. Transports call it right after a
     chunk lands (receiver) or right before it leaves (sender), while the chunk is in cache.
+    A sender passes the sealed sums it has (`known`, None where it has none): those regions
+    are not read again.
     """
 
-    def __init__(self, views: list[np.ndarray]):
+    def __init__(self, views: list[np.ndarray], known: list[int | None] | None = None):
         self._views = views
         self._sums = [Checksum() for _ in views]
+        self._known = known or [None] * len(views)  # sealed sums: those regions are not read
         self._region = 0
         self._region_start = 0  # stream position of the current region's first byte
         self._summed = 0  # bytes of the current region already summed
@@ -119,7 +202,7 @@ class StreamChecksums:
             view = self._views[self._region]
             available = min(pos - self._region_start, len(view))
             end = available if available == len(view) else available // BLOCK_BYTES * BLOCK_BYTES
-            if end > self._summed:
+            if end > self._summed and self._known[self._region] is None:
                 self._sums[self._region].update(view[self._summed:end])
                 self._summed = end
             if end < len(view):
@@ -130,7 +213,7 @@ class StreamChecksums:
 
     def finish(self) -> list[int]:
         self.advance(self.total_bytes)
-        return [c.digest() for c in self._sums]
+        return [c.digest() if k is None else k for c, k in zip(self._sums, self._known)]
 
 
 def check_verdict(expected: list[int], actual: list[int]) -> None:

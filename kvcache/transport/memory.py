@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from .checksum import SealedSums
 from .errors import InvalidRequest
 from ...v1 import kvcache_pb2
 
@@ -152,6 +153,7 @@ class SegmentTable:
         self._allocate = allocate_shared if shared else allocate_private
         self._segments: dict[str, Segment] = {}
         self._lock = threading.Lock()
+        self.sealed = SealedSums()  # checksums of final bytes, which senders need not re-read
 
     def allocate(self, name: str, nbytes: int) -> Segment:
         if not name or len(name) > MAX_NAME_CHARS:
@@ -180,6 +182,14 @@ class SegmentTable:
         if reject_overlap:
             reject_overlaps([(r.segment, r.offset, r.offset + r.length) for r in regions])
         return views
+
+    def sealed_sums(self, spans: list[tuple[str, int, int]]) -> list[int | None]:
+        """The sealed checksum of each (segment, offset, length) span we send, None if unsealed."""
+        return [self.sealed.lookup(*span) for span in spans]
+
+    def sealed_sums_for(self, regions) -> list[int | None]:
+        """sealed_sums of a peer-sent region list (pb.Region) that we answer by sending."""
+        return self.sealed_sums([(r.segment, r.offset, r.length) for r in regions])
 
     def add(self, segment: Segment) -> bool:
         """Adopt a segment made elsewhere (a peer's mapping); False if the name is taken."""

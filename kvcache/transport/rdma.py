@@ -125,6 +125,7 @@ class _Part:
     views: list[np.ndarray]  # local side
     regions: list[pb.Region]  # peer side
     pos: int  # stream offset of the first byte within the whole batch (for faults)
+    known: list[int | None]  # sealed checksums of the local side (a writer need not sum those)
 
     @property
     def num_bytes(self) -> int:
@@ -265,7 +266,7 @@ class RdmaTransferEngine(TransferEngine):
             pos = 0
             for first in range(0, len(plan.pieces), _MAX_REGIONS):
                 pieces = plan.pieces[first:first + _MAX_REGIONS]
-                part = _Part(plan.local_views(pieces), plan.regions(pieces), pos)
+                part = _Part(plan.local_views(pieces), plan.regions(pieces), pos, plan.local_sums(pieces))
                 header = pb.BatchHeader(batch_id=record.batch_id, op=plan.op, regions=part.regions,
                                         total_bytes=part.num_bytes)
                 if plan.op is TransferOp.WRITE:
@@ -321,7 +322,7 @@ class RdmaTransferEngine(TransferEngine):
 
     def _write(self, peer: RdmaPeer, header: pb.BatchHeader, part: _Part, faults: BatchFaults,
                deadline: Deadline) -> None:
-        sums = StreamChecksums(part.views)
+        sums = StreamChecksums(part.views, part.known)
         self._post(peer, part, True, faults, deadline, sums)
         self._corrupt(peer, part, True, faults, deadline)
         peer.conn.send(deadline, header=header)
@@ -413,7 +414,9 @@ class RdmaTransferEngine(TransferEngine):
             if header is None:
                 raise InvalidRequest("trailer without a write header")
             views = self._segments.views_for(header.regions, reject_overlap=not is_read)
-            sums = StreamChecksums(views).finish()
+            known = (self._segments.sealed_sums_for(header.regions)
+                     if is_read else None)  # what we send may be sealed; what landed must be summed
+            sums = StreamChecksums(views, known).finish()
             if not is_read:
                 check_verdict(list(body.checksums), sums)
         except TransferError as exc:

@@ -5,7 +5,8 @@ compatibility hash, incarnation), then carries batches one at a time:
   write: caller -> BatchHeader, payload, BatchTrailer(checksums);  peer -> BatchAck
   read:  caller -> BatchHeader;  peer -> BatchAck, payload, BatchTrailer(checksums)
 The receiving side recv_into's the payload straight into the registered segment at the
-requested offset and verifies the trailer; the sender's checksums were taken as it sent.
+requested offset and verifies the trailer; the sender's checksums were taken as it sent, or
+earlier, when the bytes became final (SealedSums).
 A peer that refuses a write header still drains the payload so the connection stays usable.
 """
 
@@ -124,7 +125,8 @@ class TcpTransferEngine(TransferEngine):
             send_frame(sock, header=header)
             faults.stall(deadline)
             if plan.op is TransferOp.WRITE:
-                sums = send_payload(sock, plan.local_views(), chunk, faults, deadline, stall_s)
+                sums = send_payload(sock, plan.local_views(), chunk, faults, deadline, stall_s,
+                                    plan.local_sums())
                 send_frame(sock, trailer=pb.BatchTrailer(checksums=sums))
                 record.advance(TransferState.VERIFYING)
                 sock.settimeout(deadline.wait_s(stall_s))
@@ -193,5 +195,6 @@ class TcpTransferEngine(TransferEngine):
                                              message=str(exc)))
             return
         send_frame(sock, ack=pb.BatchAck(batch_id=header.batch_id, status=pb.TRANSFER_STATUS_OK))
-        sums = send_payload(sock, views, chunk, NO_FAULTS, deadline, stall_s)
+        known = self._segments.sealed_sums_for(header.regions)
+        sums = send_payload(sock, views, chunk, NO_FAULTS, deadline, stall_s, known)
         send_frame(sock, trailer=pb.BatchTrailer(checksums=sums))

@@ -5,7 +5,10 @@ import torch
 
 from dsflash.decode_worker.request import DecodeRequest
 from dsflash.decode_worker.sampling import SamplingParams
+from dsflash.kvcache.layout import CacheLayout
 from dsflash.kvcache.paged import PagedCache
+from dsflash.kvcache.pool import CachePool
+from dsflash.kvcache.transport.checksum import SealedSums, checksum
 from dsflash.prefill_worker.engine import PrefillEngine, PrefillEngineConfig, PrefillError, PrefillRequest
 from dsflash.prefill_worker.scheduler import PrefillSchedulerConfig
 
@@ -72,6 +75,25 @@ def test_ced_option_close_to_exact(golden_model, golden):
     ref = golden[3]["logits"][-1]
     assert (out.output.logits - ref).abs().max() < 0.5 and int(out.output.logits.argmax()) == int(ref.argmax())
     out.cache.release()
+
+
+def test_pages_are_sealed_as_chunks_fill_them(golden_model, golden):
+    """Each step seals the pages its chunk filled, so a handoff sends sums it already has."""
+    layout = CacheLayout.for_model(golden_model.config, page_entries=8)
+    pool = CachePool(layout, 600, 4, sealed=SealedSums())
+    engine = PrefillEngine(golden_model, pool, _config(budget=64, chunk=32))
+    engine.add(PrefillRequest("r", golden[3]["input_ids"].tolist()))
+    engine.step()
+    after_one_chunk = len(pool.sealed)
+    done, _ = _drain(engine)
+    cache, pages = done["r"].cache, pool.pages_buffer.numpy()
+    full = [p for s, t in cache.page_table.items() for p in t[:cache.counts[s] // layout.page_entries]]
+    assert 0 < after_one_chunk < len(full) == len(pool.sealed)
+    for page in full:
+        span = (page * layout.page_bytes, layout.page_bytes)
+        assert pool.sealed.lookup(pool.pages_segment, *span) == checksum(pages[span[0]:span[0] + span[1]])
+    cache.release()
+    assert len(pool.sealed) == 0
 
 
 def test_never_fitting_and_invalid_prompts_are_refused(golden_model):

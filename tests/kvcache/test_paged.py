@@ -8,6 +8,7 @@ from dsflash.kvcache.layout import CacheLayout
 from dsflash.kvcache.paged import PagedCache
 from dsflash.kvcache.pool import CachePool, PoolExhausted
 from dsflash.kvcache.state import DenseCache
+from dsflash.kvcache.transport.checksum import SealedSums, checksum
 from dsflash.model.checkpoint_writer import preset_config
 from dsflash.model.config import ModelConfig
 from dsflash.model.runner import prompt_logits, step
@@ -51,6 +52,40 @@ def test_serialize_copy_and_rollback_are_exact(golden_model, golden):
     for c in (cache, moved, restored):
         c.release()
     assert pool.is_empty() and other.is_empty()
+
+
+def test_full_pages_are_sealed_and_unsealed_before_they_change(golden_model, golden):
+    """Sealed = a page's checksum taken when it filled; every way a page can be written again
+    (cut back, written from outside, freed) drops the seal first."""
+    layout = CacheLayout.for_model(golden_model.config, page_entries=8)
+    pool = CachePool(layout, 400, 2, sealed=SealedSums())
+    ids = golden[2]["input_ids"]
+    pages = pool.pages_buffer.numpy()
+
+    def sealed_pages(cache):
+        return {s: [p for p in t if pool.sealed.lookup(pool.pages_segment, p * layout.page_bytes, layout.page_bytes)
+                    is not None] for s, t in cache.page_table.items()}
+
+    with torch.inference_mode():
+        cache = PagedCache(pool, golden_model.config)
+        step(golden_model, [cache], [ids[:77]])
+        cache.seal_full_pages()
+        for source, table in cache.page_table.items():
+            full = table[:cache.counts[source] // layout.page_entries]
+            assert full and sealed_pages(cache)[source] == full
+            for page in full:
+                data = pages[page * layout.page_bytes:(page + 1) * layout.page_bytes]
+                assert pool.sealed.lookup(pool.pages_segment, page * layout.page_bytes, layout.page_bytes) == checksum(data)
+        cache.truncate(40)
+        for source, table in cache.page_table.items():
+            assert sealed_pages(cache)[source] == table[:cache.counts[source] // layout.page_entries]
+        cache.bytes_changed()
+        assert not any(sealed_pages(cache).values())
+        step(golden_model, [cache], [ids[40:80]])
+        cache.seal_full_pages()
+        assert len(pool.sealed) == sum(c // layout.page_entries for c in cache.counts.values())
+        cache.release()
+    assert len(pool.sealed) == 0 and pool.is_empty()
 
 
 def test_incompatible_layouts_are_refused(golden_model):

@@ -194,6 +194,55 @@ def test_corruption_in_flight_raises_checksum_mismatch(side, shared_peer, op):
         assert shared_peer.digests(peer_regions(requests)) == expected
 
 
+def page_runs(first_offset: int) -> list[TransferRequest]:
+    """Pool-like requests: a run of 3 pages of 3 x 4 KiB, contiguous on both sides (one merged
+    piece whose sum joins the pages' seals), and 4 pages of an odd size, scattered."""
+    run = [TransferRequest("kv", first_offset + k * 12288, "kv", 3_000_000 + k * 12288, 12288)
+           for k in range(3)]
+    odd = [TransferRequest("kv", first_offset + 100_000 + k * 60_000, "kv", 4_000_000 - k * 70_000, 22_784)
+           for k in range(4)]
+    return run + odd
+
+
+def sealed_side(kind):
+    if kind not in ("tcp", "rdma"):
+        pytest.skip(f"{kind} does not send checksums (shm compares bytes; fake sums both ends)")
+
+
+@pytest.mark.parametrize("op", ["write", "read"])
+def test_sealed_sums_are_sent_and_a_stale_one_is_caught(side, shared_peer, kind, op):
+    """A sender with sealed sums sends them without re-reading: the bytes arrive exactly; if
+    the bytes changed under a seal (a bug), the receiver's check fails, it never accepts them."""
+    sealed_side(kind)
+    local = side()
+    requests = page_runs(first_offset=500_000)
+    ours = [(r.local_segment, r.local_offset, r.length) for r in requests]
+    if op == "write":
+        for spans in ours:
+            local.engine.sealed.seal(spans[0], spans[1], local.data[spans[1]:spans[1] + spans[2]])
+        local.write(requests)
+        assert shared_peer.digests(peer_regions(requests)) == [digest(local.data[o:o + n]) for _, o, n in ours]
+        local.data[500_000 + 12288 + 5] ^= 0x40  # the second page of the merged run, seal kept
+        with pytest.raises(ChecksumMismatch):
+            local.write(requests)
+        local.engine.sealed.drop("kv", [500_000 + 12288])
+        local.write(requests)  # summed as it is sent again
+        assert shared_peer.digests(peer_regions(requests)) == [digest(local.data[o:o + n]) for _, o, n in ours]
+    else:
+        shared_peer.fill(PEER_SEED)
+        shared_peer.seal(peer_regions(requests))
+        local.read(requests)
+        assert [digest(local.data[o:o + n]) for _, o, n in ours] == shared_peer.digests(peer_regions(requests))
+        shared_peer.fill(PEER_SEED + 7)  # new bytes under the old seals
+        with pytest.raises(ChecksumMismatch):
+            local.read(requests)
+        shared_peer.seal(peer_regions(requests))
+        local.read(requests)
+        assert [digest(local.data[o:o + n]) for _, o, n in ours] == shared_peer.digests(peer_regions(requests))
+        shared_peer.unseal(peer_regions(requests))
+        shared_peer.fill(PEER_SEED)
+
+
 @pytest.mark.parametrize("op", ["write", "read"])
 def test_connection_dropped_mid_transfer(side, op):
     local = side(faults=FaultPlan(drop_after_bytes=1_000_000))

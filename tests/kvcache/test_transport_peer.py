@@ -77,6 +77,17 @@ class _Commands:
         self.engine.allocate_segment(name, size).numpy()[:] = pattern(seed, size)
         return {}
 
+    def seal(self, regions: list) -> dict:
+        """Seal the checksums of these regions' bytes as they are now (as a KV pool does)."""
+        for s, o, n in regions:
+            self.engine.sealed.seal(s, o, self.engine.segment(s).numpy()[o:o + n])
+        return {}
+
+    def unseal(self, regions: list) -> dict:
+        for s, o, _ in regions:
+            self.engine.sealed.drop(s, [o])
+        return {}
+
     def endpoint(self) -> dict:
         return {"endpoint": self.engine.endpoint().SerializeToString().hex()}
 
@@ -153,6 +164,12 @@ class ProcessPeer:
 
     def allocate(self, name: str, size: int, seed: int) -> None:
         self.call("allocate", name=name, size=size, seed=seed)
+
+    def seal(self, regions) -> None:
+        self.call("seal", regions=[list(r) for r in regions])
+
+    def unseal(self, regions) -> None:
+        self.call("unseal", regions=[list(r) for r in regions])
 
     def refresh_endpoint(self) -> pb.TransportEndpoint:
         self.endpoint = self._endpoint(self.call("endpoint"))

@@ -10,7 +10,8 @@ import pytest
 from dsflash.kvcache.transport import (InvalidRequest, TransferRequest, TransferState,
                                        TransportUnavailable, choose_kind, open_engines)
 from dsflash.kvcache.transport.batch import BatchRecord, TransferOp, plan_batch
-from dsflash.kvcache.transport.checksum import BLOCK_BYTES, Checksum, StreamChecksums, checksum
+from dsflash.kvcache.transport.checksum import (BLOCK_BYTES, Checksum, SealedSums, StreamChecksums, checksum,
+                                                seal)
 from dsflash.kvcache.transport.errors import TransferError
 from dsflash.kvcache.transport.faults import NO_FAULTS, BatchFaults
 from dsflash.kvcache.transport.memory import SegmentTable
@@ -54,6 +55,33 @@ def test_stream_checksums_match_per_region_sums_in_any_steps():
     for pos in (0, 4096, 4999, 5000, 5001, 50_000, 99_999):
         stream.advance(pos)
     assert stream.finish() == [checksum(r) for r in regions]
+
+
+@pytest.mark.parametrize("lengths", [[4096, 5], [8192, 4096 * 3, 100_003], [40_960, 1, ]])
+def test_seals_of_whole_blocks_join_into_the_checksum_of_their_run(lengths):
+    cuts = np.cumsum([0] + lengths)
+    parts = [seal(DATA[a:b]) for a, b in zip(cuts[:-1], cuts[1:])]
+    joined = parts[0]
+    for part in parts[1:]:
+        joined = joined.then(part)
+    assert joined.value == checksum(DATA[:cuts[-1]]) and joined.length == cuts[-1]
+
+
+def test_sealed_sums_answer_exact_and_joined_spans_only():
+    table = SealedSums()
+    for offset, length in ((0, 8192), (8192, 4096), (12_288, 5000), (40_000, 22_784)):
+        table.seal("kv", offset, DATA[offset:offset + length])
+    assert table.lookup("kv", 40_000, 22_784) == checksum(DATA[40_000:62_784])
+    assert table.lookup("kv", 0, 17_288) == checksum(DATA[:17_288])  # three seals end to end
+    assert table.lookup("kv", 8192, 9096) == checksum(DATA[8192:17_288])
+    assert table.lookup("kv", 0, 8192 + 100) is None  # ends inside a seal
+    assert table.lookup("kv", 4096, 4096) is None  # starts inside one
+    assert table.lookup("other", 0, 8192) is None
+    table.drop("kv", [8192])
+    assert table.lookup("kv", 0, 17_288) is None and table.lookup("kv", 0, 8192) is not None
+    assert len(table) == 3
+    stream = StreamChecksums([DATA[:8192], DATA[50:60]], known=[12345, None])
+    assert stream.finish() == [12345, checksum(DATA[50:60])]  # a known sum is taken as given
 
 
 def test_checksum_update_after_short_block_is_refused():
