@@ -31,7 +31,7 @@ from ..model.dspark import DSparkDrafter
 from ..prefill_worker.engine import PrefillEngine, PrefillEngineConfig, PrefillRequest
 from .request import DecodeRequest, DecodeStatus, FinishReason, TokenEvent
 from .sampling import RequestSampler
-from .spec import accept_block
+from .spec import accept_block, accept_greedy, greedy_targets
 from .stops import StopStringMatcher, finish_reason
 
 log = logging.getLogger(__name__)
@@ -255,22 +255,33 @@ class DecodeEngine:
         dists: list[list[torch.Tensor]] = [[] for _ in batch]
         with torch.inference_mode():
             if k:
-                def choose(j: int, i: int, logits: torch.Tensor) -> int:
-                    token, dist = batch[j].sampler.choose(logits, drafts[j])
-                    if i < k:
-                        drafts[j].append(token)
-                        dists[j].append(dist)
-                    return token
+                def choose(i: int, rows: torch.Tensor) -> list[int]:
+                    plain = greedy_targets([r.sampler for r in batch], list(rows[:, None]))
+                    tokens = []
+                    for j, request in enumerate(batch):
+                        if j in plain:
+                            token, dist = plain[j][0], None  # greedy requests need no draft distribution
+                        else:
+                            token, dist = request.sampler.choose(rows[j], drafts[j])
+                        if i < k:
+                            drafts[j].append(token)
+                            dists[j].append(dist)
+                        tokens.append(token)
+                    return tokens
 
                 self.drafter.propose([(r.cache, r.pending) for r in batch], choose)
             runs = [SeqRun(cache=r.cache, tokens=torch.tensor([r.pending] + drafts[j]), start=r.cache.num_tokens,
                            history=list(r.cache.history)) for j, r in enumerate(batch)]
             result = self.model.forward(runs, logits="all", taps=self.drafter is not None)
+            targets = greedy_targets([r.sampler for r in batch], result.logits)
             for j, (request, run) in enumerate(zip(batch, runs)):
                 request.cache.commit(run.tokens.tolist())
                 logits = result.logits[j]
-                emitted = accept_block(request.sampler, logits, drafts[j],
-                                       None if request.params.greedy else dists[j])
+                if j in targets:
+                    emitted = accept_greedy(targets[j], drafts[j])
+                else:
+                    emitted = accept_block(request.sampler, logits, drafts[j],
+                                           None if request.params.greedy else dists[j])
                 kept, logprobs, reason = self._append(request, emitted, logits)
                 # The cache keeps y and the accepted drafts before the last kept token.
                 request.cache.truncate(run.start + len(kept))

@@ -58,6 +58,13 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature == 0.0 or self.top_k == 1
 
+    @property
+    def plain_greedy(self) -> bool:
+        """Greedy on the logits as they are (no penalty changes them): a batch's tokens can
+        then be taken with one argmax over all its rows."""
+        return (self.greedy and self.repetition_penalty == 1.0 and not self.presence_penalty
+                and not self.frequency_penalty)
+
 
 @dataclass
 class TokenLogprob:

@@ -15,6 +15,27 @@ import torch
 from .sampling import RequestSampler
 
 
+def greedy_targets(samplers: list[RequestSampler], logits: list[torch.Tensor]) -> dict[int, list[int]]:
+    """The target's own token at every row of the plain-greedy requests ({request index: row
+    tokens}), from one argmax over all their rows: one synchronization, not one per row."""
+    plain = [j for j, sampler in enumerate(samplers) if sampler.params.plain_greedy]
+    if not plain:
+        return {}
+    tokens = torch.cat([logits[j] for j in plain]).float().argmax(-1).tolist()
+    out, at = {}, 0
+    for j in plain:
+        out[j], at = tokens[at:at + logits[j].shape[0]], at + logits[j].shape[0]
+    return out
+
+
+def accept_greedy(targets: list[int], drafts: list[int]) -> list[int]:
+    """accept_block for a plain-greedy request, given the target's token at each row."""
+    for i, draft in enumerate(drafts):
+        if targets[i] != draft:
+            return drafts[:i] + [targets[i]]
+    return drafts + [targets[len(drafts)]]
+
+
 def accept_block(sampler: RequestSampler, target_logits: torch.Tensor, drafts: list[int],
                  draft_dists: list[torch.Tensor] | None) -> list[int]:
     """target_logits [k+1, V]; drafts d1..dk; draft_dists q_0..q_{k-1} (None for greedy requests).

@@ -120,8 +120,8 @@ class PagedCache(SequenceCache):
             self._sections[name][pages, rows] = data.to(self.pool.device)
         self.counts[source] = start + n
         keys = self._keys.get(source)
-        new = index_keys.float().to(self.pool.device)
-        self._keys[source] = new if keys is None else torch.cat([keys[:start], new])
+        if keys is not None:  # kept only once index_keys() was asked for: the kernels read the pages
+            self._keys[source] = torch.cat([keys[:start], index_keys.float().to(self.pool.device)])
 
     def entries_gather(self, source, idx):
         pages, rows = self._locate(source, idx.reshape(-1))

@@ -48,6 +48,32 @@ class SeqRun:
                          lambda: torch.arange(self.start, self.start + self.n, dtype=torch.long, device=device))
 
 
+def run_rows(t: torch.Tensor, runs: list[SeqRun]) -> torch.Tensor:
+    """The runs' rows of t, in order: a view when they lie end to end (t may have more rows:
+    a CUDA graph's bucket pads the batch), else one copy."""
+    if end_to_end(runs):
+        return t[runs[0].offset:runs[-1].offset + runs[-1].n]
+    return torch.cat([t[run.rows] for run in runs])
+
+
+def cat(parts: list[torch.Tensor]) -> torch.Tensor:
+    """torch.cat, without the copy when there is one part (a batch of one request)."""
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
+def end_to_end(runs: list[SeqRun]) -> bool:
+    """Each run's rows follow the previous run's (as `pack` lays them out)."""
+    return all(run.offset == before.offset + before.n for before, run in zip(runs, runs[1:]))
+
+
+def rows_positions(runs: list[SeqRun], device: str | torch.device) -> torch.Tensor:
+    """Absolute positions [T] of every row of the runs, once per forward."""
+    if len(runs) == 1:
+        return runs[0].positions_on(device)
+    return runs[0].once(("row positions", torch.device(device), tuple(run.offset for run in runs)),
+                        lambda: torch.cat([run.positions_on(device) for run in runs]))
+
+
 def pack(runs: list[SeqRun]) -> torch.Tensor:
     """Assign row offsets; returns the flat token ids [T]."""
     offset = 0

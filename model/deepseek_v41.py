@@ -100,8 +100,7 @@ class DeepseekV41:
         role = self.config.roles[split]
         Xs = self._engram(role, X, hashes) if role.engram_slot is not None else X
         xa = rms_norm(hc_collapse(Xs, pre), self.ops.w(f"{role.prefix}.attn_norm.weight"), self.config.rms_norm_eps)
-        for run in runs:
-            compress(self.ops, self.config, role, xa[run.rows], run, self.rope, self.qat)
+        compress(self.ops, self.config, role, xa, runs, self.rope, self.qat)
         return X, pre
 
     def decode_rows(self, runs: list[SeqRun], X: torch.Tensor, pre: torch.Tensor, *, logits: str = "last",

@@ -48,6 +48,17 @@ class Rope:
         """cos/sin of a run's positions, once per forward: every layer of a forward asks for the same."""
         return run.once(("rope", kind), lambda: self.cos_sin(kind, run.positions_on(self.device)))
 
+    def for_runs(self, kind: str, runs: list[SeqRun]) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin of every row of the runs, once per forward (each table is its run's, as alone)."""
+        if len(runs) == 1:
+            return self.for_run(kind, runs[0])
+
+        def build():
+            tables = [self.for_run(kind, run) for run in runs]
+            return torch.cat([c for c, _ in tables]), torch.cat([s for _, s in tables])
+
+        return runs[0].once(("rope rows", kind, tuple(run.offset for run in runs)), build)
+
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inverse: bool = False) -> torch.Tensor:
     """x [n, ..., D]; cos/sin [n, rope/2]. Rotates the last 2*cos.shape[-1] channels.

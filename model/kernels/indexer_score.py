@@ -22,43 +22,67 @@ def indexer_scores_ref(q: torch.Tensor, keys: torch.Tensor, w: torch.Tensor, vis
 
 
 @triton.jit
-def _indexer_kernel(q_ptr, w_ptr, vis_ptr, page_ptr, k_off, k_soff, o_ptr, n, N, HI,
-                    sqn, sqh, swn, son, DI: tl.constexpr, QB: tl.constexpr, NB: tl.constexpr):
+def _indexer_kernel(q_ptr, w_ptr, vis_ptr, page_ptr, k_off, k_soff, o_ptr, first_ptr, count_ptr, n, N, HI,
+                    sqn, sqh, swn, son, skr, DI: tl.constexpr, QB: tl.constexpr, NB: tl.constexpr,
+                    RUNS: tl.constexpr):
+    """Program (query block, entry block, run): with RUNS, run r's queries are rows
+    first[r] .. first[r] + count[r] and its entries row r of the offset tables."""
     pid_q = tl.program_id(0)
     pid_n = tl.program_id(1)
-    rq = pid_q * QB + tl.arange(0, QB)
+    if RUNS:
+        run = tl.program_id(2)
+        first = tl.load(first_ptr + run)
+        count = tl.load(count_ptr + run)
+    else:
+        run = 0
+        first = 0
+        count = n
+    local = pid_q * QB + tl.arange(0, QB)
+    rq = first + local
+    in_run = local < count
     rj = pid_n * NB + tl.arange(0, NB)
     d = tl.arange(0, DI)
     half = tl.arange(0, DI // 2)
-    off = tl.load(k_off + rj, mask=rj < N, other=0)
-    soff = tl.load(k_soff + rj, mask=rj < N, other=0)
     live = rj < N
+    off = tl.load(k_off + run * skr + rj, mask=live, other=0)
+    soff = tl.load(k_soff + run * skr + rj, mask=live, other=0)
     packed = tl.load(page_ptr + off[:, None] + half[None, :], mask=live[:, None], other=0).to(tl.int32)
     keys = tl.reshape(tl.join(e2m1_to_float(packed & 0xF), e2m1_to_float((packed >> 4) & 0xF)), (NB, DI))
     sbytes = tl.load(page_ptr + soff[:, None] + (d // 32)[None, :], mask=live[:, None], other=127)
     keys = keys * tl.exp2(sbytes.to(tl.float32) - 127.0)
     acc = tl.zeros((QB, NB), tl.float32)
     for h in range(0, HI):
-        q = tl.load(q_ptr + rq[:, None] * sqn + h * sqh + d[None, :], mask=rq[:, None] < n, other=0.0).to(tl.float32)
-        w = tl.load(w_ptr + rq * swn + h, mask=rq < n, other=0.0)
+        q = tl.load(q_ptr + rq[:, None] * sqn + h * sqh + d[None, :], mask=in_run[:, None], other=0.0).to(tl.float32)
+        w = tl.load(w_ptr + rq * swn + h, mask=in_run, other=0.0)
         acc += tl.maximum(dot_exact_rhs(q, tl.trans(keys), tl.zeros((QB, NB), tl.float32)), 0.0) * w[:, None]
-    visible = tl.load(vis_ptr + rq, mask=rq < n, other=0)
+    visible = tl.load(vis_ptr + rq, mask=in_run, other=0)
     acc = tl.where(rj[None, :] < visible[:, None], acc, float("-inf"))
-    tl.store(o_ptr + rq[:, None] * son + rj[None, :], acc, mask=(rq[:, None] < n) & live[None, :])
+    tl.store(o_ptr + rq[:, None] * son + rj[None, :], acc, mask=in_run[:, None] & live[None, :])
 
 
 def indexer_scores(q: torch.Tensor, w: torch.Tensor, visible: torch.Tensor, pages: torch.Tensor,
-                   key_offsets: torch.Tensor, key_scale_offsets: torch.Tensor) -> torch.Tensor:
+                   key_offsets: torch.Tensor, key_scale_offsets: torch.Tensor,
+                   runs: tuple[torch.Tensor, torch.Tensor, int] | None = None) -> torch.Tensor:
+    """key_offsets [N] for one run, or [R, N] with `runs` = (first row [R], rows [R], most rows)
+    for several: each run's queries score its own row of entries (one launch for a batch). A
+    query's score of an entry is computed the same way in either form, bit for bit."""
     n, heads, dim = q.shape
-    N = key_offsets.shape[0]
+    N = key_offsets.shape[-1]
     assert w.shape == (n, heads) and visible.shape == (n,) and pages.dtype == torch.uint8 and dim % 32 == 0
+    assert (runs is None) == (key_offsets.dim() == 1)
     out = torch.empty(n, N, dtype=torch.float32, device=q.device)
-    if N == 0:
+    if N == 0 or n == 0:
         return out
     q, w = q.contiguous(), w.float().contiguous()
+    key_offsets, key_scale_offsets = key_offsets.contiguous(), key_scale_offsets.contiguous()
     qb, nb = 16, 64
-    grid = (triton.cdiv(n, qb), triton.cdiv(N, nb))
-    _indexer_kernel[grid](q, w, visible.to(torch.int64).contiguous(), pages, key_offsets.contiguous(),
-                          key_scale_offsets.contiguous(), out, n, N, heads, q.stride(0), q.stride(1), w.stride(0),
-                          out.stride(0), DI=dim, QB=qb, NB=nb)
+    if runs is None:
+        first = count = visible  # unused
+        grid = (triton.cdiv(n, qb), triton.cdiv(N, nb), 1)
+    else:
+        first, count, most = runs
+        grid = (triton.cdiv(most, qb), triton.cdiv(N, nb), key_offsets.shape[0])
+    _indexer_kernel[grid](q, w, visible.to(torch.int64).contiguous(), pages, key_offsets, key_scale_offsets, out,
+                          first, count, n, N, heads, q.stride(0), q.stride(1), w.stride(0), out.stride(0),
+                          key_offsets.stride(0), DI=dim, QB=qb, NB=nb, RUNS=runs is not None)
     return out

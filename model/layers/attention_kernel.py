@@ -17,48 +17,37 @@ from __future__ import annotations
 import torch
 
 from ...kvcache.paged import page_offsets
-from ..batch import SeqRun
+from ..batch import SeqRun, cat, run_rows
 from ..config import LayerRole, ModelConfig
 from ..device import to_device
 from ..kernels.sparse_attention import launch_plan, sparse_attention
 from ..ops import ReferenceOps
 from ..rope import Rope, apply_rope
 from .compressor import compress
-from .indexer import index
+from .indexer import index, index_runs
 
 
 def update_entries(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, xa: torch.Tensor, q_res: torch.Tensor,
                    run: SeqRun, rope: Rope, qat: bool) -> None:
     """This run's new compressed entries, then its top-k (run.shared['topk'])."""
-    rows = run.rows
     if role.is_kv_source and not run.skip_compressor:
-        compress(ops, cfg, role, xa[rows], run, rope, qat)
+        compress(ops, cfg, role, xa, [run], rope, qat)
     if role.is_index_source:
-        index(ops, cfg, role, xa[rows], q_res[rows], run, rope, qat)
+        index(ops, cfg, role, xa[run.rows], q_res[run.rows], run, rope, qat)
 
 
 def attend_in_place(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, xa: torch.Tensor, q_res: torch.Tensor,
                     q_all: torch.Tensor, kv_all: torch.Tensor, runs: list[SeqRun], rope: Rope) -> torch.Tensor:
     """`attend` with the quantizers on and every cache read in place -> o [T, h, D]."""
-    cos, sin = _rope_rows(rope, role.rope, runs)  # [T, rope/2]
+    cos, sin = rope.for_runs(role.rope, runs)  # [T, rope/2]
     q = apply_rope(q_all, cos, sin)
     kv, packed = ops.fp8_round_trip(apply_rope(kv_all, cos, sin))
-    if role.ratio:
-        for run in runs:
-            update_entries(ops, cfg, role, xa, q_res, run, rope, True)
+    if role.is_kv_source:
+        compress(ops, cfg, role, xa, [run for run in runs if not run.skip_compressor], rope, True)
+    if role.is_index_source:
+        index_runs(ops, cfg, role, xa, q_res, runs, rope)
     o = _attention(cfg, role, q, kv, packed, runs, ops.w(f"{role.prefix}.attn.attn_sink"))
     return apply_rope(o, cos, sin, inverse=True)
-
-
-def _rope_rows(rope: Rope, kind: str, runs: list[SeqRun]) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos/sin of every row, once per forward (each table is a run's, as alone)."""
-    if len(runs) == 1:
-        return rope.for_run(kind, runs[0])
-    def build():
-        tables = [rope.for_run(kind, run) for run in runs]
-        return torch.cat([c for c, _ in tables]), torch.cat([s for _, s in tables])
-
-    return runs[0].once(("rope rows", kind, len(runs)), build)
 
 
 def _attention(cfg: ModelConfig, role: LayerRole, q, kv, packed, runs: list[SeqRun], sink) -> torch.Tensor:
@@ -82,8 +71,8 @@ def _attention(cfg: ModelConfig, role: LayerRole, q, kv, packed, runs: list[SeqR
         return _launch(cfg, layer, q, runs, entries, sink, plan)  # every run, in row order
     for plan, members in groups.items():
         group, width = [run for run, _ in members], max(w for _, w in members)
-        own = tuple(_rows(e, group)[:, :width] for e in entries)
-        o = _launch(cfg, layer, _rows(q, group), group, own, sink, plan)
+        own = tuple(run_rows(e, group)[:, :width] for e in entries)
+        o = _launch(cfg, layer, run_rows(q, group), group, own, sink, plan)
         outputs.update(zip((run.offset for run in group), o.split([run.n for run in group])))
     return torch.cat([outputs[run.offset] for run in runs])
 
@@ -107,7 +96,7 @@ def _ring_store(runs: list[SeqRun], layer: int, kv: torch.Tensor, packed) -> Non
     codes0, scales0 = _ring_rows(runs)
     code_stride, scale_stride = runs[0].cache.ring_layer_stride
     if sum(run.n for run in runs) != kv.shape[0]:
-        packed = tuple(_rows(part, runs) for part in packed)
+        packed = tuple(run_rows(part, runs) for part in packed)
     buf = runs[0].cache.pool.slots_buffer
     buf[codes0 + layer * code_stride] = packed[0]
     buf[scales0 + layer * scale_stride] = packed[1]
@@ -121,7 +110,7 @@ def _ring_rows(runs: list[SeqRun]) -> tuple[torch.Tensor, torch.Tensor]:
     def build():
         device, D = runs[0].cache.pool.device, runs[0].cache.layout.head_dim
         parts = [run.cache.ring_offsets(0, run.positions_on(device)) for run in runs]
-        codes, scales = (_cat(list(t)) for t in zip(*parts))
+        codes, scales = (cat(list(t)) for t in zip(*parts))
         return codes[:, None] + torch.arange(D, device=device), scales[:, None] + torch.arange(D // 32, device=device)
 
     return runs[0].once(("ring rows", tuple(run.offset for run in runs)), build)
@@ -148,7 +137,7 @@ def _lookup_entries(role: LayerRole, runs: list[SeqRun], topks: list, device
     if all(t is None for t in topks):
         return _no_entries(runs, device, 1), widths
     width = max(widths)
-    ids = _cat([_no_entries([run], device, width, -2)[0] if t is None else _pad(t, width, -2)
+    ids = cat([_no_entries([run], device, width, -2)[0] if t is None else _pad(t, width, -2)
                 for run, t in zip(runs, topks)])  # -2: past the run's own K
     table, first_page = _page_tables(runs, role.kv_source)
     off, soff = page_offsets(runs[0].cache.layout, table, ids, first_page=first_page)
@@ -212,7 +201,7 @@ def _window_grid(cfg: ModelConfig, layer: int, runs: list[SeqRun]) -> tuple[torc
             device = run.cache.pool.device
             grid = run.positions_on(device)[:, None] - torch.arange(cfg.sliding_window - 1, -1, -1, device=device)
             parts.append(run.cache.ring_offsets(0, grid) + (grid >= first,))
-        return tuple(_cat(list(t)) for t in zip(*parts))
+        return tuple(cat(list(t)) for t in zip(*parts))
 
     return runs[0].once(("window grid", tuple(run.offset for run in runs), valid_from), build)
 
@@ -223,13 +212,6 @@ def _pad(ids: torch.Tensor, width: int, value: int) -> torch.Tensor:
     return ids if extra == 0 else torch.nn.functional.pad(ids, (0, extra), value=value)
 
 
-def _rows(t: torch.Tensor, runs: list[SeqRun]) -> torch.Tensor:
-    """The runs' rows of t, in order."""
-    return _cat([t[run.rows] for run in runs])
-
-
-def _cat(parts: list[torch.Tensor]) -> torch.Tensor:
-    return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
 def scratch_attention(cfg: ModelConfig, run: SeqRun, role: LayerRole, q, kv, packed, entries, sink) -> torch.Tensor:

@@ -14,43 +14,42 @@ from __future__ import annotations
 
 import torch
 
-from ..batch import SeqRun
+from ..batch import SeqRun, cat, run_rows
 from ..config import LayerRole, ModelConfig
+from ..device import to_device
 from ..ops import ReferenceOps
 from ..rope import Rope, apply_rope
 from .norm import rms_norm
 
 
-def compress(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, xa: torch.Tensor, run: SeqRun, rope: Rope,
-             qat: bool) -> None:
-    """xa [n, H]: this run's attention inputs. Appends the completed entries to run.cache."""
-    p, src, ratio, cache = role.prefix, role.index, role.ratio, run.cache
-    count = cache.num_entries(src)
-    if ratio == 1:
-        if count != run.start:
-            raise RuntimeError(f"layer {src}: {count} entries before position {run.start}")
-        latent = ops.linear(xa, f"{p}.attn.compressor.wkv.weight")  # [n, D]
-        first_entry = count
-    else:
-        kv = ops.linear(xa, f"{p}.attn.compressor.wkv.weight")  # [n, D] fp32
-        gate = ops.linear(xa, f"{p}.attn.compressor.wgate.weight")
-        group_start = count * ratio
-        tail = cache.tail(src)
-        if tail is not None and tail[0].shape[0]:
-            kv, gate = torch.cat([tail[0].to(kv.device), kv]), torch.cat([tail[1].to(kv.device), gate])
-        if group_start + kv.shape[0] != run.start + run.n:
-            raise RuntimeError(f"layer {src}: open group does not end at position {run.start}")
-        done = ((run.start + run.n) // ratio) * ratio - group_start  # tokens in complete groups
-        cache.set_tail(src, group_start, kv, gate, keep_from=group_start + done)
-        groups = done // ratio
-        if groups == 0:
-            return
-        weights = gate[:done].view(groups, ratio, -1).softmax(dim=1)
-        latent = (kv[:done].view(groups, ratio, -1) * weights).sum(dim=1)  # [G, D]
-        first_entry = count
+def compress(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, xa: torch.Tensor, runs: list[SeqRun],
+             rope: Rope, qat: bool) -> None:
+    """xa [T, H]: the forward's attention inputs, run.rows of each run. Appends each run's
+    completed entries to its cache. Projections, pooling, norms, RoPE and quantizers run once
+    over all runs' rows and groups (row by row as for a run alone); only the open groups and
+    the page writes are per run."""
+    p, src, ratio = role.prefix, role.index, role.ratio
+    x = run_rows(xa, runs)
+    kv = ops.linear(x, f"{p}.attn.compressor.wkv.weight")  # [rows, D] fp32
+    gate = None if ratio == 1 else ops.linear(x, f"{p}.attn.compressor.wgate.weight")
+    done: list[tuple[SeqRun, int, int]] = []  # (run, first new entry, new entries)
+    kv_parts, gate_parts, local = [], [], 0
+    for run in runs:
+        rows, local = slice(local, local + run.n), local + run.n
+        first, new = _complete_groups(run, src, ratio, kv[rows], None if gate is None else gate[rows],
+                                      kv_parts, gate_parts)
+        if new:
+            done.append((run, first, new))
+    if not done:
+        return
+    latent = cat(kv_parts)
+    if ratio > 1:
+        groups = latent.shape[0] // ratio
+        weights = cat(gate_parts).view(groups, ratio, -1).softmax(dim=1)
+        latent = (latent.view(groups, ratio, -1) * weights).sum(dim=1)  # [G, D]
     latent = rms_norm(latent, ops.w(f"{p}.attn.compressor.norm.weight"), cfg.rms_norm_eps)
-    positions = torch.arange(first_entry, first_entry + latent.shape[0], device=latent.device) * ratio
-    cos, sin = rope.cos_sin("yarn", positions)
+    positions = torch.cat([torch.arange(first, first + new) for _, first, new in done]) * ratio
+    cos, sin = rope.cos_sin("yarn", to_device(positions, latent.device))
     keys = rms_norm(ops.linear(latent, f"{p}.attn.indexer.wk.weight"), ops.w(f"{p}.attn.indexer.k_norm.weight"),
                     cfg.rms_norm_eps)
     keys = apply_rope(keys, cos, sin)
@@ -60,4 +59,34 @@ def compress(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, xa: torch.Ten
         keys, key_codes = ops.fp4_round_trip(keys, 32)
         entries, entry_codes = ops.fp4_round_trip(entries, 16, e4m3_scales=True)
         packed = (entry_codes, key_codes)
-    cache.entries_append(src, entries, keys, packed)
+    at = 0
+    for run, _, new in done:
+        part = slice(at, at + new)
+        at += new
+        run_packed = None if packed is None else tuple(tuple(t[part] for t in codes) for codes in packed)
+        run.cache.entries_append(src, entries[part], keys[part], run_packed)
+
+
+def _complete_groups(run: SeqRun, src: int, ratio: int, kv: torch.Tensor, gate: torch.Tensor | None,
+                     kv_parts: list, gate_parts: list) -> tuple[int, int]:
+    """Adds the run's tokens of complete groups to kv_parts/gate_parts (the open group before
+    them first), keeps the new open group in the cache; returns (first new entry, new entries)."""
+    cache = run.cache
+    count = cache.num_entries(src)
+    if ratio == 1:
+        if count != run.start:
+            raise RuntimeError(f"layer {src}: {count} entries before position {run.start}")
+        kv_parts.append(kv)
+        return count, run.n
+    group_start = count * ratio
+    tail = cache.tail(src)
+    if tail is not None and tail[0].shape[0]:
+        kv, gate = torch.cat([tail[0].to(kv.device), kv]), torch.cat([tail[1].to(kv.device), gate])
+    if group_start + kv.shape[0] != run.start + run.n:
+        raise RuntimeError(f"layer {src}: open group does not end at position {run.start}")
+    done = ((run.start + run.n) // ratio) * ratio - group_start  # tokens in complete groups
+    cache.set_tail(src, group_start, kv, gate, keep_from=group_start + done)
+    if done:
+        kv_parts.append(kv[:done])
+        gate_parts.append(gate[:done])
+    return count, done // ratio

@@ -10,10 +10,14 @@ later index sources score only inside that pool. Each query keeps the top `index
 
 from __future__ import annotations
 
+from itertools import accumulate
+
 import torch
 
-from ..batch import SeqRun
+from ...kvcache.paged import page_offsets
+from ..batch import SeqRun, end_to_end, rows_positions, run_rows
 from ..config import LayerRole, ModelConfig
+from ..device import to_device
 from ..ops import ReferenceOps
 from ..kernels.indexer_score import indexer_scores
 from ..rope import Rope, apply_rope
@@ -119,3 +123,66 @@ def index(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, xa: torch.Tensor
     if role.is_candidate_source:
         shared["candidates"] = torch.cat(pools)
     shared["topk"] = torch.cat(picks)
+
+
+def index_runs(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, xa: torch.Tensor, q_res: torch.Tensor,
+               runs: list[SeqRun], rope: Rope) -> None:
+    """`index` for every run of a forward at once (kernel path, quantizers on): one projection,
+    one scoring launch over each run's own entries, one top-k. Each run's lists are what it
+    gets alone: a query's scores are computed the same way, entries past a run's own count
+    are -inf, and its top-k keeps its own k columns (see the argument in the tests)."""
+    totals = [run.cache.num_entries(role.kv_source) for run in runs]
+    width, T = max(totals), sum(run.n for run in runs)
+    one_pool = len({id(run.cache.pool) for run in runs}) == 1
+    candidates = _candidate_pool(runs, width) if role.uses_candidates else None
+    if (len(runs) == 1 or min(totals) == 0 or not one_pool or runs[0].offset != 0 or not end_to_end(runs)
+            or T * width > _SCORE_BUDGET
+            or (role.uses_candidates and candidates is None)):
+        for run in runs:
+            index(ops, cfg, role, xa[run.rows], q_res[run.rows], run, rope, True)
+        return
+    xa, q_res = run_rows(xa, runs), run_rows(q_res, runs)  # rows past T: a CUDA graph bucket's padding
+    p, heads, dim = role.prefix, cfg.index_n_heads, cfg.index_head_dim
+    cos, sin = rope.for_runs("yarn", runs)
+    q = ops.fake_quant_fp4(apply_rope(ops.linear(q_res, f"{p}.attn.indexer.wq_b").view(T, heads, dim), cos, sin), 32)
+    weights = ops.linear(xa, f"{p}.attn.indexer.weights_proj.weight") * heads**-0.5  # [T, Hi]
+    visible = (rows_positions(runs, q.device) + 1) // role.ratio
+    key_off, key_soff, first, count = _key_tables(runs, role.kv_source, totals, q.device)
+    scores = indexer_scores(q, weights * dim**-0.5, visible, runs[0].cache.pool.pages_buffer, key_off, key_soff,
+                            (first, count, max(run.n for run in runs)))
+    if role.is_candidate_source:
+        pool = select_candidate_blocks(scores, visible, cfg.candidate_topk_blocks, cfg.candidate_block_size)
+        runs[0].shared[("candidate pool", _offsets(runs))] = pool
+    elif candidates is not None:
+        scores = scores.masked_fill(~candidates, float("-inf"))
+    picks = top_k_ascending(scores, min(cfg.index_topk, width))
+    for run, total in zip(runs, totals):
+        run.shared["topk"] = picks[run.rows, :min(cfg.index_topk, total)]
+        if role.is_candidate_source:
+            run.shared["candidates"] = pool[run.rows, :total]
+
+
+def _offsets(runs: list[SeqRun]) -> tuple[int, ...]:
+    return tuple(run.offset for run in runs)
+
+
+def _candidate_pool(runs: list[SeqRun], width: int) -> torch.Tensor | None:
+    """The candidate layer's [T, N] pool of a batched forward, if it covers these entries."""
+    pool = runs[0].shared.get(("candidate pool", _offsets(runs)))
+    return pool if pool is not None and pool.shape[1] == width else None
+
+
+def _key_tables(runs: list[SeqRun], source: int, totals: list[int], device
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Byte offsets [R, N] of every run's index keys (past a run's own count: its last entry,
+    never scored), and each run's first row and rows; built once per forward and entry count."""
+    def build():
+        tables = [run.cache.device_table(source) for run in runs]
+        firsts = list(accumulate([0] + [t.numel() for t in tables[:-1]]))
+        meta = to_device(torch.tensor([firsts, [t - 1 for t in totals], [run.offset for run in runs],
+                                       [run.n for run in runs]]), device)
+        ids = torch.minimum(torch.arange(max(totals), device=device)[None, :], meta[1][:, None])
+        off, soff = page_offsets(runs[0].cache.layout, torch.cat(tables), ids, kind="key", first_page=meta[0][:, None])
+        return off, soff, meta[2], meta[3]
+
+    return runs[0].once(("key tables", source, tuple(totals), _offsets(runs)), build)

@@ -52,23 +52,18 @@ class ScriptedDrafter:
     def propose(self, requests, choose):
         self.calls += 1
         vocab = self.engine.model.config.vocab_size
-        drafts, all_logits = [], []
+        logits = torch.zeros(len(requests), self.block, vocab)
         for j, (cache, y) in enumerate(requests):
             req = next(r for r in self.engine.running if r.cache is cache)
             ref = self.truth[req.request_id]
             base = len(req.prompt) + len(req.output)  # index in ref of the token after y
-            row_tokens, rows = [], []
             for i in range(self.block):
                 want = ref[base + i] if base + i < len(ref) else 0
                 if (self.calls * 7 + j * 3 + i * 5) % 4 == 0:  # a deliberate mistake
                     want = (want + 1 + i) % vocab
-                logits = torch.zeros(vocab)
-                logits[want] = 30.0
-                row_tokens.append(choose(j, i, logits))
-                rows.append(logits)
-            drafts.append(row_tokens)
-            all_logits.append(torch.stack(rows))
-        return Proposal(torch.tensor(drafts), torch.stack(all_logits), torch.ones(len(requests), self.block))
+                logits[j, i, want] = 30.0
+        drafts = [choose(i, logits[:, i]) for i in range(self.block)]  # row by row, as the drafter does
+        return Proposal(torch.tensor(drafts).T, logits, torch.ones(len(requests), self.block))
 
 
 @pytest.fixture

@@ -211,6 +211,57 @@ def test_indexer_scores_on_a_paged_cache(paged):
     assert (got[finite] - ref[finite]).abs().max() < REL * ref[finite].abs().max() + 1e-5
 
 
+def test_indexer_scores_of_several_runs_in_one_launch_equal_each_alone(paged):
+    """Run r's queries score row r of the key tables (its own entries, padded): the same
+    values, bit for bit, as a launch for that run alone; -inf past what it sees."""
+    g = _g(4)
+    cache, source = paged, 7
+    total = cache.num_entries(source)
+    counts, totals = [5, 3, 6], [total, 40, 77]
+    q, w = torch.randn(sum(counts), 16, 32, generator=g), torch.randn(sum(counts), 16, generator=g)
+    visible = torch.cat([torch.randint(0, t + 1, (c,), generator=g) for c, t in zip(counts, totals)])
+    ids = torch.minimum(torch.arange(total)[None, :], torch.tensor(totals)[:, None] - 1)
+    k_off, k_soff = cache.entry_offsets(source, ids, kind="key")
+    first = torch.tensor([0, 5, 8])
+    dev = lambda t: t.to(DEVICE)  # noqa: E731
+    pages = dev(cache.pool.pages_buffer)
+    got = indexer_scores(dev(q), dev(w), dev(visible), pages, dev(k_off), dev(k_soff),
+                         (dev(first), dev(torch.tensor(counts)), max(counts))).cpu()
+    for r, (a, c, t) in enumerate(zip(first.tolist(), counts, totals)):
+        rows = slice(a, a + c)
+        alone = indexer_scores(dev(q[rows]), dev(w[rows]), dev(visible[rows]), pages, dev(k_off[r, :t]),
+                               dev(k_soff[r, :t])).cpu()
+        assert torch.equal(got[rows, :t], alone)
+        assert torch.isneginf(got[rows, t:]).all()
+
+
+def test_a_batch_on_the_kernel_path_matches_its_runs_alone(golden_dir, golden):
+    """A decode step of 6 rows for caches of different lengths (different entry counts, open
+    groups), batched (the compressor and indexer run once for both) and alone."""
+    from dsflash.model.deepseek_v41 import DeepseekV41
+
+    model = DeepseekV41.from_checkpoint(golden_dir, device=DEVICE)
+    pool = CachePool(CacheLayout.for_model(model.config, page_entries=16), 200, 4, plain_allocator(DEVICE))
+    prompts = [golden[1]["input_ids"][:35], golden[2]["input_ids"][:58]]
+    with torch.inference_mode():
+        alone, batch = [], []
+        for prompt in prompts:  # prefilled on the reference path (quick under the interpreter)
+            cache = PagedCache(pool, model.config)
+            step(model, [cache], [prompt[:-6]])
+            alone.append(cache)
+            batch.append(cache.copy_to(pool))
+        model.ops = TritonOps(model.ops.weights, device=DEVICE)
+        together = step(model, batch, [p[-6:] for p in prompts], logits="all").logits
+        for cache, prompt, got in zip(alone, prompts, together):
+            want = step(model, [cache], [prompt[-6:]], logits="all").logits[0]
+            assert torch.equal(got.argmax(-1), want.argmax(-1))
+            assert (got - want).abs().max() < 1e-3 * want.abs().max()
+        for a, b in zip(alone, batch):
+            assert a.counts == b.counts and a.tail_lengths == b.tail_lengths
+            a.release()
+            b.release()
+
+
 def test_fast_path_reproduces_golden_logits(golden_dir, golden):
     """The model with every kernel swapped in, on a paged cache (prefill in chunks, then decode)."""
     from dsflash.model.deepseek_v41 import DeepseekV41
