@@ -216,39 +216,51 @@ def block_height(pairs: int, experts: int) -> int:
 
 @triton.jit
 def _route_plan_kernel(idx_ptr, wt_ptr, tok_ptr, pair_ptr, routed_ptr, blk_ptr, P, E, K, ROWS, BLOCKS,
-                       BLOCK_M: tl.constexpr, PP: tl.constexpr, EP: tl.constexpr, RP: tl.constexpr,
+                       BLOCK_M: tl.constexpr, CP: tl.constexpr, EP: tl.constexpr, RP: tl.constexpr,
                        BP: tl.constexpr):
-    """RoutePlan in one program, for decode-sized batches (PP x EP fits a program's registers):
-    the ~40 small torch kernels of the general path were ~40 graph nodes per MoE layer. A pair's
-    row is its expert's first row plus its rank among that expert's pairs, in pair order (the
-    stable sort of the general path): a one-hot [experts, pairs] matrix and its running sums."""
-    p = tl.arange(0, PP)
-    live = p < P
-    ids = tl.load(idx_ptr + p, mask=live, other=E).to(tl.int32)  # E: another rank's expert, or none
+    """RoutePlan in one program, for decode-sized batches: the ~40 small torch kernels of the
+    general path were ~40 graph nodes per MoE layer. A pair's row is its expert's first row
+    plus its rank among that expert's pairs, in pair order (the stable sort of the general
+    path): a one-hot [experts, CP pairs] matrix and its running sums, chunk by chunk (two
+    passes: the experts' counts first, then the rows, each chunk after the pairs before it)."""
     experts = tl.arange(0, EP)
-    onehot = (ids[None, :] == experts[:, None]) & (experts[:, None] < E)
-    ones = onehot.to(tl.int32)
-    padded = (tl.sum(ones, axis=1) + BLOCK_M - 1) // BLOCK_M * BLOCK_M  # each expert's run, padded
+    counts = tl.zeros((EP,), tl.int32)
+    for first in range(0, P, CP):
+        p = first + tl.arange(0, CP)
+        ids = tl.load(idx_ptr + p, mask=p < P, other=E).to(tl.int32)  # E: another rank's expert, or none
+        counts += tl.sum(((ids[None, :] == experts[:, None]) & (experts[:, None] < E)).to(tl.int32), axis=1)
+    padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M  # each expert's run, padded
     ends = tl.cumsum(padded, axis=0)
-    rank = tl.sum(tl.where(onehot, tl.cumsum(ones, axis=1), 0), axis=0) - 1
-    dest = tl.sum(tl.where(onehot, (ends - padded)[:, None], 0), axis=0) + rank
     rows = tl.arange(0, RP)
     tl.store(tok_ptr + rows, tl.full((RP,), -1, tl.int32), mask=rows < ROWS)  # padding first
     tl.store(pair_ptr + rows, tl.full((RP,), -1, tl.int32), mask=rows < ROWS)
     tl.store(routed_ptr + rows, tl.zeros((RP,), tl.float32), mask=rows < ROWS)
     tl.debug_barrier()
-    ours = live & (ids < E)
-    tl.store(tok_ptr + dest, p // K, mask=ours)
-    tl.store(pair_ptr + dest, p, mask=ours)
-    tl.store(routed_ptr + dest, tl.load(wt_ptr + p, mask=ours, other=0.0).to(tl.float32), mask=ours)
+    taken = ends - padded  # each expert's next row
+    for first in range(0, P, CP):
+        p = first + tl.arange(0, CP)
+        live = p < P
+        ids = tl.load(idx_ptr + p, mask=live, other=E).to(tl.int32)
+        onehot = (ids[None, :] == experts[:, None]) & (experts[:, None] < E)
+        ones = onehot.to(tl.int32)
+        rank = tl.sum(tl.where(onehot, tl.cumsum(ones, axis=1), 0), axis=0) - 1
+        dest = tl.sum(tl.where(onehot, taken[:, None], 0), axis=0) + rank
+        ours = live & (ids < E)
+        tl.store(tok_ptr + dest, p // K, mask=ours)
+        tl.store(pair_ptr + dest, p, mask=ours)
+        tl.store(routed_ptr + dest, tl.load(wt_ptr + p, mask=ours, other=0.0).to(tl.float32), mask=ours)
+        taken += tl.sum(ones, axis=1)
     starts = tl.arange(0, BP) * BLOCK_M
     owner = tl.sum((ends[:, None] <= starts[None, :]).to(tl.int32), axis=0)  # experts ending at or before
     tl.store(blk_ptr + tl.arange(0, BP), tl.where(starts < tl.sum(padded, axis=0), owner, -1),
              mask=tl.arange(0, BP) < BLOCKS)
 
 
-# Pairs x experts (both padded to powers of two) up to which one program builds the plan.
-ONE_PROGRAM_PLAN = 16384
+# Pairs up to which one program builds the plan (a decode batch of 56 requests: 6 rows of 6
+# experts each), and the one-hot tile it works through them with (pairs x experts, padded to
+# powers of two). One program walks the pairs alone, so very large batches take torch's kernels.
+ONE_PROGRAM_PAIRS = 2048
+PLAN_TILE = 16384
 
 
 class RoutePlan:
@@ -268,7 +280,7 @@ class RoutePlan:
         blocks = self.rows // block_m
         PP, EP = triton.next_power_of_2(P), triton.next_power_of_2(E)
         if one_program is None:
-            one_program = PP * EP <= ONE_PROGRAM_PLAN
+            one_program = P <= ONE_PROGRAM_PAIRS and EP <= PLAN_TILE // 16
         if one_program:
             self.tokens = torch.empty(self.rows, dtype=torch.int32, device=dev)
             self.pair_ids = torch.empty(self.rows, dtype=torch.int32, device=dev)
@@ -276,7 +288,8 @@ class RoutePlan:
             self.block_expert = torch.empty(blocks, dtype=torch.int32, device=dev)
             _route_plan_kernel[(1,)](idx.reshape(-1).contiguous(), weights.reshape(-1).contiguous(), self.tokens,
                                      self.pair_ids, self.routed, self.block_expert, P, E, k, self.rows, blocks,
-                                     BLOCK_M=block_m, PP=PP, EP=EP, RP=triton.next_power_of_2(self.rows),
+                                     BLOCK_M=block_m, CP=max(16, min(PP, PLAN_TILE // EP)), EP=EP,
+                                     RP=triton.next_power_of_2(self.rows),
                                      BP=triton.next_power_of_2(blocks))
             return
         flat = idx.reshape(-1).long()

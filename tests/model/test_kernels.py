@@ -280,7 +280,8 @@ def test_fast_path_reproduces_golden_logits(golden_dir, golden):
     cache.release()
 
 
-@pytest.mark.parametrize("T, k, E, block_m", [(1, 6, 48, 4), (6, 6, 48, 4), (11, 3, 5, 16), (40, 6, 48, 16)])
+@pytest.mark.parametrize("T, k, E, block_m", [(1, 6, 48, 4), (6, 6, 48, 4), (11, 3, 5, 16), (40, 6, 48, 16),
+                                               (192, 6, 48, 64), (300, 6, 48, 16)])  # several chunks
 def test_route_plan_kernel_equals_the_torch_plan(T, k, E, block_m):
     """The one-program plan (decode) and the torch one (any size) give the same rows, with
     another rank's experts (id E) left out."""
