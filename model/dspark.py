@@ -27,7 +27,6 @@ from .deepseek_v41 import DeepseekV41
 from .device import to_device
 from .layers.mhc import hc_collapse
 from .layers.norm import rms_norm
-from .rope import apply_rope
 
 Chooser = Callable[[int, torch.Tensor], list[int]]  # (block row, logits [R, V]) -> a token per request
 
@@ -63,7 +62,7 @@ class DSparkDrafter:
         for role in self.stages:
             p = role.prefix
             kv = rms_norm(ops.linear(main_x[-keep:], f"{p}.attn.wkv"), ops.w(f"{p}.attn.kv_norm.weight"), c.rms_norm_eps)
-            kv = apply_rope(kv, cos, sin)
+            kv = ops.rope(kv, cos, sin)
             packed = None
             if self.model.qat:
                 kv, packed = ops.fp8_round_trip(kv)

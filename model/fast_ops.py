@@ -19,6 +19,7 @@ from .kernels.fp4_moe import fp4_moe, small_scales
 from .kernels.fp8_gemm import bf16_gemm, fp32_gemm, fp8_gemm, grouped_fp8_gemm, small_fp8_scales
 from .kernels.hc_gates import hc_gates
 from .kernels.quantize import fp4_round_trip, fp8_round_trip
+from .kernels.rope import rope
 from .layers.mhc import hc_mixes
 from .ops import ReferenceOps
 from .parallel import SINGLE, Parallel
@@ -83,6 +84,11 @@ class TritonOps(ReferenceOps):
         if not _kernels_run_on(x):
             return super().fp8_round_trip(x, block)
         return fp8_round_trip(x, block)
+
+    def rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inverse: bool = False) -> torch.Tensor:
+        if not _kernels_run_on(x):
+            return super().rope(x, cos, sin, inverse)
+        return rope(x, cos, sin, inverse)
 
     def fp4_round_trip(self, x: torch.Tensor, block: int, e4m3_scales: bool = False) -> tuple[torch.Tensor, Packed]:
         if not _kernels_run_on(x):

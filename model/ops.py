@@ -13,6 +13,7 @@ import torch
 from . import quant
 from .layers.mhc import hc_mix
 from .parallel import SINGLE, Parallel
+from .rope import apply_rope
 from .weights import Fp4Weight, Fp8Weight, WeightStore
 
 
@@ -70,6 +71,10 @@ class ReferenceOps:
                        ) -> tuple[torch.Tensor, quant.Packed]:
         """x [..., n] on the FP4 grid (compressed entries and index keys) and its packed codes and scale bytes."""
         return quant.fp4_round_trip(x, block, e4m3_scales)
+
+    def rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inverse: bool = False) -> torch.Tensor:
+        """RoPE on the last 2*cos.shape[-1] channels (model/rope.py); one launch on the fast path."""
+        return apply_rope(x, cos, sin, inverse)
 
     def fake_quant_fp4(self, x: torch.Tensor, block: int, e4m3_scales: bool = False) -> torch.Tensor:
         """x on the FP4 grid (indexer queries), through this object's fp4_round_trip."""

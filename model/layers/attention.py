@@ -20,7 +20,7 @@ from ..config import LayerRole, ModelConfig
 from ..kernels.sparse_attention import sparse_attention_ref
 from ..ops import ReferenceOps
 from ..quant import fake_quant_fp8
-from ..rope import Rope, apply_rope
+from ..rope import Rope
 from .attention_kernel import attend_in_place, update_entries
 from .norm import rms_norm
 
@@ -50,8 +50,8 @@ def attend(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, xa: torch.Tenso
     for run in runs:
         rows = run.rows
         cos, sin = rope.for_run(role.rope, run)
-        q = apply_rope(q_all[rows], cos, sin)
-        kv = apply_rope(kv_all[rows], cos, sin)
+        q = ops.rope(q_all[rows], cos, sin)
+        kv = ops.rope(kv_all[rows], cos, sin)
         packed = None
         if qat:
             kv, packed = ops.fp8_round_trip(kv)
@@ -67,7 +67,7 @@ def attend(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, xa: torch.Tenso
             o = sparse_attention_ref(q, window_kv, mask, selected, valid, sink, hd**-0.5)
         else:
             o = _causal_attention(cfg, run, role, q, kv, packed, selected, valid, sink)
-        outputs.append(apply_rope(o, cos, sin, inverse=True))
+        outputs.append(ops.rope(o, cos, sin, inverse=True))
     return torch.cat(outputs)  # [T, h, D]
 
 

@@ -22,7 +22,7 @@ from ..config import LayerRole, ModelConfig
 from ..device import to_device
 from ..kernels.sparse_attention import launch_plan, sparse_attention
 from ..ops import ReferenceOps
-from ..rope import Rope, apply_rope
+from ..rope import Rope
 from .compressor import compress
 from .indexer import index, index_runs
 
@@ -40,14 +40,14 @@ def attend_in_place(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, xa: to
                     q_all: torch.Tensor, kv_all: torch.Tensor, runs: list[SeqRun], rope: Rope) -> torch.Tensor:
     """`attend` with the quantizers on and every cache read in place -> o [T, h, D]."""
     cos, sin = rope.for_runs(role.rope, runs)  # [T, rope/2]
-    q = apply_rope(q_all, cos, sin)
-    kv, packed = ops.fp8_round_trip(apply_rope(kv_all, cos, sin))
+    q = ops.rope(q_all, cos, sin)
+    kv, packed = ops.fp8_round_trip(ops.rope(kv_all, cos, sin))
     if role.is_kv_source:
         compress(ops, cfg, role, xa, [run for run in runs if not run.skip_compressor], rope, True)
     if role.is_index_source:
         index_runs(ops, cfg, role, xa, q_res, runs, rope)
     o = _attention(cfg, role, q, kv, packed, runs, ops.w(f"{role.prefix}.attn.attn_sink"))
-    return apply_rope(o, cos, sin, inverse=True)
+    return ops.rope(o, cos, sin, inverse=True)
 
 
 def _attention(cfg: ModelConfig, role: LayerRole, q, kv, packed, runs: list[SeqRun], sink) -> torch.Tensor:

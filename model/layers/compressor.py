@@ -18,7 +18,7 @@ from ..batch import SeqRun, cat, run_rows
 from ..config import LayerRole, ModelConfig
 from ..device import to_device
 from ..ops import ReferenceOps
-from ..rope import Rope, apply_rope
+from ..rope import Rope
 from .norm import rms_norm
 
 
@@ -52,8 +52,8 @@ def compress(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, xa: torch.Ten
     cos, sin = rope.cos_sin("yarn", to_device(positions, latent.device))
     keys = rms_norm(ops.linear(latent, f"{p}.attn.indexer.wk.weight"), ops.w(f"{p}.attn.indexer.k_norm.weight"),
                     cfg.rms_norm_eps)
-    keys = apply_rope(keys, cos, sin)
-    entries = apply_rope(latent, cos, sin)
+    keys = ops.rope(keys, cos, sin)
+    entries = ops.rope(latent, cos, sin)
     packed = None
     if qat:
         keys, key_codes = ops.fp4_round_trip(keys, 32)

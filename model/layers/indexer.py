@@ -20,7 +20,7 @@ from ..config import LayerRole, ModelConfig
 from ..device import to_device
 from ..ops import ReferenceOps
 from ..kernels.indexer_score import indexer_scores
-from ..rope import Rope, apply_rope
+from ..rope import Rope
 
 _SCORE_BUDGET = 1 << 25  # fp32 elements of one [queries, entries] score chunk
 
@@ -98,7 +98,7 @@ def index(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, xa: torch.Tensor
         return
     heads, dim = cfg.index_n_heads, cfg.index_head_dim
     cos, sin = rope.for_run("yarn", run)
-    q = apply_rope(ops.linear(q_res, f"{p}.attn.indexer.wq_b").view(run.n, heads, dim), cos, sin)
+    q = ops.rope(ops.linear(q_res, f"{p}.attn.indexer.wq_b").view(run.n, heads, dim), cos, sin)
     if qat:
         q = ops.fake_quant_fp4(q, 32)
     weights = ops.linear(xa, f"{p}.attn.indexer.weights_proj.weight") * heads**-0.5  # [n, Hi]
@@ -144,7 +144,7 @@ def index_runs(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, xa: torch.T
     xa, q_res = run_rows(xa, runs), run_rows(q_res, runs)  # rows past T: a CUDA graph bucket's padding
     p, heads, dim = role.prefix, cfg.index_n_heads, cfg.index_head_dim
     cos, sin = rope.for_runs("yarn", runs)
-    q = ops.fake_quant_fp4(apply_rope(ops.linear(q_res, f"{p}.attn.indexer.wq_b").view(T, heads, dim), cos, sin), 32)
+    q = ops.fake_quant_fp4(ops.rope(ops.linear(q_res, f"{p}.attn.indexer.wq_b").view(T, heads, dim), cos, sin), 32)
     weights = ops.linear(xa, f"{p}.attn.indexer.weights_proj.weight") * heads**-0.5  # [T, Hi]
     visible = (rows_positions(runs, q.device) + 1) // role.ratio
     key_off, key_soff, first, count = _key_tables(runs, role.kv_source, totals, q.device)

@@ -293,3 +293,21 @@ def test_route_plan_kernel_equals_the_torch_plan(T, k, E, block_m):
     assert fast.rows == ref.rows
     for name in ("tokens", "pair_ids", "routed", "block_expert"):
         assert torch.equal(getattr(fast, name).cpu(), getattr(ref, name).cpu()), name
+
+
+@pytest.mark.parametrize("shape, half", [((5, 3, 64), 16), ((4, 96), 48), ((7, 2, 40), 8)])
+@pytest.mark.parametrize("inverse", [False, True])
+def test_rope_kernel_rounds_as_the_torch_form(shape, half, inverse):
+    """One launch, the same bits as apply_rope: two rounded products, then their sum."""
+    from dsflash.model.kernels.rope import rope
+    from dsflash.model.rope import apply_rope
+
+    g = _g(5)
+    x = torch.randn(*shape, generator=g) * 30
+    angles = torch.rand(shape[0], half, generator=g) * 1000
+    cos, sin = angles.cos(), angles.sin()
+    got = rope(x.to(DEVICE), cos.to(DEVICE), sin.to(DEVICE), inverse).cpu()
+    want = apply_rope(x, cos, sin, inverse)
+    assert torch.equal(got, want)
+    back = rope(got.to(DEVICE), cos.to(DEVICE), sin.to(DEVICE), not inverse).cpu()
+    assert (back - x).abs().max() < 1e-3

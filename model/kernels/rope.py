@@ -1,0 +1,70 @@
+"""RoPE in one launch: the torch form (`model/rope.py: apply_rope`) is six small kernels per
+call, three calls per attention layer, a third of a decode step's launches at batch 1.
+
+Shapes: n rows, h heads (any leading dims after the first, flattened), D channels of which
+the last 2*half rotate. Each pair (e, o) becomes (e*cos - o*sin, o*cos + e*sin), or with -sin
+for the inverse, rounded as the torch form rounds: two products, then their sum. On the GPU
+the products are PTX `mul.rn`, which the compiler cannot fuse with the sum into an FMA (that
+would round once, not three times); the interpreter computes in numpy, which never fuses.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .common import interpreting
+
+_PTX = tl.constexpr(not interpreting())
+
+
+@triton.jit
+def _mul_rn(a, b, PTX: tl.constexpr):
+    if PTX:
+        out = tl.inline_asm_elementwise("mul.rn.f32 $0, $1, $2;", "=r,r,r", [a, b], dtype=tl.float32,
+                                        is_pure=True, pack=1)
+    else:
+        out = a * b
+    return out
+
+
+@triton.jit
+def _rope_kernel(x_ptr, cos_ptr, sin_ptr, o_ptr, H, sxn, sxh, son, soh, scn,
+                 D: tl.constexpr, HALF: tl.constexpr, BLOCK_D: tl.constexpr, INVERSE: tl.constexpr,
+                 PTX: tl.constexpr):
+    """Program (row, head): channels before D - 2*HALF are copied, the rest rotate in pairs."""
+    row = tl.program_id(0)
+    head = tl.program_id(1)
+    d = tl.arange(0, BLOCK_D)
+    live = d < D
+    x_row = x_ptr + row.to(tl.int64) * sxn + head * sxh
+    x = tl.load(x_row + d, mask=live, other=0.0).to(tl.float32)
+    r = d - (D - 2 * HALF)  # index inside the rotated channels (negative: not rotated)
+    rotates = live & (r >= 0)
+    partner = tl.load(x_row + (d ^ 1), mask=rotates, other=0.0).to(tl.float32)  # D - 2*HALF is even
+    i = tl.where(rotates, r // 2, 0)
+    c = tl.load(cos_ptr + row.to(tl.int64) * scn + i, mask=rotates, other=1.0)
+    s = tl.load(sin_ptr + row.to(tl.int64) * scn + i, mask=rotates, other=0.0)
+    even = (r % 2) == 0
+    # forward: e' = e*c - o*s, o' = o*c + e*s; inverse: the signs of the sin terms flip
+    sign = tl.where(even == INVERSE, 1.0, -1.0)
+    rotated = _mul_rn(x, c, PTX) + _mul_rn(partner, s, PTX) * sign
+    out = tl.where(rotates, rotated, x)
+    tl.store(o_ptr + row.to(tl.int64) * son + head * soh + d, out.to(o_ptr.dtype.element_ty), mask=live)
+
+
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inverse: bool = False) -> torch.Tensor:
+    """apply_rope(x, cos, sin, inverse) in one launch: x [n, ..., D], cos/sin [n, half] fp32."""
+    n, D, half = x.shape[0], x.shape[-1], cos.shape[-1]
+    assert cos.shape == sin.shape == (n, half) and 2 * half <= D and D % 2 == 0
+    flat = x.reshape(n, -1, D)
+    if flat.stride(-1) != 1:
+        flat = flat.contiguous()
+    cos, sin = cos.float().contiguous(), sin.float().contiguous()
+    out = torch.empty(flat.shape, dtype=x.dtype, device=x.device)
+    if out.numel():
+        _rope_kernel[(n, flat.shape[1])](flat, cos, sin, out, flat.shape[1], flat.stride(0), flat.stride(1),
+                                         out.stride(0), out.stride(1), cos.stride(0), D=D, HALF=half,
+                                         BLOCK_D=triton.next_power_of_2(D), INVERSE=inverse, PTX=_PTX)
+    return out.view(x.shape)
