@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from dsflash.decode_worker.sampling import RequestSampler, SamplingError, SamplingParams
-from dsflash.decode_worker.spec import accept_block
+from dsflash.decode_worker.spec import accept_block, accept_greedy, greedy_targets
 
 V = 8
 
@@ -84,3 +84,19 @@ def test_greedy_acceptance_stops_at_first_mismatch():
     assert accept_block(s, target, [3, 5, 1], None) == [3, 5, 1, 7]
     assert accept_block(s, target, [3, 4, 1], None) == [3, 5]
     assert accept_block(s, target, [2, 5, 1], None) == [3]
+
+
+def test_batched_greedy_choice_equals_each_request_alone():
+    """One argmax over a batch's rows (greedy_targets) and accept_greedy give what accept_block
+    gives request by request; requests whose penalties change the logits keep that path."""
+    g = torch.Generator().manual_seed(4)
+    samplers = [_sampler(0, temperature=0.0), _sampler(1, top_k=1), _sampler(2, temperature=0.0, repetition_penalty=1.3),
+                _sampler(3, temperature=0.7), _sampler(4, temperature=0.0)]
+    logits = [torch.randn(4, V, generator=g) for _ in samplers]
+    logits[4][1] = logits[4][1].max() + 1  # a tie-free row, then one with two equal maxima
+    logits[4][2, [2, 6]] = logits[4][2].max() + 1
+    targets = greedy_targets(samplers, logits)
+    assert sorted(targets) == [0, 1, 4]
+    for j in targets:
+        for drafts in ([0, 0, 0], [int(t) for t in logits[j].argmax(-1)[:3]], [int(logits[j][0].argmax()), 7, 7]):
+            assert accept_greedy(targets[j], drafts) == accept_block(samplers[j], logits[j], drafts, None)
