@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..kvcache.paged import PagedCache
 from ..kvcache.pool import CachePool, PoolExhausted
 from ..model.batch import SeqRun
 from ..model.deepseek_v41 import DeepseekV41

@@ -129,8 +129,10 @@ def index_runs(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, xa: torch.T
                runs: list[SeqRun], rope: Rope) -> None:
     """`index` for every run of a forward at once (kernel path, quantizers on): one projection,
     one scoring launch over each run's own entries, one top-k. Each run's lists are what it
-    gets alone: a query's scores are computed the same way, entries past a run's own count
-    are -inf, and its top-k keeps its own k columns (see the argument in the tests)."""
+    gets alone: a query's scores are computed the same way and entries past a run's own count
+    N_r are -inf. Alone it keeps k_r = min(topk, N_r); the batch keeps k = min(topk, max N):
+    if N_r >= topk both are topk, else every finite score is kept either way, ascending, with
+    the -1s after them, so the first k_r columns are its own list (the candidate blocks alike)."""
     totals = [run.cache.num_entries(role.kv_source) for run in runs]
     width, T = max(totals), sum(run.n for run in runs)
     one_pool = len({id(run.cache.pool) for run in runs}) == 1
