@@ -487,11 +487,13 @@ def prefill(model, lengths) -> None:
         if time_left() < 90:
             record("prefill", f"T{n}", {"skipped": "device time budget"})
             continue
-        pool = CachePool(layout, layout.pages_for(n) + 8, 2, plain_allocator(DEV))
+        # compile the GPU kernels for prefill shapes first: a full chunk, then a part
+        warm = 8192 + 1000 if n == lengths[0] and DEV.startswith("cuda") else 0
+        pool = CachePool(layout, layout.pages_for(max(n, warm)) + 8, 2, plain_allocator(DEV))
         engine = PrefillEngine(model, pool, PrefillEngineConfig(PrefillSchedulerConfig(token_budget=8192, max_chunk=8192),
                                                                 ced=True))
-        if n == lengths[0]:  # compile every kernel for prefill shapes first: a full chunk, then a part
-            engine.add(PrefillRequest("warm", torch.randint(3, 100000, (8192 + 1000,)).tolist(), want_taps=False))
+        if warm:
+            engine.add(PrefillRequest("warm", torch.randint(3, 100000, (warm,)).tolist(), want_taps=False))
             with torch.inference_mode():
                 while engine.has_work():
                     for finished in engine.step():
@@ -499,20 +501,25 @@ def prefill(model, lengths) -> None:
         engine.add(PrefillRequest("p", torch.randint(3, 100000, (n,)).tolist(), want_taps=False))
         sync()
         began = time.perf_counter()
+        progress = []  # (tokens done, seconds) every ~64K tokens: how a chunk's cost grows with the context
         with torch.inference_mode():
             while engine.has_work():
                 done = engine.step()
+                if (n - engine.queued_tokens) // 65536 > len(progress) - 1:
+                    sync()
+                    progress.append((n - engine.queued_tokens, round(time.perf_counter() - began, 2)))
                 if time_left() < 30:
                     break
         sync()
         seconds = time.perf_counter() - began
         if engine.has_work():
-            record("prefill", f"T{n}", {"aborted_after_s": seconds, "done_tokens": n - engine.queued_tokens})
+            record("prefill", f"T{n}", {"aborted_after_s": seconds, "done_tokens": n - engine.queued_tokens,
+                                        "progress": progress})
             continue
         flops = prefill_flops(model, n)
         record("prefill", f"T{n}", {"seconds": seconds, "tokens_per_s": n / seconds,
                                     "roofline_s_bf16": flops / BF16_FLOPS, "ratio_to_roofline": seconds / (flops / BF16_FLOPS),
-                                    "TFLOP": flops / 1e12})
+                                    "TFLOP": flops / 1e12, "progress": progress})
         done[0].cache.release()
         if PROFILE[0] and n == lengths[0]:  # one 8,192-token chunk after a warm one, into a new cache
             engine.add(PrefillRequest("profiled", torch.randint(3, 100000, (16384,)).tolist(), want_taps=False))

@@ -28,6 +28,8 @@ def compress(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, xa: torch.Ten
     completed entries to its cache. Projections, pooling, norms, RoPE and quantizers run once
     over all runs' rows and groups (row by row as for a run alone); only the open groups and
     the page writes are per run."""
+    if not runs:
+        return  # a CED decoder pass: the encoder pass built every entry
     p, src, ratio = role.prefix, role.index, role.ratio
     x = run_rows(xa, runs)
     kv = ops.linear(x, f"{p}.attn.compressor.wkv.weight")  # [rows, D] fp32
