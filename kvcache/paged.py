@@ -328,6 +328,16 @@ class PagedCache(SequenceCache):
         return copy
 
 
+def tables_end_to_end(tables: list[torch.Tensor]) -> tuple[torch.Tensor, list[int]]:
+    """Several caches' page tables as one (one page_offsets lookup for a batch) and where each
+    starts in it (0 for an empty table)."""
+    firsts, total = [], 0
+    for table in tables:
+        firsts.append(total if table.numel() else 0)
+        total += table.numel()
+    return torch.cat(tables), firsts
+
+
 def page_offsets(layout: CacheLayout, table: torch.Tensor, entry_ids: torch.Tensor, kind: str = "kv",
                  first_page: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Byte offsets in the pool's pages_buffer of the codes and scales of entries (kind kv | key)

@@ -66,11 +66,16 @@ def end_to_end(runs: list[SeqRun]) -> bool:
     return all(run.offset == before.offset + before.n for before, run in zip(runs, runs[1:]))
 
 
+def offsets(runs: list[SeqRun]) -> tuple[int, ...]:
+    """The runs' first rows: which runs a per-forward memo (SeqRun.once) was built for."""
+    return tuple(run.offset for run in runs)
+
+
 def rows_positions(runs: list[SeqRun], device: str | torch.device) -> torch.Tensor:
     """Absolute positions [T] of every row of the runs, once per forward."""
     if len(runs) == 1:
         return runs[0].positions_on(device)
-    return runs[0].once(("row positions", torch.device(device), tuple(run.offset for run in runs)),
+    return runs[0].once(("row positions", torch.device(device), offsets(runs)),
                         lambda: torch.cat([run.positions_on(device) for run in runs]))
 
 

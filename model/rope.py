@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from .batch import SeqRun
+from .batch import SeqRun, offsets
 from .config import ModelConfig, yarn_inv_freq_bounds
 
 
@@ -57,7 +57,7 @@ class Rope:
             tables = [self.for_run(kind, run) for run in runs]
             return torch.cat([c for c, _ in tables]), torch.cat([s for _, s in tables])
 
-        return runs[0].once(("rope rows", kind, tuple(run.offset for run in runs)), build)
+        return runs[0].once(("rope rows", kind, offsets(runs)), build)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inverse: bool = False) -> torch.Tensor:

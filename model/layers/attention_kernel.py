@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import torch
 
-from ...kvcache.paged import page_offsets
-from ..batch import SeqRun, cat, run_rows
+from ...kvcache.paged import page_offsets, tables_end_to_end
+from ..batch import SeqRun, cat, offsets, run_rows
 from ..config import LayerRole, ModelConfig
 from ..device import to_device
 from ..kernels.sparse_attention import launch_plan, sparse_attention
@@ -113,7 +113,7 @@ def _ring_rows(runs: list[SeqRun]) -> tuple[torch.Tensor, torch.Tensor]:
         codes, scales = (cat(list(t)) for t in zip(*parts))
         return codes[:, None] + torch.arange(D, device=device), scales[:, None] + torch.arange(D // 32, device=device)
 
-    return runs[0].once(("ring rows", tuple(run.offset for run in runs)), build)
+    return runs[0].once(("ring rows", offsets(runs)), build)
 
 
 def _entry_offsets(role: LayerRole, runs: list[SeqRun], device) -> tuple[tuple[torch.Tensor, torch.Tensor], list[int]]:
@@ -123,7 +123,7 @@ def _entry_offsets(role: LayerRole, runs: list[SeqRun], device) -> tuple[tuple[t
     grow, so an entry's offsets never move)."""
     topks = [run.shared.get("topk") if role.ratio else None for run in runs]
     topks = [None if t is None or t.shape[1] == 0 else t for t in topks]
-    key = ("entry offsets", tuple(run.offset for run in runs))
+    key = ("entry offsets", offsets(runs))
     last = runs[0].shared.get(key)
     if last is not None and last[0] == role.kv_source and all(a is b for a, b in zip(last[1], topks)):
         return last[2]
@@ -148,7 +148,7 @@ def _lookup_entries(role: LayerRole, runs: list[SeqRun], topks: list, device
 
 
 def _no_entries(runs: list[SeqRun], device, width: int, value: int = -1) -> tuple[torch.Tensor, torch.Tensor]:
-    ids = runs[0].once(("no entries", tuple(run.offset for run in runs), width, value),
+    ids = runs[0].once(("no entries", offsets(runs), width, value),
                        lambda: torch.full((sum(run.n for run in runs), width), value, dtype=torch.long, device=device))
     return ids, ids
 
@@ -159,15 +159,13 @@ def _page_tables(runs: list[SeqRun], source: int) -> tuple[torch.Tensor, torch.T
     tables = tuple(run.cache.device_table(source) for run in runs)
     if len(runs) == 1:
         return tables[0], None
-    key = ("page tables", source, tuple(run.offset for run in runs))
+    key = ("page tables", source, offsets(runs))
     built = runs[0].shared.get(key)
     if built is None or any(a is not b for a, b in zip(built[0], tables)):
-        firsts, total = [], 0
-        for run, table in zip(runs, tables):
-            firsts += [total if table.numel() else 0] * run.n
-            total += table.numel()
-        first_page = to_device(torch.tensor(firsts, dtype=torch.long)[:, None], tables[0].device)
-        built = runs[0].shared[key] = (tables, torch.cat(tables), first_page)
+        table, firsts = tables_end_to_end(list(tables))
+        rows = [first for first, run in zip(firsts, runs) for _ in range(run.n)]
+        first_page = to_device(torch.tensor(rows, dtype=torch.long)[:, None], table.device)
+        built = runs[0].shared[key] = (tables, table, first_page)
     return built[1], built[2]
 
 
@@ -203,15 +201,13 @@ def _window_grid(cfg: ModelConfig, layer: int, runs: list[SeqRun]) -> tuple[torc
             parts.append(run.cache.ring_offsets(0, grid) + (grid >= first,))
         return tuple(cat(list(t)) for t in zip(*parts))
 
-    return runs[0].once(("window grid", tuple(run.offset for run in runs), valid_from), build)
+    return runs[0].once(("window grid", offsets(runs), valid_from), build)
 
 
 def _pad(ids: torch.Tensor, width: int, value: int) -> torch.Tensor:
     """`value` columns up to `width` (masked entries: they add nothing to any sum)."""
     extra = width - ids.shape[1]
     return ids if extra == 0 else torch.nn.functional.pad(ids, (0, extra), value=value)
-
-
 
 
 def scratch_attention(cfg: ModelConfig, run: SeqRun, role: LayerRole, q, kv, packed, entries, sink) -> torch.Tensor:

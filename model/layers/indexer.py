@@ -10,12 +10,10 @@ later index sources score only inside that pool. Each query keeps the top `index
 
 from __future__ import annotations
 
-from itertools import accumulate
-
 import torch
 
-from ...kvcache.paged import page_offsets
-from ..batch import SeqRun, end_to_end, rows_positions, run_rows
+from ...kvcache.paged import page_offsets, tables_end_to_end
+from ..batch import SeqRun, end_to_end, offsets, rows_positions, run_rows
 from ..config import LayerRole, ModelConfig
 from ..device import to_device
 from ..ops import ReferenceOps
@@ -85,30 +83,37 @@ def _kernel_scores(run, role, q, w, visible, total):
     return score
 
 
+def _queries(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, xa: torch.Tensor, q_res: torch.Tensor,
+             cos_sin: tuple[torch.Tensor, torch.Tensor], positions, qat: bool
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Rows' indexer queries qI [n, Hi, Di], head weights w [n, Hi] (with 1/sqrt(Hi) and
+    1/sqrt(Di)) and how many entries each sees; positions(device) gives the rows' positions."""
+    p, heads, dim = role.prefix, cfg.index_n_heads, cfg.index_head_dim
+    q = ops.rope(ops.linear(q_res, f"{p}.attn.indexer.wq_b").view(-1, heads, dim), *cos_sin)
+    if qat:
+        q = ops.fake_quant_fp4(q, 32)
+    weights = ops.linear(xa, f"{p}.attn.indexer.weights_proj.weight") * heads**-0.5
+    return q, weights * dim**-0.5, (positions(q.device) + 1) // role.ratio
+
+
 def index(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, xa: torch.Tensor, q_res: torch.Tensor, run: SeqRun,
           rope: Rope, qat: bool) -> None:
     """Publishes run.shared['topk'] ([n, k] entry ids, -1 = none) and, at the candidate source,
     run.shared['candidates'] ([n, N] bool)."""
-    p, shared = role.prefix, run.shared
+    shared = run.shared
     total = run.cache.num_entries(role.kv_source)
     if total == 0:
         shared["topk"] = None
         if role.is_candidate_source:
             shared["candidates"] = None
         return
-    heads, dim = cfg.index_n_heads, cfg.index_head_dim
-    cos, sin = rope.for_run("yarn", run)
-    q = ops.rope(ops.linear(q_res, f"{p}.attn.indexer.wq_b").view(run.n, heads, dim), cos, sin)
-    if qat:
-        q = ops.fake_quant_fp4(q, 32)
-    weights = ops.linear(xa, f"{p}.attn.indexer.weights_proj.weight") * heads**-0.5  # [n, Hi]
-    visible = (run.positions_on(q.device) + 1) // role.ratio
+    q, w, visible = _queries(ops, cfg, role, xa, q_res, rope.for_run("yarn", run), run.positions_on, qat)
     candidates_in = shared.get("candidates") if role.uses_candidates else None
     k = min(cfg.index_topk, total)
     if ops.reads_cache_in_place(run.cache):
-        score = _kernel_scores(run, role, q, weights * dim**-0.5, visible, total)
+        score = _kernel_scores(run, role, q, w, visible, total)
     else:
-        score = _reference_scores(q, run.cache.index_keys(role.kv_source).to(q.device), weights * dim**-0.5, visible)
+        score = _reference_scores(q, run.cache.index_keys(role.kv_source).to(q.device), w, visible)
     chunk = max(1, _SCORE_BUDGET // total)
     picks, pools = [], []
     for lo in range(0, run.n, chunk):
@@ -144,17 +149,14 @@ def index_runs(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, xa: torch.T
             index(ops, cfg, role, xa[run.rows], q_res[run.rows], run, rope, True)
         return
     xa, q_res = run_rows(xa, runs), run_rows(q_res, runs)  # rows past T: a CUDA graph bucket's padding
-    p, heads, dim = role.prefix, cfg.index_n_heads, cfg.index_head_dim
-    cos, sin = rope.for_runs("yarn", runs)
-    q = ops.fake_quant_fp4(ops.rope(ops.linear(q_res, f"{p}.attn.indexer.wq_b").view(T, heads, dim), cos, sin), 32)
-    weights = ops.linear(xa, f"{p}.attn.indexer.weights_proj.weight") * heads**-0.5  # [T, Hi]
-    visible = (rows_positions(runs, q.device) + 1) // role.ratio
+    q, w, visible = _queries(ops, cfg, role, xa, q_res, rope.for_runs("yarn", runs),
+                             lambda device: rows_positions(runs, device), True)
     key_off, key_soff, first, count = _key_tables(runs, role.kv_source, totals, q.device)
-    scores = indexer_scores(q, weights * dim**-0.5, visible, runs[0].cache.pool.pages_buffer, key_off, key_soff,
+    scores = indexer_scores(q, w, visible, runs[0].cache.pool.pages_buffer, key_off, key_soff,
                             (first, count, max(run.n for run in runs)))
     if role.is_candidate_source:
         pool = select_candidate_blocks(scores, visible, cfg.candidate_topk_blocks, cfg.candidate_block_size)
-        runs[0].shared[("candidate pool", _offsets(runs))] = pool
+        runs[0].shared[("candidate pool", offsets(runs))] = pool
     elif candidates is not None:
         scores = scores.masked_fill(~candidates, float("-inf"))
     picks = top_k_ascending(scores, min(cfg.index_topk, width))
@@ -164,13 +166,9 @@ def index_runs(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, xa: torch.T
             run.shared["candidates"] = pool[run.rows, :total]
 
 
-def _offsets(runs: list[SeqRun]) -> tuple[int, ...]:
-    return tuple(run.offset for run in runs)
-
-
 def _candidate_pool(runs: list[SeqRun], width: int) -> torch.Tensor | None:
     """The candidate layer's [T, N] pool of a batched forward, if it covers these entries."""
-    pool = runs[0].shared.get(("candidate pool", _offsets(runs)))
+    pool = runs[0].shared.get(("candidate pool", offsets(runs)))
     return pool if pool is not None and pool.shape[1] == width else None
 
 
@@ -179,12 +177,11 @@ def _key_tables(runs: list[SeqRun], source: int, totals: list[int], device
     """Byte offsets [R, N] of every run's index keys (past a run's own count: its last entry,
     never scored), and each run's first row and rows; built once per forward and entry count."""
     def build():
-        tables = [run.cache.device_table(source) for run in runs]
-        firsts = list(accumulate([0] + [t.numel() for t in tables[:-1]]))
+        table, firsts = tables_end_to_end([run.cache.device_table(source) for run in runs])
         meta = to_device(torch.tensor([firsts, [t - 1 for t in totals], [run.offset for run in runs],
                                        [run.n for run in runs]]), device)
         ids = torch.minimum(torch.arange(max(totals), device=device)[None, :], meta[1][:, None])
-        off, soff = page_offsets(runs[0].cache.layout, torch.cat(tables), ids, kind="key", first_page=meta[0][:, None])
+        off, soff = page_offsets(runs[0].cache.layout, table, ids, kind="key", first_page=meta[0][:, None])
         return off, soff, meta[2], meta[3]
 
-    return runs[0].once(("key tables", source, tuple(totals), _offsets(runs)), build)
+    return runs[0].once(("key tables", source, tuple(totals), offsets(runs)), build)
