@@ -155,11 +155,96 @@ def bf16_gemms() -> None:
                                                      "torch_fp32_us": t_torch * 1e6, "max_rel_error": err})
 
 
+# Prefill-form tile choices timed by attention_kernels: (keys per step, query parts,
+# probability parts, warps); the first is PREFILL_TILES.
+PREFILL_ATTENTION_TILES = [(16, 2, 2, 4), (32, 2, 2, 4), (16, 3, 2, 4), (16, 2, 1, 4)]
+
+
+def attention_kernels(sizes=(6, 48, 192, 2048, 8192)) -> None:
+    """Sparse attention at the release's shapes: the decode form (flash decoding, tf32x3) at
+    every size, the prefill form (bf16 tensor cores) from 2,048 queries on, each tile choice
+    against the decode form's output (fp32-accurate) and the FLOP roofline."""
+    from dsflash.model.kernels.sparse_attention import sparse_attention
+
+    dev = "cuda"
+    heads, D, W, K = 64, 512, 128, 512
+    rows = 1 << 16
+    ring = torch.randint(0, 0x77, (rows * (D + D // 32),), dtype=torch.uint8, device=dev)
+    ring[rows * D:] = 120  # window scales 2^-7: keys up to 3.5
+    pages = torch.randint(0, 255, (rows * 288,), dtype=torch.uint8, device=dev)
+    pages[rows * 256:] = torch.randint(0x30, 0x40, (rows * 32,), dtype=torch.uint8, device=dev)  # e4m3 0.5-1.9
+    for n in sizes:
+        q = torch.randn(n, heads, D, device=dev)
+        w_off = torch.randint(0, rows, (n, W), device=dev) * D
+        w_soff = rows * D + torch.randint(0, rows, (n, W), device=dev) * (D // 32)
+        e_off = torch.randint(0, rows, (n, K), device=dev) * 256
+        e_soff = rows * 256 + torch.randint(0, rows, (n, K), device=dev) * 32
+        sink = torch.zeros(heads, device=dev)
+        nbytes = n * (W * (D + D // 32) + K * 288 + heads * D * 4 * 2)
+        flops = 4 * n * heads * (W + K) * D
+        args = (q, ring, w_off, w_soff, pages, e_off, e_soff, sink, D**-0.5)
+        iters = 3 if n > 1000 else 20
+        ref = sparse_attention(*args, 4, None, 16, prefill=False)
+        shapes = [("decode", dict(num_warps=4, head_block=16, prefill=False))]
+        if n < 1000:
+            shapes.append(("decode", dict(num_warps=8, head_block=16, prefill=False)))
+        else:
+            shapes += [("prefill", dict(prefill=True, tiles=dict(KT=kt, QP=qp, PP=pp, num_warps=w)))
+                       for kt, qp, pp, w in PREFILL_ATTENTION_TILES]
+        for form, kw in shapes:
+            label = f"n{n}_{form}_" + "_".join(f"{k}{v}" for k, v in (kw.get("tiles") or kw).items())
+            try:
+                t = cuda_time(lambda: sparse_attention(*args, **kw), iters=iters)
+                got = sparse_attention(*args, **kw)
+            except Exception as exc:  # registers or shared memory the compiler cannot fit
+                record("kernel_sparse_attention", label, {"error": f"{type(exc).__name__}: {str(exc)[:200]}"})
+                continue
+            record("kernel_sparse_attention", label,
+                   {"us": t * 1e6, "TFLOPs": flops / t / 1e12, "ratio_to_bf16_roofline": t / (flops / BF16_FLOPS),
+                    "ratio_to_byte_roofline": t / (nbytes / HBM_BPS),
+                    "max_rel_diff_vs_decode_form": ((got - ref).abs().max() / ref.abs().max()).item()})
+
+
+def indexer_kernels() -> None:
+    """A prefill chunk's indexer at long context: the scores of one top-k chunk (the
+    _SCORE_BUDGET: 128 queries over 1M entries), in fp32 (three TF32 passes) and with
+    FP4-quantized queries in one bf16 pass, in decode-sized and tall tiles, then the top-k
+    that follows them."""
+    from dsflash.model.kernels.indexer_score import indexer_scores
+    from dsflash.model.layers.indexer import top_k_ascending
+    from dsflash.model.quant import fake_quant_fp4
+
+    dev, heads, dim = "cuda", 32, 128
+    for entries, n in ((1 << 20, 128), (1 << 14, 2048)):
+        page_bytes = torch.randint(0, 255, (entries * 68,), dtype=torch.uint8, device=dev)
+        page_bytes[entries * 64:] = 120  # e8m0 scales 2^-7
+        k_off = torch.arange(entries, device=dev) * 64
+        k_soff = entries * 64 + torch.arange(entries, device=dev) * 4
+        q = fake_quant_fp4(torch.randn(n, heads, dim, device=dev), 32)
+        w = torch.randn(n, heads, device=dev)
+        visible = torch.full((n,), entries, device=dev)
+        flops = 2 * n * heads * dim * entries
+        ref = indexer_scores(q, w, visible, page_bytes, k_off, k_soff)
+        for label, kw in (("tf32x2", {}), ("bf16", dict(exact_in_bf16=True)),
+                          ("bf16_tall", dict(exact_in_bf16=True, tall=True)),
+                          ("bf16_128x128", dict(exact_in_bf16=True, tiles=(128, 128, 8)))):
+            def score():
+                return indexer_scores(q, w, visible, page_bytes, k_off, k_soff, **kw)
+
+            t, got = cuda_time(score, iters=5), score()
+            record("kernel_indexer_prefill", f"N{entries}_n{n}_{label}",
+                   {"us": t * 1e6, "TFLOPs": flops / t / 1e12, "ratio_to_bf16_roofline": t / (flops / BF16_FLOPS),
+                    "max_rel_diff": ((got - ref).abs().max() / ref.abs().max()).item()})
+        for rows in (32, n):
+            t = cuda_time(lambda: top_k_ascending(ref[:rows], 512), iters=5)
+            record("kernel_indexer_prefill", f"N{entries}_n{rows}_top_k_ascending",
+                   {"us": t * 1e6, "GBps_of_scores": rows * entries * 4 / t / 1e9})
+
+
 def kernels() -> None:
     from dsflash.model.kernels.fp4_moe import fp4_moe
     from dsflash.model.kernels.fp8_gemm import fp8_gemm
     from dsflash.model.kernels.indexer_score import indexer_scores
-    from dsflash.model.kernels.sparse_attention import sparse_attention
     from dsflash.model.quant import dequantize_fp8_weight
 
     dev = "cuda"
@@ -207,32 +292,7 @@ def kernels() -> None:
         record("kernel_fp4_moe", f"T{tokens}", {"us": t * 1e6, "experts": len(torch.unique(idx)),
                                                  "GBps": nbytes / t / 1e9, "roofline_us": nbytes / HBM_BPS * 1e6,
                                                  "ratio_to_roofline": t / (nbytes / HBM_BPS)})
-    heads, D, W, K = 64, 512, 128, 512
-    rows = 1 << 16
-    ring = torch.randint(0, 0x77, (rows * (D + D // 32),), dtype=torch.uint8, device=dev)
-    pages = torch.randint(0, 255, (rows * 288,), dtype=torch.uint8, device=dev)
-    for n in (6, 48, 192, 2048):
-        q = torch.randn(n, heads, D, device=dev)
-        w_off = torch.randint(0, rows, (n, W), device=dev) * D
-        w_soff = rows * D + torch.randint(0, rows, (n, W), device=dev) * (D // 32)
-        e_off = torch.randint(0, rows, (n, K), device=dev) * 256
-        e_soff = rows * 256 + torch.randint(0, rows, (n, K), device=dev) * 32
-        sink = torch.zeros(heads, device=dev)
-        nbytes = n * (W * (D + D // 32) + K * 288 + heads * D * 4 * 2)
-        shapes = [(16, 4), (16, 8)] if n < 1000 else [(16, 4), (16, 8), (32, 8), (32, 4), (64, 8)]
-        ref = sparse_attention(q, ring, w_off, w_soff, pages, e_off, e_soff, sink, D**-0.5, 4, None, 16)
-        for hb, warps in shapes:
-            try:
-                t = cuda_time(lambda: sparse_attention(q, ring, w_off, w_soff, pages, e_off, e_soff, sink, D**-0.5,
-                                                       warps, None, hb), iters=5 if n > 1000 else 20)
-                got = sparse_attention(q, ring, w_off, w_soff, pages, e_off, e_soff, sink, D**-0.5, warps, None, hb)
-            except Exception as exc:  # registers or shared memory the compiler cannot fit
-                record("kernel_sparse_attention", f"n{n}_hb{hb}_warps{warps}", {"error": type(exc).__name__})
-                continue
-            record("kernel_sparse_attention", f"n{n}_hb{hb}_warps{warps}",
-                   {"us": t * 1e6, "GBps": nbytes / t / 1e9, "roofline_us": nbytes / HBM_BPS * 1e6,
-                    "ratio_to_roofline": t / (nbytes / HBM_BPS), "max_abs_diff_vs_hb16": (got - ref).abs().max().item(),
-                    "TFLOPs": 4 * n * heads * (W + K) * D / t / 1e12})
+    attention_kernels((6, 48, 192))
     for entries in (2048, 1 << 20):
         page_bytes = torch.randint(0, 255, (entries * 68,), dtype=torch.uint8, device=dev)
         k_off = torch.arange(entries, device=dev) * 64
@@ -458,12 +518,16 @@ def decode(model, store, batches, contexts, label: str) -> None:
                 torch.cuda.empty_cache()
 
 
-def profile_steps(engine, name: str, steps: int = 2) -> None:
-    """Where a step's time goes: the top operators by host and by device time."""
+def profile_steps(engine, name: str, steps: int = 2, stacks: bool = False) -> None:
+    """Where a step's time goes: the top operators by host and by device time; with `stacks`
+    also by the Python lines that launched them (which torch ops come from which layer code)."""
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if DEV.startswith("cuda") else [])
-    with torch.inference_mode(), profile(activities=activities) as prof:
+    # the verbose config is what makes the Python stacks show in key_averages (torch 2.11)
+    config = torch._C._profiler._ExperimentalConfig(verbose=True) if stacks else None
+    with torch.inference_mode(), profile(activities=activities, with_stack=stacks,
+                                         experimental_config=config) as prof:
         for _ in range(steps):
             engine.step()
         sync()
@@ -471,6 +535,9 @@ def profile_steps(engine, name: str, steps: int = 2) -> None:
     text = [table.table(sort_by="self_cpu_time_total", row_limit=30)]
     if DEV.startswith("cuda"):
         text.append(table.table(sort_by="self_cuda_time_total", row_limit=20))
+    if stacks:
+        sort = "self_cuda_time_total" if DEV.startswith("cuda") else "self_cpu_time_total"
+        text.append(prof.key_averages(group_by_stack_n=4).table(sort_by=sort, row_limit=40, max_name_column_width=60))
     (out_dir() / f"profile_{name}.txt").write_text("\n".join(text))
     print("\n".join(t[:6000] for t in text), flush=True)
 
@@ -525,7 +592,7 @@ def prefill(model, lengths) -> None:
             engine.add(PrefillRequest("profiled", torch.randint(3, 100000, (16384,)).tolist(), want_taps=False))
             with torch.inference_mode():
                 engine.step()
-            profile_steps(engine, "prefill_chunk8192", steps=1)
+            profile_steps(engine, "prefill_chunk8192", steps=1, stacks=True)
         del engine, pool
         if DEV.startswith("cuda"):
             torch.cuda.empty_cache()
@@ -602,6 +669,9 @@ def main() -> None:
         ceilings()
     if "kernels" in sections and DEV.startswith("cuda"):
         kernels()
+    if "attention" in sections and DEV.startswith("cuda"):
+        attention_kernels((192, 8192))
+        indexer_kernels()
     if "moe_tiles" in sections and DEV.startswith("cuda"):
         moe_tiles()
     if {"decode", "prefill", "reference"} & set(sections):

@@ -28,9 +28,7 @@ from .graphs import GraphCache
 from .layers.attention import attend, grouped_output, project
 from .layers.compressor import compress
 from .layers.engram import engram
-from .layers.mhc import hc_collapse, hc_expand
 from .layers.moe import moe
-from .layers.norm import rms_norm
 from .ops import ReferenceOps
 from .parallel import SINGLE, Parallel, check_divisible, keeps_spec, shard_attention
 from .rope import Rope
@@ -99,7 +97,8 @@ class DeepseekV41:
         X, pre, _ = self._layers(X, pre, runs, range(split), hashes, False)
         role = self.config.roles[split]
         Xs = self._engram(role, X, hashes) if role.engram_slot is not None else X
-        xa = rms_norm(hc_collapse(Xs, pre), self.ops.w(f"{role.prefix}.attn_norm.weight"), self.config.rms_norm_eps)
+        xa = self.ops.hc_collapse_norm(Xs, pre, self.ops.w(f"{role.prefix}.attn_norm.weight"),
+                                       self.config.rms_norm_eps)
         compress(self.ops, self.config, role, xa, runs, self.rope, self.qat)
         return X, pre
 
@@ -135,18 +134,18 @@ class DeepseekV41:
         c, w, p = self.config, self.ops.w, role.prefix
         a_pre, a_post, a_comb = self.ops.hc_mix(X, w(f"{p}.hc_attn_fn"), w(f"{p}.hc_attn_base"), w(f"{p}.hc_attn_scale"),
                                                 c.hc_sinkhorn_iters, c.hc_eps, c.rms_norm_eps)
-        xa = rms_norm(hc_collapse(X, pre), w(f"{p}.attn_norm.weight"), c.rms_norm_eps)
+        xa = self.ops.hc_collapse_norm(X, pre, w(f"{p}.attn_norm.weight"), c.rms_norm_eps)
         return (a_pre, a_post, a_comb, xa) + project(self.ops, c, role, xa)
 
     def _attn_out_ffn(self, role: LayerRole, o: torch.Tensor, X: torch.Tensor, a_pre: torch.Tensor,
                       a_post: torch.Tensor, a_comb: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Attention output into the streams, then the whole FFN site (dense: one graph per T)."""
         c, w, p = self.config, self.ops.w, role.prefix
-        X = hc_expand(grouped_output(self.ops, c, role, o), X, a_post, a_comb)
+        X = self.ops.hc_expand(grouped_output(self.ops, c, role, o), X, a_post, a_comb)
         f_pre, f_post, f_comb = self.ops.hc_mix(X, w(f"{p}.hc_ffn_fn"), w(f"{p}.hc_ffn_base"), w(f"{p}.hc_ffn_scale"),
                                                 c.hc_sinkhorn_iters, c.hc_eps, c.rms_norm_eps)
-        xf = rms_norm(hc_collapse(X, a_pre), w(f"{p}.ffn_norm.weight"), c.rms_norm_eps)
-        X = hc_expand(moe(self.ops, c, role, xf), X, f_post, f_comb)
+        xf = self.ops.hc_collapse_norm(X, a_pre, w(f"{p}.ffn_norm.weight"), c.rms_norm_eps)
+        X = self.ops.hc_expand(moe(self.ops, c, role, xf), X, f_post, f_comb)
         return X, f_pre
 
     def _dense(self, part: str, role: LayerRole, fn, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -155,7 +154,7 @@ class DeepseekV41:
         return self.graphs.run((part, role.index), lambda *t: fn(role, *t), inputs)
 
     def head(self, X: torch.Tensor, pre: torch.Tensor, norm: str = "norm.weight") -> torch.Tensor:
-        h = rms_norm(hc_collapse(X, pre), self.ops.w(norm), self.config.rms_norm_eps)
+        h = self.ops.hc_collapse_norm(X, pre, self.ops.w(norm), self.config.rms_norm_eps)
         return self.ops.linear(h, "head.weight")
 
     def _layers(self, X, pre, runs, layers, hashes, want_taps):

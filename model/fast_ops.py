@@ -7,13 +7,15 @@ every kernel is checked against the reference it replaces (tests/model/test_kern
   block-diagonal wo_a run on the same transposed decode kernel;
 - routed experts run as two grouped GEMMs over packed FP4 weights (fp4_moe);
 - attention and indexer scoring read the paged cache's bytes in place (their layers call them);
-- the FP8/FP4 cache round trips run as one launch each (quantize), not ~25 small torch ops.
+- the FP8/FP4 cache round trips run as one launch each (quantize), not ~25 small torch ops;
+- the mHC stream updates (expand, collapse + norm) read the streams once each (hc_streams).
 """
 
 from __future__ import annotations
 
 import torch
 
+from .kernels import hc_streams
 from .kernels.common import interpreting
 from .kernels.fp4_moe import fp4_moe, small_scales
 from .kernels.fp8_gemm import bf16_gemm, fp32_gemm, fp8_gemm, grouped_fp8_gemm, small_fp8_scales
@@ -79,6 +81,17 @@ class TritonOps(ReferenceOps):
                hc_eps: float, norm_eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         project = fp32_gemm if _kernels_run_on(X) and fn.dtype == torch.float32 else None
         return hc_gates(hc_mixes(X, fn, norm_eps, project), base, scale, iters, hc_eps)
+
+    def hc_expand(self, y: torch.Tensor, X: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
+        if not (_kernels_run_on(X) and hc_streams.supported(X)):
+            return super().hc_expand(y, X, post, comb)
+        return hc_streams.hc_expand(y, X, post, comb)
+
+    def hc_collapse_norm(self, X: torch.Tensor, pre: torch.Tensor, weight: torch.Tensor | None,
+                         eps: float) -> torch.Tensor:
+        if not (_kernels_run_on(X) and hc_streams.supported(X)):
+            return super().hc_collapse_norm(X, pre, weight, eps)
+        return hc_streams.hc_collapse_norm(X, pre, weight, eps)
 
     def fp8_round_trip(self, x: torch.Tensor, block: int = 32) -> tuple[torch.Tensor, Packed]:
         if not _kernels_run_on(x):

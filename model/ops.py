@@ -11,7 +11,8 @@ from __future__ import annotations
 import torch
 
 from . import quant
-from .layers.mhc import hc_mix
+from .layers.mhc import hc_collapse, hc_expand, hc_mix
+from .layers.norm import rms_norm
 from .parallel import SINGLE, Parallel
 from .rope import apply_rope
 from .weights import Fp4Weight, Fp8Weight, WeightStore
@@ -84,6 +85,15 @@ class ReferenceOps:
                hc_eps: float, norm_eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """An mHC site's gates (layers/mhc.py); the fast path fuses the Sinkhorn loop."""
         return hc_mix(X, fn, base, scale, iters, hc_eps, norm_eps)
+
+    def hc_expand(self, y: torch.Tensor, X: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
+        """A sublayer's output into the streams (layers/mhc.py); one launch on the fast path."""
+        return hc_expand(y, X, post, comb)
+
+    def hc_collapse_norm(self, X: torch.Tensor, pre: torch.Tensor, weight: torch.Tensor | None,
+                         eps: float) -> torch.Tensor:
+        """A sublayer's input: the streams collapsed by `pre`, RMS-normalized; one launch on the fast path."""
+        return rms_norm(hc_collapse(X, pre), weight, eps)
 
 
 def same_device(a: str | torch.device, b: str | torch.device) -> bool:

@@ -342,8 +342,8 @@ def fp4_moe(x, idx, weights, w13, s13, w2, s2, limit: float, block_m: int | None
     P = pieces(block_m)
     tiles = TILES["interpreter"][P] if interpreting() else TILES[block_m]
     plan = RoutePlan(idx, weights, E, block_m)
-    # [SPLITS, P, T, H/P]: piece t holds columns P*c + t, as the weight units' code t
-    parts = bf16_parts(x.reshape(T, H // P, P).permute(2, 0, 1), SPLITS)
+    # [SPLITS, P, T, H/P] (a strided view): piece t holds columns P*c + t, as the weight units' code t
+    parts = bf16_parts(x, SPLITS, interleave=P).view(SPLITS, T, P, H // P).transpose(1, 2)
     h = torch.empty(SPLITS, P, plan.rows, inter // P, dtype=torch.bfloat16, device=x.device)
     out = torch.zeros(pairs, H, dtype=torch.float32, device=x.device)  # other ranks' pairs stay 0
     units13, units2 = (w13.view(torch.int32), w2.view(torch.int32)) if P == 8 else (w13, w2)

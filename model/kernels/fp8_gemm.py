@@ -183,8 +183,8 @@ def fp8_gemm(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, act_qua
              tiles: dict | None = None, small: bool | None = None) -> torch.Tensor:
     """x [M, K] @ (codes, scales)^T -> [M, N] fp32. `tiles` overrides the launch shape; small
     is small_fp8_scales(scales), worked out here when not given."""
-    if act_quant:
-        x = fake_quant_fp8(x.float())
+    if act_quant:  # FP8 values times powers of two: exact in bf16, so one part (not three) dots them
+        x = fake_quant_fp8(x.float()).to(torch.bfloat16)
     N, K = codes.shape
     assert x.shape[1] == K and codes.dtype == torch.uint8, (x.shape, codes.shape, codes.dtype)
     assert scales.shape == (-(-N // 32), -(-K // 32)) and scales.dtype == torch.uint8

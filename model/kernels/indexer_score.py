@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import dot_exact_rhs, e2m1_to_float
+from .common import dot_exact_rhs, e2m1_to_float, interpreting
 
 
 def indexer_scores_ref(q: torch.Tensor, keys: torch.Tensor, w: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
@@ -24,9 +24,12 @@ def indexer_scores_ref(q: torch.Tensor, keys: torch.Tensor, w: torch.Tensor, vis
 @triton.jit
 def _indexer_kernel(q_ptr, w_ptr, vis_ptr, page_ptr, k_off, k_soff, o_ptr, first_ptr, count_ptr, n, N, HI,
                     sqn, sqh, swn, son, skr, DI: tl.constexpr, QB: tl.constexpr, NB: tl.constexpr,
-                    RUNS: tl.constexpr):
+                    RUNS: tl.constexpr, BF16: tl.constexpr):
     """Program (query block, entry block, run): with RUNS, run r's queries are rows
-    first[r] .. first[r] + count[r] and its entries row r of the offset tables."""
+    first[r] .. first[r] + count[r] and its entries row r of the offset tables. BF16: the
+    queries come as bf16 holding them exactly (FP4-quantized ones do), so one bf16 dot per
+    head is exact (the keys are e2m1 times a power of two); otherwise fp32 queries dot at
+    three-pass accuracy (dot_exact_rhs)."""
     pid_q = tl.program_id(0)
     pid_n = tl.program_id(1)
     if RUNS:
@@ -50,22 +53,39 @@ def _indexer_kernel(q_ptr, w_ptr, vis_ptr, page_ptr, k_off, k_soff, o_ptr, first
     keys = tl.reshape(tl.join(e2m1_to_float(packed & 0xF), e2m1_to_float((packed >> 4) & 0xF)), (NB, DI))
     sbytes = tl.load(page_ptr + soff[:, None] + (d // 32)[None, :], mask=live[:, None], other=127)
     keys = keys * tl.exp2(sbytes.to(tl.float32) - 127.0)
+    if BF16:
+        keys = keys.to(tl.bfloat16)
     acc = tl.zeros((QB, NB), tl.float32)
     for h in range(0, HI):
-        q = tl.load(q_ptr + rq[:, None] * sqn + h * sqh + d[None, :], mask=in_run[:, None], other=0.0).to(tl.float32)
+        q = tl.load(q_ptr + rq[:, None] * sqn + h * sqh + d[None, :], mask=in_run[:, None], other=0.0)
         w = tl.load(w_ptr + rq * swn + h, mask=in_run, other=0.0)
-        acc += tl.maximum(dot_exact_rhs(q, tl.trans(keys), tl.zeros((QB, NB), tl.float32)), 0.0) * w[:, None]
+        if BF16:
+            logits = tl.dot(q, tl.trans(keys))
+        else:
+            logits = dot_exact_rhs(q.to(tl.float32), tl.trans(keys), tl.zeros((QB, NB), tl.float32))
+        acc += tl.maximum(logits, 0.0) * w[:, None]
     visible = tl.load(vis_ptr + rq, mask=in_run, other=0)
     acc = tl.where(rj[None, :] < visible[:, None], acc, float("-inf"))
     tl.store(o_ptr + rq[:, None] * son + rj[None, :], acc, mask=in_run[:, None] & live[None, :])
 
 
+# (queries, entries, warps) per program: decode-sized runs, and runs of TALL_RUN rows and more
+# (prefill), whose 64-query blocks take the Hopper tensor-core instructions (wgmma).
+TILES = {"short": (16, 64, 4), "tall": (64, 128, 8)}
+TALL_RUN = 256
+
+
 def indexer_scores(q: torch.Tensor, w: torch.Tensor, visible: torch.Tensor, pages: torch.Tensor,
                    key_offsets: torch.Tensor, key_scale_offsets: torch.Tensor,
-                   runs: tuple[torch.Tensor, torch.Tensor, int] | None = None) -> torch.Tensor:
+                   runs: tuple[torch.Tensor, torch.Tensor, int] | None = None,
+                   exact_in_bf16: bool = False, tall: bool = False, tiles: tuple | None = None) -> torch.Tensor:
     """key_offsets [N] for one run, or [R, N] with `runs` = (first row [R], rows [R], most rows)
     for several: each run's queries score its own row of entries (one launch for a batch). A
-    query's score of an entry is computed the same way in either form, bit for bit."""
+    query's score of an entry is computed the same way in either form, bit for bit, and in
+    any slice of a run's rows: the tiles depend on `tall` (the run has TALL_RUN rows or more,
+    whichever of them are scored now) and `tiles` only.
+    exact_in_bf16: the caller knows every query value is a bf16 value (FP4-quantized, with
+    power-of-two scales): the GPU then dots them in one bf16 pass, not three TF32 ones."""
     n, heads, dim = q.shape
     N = key_offsets.shape[-1]
     assert w.shape == (n, heads) and visible.shape == (n,) and pages.dtype == torch.uint8 and dim % 32 == 0
@@ -73,9 +93,10 @@ def indexer_scores(q: torch.Tensor, w: torch.Tensor, visible: torch.Tensor, page
     out = torch.empty(n, N, dtype=torch.float32, device=q.device)
     if N == 0 or n == 0:
         return out
-    q, w = q.contiguous(), w.float().contiguous()
+    bf16 = exact_in_bf16 and not interpreting()  # the interpreter dots fp32 exactly anyway
+    q, w = (q.to(torch.bfloat16) if bf16 else q).contiguous(), w.float().contiguous()
     key_offsets, key_scale_offsets = key_offsets.contiguous(), key_scale_offsets.contiguous()
-    qb, nb = 16, 64
+    qb, nb, warps = tiles or TILES["tall" if tall else "short"]
     if runs is None:
         first = count = visible  # unused
         grid = (triton.cdiv(n, qb), triton.cdiv(N, nb), 1)
@@ -84,5 +105,6 @@ def indexer_scores(q: torch.Tensor, w: torch.Tensor, visible: torch.Tensor, page
         grid = (triton.cdiv(most, qb), triton.cdiv(N, nb), key_offsets.shape[0])
     _indexer_kernel[grid](q, w, visible.to(torch.int64).contiguous(), pages, key_offsets, key_scale_offsets, out,
                           first, count, n, N, heads, q.stride(0), q.stride(1), w.stride(0), out.stride(0),
-                          key_offsets.stride(0), DI=dim, QB=qb, NB=nb, RUNS=runs is not None)
+                          key_offsets.stride(0), DI=dim, QB=qb, NB=nb, RUNS=runs is not None, BF16=bf16,
+                          num_warps=warps)
     return out

@@ -7,11 +7,13 @@ grows the denominator, so a query with nothing visible returns zeros.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
 
-from .common import dot_exact_rhs, e2m1_to_float, e4m3_to_float, interpreting
+from .common import bf16_parts, dot_exact_rhs, e2m1_to_float, e4m3_to_float, interpreting, pow2
 
 
 def sparse_attention_ref(q: torch.Tensor, window_kv: torch.Tensor, window_mask: torch.Tensor,
@@ -52,6 +54,33 @@ def _online(q, keys, valid, m_i, l_i, acc, scale):
 
 
 @triton.jit
+def _window_keys(ring_ptr, win_off, win_soff, row, j, W, d, HW_FP8: tl.constexpr):
+    """Window keys j of the query whose offsets start at `row`: FP8 e4m3 rows, one e8m0 scale
+    per 32 values -> (fp32 keys [KT, D], which are valid)."""
+    off = tl.load(win_off + row + j, mask=j < W, other=-1)
+    soff = tl.load(win_soff + row + j, mask=j < W, other=0)
+    valid = off >= 0
+    codes = tl.load(ring_ptr + off[:, None] + d[None, :], mask=valid[:, None], other=0)
+    sbytes = tl.load(ring_ptr + soff[:, None] + (d // 32)[None, :], mask=valid[:, None], other=127)
+    return e4m3_to_float(codes, HW_FP8) * tl.exp2(sbytes.to(tl.float32) - 127.0), valid
+
+
+@triton.jit
+def _entry_keys(page_ptr, ent_off, ent_soff, row, j, last, d, HW_FP8: tl.constexpr):
+    """Selected compressed entries j (< last): packed e2m1 (low nibble first), one e4m3 scale
+    per 16 values -> (fp32 keys [KT, D], which are valid). Each value's nibble is picked from
+    its byte by a shift: a join + reshape (as fp4_moe did), feeding both dots of the online
+    softmax, compiled to wrong values on H200 (Triton 3.6)."""
+    off = tl.load(ent_off + row + j, mask=j < last, other=-1)
+    soff = tl.load(ent_soff + row + j, mask=j < last, other=0)
+    valid = off >= 0
+    packed = tl.load(page_ptr + off[:, None] + (d // 2)[None, :], mask=valid[:, None], other=0).to(tl.int32)
+    values = e2m1_to_float((packed >> ((d % 2) * 4)[None, :]) & 0xF)
+    sbytes = tl.load(page_ptr + soff[:, None] + (d // 16)[None, :], mask=valid[:, None], other=0)
+    return values * e4m3_to_float(sbytes, HW_FP8), valid
+
+
+@triton.jit
 def _sparse_attention_kernel(q_ptr, ring_ptr, win_off, win_soff, page_ptr, ent_off, ent_soff, sink_ptr, o_ptr,
                              part_ml, part_acc, H, W, K, K_PER_SPLIT, scale, sqn, sqh, swn, sen, son, soh,
                              D: tl.constexpr, HB: tl.constexpr, KT: tl.constexpr, HW_FP8: tl.constexpr,
@@ -70,36 +99,18 @@ def _sparse_attention_kernel(q_ptr, ring_ptr, win_off, win_soff, page_ptr, ent_o
     l_i = tl.zeros((HB,), tl.float32)
     acc = tl.zeros((HB, D), tl.float32)
     kt = tl.arange(0, KT)
-    # window: FP8 e4m3 rows, one e8m0 scale per 32 values
     if split == 0:
         for t0 in range(0, W, KT):
-            j = t0 + kt
-            off = tl.load(win_off + i * swn + j, mask=j < W, other=-1)
-            soff = tl.load(win_soff + i * swn + j, mask=j < W, other=0)
-            valid = off >= 0
-            codes = tl.load(ring_ptr + off[:, None] + d[None, :], mask=valid[:, None], other=0)
-            sbytes = tl.load(ring_ptr + soff[:, None] + (d // 32)[None, :], mask=valid[:, None], other=127)
-            keys = e4m3_to_float(codes, HW_FP8) * tl.exp2(sbytes.to(tl.float32) - 127.0)
+            keys, valid = _window_keys(ring_ptr, win_off, win_soff, i * swn, t0 + kt, W, d, HW_FP8)
             m_i, l_i, acc = _online(q, keys, valid, m_i, l_i, acc, scale)
-    # selected compressed entries: packed e2m1 (low nibble first), one e4m3 scale per 16 values
-    # Each value's nibble is picked from its byte by a shift: a join + reshape (as fp4_moe did),
-    # feeding both dots of the online softmax, compiled to wrong values on H200 (Triton 3.6).
     if SPLITS == 1:
         first = 0
         last = K
     else:  # split 0 had the window: an empty range here
         first = tl.maximum(split - 1, 0) * K_PER_SPLIT
         last = tl.where(split == 0, first, tl.minimum(first + K_PER_SPLIT, K))
-    shift = (d % 2) * 4
     for t0 in range(first, last, KT):
-        j = t0 + kt
-        off = tl.load(ent_off + i * sen + j, mask=j < last, other=-1)
-        soff = tl.load(ent_soff + i * sen + j, mask=j < last, other=0)
-        valid = off >= 0
-        packed = tl.load(page_ptr + off[:, None] + (d // 2)[None, :], mask=valid[:, None], other=0).to(tl.int32)
-        values = e2m1_to_float((packed >> shift[None, :]) & 0xF)
-        sbytes = tl.load(page_ptr + soff[:, None] + (d // 16)[None, :], mask=valid[:, None], other=0)
-        keys = values * e4m3_to_float(sbytes, HW_FP8)
+        keys, valid = _entry_keys(page_ptr, ent_off, ent_soff, i * sen, t0 + kt, last, d, HW_FP8)
         m_i, l_i, acc = _online(q, keys, valid, m_i, l_i, acc, scale)
     if SPLITS == 1:
         _finish(sink_ptr, heads, H, m_i, l_i, acc, o_ptr + i * son + heads[:, None] * soh + d[None, :])
@@ -108,6 +119,134 @@ def _sparse_attention_kernel(q_ptr, ring_ptr, win_off, win_soff, page_ptr, ent_o
         tl.store(part_ml + 2 * base, m_i, mask=heads < H)
         tl.store(part_ml + 2 * base + 1, l_i, mask=heads < H)
         tl.store(part_acc + base[:, None] * D + d[None, :], acc, mask=heads[:, None] < H)
+
+
+@triton.jit
+def _window_bytes(ring16_ptr, win_off, win_soff, row, j, W, KT: tl.constexpr, C: tl.constexpr):
+    """Window keys j of the query whose offsets start at `row`, as stored: 16-bit words of two
+    neighbouring e4m3 codes [KT, C] and the e8m0 scale exponents [KT, C / 16] (one per 32
+    columns), and which keys are valid."""
+    off = tl.load(win_off + row + j, mask=j < W, other=-1)
+    soff = tl.load(win_soff + row + j, mask=j < W, other=0)
+    valid = off >= 0
+    words = tl.load(ring16_ptr + (off // 2)[:, None] + tl.arange(0, C)[None, :], mask=valid[:, None], other=0)
+    exps = tl.load(ring16_ptr.to(tl.pointer_type(tl.uint8)) + soff[:, None] + tl.arange(0, C // 16)[None, :],
+                   mask=valid[:, None], other=127)
+    return words, exps, valid
+
+
+@triton.jit
+def _window_halves(words, exps, parity, KT: tl.constexpr, C: tl.constexpr, PTX: tl.constexpr):
+    """_window_bytes decoded and split by column parity: own [KT, C] = columns 2c + parity,
+    other = columns 2c + 1 - parity."""
+    words = words.to(tl.int32)
+    scale = pow2(exps.to(tl.int32))[:, :, None]
+    own = e4m3_to_float(((words >> (8 * parity)) & 0xFF).to(tl.uint8), PTX)
+    other = e4m3_to_float(((words >> (8 - 8 * parity)) & 0xFF).to(tl.uint8), PTX)
+    own = tl.reshape(tl.reshape(own, (KT, C // 16, 16)) * scale, (KT, C))
+    other = tl.reshape(tl.reshape(other, (KT, C // 16, 16)) * scale, (KT, C))
+    return own, other
+
+
+@triton.jit
+def _entry_bytes(page_ptr, ent_off, ent_soff, row, j, last, KT: tl.constexpr, C: tl.constexpr):
+    """Selected entries j (< last) as stored: packed bytes [KT, C] (columns 2c in the low
+    nibble, 2c + 1 in the high one), e4m3 scale bytes [KT, C / 8] (one per 16 columns), and
+    which entries are valid."""
+    off = tl.load(ent_off + row + j, mask=j < last, other=-1)
+    soff = tl.load(ent_soff + row + j, mask=j < last, other=0)
+    valid = off >= 0
+    packed = tl.load(page_ptr + off[:, None] + tl.arange(0, C)[None, :], mask=valid[:, None], other=0)
+    sbytes = tl.load(page_ptr + soff[:, None] + tl.arange(0, C // 8)[None, :], mask=valid[:, None], other=0)
+    return packed, sbytes, valid
+
+
+@triton.jit
+def _entry_halves(packed, sbytes, parity, KT: tl.constexpr, C: tl.constexpr, PTX: tl.constexpr):
+    """_entry_bytes decoded and split by column parity, as _window_halves."""
+    packed = packed.to(tl.int32)
+    scale = e4m3_to_float(sbytes, PTX)[:, :, None]
+    own = e2m1_to_float((packed >> (4 * parity)) & 0xF)
+    other = e2m1_to_float((packed >> (4 - 4 * parity)) & 0xF)
+    own = tl.reshape(tl.reshape(own, (KT, C // 8, 8)) * scale, (KT, C))
+    other = tl.reshape(tl.reshape(other, (KT, C // 8, 8)) * scale, (KT, C))
+    return own, other
+
+
+@triton.jit
+def _online_parts(q_ptr, q_own, q_other, q_live, sqp, k_own, k_other, valid, m_i, l_i, acc, scale,
+                  HB: tl.constexpr, KT: tl.constexpr, QP: tl.constexpr, PP: tl.constexpr, PTX: tl.constexpr):
+    """_online on bf16 tensor cores, for the columns of k_own (the logits take k_other's too).
+    The keys are exact in bf16 (an e4m3 or e2m1 value times its scale has at most 6
+    significant bits), the queries come as QP bf16 parts and the probabilities are cut into
+    PP, so every product is exact in the fp32 accumulator. In the interpreter (no PTX) the
+    one fp32 part of the queries and the probabilities dot in fp32."""
+    if PTX:
+        k_own = k_own.to(tl.bfloat16)
+        k_other = k_other.to(tl.bfloat16)
+    logits = tl.zeros((HB, KT), tl.float32)
+    for p in tl.static_range(QP):
+        qa = tl.load(q_ptr + p * sqp + q_own, mask=q_live, other=0.0)
+        qb = tl.load(q_ptr + p * sqp + q_other, mask=q_live, other=0.0)
+        if PTX:
+            logits = tl.dot(qb, tl.trans(k_other), tl.dot(qa, tl.trans(k_own), logits))
+        else:
+            logits = tl.dot(qa.to(tl.float32), tl.trans(k_own), logits, input_precision="ieee")
+            logits = tl.dot(qb.to(tl.float32), tl.trans(k_other), logits, input_precision="ieee")
+    logits = tl.where(valid[None, :], logits * scale, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(logits, axis=1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    prob = tl.exp(logits - m_safe[:, None])
+    alpha = tl.exp(m_i - m_safe)
+    l_i = l_i * alpha + tl.sum(prob, axis=1)
+    acc = acc * alpha[:, None]
+    if PTX:
+        head = prob.to(tl.bfloat16)
+        acc = tl.dot(head, k_own, acc)
+        if PP > 1:
+            rest = prob - head.to(tl.float32)
+            middle = rest.to(tl.bfloat16)
+            acc = tl.dot(middle, k_own, acc)
+            if PP > 2:
+                acc = tl.dot((rest - middle.to(tl.float32)).to(tl.bfloat16), k_own, acc)
+    else:
+        acc = tl.dot(prob, k_own, acc, input_precision="ieee")
+    return m_new, l_i, acc
+
+
+@triton.jit
+def _prefill_attention_kernel(q_ptr, ring16_ptr, win_off, win_soff, page_ptr, ent_off, ent_soff, sink_ptr, o_ptr,
+                              H, W, K, scale, sqp, sqn, sqh, swn, sen, son, soh,
+                              D: tl.constexpr, HB: tl.constexpr, KT: tl.constexpr, QP: tl.constexpr,
+                              PP: tl.constexpr, PTX: tl.constexpr):
+    """Program (query i, head block, column parity) over all the query's keys, on tensor cores
+    (_online_parts): the prefill form, where every query has its own entries and the heads are
+    the dots' rows. Two programs share a query's head block, one accumulating its even
+    columns, one its odd ones (a [64, 512] fp32 accumulator does not fit one warpgroup's
+    registers, and Triton lays chained dots out with every warp along the rows); both compute
+    the whole logits. The query parts come with their columns ordered even ones first."""
+    i = tl.program_id(0)
+    heads = tl.program_id(1) * HB + tl.arange(0, HB)
+    parity = tl.program_id(2)
+    c = tl.arange(0, D // 2)
+    q_own = i * sqn + heads[:, None] * sqh + (parity * (D // 2) + c)[None, :]
+    q_other = i * sqn + heads[:, None] * sqh + ((1 - parity) * (D // 2) + c)[None, :]
+    q_live = heads[:, None] < H
+    m_i = tl.full((HB,), float("-inf"), tl.float32)
+    l_i = tl.zeros((HB,), tl.float32)
+    acc = tl.zeros((HB, D // 2), tl.float32)
+    kt = tl.arange(0, KT)
+    for t0 in range(0, W, KT):
+        words, exps, valid = _window_bytes(ring16_ptr, win_off, win_soff, i * swn, t0 + kt, W, KT, D // 2)
+        k_own, k_other = _window_halves(words, exps, parity, KT, D // 2, PTX)
+        m_i, l_i, acc = _online_parts(q_ptr, q_own, q_other, q_live, sqp, k_own, k_other, valid, m_i, l_i, acc,
+                                      scale, HB, KT, QP, PP, PTX)
+    for t0 in range(0, K, KT):
+        packed, sbytes, valid = _entry_bytes(page_ptr, ent_off, ent_soff, i * sen, t0 + kt, K, KT, D // 2)
+        k_own, k_other = _entry_halves(packed, sbytes, parity, KT, D // 2, PTX)
+        m_i, l_i, acc = _online_parts(q_ptr, q_own, q_other, q_live, sqp, k_own, k_other, valid, m_i, l_i, acc,
+                                      scale, HB, KT, QP, PP, PTX)
+    _finish(sink_ptr, heads, H, m_i, l_i, acc, o_ptr + i * son + heads[:, None] * soh + (2 * c + parity)[None, :])
 
 
 @triton.jit
@@ -144,51 +283,90 @@ def _combine_kernel(part_ml, part_acc, sink_ptr, o_ptr, H, son, soh,
     _finish(sink_ptr, heads, H, m_i, l_i, acc, o_ptr + i * son + heads[:, None] * soh + d[None, :])
 
 
-# (heads per program, warps): decode sizes, and prefill from PREFILL_QUERIES queries on.
-# H200, 2026-11-30, 2,048 queries: 17.9 ms with 32 heads per program, 23.2 ms with 16; 64 do
-# not fit in registers and shared memory.
-HEAD_BLOCKS = {"decode": (16, 4), "prefill": (32, 4)}
+# (heads per program, warps) of the decode form, for fewer than PREFILL_QUERIES queries.
+HEAD_BLOCKS = {"decode": (16, 4)}
 PREFILL_QUERIES = 256
-KEY_TILE = 16  # keys per step of the online softmax
+KEY_TILE = 16  # keys per step of the online softmax (decode form)
+# The prefill form (tensor cores): heads per program, keys per step, bf16 parts of the queries
+# and of the probabilities, warps. H200, 2026-11-30, 8,192 queries of the release's shapes:
+# 34.4 ms (the decode form 94.3); 40.3 with 32 keys per step; 44.3 when each step prefetched
+# the next one's bytes (more spills); 2 query parts keep the logits to ~2^-17 of their terms.
+PREFILL_TILES = {"HB": 64, "KT": 16, "QP": 2, "PP": 2, "num_warps": 4}
+
+
+class LaunchPlan(NamedTuple):
+    head_block: int
+    warps: int
+    entry_splits: int  # 0: one program reads every key of its query
+    per_split: int  # entries per split
+    prefill: bool  # the tensor-core form
 
 
 def launch_plan(n: int, num_entries: int, heads: int, head_block: int | None = None,
-                entry_splits: int | None = None) -> tuple[int, int, int, int]:
-    """(heads per program, warps, entry splits, entries per split) for n queries over
-    num_entries selected entries each. The splits set the order of the sums, so callers that
-    batch requests launch together only requests with the same plan (layers/attention_kernel.py).
-    Tensor-core dots need M >= 16: fewer heads are padded by the mask, not a smaller block.
-    Many queries (prefill) fill the GPU anyway, and a taller head block decodes each key for
-    more heads at once. Few queries (decode) leave most SMs idle: the entries are split over
-    more programs (flash decoding), aiming at ~2 programs per SM."""
-    hb, warps = HEAD_BLOCKS["prefill" if n >= PREFILL_QUERIES else "decode"]
+                entry_splits: int | None = None, prefill: bool | None = None) -> LaunchPlan:
+    """How n queries over num_entries selected entries each are laid out. The plan sets the
+    order of the sums, so callers that batch requests launch together only requests with the
+    same plan (layers/attention_kernel.py). Many queries (prefill, from PREFILL_QUERIES on) fill
+    the GPU: one program per query and head block on tensor cores, every head in one block.
+    Few queries (decode) leave most SMs idle: the entries are split over more programs (flash
+    decoding), aiming at ~2 programs per SM. Tensor-core dots need M >= 16: fewer heads are
+    padded by the mask, not a smaller block."""
+    if prefill is None:
+        prefill = n >= PREFILL_QUERIES and not entry_splits
+    if prefill:
+        hb = head_block or max(16, min(PREFILL_TILES["HB"], triton.next_power_of_2(heads)))
+        return LaunchPlan(hb, PREFILL_TILES["num_warps"], 0, num_entries, True)
+    hb, warps = HEAD_BLOCKS["decode"]
     hb = head_block or hb
     if entry_splits is None:
         entry_splits = min(triton.cdiv(num_entries, 64), max(0, 264 // (n * triton.cdiv(heads, hb)) - 1))
     per_split = triton.cdiv(triton.cdiv(num_entries, max(entry_splits, 1)), KEY_TILE) * KEY_TILE
-    return hb, warps, entry_splits, per_split
+    return LaunchPlan(hb, warps, entry_splits, per_split, False)
 
 
 def sparse_attention(q: torch.Tensor, ring: torch.Tensor, window_offsets: torch.Tensor,
                      window_scale_offsets: torch.Tensor, pages: torch.Tensor, entry_offsets: torch.Tensor,
                      entry_scale_offsets: torch.Tensor, sink: torch.Tensor, scale: float,
                      num_warps: int | None = None, entry_splits: int | None = None,
-                     head_block: int | None = None) -> torch.Tensor:
+                     head_block: int | None = None, prefill: bool | None = None,
+                     tiles: dict | None = None) -> torch.Tensor:
     """q [n, h, D]; `ring`/`pages`: the pool's byte buffers; *_offsets [n, W] / [n, k] byte offsets of
-    each key's codes and scales in them (-1: masked). Returns [n, h, D] fp32. `entry_splits`
-    (programs over the entries besides the window's; 0: one program reads all), `head_block`
-    (heads per program: each decodes the keys once for all of them) and `num_warps` are
-    chosen from the shape unless given."""
+    each key's codes and scales in them (-1: masked). Returns [n, h, D] fp32. `prefill` (the
+    tensor-core form; `tiles` overrides PREFILL_TILES there), `entry_splits` (programs over the
+    entries besides the window's; 0: one program reads all), `head_block` (heads per program:
+    each decodes the keys once for all of them) and `num_warps` are chosen from the shape
+    unless given."""
     n, heads, dim = q.shape
     assert window_offsets.shape == window_scale_offsets.shape and entry_offsets.shape == entry_scale_offsets.shape
     assert ring.dtype == torch.uint8 and pages.dtype == torch.uint8 and dim % 32 == 0
-    q = q.contiguous()
     out = torch.empty(n, heads, dim, dtype=torch.float32, device=q.device)
     w_off, w_soff = window_offsets.contiguous(), window_scale_offsets.contiguous()
     e_off, e_soff = entry_offsets.contiguous(), entry_scale_offsets.contiguous()
     K = e_off.shape[1]
-    hb, warps, entry_splits, per_split = launch_plan(n, K, heads, head_block, entry_splits)
-    num_warps = num_warps or warps
+    plan = launch_plan(n, K, heads, head_block, entry_splits, prefill)
+    sink = sink.float().contiguous()
+    if plan.prefill:
+        if n == 0:
+            return out
+        t = {**PREFILL_TILES, **(tiles or {})}
+        ptx = not interpreting()
+        # even columns first, then odd: each program reads its own half and the other one (the
+        # interpreter dots in fp32: q itself is the one part)
+        if ptx:
+            parts = bf16_parts(q, t["QP"], interleave=2)
+        else:
+            parts = torch.cat([q[..., 0::2], q[..., 1::2]], dim=-1).float()[None]
+        if ring.numel() % 2:  # read as 16-bit words (a pool's slots are 64-byte aligned)
+            ring = torch.cat([ring, ring.new_zeros(1)])
+        _prefill_attention_kernel[(n, triton.cdiv(heads, plan.head_block), 2)](
+            parts, ring.view(torch.int16), w_off, w_soff, pages, e_off, e_soff, sink, out, heads, w_off.shape[1], K,
+            scale, parts.stride(0), parts.stride(1), parts.stride(2), w_off.stride(0), e_off.stride(0),
+            out.stride(0), out.stride(1), D=dim, HB=plan.head_block, KT=t["KT"], QP=parts.shape[0], PP=t["PP"],
+            PTX=ptx, num_warps=num_warps or t["num_warps"])
+        return out
+    q = q.contiguous()
+    hb, entry_splits, per_split = plan.head_block, plan.entry_splits, plan.per_split
+    num_warps = num_warps or plan.warps
     head_blocks = triton.cdiv(heads, hb)
     splits = 1 if entry_splits == 0 else entry_splits + 1
     part_ml = part_acc = out  # unused with one split
@@ -196,12 +374,12 @@ def sparse_attention(q: torch.Tensor, ring: torch.Tensor, window_offsets: torch.
         part_ml = torch.empty(n, splits, heads, 2, dtype=torch.float32, device=q.device)
         part_acc = torch.empty(n, splits, heads, dim, dtype=torch.float32, device=q.device)
     grid = (n, head_blocks, splits)
-    _sparse_attention_kernel[grid](q, ring, w_off, w_soff, pages, e_off, e_soff, sink.float().contiguous(), out,
+    _sparse_attention_kernel[grid](q, ring, w_off, w_soff, pages, e_off, e_soff, sink, out,
                                    part_ml, part_acc, heads, w_off.shape[1], K, per_split, scale, q.stride(0),
                                    q.stride(1), w_off.stride(0), e_off.stride(0), out.stride(0), out.stride(1),
                                    D=dim, HB=hb, KT=KEY_TILE, HW_FP8=not interpreting(), SPLITS=splits,
                                    num_warps=num_warps)
     if splits > 1:
-        _combine_kernel[(n, head_blocks)](part_ml, part_acc, sink.float().contiguous(), out, heads, out.stride(0),
+        _combine_kernel[(n, head_blocks)](part_ml, part_acc, sink, out, heads, out.stride(0),
                                           out.stride(1), D=dim, HB=hb, SPLITS=splits, num_warps=num_warps)
     return out

@@ -64,7 +64,7 @@ def _attention(cfg: ModelConfig, role: LayerRole, q, kv, packed, runs: list[SeqR
             own, run_packed = tuple(e[rows, :width] for e in entries), (packed[0][rows], packed[1][rows])
             outputs[run.offset] = scratch_attention(cfg, run, role, q[rows], kv[rows], run_packed, own, sink)
             continue
-        plan = launch_plan(run.n, width, heads) + (id(run.cache.pool),)
+        plan = (launch_plan(run.n, width, heads), id(run.cache.pool))
         groups.setdefault(plan, []).append((run, width))
     if not outputs and len(groups) == 1:
         (plan, members), = groups.items()
@@ -172,11 +172,12 @@ def _page_tables(runs: list[SeqRun], source: int) -> tuple[torch.Tensor, torch.T
 def _launch(cfg: ModelConfig, layer: int, q: torch.Tensor, runs: list[SeqRun], entries, sink, plan) -> torch.Tensor:
     """One sparse_attention over the runs' rows q; keys in the ring, entries (offsets [rows, K])
     in the pages."""
-    hb, warps, splits = plan[:3]
+    layout = plan[0]
     win_off, win_soff = _window_offsets(cfg, layer, runs)
     pool = runs[0].cache.pool
     return sparse_attention(q, pool.slots_buffer, win_off, win_soff, pool.pages_buffer, *entries, sink,
-                            cfg.head_dim**-0.5, num_warps=warps, entry_splits=splits, head_block=hb)
+                            cfg.head_dim**-0.5, num_warps=layout.warps, entry_splits=layout.entry_splits,
+                            head_block=layout.head_block, prefill=layout.prefill)
 
 
 def _window_offsets(cfg: ModelConfig, layer: int, runs: list[SeqRun]) -> tuple[torch.Tensor, torch.Tensor]:

@@ -17,10 +17,12 @@ from ..batch import SeqRun, end_to_end, offsets, rows_positions, run_rows
 from ..config import LayerRole, ModelConfig
 from ..device import to_device
 from ..ops import ReferenceOps
-from ..kernels.indexer_score import indexer_scores
+from ..kernels.indexer_score import TALL_RUN, indexer_scores
 from ..rope import Rope
 
-_SCORE_BUDGET = 1 << 25  # fp32 elements of one [queries, entries] score chunk
+# fp32 elements of one [queries, entries] score chunk: 128 queries at 1M entries (its top-k
+# takes ~6x the scores' bytes while it runs)
+_SCORE_BUDGET = 1 << 27
 
 
 def top_k_ascending(scores: torch.Tensor, k: int) -> torch.Tensor:
@@ -70,7 +72,7 @@ def _reference_scores(q, keys, w, visible):
     return score
 
 
-def _kernel_scores(run, role, q, w, visible, total):
+def _kernel_scores(run, role, q, w, visible, total, qat: bool):
     cache = run.cache
     # index sources of one KV source share them (pages only grow)
     key_off, key_soff = run.once(("key offsets", role.kv_source, total), lambda: cache.entry_offsets(
@@ -78,7 +80,8 @@ def _kernel_scores(run, role, q, w, visible, total):
     pages = cache.pool.pages_buffer
 
     def score(lo: int, hi: int) -> torch.Tensor:
-        return indexer_scores(q[lo:hi], w[lo:hi], visible[lo:hi], pages, key_off, key_soff)
+        return indexer_scores(q[lo:hi], w[lo:hi], visible[lo:hi], pages, key_off, key_soff, exact_in_bf16=qat,
+                              tall=run.n >= TALL_RUN)
 
     return score
 
@@ -111,7 +114,7 @@ def index(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, xa: torch.Tensor
     candidates_in = shared.get("candidates") if role.uses_candidates else None
     k = min(cfg.index_topk, total)
     if ops.reads_cache_in_place(run.cache):
-        score = _kernel_scores(run, role, q, w, visible, total)
+        score = _kernel_scores(run, role, q, w, visible, total, qat)
     else:
         score = _reference_scores(q, run.cache.index_keys(role.kv_source).to(q.device), w, visible)
     chunk = max(1, _SCORE_BUDGET // total)
@@ -142,8 +145,10 @@ def index_runs(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, xa: torch.T
     width, T = max(totals), sum(run.n for run in runs)
     one_pool = len({id(run.cache.pool) for run in runs}) == 1
     candidates = _candidate_pool(runs, width) if role.uses_candidates else None
+    # Runs of TALL_RUN rows or more go alone, always: their tiles differ from a batch's, and
+    # a run's lists must not depend on what it was batched with.
     if (len(runs) == 1 or min(totals) == 0 or not one_pool or runs[0].offset != 0 or not end_to_end(runs)
-            or T * width > _SCORE_BUDGET
+            or T * width > _SCORE_BUDGET or max(run.n for run in runs) >= TALL_RUN
             or (role.uses_candidates and candidates is None)):
         for run in runs:
             index(ops, cfg, role, xa[run.rows], q_res[run.rows], run, rope, True)
@@ -153,7 +158,7 @@ def index_runs(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, xa: torch.T
                              lambda device: rows_positions(runs, device), True)
     key_off, key_soff, first, count = _key_tables(runs, role.kv_source, totals, q.device)
     scores = indexer_scores(q, w, visible, runs[0].cache.pool.pages_buffer, key_off, key_soff,
-                            (first, count, max(run.n for run in runs)))
+                            (first, count, max(run.n for run in runs)), exact_in_bf16=True)
     if role.is_candidate_source:
         pool = select_candidate_blocks(scores, visible, cfg.candidate_topk_blocks, cfg.candidate_block_size)
         runs[0].shared[("candidate pool", offsets(runs))] = pool

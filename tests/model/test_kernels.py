@@ -12,14 +12,16 @@ from dsflash.kvcache.layout import CacheLayout
 from dsflash.kvcache.paged import PagedCache
 from dsflash.kvcache.pool import CachePool, plain_allocator
 from dsflash.model.fast_ops import TritonOps
-from dsflash.model.kernels.common import bf16_parts, e2m1_words, interpreting
+from dsflash.model.kernels.common import bf16_parts, bf16_parts_kernel, e2m1_words, interpreting
 from dsflash.model.kernels.fp4_moe import RoutePlan, fp4_moe, fp4_moe_ref
 from dsflash.model.kernels.fp8_gemm import bf16_gemm, fp32_gemm, fp8_gemm, fp8_gemm_ref, grouped_fp8_gemm
+from dsflash.model.kernels import hc_streams
 from dsflash.model.kernels.hc_gates import hc_gates
 from dsflash.model.kernels.indexer_score import indexer_scores, indexer_scores_ref
 from dsflash.model.kernels.sparse_attention import sparse_attention, sparse_attention_ref
 from dsflash.model.layers import mhc
-from dsflash.model.quant import (dequantize_fp4_weight, dequantize_fp8_weight, quantize_fp4_weight,
+from dsflash.model.layers.norm import rms_norm
+from dsflash.model.quant import (dequantize_fp4_weight, dequantize_fp8_weight, fake_quant_fp4, quantize_fp4_weight,
                                  quantize_fp8_weight)
 from dsflash.model.runner import prompt_logits, step
 
@@ -130,6 +132,18 @@ def test_bf16_parts_sum_to_the_fp32_values():
     assert torch.equal(bf16_parts(x, 3).double().sum(0), x.double())
 
 
+@pytest.mark.parametrize("splits, interleave", [(3, 1), (2, 2), (3, 8)])
+def test_bf16_parts_kernel_equals_the_torch_form(splits, interleave):
+    """The one-launch split (the GPU's) against torch's, bit for bit, columns regrouped alike."""
+    x = torch.randn(5, 3, 64, generator=_g(4)) * torch.logspace(-8, 8, 64)
+    x = x[:, 1:]  # rows not end to end
+    got = bf16_parts_kernel(x.to(DEVICE), splits, interleave).cpu()
+    ref = bf16_parts(x, splits, interleave)
+    assert got.shape == ref.shape == (splits, 5, 2, 64) and torch.equal(got.view(torch.int16), ref.view(torch.int16))
+    column = torch.arange(64).view(-1, interleave).T.reshape(-1)  # where each regrouped column came from
+    assert torch.equal(ref.double().sum(0), x.double()[..., column]) or splits < 3
+
+
 # Block heights: 4 pairs (their parts as columns), 16, 64 (30 x 3 pairs over 5 experts); small:
 # the one-multiply decoder (these scales allow it) or the general one.
 @pytest.mark.parametrize("T, block_m, small", [(1, None, None), (11, 4, True), (11, None, False), (30, None, None)])
@@ -160,6 +174,22 @@ def test_hc_gates_match_the_sinkhorn_reference():
     assert torch.allclose(got[2].sum(-2).cpu(), torch.ones(T, S), atol=1e-4)  # columns of comb sum to 1
 
 
+@pytest.mark.parametrize("H", [64, 300])  # 300: a partial column block, and a row shorter than its block
+def test_hc_stream_kernels_match_the_torch_forms(H):
+    g = _g(5)
+    T, S = 7, 4
+    X = torch.randn(T, S, H, generator=g) * 3
+    y, weight = torch.randn(T, H, generator=g), torch.rand(H, generator=g) + 0.5
+    pre, post = torch.rand(T, S, generator=g), 2 * torch.rand(T, S, generator=g)
+    comb = torch.softmax(torch.randn(T, S, S, generator=g), dim=-1)
+    dev = lambda t: t.to(DEVICE)  # noqa: E731
+    got = hc_streams.hc_expand(dev(y), dev(X), dev(post), dev(comb)).cpu()
+    assert torch.allclose(got, mhc.hc_expand(y, X, post, comb), rtol=1e-5, atol=1e-5)
+    for w in (weight, None):
+        got = hc_streams.hc_collapse_norm(dev(X), dev(pre), None if w is None else dev(w), 1e-20).cpu()
+        assert torch.allclose(got, rms_norm(mhc.hc_collapse(X, pre), w, 1e-20), rtol=1e-5, atol=1e-5)
+
+
 @pytest.fixture(scope="module")
 def paged(golden_model, golden):
     pool = CachePool(CacheLayout.for_model(golden_model.config, page_entries=16), 100, 2,
@@ -171,9 +201,11 @@ def paged(golden_model, golden):
     cache.release()
 
 
-# one program per query and head block, or flash decoding; prefill's taller head block
-@pytest.mark.parametrize("entry_splits, head_block", [(0, 16), (3, 16), (0, 32)])
-def test_sparse_attention_on_a_paged_cache(paged, entry_splits, head_block):
+# one program per query and head block, or flash decoding, or the prefill form (tensor cores,
+# every head in one block; on the GPU the queries and probabilities go in as bf16 parts)
+@pytest.mark.parametrize("entry_splits, head_block, prefill", [(0, 16, False), (3, 16, False), (0, 32, False),
+                                                               (0, None, True)])
+def test_sparse_attention_on_a_paged_cache(paged, entry_splits, head_block, prefill):
     g = _g(2)
     cache, layer, source = paged, 8, 7
     n, heads, dim, window = 5, 40, 64, 8  # 40 heads: the last head block is partly masked
@@ -190,28 +222,35 @@ def test_sparse_attention_on_a_paged_cache(paged, entry_splits, head_block):
     dev = lambda t: t.to(DEVICE)  # noqa: E731
     got = sparse_attention(dev(q), dev(cache.pool.slots_buffer), dev(torch.where(win >= 0, w_off, -1)), dev(w_soff),
                            dev(cache.pool.pages_buffer), dev(torch.where(idx >= 0, e_off, -1)), dev(e_soff),
-                           dev(sink), dim**-0.5, entry_splits=entry_splits, head_block=head_block).cpu()
+                           dev(sink), dim**-0.5, entry_splits=entry_splits, head_block=head_block,
+                           prefill=prefill).cpu()
     ref = sparse_attention_ref(q, cache.ring_read(layer, positions), win >= 0,
                                cache.entries_gather(source, idx.clamp_min(0)), idx >= 0, sink, dim**-0.5)
     assert (got - ref).abs().max() < REL * ref.abs().max() + 1e-5
 
 
-def test_indexer_scores_on_a_paged_cache(paged):
+# fp32 queries, or FP4-quantized ones (as the model's), which the GPU dots in one bf16 pass;
+# the tall tiles of prefill-sized runs
+@pytest.mark.parametrize("quantized, tall", [(False, False), (True, False), (True, True)])
+def test_indexer_scores_on_a_paged_cache(paged, quantized, tall):
     g = _g(3)
     cache, source = paged, 7
     total = cache.num_entries(source)
     q, w = torch.randn(5, 16, 32, generator=g), torch.randn(5, 16, generator=g)
+    if quantized:
+        q = fake_quant_fp4(q, 32)
     visible = torch.tensor([0, 5, 50, 99, total])
     k_off, k_soff = cache.entry_offsets(source, torch.arange(total), kind="key")
     got = indexer_scores(q.to(DEVICE), w.to(DEVICE), visible.to(DEVICE), cache.pool.pages_buffer.to(DEVICE),
-                         k_off.to(DEVICE), k_soff.to(DEVICE)).cpu()
+                         k_off.to(DEVICE), k_soff.to(DEVICE), exact_in_bf16=quantized, tall=tall).cpu()
     ref = indexer_scores_ref(q, cache.index_keys(source), w, visible)
     finite = torch.isfinite(ref)
     assert torch.equal(finite, torch.isfinite(got))
     assert (got[finite] - ref[finite]).abs().max() < REL * ref[finite].abs().max() + 1e-5
 
 
-def test_indexer_scores_of_several_runs_in_one_launch_equal_each_alone(paged):
+@pytest.mark.parametrize("quantized", [False, True])
+def test_indexer_scores_of_several_runs_in_one_launch_equal_each_alone(paged, quantized):
     """Run r's queries score row r of the key tables (its own entries, padded): the same
     values, bit for bit, as a launch for that run alone; -inf past what it sees."""
     g = _g(4)
@@ -219,6 +258,8 @@ def test_indexer_scores_of_several_runs_in_one_launch_equal_each_alone(paged):
     total = cache.num_entries(source)
     counts, totals = [5, 3, 6], [total, 40, 77]
     q, w = torch.randn(sum(counts), 16, 32, generator=g), torch.randn(sum(counts), 16, generator=g)
+    if quantized:
+        q = fake_quant_fp4(q, 32)
     visible = torch.cat([torch.randint(0, t + 1, (c,), generator=g) for c, t in zip(counts, totals)])
     ids = torch.minimum(torch.arange(total)[None, :], torch.tensor(totals)[:, None] - 1)
     k_off, k_soff = cache.entry_offsets(source, ids, kind="key")
@@ -226,11 +267,11 @@ def test_indexer_scores_of_several_runs_in_one_launch_equal_each_alone(paged):
     dev = lambda t: t.to(DEVICE)  # noqa: E731
     pages = dev(cache.pool.pages_buffer)
     got = indexer_scores(dev(q), dev(w), dev(visible), pages, dev(k_off), dev(k_soff),
-                         (dev(first), dev(torch.tensor(counts)), max(counts))).cpu()
+                         (dev(first), dev(torch.tensor(counts)), max(counts)), exact_in_bf16=quantized).cpu()
     for r, (a, c, t) in enumerate(zip(first.tolist(), counts, totals)):
         rows = slice(a, a + c)
         alone = indexer_scores(dev(q[rows]), dev(w[rows]), dev(visible[rows]), pages, dev(k_off[r, :t]),
-                               dev(k_soff[r, :t])).cpu()
+                               dev(k_soff[r, :t]), exact_in_bf16=quantized).cpu()
         assert torch.equal(got[rows, :t], alone)
         assert torch.isneginf(got[rows, t:]).all()
 
