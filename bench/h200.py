@@ -156,8 +156,8 @@ def bf16_gemms() -> None:
 
 
 # Prefill-form tile choices timed by attention_kernels: (keys per step, query parts,
-# probability parts, warps); the first is PREFILL_TILES.
-PREFILL_ATTENTION_TILES = [(16, 2, 2, 4), (32, 2, 2, 4), (16, 3, 2, 4), (16, 2, 1, 4)]
+# probability parts, warps, keys gathered first); the first is PREFILL_TILES.
+PREFILL_ATTENTION_TILES = [(16, 2, 2, 4, 1), (16, 2, 2, 4, 0), (32, 2, 2, 4, 1), (16, 2, 2, 8, 1)]
 
 
 def attention_kernels(sizes=(6, 48, 192, 2048, 8192)) -> None:
@@ -189,8 +189,8 @@ def attention_kernels(sizes=(6, 48, 192, 2048, 8192)) -> None:
         if n < 1000:
             shapes.append(("decode", dict(num_warps=8, head_block=16, prefill=False)))
         else:
-            shapes += [("prefill", dict(prefill=True, tiles=dict(KT=kt, QP=qp, PP=pp, num_warps=w)))
-                       for kt, qp, pp, w in PREFILL_ATTENTION_TILES]
+            shapes += [("prefill", dict(prefill=True, tiles=dict(KT=kt, QP=qp, PP=pp, num_warps=w, GATHER=g)))
+                       for kt, qp, pp, w, g in PREFILL_ATTENTION_TILES]
         for form, kw in shapes:
             label = f"n{n}_{form}_" + "_".join(f"{k}{v}" for k, v in (kw.get("tiles") or kw).items())
             try:

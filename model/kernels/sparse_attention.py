@@ -122,15 +122,22 @@ def _sparse_attention_kernel(q_ptr, ring_ptr, win_off, win_soff, page_ptr, ent_o
 
 
 @triton.jit
-def _window_bytes(ring16_ptr, win_off, win_soff, row, j, W, KT: tl.constexpr, C: tl.constexpr):
+def _window_bytes(ring16_ptr, win_off, win_soff, row, j, W, KT: tl.constexpr, C: tl.constexpr,
+                  GATHERED: tl.constexpr):
     """Window keys j of the query whose offsets start at `row`, as stored: 16-bit words of two
     neighbouring e4m3 codes [KT, C] and the e8m0 scale exponents [KT, C / 16] (one per 32
-    columns), and which keys are valid."""
+    columns), and which keys are valid. GATHERED: the bytes were copied key after key (codes,
+    then scales) in the offsets' order (gather_keys), so their addresses follow from j."""
     off = tl.load(win_off + row + j, mask=j < W, other=-1)
-    soff = tl.load(win_soff + row + j, mask=j < W, other=0)
     valid = off >= 0
-    words = tl.load(ring16_ptr + (off // 2)[:, None] + tl.arange(0, C)[None, :], mask=valid[:, None], other=0)
-    exps = tl.load(ring16_ptr.to(tl.pointer_type(tl.uint8)) + soff[:, None] + tl.arange(0, C // 16)[None, :],
+    if GATHERED:
+        code_at = (row + j).to(tl.int64) * (2 * C + C // 16)
+        scale_at = code_at + 2 * C
+    else:
+        code_at = off
+        scale_at = tl.load(win_soff + row + j, mask=j < W, other=0)
+    words = tl.load(ring16_ptr + (code_at // 2)[:, None] + tl.arange(0, C)[None, :], mask=valid[:, None], other=0)
+    exps = tl.load(ring16_ptr.to(tl.pointer_type(tl.uint8)) + scale_at[:, None] + tl.arange(0, C // 16)[None, :],
                    mask=valid[:, None], other=127)
     return words, exps, valid
 
@@ -149,15 +156,21 @@ def _window_halves(words, exps, parity, KT: tl.constexpr, C: tl.constexpr, PTX: 
 
 
 @triton.jit
-def _entry_bytes(page_ptr, ent_off, ent_soff, row, j, last, KT: tl.constexpr, C: tl.constexpr):
+def _entry_bytes(page_ptr, ent_off, ent_soff, row, j, last, KT: tl.constexpr, C: tl.constexpr,
+                 GATHERED: tl.constexpr):
     """Selected entries j (< last) as stored: packed bytes [KT, C] (columns 2c in the low
     nibble, 2c + 1 in the high one), e4m3 scale bytes [KT, C / 8] (one per 16 columns), and
-    which entries are valid."""
+    which entries are valid; GATHERED as in _window_bytes."""
     off = tl.load(ent_off + row + j, mask=j < last, other=-1)
-    soff = tl.load(ent_soff + row + j, mask=j < last, other=0)
     valid = off >= 0
-    packed = tl.load(page_ptr + off[:, None] + tl.arange(0, C)[None, :], mask=valid[:, None], other=0)
-    sbytes = tl.load(page_ptr + soff[:, None] + tl.arange(0, C // 8)[None, :], mask=valid[:, None], other=0)
+    if GATHERED:
+        code_at = (row + j).to(tl.int64) * (C + C // 8)
+        scale_at = code_at + C
+    else:
+        code_at = off
+        scale_at = tl.load(ent_soff + row + j, mask=j < last, other=0)
+    packed = tl.load(page_ptr + code_at[:, None] + tl.arange(0, C)[None, :], mask=valid[:, None], other=0)
+    sbytes = tl.load(page_ptr + scale_at[:, None] + tl.arange(0, C // 8)[None, :], mask=valid[:, None], other=0)
     return packed, sbytes, valid
 
 
@@ -171,6 +184,38 @@ def _entry_halves(packed, sbytes, parity, KT: tl.constexpr, C: tl.constexpr, PTX
     own = tl.reshape(tl.reshape(own, (KT, C // 8, 8)) * scale, (KT, C))
     other = tl.reshape(tl.reshape(other, (KT, C // 8, 8)) * scale, (KT, C))
     return own, other
+
+
+@triton.jit
+def _gather_keys_kernel(src_ptr, off_ptr, soff_ptr, dst_ptr, total, CB: tl.constexpr, SB: tl.constexpr,
+                        R: tl.constexpr):
+    """Keys k of a flattened offset table: their CB code bytes, then SB scale bytes, copied to
+    row k of dst (zeros for a masked key)."""
+    k = tl.program_id(0) * R + tl.arange(0, R)
+    live = k < total
+    off = tl.load(off_ptr + k, mask=live, other=-1)
+    soff = tl.load(soff_ptr + k, mask=live, other=0)
+    valid = (off >= 0)[:, None]
+    row = dst_ptr + k.to(tl.int64)[:, None] * (CB + SB)
+    cb, sb = tl.arange(0, CB), tl.arange(0, SB)
+    tl.store(row + cb[None, :], tl.load(src_ptr + off[:, None] + cb[None, :], mask=valid, other=0),
+             mask=live[:, None])
+    tl.store(row + CB + sb[None, :], tl.load(src_ptr + soff[:, None] + sb[None, :], mask=valid, other=0),
+             mask=live[:, None])
+
+
+def gather_keys(src: torch.Tensor, offsets: torch.Tensor, scale_offsets: torch.Tensor, code_bytes: int,
+                scale_bytes: int) -> torch.Tensor:
+    """The bytes of every key of an offset table [n, k] (-1: masked), key after key: [n * k *
+    (code_bytes + scale_bytes)] uint8. The prefill kernel then reads them at addresses that
+    follow from the key's place, which its loops can prefetch (GATHERED)."""
+    total = offsets.numel()
+    out = torch.empty(total * (code_bytes + scale_bytes) + 2, dtype=torch.uint8, device=src.device)  # even: words
+    if total:
+        r = 16
+        _gather_keys_kernel[(triton.cdiv(total, r),)](src, offsets, scale_offsets, out, total, CB=code_bytes,
+                                                      SB=scale_bytes, R=r)
+    return out
 
 
 @triton.jit
@@ -218,13 +263,14 @@ def _online_parts(q_ptr, q_own, q_other, q_live, sqp, k_own, k_other, valid, m_i
 def _prefill_attention_kernel(q_ptr, ring16_ptr, win_off, win_soff, page_ptr, ent_off, ent_soff, sink_ptr, o_ptr,
                               H, W, K, scale, sqp, sqn, sqh, swn, sen, son, soh,
                               D: tl.constexpr, HB: tl.constexpr, KT: tl.constexpr, QP: tl.constexpr,
-                              PP: tl.constexpr, PTX: tl.constexpr):
+                              PP: tl.constexpr, PTX: tl.constexpr, GATHERED: tl.constexpr):
     """Program (query i, head block, column parity) over all the query's keys, on tensor cores
     (_online_parts): the prefill form, where every query has its own entries and the heads are
     the dots' rows. Two programs share a query's head block, one accumulating its even
     columns, one its odd ones (a [64, 512] fp32 accumulator does not fit one warpgroup's
     registers, and Triton lays chained dots out with every warp along the rows); both compute
-    the whole logits. The query parts come with their columns ordered even ones first."""
+    the whole logits. The query parts come with their columns ordered even ones first. With
+    GATHERED, ring16_ptr and page_ptr are gather_keys' copies of the keys, not the pool."""
     i = tl.program_id(0)
     heads = tl.program_id(1) * HB + tl.arange(0, HB)
     parity = tl.program_id(2)
@@ -237,12 +283,12 @@ def _prefill_attention_kernel(q_ptr, ring16_ptr, win_off, win_soff, page_ptr, en
     acc = tl.zeros((HB, D // 2), tl.float32)
     kt = tl.arange(0, KT)
     for t0 in range(0, W, KT):
-        words, exps, valid = _window_bytes(ring16_ptr, win_off, win_soff, i * swn, t0 + kt, W, KT, D // 2)
+        words, exps, valid = _window_bytes(ring16_ptr, win_off, win_soff, i * swn, t0 + kt, W, KT, D // 2, GATHERED)
         k_own, k_other = _window_halves(words, exps, parity, KT, D // 2, PTX)
         m_i, l_i, acc = _online_parts(q_ptr, q_own, q_other, q_live, sqp, k_own, k_other, valid, m_i, l_i, acc,
                                       scale, HB, KT, QP, PP, PTX)
     for t0 in range(0, K, KT):
-        packed, sbytes, valid = _entry_bytes(page_ptr, ent_off, ent_soff, i * sen, t0 + kt, K, KT, D // 2)
+        packed, sbytes, valid = _entry_bytes(page_ptr, ent_off, ent_soff, i * sen, t0 + kt, K, KT, D // 2, GATHERED)
         k_own, k_other = _entry_halves(packed, sbytes, parity, KT, D // 2, PTX)
         m_i, l_i, acc = _online_parts(q_ptr, q_own, q_other, q_live, sqp, k_own, k_other, valid, m_i, l_i, acc,
                                       scale, HB, KT, QP, PP, PTX)
@@ -288,10 +334,12 @@ HEAD_BLOCKS = {"decode": (16, 4)}
 PREFILL_QUERIES = 256
 KEY_TILE = 16  # keys per step of the online softmax (decode form)
 # The prefill form (tensor cores): heads per program, keys per step, bf16 parts of the queries
-# and of the probabilities, warps. H200, 2026-11-30, 8,192 queries of the release's shapes:
-# 34.4 ms (the decode form 94.3); 40.3 with 32 keys per step; 44.3 when each step prefetched
-# the next one's bytes (more spills); 2 query parts keep the logits to ~2^-17 of their terms.
-PREFILL_TILES = {"HB": 64, "KT": 16, "QP": 2, "PP": 2, "num_warps": 4}
+# and of the probabilities, keys gathered first (gather_keys), warps. H200, 2026-11-30, 8,192
+# queries of the release's shapes: 19.4 ms (the decode form 95.0); 26.1 with 16 keys per step;
+# read in place (no gather) 31.5 and 36.1 (16 and 32 keys: the loads of a step wait on its
+# offsets, and Triton's pipeliner prefetches only loads whose addresses follow from the loop);
+# 54.5 with 8 warps. Two query parts keep the logits to ~2^-17 of their terms.
+PREFILL_TILES = {"HB": 64, "KT": 32, "QP": 2, "PP": 2, "GATHER": 1, "num_warps": 4}
 
 
 class LaunchPlan(NamedTuple):
@@ -356,13 +404,16 @@ def sparse_attention(q: torch.Tensor, ring: torch.Tensor, window_offsets: torch.
             parts = bf16_parts(q, t["QP"], interleave=2)
         else:
             parts = torch.cat([q[..., 0::2], q[..., 1::2]], dim=-1).float()[None]
-        if ring.numel() % 2:  # read as 16-bit words (a pool's slots are 64-byte aligned)
+        if t["GATHER"]:
+            ring = gather_keys(ring, w_off, w_soff, dim, dim // 32)
+            pages = gather_keys(pages, e_off, e_soff, dim // 2, dim // 16)
+        elif ring.numel() % 2:  # read as 16-bit words (a pool's slots are 64-byte aligned)
             ring = torch.cat([ring, ring.new_zeros(1)])
         _prefill_attention_kernel[(n, triton.cdiv(heads, plan.head_block), 2)](
             parts, ring.view(torch.int16), w_off, w_soff, pages, e_off, e_soff, sink, out, heads, w_off.shape[1], K,
             scale, parts.stride(0), parts.stride(1), parts.stride(2), w_off.stride(0), e_off.stride(0),
             out.stride(0), out.stride(1), D=dim, HB=plan.head_block, KT=t["KT"], QP=parts.shape[0], PP=t["PP"],
-            PTX=ptx, num_warps=num_warps or t["num_warps"])
+            PTX=ptx, GATHERED=bool(t["GATHER"]), num_warps=num_warps or t["num_warps"])
         return out
     q = q.contiguous()
     hb, entry_splits, per_split = plan.head_block, plan.entry_splits, plan.per_split

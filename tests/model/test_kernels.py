@@ -203,9 +203,10 @@ def paged(golden_model, golden):
 
 # one program per query and head block, or flash decoding, or the prefill form (tensor cores,
 # every head in one block; on the GPU the queries and probabilities go in as bf16 parts)
-@pytest.mark.parametrize("entry_splits, head_block, prefill", [(0, 16, False), (3, 16, False), (0, 32, False),
-                                                               (0, None, True)])
-def test_sparse_attention_on_a_paged_cache(paged, entry_splits, head_block, prefill):
+@pytest.mark.parametrize("entry_splits, head_block, prefill, gather", [(0, 16, False, 0), (3, 16, False, 0),
+                                                                       (0, 32, False, 0), (0, None, True, 0),
+                                                                       (0, None, True, 1)])
+def test_sparse_attention_on_a_paged_cache(paged, entry_splits, head_block, prefill, gather):
     g = _g(2)
     cache, layer, source = paged, 8, 7
     n, heads, dim, window = 5, 40, 64, 8  # 40 heads: the last head block is partly masked
@@ -223,7 +224,7 @@ def test_sparse_attention_on_a_paged_cache(paged, entry_splits, head_block, pref
     got = sparse_attention(dev(q), dev(cache.pool.slots_buffer), dev(torch.where(win >= 0, w_off, -1)), dev(w_soff),
                            dev(cache.pool.pages_buffer), dev(torch.where(idx >= 0, e_off, -1)), dev(e_soff),
                            dev(sink), dim**-0.5, entry_splits=entry_splits, head_block=head_block,
-                           prefill=prefill).cpu()
+                           prefill=prefill, tiles=dict(GATHER=gather)).cpu()
     ref = sparse_attention_ref(q, cache.ring_read(layer, positions), win >= 0,
                                cache.entries_gather(source, idx.clamp_min(0)), idx >= 0, sink, dim**-0.5)
     assert (got - ref).abs().max() < REL * ref.abs().max() + 1e-5
