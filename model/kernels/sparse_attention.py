@@ -210,7 +210,8 @@ def gather_keys(src: torch.Tensor, offsets: torch.Tensor, scale_offsets: torch.T
     (code_bytes + scale_bytes)] uint8. The prefill kernel then reads them at addresses that
     follow from the key's place, which its loops can prefetch (GATHERED)."""
     total = offsets.numel()
-    out = torch.empty(total * (code_bytes + scale_bytes) + 2, dtype=torch.uint8, device=src.device)  # even: words
+    size = total * (code_bytes + scale_bytes)
+    out = torch.empty(size + 2 - size % 2, dtype=torch.uint8, device=src.device)  # read as 16-bit words
     if total:
         r = 16
         _gather_keys_kernel[(triton.cdiv(total, r),)](src, offsets, scale_offsets, out, total, CB=code_bytes,
@@ -350,17 +351,24 @@ class LaunchPlan(NamedTuple):
     prefill: bool  # the tensor-core form
 
 
-def launch_plan(n: int, num_entries: int, heads: int, head_block: int | None = None,
+def prefill_form_fits(dim: int) -> bool:
+    """The prefill form splits a row into power-of-two halves of whole 32-column scale blocks,
+    and a gathered window row (dim + dim / 32 bytes) must stay 16-bit aligned."""
+    return dim >= 64 and dim & (dim - 1) == 0
+
+
+def launch_plan(n: int, num_entries: int, heads: int, dim: int, head_block: int | None = None,
                 entry_splits: int | None = None, prefill: bool | None = None) -> LaunchPlan:
     """How n queries over num_entries selected entries each are laid out. The plan sets the
     order of the sums, so callers that batch requests launch together only requests with the
-    same plan (layers/attention_kernel.py). Many queries (prefill, from PREFILL_QUERIES on) fill
-    the GPU: one program per query and head block on tensor cores, every head in one block.
+    same plan (layers/attention_kernel.py). Many queries (prefill, from PREFILL_QUERIES on, at a
+    head_dim the form fits) fill the GPU: one program per query and column parity on tensor
+    cores, every head in one block.
     Few queries (decode) leave most SMs idle: the entries are split over more programs (flash
     decoding), aiming at ~2 programs per SM. Tensor-core dots need M >= 16: fewer heads are
     padded by the mask, not a smaller block."""
     if prefill is None:
-        prefill = n >= PREFILL_QUERIES and not entry_splits
+        prefill = n >= PREFILL_QUERIES and not entry_splits and prefill_form_fits(dim)
     if prefill:
         hb = head_block or max(16, min(PREFILL_TILES["HB"], triton.next_power_of_2(heads)))
         return LaunchPlan(hb, PREFILL_TILES["num_warps"], 0, num_entries, True)
@@ -391,7 +399,8 @@ def sparse_attention(q: torch.Tensor, ring: torch.Tensor, window_offsets: torch.
     w_off, w_soff = window_offsets.contiguous(), window_scale_offsets.contiguous()
     e_off, e_soff = entry_offsets.contiguous(), entry_scale_offsets.contiguous()
     K = e_off.shape[1]
-    plan = launch_plan(n, K, heads, head_block, entry_splits, prefill)
+    plan = launch_plan(n, K, heads, dim, head_block, entry_splits, prefill)
+    assert not plan.prefill or prefill_form_fits(dim), f"the prefill form cannot take head_dim {dim}"
     sink = sink.float().contiguous()
     if plan.prefill:
         if n == 0:

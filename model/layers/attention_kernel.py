@@ -64,7 +64,7 @@ def _attention(cfg: ModelConfig, role: LayerRole, q, kv, packed, runs: list[SeqR
             own, run_packed = tuple(e[rows, :width] for e in entries), (packed[0][rows], packed[1][rows])
             outputs[run.offset] = scratch_attention(cfg, run, role, q[rows], kv[rows], run_packed, own, sink)
             continue
-        plan = (launch_plan(run.n, width, heads), id(run.cache.pool))
+        plan = (launch_plan(run.n, width, heads, cfg.head_dim), id(run.cache.pool))
         groups.setdefault(plan, []).append((run, width))
     if not outputs and len(groups) == 1:
         (plan, members), = groups.items()

@@ -18,7 +18,7 @@ from dsflash.model.kernels.fp8_gemm import bf16_gemm, fp32_gemm, fp8_gemm, fp8_g
 from dsflash.model.kernels import hc_streams
 from dsflash.model.kernels.hc_gates import hc_gates
 from dsflash.model.kernels.indexer_score import indexer_scores, indexer_scores_ref
-from dsflash.model.kernels.sparse_attention import sparse_attention, sparse_attention_ref
+from dsflash.model.kernels.sparse_attention import launch_plan, sparse_attention, sparse_attention_ref
 from dsflash.model.layers import mhc
 from dsflash.model.layers.norm import rms_norm
 from dsflash.model.quant import (dequantize_fp4_weight, dequantize_fp8_weight, fake_quant_fp4, quantize_fp4_weight,
@@ -228,6 +228,12 @@ def test_sparse_attention_on_a_paged_cache(paged, entry_splits, head_block, pref
     ref = sparse_attention_ref(q, cache.ring_read(layer, positions), win >= 0,
                                cache.entries_gather(source, idx.clamp_min(0)), idx >= 0, sink, dim**-0.5)
     assert (got - ref).abs().max() < REL * ref.abs().max() + 1e-5
+
+
+def test_prefill_queries_take_the_tensor_core_form_where_it_fits():
+    assert launch_plan(300, 512, 64, 512).prefill and launch_plan(300, 512, 64, 64).prefill
+    assert not launch_plan(255, 512, 64, 512).prefill  # decode-sized: flash decoding
+    assert not launch_plan(300, 512, 64, 96).prefill and not launch_plan(300, 512, 64, 32).prefill
 
 
 # fp32 queries, or FP4-quantized ones (as the model's), which the GPU dots in one bf16 pass;
