@@ -205,6 +205,14 @@ def attention_kernels(sizes=(6, 48, 192, 2048, 8192)) -> None:
                     "max_rel_diff_vs_decode_form": ((got - ref).abs().max() / ref.abs().max()).item()})
 
 
+def index_key_pages(entries: int, dev: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Index keys as a pool holds them (64 packed FP4 bytes, then 4 e8m0 scales at 2^-7, so no
+    key overflows) and each key's byte offsets."""
+    page_bytes = torch.randint(0, 255, (entries * 68,), dtype=torch.uint8, device=dev)
+    page_bytes[entries * 64:] = 120
+    return page_bytes, torch.arange(entries, device=dev) * 64, entries * 64 + torch.arange(entries, device=dev) * 4
+
+
 def indexer_kernels() -> None:
     """A prefill chunk's indexer at long context: the scores of one top-k chunk (the
     _SCORE_BUDGET: 128 queries over 1M entries), in fp32 (three TF32 passes) and with
@@ -216,10 +224,7 @@ def indexer_kernels() -> None:
 
     dev, heads, dim = "cuda", 32, 128
     for entries, n in ((1 << 20, 128), (1 << 14, 2048)):
-        page_bytes = torch.randint(0, 255, (entries * 68,), dtype=torch.uint8, device=dev)
-        page_bytes[entries * 64:] = 120  # e8m0 scales 2^-7
-        k_off = torch.arange(entries, device=dev) * 64
-        k_soff = entries * 64 + torch.arange(entries, device=dev) * 4
+        page_bytes, k_off, k_soff = index_key_pages(entries, dev)
         q = fake_quant_fp4(torch.randn(n, heads, dim, device=dev), 32)
         w = torch.randn(n, heads, device=dev)
         visible = torch.full((n,), entries, device=dev)
@@ -294,9 +299,7 @@ def kernels() -> None:
                                                  "ratio_to_roofline": t / (nbytes / HBM_BPS)})
     attention_kernels((6, 48, 192))
     for entries in (2048, 1 << 20):
-        page_bytes = torch.randint(0, 255, (entries * 68,), dtype=torch.uint8, device=dev)
-        k_off = torch.arange(entries, device=dev) * 64
-        k_soff = entries * 64 + torch.arange(entries, device=dev) * 4
+        page_bytes, k_off, k_soff = index_key_pages(entries, dev)
         for n in (6, 192):
             q = torch.randn(n, 32, 128, device=dev)
             w = torch.randn(n, 32, device=dev)

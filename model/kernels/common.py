@@ -233,15 +233,20 @@ def bf16_parts(x: torch.Tensor, splits: int, interleave: int = 1) -> torch.Tenso
     launch on the GPU (torch's form is ~9 passes over the data); torch's form elsewhere."""
     if x.is_cuda:
         return bf16_parts_kernel(x, splits, interleave)
-    rows = x.float()
-    if interleave > 1:
-        C = x.shape[-1]
-        rows = rows.reshape(*x.shape[:-1], C // interleave, interleave).transpose(-1, -2).reshape(x.shape)
-    parts, rest = [], rows
+    parts, rest = [], group_columns(x.float(), interleave)
     for _ in range(splits):
         parts.append(rest.to(torch.bfloat16))
         rest = rest - parts[-1].float()
     return torch.stack(parts)
+
+
+def group_columns(x: torch.Tensor, g: int) -> torch.Tensor:
+    """x with each row's columns grouped by their remainder mod g: column c goes to
+    (c % g) * (C / g) + c // g (the layout bf16_parts(..., interleave=g) gives)."""
+    if g == 1:
+        return x
+    C = x.shape[-1]
+    return x.reshape(*x.shape[:-1], C // g, g).transpose(-1, -2).reshape(x.shape)
 
 
 @triton.jit

@@ -13,7 +13,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import bf16_parts, dot_exact_rhs, e2m1_to_float, e4m3_to_float, interpreting, pow2
+from .common import (bf16_parts, dot_exact_rhs, e2m1_to_float, e4m3_to_float, group_columns, interpreting,
+                     pow2)
 
 
 def sparse_attention_ref(q: torch.Tensor, window_kv: torch.Tensor, window_mask: torch.Tensor,
@@ -412,7 +413,7 @@ def sparse_attention(q: torch.Tensor, ring: torch.Tensor, window_offsets: torch.
         if ptx:
             parts = bf16_parts(q, t["QP"], interleave=2)
         else:
-            parts = torch.cat([q[..., 0::2], q[..., 1::2]], dim=-1).float()[None]
+            parts = group_columns(q.float(), 2)[None]
         if t["GATHER"]:
             ring = gather_keys(ring, w_off, w_soff, dim, dim // 32)
             pages = gather_keys(pages, e_off, e_soff, dim // 2, dim // 16)
