@@ -26,6 +26,7 @@ from .device import to_device
 from .engram_hash import EngramHasher, compressed_map
 from .graphs import GraphCache
 from .layers.attention import attend, grouped_output, project
+from .layers.attention_kernel import Prepared, attend_prepared, note_ring_writes, prepare
 from .layers.compressor import compress
 from .layers.engram import engram
 from .layers.moe import moe
@@ -125,9 +126,36 @@ class DeepseekV41:
     def block(self, role: LayerRole, X: torch.Tensor, pre: torch.Tensor, runs: list[SeqRun],
               block_mode: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """One mHC block; returns the new streams and this block's FFN `pre` for the next site."""
+        prepared = None if block_mode else self._graphable_attention(role, runs, X.shape[0])
+        if prepared is not None:  # the whole block in one graph
+            key = ("block", role.index, prepared.plan, id(prepared.pool))
+            out = self.graphs.run(key, lambda *t: self._whole_block(role, prepared, *t), (X, pre) + prepared.tensors,
+                                  shared=len(prepared.tensors))
+            note_ring_writes(runs, role.index)
+            return out
         a_pre, a_post, a_comb, xa, q_res, q_all, kv_all = self._dense("attn_in", role, self._attn_in, X, pre)
         o = attend(self.ops, self.config, role, xa, q_res, q_all, kv_all, runs, self.rope, self.qat, block_mode)
         return self._dense("attn_out_ffn", role, self._attn_out_ffn, o, X, a_pre, a_post, a_comb)
+
+    def _graphable_attention(self, role: LayerRole, runs: list[SeqRun], rows: int) -> Prepared | None:
+        """A layer with neither compressor nor indexer whose attention is one fixed launch
+        (attention_kernel.prepare) can run in one graph with its block. Entry lists of
+        index_topk (or none) only: shorter ones grow with the context, and each new width
+        would capture another graph per layer."""
+        if (self.graphs is None or not self.qat or role.is_kv_source or role.is_index_source
+                or not all(self.ops.reads_cache_in_place(run.cache) for run in runs)):
+            return None
+        heads = self.config.num_heads // self.ops.parallel.world
+        prepared = prepare(self.config, role, runs, self.rope, rows, heads)
+        if prepared is None or prepared.tensors[-1].shape[1] not in (1, self.config.index_topk):
+            return None
+        return prepared
+
+    def _whole_block(self, role: LayerRole, prepared: Prepared, X: torch.Tensor, pre: torch.Tensor,
+                     *tensors: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        a_pre, a_post, a_comb, xa, q_res, q_all, kv_all = self._attn_in(role, X, pre)
+        o = attend_prepared(self.ops, self.config, role, prepared, q_all, kv_all, *tensors)
+        return self._attn_out_ffn(role, o, X, a_pre, a_post, a_comb)
 
     def _attn_in(self, role: LayerRole, X: torch.Tensor, pre: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """The attention site's gates and its input, projected (dense: one graph per T)."""

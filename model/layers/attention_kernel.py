@@ -14,13 +14,15 @@ bit for bit.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from ...kvcache.paged import page_offsets, tables_end_to_end
-from ..batch import SeqRun, cat, offsets, run_rows
+from ..batch import SeqRun, cat, end_to_end, offsets, run_rows
 from ..config import LayerRole, ModelConfig
 from ..device import to_device
-from ..kernels.sparse_attention import launch_plan, sparse_attention
+from ..kernels.sparse_attention import LaunchPlan, launch_plan, sparse_attention
 from ..ops import ReferenceOps
 from ..rope import Rope
 from .compressor import compress
@@ -39,19 +41,81 @@ def update_entries(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, xa: tor
 def attend_in_place(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, xa: torch.Tensor, q_res: torch.Tensor,
                     q_all: torch.Tensor, kv_all: torch.Tensor, runs: list[SeqRun], rope: Rope) -> torch.Tensor:
     """`attend` with the quantizers on and every cache read in place -> o [T, h, D]."""
-    cos, sin = rope.for_runs(role.rope, runs)  # [T, rope/2]
-    q = ops.rope(q_all, cos, sin)
-    kv, packed = ops.fp8_round_trip(ops.rope(kv_all, cos, sin))
     if role.is_kv_source:
         compress(ops, cfg, role, xa, [run for run in runs if not run.skip_compressor], rope, True)
     if role.is_index_source:
         index_runs(ops, cfg, role, xa, q_res, runs, rope)
+    prepared = prepare(cfg, role, runs, rope, q_all.shape[0], q_all.shape[1])
+    if prepared is not None:
+        o = attend_prepared(ops, cfg, role, prepared, q_all, kv_all, *prepared.tensors)
+        note_ring_writes(runs, role.index)
+        return o
+    cos, sin = rope.for_runs(role.rope, runs)  # [T, rope/2]
+    q = ops.rope(q_all, cos, sin)
+    kv, packed = ops.fp8_round_trip(ops.rope(kv_all, cos, sin))
     o = _attention(cfg, role, q, kv, packed, runs, ops.w(f"{role.prefix}.attn.attn_sink"))
     return ops.rope(o, cos, sin, inverse=True)
 
 
+class Prepared(NamedTuple):
+    """The attention of runs that all fit in their rings, in one pool, under one launch plan:
+    what it reads besides q and kv, built once per forward. `attend_prepared` on it is a
+    fixed sequence of launches with no host work, so a CUDA graph can hold the whole block
+    (DeepseekV41.block)."""
+    plan: LaunchPlan
+    pool: object  # the runs' CachePool
+    ring_strides: tuple[int, int]  # bytes from one ring layer to the next (codes, scales)
+    # cos, sin [T, rope/2]; layer-0 ring offsets of the rows' codes [T, D] and scales [T, D/32];
+    # layer-0 window offsets [T, W] (codes, scales) and which hold data; entry offsets [T, K]
+    tensors: tuple[torch.Tensor, ...]
+
+
+def prepare(cfg: ModelConfig, role: LayerRole, runs: list[SeqRun], rope: Rope, rows: int, heads: int
+            ) -> Prepared | None:
+    """Prepared when this layer's runs can attend in one launch (else None: the general path).
+    Call it after the layer's compressor and indexer: the entry offsets follow their top-k."""
+    layer = role.index
+    if (rows != sum(run.n for run in runs) or runs[0].offset != 0 or not end_to_end(runs)
+            or len({id(run.cache.pool) for run in runs}) > 1
+            or not all(_fits_in_ring(cfg, run, layer) for run in runs)):
+        return None
+    entries, widths = _entry_offsets(role, runs, runs[0].cache.pool.device)
+    plans = {launch_plan(run.n, width, heads, cfg.head_dim) for run, width in zip(runs, widths)}
+    if len(plans) > 1:
+        return None
+    codes0, scales0, valid = _window_grid(cfg, layer, runs)
+    return Prepared(plans.pop(), runs[0].cache.pool, runs[0].cache.ring_layer_stride, rope.for_runs(role.rope, runs) + _ring_rows(runs) + (codes0, scales0, valid) + entries)
+
+
+def attend_prepared(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, prepared: Prepared, q_all, kv_all,
+                    cos, sin, ring_codes, ring_scales, win_codes, win_scales, win_valid, entry_off, entry_soff
+                    ) -> torch.Tensor:
+    """RoPE, the FP8 ring write of kv, attention, inverse RoPE -> o [T, h, D]: device work only
+    (the caller notes the ring writes: note_ring_writes). The tensors are prepared.tensors, or
+    a CUDA graph's copies of them."""
+    layer, pool, plan = role.index, prepared.pool, prepared.plan
+    q = ops.rope(q_all, cos, sin)
+    kv, packed = ops.fp8_round_trip(ops.rope(kv_all, cos, sin))
+    code_stride, scale_stride = prepared.ring_strides
+    buf = pool.slots_buffer
+    buf[ring_codes + layer * code_stride] = packed[0]
+    buf[ring_scales + layer * scale_stride] = packed[1]
+    win_off = torch.where(win_valid, win_codes + layer * code_stride, -1)
+    o = sparse_attention(q, buf, win_off, win_scales + layer * scale_stride, pool.pages_buffer, entry_off,
+                         entry_soff, ops.w(f"{role.prefix}.attn.attn_sink"), cfg.head_dim**-0.5,
+                         num_warps=plan.warps, entry_splits=plan.entry_splits, head_block=plan.head_block,
+                         prefill=plan.prefill)
+    return ops.rope(o, cos, sin, inverse=True)
+
+
+def note_ring_writes(runs: list[SeqRun], layer: int) -> None:
+    for run in runs:
+        run.cache.note_ring_write(layer, run.start, run.n)
+
+
 def _attention(cfg: ModelConfig, role: LayerRole, q, kv, packed, runs: list[SeqRun], sink) -> torch.Tensor:
-    """Writes the runs' rows into their rings, then attends: one launch per program layout."""
+    """What `prepare` does not take (runs too long for their rings, several pools or launch
+    plans): writes the rows that fit into their rings, then attends, one launch per layout."""
     layer, heads = role.index, q.shape[1]
     fits = [_fits_in_ring(cfg, run, layer) for run in runs]
     entries, widths = _entry_offsets(role, runs, q.device)
@@ -66,9 +130,6 @@ def _attention(cfg: ModelConfig, role: LayerRole, q, kv, packed, runs: list[SeqR
             continue
         plan = (launch_plan(run.n, width, heads, cfg.head_dim), id(run.cache.pool))
         groups.setdefault(plan, []).append((run, width))
-    if not outputs and len(groups) == 1:
-        (plan, members), = groups.items()
-        return _launch(cfg, layer, q, runs, entries, sink, plan)  # every run, in row order
     for plan, members in groups.items():
         group, width = [run for run, _ in members], max(w for _, w in members)
         own = tuple(run_rows(e, group)[:, :width] for e in entries)

@@ -15,13 +15,14 @@ from dsflash.model.runner import step
 pytestmark = pytest.mark.gpu
 
 
-def test_replayed_steps_equal_eager_steps(golden_dir, golden):
+@pytest.mark.parametrize("requests", [1, 2])
+def test_replayed_steps_equal_eager_steps(golden_dir, golden, requests):
     from dsflash.model.deepseek_v41 import DeepseekV41
 
     model = DeepseekV41.from_checkpoint(golden_dir, device="cuda")
     model.ops = TritonOps(model.ops.weights, device="cuda")
     pool = CachePool(CacheLayout.for_model(model.config, page_entries=16), 200, 4, plain_allocator("cuda"))
-    prompts = [golden[1]["input_ids"][:30], golden[2]["input_ids"][:23]]
+    prompts = [golden[1]["input_ids"][:30], golden[2]["input_ids"][:23]][:requests]
     twins = {mode: [PagedCache(pool, model.config) for _ in prompts] for mode in ("eager", "graphs")}
     graphs = GraphCache()
     g = torch.Generator().manual_seed(0)
@@ -38,4 +39,5 @@ def test_replayed_steps_equal_eager_steps(golden_dir, golden):
                 got[mode] = [t.cpu() for t in step(model, caches, blocks, logits="all").logits]
             for eager, replayed in zip(got["eager"], got["graphs"]):
                 assert torch.equal(eager, replayed)
-    assert graphs.captured() > 0
+    # layers without compressor or indexer ran as one graph each (their entry lists are full)
+    assert graphs.captured("block") > 0 and graphs.captured("attn_in") > 0
