@@ -213,13 +213,37 @@ def index_key_pages(entries: int, dev: str) -> tuple[torch.Tensor, torch.Tensor,
     return page_bytes, torch.arange(entries, device=dev) * 64, entries * 64 + torch.arange(entries, device=dev) * 4
 
 
+def top_k_timings(scores: torch.Tensor, k: int, label: str, timer=cuda_time) -> None:
+    """The torch top-k and the kernels' (at each digit width) on the same scores. The kernels
+    read the scores once per pass, 32 / bits counting passes and one writing pass: their byte
+    limit is that many reads at HBM speed (rows that fit in the 50 MB L2 can beat it); the
+    torch form's is one read (it sorts int64 keys: several times that in fact)."""
+    from dsflash.model.kernels.top_k import top_k_ascending_kernel, top_k_ascending_ref
+
+    nbytes = scores.numel() * 4
+    want = top_k_ascending_ref(scores, k)
+    t = timer(lambda: top_k_ascending_ref(scores, k))
+    record("kernel_indexer_prefill", f"{label}_top_k_ascending",
+           {"us": t * 1e6, "GBps_of_scores": nbytes / t / 1e9, "roofline_us": nbytes / HBM_BPS * 1e6})
+    for bits in (11, 8, 6):
+        def kernel():
+            return top_k_ascending_kernel(scores, k, radix_bits=bits)
+
+        passes = math.ceil(32 / bits) + 1
+        t = timer(kernel)
+        record("kernel_indexer_prefill", f"{label}_top_k_kernel_r{bits}",
+               {"us": t * 1e6, "passes": passes, "GBps_of_scores": nbytes / t / 1e9,
+                "roofline_us": passes * nbytes / HBM_BPS * 1e6, "ratio_to_roofline": t / (passes * nbytes / HBM_BPS),
+                "matches_ref": torch.equal(kernel(), want)})
+
+
 def indexer_kernels() -> None:
     """A prefill chunk's indexer at long context: the scores of one top-k chunk (the
     _SCORE_BUDGET: 128 queries over 1M entries), in fp32 (three TF32 passes) and with
     FP4-quantized queries in one bf16 pass, in decode-sized and tall tiles, then the top-k
-    that follows them."""
+    that follows them (torch and kernel); the top-k also at decode shapes, in CUDA graphs:
+    the index top-k at 256K entries and the candidate blocks (N/8 of 512K)."""
     from dsflash.model.kernels.indexer_score import indexer_scores
-    from dsflash.model.layers.indexer import top_k_ascending
     from dsflash.model.quant import fake_quant_fp4
 
     dev, heads, dim = "cuda", 32, 128
@@ -241,9 +265,9 @@ def indexer_kernels() -> None:
                    {"us": t * 1e6, "TFLOPs": flops / t / 1e12, "ratio_to_bf16_roofline": t / (flops / BF16_FLOPS),
                     "max_rel_diff": ((got - ref).abs().max() / ref.abs().max()).item()})
         for rows in (32, n):
-            t = cuda_time(lambda: top_k_ascending(ref[:rows], 512), iters=5)
-            record("kernel_indexer_prefill", f"N{entries}_n{rows}_top_k_ascending",
-                   {"us": t * 1e6, "GBps_of_scores": rows * entries * 4 / t / 1e9})
+            top_k_timings(ref[:rows], 512, f"N{entries}_n{rows}", lambda fn: cuda_time(fn, iters=5))
+    for rows, entries, k in ((6, 1 << 18, 512), (48, 1 << 16, 2048)):
+        top_k_timings(torch.randn(rows, entries, device=dev), k, f"decode_N{entries}_n{rows}", graph_time)
 
 
 def kernels() -> None:

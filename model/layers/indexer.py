@@ -18,30 +18,12 @@ from ..config import LayerRole, ModelConfig
 from ..device import to_device
 from ..ops import ReferenceOps
 from ..kernels.indexer_score import TALL_RUN, indexer_scores
+from ..kernels.top_k import top_k_ascending
 from ..rope import Rope
 
-# fp32 elements of one [queries, entries] score chunk: 128 queries at 1M entries (its top-k
-# takes ~6x the scores' bytes while it runs)
+# fp32 elements of one [queries, entries] score chunk: 128 queries at 1M entries (the torch
+# top-k, used off the GPU, takes ~6x the scores' bytes while it runs; the kernel ~none)
 _SCORE_BUDGET = 1 << 27
-
-
-def top_k_ascending(scores: torch.Tensor, k: int) -> torch.Tensor:
-    """The k best ids per row, ascending; ties at the boundary go to the lower id; -1 pads rows
-    with fewer than k finite scores. Linear in the row length (no full sort), and no host sync:
-    one topk over unique int64 keys, score bits above and (width - 1 - id) below, so equal
-    scores rank by id (topk's own order among equal values is unspecified)."""
-    n, width = scores.shape
-    if k <= 0:
-        return torch.zeros(n, 0, dtype=torch.long, device=scores.device)
-    scores = scores.float()
-    bits = torch.where(scores == 0, 0.0, scores).view(torch.int32)  # -0.0 ties with 0.0
-    # IEEE floats order like sign-magnitude ints: flip the magnitude bits of negatives.
-    ordered = torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits).to(torch.int64)
-    key = (ordered << 32) | (width - 1 - torch.arange(width, device=scores.device))
-    ids = width - 1 - (torch.topk(key, k, dim=-1).values & 0xFFFFFFFF)
-    ids = torch.where(scores.gather(-1, ids) > float("-inf"), ids, width)
-    ids = ids.sort(dim=-1).values
-    return torch.where(ids < width, ids, -1)
 
 
 def select_candidate_blocks(scores: torch.Tensor, visible: torch.Tensor, topk_blocks: int, block: int) -> torch.Tensor:
