@@ -528,7 +528,8 @@ def decode(model, store, batches, contexts, label: str) -> None:
                 sync()
             step_s = (time.perf_counter() - began) / steps
             if PROFILE[0] and label == "decode" and batch == batches[0]:
-                profile_steps(engine, f"{label}_ctx{context}_B{batch}")
+                profile_steps(engine, f"{label}_ctx{context}_B{batch}", stacks=True)
+                host_profile(engine, f"host_{label}_ctx{context}_B{batch}")
             emitted = sum(len(r.output) for r in engine.running)
             nbytes = step_bytes(store, config, batch, context)
             roofline = nbytes / HBM_BPS
@@ -543,6 +544,26 @@ def decode(model, store, batches, contexts, label: str) -> None:
             del engine, pool
             if DEV.startswith("cuda"):
                 torch.cuda.empty_cache()
+
+
+def host_profile(engine, name: str, steps: int = 2) -> None:
+    """Where a host-bound step's Python time goes (cProfile, by own time and by cumulative)."""
+    import cProfile
+    import io
+    import pstats
+
+    profiler = cProfile.Profile()
+    with torch.inference_mode():
+        profiler.enable()
+        for _ in range(steps):
+            engine.step()
+        sync()
+        profiler.disable()
+    text = io.StringIO()
+    stats = pstats.Stats(profiler, stream=text)
+    stats.sort_stats("tottime").print_stats(40)
+    stats.sort_stats("cumulative").print_stats(60)
+    (out_dir() / f"profile_{name}.txt").write_text(text.getvalue())
 
 
 def profile_steps(engine, name: str, steps: int = 2, stacks: bool = False) -> None:
@@ -562,9 +583,10 @@ def profile_steps(engine, name: str, steps: int = 2, stacks: bool = False) -> No
     text = [table.table(sort_by="self_cpu_time_total", row_limit=30)]
     if DEV.startswith("cuda"):
         text.append(table.table(sort_by="self_cuda_time_total", row_limit=20))
-    if stacks:
-        sort = "self_cuda_time_total" if DEV.startswith("cuda") else "self_cpu_time_total"
-        text.append(prof.key_averages(group_by_stack_n=4).table(sort_by=sort, row_limit=40, max_name_column_width=60))
+    if stacks:  # by device time (prefill: the GPU is the limit) and by host time (decode: the host is)
+        by_stack = prof.key_averages(group_by_stack_n=4)
+        for sort in ["self_cuda_time_total"] * DEV.startswith("cuda") + ["self_cpu_time_total"]:
+            text.append(by_stack.table(sort_by=sort, row_limit=40, max_name_column_width=60))
     (out_dir() / f"profile_{name}.txt").write_text("\n".join(text))
     print("\n".join(t[:6000] for t in text), flush=True)
 
@@ -698,6 +720,7 @@ def main() -> None:
         kernels()
     if "attention" in sections and DEV.startswith("cuda"):
         attention_kernels((192, 8192))
+    if {"attention", "indexer"} & set(sections) and DEV.startswith("cuda"):
         indexer_kernels()
     if "moe_tiles" in sections and DEV.startswith("cuda"):
         moe_tiles()
