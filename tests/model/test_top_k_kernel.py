@@ -9,10 +9,12 @@ from dsflash.model.kernels.top_k import top_k_ascending_kernel, top_k_ascending_
 
 INF, NAN = float("inf"), float("nan")
 SMALL_PLAN = dict(chunks=3, block=128)  # at N = 600: chunks of 256, 256 and 88
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # the interpreter without a GPU
 
 
 def _check(scores: torch.Tensor, k: int, **plan) -> None:
-    got, want = top_k_ascending_kernel(scores, k, **plan), top_k_ascending_ref(scores, k)
+    got = top_k_ascending_kernel(scores.to(DEVICE), k, **plan).cpu()
+    want = top_k_ascending_ref(scores, k)
     assert got.dtype == want.dtype == torch.long and got.shape == want.shape
     assert torch.equal(got, want), (got, want)
 
@@ -66,8 +68,8 @@ def test_radix_widths():
 
 
 def test_empty_shapes():
-    assert top_k_ascending_kernel(torch.zeros(2, 5), 0).shape == (2, 0)
-    assert top_k_ascending_kernel(torch.zeros(0, 5), 3).shape == (0, 3)
+    assert top_k_ascending_kernel(torch.zeros(2, 5, device=DEVICE), 0).shape == (2, 0)
+    assert top_k_ascending_kernel(torch.zeros(0, 5, device=DEVICE), 3).shape == (0, 3)
     _check(torch.tensor([[3.0], [-INF]]), 1)
 
 
