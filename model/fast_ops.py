@@ -8,14 +8,16 @@ every kernel is checked against the reference it replaces (tests/model/test_kern
 - routed experts run as two grouped GEMMs over packed FP4 weights (fp4_moe);
 - attention and indexer scoring read the paged cache's bytes in place (their layers call them);
 - the FP8/FP4 cache round trips run as one launch each (quantize), not ~25 small torch ops;
-- the mHC stream updates (expand, collapse + norm) read the streams once each (hc_streams).
+- the mHC stream updates (expand, collapse + norm) read the streams once each (hc_streams);
+- the compressor's pooling + norm, and its entries' and keys' norm + RoPE + FP4, are one
+  launch each (compressor).
 """
 
 from __future__ import annotations
 
 import torch
 
-from .kernels import hc_streams
+from .kernels import compressor, hc_streams
 from .kernels.common import interpreting
 from .kernels.fp4_moe import fp4_moe, small_scales
 from .kernels.fp8_gemm import bf16_gemm, fp32_gemm, fp8_gemm, grouped_fp8_gemm, small_fp8_scales
@@ -107,6 +109,19 @@ class TritonOps(ReferenceOps):
         if not _kernels_run_on(x):
             return super().fp4_round_trip(x, block, e4m3_scales)
         return fp4_round_trip(x, block, e4m3_scales)
+
+    def compress_pool_norm(self, kv: torch.Tensor, gate: torch.Tensor | None, weight: torch.Tensor, ratio: int,
+                           eps: float) -> torch.Tensor:
+        if not _kernels_run_on(kv):
+            return super().compress_pool_norm(kv, gate, weight, ratio, eps)
+        return compressor.pool_norm(kv, gate, weight, ratio, eps)
+
+    def norm_rope_fp4(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, block: int,
+                      e4m3_scales: bool = False, norm_weight: torch.Tensor | None = None,
+                      eps: float = 0.0) -> tuple[torch.Tensor, Packed]:
+        if not _kernels_run_on(x):
+            return super().norm_rope_fp4(x, cos, sin, block, e4m3_scales, norm_weight, eps)
+        return compressor.norm_rope_fp4(x, cos, sin, block, e4m3_scales, norm_weight, eps)
 
     def routed_experts(self, prefix: str, local: range, x: torch.Tensor, idx: torch.Tensor,
                        weights: torch.Tensor, limit: float) -> torch.Tensor:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from . import quant
+from .kernels.compressor import norm_rope_fp4_ref, pool_norm_ref
 from .layers.mhc import hc_collapse, hc_expand, hc_mix
 from .layers.norm import rms_norm
 from .parallel import SINGLE, Parallel
@@ -76,6 +77,19 @@ class ReferenceOps:
     def rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inverse: bool = False) -> torch.Tensor:
         """RoPE on the last 2*cos.shape[-1] channels (model/rope.py); one launch on the fast path."""
         return apply_rope(x, cos, sin, inverse)
+
+    def compress_pool_norm(self, kv: torch.Tensor, gate: torch.Tensor | None, weight: torch.Tensor, ratio: int,
+                           eps: float) -> torch.Tensor:
+        """The compressor's latent [G, D]: each group's `ratio` rows pooled by a per-channel softmax
+        of their gates, RMS-normalized (kernels/compressor.py); one launch on the fast path."""
+        return pool_norm_ref(kv, gate, weight, ratio, eps)
+
+    def norm_rope_fp4(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, block: int,
+                      e4m3_scales: bool = False, norm_weight: torch.Tensor | None = None,
+                      eps: float = 0.0) -> tuple[torch.Tensor, quant.Packed]:
+        """fp4_round_trip(rope(x)), x RMS-normalized first when norm_weight is given: compressed
+        entries and index keys; one launch on the fast path."""
+        return norm_rope_fp4_ref(x, cos, sin, block, e4m3_scales, norm_weight, eps)
 
     def fake_quant_fp4(self, x: torch.Tensor, block: int, e4m3_scales: bool = False) -> torch.Tensor:
         """x on the FP4 grid (indexer queries), through this object's fp4_round_trip."""

@@ -87,15 +87,10 @@ def _fp8_round_trip_kernel(x_ptr, values_ptr, codes_ptr, scales_ptr, num_blocks,
 
 
 @triton.jit
-def _fp4_round_trip_kernel(x_ptr, values_ptr, packed_ptr, scales_ptr, num_blocks,
-                           BLOCK: tl.constexpr, GROUPS: tl.constexpr, E4M3_SCALES: tl.constexpr):
-    """GROUPS consecutive blocks per program, each as its even and odd columns: the low and
-    high nibbles of one packed byte."""
-    blocks = tl.program_id(0) * GROUPS + tl.arange(0, GROUPS)
-    is_block = blocks[:, None] < num_blocks
-    pairs = blocks[:, None] * (BLOCK // 2) + tl.arange(0, BLOCK // 2)[None, :]
-    even = tl.load(x_ptr + 2 * pairs, mask=is_block, other=0.0).to(tl.float32)
-    odd = tl.load(x_ptr + 2 * pairs + 1, mask=is_block, other=0.0).to(tl.float32)
+def fp4_round_trip_pairs(even, odd, E4M3_SCALES: tl.constexpr):
+    """Blocks [groups, BLOCK/2] given as their even and odd columns -> (even values, odd values,
+    packed bytes int32 (even code low, odd code high), scale bytes int32 [groups]): what
+    quant.fp4_round_trip gives for those blocks. Also the compressor's kernels' last step."""
     amax = tl.maximum(tl.max(tl.abs(even), axis=1), tl.max(tl.abs(odd), axis=1))
     if E4M3_SCALES:
         # True division, as the reference's: e4m3 scales are not powers of two.
@@ -108,9 +103,23 @@ def _fp4_round_trip_kernel(x_ptr, values_ptr, packed_ptr, scales_ptr, num_blocks
         inverse = pow2(254 - scale_byte)[:, None]  # exact, so multiplying rounds as dividing does
         low = _e2m1_rne(even * inverse)
         high = _e2m1_rne(odd * inverse)
-    tl.store(values_ptr + 2 * pairs, e2m1_to_float(low) * scale[:, None], mask=is_block)
-    tl.store(values_ptr + 2 * pairs + 1, e2m1_to_float(high) * scale[:, None], mask=is_block)
-    tl.store(packed_ptr + pairs, (low | (high << 4)).to(tl.uint8), mask=is_block)
+    return e2m1_to_float(low) * scale[:, None], e2m1_to_float(high) * scale[:, None], low | (high << 4), scale_byte
+
+
+@triton.jit
+def _fp4_round_trip_kernel(x_ptr, values_ptr, packed_ptr, scales_ptr, num_blocks,
+                           BLOCK: tl.constexpr, GROUPS: tl.constexpr, E4M3_SCALES: tl.constexpr):
+    """GROUPS consecutive blocks per program, each as its even and odd columns: the low and
+    high nibbles of one packed byte."""
+    blocks = tl.program_id(0) * GROUPS + tl.arange(0, GROUPS)
+    is_block = blocks[:, None] < num_blocks
+    pairs = blocks[:, None] * (BLOCK // 2) + tl.arange(0, BLOCK // 2)[None, :]
+    even = tl.load(x_ptr + 2 * pairs, mask=is_block, other=0.0).to(tl.float32)
+    odd = tl.load(x_ptr + 2 * pairs + 1, mask=is_block, other=0.0).to(tl.float32)
+    even, odd, packed, scale_byte = fp4_round_trip_pairs(even, odd, E4M3_SCALES)
+    tl.store(values_ptr + 2 * pairs, even, mask=is_block)
+    tl.store(values_ptr + 2 * pairs + 1, odd, mask=is_block)
+    tl.store(packed_ptr + pairs, packed.to(tl.uint8), mask=is_block)
     tl.store(scales_ptr + blocks, scale_byte.to(tl.uint8), mask=blocks < num_blocks)
 
 

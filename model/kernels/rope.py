@@ -20,7 +20,8 @@ _PTX = tl.constexpr(not interpreting())
 
 
 @triton.jit
-def _mul_rn(a, b, PTX: tl.constexpr):
+def mul_rn(a, b, PTX: tl.constexpr):
+    """a * b rounded on its own: never contracted with a following add into an FMA."""
     if PTX:
         out = tl.inline_asm_elementwise("mul.rn.f32 $0, $1, $2;", "=r,r,r", [a, b], dtype=tl.float32,
                                         is_pure=True, pack=1)
@@ -49,7 +50,7 @@ def _rope_kernel(x_ptr, cos_ptr, sin_ptr, o_ptr, H, sxn, sxh, son, soh, scn,
     even = (r % 2) == 0
     # forward: e' = e*c - o*s, o' = o*c + e*s; inverse: the signs of the sin terms flip
     sign = tl.where(even == INVERSE, 1.0, -1.0)
-    rotated = _mul_rn(x, c, PTX) + _mul_rn(partner, s, PTX) * sign
+    rotated = mul_rn(x, c, PTX) + mul_rn(partner, s, PTX) * sign
     out = tl.where(rotates, rotated, x)
     tl.store(o_ptr + row.to(tl.int64) * son + head * soh + d, out.to(o_ptr.dtype.element_ty), mask=live)
 

@@ -8,6 +8,8 @@ with the YaRN table:
   entry     = FP4q16(RoPE(latent))                               [D]   (QAT: e2m1, e4m3 scale / 16)
   index key = FP4q32(RoPE(RMSNorm(latent @ wk^T, indexer.k_norm))) [Di]  (QAT: e2m1, pow2 scale / 32)
 A group still open at the end of a forward is carried in the cache (kv and gate of its tokens).
+Around the GEMMs the chain is two ops calls (ops.compress_pool_norm, ops.norm_rope_fp4), one
+launch each on the fast path (model/kernels/compressor.py).
 """
 
 from __future__ import annotations
@@ -44,23 +46,20 @@ def compress(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, xa: torch.Ten
             done.append((run, first, new))
     if not done:
         return
-    latent = cat(kv_parts)
-    if ratio > 1:
-        groups = latent.shape[0] // ratio
-        weights = cat(gate_parts).view(groups, ratio, -1).softmax(dim=1)
-        latent = (latent.view(groups, ratio, -1) * weights).sum(dim=1)  # [G, D]
-    latent = rms_norm(latent, ops.w(f"{p}.attn.compressor.norm.weight"), cfg.rms_norm_eps)
+    latent = ops.compress_pool_norm(cat(kv_parts), None if ratio == 1 else cat(gate_parts),
+                                    ops.w(f"{p}.attn.compressor.norm.weight"), ratio, cfg.rms_norm_eps)  # [G, D]
     positions = torch.cat([torch.arange(first, first + new) for _, first, new in done]) * ratio
     cos, sin = rope.cos_sin("yarn", to_device(positions, latent.device))
-    keys = rms_norm(ops.linear(latent, f"{p}.attn.indexer.wk.weight"), ops.w(f"{p}.attn.indexer.k_norm.weight"),
-                    cfg.rms_norm_eps)
-    keys = ops.rope(keys, cos, sin)
-    entries = ops.rope(latent, cos, sin)
+    keys = ops.linear(latent, f"{p}.attn.indexer.wk.weight")  # [G, Di]
+    k_norm = ops.w(f"{p}.attn.indexer.k_norm.weight")
     packed = None
     if qat:
-        keys, key_codes = ops.fp4_round_trip(keys, 32)
-        entries, entry_codes = ops.fp4_round_trip(entries, 16, e4m3_scales=True)
+        entries, entry_codes = ops.norm_rope_fp4(latent, cos, sin, 16, e4m3_scales=True)
+        keys, key_codes = ops.norm_rope_fp4(keys, cos, sin, 32, norm_weight=k_norm, eps=cfg.rms_norm_eps)
         packed = (entry_codes, key_codes)
+    else:
+        entries = ops.rope(latent, cos, sin)
+        keys = ops.rope(rms_norm(keys, k_norm, cfg.rms_norm_eps), cos, sin)
     at = 0
     for run, _, new in done:
         part = slice(at, at + new)
