@@ -14,7 +14,7 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # the interpreter witho
 
 def _check(scores: torch.Tensor, k: int, **plan) -> None:
     got = top_k_ascending_kernel(scores.to(DEVICE), k, **plan).cpu()
-    want = top_k_ascending_ref(scores, k)
+    want = top_k_ascending_ref(scores, k).cpu()
     assert got.dtype == want.dtype == torch.long and got.shape == want.shape
     assert torch.equal(got, want), (got, want)
 
