@@ -193,7 +193,7 @@ class DecodeWorker:
                 request_id=request_id, token_ids=tokens, prefix=source.ref,
                 destination=handoff.destination(rt.transfer.endpoint(), cache, len(tokens)), want_taps=True),
                 timeout=rt.settings.prefill_timeout_s)
-            handoff.install(cache, handoff.descriptor_from_proto(reply.descriptor))
+            await handoff.install(cache, handoff.descriptor_from_proto(reply.descriptor), run=self.loop.call)
         except grpc.aio.AioRpcError as exc:
             cache.release()
             if exc.code() == grpc.StatusCode.INVALID_ARGUMENT:

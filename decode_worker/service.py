@@ -67,7 +67,7 @@ class DecodeServicer(worker_pb2_grpc.DecodeServicer):
             await context.abort(grpc.StatusCode.NOT_FOUND, "no such cache here (evicted or never held)")
         try:
             pushed = await handoff.push(w.runtime.transfer, entry.cache, request.destination,
-                                        w.runtime.settings.transfer_timeout_s)
+                                        w.runtime.settings.transfer_timeout_s, run=w.loop.call)
             w.runtime.record_transfer(pushed.bytes, pushed.seconds, pushed.transport)
             return worker_pb2.PushCacheReply(descriptor=handoff.descriptor_to_proto(entry.cache.descriptor()),
                                              transfer_bytes=pushed.bytes, transfer_ms=pushed.seconds * 1000.0,

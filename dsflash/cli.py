@@ -81,6 +81,10 @@ def build_parser() -> argparse.ArgumentParser:
         _add(p, "--advertise", help="host name peers use to reach this worker (default: the bind address)")
         _add(p, "--kv-transports", default="shm,tcp", help="KV transports to offer, by preference (rdma,shm,tcp)")
         _add(p, "--pool-bytes", type=_bytes, default="512MiB", help="KV pool size (pages + request slots)")
+        _add(p, "--kv-pool", default="auto", choices=["auto", "device", "host"],
+             help="where the KV pool lives: device = on the model's GPU (the kernels read it in place), "
+                  "staged through a host copy the transports use, so pool-bytes of each; host = the "
+                  "transports' host memory only; auto = device with --gpus, else host")
         _add(p, "--max-requests", type=int, default=32, help="requests held at once (pool slots)")
         _add(p, "--prefill-token-budget", type=int, default=8192, help="prompt tokens per engine step")
         _add(p, "--inject-kv-fault", help="testing only: corrupt:BYTE | delay:SECONDS | drop:BYTES[,count:N] "

@@ -111,7 +111,7 @@ def worker_settings(args, role: str):
     return WorkerSettings(role=role, checkpoint=args.checkpoint, host=args.host, port=args.port,
                           metrics_port=args.metrics_port,
                           advertise=args.advertise, redis_url=args.redis_url, device=device,
-                          kv_transports=_list(args.kv_transports), pool_bytes=args.pool_bytes,
+                          kv_transports=_list(args.kv_transports), kv_pool=args.kv_pool, pool_bytes=args.pool_bytes,
                           max_requests=args.max_requests, prefill_token_budget=args.prefill_token_budget,
                           faults=fault_plan(args.inject_kv_fault), **extra)
 

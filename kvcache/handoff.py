@@ -5,11 +5,20 @@ ranges (`destination`); the holder writes its payload there over the transfer en
 (`push`), which returns only after the receiver verified every region's checksum; the
 receiver then takes the metadata (`install`). Either side releases its pages as soon as the
 handoff fails, so a dead peer strands nothing.
+
+A pool on the model's device (pool.is_mirrored) is sent from, and received into, its host
+staging copy: `push` copies the cache's ranges device -> host before the transport reads
+them, `install` copies them host -> device before the model can. These two, and the seal of
+full pages (pool.seal_pages), are the only places pool bytes are read or written on the host.
+The copies run through `run`: a worker passes its engine loop's `call`, so that they queue
+behind the model's work on the engine thread (another thread's device copies could break a
+CUDA graph capture there); by default they run inline.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from ..model.config import ModelConfig
@@ -18,6 +27,12 @@ from .paged import CacheDescriptor, PagedCache
 from .pool import CachePool
 from .transport.base import TransferEngine
 from .transport.batch import TransferRequest
+
+Runner = Callable[[Callable[[], object]], Awaitable[object]]
+
+
+async def run_inline(fn: Callable[[], object]) -> object:
+    return fn()
 
 
 def descriptor_to_proto(desc: CacheDescriptor, payload_bytes: int = 0) -> worker_pb2.CacheDescriptor:
@@ -50,8 +65,12 @@ def destination(endpoint: kvcache_pb2.TransportEndpoint, cache: PagedCache,
         worker_pb2.ByteRange(segment=seg, offset=off, length=n) for seg, off, n in cache.byte_ranges(num_tokens)])
 
 
-def install(cache: PagedCache, desc: CacheDescriptor) -> None:
+async def install(cache: PagedCache, desc: CacheDescriptor, run: Runner = run_inline) -> None:
+    """Take the metadata of a cache whose bytes landed in the reservation, and put the bytes
+    where the model reads them."""
     cache.apply(desc)
+    if cache.pool.is_mirrored:
+        await run(cache.stage_in)
 
 
 @dataclass
@@ -62,8 +81,9 @@ class PushResult:
 
 
 async def push(engine: TransferEngine, cache: PagedCache, dest: worker_pb2.CacheDestination,
-               timeout_s: float | None = None) -> PushResult:
-    """Write the cache's payload into a peer's reserved ranges; returns once verified there."""
+               timeout_s: float | None = None, run: Runner = run_inline) -> PushResult:
+    """Write the cache's payload into a peer's reserved ranges; returns once verified there.
+    The caller keeps the cache unchanged until this returns."""
     local = cache.byte_ranges()
     remote = list(dest.ranges)
     if len(remote) < len(local):
@@ -74,6 +94,8 @@ async def push(engine: TransferEngine, cache: PagedCache, dest: worker_pb2.Cache
             raise ValueError(f"destination range of {r.length} bytes for a {n}-byte region")
         requests.append(TransferRequest(seg, off, r.segment, r.offset, n))
     started = time.perf_counter()
+    if cache.pool.is_mirrored:
+        await run(cache.stage_out)  # finished before any transport reads the host copy
     peer = await engine.connect(dest.endpoint)
     try:
         await engine.write_batch(peer, requests, timeout_s)

@@ -8,6 +8,7 @@ byte buffer for transfer, exactly.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 
 import torch
@@ -49,6 +50,7 @@ class PagedCache(SequenceCache):
         self.tail_lengths = {s: 0 for s in layout.tail_offsets()}
         self._keys: dict[int, torch.Tensor] = {}  # dequantized index keys, extended as entries arrive
         self.released = False
+        self._staging = threading.Lock()  # a staging copy and release() never overlap
         D = layout.head_dim
         slot = pool.slots[self.slot]
         rows = layout.num_ring_layers * layout.ring_capacity
@@ -210,15 +212,30 @@ class PagedCache(SequenceCache):
 
     def release(self) -> None:
         """Give the pages and the slot back (idempotent)."""
-        if self.released:
-            return
-        for source, table in self.page_table.items():
-            self.pool.free_pages(table)  # drops their seals
-            table.clear()
-            self._sealed[source] = 0
-        self._tables.clear()
-        self.pool.free_slot(self.slot)
-        self.released = True
+        with self._staging:
+            if self.released:
+                return
+            for source, table in self.page_table.items():
+                self.pool.free_pages(table)  # drops their seals
+                table.clear()
+                self._sealed[source] = 0
+            self._tables.clear()
+            self.pool.free_slot(self.slot)
+            self.released = True
+
+    def stage_out(self) -> int:
+        """Before this cache is sent: its bytes device -> host storage (pool.stage_out)."""
+        return self._stage(self.pool.stage_out)
+
+    def stage_in(self) -> int:
+        """After this cache's bytes landed in the host storage (apply() done): host -> device."""
+        return self._stage(self.pool.stage_in)
+
+    def _stage(self, copy) -> int:
+        # Under the lock, and not once released: a copy that a cancelled handoff left queued
+        # must not touch pages that another cache may own by the time it runs.
+        with self._staging:
+            return 0 if self.released else copy(self.byte_ranges())
 
     def descriptor(self) -> CacheDescriptor:
         used = {s: -(-self.counts[s] // self.layout.page_entries) for s in self.layout.sources}

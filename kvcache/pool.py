@@ -4,7 +4,9 @@ Like vLLM's block manager: all memory is allocated once (no per-request allocati
 fragmentation), requests hold page ids and a slot id, and a full pool is a normal condition
 the scheduler handles (wait or preempt), never a crash. The same pool type serves device
 memory and (pinned) host memory; its storage may come from a transfer engine, so peers can
-read and write it directly.
+read and write it directly. A GPU worker's pool keeps the model's buffers on the device and
+that storage as their host staging copy (mirror.py): `stage_out` / `stage_in` move a cache's
+ranges between the two, and do nothing for a pool whose model reads the storage itself.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from collections.abc import Callable
 import torch
 
 from .layout import CacheLayout
+from .mirror import DeviceMirror, Range
 from .transport.checksum import SealedSums
 
 
@@ -58,7 +61,11 @@ def plain_allocator(device: str | torch.device = "cpu", pin: bool = False) -> Al
 
 class CachePool:
     def __init__(self, layout: CacheLayout, num_pages: int, num_slots: int, allocate: Allocator | None = None,
-                 name: str = "kv", sealed: SealedSums | None = None):
+                 name: str = "kv", sealed: SealedSums | None = None, device: str | torch.device | None = None):
+        """`allocate` gives the storage peers address (a transfer engine's segments). With
+        `device`, the model's buffers are allocated there and the storage becomes their host
+        staging copy (a GPU worker; "cpu" gives tests the same arrangement); without, the
+        model reads and writes the storage itself."""
         self.layout = layout
         # Checksums of full pages, taken as they fill (a transfer then sends them without a
         # second read): only for host memory that a transfer engine sends from.
@@ -66,8 +73,10 @@ class CachePool:
         allocate = allocate or plain_allocator()
         # Segment names: peers address this memory as (segment, offset) through a transfer engine.
         self.pages_segment, self.slots_segment = f"{name}-pages", f"{name}-slots"
-        self.pages_buffer = allocate(self.pages_segment, num_pages * layout.page_bytes)
-        self.slots_buffer = allocate(self.slots_segment, num_slots * layout.slot_bytes)
+        self._storage = {self.pages_segment: allocate(self.pages_segment, num_pages * layout.page_bytes),
+                         self.slots_segment: allocate(self.slots_segment, num_slots * layout.slot_bytes)}
+        self.mirror = None if device is None else DeviceMirror(self._storage, device)
+        self.pages_buffer, self.slots_buffer = (self.buffer(s) for s in (self.pages_segment, self.slots_segment))
         self.pages = self.pages_buffer.view(num_pages, layout.page_bytes)
         self.slots = self.slots_buffer.view(num_slots, layout.slot_bytes)
         self.device = self.pages_buffer.device
@@ -76,10 +85,12 @@ class CachePool:
 
     @classmethod
     def sized(cls, layout: CacheLayout, nbytes: int, max_requests: int, allocate: Allocator | None = None,
-              name: str = "kv", sealed: SealedSums | None = None) -> "CachePool":
-        """A pool using about `nbytes`: slots for `max_requests`, the rest as pages."""
+              name: str = "kv", sealed: SealedSums | None = None,
+              device: str | torch.device | None = None) -> "CachePool":
+        """A pool using about `nbytes`: slots for `max_requests`, the rest as pages (with a
+        `device`, `nbytes` there and as many again in the host staging copy)."""
         pages = max(1, (nbytes - max_requests * layout.slot_bytes) // layout.page_bytes)
-        return cls(layout, int(pages), max_requests, allocate, name, sealed)
+        return cls(layout, int(pages), max_requests, allocate, name, sealed, device)
 
     # ------------------------------------------------------------ allocation
 
@@ -94,9 +105,12 @@ class CachePool:
         """Record the checksums of pages whose bytes are final (see transport.SealedSums)."""
         if self.sealed is None or not ids:
             return
-        pages, size = self.pages_buffer.numpy(), self.layout.page_bytes
-        for page in ids:
-            self.sealed.seal(self.pages_segment, page * size, pages[page * size: (page + 1) * size])
+        size = self.layout.page_bytes
+        spans = [(self.pages_segment, page * size, size) for page in ids]
+        self.stage_out(spans)  # a send reads the host copy: that is what the sums must be of
+        pages = self.host_buffer(self.pages_segment).numpy()
+        for _, offset, length in spans:
+            self.sealed.seal(self.pages_segment, offset, pages[offset: offset + length])
 
     def unseal_pages(self, ids: list[int]) -> None:
         """Before sealed pages are written again (freed, or a cache cut back into them)."""
@@ -144,7 +158,29 @@ class CachePool:
         return self.layout.pages_for(num_tokens) <= self.num_pages and self.num_slots > 0
 
     def buffer(self, segment: str) -> torch.Tensor:
-        return {self.pages_segment: self.pages_buffer, self.slots_segment: self.slots_buffer}[segment]
+        """The bytes the model reads and writes."""
+        return self._storage[segment] if self.mirror is None else self.mirror.buffer(segment)
+
+    def host_buffer(self, segment: str) -> torch.Tensor:
+        """The bytes peers read and write (the same as buffer() without a device mirror)."""
+        return self._storage[segment]
+
+    # ------------------------------------------------------------ host staging
+
+    @property
+    def is_mirrored(self) -> bool:
+        """The model's buffers are not the transfer storage: bytes are staged between them."""
+        return self.mirror is not None
+
+    def stage_out(self, ranges: list[Range]) -> int:
+        """Before ranges are read from the host storage (sent, summed): copy them there from
+        the device. Returns the bytes copied (0 without a mirror)."""
+        return 0 if self.mirror is None else self.mirror.to_host(ranges)
+
+    def stage_in(self, ranges: list[Range]) -> int:
+        """After bytes landed in the host storage: copy them to the device, before the model
+        reads them. Returns the bytes copied (0 without a mirror)."""
+        return 0 if self.mirror is None else self.mirror.to_device(ranges)
 
     def is_empty(self) -> bool:
         return self.free_page_count == self.num_pages and self.free_slot_count == self.num_slots

@@ -115,13 +115,16 @@ class PrefillWorker:
             desc = handoff.descriptor_from_proto(reply.descriptor)
             if desc.num_tokens != n or list(desc.history) != tokens[:n][-len(desc.history):]:
                 raise ValueError("the prefix cache does not hold this prompt's first tokens")
-            handoff.install(cache, desc)
+            await handoff.install(cache, desc, run=self.loop.call)
             return cache
         except (grpc.aio.AioRpcError, ValueError) as exc:
             cache.release()
             log.warning("prefix import from %s failed (%s): computing it", ref.worker_address,
                         exc.code().name if isinstance(exc, grpc.aio.AioRpcError) else exc)
             return None
+        except BaseException:  # cancelled (the caller went away), or the staging copy failed
+            cache.release()
+            raise
 
     def count(self, done: PrefillRequest, pushed) -> None:
         self.computed_tokens_total += done.computed_tokens

@@ -46,7 +46,7 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
         prefill_ms = (time.perf_counter() - began) * 1000.0
         try:
             pushed = await handoff.push(w.runtime.transfer, done.cache, request.destination,
-                                        w.runtime.settings.transfer_timeout_s)
+                                        w.runtime.settings.transfer_timeout_s, run=w.loop.call)
         except ChecksumMismatch as exc:
             w.handoff_failed()
             await context.abort(grpc.StatusCode.DATA_LOSS, f"KV handoff corrupted: {exc}")

@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass, field
 
 import grpc
+import torch
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
@@ -46,6 +47,9 @@ GRPC_OPTIONS = [
 ]
 
 
+KV_POOL_PLACES = ("auto", "device", "host")
+
+
 @dataclass(frozen=True)
 class WorkerSettings:
     role: str  # "prefill" | "decode"
@@ -57,6 +61,7 @@ class WorkerSettings:
     redis_url: str | None = None
     device: str = "cpu"
     kv_transports: tuple[str, ...] = ("shm", "tcp")
+    kv_pool: str = "auto"  # auto | device | host: where the model's KV buffers live (pool_device)
     pool_bytes: int = 256 << 20
     max_requests: int = 32
     page_entries: int = 64
@@ -72,6 +77,10 @@ class WorkerSettings:
     prefill_timeout_s: float = 600.0
     transfer_timeout_s: float = 30.0
     faults: FaultPlan | None = field(default=None, compare=False)  # tests: inject transport faults
+
+    def __post_init__(self):
+        if self.kv_pool not in KV_POOL_PLACES:
+            raise ValueError(f"kv_pool must be one of {KV_POOL_PLACES}, not {self.kv_pool!r}")
 
     @property
     def advertise_host(self) -> str:
@@ -102,8 +111,9 @@ class WorkerRuntime:
         self.started_s = time.monotonic()
 
     def open(self, tier: str, model: DeepseekV41 | None = None) -> None:
-        """Load the model (or share one already loaded in this process) and allocate the KV pool
-        in transfer-engine memory (blocking)."""
+        """Load the model (or share one already loaded in this process) and allocate the KV pool:
+        in transfer-engine memory, or on the model's device with that memory as its host
+        staging copy (pool_device; blocking)."""
         s = self.settings
         began = time.monotonic()
         if model is None:
@@ -116,15 +126,20 @@ class WorkerRuntime:
             self.layout.model_fingerprint, "fp8-window/fp4-global", self.layout.fingerprint()))
         self.transfer = open_engines(config, s.kv_transports, tcp_host=_bind_host(s.host),
                                      advertise_host=s.advertise_host, faults=s.faults)
+        device = pool_device(s.kv_pool, self.model.device, s.pool_bytes)
+        # A pool on the device seals no pages: a seal would need a device -> host copy of its
+        # own, which costs more than the sums it saves (a send sums the staged bytes as it goes).
         self.pool = CachePool.sized(self.layout, s.pool_bytes, s.max_requests, self.transfer.allocate_segment,
-                                    name=f"{s.role}-kv", sealed=self.transfer.sealed)
+                                    name=f"{s.role}-kv", sealed=None if device else self.transfer.sealed,
+                                    device=device)
         m, pool = self.metrics, self.pool
         m.kv_free_bytes.labels(s.role).set_function(lambda: pool.free_page_count * pool.layout.page_bytes)
         m.degraded.labels(s.role).set_function(lambda: float(bool(getattr(self.directory, "is_degraded", False))))
         if s.metrics_port:
             m.serve(s.metrics_port, _bind_host(s.host))
         log_event(log, "worker_loaded", role=s.role, checkpoint=s.checkpoint, seconds=round(time.monotonic() - began, 2),
-                  pool_pages=self.pool.num_pages, pool_slots=self.pool.num_slots, transports=",".join(s.kv_transports))
+                  pool_pages=self.pool.num_pages, pool_slots=self.pool.num_slots, pool_device=self.pool.device,
+                  pool_staging="host" if self.pool.is_mirrored else "none", transports=",".join(s.kv_transports))
 
     def add_standard_services(self, server: grpc.aio.Server, service_names: list[str]) -> None:
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
@@ -215,6 +230,21 @@ async def admit_tokens(runtime: WorkerRuntime, token_ids, context: grpc.aio.Serv
     if not tokens or any(t >= vocab for t in tokens):
         await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"token_ids must be a non-empty list in [0, {vocab})")
     return tokens
+
+
+def pool_device(kv_pool: str, model_device: torch.device, pool_bytes: int) -> torch.device | None:
+    """Where the pool's buffers go: the model's device (the transfer segments then are their
+    host staging copy), or None, the segments themselves. `auto` puts a GPU model's pool on its
+    GPU, whose kernels read it in place; with a host pool every layer would copy the cache over
+    per step. `device` on a CPU worker keeps a second host copy: a test of the staging only."""
+    if kv_pool == "host" or (kv_pool == "auto" and model_device.type != "cuda"):
+        return None
+    if model_device.type == "cuda":
+        free_bytes, _ = torch.cuda.mem_get_info(model_device)
+        if pool_bytes > free_bytes:
+            raise RuntimeError(f"a {pool_bytes}-byte KV pool does not fit in the {free_bytes} bytes free on "
+                               f"{model_device}: lower --pool-bytes, or pass --kv-pool host")
+    return model_device
 
 
 def _bind_host(host: str) -> str:

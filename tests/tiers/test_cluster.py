@@ -169,6 +169,33 @@ def test_client_cancel_releases_both_tiers(cluster):
     assert prefill.free_pages == prefill.total_pages
 
 
+def test_device_pools_stage_every_handoff_through_their_host_copies(tiny_checkpoint, redis_server, tmp_path,
+                                                                    tiny_model):
+    """`--kv-pool device` on CPU: the model's buffers apart from the transfer segments, as on a
+    GPU. Every way a cache moves stages it: prefill -> decode (prefill's device -> host, decode's
+    host -> device), and a later turn on the other decode worker (the owner's device -> host,
+    the prefill worker's host -> device for the prefix it extends)."""
+    place = ["--kv-pool", "device"]
+    c = Cluster(tiny_checkpoint, tmp_path, redis_server.url, prefill_extra=place, decode_extra=place)
+    try:
+        for worker in [c.prefill] + c.decodes:
+            assert "pool_device=cpu pool_staging=host" in worker.log_path.read_text(), worker.log()
+        prompt, conv = _prompt(30, 13), "conv-device-pools"
+        out, finished = generate(c.decodes[0].address, prompt, conversation=conv)
+        assert finished.stats.cache_source == "none" and finished.usage.computed_tokens == len(prompt)
+        with torch.inference_mode():
+            assert out == greedy(tiny_model, torch.tensor(prompt), 8)
+        held = len(prompt) + len(out) - 1
+        prompt = prompt + out + _prompt(11, 14)
+        wait_for(lambda: _owner_known(c, conv))
+        out, finished = generate(c.decodes[1].address, prompt, conversation=conv)
+        assert finished.stats.cache_source == "peer" and finished.usage.cached_tokens == held
+        with torch.inference_mode():
+            assert out == greedy(tiny_model, torch.tensor(prompt), 8)
+    finally:
+        c.stop()
+
+
 def test_owner_killed_between_turns_recomputes(tiny_checkpoint, redis_server, tmp_path, tiny_model):
     c = Cluster(tiny_checkpoint, tmp_path, redis_server.url)
     try:

@@ -1,5 +1,6 @@
-"""Prefill and decode workers on a GPU (`--gpus 0`, Triton kernels for the GEMMs and experts,
-KV pool in host memory handed over TCP) produce the tokens the same model produces in-process."""
+"""Prefill and decode workers on a GPU (`--gpus 0`, Triton kernels, the KV pool on the GPU where
+the attention and indexer kernels read it, staged through host memory handed over TCP) produce
+the tokens the same model produces in-process."""
 
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ def test_gpu_workers_match_the_in_process_model(tiny_checkpoint, tmp_path):
     try:
         prefill.wait_ready(120)
         decode.wait_ready(120)
+        for worker in (prefill, decode):  # `--kv-pool auto`: a GPU model's pool is on its GPU
+            assert "pool_device=cuda:0 pool_staging=host" in worker.log_path.read_text(), worker.log()
         prompt = [(7 * i + 3) % 1000 + 5 for i in range(40)]
         out, finished = generate(decode.address, prompt, max_tokens=8, ignore_eos=True, temperature=0, timeout_s=120)
         assert finished.stats.prefill_worker == prefill.address and finished.stats.transport == "tcp"
