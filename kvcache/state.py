@@ -100,10 +100,14 @@ class SequenceCache:
     def window_positions(self, layer: int, start: int, end: int, device: str | torch.device | None = None
                          ) -> torch.Tensor:
         """Cached positions in [start, end) whose ring slots hold valid data, ascending."""
+        lo, hi = self.window_bounds(layer, start, end)
+        return torch.arange(lo, hi, dtype=torch.long, device=device)
+
+    def window_bounds(self, layer: int, start: int, end: int) -> tuple[int, int]:
+        """[lo, hi): the positions of [start, end) whose ring slots hold valid data (lo <= hi)."""
         span = self.ring_spans[layer]
         lo = max(start, span.valid_from, span.valid_to - self.ring_capacity)
-        hi = min(end, span.valid_to)
-        return torch.arange(lo, max(lo, hi), dtype=torch.long, device=device)
+        return lo, max(lo, min(end, span.valid_to))
 
     def ring_store(self, layer: int, start: int, values: torch.Tensor, packed) -> None:
         """Write the rows of positions start.. (only the last `ring_capacity` survive). The start

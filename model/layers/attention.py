@@ -21,7 +21,7 @@ from ..kernels.sparse_attention import sparse_attention_ref
 from ..ops import ReferenceOps
 from ..quant import fake_quant_fp8
 from ..rope import Rope
-from .attention_kernel import attend_in_place, update_entries
+from .attention_kernel import attend_block_in_place, attend_in_place, update_entries
 from .norm import rms_norm
 
 
@@ -42,8 +42,12 @@ def attend(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, xa: torch.Tenso
            q_all: torch.Tensor, kv_all: torch.Tensor, runs: list[SeqRun], rope: Rope, qat: bool,
            block_mode: bool = False) -> torch.Tensor:
     """Each run's RoPE, cache writes, compressor, indexer and attention -> o [T, h, D]."""
-    if qat and not block_mode and all(ops.reads_cache_in_place(run.cache) for run in runs):
-        return attend_in_place(ops, cfg, role, xa, q_res, q_all, kv_all, runs, rope)  # all runs at once
+    if qat and all(ops.reads_cache_in_place(run.cache) for run in runs):  # all runs at once
+        if not block_mode:
+            return attend_in_place(ops, cfg, role, xa, q_res, q_all, kv_all, runs, rope)
+        o = attend_block_in_place(ops, cfg, role, q_all, kv_all, runs, rope)
+        if o is not None:
+            return o
     hd = cfg.head_dim
     sink = ops.w(f"{role.prefix}.attn.attn_sink")
     outputs = []

@@ -113,6 +113,55 @@ def note_ring_writes(runs: list[SeqRun], layer: int) -> None:
         run.cache.note_ring_write(layer, run.start, run.n)
 
 
+def attend_block_in_place(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, q_all: torch.Tensor,
+                          kv_all: torch.Tensor, runs: list[SeqRun], rope: Rope) -> torch.Tensor | None:
+    """A DSpark stage's block attention (attention.py: each block row sees the stage ring's W
+    positions before the block and every row of its block) for all runs in one launch -> o
+    [T, h, D]; None where the runs differ in length or pool (the per-run path takes those).
+    The ring rows and the block's own FP8 rows are copied into one scratch buffer: the block
+    rows must not go into the ring, which holds only what the target has confirmed."""
+    B = runs[0].n
+    if (any(run.n != B for run in runs) or len({id(run.cache.pool) for run in runs}) > 1
+            or runs[0].offset != 0 or not end_to_end(runs) or q_all.shape[0] != B * len(runs)):
+        return None
+    cos, sin = rope.for_runs(role.rope, runs)
+    q = ops.rope(q_all, cos, sin)
+    kv, packed = ops.fp8_round_trip(ops.rope(kv_all, cos, sin))
+    scratch, win_off, win_soff = _block_scratch(cfg, role.index, runs, packed)
+    plan = launch_plan(B, 1, q.shape[1], cfg.head_dim)  # what each run alone gets: a batch equals its runs
+    no_entries = _no_entries(runs, q.device, 1)
+    o = sparse_attention(q, scratch, win_off, win_soff, runs[0].cache.pool.pages_buffer, *no_entries,
+                         ops.w(f"{role.prefix}.attn.attn_sink"), cfg.head_dim**-0.5, num_warps=plan.warps,
+                         entry_splits=plan.entry_splits, head_block=plan.head_block, prefill=plan.prefill)
+    return ops.rope(o, cos, sin, inverse=True)
+
+
+def _block_scratch(cfg: ModelConfig, layer: int, runs: list[SeqRun], packed
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Scratch bytes of R runs' keys, run r at rows r*(W+B) ..: its ring's positions start-W ..
+    start-1 (invalid ones masked), then its B block rows; and every query's window offsets
+    [T, W+B] (codes, scales) into it: all of its own run's rows."""
+    W, D, R, B = cfg.sliding_window, cfg.head_dim, len(runs), runs[0].n
+    buf = runs[0].cache.pool.slots_buffer
+    device = buf.device
+    grid = torch.arange(-W, 0, device=device)
+    ring = [run.cache.ring_offsets(layer, grid + run.start) for run in runs]
+    bounds = [run.cache.window_bounds(layer, run.start - W, run.start) for run in runs]
+    codes_at, scales_at = torch.stack([c for c, _ in ring]), torch.stack([s for _, s in ring])  # [R, W]
+    codes = torch.cat([buf[codes_at[..., None] + torch.arange(D, device=device)], packed[0].view(R, B, D)], 1)
+    scales = torch.cat([buf[scales_at[..., None] + torch.arange(D // 32, device=device)],
+                        packed[1].view(R, B, D // 32)], 1)
+    lo_hi = to_device(torch.tensor([[lo - run.start, hi - run.start] for (lo, hi), run in zip(bounds, runs)]), device)
+    in_ring = (grid >= lo_hi[:, :1]) & (grid < lo_hi[:, 1:])
+    valid = torch.cat([in_ring, torch.ones(R, B, dtype=torch.bool, device=device)], 1)  # [R, W+B]
+    rows = torch.arange(R * (W + B), device=device).view(R, W + B)
+    win_off = torch.where(valid, rows * D, -1)
+    win_soff = codes.numel() + rows * (D // 32)
+    per_query = (R, B, W + B)
+    return (torch.cat([codes.reshape(-1), scales.reshape(-1)]),
+            win_off[:, None].expand(per_query).reshape(R * B, -1), win_soff[:, None].expand(per_query).reshape(R * B, -1))
+
+
 def _attention(cfg: ModelConfig, role: LayerRole, q, kv, packed, runs: list[SeqRun], sink) -> torch.Tensor:
     """What `prepare` does not take (runs too long for their rings, several pools or launch
     plans): writes the rows that fit into their rings, then attends, one launch per layout."""

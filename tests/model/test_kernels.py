@@ -310,6 +310,37 @@ def test_a_batch_on_the_kernel_path_matches_its_runs_alone(golden_dir, golden):
             b.release()
 
 
+def test_dspark_blocks_on_the_kernel_path(golden_dir, golden):
+    """The drafter's block attention for a batch in one launch (attend_block_in_place): each
+    run's proposal equals its proposal alone (up to the dense GEMMs' rounding at other row
+    counts, as in the test above) and the reference path's closely."""
+    from dsflash.model.deepseek_v41 import DeepseekV41
+    from dsflash.model.dspark import DSparkDrafter
+
+    model = DeepseekV41.from_checkpoint(golden_dir, device=DEVICE)
+    reference = model.ops
+    drafter = DSparkDrafter(model)
+    pool = CachePool(CacheLayout.for_model(model.config, page_entries=16), 200, 4, plain_allocator(DEVICE))
+    prompts = [golden[1]["input_ids"][:21], golden[2]["input_ids"][:6]]  # the second ring not yet full
+    with torch.inference_mode():
+        requests = []
+        for prompt in prompts:
+            cache = PagedCache(pool, model.config)
+            result = step(model, [cache], [prompt], taps=True)
+            drafter.absorb(cache, 0, result.taps[0])
+            requests.append((cache, int(result.logits[0][-1].argmax())))
+        want = [drafter.propose([r]).logits for r in requests]
+        model.ops = TritonOps(reference.weights, device=DEVICE)
+        together = drafter.propose(requests).logits
+        alone = [drafter.propose([r]).logits for r in requests]
+    for i, (ref, one) in enumerate(zip(want, alone)):
+        assert torch.equal(together[i].argmax(-1), one[0].argmax(-1))
+        assert (together[i] - one[0]).abs().max() < 1e-5 * ref.abs().max()
+        assert (one - ref).abs().max() < 1e-3 * ref.abs().max()
+    for cache, _ in requests:
+        cache.release()
+
+
 def test_ced_prefill_on_the_kernel_path(golden_dir, golden):
     """CED prefill (encoder pass, then the decoder pass that skips the compressor) through the
     kernels, in chunks: the last logits agree with the reference path's CED prefill."""
