@@ -22,7 +22,7 @@ from ...kvcache.paged import page_offsets, tables_end_to_end
 from ..batch import SeqRun, cat, end_to_end, offsets, run_rows
 from ..config import LayerRole, ModelConfig
 from ..device import to_device
-from ..kernels.sparse_attention import LaunchPlan, launch_plan, sparse_attention
+from ..kernels.sparse_attention import LaunchPlan, launch_plan, prefill_form_fits, sparse_attention
 from ..ops import ReferenceOps
 from ..rope import Rope
 from .compressor import compress
@@ -57,6 +57,14 @@ def attend_in_place(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, xa: to
     return ops.rope(o, cos, sin, inverse=True)
 
 
+# From this many rows a decode batch attends in the tensor-core form (one program per query
+# and column parity), as prefill does: the decode form's per-query cost (~10 us at 192 rows,
+# 2.3 ms a layer) made attention 89 of a 240 ms GPU step at batch 32 (H200, 2026-11-30). A
+# request's attention then depends on whether its batch reached this size: both forms are
+# fp32-accurate (they agree to ~5e-5 relative), and within each a batch equals its runs alone.
+BATCH_FORM_ROWS = 48
+
+
 class Prepared(NamedTuple):
     """The attention of runs that all fit in their rings, in one pool, under one launch plan:
     what it reads besides q and kv, built once per forward. `attend_prepared` on it is a
@@ -80,7 +88,10 @@ def prepare(cfg: ModelConfig, role: LayerRole, runs: list[SeqRun], rope: Rope, r
             or not all(_fits_in_ring(cfg, run, layer) for run in runs)):
         return None
     entries, widths = _entry_offsets(role, runs, runs[0].cache.pool.device)
-    plans = {launch_plan(run.n, width, heads, cfg.head_dim) for run, width in zip(runs, widths)}
+    if rows >= BATCH_FORM_ROWS and prefill_form_fits(cfg.head_dim):
+        plans = {launch_plan(rows, max(widths), heads, cfg.head_dim, prefill=True)}
+    else:
+        plans = {launch_plan(run.n, width, heads, cfg.head_dim) for run, width in zip(runs, widths)}
     if len(plans) > 1:
         return None
     codes0, scales0, valid = _window_grid(cfg, layer, runs)

@@ -283,10 +283,15 @@ def test_indexer_scores_of_several_runs_in_one_launch_equal_each_alone(paged, qu
         assert torch.isneginf(got[rows, t:]).all()
 
 
-def test_a_batch_on_the_kernel_path_matches_its_runs_alone(golden_dir, golden):
+@pytest.mark.parametrize("batch_form_rows", [48, 12])
+def test_a_batch_on_the_kernel_path_matches_its_runs_alone(golden_dir, golden, batch_form_rows, monkeypatch):
     """A decode step of 6 rows for caches of different lengths (different entry counts, open
-    groups), batched (the compressor and indexer run once for both) and alone."""
+    groups), batched (the compressor and indexer run once for both) and alone; at 12 rows the
+    batch attends in the tensor-core form, each run alone in the decode form."""
     from dsflash.model.deepseek_v41 import DeepseekV41
+    from dsflash.model.layers import attention_kernel
+
+    monkeypatch.setattr(attention_kernel, "BATCH_FORM_ROWS", batch_form_rows)
 
     model = DeepseekV41.from_checkpoint(golden_dir, device=DEVICE)
     pool = CachePool(CacheLayout.for_model(model.config, page_entries=16), 200, 4, plain_allocator(DEVICE))
