@@ -29,6 +29,7 @@ from .layers.attention import attend, grouped_output, project
 from .layers.attention_kernel import Prepared, attend_prepared, note_ring_writes, prepare
 from .layers.compressor import compress
 from .layers.engram import engram
+from .layers.indexer import index_queries
 from .layers.moe import moe
 from .ops import ReferenceOps
 from .parallel import SINGLE, Parallel, check_divisible, keeps_spec, shard_attention
@@ -133,9 +134,21 @@ class DeepseekV41:
                                   shared=len(prepared.tensors))
             note_ring_writes(runs, role.index)
             return out
-        a_pre, a_post, a_comb, xa, q_res, q_all, kv_all = self._dense("attn_in", role, self._attn_in, X, pre)
-        o = attend(self.ops, self.config, role, xa, q_res, q_all, kv_all, runs, self.rope, self.qat, block_mode)
+        yarn = self._index_rope(role, runs, block_mode)
+        a_pre, a_post, a_comb, xa, q_res, q_all, kv_all, *queries = self._dense("attn_in", role, self._attn_in, X,
+                                                                                pre, *yarn, shared=len(yarn))
+        o = attend(self.ops, self.config, role, xa, q_res, q_all, kv_all, runs, self.rope, self.qat, block_mode,
+                   tuple(queries) or None)
         return self._dense("attn_out_ffn", role, self._attn_out_ffn, o, X, a_pre, a_post, a_comb)
+
+    def _index_rope(self, role: LayerRole, runs: list[SeqRun], block_mode: bool) -> tuple[torch.Tensor, ...]:
+        """The indexer's RoPE tables where its queries are computed with the attention site's
+        dense part (an index source on the kernel path, which reads them at decode inside the
+        site's graph), else ()."""
+        if (not role.is_index_source or block_mode or not self.qat or not self.ops.fast
+                or not all(self.ops.reads_cache_in_place(run.cache) for run in runs)):
+            return ()
+        return self.rope.for_runs("yarn", runs)
 
     def _graphable_attention(self, role: LayerRole, runs: list[SeqRun], rows: int) -> Prepared | None:
         """A layer with neither compressor nor indexer whose attention is one fixed launch
@@ -157,13 +170,17 @@ class DeepseekV41:
         o = attend_prepared(self.ops, self.config, role, prepared, q_all, kv_all, *tensors)
         return self._attn_out_ffn(role, o, X, a_pre, a_post, a_comb)
 
-    def _attn_in(self, role: LayerRole, X: torch.Tensor, pre: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """The attention site's gates and its input, projected (dense: one graph per T)."""
+    def _attn_in(self, role: LayerRole, X: torch.Tensor, pre: torch.Tensor, *yarn: torch.Tensor
+                 ) -> tuple[torch.Tensor, ...]:
+        """The attention site's gates and its input, projected (dense: one graph per T); with
+        the indexer's RoPE tables also its queries and head weights."""
         c, w, p = self.config, self.ops.w, role.prefix
         a_pre, a_post, a_comb = self.ops.hc_mix(X, w(f"{p}.hc_attn_fn"), w(f"{p}.hc_attn_base"), w(f"{p}.hc_attn_scale"),
                                                 c.hc_sinkhorn_iters, c.hc_eps, c.rms_norm_eps)
         xa = self.ops.hc_collapse_norm(X, pre, w(f"{p}.attn_norm.weight"), c.rms_norm_eps)
-        return (a_pre, a_post, a_comb, xa) + project(self.ops, c, role, xa)
+        q_res, q_all, kv_all = project(self.ops, c, role, xa)
+        queries = index_queries(self.ops, c, role, xa, q_res, *yarn, self.qat) if yarn else ()
+        return (a_pre, a_post, a_comb, xa, q_res, q_all, kv_all) + tuple(queries)
 
     def _attn_out_ffn(self, role: LayerRole, o: torch.Tensor, X: torch.Tensor, a_pre: torch.Tensor,
                       a_post: torch.Tensor, a_comb: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -176,10 +193,10 @@ class DeepseekV41:
         X = self.ops.hc_expand(moe(self.ops, c, role, xf), X, f_post, f_comb)
         return X, f_pre
 
-    def _dense(self, part: str, role: LayerRole, fn, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    def _dense(self, part: str, role: LayerRole, fn, *inputs: torch.Tensor, shared: int = 0) -> tuple[torch.Tensor, ...]:
         if self.graphs is None:
             return fn(role, *inputs)
-        return self.graphs.run((part, role.index), lambda *t: fn(role, *t), inputs)
+        return self.graphs.run((part, role.index), lambda *t: fn(role, *t), inputs, shared=shared)
 
     def head(self, X: torch.Tensor, pre: torch.Tensor, norm: str = "norm.weight") -> torch.Tensor:
         h = self.ops.hc_collapse_norm(X, pre, self.ops.w(norm), self.config.rms_norm_eps)

@@ -139,7 +139,9 @@ class WorkerRuntime:
             m.serve(s.metrics_port, _bind_host(s.host))
         log_event(log, "worker_loaded", role=s.role, checkpoint=s.checkpoint, seconds=round(time.monotonic() - began, 2),
                   pool_pages=self.pool.num_pages, pool_slots=self.pool.num_slots, pool_device=self.pool.device,
-                  pool_staging="host" if self.pool.is_mirrored else "none", transports=",".join(s.kv_transports))
+                  pool_staging="host" if self.pool.is_mirrored else "none",
+                  staging_pinned=bool(self.pool.mirror is not None and self.pool.mirror.pinned),
+                  transports=",".join(s.kv_transports))
 
     def add_standard_services(self, server: grpc.aio.Server, service_names: list[str]) -> None:
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)

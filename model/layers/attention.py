@@ -40,11 +40,12 @@ def project(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, xa: torch.Tens
 
 def attend(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, xa: torch.Tensor, q_res: torch.Tensor,
            q_all: torch.Tensor, kv_all: torch.Tensor, runs: list[SeqRun], rope: Rope, qat: bool,
-           block_mode: bool = False) -> torch.Tensor:
-    """Each run's RoPE, cache writes, compressor, indexer and attention -> o [T, h, D]."""
+           block_mode: bool = False, queries: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    """Each run's RoPE, cache writes, compressor, indexer and attention -> o [T, h, D].
+    `queries`: the indexer's queries and weights of every row, where computed already."""
     if qat and all(ops.reads_cache_in_place(run.cache) for run in runs):  # all runs at once
         if not block_mode:
-            return attend_in_place(ops, cfg, role, xa, q_res, q_all, kv_all, runs, rope)
+            return attend_in_place(ops, cfg, role, xa, q_res, q_all, kv_all, runs, rope, queries)
         o = attend_block_in_place(ops, cfg, role, q_all, kv_all, runs, rope)
         if o is not None:
             return o

@@ -39,12 +39,14 @@ def update_entries(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, xa: tor
 
 
 def attend_in_place(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, xa: torch.Tensor, q_res: torch.Tensor,
-                    q_all: torch.Tensor, kv_all: torch.Tensor, runs: list[SeqRun], rope: Rope) -> torch.Tensor:
-    """`attend` with the quantizers on and every cache read in place -> o [T, h, D]."""
+                    q_all: torch.Tensor, kv_all: torch.Tensor, runs: list[SeqRun], rope: Rope,
+                    queries: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    """`attend` with the quantizers on and every cache read in place -> o [T, h, D]; `queries`:
+    the indexer's (indexer.index_queries), where computed already."""
     if role.is_kv_source:
         compress(ops, cfg, role, xa, [run for run in runs if not run.skip_compressor], rope, True)
     if role.is_index_source:
-        index_runs(ops, cfg, role, xa, q_res, runs, rope)
+        index_runs(ops, cfg, role, xa, q_res, runs, rope, queries)
     prepared = prepare(cfg, role, runs, rope, q_all.shape[0], q_all.shape[1])
     if prepared is not None:
         o = attend_prepared(ops, cfg, role, prepared, q_all, kv_all, *prepared.tensors)

@@ -68,23 +68,23 @@ def _kernel_scores(run, role, q, w, visible, total, qat: bool):
     return score
 
 
-def _queries(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, xa: torch.Tensor, q_res: torch.Tensor,
-             cos_sin: tuple[torch.Tensor, torch.Tensor], positions, qat: bool
-             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Rows' indexer queries qI [n, Hi, Di], head weights w [n, Hi] (with 1/sqrt(Hi) and
-    1/sqrt(Di)) and how many entries each sees; positions(device) gives the rows' positions."""
+def index_queries(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, xa: torch.Tensor, q_res: torch.Tensor,
+                  cos: torch.Tensor, sin: torch.Tensor, qat: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows' indexer queries qI [n, Hi, Di] and head weights w [n, Hi] (with 1/sqrt(Hi) and
+    1/sqrt(Di)): dense work whose shapes the rows alone set, so at decode it runs in the
+    attention site's CUDA graph (DeepseekV41) and reaches index_runs as `queries`."""
     p, heads, dim = role.prefix, cfg.index_n_heads, cfg.index_head_dim
-    q = ops.rope(ops.linear(q_res, f"{p}.attn.indexer.wq_b").view(-1, heads, dim), *cos_sin)
+    q = ops.rope(ops.linear(q_res, f"{p}.attn.indexer.wq_b").view(-1, heads, dim), cos, sin)
     if qat:
         q = ops.fake_quant_fp4(q, 32)
     weights = ops.linear(xa, f"{p}.attn.indexer.weights_proj.weight") * heads**-0.5
-    return q, weights * dim**-0.5, (positions(q.device) + 1) // role.ratio
+    return q, weights * dim**-0.5
 
 
 def index(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, xa: torch.Tensor, q_res: torch.Tensor, run: SeqRun,
-          rope: Rope, qat: bool) -> None:
+          rope: Rope, qat: bool, queries: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
     """Publishes run.shared['topk'] ([n, k] entry ids, -1 = none) and, at the candidate source,
-    run.shared['candidates'] ([n, N] bool)."""
+    run.shared['candidates'] ([n, N] bool). `queries`: the run's index_queries, if computed."""
     shared = run.shared
     total = run.cache.num_entries(role.kv_source)
     if total == 0:
@@ -92,7 +92,8 @@ def index(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, xa: torch.Tensor
         if role.is_candidate_source:
             shared["candidates"] = None
         return
-    q, w, visible = _queries(ops, cfg, role, xa, q_res, rope.for_run("yarn", run), run.positions_on, qat)
+    q, w = queries or index_queries(ops, cfg, role, xa, q_res, *rope.for_run("yarn", run), qat)
+    visible = (run.positions_on(q.device) + 1) // role.ratio
     candidates_in = shared.get("candidates") if role.uses_candidates else None
     k = min(cfg.index_topk, total)
     if ops.reads_cache_in_place(run.cache):
@@ -116,13 +117,14 @@ def index(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, xa: torch.Tensor
 
 
 def index_runs(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, xa: torch.Tensor, q_res: torch.Tensor,
-               runs: list[SeqRun], rope: Rope) -> None:
+               runs: list[SeqRun], rope: Rope, queries: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
     """`index` for every run of a forward at once (kernel path, quantizers on): one projection,
     one scoring launch over each run's own entries, one top-k. Each run's lists are what it
     gets alone: a query's scores are computed the same way and entries past a run's own count
     N_r are -inf. Alone it keeps k_r = min(topk, N_r); the batch keeps k = min(topk, max N):
     if N_r >= topk both are topk, else every finite score is kept either way, ascending, with
-    the -1s after them, so the first k_r columns are its own list (the candidate blocks alike)."""
+    the -1s after them, so the first k_r columns are its own list (the candidate blocks alike).
+    `queries`: index_queries of every row, if computed."""
     totals = [run.cache.num_entries(role.kv_source) for run in runs]
     width, T = max(totals), sum(run.n for run in runs)
     one_pool = len({id(run.cache.pool) for run in runs}) == 1
@@ -133,11 +135,15 @@ def index_runs(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, xa: torch.T
             or T * width > _SCORE_BUDGET or max(run.n for run in runs) >= TALL_RUN
             or (role.uses_candidates and candidates is None)):
         for run in runs:
-            index(ops, cfg, role, xa[run.rows], q_res[run.rows], run, rope, True)
+            index(ops, cfg, role, xa[run.rows], q_res[run.rows], run, rope, True,
+                  None if queries is None else tuple(t[run.rows] for t in queries))
         return
-    xa, q_res = run_rows(xa, runs), run_rows(q_res, runs)  # rows past T: a CUDA graph bucket's padding
-    q, w, visible = _queries(ops, cfg, role, xa, q_res, rope.for_runs("yarn", runs),
-                             lambda device: rows_positions(runs, device), True)
+    if queries is None:
+        q, w = index_queries(ops, cfg, role, run_rows(xa, runs), run_rows(q_res, runs),
+                             *rope.for_runs("yarn", runs), True)
+    else:
+        q, w = (run_rows(t, runs) for t in queries)
+    visible = (rows_positions(runs, q.device) + 1) // role.ratio
     key_off, key_soff, first, count = _key_tables(runs, role.kv_source, totals, q.device)
     scores = indexer_scores(q, w, visible, runs[0].cache.pool.pages_buffer, key_off, key_soff,
                             (first, count, max(run.n for run in runs)), exact_in_bf16=True)

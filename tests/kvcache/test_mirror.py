@@ -204,3 +204,19 @@ def test_staging_copies_coalesced_runs_within_the_segments():
     assert bool((host[: 2 * layout.page_bytes] == 7).all()) and not host[2 * layout.page_bytes:].any()
     with pytest.raises(ValueError, match="outside segment"):
         pool.stage_in([(pool.pages_segment, 3 * layout.page_bytes, 2 * layout.page_bytes)])
+
+
+@pytest.mark.gpu
+def test_a_gpu_mirror_page_locks_its_host_copy_and_round_trips_bytes():
+    from dsflash.kvcache.mirror import DeviceMirror
+
+    host = {"pages": torch.zeros(1 << 20, dtype=torch.uint8)}
+    mirror = DeviceMirror(host, "cuda")
+    assert mirror.pinned
+    data = torch.randint(0, 256, (1 << 20,), dtype=torch.uint8)
+    host["pages"].copy_(data)
+    assert mirror.to_device([("pages", 4096, 65536), ("pages", 0, 4096)]) == 69632
+    mirror.buffer("pages")[4096:8192] = 7
+    assert mirror.to_host([("pages", 4096, 4096)]) == 4096
+    assert torch.equal(mirror.buffer("pages")[:4096].cpu(), data[:4096])
+    assert (host["pages"][4096:8192] == 7).all() and torch.equal(host["pages"][8192:], data[8192:])
