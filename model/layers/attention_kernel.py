@@ -9,7 +9,10 @@ slot its queries still need. Query i's keys are positions start+i-W+1 .. start+i
 layout the scratch buffer of `scratch_attention` gives, so the sums run in the same order.
 Runs share a launch only where the kernel would lay out its programs the same for each run
 alone (sparse_attention.launch_plan): a batch then computes what its runs compute alone,
-bit for bit.
+bit for bit. The exception is a batch of BATCH_FORM_ROWS rows or more, which takes the
+tensor-core form (fp32-accurate like the decode form, not bit-equal to it).
+A DSpark stage's block attention (every block row sees the stage ring before the block and
+its whole block) runs for all requests in one launch too: attend_block_in_place.
 """
 
 from __future__ import annotations
