@@ -99,8 +99,8 @@ def prepare(cfg: ModelConfig, role: LayerRole, runs: list[SeqRun], rope: Rope, r
         plans = {launch_plan(run.n, width, heads, cfg.head_dim) for run, width in zip(runs, widths)}
     if len(plans) > 1:
         return None
-    codes0, scales0, valid = _window_grid(cfg, layer, runs)
-    return Prepared(plans.pop(), runs[0].cache.pool, runs[0].cache.ring_layer_stride, rope.for_runs(role.rope, runs) + _ring_rows(runs) + (codes0, scales0, valid) + entries)
+    tensors = rope.for_runs(role.rope, runs) + _ring_rows(runs) + _window_grid(cfg, layer, runs) + entries
+    return Prepared(plans.pop(), runs[0].cache.pool, runs[0].cache.ring_layer_stride, tensors)
 
 
 def attend_prepared(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, prepared: Prepared, q_all, kv_all,
@@ -109,18 +109,13 @@ def attend_prepared(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, prepar
     """RoPE, the FP8 ring write of kv, attention, inverse RoPE -> o [T, h, D]: device work only
     (the caller notes the ring writes: note_ring_writes). The tensors are prepared.tensors, or
     a CUDA graph's copies of them."""
-    layer, pool, plan = role.index, prepared.pool, prepared.plan
+    layer, pool, strides = role.index, prepared.pool, prepared.ring_strides
     q = ops.rope(q_all, cos, sin)
     kv, packed = ops.fp8_round_trip(ops.rope(kv_all, cos, sin))
-    code_stride, scale_stride = prepared.ring_strides
-    buf = pool.slots_buffer
-    buf[ring_codes + layer * code_stride] = packed[0]
-    buf[ring_scales + layer * scale_stride] = packed[1]
-    win_off = torch.where(win_valid, win_codes + layer * code_stride, -1)
-    o = sparse_attention(q, buf, win_off, win_scales + layer * scale_stride, pool.pages_buffer, entry_off,
-                         entry_soff, ops.w(f"{role.prefix}.attn.attn_sink"), cfg.head_dim**-0.5,
-                         num_warps=plan.warps, entry_splits=plan.entry_splits, head_block=plan.head_block,
-                         prefill=plan.prefill)
+    _write_ring_rows(pool.slots_buffer, ring_codes, ring_scales, layer, strides, packed)
+    window = _layer_window(win_codes, win_scales, win_valid, layer, strides)
+    o = _attend_planned(cfg, q, pool.slots_buffer, window, pool.pages_buffer, (entry_off, entry_soff),
+                        ops.w(f"{role.prefix}.attn.attn_sink"), prepared.plan)
     return ops.rope(o, cos, sin, inverse=True)
 
 
@@ -145,10 +140,8 @@ def attend_block_in_place(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, 
     kv, packed = ops.fp8_round_trip(ops.rope(kv_all, cos, sin))
     scratch, win_off, win_soff = _block_scratch(cfg, role.index, runs, packed)
     plan = launch_plan(B, 1, q.shape[1], cfg.head_dim)  # what each run alone gets: a batch equals its runs
-    no_entries = _no_entries(runs, q.device, 1)
-    o = sparse_attention(q, scratch, win_off, win_soff, runs[0].cache.pool.pages_buffer, *no_entries,
-                         ops.w(f"{role.prefix}.attn.attn_sink"), cfg.head_dim**-0.5, num_warps=plan.warps,
-                         entry_splits=plan.entry_splits, head_block=plan.head_block, prefill=plan.prefill)
+    o = _attend_planned(cfg, q, scratch, (win_off, win_soff), runs[0].cache.pool.pages_buffer,
+                        _no_entries(runs, q.device, 1), ops.w(f"{role.prefix}.attn.attn_sink"), plan)
     return ops.rope(o, cos, sin, inverse=True)
 
 
@@ -219,15 +212,18 @@ def _ring_store(runs: list[SeqRun], layer: int, kv: torch.Tensor, packed) -> Non
         for run in runs:
             run.cache.ring_store(layer, run.start, kv[run.rows], (packed[0][run.rows], packed[1][run.rows]))
         return
-    codes0, scales0 = _ring_rows(runs)
-    code_stride, scale_stride = runs[0].cache.ring_layer_stride
     if sum(run.n for run in runs) != kv.shape[0]:
         packed = tuple(run_rows(part, runs) for part in packed)
-    buf = runs[0].cache.pool.slots_buffer
-    buf[codes0 + layer * code_stride] = packed[0]
-    buf[scales0 + layer * scale_stride] = packed[1]
-    for run in runs:
-        run.cache.note_ring_write(layer, run.start, run.n)
+    _write_ring_rows(runs[0].cache.pool.slots_buffer, *_ring_rows(runs), layer, runs[0].cache.ring_layer_stride,
+                     packed)
+    note_ring_writes(runs, layer)
+
+
+def _write_ring_rows(buf: torch.Tensor, codes0: torch.Tensor, scales0: torch.Tensor, layer: int,
+                     strides: tuple[int, int], packed) -> None:
+    """Rows' FP8 codes and scales into `layer`'s ring, at layer 0's offsets plus its strides."""
+    buf[codes0 + layer * strides[0]] = packed[0]
+    buf[scales0 + layer * strides[1]] = packed[1]
 
 
 def _ring_rows(runs: list[SeqRun]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -298,20 +294,23 @@ def _page_tables(runs: list[SeqRun], source: int) -> tuple[torch.Tensor, torch.T
 def _launch(cfg: ModelConfig, layer: int, q: torch.Tensor, runs: list[SeqRun], entries, sink, plan) -> torch.Tensor:
     """One sparse_attention over the runs' rows q; keys in the ring, entries (offsets [rows, K])
     in the pages."""
-    layout = plan[0]
-    win_off, win_soff = _window_offsets(cfg, layer, runs)
     pool = runs[0].cache.pool
-    return sparse_attention(q, pool.slots_buffer, win_off, win_soff, pool.pages_buffer, *entries, sink,
-                            cfg.head_dim**-0.5, num_warps=layout.warps, entry_splits=layout.entry_splits,
-                            head_block=layout.head_block, prefill=layout.prefill)
+    window = _layer_window(*_window_grid(cfg, layer, runs), layer, runs[0].cache.ring_layer_stride)
+    return _attend_planned(cfg, q, pool.slots_buffer, window, pool.pages_buffer, entries, sink, plan[0])
 
 
-def _window_offsets(cfg: ModelConfig, layer: int, runs: list[SeqRun]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Byte offsets [rows, W] of the window keys' codes (-1: masked) and scales in this layer's ring:
-    layer 0's offsets plus `layer` strides, built once per forward."""
-    codes0, scales0, valid = _window_grid(cfg, layer, runs)
-    code_stride, scale_stride = runs[0].cache.ring_layer_stride
-    return torch.where(valid, codes0 + layer * code_stride, -1), scales0 + layer * scale_stride
+def _attend_planned(cfg: ModelConfig, q: torch.Tensor, ring: torch.Tensor, window, pages: torch.Tensor, entries,
+                    sink: torch.Tensor, plan: LaunchPlan) -> torch.Tensor:
+    """sparse_attention laid out as `plan` says; window and entries are (codes, scales) offsets."""
+    return sparse_attention(q, ring, *window, pages, *entries, sink, cfg.head_dim**-0.5, num_warps=plan.warps,
+                            entry_splits=plan.entry_splits, head_block=plan.head_block, prefill=plan.prefill)
+
+
+def _layer_window(codes0: torch.Tensor, scales0: torch.Tensor, valid: torch.Tensor, layer: int,
+                  strides: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Byte offsets [rows, W] of the window keys' codes (-1: masked) and scales in `layer`'s
+    ring: layer 0's offsets (built once per forward, _window_grid) plus `layer` strides."""
+    return torch.where(valid, codes0 + layer * strides[0], -1), scales0 + layer * strides[1]
 
 
 def _window_grid(cfg: ModelConfig, layer: int, runs: list[SeqRun]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
