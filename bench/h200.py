@@ -418,7 +418,7 @@ def build_model(fast: bool, preset: str, parallel=None):
     model = DeepseekV41(store, tokenizer_json=tokenizer, device=DEV, parallel=parallel)
     model.ops = (TritonOps(store, device=DEV, parallel=parallel) if fast
                  else ReferenceOps(store, device=DEV, cache_dense=False, parallel=parallel))
-    if fast and GraphCache.wanted(torch.device(DEV)) and parallel.world == 1:
+    if fast and GraphCache.wanted(torch.device(DEV)):
         model.graphs = GraphCache()
     record("setup", "weights", {"seconds": time.monotonic() - began, "GiB": store.nbytes / 2**30})
     return model, store
@@ -681,6 +681,7 @@ def tensor_parallel_rank(rank: int, world: int, rendezvous: str, contexts, batch
     model, store = build_model(fast=True, preset=preset, parallel=parallel)
     for context in contexts:
         decode(model, store, batches, [context], f"decode_tp{world}")
+    model.graphs = None  # NCCL's teardown waits on the collectives live CUDA graphs captured
     torch.distributed.destroy_process_group()
 
 

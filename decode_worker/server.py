@@ -60,7 +60,8 @@ class DecodeWorker:
                                prefill=PrefillEngineConfig(PrefillSchedulerConfig(token_budget=budget, max_chunk=budget))),
             decode_text=lambda ids: tokenizer.decode(ids, skip_special_tokens=False),
             on_finish=self._on_finish, reclaim=self.conversations.cache.evict)
-        self.loop = EngineLoop("decode", self._step, self.engine.has_work, self._crash)
+        self.loop = EngineLoop("decode", self._step, self.engine.has_work, self._crash,
+                               device=rt.model.device)
         engine, cache = self.engine, self.conversations.cache
         m.running.labels("decode").set_function(lambda: engine.num_running)
         m.waiting.labels("decode").set_function(lambda: engine.num_waiting)

@@ -77,7 +77,10 @@ def build_parser() -> argparse.ArgumentParser:
         _add(p, "--host", default="0.0.0.0", help="gRPC bind address")
         _add(p, "--metrics-port", type=int, default=0, help="Prometheus metrics port (0 = none)")
         _add(p, "--redis-url", help="register here and record conversation ownership")
-        _add(p, "--gpus", help="comma-separated GPU ids (default: CPU)")
+        _add(p, "--gpus", help="comma-separated GPU ids, one rank each: tensor-parallel attention and "
+                               "expert-parallel MoE across them over NCCL (default: CPU)")
+        _add(p, "--ranks", type=int, help="ranks the model is split over: one per --gpus id; without "
+                                          "--gpus, that many CPU processes over gloo (tests)")
         _add(p, "--advertise", help="host name peers use to reach this worker (default: the bind address)")
         _add(p, "--kv-transports", default="shm,tcp", help="KV transports to offer, by preference (rdma,shm,tcp)")
         _add(p, "--pool-bytes", type=_bytes, default="512MiB", help="KV pool size (pages + request slots)")

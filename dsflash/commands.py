@@ -99,9 +99,9 @@ def worker_settings(args, role: str):
     """WorkerSettings from the parsed flags (the edge where configuration is read)."""
     from dsflash.serving.worker import WorkerSettings
 
-    device = "cpu"
-    if args.gpus:
-        device = f"cuda:{_list(args.gpus)[0]}"
+    devices = tuple(f"cuda:{gpu}" for gpu in _list(args.gpus)) if args.gpus else ("cpu",) * (args.ranks or 1)
+    if args.gpus and args.ranks and args.ranks != len(devices):
+        raise SystemExit(f"--ranks {args.ranks} with {len(devices)} --gpus: give one rank per GPU")
     extra = {}
     if role == "prefill":
         extra["ced"] = args.ced
@@ -110,7 +110,8 @@ def worker_settings(args, role: str):
                      prefill_workers=_list(args.prefill))
     return WorkerSettings(role=role, checkpoint=args.checkpoint, host=args.host, port=args.port,
                           metrics_port=args.metrics_port,
-                          advertise=args.advertise, redis_url=args.redis_url, device=device,
+                          advertise=args.advertise, redis_url=args.redis_url, device=devices[0],
+                          devices=devices if len(devices) > 1 else (),
                           kv_transports=_list(args.kv_transports), kv_pool=args.kv_pool, pool_bytes=args.pool_bytes,
                           max_requests=args.max_requests, prefill_token_budget=args.prefill_token_budget,
                           faults=fault_plan(args.inject_kv_fault), **extra)

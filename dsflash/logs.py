@@ -34,6 +34,11 @@ def setup_logging(level: str = "info", fmt: str = "text") -> None:
     root.setLevel(level.upper())
 
 
+def current_setup() -> tuple[str, str]:
+    """(level, format) as setup_logging left them: child processes log the same way."""
+    return logging.getLevelName(logging.getLogger().level).lower(), _FORMAT["value"]
+
+
 def _render(value) -> str:
     text = str(value)
     return json.dumps(text) if (" " in text or "=" in text or not text) else text

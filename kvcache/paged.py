@@ -38,11 +38,13 @@ class CacheDescriptor:
 
 
 class PagedCache(SequenceCache):
-    def __init__(self, pool: CachePool, config: ModelConfig):
+    def __init__(self, pool: CachePool, config: ModelConfig, slot: int | None = None):
+        """A new cache with a slot of its own; with `slot`, a view of one another rank's pool
+        allocated (replica.CacheView)."""
         layout = pool.layout
         super().__init__(config=config, ring_capacity=layout.ring_capacity)
         self.pool, self.layout = pool, layout
-        self.slot = pool.allocate_slot()
+        self.slot = pool.allocate_slot() if slot is None else slot
         self.page_table: dict[int, list[int]] = {s: [] for s in layout.sources}
         self._tables: dict[int, torch.Tensor] = {}  # page_table on the pool's device, rebuilt when it changes
         self.counts = {s: 0 for s in layout.sources}
@@ -72,6 +74,27 @@ class PagedCache(SequenceCache):
     def ring_read(self, layer, positions):
         idx = (positions % self.ring_capacity).to(self.pool.device)
         return fp8_dequantize(self._ring_codes[layer, idx], self._ring_scales[layer, idx])
+
+    def ring_store(self, layer, start, values, packed):
+        super().ring_store(layer, start, values, packed)
+        if self.pool.writes is not None:  # the drafter's rings are written outside a forward
+            n = values.shape[0]
+            self.pool.note_written(self._ring_ranges(layer, start + n - min(n, self.ring_capacity), start + n))
+
+    def _ring_ranges(self, layer: int, first: int, end: int) -> list[tuple[str, int, int]]:
+        """The slot bytes (codes and scales) of ring rows for positions [first, end)."""
+        L, D, cap = self.layout, self.layout.head_dim, self.ring_capacity
+        base = self.slot * L.slot_bytes
+        lo = first % cap
+        runs = [(lo, min(cap, lo + end - first))]
+        if lo + end - first > cap:  # wraps around
+            runs.append((0, lo + end - first - cap))
+        seg, out = self.pool.slots_segment, []
+        for a, b in runs:
+            row = layer * cap
+            out.append((seg, base + (row + a) * D, (b - a) * D))
+            out.append((seg, base + L.ring_scales_offset + (row + a) * (D // 32), (b - a) * (D // 32)))
+        return out
 
     # ------------------------------------------------------------ global entries
 
@@ -207,6 +230,12 @@ class PagedCache(SequenceCache):
         kv_view[:n] = kv.to(self.pool.device, torch.float32)
         gate_view[:n] = gate.to(self.pool.device, torch.float32)
         self.tail_lengths[source] = n
+        if self.pool.writes is not None and n:  # a rollback rebuilds it outside a forward
+            L = self.layout
+            start = self.slot * L.slot_bytes + L.tail_offsets()[source]
+            gate_start = start + L.max_tail_tokens(source) * L.head_dim * 4
+            self.pool.note_written([(self.pool.slots_segment, start, n * L.head_dim * 4),
+                                    (self.pool.slots_segment, gate_start, n * L.head_dim * 4)])
 
     # ------------------------------------------------------------ life cycle and transfer
 
@@ -316,6 +345,7 @@ class PagedCache(SequenceCache):
 
     def bytes_changed(self) -> None:
         """The pool bytes were written from outside (a transfer): drop derived copies and seals."""
+        self.pool.note_written(self.byte_ranges())
         self._keys.clear()
         for source in self.layout.sources:
             self._unseal_from(source, 0)

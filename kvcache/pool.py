@@ -82,6 +82,8 @@ class CachePool:
         self.device = self.pages_buffer.device
         self._pages, self._slots = _FreeList(num_pages), _FreeList(num_slots)
         self.name = name
+        # With tensor-parallel ranks: the writes the other ranks' pools must copy (replica.py).
+        self.writes = None
 
     @classmethod
     def sized(cls, layout: CacheLayout, nbytes: int, max_requests: int, allocate: Allocator | None = None,
@@ -120,6 +122,8 @@ class CachePool:
     def allocate_slot(self) -> int:
         slot = self._slots.take(1)[0]
         self.slots[slot].zero_()
+        if self.writes is not None:
+            self.writes.zeroed([(self.slots_segment, slot * self.layout.slot_bytes, self.layout.slot_bytes)])
         return slot
 
     def free_slot(self, slot: int) -> None:
@@ -180,7 +184,13 @@ class CachePool:
     def stage_in(self, ranges: list[Range]) -> int:
         """After bytes landed in the host storage: copy them to the device, before the model
         reads them. Returns the bytes copied (0 without a mirror)."""
+        self.note_written(ranges)
         return 0 if self.mirror is None else self.mirror.to_device(ranges)
+
+    def note_written(self, ranges: list[Range]) -> None:
+        """Bytes the model reads were written outside a forward (see replica.py)."""
+        if self.writes is not None:
+            self.writes.written(ranges)
 
     def is_empty(self) -> bool:
         return self.free_page_count == self.num_pages and self.free_slot_count == self.num_slots

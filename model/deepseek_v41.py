@@ -16,6 +16,7 @@ Three entry points share one layer loop:
 from __future__ import annotations
 
 import pathlib
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -52,6 +53,7 @@ class DeepseekV41:
         self.rope = Rope(self.config, device=self.device)
         self.qat = qat
         self.graphs: GraphCache | None = None  # CUDA graphs of the dense parts (use_kernels turns them on)
+        self.leader = None  # rank 0 of several: announces each call to the other ranks (lockstep.py)
         self.hasher = None
         if self.config.engram_layers:
             if tokenizer_json is None:
@@ -77,21 +79,28 @@ class DeepseekV41:
 
         old = self.ops
         self.ops = TritonOps(old.weights, act_quant=old.act_quant, device=self.device, parallel=old.parallel)
-        # One rank only for now: the graphs would also capture the all-reduces (NCCL allows it),
-        # untested so far.
-        if GraphCache.wanted(self.device) and old.parallel.world == 1:
+        if GraphCache.wanted(self.device):
             self.graphs = GraphCache()
 
     # ------------------------------------------------------------ entry points
 
     def forward(self, runs: list[SeqRun], *, logits: str = "last", taps: bool = False) -> ForwardResult:
-        tokens = pack(runs)
-        X, pre = self.embed(tokens)
-        X, pre, tap_rows = self._layers(X, pre, runs, range(self.config.num_layers), self._hash(runs), taps)
-        return self._outputs(X, pre, runs, logits, tap_rows)
+        with self._lockstep("forward", runs, logits=logits, taps=taps):
+            tokens = pack(runs)
+            X, pre = self.embed(tokens)
+            X, pre, tap_rows = self._layers(X, pre, runs, range(self.config.num_layers), self._hash(runs), taps)
+            return self._outputs(X, pre, runs, logits, tap_rows)
+
+    def _lockstep(self, kind: str, runs: list[SeqRun], tensors: tuple[torch.Tensor, ...] = (), **options):
+        """Rank 0 of several announces the call first: the other ranks join its collectives."""
+        return nullcontext() if self.leader is None else self.leader.announce(kind, runs, tensors, **options)
 
     def encode(self, runs: list[SeqRun]) -> tuple[torch.Tensor, torch.Tensor]:
         """CED encoder pass. Returns (X, pre) entering the first decoder layer, for every row."""
+        with self._lockstep("encode", runs):
+            return self._encode(runs)
+
+    def _encode(self, runs: list[SeqRun]) -> tuple[torch.Tensor, torch.Tensor]:
         split = self.config.ced_split
         tokens = pack(runs)
         X, pre = self.embed(tokens)
@@ -107,12 +116,22 @@ class DeepseekV41:
     def decode_rows(self, runs: list[SeqRun], X: torch.Tensor, pre: torch.Tensor, *, logits: str = "last",
                     taps: bool = False) -> ForwardResult:
         """CED decoder pass over given rows (X, pre from `encode`), skipping the rebuilt entries."""
-        pack(runs)
-        for run in runs:
-            run.skip_compressor = True
-        split = self.config.ced_split
-        X, pre, tap_rows = self._layers(X, pre, runs, range(split, self.config.num_layers), self._hash(runs), taps)
-        return self._outputs(X, pre, runs, logits, tap_rows)
+        with self._lockstep("decode_rows", runs, (X, pre), logits=logits, taps=taps):
+            pack(runs)
+            for run in runs:
+                run.skip_compressor = True
+            split = self.config.ced_split
+            X, pre, tap_rows = self._layers(X, pre, runs, range(split, self.config.num_layers), self._hash(runs),
+                                            taps)
+            return self._outputs(X, pre, runs, logits, tap_rows)
+
+    def draft_streams(self, runs: list[SeqRun]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The DSpark stages over the runs' blocks (model/dspark.py): (X, pre) after the last."""
+        with self._lockstep("draft_streams", runs):
+            X, pre = self.embed(pack(runs))
+            for role in self.config.roles[self.config.num_layers:]:
+                X, pre = self.block(role, X, pre, runs, block_mode=True)
+            return X, pre
 
     # ------------------------------------------------------------ pieces
 

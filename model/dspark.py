@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from ..kvcache.state import SequenceCache
-from .batch import SeqRun, pack
+from .batch import SeqRun
 from .deepseek_v41 import DeepseekV41
 from .device import to_device
 from .layers.mhc import hc_collapse
@@ -74,9 +74,7 @@ class DSparkDrafter:
         B = c.dspark_block_size
         runs = [SeqRun(cache=cache, tokens=torch.tensor([y] + [c.dspark_noise_token_id] * (B - 1)),
                        start=cache.num_tokens, history=[]) for cache, y in requests]
-        X, pre = model.embed(pack(runs))
-        for role in self.stages:
-            X, pre = model.block(role, X, pre, runs, block_mode=True)
+        X, pre = model.draft_streams(runs)
         x = hc_collapse(X, pre).view(len(runs), B, -1)  # [R, B, H]
         base = ops.linear(rms_norm(x, ops.w(f"{self.last}.norm.weight"), c.rms_norm_eps), "head.weight")
         markov_embed = ops.w(f"{self.last}.markov_head.embed.weight")

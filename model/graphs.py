@@ -55,6 +55,9 @@ class GraphCache:
 
     @staticmethod
     def wanted(device: torch.device) -> bool:
+        """On a GPU unless DSFLASH_CUDA_GRAPHS=0. With several ranks the graphs capture their
+        NCCL all-reduces too: every rank captures the same parts on the same call, since the
+        ranks run the same calls (model/lockstep.py)."""
         return device.type == "cuda" and os.environ.get("DSFLASH_CUDA_GRAPHS", "1") != "0"
 
     def run(self, key: tuple, fn: Callable[..., Tensors], inputs: Tensors, shared: int = 0) -> Tensors:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import mmap
 import pathlib
 import struct
 import sys
@@ -199,11 +200,30 @@ class Checkpoint:
         except (json.JSONDecodeError, KeyError, TypeError) as exc:
             raise CheckpointError(f"{index_path.name}: unreadable index ({exc})") from None
         self._headers: dict[str, dict[str, dict]] = {}
+        self._maps: dict[str, tuple[mmap.mmap, int]] = {}  # shard -> (its map, where its data starts)
 
     def header(self, shard: str) -> dict[str, dict]:
         if shard not in self._headers:
             self._headers[shard] = read_safetensors_header(self.path / shard)
         return self._headers[shard]
+
+    def _mapped(self, shard: str, key: str) -> torch.Tensor:
+        """The bytes of a 1-byte tensor as a copy-on-write map of the shard: nothing is read
+        up front (the kernel is asked to read ahead), and every process mapping the shard
+        shares the pages."""
+        info = self.header(shard)[key]
+        if _DTYPE_BYTES[info["dtype"]] != 1:
+            raise CheckpointError(f"{shard}: {key} is {info['dtype']}, a mapped table must be 1-byte")
+        if shard not in self._maps:
+            with (self.path / shard).open("rb") as f:
+                (header_len,) = struct.unpack("<Q", f.read(8))
+                self._maps[shard] = (mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY), 8 + header_len)
+        view, data_start = self._maps[shard]
+        start, end = info["data_offsets"]
+        view.madvise(mmap.MADV_WILLNEED, (data_start + start) // mmap.PAGESIZE * mmap.PAGESIZE,
+                     end - start + (data_start + start) % mmap.PAGESIZE)
+        return torch.frombuffer(view, dtype=torch.uint8, count=end - start, offset=data_start + start
+                                ).view(info["shape"])
 
     def specs(self, select: Callable[[TensorSpec], bool] | None = None) -> list[TensorSpec]:
         return [s for s in model_tensors(self.config) if select is None or select(s)]
@@ -255,11 +275,19 @@ class Checkpoint:
         raw: dict[str, torch.Tensor] = {}
         total = sum(_numel(self.header(s)[k]["shape"]) * _DTYPE_BYTES[self.header(s)[k]["dtype"]]
                     for s, keys in by_shard.items() for k in keys)
+        # Engram tables (~92 GiB each in the release) stay in host memory, read a few rows per
+        # token: map them rather than copy them, so that the ranks of a worker (every one needs
+        # them whole) share one page-cache copy instead of holding one each.
+        mapped = ({key for spec in specs if spec.fmt == ROWS_FP8 for key in spec.stored(block)}
+                  if torch.device(device).type == "cpu" else set())
         bar = _Progress(total, enabled=progress)
         for shard in sorted(by_shard):
             try:
+                for key in [k for k in by_shard[shard] if k in mapped]:
+                    raw[key] = self._mapped(shard, key)
+                    bar.advance(raw[key].numel(), shard)
                 with safe_open(str(self.path / shard), framework="pt", device=str(device)) as f:
-                    for key in by_shard[shard]:
+                    for key in [k for k in by_shard[shard] if k not in mapped]:
                         tensor = f.get_tensor(key)
                         raw[key] = tensor
                         bar.advance(tensor.numel() * tensor.element_size(), shard)

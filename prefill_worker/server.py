@@ -31,7 +31,8 @@ class PrefillWorker:
         budget = settings.prefill_token_budget
         self.engine = PrefillEngine(self.runtime.model, self.runtime.pool, PrefillEngineConfig(
             PrefillSchedulerConfig(token_budget=budget, max_chunk=budget), ced=settings.ced))
-        self.loop = EngineLoop("prefill", self._step, self.engine.has_work, self._crash)
+        self.loop = EngineLoop("prefill", self._step, self.engine.has_work, self._crash,
+                               device=self.runtime.model.device)
         m, engine = self.runtime.metrics, self.engine
         m.prefill_queue.labels("prefill").set_function(lambda: engine.queued_tokens)
         m.running.labels("prefill").set_function(

@@ -14,13 +14,17 @@ import queue
 import threading
 from collections.abc import Callable
 
+import torch
+
 log = logging.getLogger(__name__)
 
 
 class EngineLoop:
     def __init__(self, name: str, step: Callable[[], None], has_work: Callable[[], bool],
-                 on_crash: Callable[[BaseException], None] | None = None):
+                 on_crash: Callable[[BaseException], None] | None = None, device: torch.device | None = None):
+        """`device`: the model's GPU, made this thread's current one (CUDA keeps one per thread)."""
         self.name = name
+        self.device = device
         self._step, self._has_work, self._on_crash = step, has_work, on_crash
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._wake = threading.Event()
@@ -62,6 +66,8 @@ class EngineLoop:
         self._wake.set()
 
     def _run(self) -> None:
+        if self.device is not None and self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
         while not self._stopping:
             while True:
                 try:

@@ -29,6 +29,8 @@ from ..kvcache.transport import FaultPlan, MultiTransferEngine, TransportConfig,
 from ..logs import log_event
 from ..metrics import Metrics
 from ..model.deepseek_v41 import DeepseekV41
+from ..model.parallel import SINGLE
+from .ranks import Ranks
 
 log = logging.getLogger("dsflash.worker")
 
@@ -60,6 +62,7 @@ class WorkerSettings:
     advertise: str | None = None
     redis_url: str | None = None
     device: str = "cpu"
+    devices: tuple[str, ...] = ()  # several: one rank each (tensor/expert parallel, ranks.py); [0] is `device`
     kv_transports: tuple[str, ...] = ("shm", "tcp")
     kv_pool: str = "auto"  # auto | device | host: where the model's KV buffers live (pool_device)
     pool_bytes: int = 256 << 20
@@ -81,6 +84,8 @@ class WorkerSettings:
     def __post_init__(self):
         if self.kv_pool not in KV_POOL_PLACES:
             raise ValueError(f"kv_pool must be one of {KV_POOL_PLACES}, not {self.kv_pool!r}")
+        if self.devices and self.devices[0] != self.device:
+            raise ValueError(f"devices[0] ({self.devices[0]}) must be the worker's device ({self.device})")
 
     @property
     def advertise_host(self) -> str:
@@ -104,6 +109,7 @@ class WorkerRuntime:
         self.pool: CachePool | None = None
         self.transfer: MultiTransferEngine | None = None
         self.layout: CacheLayout | None = None
+        self.ranks: Ranks | None = None
         self.address = ""
         self.worker_id = ""
         self.draining = False
@@ -117,9 +123,7 @@ class WorkerRuntime:
         s = self.settings
         began = time.monotonic()
         if model is None:
-            model = DeepseekV41.from_checkpoint(s.checkpoint, tier=tier, device=s.device, progress=True)
-            if model.device.type == "cuda":
-                model.use_kernels()
+            model = self._load(tier)
         self.model = model
         self.layout = CacheLayout.for_model(self.model.config, page_entries=s.page_entries)
         config = TransportConfig(compatibility_hash=make_compatibility_hash(
@@ -132,6 +136,8 @@ class WorkerRuntime:
         self.pool = CachePool.sized(self.layout, s.pool_bytes, s.max_requests, self.transfer.allocate_segment,
                                     name=f"{s.role}-kv", sealed=None if device else self.transfer.sealed,
                                     device=device)
+        if self.ranks is not None:
+            self.ranks.attach(model, self.pool)
         m, pool = self.metrics, self.pool
         m.kv_free_bytes.labels(s.role).set_function(lambda: pool.free_page_count * pool.layout.page_bytes)
         m.degraded.labels(s.role).set_function(lambda: float(bool(getattr(self.directory, "is_degraded", False))))
@@ -141,7 +147,18 @@ class WorkerRuntime:
                   pool_pages=self.pool.num_pages, pool_slots=self.pool.num_slots, pool_device=self.pool.device,
                   pool_staging="host" if self.pool.is_mirrored else "none",
                   staging_pinned=bool(self.pool.mirror is not None and self.pool.mirror.pinned),
-                  transports=",".join(s.kv_transports))
+                  transports=",".join(s.kv_transports), ranks=len(s.devices) or 1)
+
+    def _load(self, tier: str) -> DeepseekV41:
+        """This rank's share of the model; with several devices, the other ranks start first."""
+        s, parallel = self.settings, SINGLE
+        if len(s.devices) > 1:
+            self.ranks = Ranks(list(s.devices), s.checkpoint, tier)
+            parallel = self.ranks.parallel
+        model = DeepseekV41.from_checkpoint(s.checkpoint, tier=tier, device=s.device, progress=True, parallel=parallel)
+        if model.device.type == "cuda":
+            model.use_kernels()
+        return model
 
     def add_standard_services(self, server: grpc.aio.Server, service_names: list[str]) -> None:
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
@@ -218,6 +235,8 @@ class WorkerRuntime:
     async def close(self) -> None:
         if self._heartbeat is not None:
             self._heartbeat.cancel()
+        if self.ranks is not None:
+            self.ranks.close()
         if self.transfer is not None:
             self.transfer.close()
         await self.directory.close()

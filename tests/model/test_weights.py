@@ -138,3 +138,21 @@ def test_random_values_are_deterministic_per_tensor(tmp_path):
     assert torch.equal(a, random_value(specs["layers.2.attn.wq_a"], 5))
     assert not torch.equal(a, random_value(specs["layers.2.attn.wq_a"], 6))
     assert np.isfinite(a.numpy()).all()
+
+
+def test_engram_tables_are_mapped_from_their_shard_not_copied(tiny_checkpoint):
+    """The ranks of a worker each load the Engram tables whole: mapped, they share one copy."""
+    import ctypes
+
+    ckpt = Checkpoint(tiny_checkpoint)
+    store = ckpt.load(progress=False)
+    tables = [name for name in store.names() if name.endswith(".engram.embed")]
+    assert tables
+    for name in tables:
+        shard = ckpt.weight_map[f"{name}.weight"]
+        view, _ = ckpt._maps[shard]
+        base = ctypes.addressof(ctypes.c_char.from_buffer(view))
+        for part in (store[name].weight, store[name].scale):
+            assert base <= part.data_ptr() < base + len(view)
+        with safe_open(str(tiny_checkpoint / shard), framework="pt") as f:
+            assert torch.equal(store[name].weight, f.get_tensor(f"{name}.weight").view(torch.uint8))
