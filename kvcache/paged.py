@@ -8,6 +8,7 @@ byte buffer for transfer, exactly.
 
 from __future__ import annotations
 
+import itertools
 import threading
 from dataclasses import dataclass, field
 
@@ -19,6 +20,9 @@ from ..model.quant import fp4_dequantize, fp8_dequantize
 from .layout import CacheLayout
 from .pool import CachePool
 from .state import RingSpan, SequenceCache
+
+
+_SERIALS = itertools.count()
 
 
 @dataclass
@@ -45,6 +49,7 @@ class PagedCache(SequenceCache):
         super().__init__(config=config, ring_capacity=layout.ring_capacity)
         self.pool, self.layout = pool, layout
         self.slot = pool.allocate_slot() if slot is None else slot
+        self.serial = next(_SERIALS)  # tells this cache from earlier holders of its slot (replica.py)
         self.page_table: dict[int, list[int]] = {s: [] for s in layout.sources}
         self._tables: dict[int, torch.Tensor] = {}  # page_table on the pool's device, rebuilt when it changes
         self.counts = {s: 0 for s in layout.sources}

@@ -82,8 +82,10 @@ class CachePool:
         self.device = self.pages_buffer.device
         self._pages, self._slots = _FreeList(num_pages), _FreeList(num_slots)
         self.name = name
-        # With tensor-parallel ranks: the writes the other ranks' pools must copy (replica.py).
+        # With tensor-parallel ranks: the writes the other ranks' pools must copy (replica.py),
+        # and on those ranks, that rank 0 allocates every page.
         self.writes = None
+        self.follows_rank0 = False
 
     @classmethod
     def sized(cls, layout: CacheLayout, nbytes: int, max_requests: int, allocate: Allocator | None = None,
@@ -97,6 +99,9 @@ class CachePool:
     # ------------------------------------------------------------ allocation
 
     def allocate_pages(self, n: int) -> list[int]:
+        if self.follows_rank0:
+            raise RuntimeError("a forward allocated pages on a rank that follows rank 0, whose engine "
+                               "reserves every page before it announces a call")
         return self._pages.take(n)
 
     def free_pages(self, ids: list[int]) -> None:

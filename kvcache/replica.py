@@ -9,7 +9,7 @@ caches. The other ranks' pools follow rank 0's pool in two ways (model/lockstep.
   rebuilt open group, the drafter's ring rows, a new slot's zeroing) is recorded here as it
   happens, and its bytes reach the other ranks before the next forward that could read them.
 A cache's bookkeeping (page tables, counts, positions) goes with each forward as a
-`CacheView`: the other ranks keep no cache objects, only pool bytes.
+`CacheView`; the other ranks rebuild the cache from it, over their own pool.
 """
 
 from __future__ import annotations
@@ -66,33 +66,62 @@ class PoolWrites:
 
 @dataclass
 class CacheView:
-    """A paged cache's bookkeeping without its pool: what another rank needs to run a forward
-    over the same pool bytes (its own copy of them)."""
+    """A paged cache's bookkeeping without its pool bytes: what another rank needs to run a
+    forward over its own copy of them. Page tables only grow during a cache's life, so a view
+    carries the pages added since the last view of that cache (`CacheViews` on both sides)."""
 
+    serial: int  # PagedCache.serial: which cache holds the slot now
     slot: int
-    page_table: dict[int, list[int]]
+    new_pages: dict[int, list[int]]  # per source: pages after the first `known` ones
+    known: dict[int, int]
     counts: dict[int, int]
     tail_lengths: dict[int, int]
     num_tokens: int
     history: list[int]
     ring_spans: list[tuple[int, int]]
 
-    @classmethod
-    def of(cls, cache) -> "CacheView":
-        return cls(cache.slot, {s: list(t) for s, t in cache.page_table.items()}, dict(cache.counts),
-                   dict(cache.tail_lengths), cache.num_tokens, list(cache.history),
-                   [(span.valid_from, span.valid_to) for span in cache.ring_spans])
 
-    def open(self, pool, config: ModelConfig):
-        """A PagedCache over `pool` at this view's slot and pages, allocating nothing (rank 0
-        owns the allocation; the object is dropped after the forward)."""
+class CacheViews:
+    """Rank 0: the views it sends, remembering per slot how much of each page table the other
+    ranks have. Ranks 1..W-1: the caches they rebuilt from views, kept per slot (a 1M-token
+    cache has ~40K pages: resending and re-uploading its tables every forward cost ms)."""
+
+    def __init__(self, pool=None, config: ModelConfig | None = None):
+        self.pool, self.config = pool, config
+        self._sent: dict[int, tuple[int, dict[int, int]]] = {}  # slot -> (serial, pages sent per source)
+        self._caches: dict[int, object] = {}  # slot -> PagedCache over this rank's pool
+
+    def view(self, cache) -> CacheView:
+        serial, sent = self._sent.get(cache.slot, (None, None))
+        if serial != cache.serial:
+            sent = {s: 0 for s in cache.page_table}
+        view = CacheView(cache.serial, cache.slot, {s: t[sent[s]:] for s, t in cache.page_table.items()}, dict(sent),
+                         dict(cache.counts), dict(cache.tail_lengths), cache.num_tokens, list(cache.history),
+                         [(span.valid_from, span.valid_to) for span in cache.ring_spans])
+        self._sent[cache.slot] = (cache.serial, {s: len(t) for s, t in cache.page_table.items()})
+        return view
+
+    def open(self, view: CacheView):
+        """The cache a view describes, over this rank's pool (allocating nothing: rank 0 owns
+        the allocation), its tables extended by the view's new pages."""
         from .paged import PagedCache
 
-        cache = PagedCache(pool, config, slot=self.slot)
-        cache.page_table = {s: list(t) for s, t in self.page_table.items()}
-        cache.counts = dict(self.counts)
-        cache.tail_lengths = dict(self.tail_lengths)
-        cache.num_tokens = self.num_tokens
-        cache.history = list(self.history)
-        cache.ring_spans = [RingSpan(a, b) for a, b in self.ring_spans]
+        cache = self._caches.get(view.slot)
+        if cache is None or cache.serial != view.serial:
+            cache = self._caches[view.slot] = PagedCache(self.pool, self.config, slot=view.slot)
+            cache.serial = view.serial
+        for source, pages in view.new_pages.items():
+            table = cache.page_table[source]
+            if len(table) != view.known[source]:
+                raise RuntimeError(f"slot {view.slot}: rank 0 sent pages from {view.known[source]}, "
+                                   f"this rank holds {len(table)}")
+            if pages:
+                table.extend(pages)
+                cache._tables.pop(source, None)
+        cache.counts = dict(view.counts)
+        cache.tail_lengths = dict(view.tail_lengths)
+        cache.num_tokens = view.num_tokens
+        cache.history = list(view.history)
+        cache.ring_spans = [RingSpan(a, b) for a, b in view.ring_spans]
+        cache._keys.clear()  # the reference path's decoded keys: the bytes may have changed since
         return cache

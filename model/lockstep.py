@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from ..kvcache.replica import CacheView, PoolWrites
+from ..kvcache.replica import CacheView, CacheViews, PoolWrites
 from .batch import SeqRun
 
 CALLS = ("forward", "encode", "decode_rows", "draft_streams")
@@ -56,6 +56,7 @@ class Leader:
         self.conns, self.device = list(conns), torch.device(device)
         self.on_failure = on_failure
         self.pool = None
+        self.views = CacheViews()
         self.check = os.environ.get("DSFLASH_LOCKSTEP_CHECK", "0") == "1"
 
     def attach(self, pool) -> None:
@@ -73,7 +74,7 @@ class Leader:
                 raise ValueError("tensor-parallel ranks follow caches in the worker's KV pool only")
             if id(cache) not in index:
                 index[id(cache)] = len(views)
-                views.append(CacheView.of(cache))
+                views.append(self.views.view(cache))
             specs.append((index[id(cache)], run.tokens.tolist(), run.start, list(run.history)))
         zeroed, written = self.pool.writes.take() if self.pool is not None else ([], [])
         call = _Call(kind, views, specs, options, [(tuple(t.shape), t.dtype) for t in tensors], zeroed, written)
@@ -109,6 +110,7 @@ class Leader:
 def follow(model, pool, conn) -> None:
     """Ranks 1..W-1: run rank 0's announced calls until it says stop (or is gone)."""
     device = model.device
+    views = CacheViews(pool, model.config)
     comm = device if device.type == "cuda" else torch.device("cpu")
     while True:
         try:
@@ -125,7 +127,7 @@ def follow(model, pool, conn) -> None:
             t = torch.empty(shape, dtype=dtype, device=comm)
             dist.broadcast(t, src=0)
             tensors.append(t.to(device))
-        caches = [view.open(pool, model.config) for view in call.views]
+        caches = [views.open(view) for view in call.views]
         if call.digests is not None and [_digest(cache) for cache in caches] != call.digests:
             raise RuntimeError(f"a cache's bytes differ from rank 0's before a {call.kind} call: "
                                f"a pool write was not replicated")

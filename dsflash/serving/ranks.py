@@ -114,6 +114,7 @@ def _rank_main(rank: int, world: int, rendezvous: str, device: str, checkpoint: 
         return
     layout = CacheLayout.for_model(model.config, page_entries=page_entries)
     pool = CachePool(layout, num_pages, num_slots, plain_allocator(device), name=name)  # same segment names
+    pool.follows_rank0 = True
     log_event(log, "rank_ready", rank=rank, world=world, device=device, pool_pages=num_pages)
     follow(model, pool, conn)
     logging.shutdown()

@@ -11,7 +11,7 @@ import torch
 from dsflash.kvcache.layout import CacheLayout
 from dsflash.kvcache.paged import PagedCache
 from dsflash.kvcache.pool import CachePool
-from dsflash.kvcache.replica import CacheView, PoolWrites
+from dsflash.kvcache.replica import CacheViews, PoolWrites
 from dsflash.model.lockstep import Leader
 from dsflash.model.runner import step
 
@@ -30,21 +30,38 @@ def test_writes_outside_a_forward_are_kept_and_coalesced():
     assert writes.take() == ([], [])
 
 
-def test_a_view_reads_the_same_bytes_in_another_pool(tiny_model):
-    layout = CacheLayout.for_model(tiny_model.config, page_entries=8)
-    pools = [CachePool(layout, 64, 4) for _ in range(2)]
+def test_views_rebuild_a_cache_in_another_pool_sending_only_new_pages(tiny_model):
+    layout = CacheLayout.for_model(tiny_model.config, page_entries=2)
+    pools = [CachePool(layout, 256, 4) for _ in range(2)]
+    pools[1].follows_rank0 = True
+    sender, receiver = CacheViews(), CacheViews(pools[1], tiny_model.config)
     cache = PagedCache(pools[0], tiny_model.config)
-    with torch.inference_mode():
-        step(tiny_model, [cache], [torch.arange(5, 45)])
-    for (segment, start, length) in cache.byte_ranges():  # what rank 0 would broadcast
-        pools[1].buffer(segment)[start:start + length] = pools[0].buffer(segment)[start:start + length]
-    view = CacheView.of(cache).open(pools[1], tiny_model.config)
-    assert pools[1].free_slot_count == 4 and pools[1].free_page_count == 64  # allocated nothing
-    assert view.byte_ranges() == cache.byte_ranges() and view.descriptor() == cache.descriptor()
-    with torch.inference_mode():
-        got = step(tiny_model, [view], [torch.tensor([7, 8, 9])], logits="all").logits[0]
-        want = step(tiny_model, [cache], [torch.tensor([7, 8, 9])], logits="all").logits[0]
-    assert torch.equal(got, want)
+    sent = {s: 0 for s in cache.page_table}
+    for tokens in (torch.arange(5, 45), torch.tensor([7, 8, 9]), torch.arange(50, 70)):
+        cache.reserve(len(tokens))  # as the engines do before a forward: a follower allocates nothing
+        for segment, start, length in cache.byte_ranges():  # the bytes rank 0 would broadcast
+            pools[1].buffer(segment)[start:start + length] = pools[0].buffer(segment)[start:start + length]
+        view = sender.view(cache)
+        copy = receiver.open(view)
+        assert pools[1].free_slot_count == 4 and pools[1].free_page_count == 256  # allocated nothing
+        assert copy.byte_ranges() == cache.byte_ranges() and copy.descriptor() == cache.descriptor()
+        with torch.inference_mode():
+            got = step(tiny_model, [copy], [tokens], logits="all").logits[0]
+            want = step(tiny_model, [cache], [tokens], logits="all").logits[0]
+        assert torch.equal(got, want)
+        assert view.known == sent  # after the first view, only the pages added since
+        sent = {s: len(t) for s, t in cache.page_table.items()}
+    with pytest.raises(RuntimeError, match="reserves every page"):
+        with torch.inference_mode():
+            step(tiny_model, [receiver.open(sender.view(cache))], [torch.arange(300)])
+    # the slot's next holder is a new cache: its view starts its tables afresh
+    cache.release()
+    again = PagedCache(pools[0], tiny_model.config, slot=cache.slot)
+    assert sender.view(again).known == {s: 0 for s in again.page_table}
+    stale = sender.view(cache)
+    stale.known = {s: 1 for s in stale.known}
+    with pytest.raises(RuntimeError, match="rank 0 sent pages"):
+        receiver.open(stale)
 
 
 def test_a_call_that_fails_on_rank_0_ends_the_worker(tiny_model):
