@@ -591,7 +591,7 @@ def profile_steps(engine, name: str, steps: int = 2, stacks: bool = False) -> No
     print("\n".join(t[:6000] for t in text), flush=True)
 
 
-def prefill(model, lengths) -> None:
+def prefill(model, lengths, label: str = "prefill") -> None:
     from dsflash.kvcache.layout import CacheLayout
     from dsflash.kvcache.pool import CachePool, plain_allocator
     from dsflash.prefill_worker.engine import PrefillEngine, PrefillEngineConfig, PrefillRequest
@@ -601,7 +601,7 @@ def prefill(model, lengths) -> None:
     layout = CacheLayout.for_model(config, page_entries=256)
     for n in lengths:
         if time_left() < 90:
-            record("prefill", f"T{n}", {"skipped": "device time budget"})
+            record(label, f"T{n}", {"skipped": "device time budget"})
             continue
         # compile the GPU kernels for prefill shapes first: a full chunk, then a part
         warm = 8192 + 1000 if n == lengths[0] and DEV.startswith("cuda") else 0
@@ -629,11 +629,11 @@ def prefill(model, lengths) -> None:
         sync()
         seconds = time.perf_counter() - began
         if engine.has_work():
-            record("prefill", f"T{n}", {"aborted_after_s": seconds, "done_tokens": n - engine.queued_tokens,
+            record(label, f"T{n}", {"aborted_after_s": seconds, "done_tokens": n - engine.queued_tokens,
                                         "progress": progress})
             continue
         flops = prefill_flops(model, n)
-        record("prefill", f"T{n}", {"seconds": seconds, "tokens_per_s": n / seconds,
+        record(label, f"T{n}", {"seconds": seconds, "tokens_per_s": n / seconds,
                                     "roofline_s_bf16": flops / BF16_FLOPS, "ratio_to_roofline": seconds / (flops / BF16_FLOPS),
                                     "TFLOP": flops / 1e12, "progress": progress})
         done[0].cache.release()
@@ -665,7 +665,8 @@ def prefill_flops(model, n: int) -> float:
     return flops
 
 
-def tensor_parallel_rank(rank: int, world: int, rendezvous: str, contexts, batches, preset: str) -> None:
+def tensor_parallel_rank(rank: int, world: int, rendezvous: str, contexts, batches, preset: str,
+                         prefill_lengths=()) -> None:
     """One rank of a `--tp` run: every rank steps the same engine on the same inputs (SPMD);
     rank 0 reports. No time-budget checks here: ranks must take the same branches."""
     from dsflash.model.parallel import init_parallel
@@ -681,6 +682,8 @@ def tensor_parallel_rank(rank: int, world: int, rendezvous: str, contexts, batch
     model, store = build_model(fast=True, preset=preset, parallel=parallel)
     for context in contexts:
         decode(model, store, batches, [context], f"decode_tp{world}")
+    if prefill_lengths:
+        prefill(model, prefill_lengths, f"prefill_tp{world}")
     model.graphs = None  # NCCL's teardown waits on the collectives live CUDA graphs captured
     torch.distributed.destroy_process_group()
 
@@ -712,7 +715,8 @@ def main() -> None:
         import torch.multiprocessing as mp
 
         rendezvous = f"file://{tempfile.mkdtemp()}/rendezvous"
-        mp.start_processes(tensor_parallel_rank, args=(args.tp, rendezvous, contexts, batches, args.preset),
+        lengths = [int(x) for x in args.prefill.split(",")] if "prefill" in sections else []
+        mp.start_processes(tensor_parallel_rank, args=(args.tp, rendezvous, contexts, batches, args.preset, lengths),
                            nprocs=args.tp, join=True, start_method="spawn")
         return
     if DEV.startswith("cuda"):
