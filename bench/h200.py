@@ -684,7 +684,7 @@ def tensor_parallel_rank(rank: int, world: int, rendezvous: str, contexts, batch
         decode(model, store, batches, [context], f"decode_tp{world}")
     if prefill_lengths:
         prefill(model, prefill_lengths, f"prefill_tp{world}")
-    model.graphs = None  # NCCL's teardown waits on the collectives live CUDA graphs captured
+    model.release_graphs()  # before NCCL's teardown, which waits on the collectives they captured
     torch.distributed.destroy_process_group()
 
 

@@ -82,6 +82,12 @@ class DeepseekV41:
         if GraphCache.wanted(self.device):
             self.graphs = GraphCache()
 
+    def release_graphs(self) -> None:
+        """Free the CUDA graphs before the process group goes (GraphCache.release)."""
+        if self.graphs is not None:
+            self.graphs.release()
+            self.graphs = None
+
     # ------------------------------------------------------------ entry points
 
     def forward(self, runs: list[SeqRun], *, logits: str = "last", taps: bool = False) -> ForwardResult:

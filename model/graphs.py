@@ -117,6 +117,18 @@ class GraphCache:
         self._outputs.update(_address(t) for t in outputs)
         return _Captured(graph, static, tuple(outputs))
 
+    def release(self) -> None:
+        """Free every captured graph now, not when the last reference goes: NCCL's teardown
+        (destroy_process_group) waits on the collectives that live graphs captured (measured:
+        it hung until they were gone)."""
+        for entry in self._entries.values():
+            if isinstance(entry, _Captured):
+                entry.graph.reset()
+        self._entries.clear()
+        self._outputs.clear()
+        self._shared.clear()
+        self._shared_from.clear()
+
     def captured(self, part: str | None = None) -> int:
         """How many graphs were captured (of one part: "attn_in", "attn_out_ffn", "block")."""
         return sum(isinstance(entry, _Captured) and part in (None, key[0]) for key, entry in self._entries.items())

@@ -77,9 +77,7 @@ class Ranks:
             if process.is_alive():
                 process.kill()
         if self.model is not None:
-            # NCCL's teardown waits on collectives that CUDA graphs captured while the graphs
-            # live (measured: destroy_process_group hung): drop them first.
-            self.model.graphs = None
+            self.model.release_graphs()  # NCCL's teardown at exit waits on collectives they captured
 
     def _watch(self) -> None:
         sentinels = {p.sentinel: p for p in self.processes}

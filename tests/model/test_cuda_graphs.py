@@ -41,3 +41,5 @@ def test_replayed_steps_equal_eager_steps(golden_dir, golden, requests):
                 assert torch.equal(eager, replayed)
     # layers without compressor or indexer ran as one graph each (their entry lists are full)
     assert graphs.captured("block") > 0 and graphs.captured("attn_in") > 0
+    graphs.release()  # frees them at once (a process group's teardown waits on live ones)
+    assert graphs.captured() == 0

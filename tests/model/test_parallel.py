@@ -34,7 +34,7 @@ def _rank_main(rank: int, world: int, golden_dir: str, store_dir: str, device_ki
                                   if n.startswith("layers.0.ffn.experts.")}, key=int),
                "wq_b_rows": model.ops.weights["layers.0.attn.wq_b"].shape[0]}
     torch.save(out, f"{store_dir}/rank{rank}.pt")
-    model.graphs = None  # NCCL's teardown waits on the collectives live CUDA graphs captured
+    model.release_graphs()  # before NCCL's teardown, which waits on the collectives they captured
     torch.distributed.destroy_process_group()
 
 
