@@ -67,11 +67,11 @@ class Leader:
     @contextmanager
     def announce(self, kind: str, runs: list[SeqRun], tensors: tuple[torch.Tensor, ...] = (), **options):
         """Send the call to the other ranks, then compute it here (the context's body)."""
+        if any(getattr(run.cache, "pool", None) is not self.pool for run in runs):
+            raise ValueError("tensor-parallel ranks follow caches in the worker's KV pool only")
         views, index, specs = [], {}, []
         for run in runs:
             cache = run.cache
-            if getattr(cache, "pool", None) is not self.pool:
-                raise ValueError("tensor-parallel ranks follow caches in the worker's KV pool only")
             if id(cache) not in index:
                 index[id(cache)] = len(views)
                 views.append(self.views.view(cache))

@@ -62,9 +62,12 @@ class Ranks:
         self.leader = Leader(conns, device, on_failure=lambda: self._end("rank0", "a call failed on rank 0"))
 
     def attach(self, model: DeepseekV41, pool: CachePool) -> None:
-        """The ranks allocate pools shaped like `pool`; from now on the model announces its calls."""
+        """The ranks allocate pools shaped like `pool`; from now on the model announces its calls.
+        Returns once every rank is ready (loaded, pool allocated): the worker serves after."""
         for conn in self.leader.conns:
             conn.send((pool.layout.page_entries, pool.num_pages, pool.num_slots, pool.name))
+        for conn in self.leader.conns:
+            conn.recv()  # "ready"; a rank that dies first ends this process (the watchdog)
         self.leader.attach(pool)
         model.leader = self.leader
         self.model = model
@@ -114,6 +117,7 @@ def _rank_main(rank: int, world: int, rendezvous: str, device: str, checkpoint: 
     pool = CachePool(layout, num_pages, num_slots, plain_allocator(device), name=name)  # same segment names
     pool.follows_rank0 = True
     log_event(log, "rank_ready", rank=rank, world=world, device=device, pool_pages=num_pages)
+    conn.send("ready")
     follow(model, pool, conn)
     logging.shutdown()
     os._exit(0)  # rank 0 is done with us: skip the process group's teardown (see Ranks.close)
