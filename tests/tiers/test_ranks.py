@@ -104,6 +104,30 @@ def test_two_rank_workers_match_one_process(two_rank_workers, tiny_checkpoint):
     assert decode.terminate() == 0, decode.log()  # SIGTERM: drains, stops rank 1, exits
 
 
+def test_ced_prefill_over_two_ranks_equals_one_rank(tiny_checkpoint, tmp_path, monkeypatch):
+    """The CED prefill's encoder and decoder passes (the decoder's input streams broadcast to
+    the other rank), in several chunks, then decode: the same tokens as one-rank workers."""
+    monkeypatch.setenv("DSFLASH_LOCKSTEP_CHECK", "1")
+    prompt = [(11 * i + 5) % 3000 + 3 for i in range(150)]  # longer than the decoder's tail (13)
+    outputs = []
+    for ranks in (["--ranks", "2"], []):
+        prefill = Worker("prefill", tiny_checkpoint, tmp_path, extra=ranks + [
+            "--kv-transports", "tcp", "--ced", "--prefill-token-budget", "64"])
+        decode = Worker("decode", tiny_checkpoint, tmp_path, extra=ranks + [
+            "--kv-transports", "tcp", "--prefill", prefill.address])
+        try:
+            prefill.wait_ready(120)
+            decode.wait_ready(120)
+            out, finished = generate(decode.address, prompt, max_tokens=6, ignore_eos=True, temperature=0,
+                                     timeout_s=120)
+            assert finished.stats.prefill_worker == prefill.address
+            outputs.append(out)
+        finally:
+            prefill.stop()
+            decode.stop()
+    assert outputs[0] == outputs[1]
+
+
 def test_a_lost_rank_ends_the_worker_instead_of_hanging(two_rank_workers):
     _, decode, _ = two_rank_workers
     followers = _children(decode.process.pid)
