@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import pytest
@@ -89,6 +90,11 @@ def test_two_rank_workers_match_one_process(two_rank_workers, tiny_checkpoint):
     assert finished2.usage.cached_tokens > len(PROMPT)
     # the prefill worker gone, prompts are computed here; more requests than slots, so each
     # takes a slot another cache left (zeroed on both ranks)
+    # two at once: while both run, a forward carries both caches' views (continuous batching)
+    pair = [[(13 * i + k) % 700 + 9 for i in range(25 + 4 * k)] for k in range(2)]
+    with ThreadPoolExecutor(2) as pool:
+        pair_outs = list(pool.map(lambda p: generate(decode.address, p, max_tokens=8, ignore_eos=True, temperature=0,
+                                                     timeout_s=120)[0], pair))
     prefill.stop()
     others = [[(5 * i + k) % 900 + 7 for i in range(20 + k)] for k in range(3)]
     outs = [generate(decode.address, p, max_tokens=4, ignore_eos=True, temperature=0, timeout_s=120)[0]
@@ -98,7 +104,7 @@ def test_two_rank_workers_match_one_process(two_rank_workers, tiny_checkpoint):
     # The FP8/FP4 cache quantizers can turn such a difference into a whole quantization step of
     # a cached entry (measured: 0.07 on one H200 pair); a wrong cache moves logits by units.
     tolerance = 0.0 if device == "cpu" else 0.25
-    for prompt, tokens in [(PROMPT, out), (turn2, out2)] + list(zip(others, outs)):
+    for prompt, tokens in [(PROMPT, out), (turn2, out2)] + list(zip(pair, pair_outs)) + list(zip(others, outs)):
         _assert_greedy(model, prompt, tokens, tolerance)
     assert decode.process.poll() is None, decode.log()
     assert decode.terminate() == 0, decode.log()  # SIGTERM: drains, stops rank 1, exits
