@@ -236,11 +236,9 @@ class PagedCache(SequenceCache):
         gate_view[:n] = gate.to(self.pool.device, torch.float32)
         self.tail_lengths[source] = n
         if self.pool.writes is not None and n:  # a rollback rebuilds it outside a forward
-            L = self.layout
-            start = self.slot * L.slot_bytes + L.tail_offsets()[source]
-            gate_start = start + L.max_tail_tokens(source) * L.head_dim * 4
-            self.pool.note_written([(self.pool.slots_segment, start, n * L.head_dim * 4),
-                                    (self.pool.slots_segment, gate_start, n * L.head_dim * 4)])
+            base = self.pool.slots_buffer.data_ptr()
+            self.pool.note_written([(self.pool.slots_segment, view.data_ptr() - base, view[:n].nbytes)
+                                    for view in (kv_view, gate_view)])
 
     # ------------------------------------------------------------ life cycle and transfer
 
@@ -350,7 +348,8 @@ class PagedCache(SequenceCache):
 
     def bytes_changed(self) -> None:
         """The pool bytes were written from outside (a transfer): drop derived copies and seals."""
-        self.pool.note_written(self.byte_ranges())
+        if self.pool.writes is not None:
+            self.pool.note_written(self.byte_ranges())
         self._keys.clear()
         for source in self.layout.sources:
             self._unseal_from(source, 0)

@@ -22,7 +22,7 @@ from __future__ import annotations
 import hashlib
 import os
 import pickle
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -55,7 +55,7 @@ class Leader:
         collective this rank will never reach, so the worker cannot go on (ranks.py ends it)."""
         self.conns, self.device = list(conns), torch.device(device)
         self.on_failure = on_failure
-        self.pool = None
+        self.pool = None  # the worker's KV pool: attach() before the first call
         self.views = CacheViews()
         self.check = os.environ.get("DSFLASH_LOCKSTEP_CHECK", "0") == "1"
 
@@ -76,7 +76,7 @@ class Leader:
                 index[id(cache)] = len(views)
                 views.append(self.views.view(cache))
             specs.append((index[id(cache)], run.tokens.tolist(), run.start, list(run.history)))
-        zeroed, written = self.pool.writes.take() if self.pool is not None else ([], [])
+        zeroed, written = self.pool.writes.take()
         call = _Call(kind, views, specs, options, [(tuple(t.shape), t.dtype) for t in tensors], zeroed, written)
         if self.check:
             call.digests = [_digest(run.cache) for run in {id(run.cache): run for run in runs}.values()]
@@ -88,7 +88,7 @@ class Leader:
         for t in tensors:
             dist.broadcast(t.to(self.device).contiguous(), src=0)
         try:
-            with self.pool.writes.computing() if self.pool is not None else nullcontext():
+            with self.pool.writes.computing():
                 yield
         except Exception:
             if self.on_failure is not None:

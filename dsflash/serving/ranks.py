@@ -42,7 +42,7 @@ class Ranks:
         check_divisible(Checkpoint(checkpoint).config, world)  # before any child loads anything
         ctx = mp.get_context("spawn")  # CUDA cannot be forked
         rendezvous = f"tcp://127.0.0.1:{free_port()}"
-        self.devices, self.processes, conns = devices, [], []
+        self.processes, conns = [], []
         self._closing = False
         self.model: DeepseekV41 | None = None
         for rank in range(1, world):
@@ -98,6 +98,15 @@ class Ranks:
         os._exit(LOST_RANK_EXIT)
 
 
+def load_model(checkpoint: str, tier: str, device: str | torch.device, parallel: Parallel,
+               progress: bool = False) -> DeepseekV41:
+    """One rank's share of the checkpoint, on the Triton fast path on a GPU."""
+    model = DeepseekV41.from_checkpoint(checkpoint, tier=tier, device=device, progress=progress, parallel=parallel)
+    if model.device.type == "cuda":
+        model.use_kernels()
+    return model
+
+
 def _rank_main(rank: int, world: int, rendezvous: str, device: str, checkpoint: str, tier: str, conn,
                logging_setup: tuple[str, str]) -> None:
     _die_with_parent()
@@ -105,10 +114,7 @@ def _rank_main(rank: int, world: int, rendezvous: str, device: str, checkpoint: 
     device = torch.device(device)
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    parallel = init_parallel(rank, world, rendezvous, device)
-    model = DeepseekV41.from_checkpoint(checkpoint, tier=tier, device=device, parallel=parallel)
-    if device.type == "cuda":
-        model.use_kernels()
+    model = load_model(checkpoint, tier, device, init_parallel(rank, world, rendezvous, device))
     try:
         page_entries, num_pages, num_slots, name = conn.recv()
     except EOFError:

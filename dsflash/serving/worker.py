@@ -30,7 +30,7 @@ from ..logs import log_event
 from ..metrics import Metrics
 from ..model.deepseek_v41 import DeepseekV41
 from ..model.parallel import SINGLE
-from .ranks import Ranks
+from .ranks import Ranks, load_model
 
 log = logging.getLogger("dsflash.worker")
 
@@ -155,10 +155,7 @@ class WorkerRuntime:
         if len(s.devices) > 1:
             self.ranks = Ranks(list(s.devices), s.checkpoint, tier)
             parallel = self.ranks.parallel
-        model = DeepseekV41.from_checkpoint(s.checkpoint, tier=tier, device=s.device, progress=True, parallel=parallel)
-        if model.device.type == "cuda":
-            model.use_kernels()
-        return model
+        return load_model(s.checkpoint, tier, s.device, parallel, progress=True)
 
     def add_standard_services(self, server: grpc.aio.Server, service_names: list[str]) -> None:
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
