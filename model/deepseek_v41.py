@@ -68,17 +68,21 @@ class DeepseekV41:
         check_divisible(ckpt.config, parallel.world)
         tier_select, rank_select = select_for_tier(tier), keeps_spec(ckpt.config, parallel)
         weights = ckpt.load(lambda spec: rank_select(spec) and (tier_select is None or tier_select(spec)),
-                            progress=progress)
+                            device=device, progress=progress)
         tokenizer = pathlib.Path(path) / "tokenizer.json"
         return cls(shard_attention(weights, parallel), tokenizer_json=tokenizer if tokenizer.exists() else None,
                    device=device, **kwargs)
 
-    def use_kernels(self) -> None:
-        """Switch to the Triton fast path (packed weights on the device, model/fast_ops.py)."""
+    def use_kernels(self, keep_unpacked: bool = True) -> None:
+        """Switch to the Triton fast path (packed weights on the device, model/fast_ops.py).
+        keep_unpacked=False (serving): stack the routed experts now and forget their per-expert
+        tensors, which only the reference path reads: the weights are then held once."""
         from .fast_ops import TritonOps
 
         old = self.ops
         self.ops = TritonOps(old.weights, act_quant=old.act_quant, device=self.device, parallel=old.parallel)
+        if not keep_unpacked:
+            self.ops.stack_all_experts(self.config)
         if GraphCache.wanted(self.device):
             self.graphs = GraphCache()
 
@@ -143,7 +147,7 @@ class DeepseekV41:
 
     def embed(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         S = self.config.hc_mult
-        e = self.ops.w("embed.weight")[to_device(tokens, self.device)]
+        e = self.ops.rows("embed.weight", to_device(tokens, self.device))
         X = e.unsqueeze(1).expand(-1, S, -1).contiguous()
         pre = torch.zeros(e.shape[0], S, device=self.device)
         pre[:, 0] = 1.0

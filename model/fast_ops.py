@@ -139,6 +139,19 @@ class TritonOps(ReferenceOps):
         tensors, small = stacked
         return fp4_moe(x.contiguous(), own, weights, *tensors, limit, small=small)
 
+    def stack_all_experts(self, config) -> None:
+        """Stack every layer's routed experts now, dropping each layer's per-expert tensors as
+        soon as its stack exists: the device holds them once, never twice over."""
+        local_of = {}
+        for role in config.roles:
+            if role.n_routed_experts:
+                local_of[f"{role.prefix}.ffn.experts"] = self.parallel.split(role.n_routed_experts)
+        for prefix, local in local_of.items():
+            if prefix not in self._experts:
+                tensors = self._stack(prefix, local)
+                self._experts[prefix] = tensors, small_scales(tensors[1], tensors[3])
+            self.weights.drop(f"{prefix}.{e}.{w}" for e in local for w in ("w1", "w2", "w3"))
+
     def _stack(self, prefix: str, local: range) -> tuple[torch.Tensor, ...]:
         """[E, 2I, H/2] gate+up codes and scales, [E, H, I/2] down: the experts' own bytes, stacked once."""
         w13, s13, w2, s2 = [], [], [], []

@@ -41,6 +41,12 @@ class ReferenceOps:
                 self._dense[name] = t
         return t
 
+    def rows(self, name: str, ids: torch.Tensor) -> torch.Tensor:
+        """fp32 rows `ids` of an embedding table, read from the table as stored (a table of the
+        whole vocabulary is not worth an fp32 copy: 2.6 GB in the release)."""
+        table = self._dense.get(name, self.weights[name])
+        return table[ids.to(table.device)].float().to(self.device)
+
     def reads_cache_in_place(self, cache) -> bool:
         """The kernel paths read a paged cache's bytes where they lie, so its pool must sit on
         this device (a worker with a host-memory pool keeps the gathering reference path)."""

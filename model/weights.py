@@ -120,6 +120,12 @@ class WeightStore:
     def names(self) -> list[str]:
         return list(self._tensors)
 
+    def drop(self, names: Iterable[str]) -> None:
+        """Forget tensors a fast path has repacked (its own copy serves them from now on)."""
+        for name in names:
+            self._tensors.pop(name, None)
+            self._dequantized.pop(name, None)
+
     def dense(self, name: str) -> torch.Tensor:
         """Exact fp32 value of any tensor, cached: the reference path's view of the weights."""
         cached = self._dequantized.get(name)
@@ -207,6 +213,11 @@ class Checkpoint:
             self._headers[shard] = read_safetensors_header(self.path / shard)
         return self._headers[shard]
 
+    def stored_bytes(self, key: str) -> int:
+        """Bytes of one stored tensor, from its shard's header."""
+        info = self.header(self.weight_map[key])[key]
+        return _numel(info["shape"]) * _DTYPE_BYTES[info["dtype"]]
+
     def _mapped(self, shard: str, key: str) -> torch.Tensor:
         """The bytes of a 1-byte tensor as a copy-on-write map of the shard: nothing is read
         up front (the kernel is asked to read ahead), and every process mapping the shard
@@ -264,7 +275,8 @@ class Checkpoint:
 
     def load(self, select: Callable[[TensorSpec], bool] | None = None, device: str | torch.device = "cpu",
              progress: bool = True) -> WeightStore:
-        """Validate, then load the selected tensors shard by shard (each shard opened once)."""
+        """Validate, then load the selected tensors shard by shard (each shard opened once),
+        straight onto `device` (no host copy of a GPU's weights), the Engram tables mapped."""
         self.validate(select)
         specs = self.specs(select)
         block = self.config.quant.weight_block
@@ -273,13 +285,11 @@ class Checkpoint:
             for key in spec.stored(block):
                 by_shard.setdefault(self.weight_map[key], []).append(key)
         raw: dict[str, torch.Tensor] = {}
-        total = sum(_numel(self.header(s)[k]["shape"]) * _DTYPE_BYTES[self.header(s)[k]["dtype"]]
-                    for s, keys in by_shard.items() for k in keys)
-        # Engram tables (~92 GiB each in the release) stay in host memory, read a few rows per
-        # token: map them rather than copy them, so that the ranks of a worker (every one needs
-        # them whole) share one page-cache copy instead of holding one each.
-        mapped = ({key for spec in specs if spec.fmt == ROWS_FP8 for key in spec.stored(block)}
-                  if torch.device(device).type == "cpu" else set())
+        total = sum(self.stored_bytes(key) for keys in by_shard.values() for key in keys)
+        # Engram tables (~92 GiB each in the release) stay in host memory whatever the device,
+        # read a few rows per token: map them rather than copy them, so that the ranks of a
+        # worker (every one needs them whole) share one page-cache copy instead of holding one each.
+        mapped = {key for spec in specs if spec.fmt == ROWS_FP8 for key in spec.stored(block)}
         bar = _Progress(total, enabled=progress)
         for shard in sorted(by_shard):
             try:

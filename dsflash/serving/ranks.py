@@ -100,10 +100,11 @@ class Ranks:
 
 def load_model(checkpoint: str, tier: str, device: str | torch.device, parallel: Parallel,
                progress: bool = False) -> DeepseekV41:
-    """One rank's share of the checkpoint, on the Triton fast path on a GPU."""
+    """One rank's share of the checkpoint, on the Triton fast path on a GPU: loaded straight
+    onto it, the experts stacked and their per-expert tensors freed (no host copy is kept)."""
     model = DeepseekV41.from_checkpoint(checkpoint, tier=tier, device=device, progress=progress, parallel=parallel)
     if model.device.type == "cuda":
-        model.use_kernels()
+        model.use_kernels(keep_unpacked=False)
     return model
 
 

@@ -373,11 +373,16 @@ def test_ced_prefill_on_the_kernel_path(golden_dir, golden):
 
 
 def test_fast_path_reproduces_golden_logits(golden_dir, golden):
-    """The model with every kernel swapped in, on a paged cache (prefill in chunks, then decode)."""
+    """The model with every kernel swapped in, on a paged cache (prefill in chunks, then decode),
+    as a worker serves it: loaded onto the device, the experts stacked and their per-expert
+    tensors freed."""
     from dsflash.model.deepseek_v41 import DeepseekV41
 
     model = DeepseekV41.from_checkpoint(golden_dir, device=DEVICE)
-    model.ops = TritonOps(model.ops.weights, device=DEVICE)
+    model.use_kernels(keep_unpacked=False)
+    names = model.ops.weights.names()
+    assert not [n for n in names if ".ffn.experts." in n] and "layers.0.ffn.shared_experts.w1" in names
+    assert model.ops.weights["layers.0.attn.wq_a"].weight.device.type == torch.device(DEVICE).type
     pool = CachePool(CacheLayout.for_model(model.config, page_entries=16), 60, 1, plain_allocator(DEVICE))
     cache = PagedCache(pool, model.config)
     ids = golden[1]["input_ids"]
