@@ -140,12 +140,15 @@ class TritonOps(ReferenceOps):
         return fp4_moe(x.contiguous(), own, weights, *tensors, limit, small=small)
 
     def stack_all_experts(self, config) -> None:
-        """Stack every layer's routed experts now, dropping each layer's per-expert tensors as
-        soon as its stack exists: the device holds them once, never twice over."""
+        """Stack every loaded layer's routed experts now (a prefill tier has no DSpark stages),
+        dropping each layer's per-expert tensors as soon as its stack exists: the device holds
+        them once, never twice over."""
         local_of = {}
         for role in config.roles:
             if role.n_routed_experts:
-                local_of[f"{role.prefix}.ffn.experts"] = self.parallel.split(role.n_routed_experts)
+                local = self.parallel.split(role.n_routed_experts)
+                if f"{role.prefix}.ffn.experts.{local.start}.w1" in self.weights:
+                    local_of[f"{role.prefix}.ffn.experts"] = local
         for prefix, local in local_of.items():
             if prefix not in self._experts:
                 tensors = self._stack(prefix, local)

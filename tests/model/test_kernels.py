@@ -426,3 +426,14 @@ def test_rope_kernel_rounds_as_the_torch_form(shape, half, inverse):
     assert torch.equal(got, want)
     back = rope(got.to(DEVICE), cos.to(DEVICE), sin.to(DEVICE), not inverse).cpu()
     assert (back - x).abs().max() < 1e-3
+
+
+def test_a_prefill_tier_stacks_only_the_experts_it_loaded(golden_dir):
+    """The prefill tier leaves the DSpark stages out: stacking at load skips what is not there."""
+    from dsflash.model.deepseek_v41 import DeepseekV41
+
+    model = DeepseekV41.from_checkpoint(golden_dir, tier="prefill", device=DEVICE)
+    model.use_kernels(keep_unpacked=False)
+    stacked = set(model.ops._experts)
+    assert "layers.0.ffn.experts" in stacked and not [p for p in stacked if p.startswith("mtp.")]
+    assert not [n for n in model.ops.weights.names() if ".ffn.experts." in n]
