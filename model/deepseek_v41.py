@@ -44,6 +44,12 @@ class ForwardResult:
     taps: list[torch.Tensor | None]  # per run: [n, targets*H] DSpark taps, when asked for
 
 
+def _rows_per_request(runs: list[SeqRun]) -> int:
+    """The rows every run has (a graph pads such a batch to its bucket), or 0 where they differ."""
+    n = runs[0].n
+    return n if all(run.n == n for run in runs) else 0
+
+
 class DeepseekV41:
     def __init__(self, weights: WeightStore, *, tokenizer_json: str | pathlib.Path | None = None, qat: bool = True,
                  act_quant: bool = False, device: str | torch.device = "cpu", parallel: Parallel = SINGLE):
@@ -160,15 +166,16 @@ class DeepseekV41:
         if prepared is not None:  # the whole block in one graph
             key = ("block", role.index, prepared.plan, id(prepared.pool))
             out = self.graphs.run(key, lambda *t: self._whole_block(role, prepared, *t), (X, pre) + prepared.tensors,
-                                  shared=len(prepared.tensors))
+                                  shared=len(prepared.tensors), unit=_rows_per_request(runs))
             note_ring_writes(runs, role.index)
             return out
         yarn = self._index_rope(role, runs, block_mode)
+        unit = _rows_per_request(runs)
         a_pre, a_post, a_comb, xa, q_res, q_all, kv_all, *queries = self._dense("attn_in", role, self._attn_in, X,
-                                                                                pre, *yarn, shared=len(yarn))
+                                                                                pre, *yarn, shared=len(yarn), unit=unit)
         o = attend(self.ops, self.config, role, xa, q_res, q_all, kv_all, runs, self.rope, self.qat, block_mode,
                    tuple(queries) or None)
-        return self._dense("attn_out_ffn", role, self._attn_out_ffn, o, X, a_pre, a_post, a_comb)
+        return self._dense("attn_out_ffn", role, self._attn_out_ffn, o, X, a_pre, a_post, a_comb, unit=unit)
 
     def _index_rope(self, role: LayerRole, runs: list[SeqRun], block_mode: bool) -> tuple[torch.Tensor, ...]:
         """The indexer's RoPE tables where its queries are computed with the attention site's
@@ -222,10 +229,11 @@ class DeepseekV41:
         X = self.ops.hc_expand(moe(self.ops, c, role, xf), X, f_post, f_comb)
         return X, f_pre
 
-    def _dense(self, part: str, role: LayerRole, fn, *inputs: torch.Tensor, shared: int = 0) -> tuple[torch.Tensor, ...]:
+    def _dense(self, part: str, role: LayerRole, fn, *inputs: torch.Tensor, shared: int = 0,
+               unit: int = 0) -> tuple[torch.Tensor, ...]:
         if self.graphs is None:
             return fn(role, *inputs)
-        return self.graphs.run((part, role.index), lambda *t: fn(role, *t), inputs, shared=shared)
+        return self.graphs.run((part, role.index), lambda *t: fn(role, *t), inputs, shared=shared, unit=unit)
 
     def head(self, X: torch.Tensor, pre: torch.Tensor, norm: str = "norm.weight") -> torch.Tensor:
         h = self.ops.hc_collapse_norm(X, pre, self.ops.w(norm), self.config.rms_norm_eps)

@@ -8,6 +8,13 @@ shapes depend only on the rows too once its entry lists are full (index_topk), s
 the whole block is one graph (DeepseekV41.block); the compressor and indexer layers keep
 their attention eager between two graphs: their shapes follow each cache.
 
+Graphs are kept per batch-size bucket, not per row count: when every request of a forward
+has the same rows (decode's verify blocks, the drafter's blocks), the batch is padded up to
+the next bucket (BATCH_BUCKETS) by repeating its last row, so a batch of 5 replays the graphs
+of 8 and a continuously changing batch does not capture a new set at every size. The padded
+rows are exact copies of the last real one all the way through (every part computes row by
+row), so where they write (the window ring) they write its bytes to its place.
+
 A part runs eagerly the first time its key is seen (Triton compiles, weights are packed and
 cached), and is captured the second time. A part that cannot be captured (it synchronizes
 with the host, say) runs eagerly from then on. Replays are bitwise the eager run: the same
@@ -43,15 +50,28 @@ class _Captured:
 
 _EAGER = object()  # a key that failed to capture
 
+# Request counts a padded batch rounds up to: few buckets where a batch is small and its
+# rows cheap to pad, then every 8 (vLLM's capture sizes run the same way).
+BATCH_BUCKETS = (1, 2, 4, 8)
+
+
+def batch_bucket(requests: int) -> int:
+    """The request count a batch of `requests` equal runs is padded to."""
+    for bucket in BATCH_BUCKETS:
+        if requests <= bucket:
+            return bucket
+    return -(-requests // 8) * 8
+
 
 class GraphCache:
     def __init__(self, max_rows: int = 256):
         self.max_rows = max_rows
         self._entries: dict[tuple, object] = {}
         self._pool = None  # one memory pool: parts replay one after another, never at once
-        self._outputs: set[tuple] = set()  # (address, shape, strides) of every captured output
+        self._outputs: dict[tuple, torch.Tensor] = {}  # (address, shape, strides, dtype) -> a captured output
         self._shared: dict[tuple, torch.Tensor] = {}  # (slot, shape, dtype) -> buffer graphs read
         self._shared_from: dict[int, torch.Tensor] = {}  # buffer address -> the tensor last copied in
+        self._sources: dict[tuple, torch.Tensor] = {}  # (rows, padded rows) -> the row each padded row copies
 
     @staticmethod
     def wanted(device: torch.device) -> bool:
@@ -60,46 +80,68 @@ class GraphCache:
         ranks run the same calls (model/lockstep.py)."""
         return device.type == "cuda" and os.environ.get("DSFLASH_CUDA_GRAPHS", "1") != "0"
 
-    def run(self, key: tuple, fn: Callable[..., Tensors], inputs: Tensors, shared: int = 0) -> Tensors:
+    def run(self, key: tuple, fn: Callable[..., Tensors], inputs: Tensors, shared: int = 0,
+            unit: int = 0) -> Tensors:
         """fn(*inputs), replayed from a graph when this key was seen before. The returned
-        tensors belong to the graph: use them before this key runs again. The last `shared`
-        inputs are the same for many graphs of a forward and never change in place once made
-        (a new forward makes new ones): graphs read them from buffers shared by input slot."""
-        if inputs[0].shape[0] > self.max_rows:
+        tensors belong to the graph: use them before this key runs again. Every input has one
+        row per token of the forward. The last `shared` inputs are the same for many graphs of
+        a forward and never change in place once made (a new forward makes new ones): graphs
+        read them from buffers shared by input slot. `unit`: the rows of each request when all
+        have the same (the batch is then padded to its bucket), else 0."""
+        rows = inputs[0].shape[0]
+        padded = unit * batch_bucket(rows // unit) if unit and rows % unit == 0 else rows
+        padded = padded if padded <= self.max_rows else rows
+        if padded > self.max_rows:
             return fn(*inputs)
-        key = key + tuple(tuple(t.shape) for t in inputs)
+        key = key + tuple((padded,) + tuple(t.shape[1:]) for t in inputs)
         entry = self._entries.get(key)
         if entry is None:
             self._entries[key] = "warm"
             return fn(*inputs)
         first_shared = len(inputs) - shared
         if entry == "warm":
-            entry = self._entries[key] = self._capture(key, fn, inputs, first_shared)
+            entry = self._entries[key] = self._capture(key, fn, inputs, first_shared, padded)
         if entry is _EAGER:
             return fn(*inputs)
         for slot, (static, given) in enumerate(zip(entry.inputs, inputs)):
             if slot >= first_shared:
                 if self._shared_from.get(static.data_ptr()) is not given:
-                    static.copy_(given)
+                    self._fill(static, given)
                     self._shared_from[static.data_ptr()] = given
-            elif not _same_memory(static, given):
-                static.copy_(given)
+            elif not _rows_of(static, given):
+                self._fill(static, given)
         entry.graph.replay()
-        return entry.outputs
+        return entry.outputs if padded == rows else tuple(t[:rows] for t in entry.outputs)
 
-    def _static(self, slot: int, t: torch.Tensor, first_shared: int) -> torch.Tensor:
+    def _fill(self, static: torch.Tensor, given: torch.Tensor) -> None:
+        """Copy `given` into a graph's buffer, its last row repeated down the padding."""
+        rows, padded = given.shape[0], static.shape[0]
+        if rows == padded:
+            static.copy_(given)
+            return
+        source = self._sources.get((rows, padded, given.device))
+        if source is None:
+            source = torch.arange(padded, device=given.device).clamp_(max=rows - 1)
+            self._sources[(rows, padded, given.device)] = source
+        torch.index_select(given, 0, source, out=static)
+
+    def _static(self, slot: int, t: torch.Tensor, first_shared: int, padded: int) -> torch.Tensor:
         """The buffer a graph reads input `slot` from (see the module's docstring)."""
+        shape = (padded,) + tuple(t.shape[1:])
         if slot >= first_shared:
-            buffer = self._shared.setdefault((slot, tuple(t.shape), t.dtype), torch.empty_like(t))
-            buffer.copy_(t)
+            buffer = self._shared.setdefault((slot, shape, t.dtype), t.new_empty(shape))
+            self._fill(buffer, t)
             self._shared_from[buffer.data_ptr()] = t
             return buffer
-        if _address(t) in self._outputs:
-            return t
-        return t.clone()
+        whole = self._outputs.get(_address(t)[:1] + (shape,) + _address(t)[2:])
+        if whole is not None:  # another graph's output (its padded rows included): read it there
+            return whole
+        buffer = t.new_empty(shape)
+        self._fill(buffer, t)
+        return buffer
 
-    def _capture(self, key: tuple, fn: Callable[..., Tensors], inputs: Tensors, first_shared: int):
-        static = tuple(self._static(slot, t, first_shared) for slot, t in enumerate(inputs))
+    def _capture(self, key: tuple, fn: Callable[..., Tensors], inputs: Tensors, first_shared: int, padded: int):
+        static = tuple(self._static(slot, t, first_shared, padded) for slot, t in enumerate(inputs))
         graph = torch.cuda.CUDAGraph()
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
@@ -114,7 +156,7 @@ class GraphCache:
         # The capture recorded the work without running it: replay once so that `outputs`
         # hold this call's values.
         graph.replay()
-        self._outputs.update(_address(t) for t in outputs)
+        self._outputs.update((_address(t), t) for t in outputs)
         return _Captured(graph, static, tuple(outputs))
 
     def release(self) -> None:
@@ -128,6 +170,7 @@ class GraphCache:
         self._outputs.clear()
         self._shared.clear()
         self._shared_from.clear()
+        self._sources.clear()
 
     def captured(self, part: str | None = None) -> int:
         """How many graphs were captured (of one part: "attn_in", "attn_out_ffn", "block")."""
@@ -138,6 +181,9 @@ def _address(t: torch.Tensor) -> tuple:
     return t.data_ptr(), tuple(t.shape), t.stride(), t.dtype
 
 
-def _same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """b is a: the copy would read and write the same bytes."""
-    return _address(a) == _address(b)
+def _rows_of(static: torch.Tensor, given: torch.Tensor) -> bool:
+    """given is static's first rows (static is another graph's output, read where it lies):
+    the copy would read and write the same bytes. Its padded rows were computed from the
+    same repeated row, so they already hold what a fill would put there."""
+    a, b = _address(static), _address(given)
+    return a[0] == b[0] and a[1][1:] == b[1][1:] and a[2:] == b[2:] and given.shape[0] <= static.shape[0]

@@ -1,4 +1,5 @@
-"""CUDA graphs replay the dense parts of a forward bit for bit (model/graphs.py). GPU only."""
+"""CUDA graphs replay the dense parts of a forward bit for bit (model/graphs.py), and a batch
+padded up to its bucket reuses the bucket's graphs. GPU only (but for the bucket arithmetic)."""
 
 from __future__ import annotations
 
@@ -9,12 +10,68 @@ from dsflash.kvcache.layout import CacheLayout
 from dsflash.kvcache.paged import PagedCache
 from dsflash.kvcache.pool import CachePool, plain_allocator
 from dsflash.model.fast_ops import TritonOps
-from dsflash.model.graphs import GraphCache
+from dsflash.model.graphs import GraphCache, batch_bucket
 from dsflash.model.runner import step
 
-pytestmark = pytest.mark.gpu
+gpu = pytest.mark.gpu
 
 
+def test_batch_buckets():
+    assert [batch_bucket(b) for b in (1, 2, 3, 4, 5, 8, 9, 16, 17, 33)] == [1, 2, 4, 4, 8, 8, 16, 16, 24, 40]
+
+
+def _twins(golden_dir, golden, requests: int):
+    """A kernel-path model and eager/graph twins of `requests` prefilled caches."""
+    from dsflash.model.deepseek_v41 import DeepseekV41
+
+    model = DeepseekV41.from_checkpoint(golden_dir, device="cuda")
+    model.ops = TritonOps(model.ops.weights, device="cuda")
+    pool = CachePool(CacheLayout.for_model(model.config, page_entries=16), 300, 10, plain_allocator("cuda"))
+    prompts = [golden[i % 4]["input_ids"][:20 + 3 * i] for i in range(requests)]
+    twins = {mode: [PagedCache(pool, model.config) for _ in prompts] for mode in ("eager", "graphs")}
+    with torch.inference_mode():
+        for mode, caches in twins.items():
+            step(model, caches, prompts, logits="none")
+    return model, twins
+
+
+def _verify_steps(model, twins, graphs, count: int, g: torch.Generator) -> dict:
+    """`count` verify-shaped steps (6 tokens a request) in both modes: their logits by mode."""
+    got = {"eager": [], "graphs": []}
+    with torch.inference_mode():
+        for _ in range(count):
+            blocks = [torch.randint(3, model.config.vocab_size, (6,), generator=g) for _ in twins["eager"]]
+            for mode, caches in twins.items():
+                model.graphs = graphs if mode == "graphs" else None
+                got[mode] += [t.cpu() for t in step(model, caches, blocks, logits="all").logits]
+    model.graphs = None
+    return got
+
+
+@gpu
+def test_a_padded_batch_replays_its_buckets_graphs(golden_dir, golden):
+    """Three requests run the graphs of four (the last row repeated), then four requests
+    replay those same graphs: nothing new is captured, and the tokens are the eager ones."""
+    model, twins = _twins(golden_dir, golden, 4)
+    fourth = {mode: caches.pop() for mode, caches in twins.items()}
+    graphs = GraphCache()
+    g = torch.Generator().manual_seed(1)
+    got = _verify_steps(model, twins, graphs, 3, g)  # 3 requests: eager, capture, replay
+    captured = graphs.captured()
+    assert captured > 0 and any(key[-1][0] == 24 for key in graphs._entries)  # 18 rows ran as 24
+    for mode, caches in twins.items():
+        caches.append(fourth[mode])
+    more = _verify_steps(model, twins, graphs, 2, g)
+    assert graphs.captured() == captured
+    for mode in got:
+        got[mode] += more[mode]
+    for eager, replayed in zip(got["eager"], got["graphs"]):
+        assert torch.equal(eager.argmax(-1), replayed.argmax(-1))
+        assert (eager - replayed).abs().max() <= 1e-3 * eager.abs().max()
+    graphs.release()
+
+
+@gpu
 @pytest.mark.parametrize("requests", [1, 2])
 def test_replayed_steps_equal_eager_steps(golden_dir, golden, requests):
     from dsflash.model.deepseek_v41 import DeepseekV41
