@@ -195,7 +195,8 @@ class DeepseekV41:
                 or not all(self.ops.reads_cache_in_place(run.cache) for run in runs)):
             return None
         heads = self.config.num_heads // self.ops.parallel.world
-        prepared = prepare(self.config, role, runs, self.rope, rows, heads)
+        prepared = prepare(self.config, role, runs, self.rope, rows, heads,
+                           self.graphs.padded_rows(rows, _rows_per_request(runs)))
         if prepared is None or prepared.tensors[-1].shape[1] not in (1, self.config.index_topk):
             return None
         return prepared

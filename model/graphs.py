@@ -89,8 +89,7 @@ class GraphCache:
         read them from buffers shared by input slot. `unit`: the rows of each request when all
         have the same (the batch is then padded to its bucket), else 0."""
         rows = inputs[0].shape[0]
-        padded = unit * batch_bucket(rows // unit) if unit and rows % unit == 0 else rows
-        padded = padded if padded <= self.max_rows else rows
+        padded = self.padded_rows(rows, unit)
         if padded > self.max_rows:
             return fn(*inputs)
         key = key + tuple((padded,) + tuple(t.shape[1:]) for t in inputs)
@@ -112,6 +111,11 @@ class GraphCache:
                 self._fill(static, given)
         entry.graph.replay()
         return entry.outputs if padded == rows else tuple(t[:rows] for t in entry.outputs)
+
+    def padded_rows(self, rows: int, unit: int) -> int:
+        """The rows a forward of `rows` (`unit` a request, see run) is launched with."""
+        padded = unit * batch_bucket(rows // unit) if unit and rows % unit == 0 else rows
+        return padded if padded <= self.max_rows else rows
 
     def _fill(self, static: torch.Tensor, given: torch.Tensor) -> None:
         """Copy `given` into a graph's buffer, its last row repeated down the padding."""

@@ -67,6 +67,8 @@ def attend_in_place(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, xa: to
 # 2.3 ms a layer) made attention 89 of a 240 ms GPU step at batch 32 (H200, 2026-11-30). A
 # request's attention then depends on whether its batch reached this size: both forms are
 # fp32-accurate (they agree to ~5e-5 relative), and within each a batch equals its runs alone.
+# Counted on the launch: a batch padded to a bucket of 48 rows takes this form too (measured:
+# 5 requests padded to 8 in the decode form took 103 ms a step, 8 requests in this one 91.5).
 BATCH_FORM_ROWS = 48
 
 
@@ -83,17 +85,19 @@ class Prepared(NamedTuple):
     tensors: tuple[torch.Tensor, ...]
 
 
-def prepare(cfg: ModelConfig, role: LayerRole, runs: list[SeqRun], rope: Rope, rows: int, heads: int
-            ) -> Prepared | None:
+def prepare(cfg: ModelConfig, role: LayerRole, runs: list[SeqRun], rope: Rope, rows: int, heads: int,
+            launched_rows: int | None = None) -> Prepared | None:
     """Prepared when this layer's runs can attend in one launch (else None: the general path).
-    Call it after the layer's compressor and indexer: the entry offsets follow their top-k."""
+    Call it after the layer's compressor and indexer: the entry offsets follow their top-k.
+    launched_rows: the rows the launch will hold (a CUDA graph pads a batch to its bucket);
+    the form is chosen for them."""
     layer = role.index
     if (rows != sum(run.n for run in runs) or runs[0].offset != 0 or not end_to_end(runs)
             or len({id(run.cache.pool) for run in runs}) > 1
             or not all(_fits_in_ring(cfg, run, layer) for run in runs)):
         return None
     entries, widths = _entry_offsets(role, runs, runs[0].cache.pool.device)
-    if rows >= BATCH_FORM_ROWS and prefill_form_fits(cfg.head_dim):
+    if (launched_rows or rows) >= BATCH_FORM_ROWS and prefill_form_fits(cfg.head_dim):
         plans = {launch_plan(rows, max(widths), heads, cfg.head_dim, prefill=True)}
     else:
         plans = {launch_plan(run.n, width, heads, cfg.head_dim) for run, width in zip(runs, widths)}
