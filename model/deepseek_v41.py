@@ -162,15 +162,15 @@ class DeepseekV41:
     def block(self, role: LayerRole, X: torch.Tensor, pre: torch.Tensor, runs: list[SeqRun],
               block_mode: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """One mHC block; returns the new streams and this block's FFN `pre` for the next site."""
-        prepared = None if block_mode else self._graphable_attention(role, runs, X.shape[0])
+        unit = _rows_per_request(runs)
+        prepared = None if block_mode else self._graphable_attention(role, runs, X.shape[0], unit)
         if prepared is not None:  # the whole block in one graph
             key = ("block", role.index, prepared.plan, id(prepared.pool))
             out = self.graphs.run(key, lambda *t: self._whole_block(role, prepared, *t), (X, pre) + prepared.tensors,
-                                  shared=len(prepared.tensors), unit=_rows_per_request(runs))
+                                  shared=len(prepared.tensors), unit=unit)
             note_ring_writes(runs, role.index)
             return out
         yarn = self._index_rope(role, runs, block_mode)
-        unit = _rows_per_request(runs)
         a_pre, a_post, a_comb, xa, q_res, q_all, kv_all, *queries = self._dense("attn_in", role, self._attn_in, X,
                                                                                 pre, *yarn, shared=len(yarn), unit=unit)
         o = attend(self.ops, self.config, role, xa, q_res, q_all, kv_all, runs, self.rope, self.qat, block_mode,
@@ -186,7 +186,7 @@ class DeepseekV41:
             return ()
         return self.rope.for_runs("yarn", runs)
 
-    def _graphable_attention(self, role: LayerRole, runs: list[SeqRun], rows: int) -> Prepared | None:
+    def _graphable_attention(self, role: LayerRole, runs: list[SeqRun], rows: int, unit: int) -> Prepared | None:
         """A layer with neither compressor nor indexer whose attention is one fixed launch
         (attention_kernel.prepare) can run in one graph with its block. Entry lists of
         index_topk (or none) only: shorter ones grow with the context, and each new width
@@ -195,8 +195,7 @@ class DeepseekV41:
                 or not all(self.ops.reads_cache_in_place(run.cache) for run in runs)):
             return None
         heads = self.config.num_heads // self.ops.parallel.world
-        prepared = prepare(self.config, role, runs, self.rope, rows, heads,
-                           self.graphs.padded_rows(rows, _rows_per_request(runs)))
+        prepared = prepare(self.config, role, runs, self.rope, rows, heads, self.graphs.padded_rows(rows, unit))
         if prepared is None or prepared.tensors[-1].shape[1] not in (1, self.config.index_topk):
             return None
         return prepared

@@ -126,10 +126,7 @@ class TritonOps(ReferenceOps):
     def routed_experts(self, prefix: str, local: range, x: torch.Tensor, idx: torch.Tensor,
                        weights: torch.Tensor, limit: float) -> torch.Tensor:
         """Pairs routed to this rank's experts `local`; the others are left to their ranks."""
-        stacked = self._experts.get(prefix)
-        if stacked is None:
-            tensors = self._stack(prefix, local)
-            stacked = self._experts[prefix] = tensors, small_scales(tensors[1], tensors[3])
+        stacked = self._stacked(prefix, local)
         if self.act_quant:
             from .quant import fake_quant_fp8
 
@@ -150,10 +147,16 @@ class TritonOps(ReferenceOps):
                 if f"{role.prefix}.ffn.experts.{local.start}.w1" in self.weights:
                     local_of[f"{role.prefix}.ffn.experts"] = local
         for prefix, local in local_of.items():
-            if prefix not in self._experts:
-                tensors = self._stack(prefix, local)
-                self._experts[prefix] = tensors, small_scales(tensors[1], tensors[3])
+            self._stacked(prefix, local)
             self.weights.drop(f"{prefix}.{e}.{w}" for e in local for w in ("w1", "w2", "w3"))
+
+    def _stacked(self, prefix: str, local: range) -> tuple[tuple[torch.Tensor, ...], bool]:
+        """A layer's stacked experts and whether their scales are small, stacked on first need."""
+        stacked = self._experts.get(prefix)
+        if stacked is None:
+            tensors = self._stack(prefix, local)
+            stacked = self._experts[prefix] = tensors, small_scales(tensors[1], tensors[3])
+        return stacked
 
     def _stack(self, prefix: str, local: range) -> tuple[torch.Tensor, ...]:
         """[E, 2I, H/2] gate+up codes and scales, [E, H, I/2] down: the experts' own bytes, stacked once."""

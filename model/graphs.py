@@ -137,7 +137,8 @@ class GraphCache:
             self._fill(buffer, t)
             self._shared_from[buffer.data_ptr()] = t
             return buffer
-        whole = self._outputs.get(_address(t)[:1] + (shape,) + _address(t)[2:])
+        address = _address(t)
+        whole = self._outputs.get((address[0], shape) + address[2:])
         if whole is not None:  # another graph's output (its padded rows included): read it there
             return whole
         buffer = t.new_empty(shape)
