@@ -134,7 +134,7 @@ class TritonOps(ReferenceOps):
         own = idx - local.start
         own = torch.where((own >= 0) & (own < len(local)), own, len(local))  # len(local): not ours, dropped
         tensors, small = stacked
-        return fp4_moe(x.contiguous(), own, weights, *tensors, limit, small=small)
+        return fp4_moe(x.contiguous(), own, weights, *tensors, limit, small=small, act_quant=self.act_quant)
 
     def stack_all_experts(self, config) -> None:
         """Stack every loaded layer's routed experts now (a prefill tier has no DSpark stages),

@@ -37,12 +37,14 @@ import torch
 import triton
 import triton.language as tl
 
-from ..quant import dequantize_fp4_weight
+from ..quant import dequantize_fp4_weight, fake_quant_fp8
 from .common import DOT, bf16_parts, e2m1_pairs, e2m1_words, interpreting, scale_bytes_at_most
+from .quantize import fp8_blocks
 
 
-def fp4_moe_ref(x, idx, weights, w13, s13, w2, s2, limit: float) -> torch.Tensor:
-    """Plain torch over exactly dequantized experts (the oracle)."""
+def fp4_moe_ref(x, idx, weights, w13, s13, w2, s2, limit: float, act_quant: bool = False) -> torch.Tensor:
+    """Plain torch over exactly dequantized experts (the oracle). act_quant: the down
+    projection's input is rounded onto the FP8 grid first (the reference's faithful mode)."""
     T, H = x.shape
     inter = w13.shape[1] // 2
     y = torch.zeros(T, H, dtype=torch.float32, device=x.device)
@@ -53,6 +55,8 @@ def fp4_moe_ref(x, idx, weights, w13, s13, w2, s2, limit: float) -> torch.Tensor
         if limit > 0:
             gate, up = gate.clamp(max=limit), up.clamp(-limit, limit)
         h = torch.nn.functional.silu(gate) * up * weights[rows, slot, None]
+        if act_quant:
+            h = fake_quant_fp8(h)
         y.index_add_(0, rows, h @ dequantize_fp4_weight(w2[e], s2[e]).T)
     return y
 
@@ -117,9 +121,11 @@ def _per_pair(acc, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, SLOTS: tl.const
 def _gate_up_kernel(x_ptr, tok_ptr, wt_ptr, blk_ptr, w_ptr, s_ptr, h_ptr, H, INTER, limit,
                     sxs, sxq, sxt, swe, swr, sse, ssr, shs, shq, shp,
                     SPLITS: tl.constexpr, SLOTS: tl.constexpr, PIECES: tl.constexpr, PTX: tl.constexpr,
-                    SMALL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_KU: tl.constexpr):
+                    SMALL: tl.constexpr, ACT_QUANT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                    BLOCK_KU: tl.constexpr):
     """Program (block of pairs, N tile): h^T[rows, pairs] of one expert, stored as SPLITS bf16
-    parts for the down projection (in PIECES pieces of every PIECES-th column, as x comes)."""
+    parts for the down projection (in PIECES pieces of every PIECES-th column, as x comes).
+    ACT_QUANT: h rounded onto the FP8 grid in blocks of 32 of its rows (a tile holds whole blocks)."""
     pid_b = tl.program_id(0)
     expert = tl.load(blk_ptr + pid_b)
     if expert < 0:  # past the last real run of this batch
@@ -145,6 +151,9 @@ def _gate_up_kernel(x_ptr, tok_ptr, wt_ptr, blk_ptr, w_ptr, s_ptr, h_ptr, H, INT
     live = tl.load(tok_ptr + pairs) >= 0
     routed = tl.load(wt_ptr + pairs, mask=live, other=0.0)
     rest = gate / (1.0 + tl.exp(-gate)) * up * routed[None, :]
+    if ACT_QUANT:
+        blocks = tl.reshape(tl.trans(rest), (BLOCK_M * BLOCK_N // 32, 32))
+        rest = tl.trans(tl.reshape(fp8_blocks(blocks)[1], (BLOCK_M, BLOCK_N)))
     at = h_ptr + pairs[None, :] * shp + (rows % PIECES * shq + rows // PIECES)[:, None]  # the down projection's pieces
     for p in tl.static_range(SPLITS):
         part = rest.to(tl.bfloat16)
@@ -322,10 +331,10 @@ def small_scales(*scales: torch.Tensor) -> bool:
 
 
 def fp4_moe(x, idx, weights, w13, s13, w2, s2, limit: float, block_m: int | None = None,
-            small: bool | None = None) -> torch.Tensor:
+            small: bool | None = None, act_quant: bool = False) -> torch.Tensor:
     """x [T, H], idx/weights [T, k]; stacked packed experts. Returns [T, H] fp32. block_m
     overrides the block height (a benchmark's choice); small is small_scales(s13, s2), worked
-    out here when not given."""
+    out here when not given. act_quant: as fp4_moe_ref's (x is taken as it comes)."""
     T, H = x.shape
     E, two_i, _ = w13.shape
     inter = two_i // 2
@@ -353,7 +362,7 @@ def fp4_moe(x, idx, weights, w13, s13, w2, s2, limit: float, block_m: int | None
     _gate_up_kernel[(blocks, triton.cdiv(inter, tiles["BLOCK_N"]))](
         parts, plan.tokens, plan.routed, plan.block_expert, units13, s13, h, H, inter, float(limit),
         *parts.stride()[:3], units13.stride(0), units13.stride(1), s13.stride(0), s13.stride(1), *h.stride()[:3],
-        **options)
+        ACT_QUANT=act_quant and inter % 32 == 0, **options)  # (fake_quant_fp8 leaves other widths as they are)
     _down_kernel[(blocks, triton.cdiv(H, tiles["BLOCK_N"]))](
         h, plan.tokens, plan.pair_ids, plan.block_expert, units2, s2, out, H, inter, *h.stride()[:3],
         units2.stride(0), units2.stride(1), s2.stride(0), s2.stride(1), out.stride(0), out.stride(1), **options)

@@ -69,6 +69,18 @@ def _e2m1_rne(q):
 
 
 @triton.jit
+def fp8_blocks(x):
+    """x [blocks, block] fp32 -> each row rounded onto the FP8 grid as quant.fp8_round_trip does:
+    (e4m3 codes as int32, the values they stand for, each row's e8m0 scale exponent)."""
+    amax = tl.maximum(tl.max(tl.abs(x), axis=1), _FP8_AMAX_FLOOR)
+    exponent = _pow2_ceil_exponent(amax * _INV_FP8_MAX)
+    # Dividing by a power of two and multiplying by its (exact) inverse round alike.
+    # No clamp to +-448 before encoding: the encoder saturates there, as the clamp would.
+    code, value = _e4m3_rne(x * pow2(254 - exponent)[:, None])
+    return code, value * pow2(exponent)[:, None], exponent
+
+
+@triton.jit
 def _fp8_round_trip_kernel(x_ptr, values_ptr, codes_ptr, scales_ptr, num_blocks,
                            BLOCK: tl.constexpr, GROUPS: tl.constexpr):
     """GROUPS consecutive blocks of BLOCK elements per program."""
@@ -76,12 +88,8 @@ def _fp8_round_trip_kernel(x_ptr, values_ptr, codes_ptr, scales_ptr, num_blocks,
     is_block = blocks < num_blocks
     offsets = blocks[:, None] * BLOCK + tl.arange(0, BLOCK)[None, :]
     x = tl.load(x_ptr + offsets, mask=is_block[:, None], other=0.0).to(tl.float32)
-    amax = tl.maximum(tl.max(tl.abs(x), axis=1), _FP8_AMAX_FLOOR)
-    exponent = _pow2_ceil_exponent(amax * _INV_FP8_MAX)
-    # Dividing by a power of two and multiplying by its (exact) inverse round alike.
-    # No clamp to +-448 before encoding: the encoder saturates there, as the clamp would.
-    code, value = _e4m3_rne(x * pow2(254 - exponent)[:, None])
-    tl.store(values_ptr + offsets, value * pow2(exponent)[:, None], mask=is_block[:, None])
+    code, value, exponent = fp8_blocks(x)
+    tl.store(values_ptr + offsets, value, mask=is_block[:, None])
     tl.store(codes_ptr + offsets, code.to(tl.uint8), mask=is_block[:, None])
     tl.store(scales_ptr + blocks, exponent.to(tl.uint8), mask=is_block)
 

@@ -162,6 +162,29 @@ def test_fp4_moe(T, block_m, small):
     assert (got - ref).abs().max() < REL * ref.abs().max() + 1e-6
 
 
+@pytest.mark.parametrize("T", [1, 11, 30])
+def test_fp4_moe_rounds_the_down_projections_input_in_faithful_mode(T):
+    """act_quant: the expert's activation (weighted SwiGLU) is rounded onto the FP8 grid in
+    blocks of 32 before w2, as the reference's faithful mode does."""
+    g = _g(2)
+    E, H, inter, k = 4, 64, 64, 2
+    w13 = [quantize_fp4_weight(torch.randn(2 * inter, H, generator=g) / 6) for _ in range(E)]
+    w2 = [quantize_fp4_weight(torch.randn(H, inter, generator=g) / 6) for _ in range(E)]
+    stack = [torch.stack([w[i] for w in ws]) for ws in (w13, w2) for i in (0, 1)]
+    x = torch.randn(T, H, generator=g)
+    idx = torch.stack([torch.randperm(E, generator=g)[:k] for _ in range(T)])
+    weights = torch.rand(T, k, generator=g)
+    faithful, plain = (fp4_moe_ref(x, idx, weights, *stack, 0.7, act_quant=a) for a in (True, False))
+    got = fp4_moe(x.to(DEVICE), idx.to(DEVICE), weights.to(DEVICE), *[t.to(DEVICE) for t in stack], 0.7,
+                  act_quant=True).cpu()
+    scale = faithful.abs().max()
+    assert (faithful - plain).abs().max() > 100 * REL * scale  # the rounding shows
+    # An activation within rounding noise of an FP8 midpoint may round the other way (it did
+    # once at 30 tokens: one token's outputs moved by 2e-4): one token at most, by one FP8 step.
+    off = (got - faithful).abs().amax(-1) >= REL * scale + 1e-6
+    assert off.sum() <= 1 and (got - faithful).abs().max() < 2e-3 * scale
+
+
 def test_hc_gates_match_the_sinkhorn_reference():
     g = _g(4)
     S, T = 4, 9
@@ -437,3 +460,22 @@ def test_a_prefill_tier_stacks_only_the_experts_it_loaded(golden_dir):
     stacked = set(model.ops._experts)
     assert "layers.0.ffn.experts" in stacked and not [p for p in stacked if p.startswith("mtp.")]
     assert not [n for n in model.ops.weights.names() if ".ffn.experts." in n]
+
+
+def test_faithful_mode_on_the_kernel_path_matches_the_reference_path(golden_dir, golden):
+    """act_quant (every FP8/FP4 GEMM's input rounded to FP8, the routed experts' down
+    projection included) gives the reference path's logits on the kernel path too."""
+    from dsflash.model.deepseek_v41 import DeepseekV41
+
+    ids = golden[1]["input_ids"][:12]
+    model = DeepseekV41.from_checkpoint(golden_dir, device=DEVICE, act_quant=True)
+    with torch.inference_mode():
+        ref = prompt_logits(model, ids, "full").cpu()
+        model.use_kernels()
+        got = prompt_logits(model, ids, "full").cpu()
+        plain = DeepseekV41.from_checkpoint(golden_dir, device=DEVICE)
+        plain.use_kernels()
+        unquantized = prompt_logits(plain, ids, "full").cpu()
+    d = (got - ref).abs().amax(-1)
+    assert (d <= 1e-2).float().mean() >= 0.9 and torch.equal(got.argmax(-1), ref.argmax(-1)), d
+    assert (unquantized - ref).abs().amax(-1).median() > 10 * d.median()  # the rounding is there to see
