@@ -2,7 +2,7 @@
 figure printed next to its physical limit: bytes at 4.2 TB/s HBM read (decode is memory
 bound), FLOPs at 694 TFLOP/s bf16 (prefill). Results also go to $OUT/h200.json.
 
-    python bench/h200.py [--sections kernels,decode,reference,prefill] [--budget-s 540]
+    python bench/h200.py [--sections kernels,decode_gemms,decode,reference,prefill] [--budget-s 540]
 
 Decode caches are filled with synthetic bytes (valid FP8/FP4 codes) to the target context:
 a step's cost does not depend on the values, and building a 1M-token cache by prefill is a
@@ -84,6 +84,13 @@ def graph_time(fn, iters: int = 20) -> float:
     return cuda_time(graph.replay, iters=5, warmup=1) / iters
 
 
+def rotating_graph_time(fn, copies: int, rounds: int = 2) -> float:
+    """GPU time per call of fn(i) (i picks one of `copies` weights), replayed in a CUDA graph:
+    cycling through copies larger together than the 50 MB L2 makes every call read HBM, as a
+    decode step's once-per-step weights do."""
+    return graph_time(lambda: [fn(i) for i in range(copies)], iters=rounds) / copies
+
+
 # ------------------------------------------------------------------ ceilings
 
 
@@ -127,6 +134,31 @@ def skinny_tiles(name: str, codes: torch.Tensor, scales: torch.Tensor, nbytes: i
     t = graph_time(lambda: gemm.fp8_gemm(x, codes, scales, small=True))
     record("kernel_fp8_skinny", f"{name}_tile_kernel", {"us": t * 1e6, "ratio_to_roofline": t / (nbytes / HBM_BPS)})
     gemm.SKINNY_FP8 = chosen
+
+
+# The FP8 weights a decode step multiplies by (bench preset), [N, K]
+DECODE_GEMMS = {"wq_a": (1280, 5120), "wkv": (512, 5120), "wq_b": (32768, 1280), "wo_b": (5120, 8192),
+                "shared_w1": (2304, 5120), "shared_w2": (5120, 2304), "indexer_wq_b": (4096, 1280),
+                "main_proj": (5120, 15360), "engram_wkv": (25600, 6144)}
+
+
+def decode_gemms(rows=(1, 6, 8, 16, 48)) -> None:
+    """The decode step's FP8 GEMMs at their real shapes, each against the time to read its
+    bytes once (weights rotate through copies: no L2 hits)."""
+    from dsflash.model.kernels.fp8_gemm import fp8_gemm
+
+    for name, (n, k) in DECODE_GEMMS.items():
+        nbytes = n * k + (n // 32) * (k // 32)
+        copies = max(2, math.ceil(320e6 / nbytes))
+        codes = [torch.randint(0, 0x77, (n, k), dtype=torch.uint8, device="cuda") for _ in range(copies)]
+        scales = [torch.full((n // 32, k // 32), 120, dtype=torch.uint8, device="cuda") for _ in range(copies)]
+        for m in rows:
+            x = torch.randn(m, k, device="cuda")
+            t = rotating_graph_time(lambda i: fp8_gemm(x, codes[i], scales[i], small=True), copies)
+            record("decode_gemm", f"{name}_M{m}", {"us": t * 1e6, "roofline_us": nbytes / HBM_BPS * 1e6,
+                                                   "ratio_to_roofline": t / (nbytes / HBM_BPS),
+                                                   "TBps": nbytes / t / 1e12})
+        del codes, scales
 
 
 def bf16_gemms() -> None:
@@ -723,6 +755,8 @@ def main() -> None:
         ceilings()
     if "kernels" in sections and DEV.startswith("cuda"):
         kernels()
+    if "decode_gemms" in sections and DEV.startswith("cuda"):
+        decode_gemms()
     if "attention" in sections and DEV.startswith("cuda"):
         attention_kernels((192, 8192))
     if {"attention", "indexer"} & set(sections) and DEV.startswith("cuda"):

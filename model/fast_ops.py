@@ -20,7 +20,7 @@ import torch
 from .kernels import compressor, hc_streams
 from .kernels.common import interpreting
 from .kernels.fp4_moe import fp4_moe, small_scales
-from .kernels.fp8_gemm import bf16_gemm, fp32_gemm, fp8_gemm, grouped_fp8_gemm, small_fp8_scales
+from .kernels.fp8_gemm import bf16_gemm, fp32_gemm, fp8_gemm, grouped_fp8_gemm, small_fp8_scales, tile_counts
 from .kernels.hc_gates import hc_gates
 from .kernels.quantize import fp4_round_trip, fp8_round_trip
 from .kernels.rope import rope
@@ -44,6 +44,8 @@ class TritonOps(ReferenceOps):
         self._packed: dict[str, tuple[Fp8Weight, bool]] = {}
         self._bf16: dict[str, torch.Tensor] = {}
         self._experts: dict[str, tuple[tuple[torch.Tensor, ...], bool]] = {}
+        if self.device.type == "cuda":
+            tile_counts(self.device)  # now, before any CUDA graph is captured
 
     def _fp8(self, name: str) -> tuple[Fp8Weight, bool]:
         """An FP8 weight on the device, and whether its scales allow the one-multiply decoder."""

@@ -8,9 +8,16 @@ On the GPU the dots run on bf16 tensor cores: an e4m3 value times a power of two
 bf16, and fp32 activations go in as 3 bf16 parts that sum to them (bf16 activations as
 themselves), so the result keeps fp32 accuracy. Up to 16 rows of x (decode) run the transposed
 product (_skinny_kernel), which cuts the parts itself; bigger tiles take them precomputed.
+
+Decode-sized products have few output tiles, so K is split over the SMs. The partial sums are
+added inside the same launch: each program stores its part, and the last one of its output
+tile to finish (an atomic count per tile) adds the parts in split order and writes the result,
+so the sum is deterministic and no second launch is needed.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 import triton
@@ -28,12 +35,12 @@ def fp8_gemm_ref(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, act
 
 
 @triton.jit
-def _fp8_gemm_kernel(x_ptr, w_ptr, s_ptr, y_ptr, M, N, K, K_PER_SPLIT,
+def _fp8_gemm_kernel(x_ptr, w_ptr, s_ptr, y_ptr, out_ptr, count_ptr, M, N, K, K_PER_SPLIT, SPLITS,
                      sxp, sxm, sxk, swn, swk, ssn, ssk, sys, sym, syn,
                      PARTS: tl.constexpr, GROUP_ROWS: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                      HW_FP8: tl.constexpr, FP8_WEIGHT: tl.constexpr):
-    """One (M, N) tile over one K range (split-K: the ranges' partial sums are added after).
+    """One (M, N) tile over one K range (split-K: see _finish).
     The weight is e4m3 codes with e8m0 block scales, or (FP8_WEIGHT off) plain bf16. x comes
     as PARTS slices (stride sxp) that sum to the activations. GROUP_ROWS > 0: a block-diagonal
     weight, each GROUP_ROWS rows applied to their own K columns of x."""
@@ -68,8 +75,26 @@ def _fp8_gemm_kernel(x_ptr, w_ptr, s_ptr, y_ptr, M, N, K, K_PER_SPLIT,
                 acc = tl.dot(x, tl.trans(w), acc)
             else:
                 acc = dot_exact_rhs(x.to(tl.float32), tl.trans(w), acc)
-    tl.store(y_ptr + pid_k * sys + rm[:, None] * sym + rn[None, :] * syn, acc,
-             mask=(rm[:, None] < M) & (rn[None, :] < N))
+    _finish(acc, rm[:, None] * sym + rn[None, :] * syn, (rm[:, None] < M) & (rn[None, :] < N), y_ptr, out_ptr,
+            count_ptr + pid_m * tl.num_programs(1) + pid_n, pid_k, SPLITS, sys)
+
+
+@triton.jit
+def _finish(acc, offsets, mask, y_ptr, out_ptr, count_ptr, pid_k, SPLITS, sys):
+    """Write a program's sums at out[offsets]; with K split, store them as part pid_k of
+    y, and let the last program of the tile add the SPLITS parts in order. Its count goes
+    back to 0 for the next launch (CUDA graph replays included)."""
+    if SPLITS == 1:
+        tl.store(out_ptr + offsets, acc, mask=mask)
+    else:
+        tl.store(y_ptr + pid_k * sys + offsets, acc, mask=mask)
+        tl.debug_barrier()  # every thread's part is stored before the count says so
+        if tl.atomic_add(count_ptr, 1, sem="acq_rel", scope="gpu") == SPLITS - 1:
+            total = tl.load(y_ptr + offsets, mask=mask, other=0.0, cache_modifier=".cg")
+            for k in range(1, SPLITS):
+                total += tl.load(y_ptr + k * sys + offsets, mask=mask, other=0.0, cache_modifier=".cg")
+            tl.store(out_ptr + offsets, total, mask=mask)
+            tl.atomic_xchg(count_ptr, 0, sem="relaxed", scope="gpu")
 
 
 @triton.jit
@@ -77,7 +102,9 @@ def _dot_columns(w, x_ptr, rm, kk, K, sxm, sxk, acc, SPLIT: tl.constexpr, PTX: t
     """acc + w . x^T[kk, rm]: x's rows rm at columns kk, read transposed. With SPLIT the fp32
     values are cut into the 3 bf16 parts that sum to them, one dot each (bf16 products are
     exact in the fp32 accumulator); the cut happens once per value, before the tile is shared.
-    An fp32 w (no PTX decode, or an fp32 weight) dots at DOT precision (three-pass TF32)."""
+    An fp32 w (no PTX decode, or an fp32 weight) dots at DOT precision (three-pass TF32).
+    (Each row's parts as columns of one dot, as fp4_moe does, measured slower on the H200 at
+    6 rows: 32 columns, 72.7 against 47.7 us for wq_b.)"""
     at = x_ptr + rm[None, :] * sxm + kk[:, None] * sxk
     if EVEN_K:
         xt = tl.load(at)
@@ -100,7 +127,7 @@ def _dot_columns(w, x_ptr, rm, kk, K, sxm, sxk, acc, SPLIT: tl.constexpr, PTX: t
 
 
 @triton.jit
-def _skinny_kernel(x_ptr, w_ptr, s_ptr, y_ptr, M, N, K, K_PER_SPLIT,
+def _skinny_kernel(x_ptr, w_ptr, s_ptr, y_ptr, out_ptr, count_ptr, M, N, K, K_PER_SPLIT, SPLITS,
                    sxm, sxk, swn, ssn, ssk, sys, sym, syn,
                    FP8_WEIGHT: tl.constexpr, SMALL: tl.constexpr, SPLIT: tl.constexpr, PTX: tl.constexpr,
                    EVEN_K: tl.constexpr, GROUP_ROWS: tl.constexpr,
@@ -149,8 +176,8 @@ def _skinny_kernel(x_ptr, w_ptr, s_ptr, y_ptr, M, N, K, K_PER_SPLIT,
             if not PTX:
                 w = w.to(tl.float32)
             acc = _dot_columns(w, x_ptr, xm, kk, K, sxm, sxk, acc, SPLIT, PTX, EVEN_K)
-    tl.store(y_ptr + pid_k * sys + rm[None, :] * sym + rn[:, None] * syn, acc,
-             mask=(rm[None, :] < M) & (rn[:, None] < N))
+    _finish(acc, rm[None, :] * sym + rn[:, None] * syn, (rm[None, :] < M) & (rn[:, None] < N), y_ptr, out_ptr,
+            count_ptr + pid_n, pid_k, SPLITS, sys)
 
 
 def tiles_for(m: int, fp8: bool = True) -> dict:
@@ -244,11 +271,45 @@ def _skinny_tiles(n: int) -> dict:
 SKINNY_TILES = dict(BLOCK_M=16, BLOCK_N=256, BLOCK_K=128, num_warps=8, num_stages=3)
 
 
-def _split_k(K: int, block_k: int, output_tiles: int) -> tuple[int, int]:
-    """Few output tiles (decode): split K so every SM streams part of the weight."""
-    splits = 1 if interpreting() else max(1, min(triton.cdiv(K, block_k), 264 // output_tiles))
+# Split-K in the interpreter (CI): 1, or more where a test exercises the in-kernel sum.
+INTERPRETER_SPLITS = 1
+
+
+def _split_k(K: int, block_k: int, output_tiles: int, device: torch.device, weight_bytes: int = 0
+             ) -> tuple[int, int]:
+    """Few output tiles (decode): split K so that the programs fill the SMs, once for small
+    weights and twice for big ones. Measured on the H200 (2026-12-01, 6 rows, parts summed in
+    the launch): 12 MB (shared expert w1) 20.1 us in one wave, 23.3 in two; 42 MB (wq_b,
+    wo_b) 42.3 and 46.7 us in one, 35.6 and 38.3 in two."""
+    waves = 2 if weight_bytes >= TWO_WAVES_BYTES else 1
+    wanted = INTERPRETER_SPLITS if interpreting() else waves * _sm_count(device) // output_tiles
+    splits = max(1, min(triton.cdiv(K, block_k), wanted))
     per_split = triton.cdiv(triton.cdiv(K, splits), block_k) * block_k
     return triton.cdiv(K, per_split), per_split
+
+
+TWO_WAVES_BYTES = 16 << 20
+
+
+@functools.cache
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+_COUNTS: dict[torch.device, torch.Tensor] = {}  # per device: one int32 count per output tile
+
+
+def tile_counts(device: torch.device, tiles: int = 1024) -> torch.Tensor:
+    """The counts split-K programs take turns on (_finish). Every GEMM of a device shares them:
+    its launches run one after another on one stream, and each leaves its counts at 0. Made
+    on first use, which must not be inside a CUDA graph capture (a capture records the zeroing
+    without running it): TritonOps makes them when it is built."""
+    counts = _COUNTS.get(device)
+    if counts is None or counts.numel() < tiles:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("split-K tile counts must be made before a CUDA graph capture (tile_counts)")
+        counts = _COUNTS[device] = torch.zeros(max(tiles, 1024), dtype=torch.int32, device=device)
+    return counts
 
 
 def _gemm(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor | None, tiles: dict | None,
@@ -264,16 +325,17 @@ def _gemm(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor | None, ti
         return _skinny(x, weight, scales, small)
     tiles = tiles or tiles_for(M, fp8=fp8)
     block_m, block_n, block_k = tiles["BLOCK_M"], tiles["BLOCK_N"], tiles["BLOCK_K"]
-    splits, per_split = _split_k(K, block_k, triton.cdiv(M, block_m) * triton.cdiv(N, block_n))
+    grid = (triton.cdiv(M, block_m), triton.cdiv(N, block_n))
+    splits, per_split = _split_k(K, block_k, grid[0] * grid[1], x.device, weight.numel() * weight.element_size())
     # the interpreter dots in fp32; bf16 activations are their own single part
     parts = x[None] if interpreting() or x.dtype == torch.bfloat16 else bf16_parts(x, 3)
-    y = torch.empty(splits, M, N, dtype=torch.float32, device=x.device)
-    grid = (triton.cdiv(M, block_m), triton.cdiv(N, block_n), splits)
+    out, y, counts = _outputs(M, N, splits, grid[0] * grid[1], x.device)
     scale_ptr, ssn, ssk = _scale_args(weight, scales)
-    _fp8_gemm_kernel[grid](parts, weight, scale_ptr, y, M, N, K, per_split, *parts.stride(), weight.stride(0),
-                           weight.stride(1), ssn, ssk, *y.stride(), PARTS=parts.shape[0],
-                           GROUP_ROWS=group_rows, HW_FP8=not interpreting(), FP8_WEIGHT=fp8, **tiles)
-    return _sum_splits(y)
+    _fp8_gemm_kernel[grid + (splits,)](parts, weight, scale_ptr, y, out, counts, M, N, K, per_split, splits,
+                                       *parts.stride(), weight.stride(0), weight.stride(1), ssn, ssk, *y.stride(),
+                                       PARTS=parts.shape[0], GROUP_ROWS=group_rows, HW_FP8=not interpreting(),
+                                       FP8_WEIGHT=fp8, **tiles)
+    return out
 
 
 def _skinny(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor | None, small: bool,
@@ -281,20 +343,31 @@ def _skinny(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor | None, 
     M = x.shape[0]
     N, K = weight.shape
     fp8 = scales is not None
+    split = x.dtype != torch.bfloat16
     tiles = _skinny_tiles(N)
     if interpreting():
         tiles.update(BLOCK_K=32)
     if group_rows:
         tiles.update(BLOCK_N=min(tiles["BLOCK_N"], group_rows))
-    splits, per_split = _split_k(K, tiles["BLOCK_K"], triton.cdiv(N, tiles["BLOCK_N"]))
-    y = torch.empty(splits, M, N, dtype=torch.float32, device=x.device)
+    out_tiles = triton.cdiv(N, tiles["BLOCK_N"])
+    splits, per_split = _split_k(K, tiles["BLOCK_K"], out_tiles, x.device, weight.numel() * weight.element_size())
+    out, y, counts = _outputs(M, N, splits, out_tiles, x.device)
     w = weight.view(torch.int32) if fp8 else weight
     scale_ptr, ssn, ssk = _scale_args(weight, scales)
-    _skinny_kernel[(triton.cdiv(N, tiles["BLOCK_N"]), splits)](
-        x, w, scale_ptr, y, M, N, K, per_split, x.stride(0), x.stride(1), w.stride(0), ssn, ssk, *y.stride(),
-        FP8_WEIGHT=fp8, SMALL=small, SPLIT=x.dtype != torch.bfloat16, PTX=not interpreting(),
+    _skinny_kernel[(out_tiles, splits)](
+        x, w, scale_ptr, y, out, counts, M, N, K, per_split, splits, x.stride(0), x.stride(1), w.stride(0), ssn, ssk,
+        *y.stride(), FP8_WEIGHT=fp8, SMALL=small, SPLIT=split, PTX=not interpreting(),
         EVEN_K=K % tiles["BLOCK_K"] == 0, GROUP_ROWS=group_rows, **tiles)
-    return _sum_splits(y)
+    return out
+
+
+def _outputs(M: int, N: int, splits: int, tiles: int, device: torch.device) -> tuple[torch.Tensor, ...]:
+    """A GEMM's output [M, N], the [splits, M, N] parts split-K programs leave for the last of
+    their tile (the output itself when K is not split), and the tiles' counts."""
+    out = torch.empty(M, N, dtype=torch.float32, device=device)
+    if splits == 1:
+        return out, out[None], out
+    return out, torch.empty(splits, M, N, dtype=torch.float32, device=device), tile_counts(device, tiles)
 
 
 def _scale_args(weight: torch.Tensor, scales: torch.Tensor | None) -> tuple:
@@ -302,7 +375,3 @@ def _scale_args(weight: torch.Tensor, scales: torch.Tensor | None) -> tuple:
     FP8_WEIGHT branch never reads them)."""
     return (scales, scales.stride(0), scales.stride(1)) if scales is not None else (weight, 0, 0)
 
-
-def _sum_splits(y: torch.Tensor) -> torch.Tensor:
-    """[splits, M, N] partial sums over K ranges -> [M, N]."""
-    return y[0] if y.shape[0] == 1 else y.sum(dim=0)

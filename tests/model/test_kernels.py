@@ -46,6 +46,29 @@ def test_fp8_gemm(m, n, k, act_quant):
         assert (got - ref).abs().max() < REL * ref.abs().max() + 1e-5
 
 
+@pytest.mark.parametrize("m, n, k", [(6, 300, 256), (37, 128, 128)])
+def test_split_k_parts_are_summed_inside_the_launch(m, n, k, monkeypatch):
+    """K split over programs (on the GPU to fill the SMs; here forced): the last program of
+    each output tile adds the parts, and leaves the tile counts at 0 for the next launch."""
+    from dsflash.model.kernels import fp8_gemm as gemm
+
+    monkeypatch.setattr(gemm, "INTERPRETER_SPLITS", 3)
+    g = _g(m)
+    codes, scales = quantize_fp8_weight(torch.randn(n, k, generator=g))
+    weight = torch.randn(n, k, generator=g).to(torch.bfloat16)
+    x = torch.randn(m, k, generator=g)
+    xd = x.to(DEVICE)
+    assert gemm._split_k(k, 32, 1, xd.device)[0] > 1
+    for _ in range(2):
+        got = fp8_gemm(xd, codes.to(DEVICE), scales.to(DEVICE)).cpu()
+        ref = fp8_gemm_ref(x, codes, scales)
+        assert (got - ref).abs().max() < REL * ref.abs().max() + 1e-5
+        got = bf16_gemm(xd, weight.to(DEVICE)).cpu()
+        ref = x @ weight.float().T
+        assert (got - ref).abs().max() < REL * ref.abs().max() + 1e-5
+    assert not gemm.tile_counts(xd.device).any()
+
+
 @pytest.mark.parametrize("m", [1, 6, 37])
 def test_bf16_gemm_matches_the_fp32_product_of_the_upcast_weight(m):
     g = _g(m)
@@ -178,7 +201,7 @@ def test_fp4_moe_rounds_the_down_projections_input_in_faithful_mode(T):
     got = fp4_moe(x.to(DEVICE), idx.to(DEVICE), weights.to(DEVICE), *[t.to(DEVICE) for t in stack], 0.7,
                   act_quant=True).cpu()
     scale = faithful.abs().max()
-    assert (faithful - plain).abs().max() > 100 * REL * scale  # the rounding shows
+    assert (faithful - plain).abs().max() > 1e-3 * scale  # the rounding shows
     # An activation within rounding noise of an FP8 midpoint may round the other way (it did
     # once at 30 tokens: one token's outputs moved by 2e-4): one token at most, by one FP8 step.
     off = (got - faithful).abs().amax(-1) >= REL * scale + 1e-6
