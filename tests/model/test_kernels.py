@@ -167,18 +167,22 @@ def test_bf16_parts_kernel_equals_the_torch_form(splits, interleave):
     assert torch.equal(ref.double().sum(0), x.double()[..., column]) or splits < 3
 
 
-# Block heights: 4 pairs (their parts as columns), 16, 64 (30 x 3 pairs over 5 experts); small:
-# the one-multiply decoder (these scales allow it) or the general one.
-@pytest.mark.parametrize("T, block_m, small", [(1, None, None), (11, 4, True), (11, None, False), (30, None, None)])
-def test_fp4_moe(T, block_m, small):
-    g = _g(1)
-    E, H, inter, k = 5, 64, 96, 3
+def _moe_case(g, T, E, H, inter, k):
+    """E random FP4 experts (stacked w13 codes, scales, w2 codes, scales), T tokens and their
+    k experts each with routing weights."""
     w13 = [quantize_fp4_weight(torch.randn(2 * inter, H, generator=g) / 6) for _ in range(E)]
     w2 = [quantize_fp4_weight(torch.randn(H, inter, generator=g) / 6) for _ in range(E)]
     stack = [torch.stack([w[i] for w in ws]) for ws in (w13, w2) for i in (0, 1)]
     x = torch.randn(T, H, generator=g)
     idx = torch.stack([torch.randperm(E, generator=g)[:k] for _ in range(T)])
-    weights = torch.rand(T, k, generator=g)
+    return stack, x, idx, torch.rand(T, k, generator=g)
+
+
+# Block heights: 4 pairs (their parts as columns), 16, 64 (30 x 3 pairs over 5 experts); small:
+# the one-multiply decoder (these scales allow it) or the general one.
+@pytest.mark.parametrize("T, block_m, small", [(1, None, None), (11, 4, True), (11, None, False), (30, None, None)])
+def test_fp4_moe(T, block_m, small):
+    stack, x, idx, weights = _moe_case(_g(1), T, E=5, H=64, inter=96, k=3)
     ref = fp4_moe_ref(x, idx, weights, *stack, 0.7)
     got = fp4_moe(x.to(DEVICE), idx.to(DEVICE), weights.to(DEVICE), *[t.to(DEVICE) for t in stack], 0.7,
                   block_m=block_m, small=small).cpu()
@@ -189,14 +193,7 @@ def test_fp4_moe(T, block_m, small):
 def test_fp4_moe_rounds_the_down_projections_input_in_faithful_mode(T):
     """act_quant: the expert's activation (weighted SwiGLU) is rounded onto the FP8 grid in
     blocks of 32 before w2, as the reference's faithful mode does."""
-    g = _g(2)
-    E, H, inter, k = 4, 64, 64, 2
-    w13 = [quantize_fp4_weight(torch.randn(2 * inter, H, generator=g) / 6) for _ in range(E)]
-    w2 = [quantize_fp4_weight(torch.randn(H, inter, generator=g) / 6) for _ in range(E)]
-    stack = [torch.stack([w[i] for w in ws]) for ws in (w13, w2) for i in (0, 1)]
-    x = torch.randn(T, H, generator=g)
-    idx = torch.stack([torch.randperm(E, generator=g)[:k] for _ in range(T)])
-    weights = torch.rand(T, k, generator=g)
+    stack, x, idx, weights = _moe_case(_g(2), T, E=4, H=64, inter=64, k=2)
     faithful, plain = (fp4_moe_ref(x, idx, weights, *stack, 0.7, act_quant=a) for a in (True, False))
     got = fp4_moe(x.to(DEVICE), idx.to(DEVICE), weights.to(DEVICE), *[t.to(DEVICE) for t in stack], 0.7,
                   act_quant=True).cpu()
