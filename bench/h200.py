@@ -456,31 +456,6 @@ def build_model(fast: bool, preset: str, parallel=None):
     return model, store
 
 
-def fill_synthetic(cache, tokens: int, g: torch.Generator) -> None:
-    """A cache of `tokens` positions with random but valid bytes (no NaN codes)."""
-    from dsflash.kvcache.state import RingSpan
-
-    layout, pool = cache.layout, cache.pool
-    for source, count in layout.entries_for(tokens).items():
-        cache._ensure_pages(source, count)
-        cache.counts[source] = count
-        ids = torch.tensor(cache.page_table[source], device=pool.device)
-        if len(ids):
-            pool.pages[ids] = torch.randint(0, 255, (len(ids), layout.page_bytes), dtype=torch.uint8,
-                                            device=pool.device, generator=g)
-            for name, byte in (("kv_scales", 0x30), ("key_scales", 120)):
-                off, width = layout.page_sections()[name]
-                pool.pages[ids, off: off + width * layout.page_entries] = byte
-    slot = pool.slots[cache.slot]
-    slot[: layout.ring_scales_offset] = torch.randint(0, 0x77, (layout.ring_scales_offset,), dtype=torch.uint8,
-                                                      device=pool.device, generator=g)
-    slot[layout.ring_scales_offset: layout.ring_bytes] = 120
-    cache.num_tokens = tokens
-    cache.history = torch.randint(3, 100000, (64,), generator=torch.Generator().manual_seed(tokens)).tolist()
-    cache.ring_spans = [RingSpan(max(0, tokens - layout.ring_capacity), tokens) for _ in cache.ring_spans]
-    cache.bytes_changed()
-
-
 def step_bytes(store, config, batch: int, context: int) -> float:
     """Bytes one decode step must read: every weight of the step (experts only those routed to,
     in expectation), plus the KV the 6-token verify block and the 5-row draft read. With a
@@ -521,12 +496,9 @@ def step_bytes(store, config, batch: int, context: int) -> float:
 
 def decode(model, store, batches, contexts, label: str) -> None:
     from dsflash.decode_worker.engine import DecodeEngine, DecodeEngineConfig
-    from dsflash.decode_worker.request import DecodeRequest
-    from dsflash.decode_worker.sampling import SamplingParams
+    from dsflash.decode_worker.warmup import synthetic_request
     from dsflash.kvcache.layout import CacheLayout
-    from dsflash.kvcache.paged import PagedCache
     from dsflash.kvcache.pool import CachePool, plain_allocator
-    from dsflash.model.prefill import PrefillOutput
 
     config = model.config
     layout = CacheLayout.for_model(config, page_entries=256)
@@ -538,16 +510,8 @@ def decode(model, store, batches, contexts, label: str) -> None:
                 continue
             pool = CachePool(layout, layout.pages_for(context + 64) * batch + 8, batch + 1, plain_allocator(DEV))
             engine = DecodeEngine(model, pool, DecodeEngineConfig(max_running=batch, spec_tokens=5))
-            width = len(config.dspark_target_layers) * config.hidden_size
             for i in range(batch):
-                cache = PagedCache(pool, config)
-                fill_synthetic(cache, context, g)
-                prefill = PrefillOutput(torch.randn(config.vocab_size, device=DEV),
-                                        torch.randn(layout.ring_capacity, width, device=DEV) * 0.1,
-                                        context - layout.ring_capacity)
-                engine.add(DecodeRequest(f"r{i}", list(cache.history), SamplingParams(max_tokens=100, temperature=0,
-                                                                                      ignore_eos=True),
-                                         cache=cache, prefill=prefill))
+                engine.add(synthetic_request(engine, f"r{i}", context, g, max_tokens=100))
             with torch.inference_mode():
                 engine.step()  # admission
                 steps = 2 if label == "reference" else 6

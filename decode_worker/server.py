@@ -36,6 +36,7 @@ from .conversations import Conversations, PrefixSource
 from .engine import DecodeEngine, DecodeEngineConfig, DecodeError
 from .request import DecodeRequest, FinishReason, TokenEvent
 from .service import DecodeServicer, chunk_to_proto
+from .warmup import warm_up
 
 log = logging.getLogger("dsflash.decode")
 SERVICE = "dsflash.v1.Decode"
@@ -60,6 +61,7 @@ class DecodeWorker:
                                prefill=PrefillEngineConfig(PrefillSchedulerConfig(token_budget=budget, max_chunk=budget))),
             decode_text=lambda ids: tokenizer.decode(ids, skip_special_tokens=False),
             on_finish=self._on_finish, reclaim=self.conversations.cache.evict)
+        self._warm_up()
         self.loop = EngineLoop("decode", self._step, self.engine.has_work, self._crash,
                                device=rt.model.device)
         engine, cache = self.engine, self.conversations.cache
@@ -72,6 +74,16 @@ class DecodeWorker:
         self._aio: asyncio.AbstractEventLoop | None = None
         self.handoff_failures = 0
         self._prefill_cache: tuple[float, list[str]] = (0.0, [])
+
+    def _warm_up(self) -> None:
+        """Capture the decode step's CUDA graphs now, before the worker registers (warmup.py).
+        Several ranks replay the same graphs only if they captured them on the same calls, and
+        the synthetic caches live on rank 0 alone: those workers capture as they serve."""
+        model = self.runtime.model
+        if model.graphs is None or self.runtime.ranks is not None:
+            return
+        with torch.cuda.device(model.device):
+            warm_up(self.engine)
 
     # ------------------------------------------------------------ engine thread side
 

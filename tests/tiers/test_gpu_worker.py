@@ -24,6 +24,7 @@ def test_gpu_workers_match_the_in_process_model(tiny_checkpoint, tmp_path):
         decode.wait_ready(120)
         for worker in (prefill, decode):  # `--kv-pool auto`: a GPU model's pool is on its GPU
             assert "pool_device=cuda:0 pool_staging=host staging_pinned=True" in worker.log_path.read_text(), worker.log()
+        assert "decode warmed up for batches of [1, 2, 4" in decode.log_path.read_text(), decode.log()  # warmup.py
         prompt = [(7 * i + 3) % 1000 + 5 for i in range(40)]
         out, finished = generate(decode.address, prompt, max_tokens=8, ignore_eos=True, temperature=0, timeout_s=120)
         assert finished.stats.prefill_worker == prefill.address and finished.stats.transport == "tcp"

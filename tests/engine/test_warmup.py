@@ -1,0 +1,60 @@
+"""The decode worker's graph warm-up (decode_worker/warmup.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dsflash.decode_worker.engine import DecodeEngine, DecodeEngineConfig
+from dsflash.decode_worker.warmup import warm_up, warm_up_context, warm_up_sizes
+
+from .conftest import make_pool
+
+
+def test_one_batch_size_per_bucket_up_to_the_engines_limit():
+    assert warm_up_sizes(32, 256, 6) == [1, 2, 4, 8, 16, 24, 32]
+    assert warm_up_sizes(10, 256, 6) == [1, 2, 4, 8, 10]  # 9 and 10 requests pad to 16: 10 warms it
+    assert warm_up_sizes(64, 256, 6) == [1, 2, 4, 8, 16, 24, 32, 40, 42]  # 256 rows hold 42 requests
+    assert warm_up_sizes(3, 256, 1) == [1, 2, 3]
+
+
+def test_warm_up_runs_each_size_and_leaves_the_engine_and_pool_as_it_found_them(golden_model):
+    pool = make_pool(golden_model, pages=400, slots=8)
+    engine = DecodeEngine(golden_model, pool, DecodeEngineConfig(max_running=4))
+    pages, slots = pool.free_page_count, pool.free_slot_count
+    context = warm_up_context(golden_model.config)
+    assert context >= 2 * golden_model.config.index_topk
+    assert warm_up(engine) == []  # no CUDA graphs on this device: nothing to warm
+    assert warm_up(engine, sizes=[1, 3]) == [1, 3]
+    assert not engine.has_work() and engine.num_running == 0
+    assert (pool.free_page_count, pool.free_slot_count) == (pages, slots)
+    tight = make_pool(golden_model, pages=pool.layout.pages_for(context + 64) * 2, slots=8)
+    assert warm_up(DecodeEngine(golden_model, tight, DecodeEngineConfig(max_running=4)), sizes=[1, 2, 4]) == [1, 2]
+
+
+@pytest.mark.gpu
+def test_after_the_warm_up_a_request_replays_graphs_without_capturing(golden_dir):
+    from dsflash.decode_worker.warmup import synthetic_request
+    from dsflash.kvcache.layout import CacheLayout
+    from dsflash.kvcache.pool import CachePool, plain_allocator
+    from dsflash.model.deepseek_v41 import DeepseekV41
+
+    model = DeepseekV41.from_checkpoint(golden_dir, device="cuda")
+    model.use_kernels(keep_unpacked=False)
+    pool = CachePool(CacheLayout.for_model(model.config, page_entries=16), 600, 8, plain_allocator("cuda"))
+    engine = DecodeEngine(model, pool, DecodeEngineConfig(max_running=4))
+    assert warm_up(engine) == [1, 2, 4]
+    captured = model.graphs.captured()
+    assert captured > 0 and model.graphs.captured("block") > 0
+    generator = torch.Generator(device="cuda").manual_seed(1)
+    for batch in (1, 3):
+        ids = [f"r{batch}-{i}" for i in range(batch)]
+        for request_id in ids:
+            engine.add(synthetic_request(engine, request_id, warm_up_context(model.config), generator))
+        with torch.inference_mode():
+            for _ in range(4):
+                engine.step()
+        for request_id in ids:
+            engine.abort(request_id)
+    assert model.graphs.captured() == captured
+    model.release_graphs()
