@@ -273,6 +273,7 @@ SKINNY_TILES = dict(BLOCK_M=16, BLOCK_N=256, BLOCK_K=128, num_warps=8, num_stage
 
 # Split-K in the interpreter (CI): 1, or more where a test exercises the in-kernel sum.
 INTERPRETER_SPLITS = 1
+TWO_WAVES_BYTES = 16 << 20  # weights from this size split K over twice the SMs (_split_k)
 
 
 def _split_k(K: int, block_k: int, output_tiles: int, device: torch.device, weight_bytes: int = 0
@@ -288,8 +289,6 @@ def _split_k(K: int, block_k: int, output_tiles: int, device: torch.device, weig
     return triton.cdiv(K, per_split), per_split
 
 
-TWO_WAVES_BYTES = 16 << 20
-
 
 @functools.cache
 def _sm_count(device: torch.device) -> int:
@@ -297,18 +296,22 @@ def _sm_count(device: torch.device) -> int:
 
 
 _COUNTS: dict[torch.device, torch.Tensor] = {}  # per device: one int32 count per output tile
+MAX_SPLIT_TILES = 1024  # K is split only while the output tiles are fewer than twice the SMs
 
 
-def tile_counts(device: torch.device, tiles: int = 1024) -> torch.Tensor:
+def tile_counts(device: torch.device) -> torch.Tensor:
     """The counts split-K programs take turns on (_finish). Every GEMM of a device shares them:
     its launches run one after another on one stream, and each leaves its counts at 0. Made
-    on first use, which must not be inside a CUDA graph capture (a capture records the zeroing
-    without running it): TritonOps makes them when it is built."""
+    once and never replaced (CUDA graphs hold their address), on first use, which must not be
+    inside a graph capture (a capture records the zeroing without running it): TritonOps makes
+    them when it is built."""
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())  # the key GEMMs look up (x.device)
     counts = _COUNTS.get(device)
-    if counts is None or counts.numel() < tiles:
+    if counts is None:
         if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
             raise RuntimeError("split-K tile counts must be made before a CUDA graph capture (tile_counts)")
-        counts = _COUNTS[device] = torch.zeros(max(tiles, 1024), dtype=torch.int32, device=device)
+        counts = _COUNTS[device] = torch.zeros(MAX_SPLIT_TILES, dtype=torch.int32, device=device)
     return counts
 
 
@@ -367,7 +370,8 @@ def _outputs(M: int, N: int, splits: int, tiles: int, device: torch.device) -> t
     out = torch.empty(M, N, dtype=torch.float32, device=device)
     if splits == 1:
         return out, out[None], out
-    return out, torch.empty(splits, M, N, dtype=torch.float32, device=device), tile_counts(device, tiles)
+    assert tiles <= MAX_SPLIT_TILES, (tiles, splits)
+    return out, torch.empty(splits, M, N, dtype=torch.float32, device=device), tile_counts(device)
 
 
 def _scale_args(weight: torch.Tensor, scales: torch.Tensor | None) -> tuple:
