@@ -73,9 +73,9 @@ def warm_up(engine: DecodeEngine, context: int | None = None, sizes: list[int] |
         sizes = warm_up_sizes(engine.config.max_running, model.graphs.max_rows, engine.spec_tokens + 1)
     context = context or warm_up_context(model.config)
     generator = torch.Generator(device=pool.device).manual_seed(0)
+    need = pool.layout.pages_for(context + MAX_TOKENS + engine.spec_tokens + 1)  # pages a request may take
     warmed, began = [], time.monotonic()
     for batch in sizes:
-        need = pool.layout.pages_for(context + MAX_TOKENS + engine.spec_tokens + 1)
         if pool.free_page_count < batch * need or pool.free_slot_count < batch:
             break
         ids = [f"warm-up-{batch}-{i}" for i in range(batch)]

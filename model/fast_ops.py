@@ -128,14 +128,13 @@ class TritonOps(ReferenceOps):
     def routed_experts(self, prefix: str, local: range, x: torch.Tensor, idx: torch.Tensor,
                        weights: torch.Tensor, limit: float) -> torch.Tensor:
         """Pairs routed to this rank's experts `local`; the others are left to their ranks."""
-        stacked = self._stacked(prefix, local)
+        tensors, small = self._stacked(prefix, local)
         if self.act_quant:
             from .quant import fake_quant_fp8
 
             x = fake_quant_fp8(x)
         own = idx - local.start
         own = torch.where((own >= 0) & (own < len(local)), own, len(local))  # len(local): not ours, dropped
-        tensors, small = stacked
         return fp4_moe(x.contiguous(), own, weights, *tensors, limit, small=small, act_quant=self.act_quant)
 
     def stack_all_experts(self, config) -> None:

@@ -346,7 +346,6 @@ def _skinny(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor | None, 
     M = x.shape[0]
     N, K = weight.shape
     fp8 = scales is not None
-    split = x.dtype != torch.bfloat16
     tiles = _skinny_tiles(N)
     if interpreting():
         tiles.update(BLOCK_K=32)
@@ -359,7 +358,7 @@ def _skinny(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor | None, 
     scale_ptr, ssn, ssk = _scale_args(weight, scales)
     _skinny_kernel[(out_tiles, splits)](
         x, w, scale_ptr, y, out, counts, M, N, K, per_split, splits, x.stride(0), x.stride(1), w.stride(0), ssn, ssk,
-        *y.stride(), FP8_WEIGHT=fp8, SMALL=small, SPLIT=split, PTX=not interpreting(),
+        *y.stride(), FP8_WEIGHT=fp8, SMALL=small, SPLIT=x.dtype != torch.bfloat16, PTX=not interpreting(),
         EVEN_K=K % tiles["BLOCK_K"] == 0, GROUP_ROWS=group_rows, **tiles)
     return out
 
