@@ -85,10 +85,9 @@ class Conversations:
     async def _claim(self, entry: ConversationEntry) -> None:
         cid = entry.conversation_id
         try:
-            epoch = await self.directory.claim(cid, self.worker_id, self.incarnation, self.lease_s)
-            entry.epoch = epoch
-            await self.directory.update(cid, self.worker_id, epoch, len(entry.tokens), prefix_hash(entry.tokens),
-                                        self.lease_s)
+            # one write: a record without its token count would send the next turn to recompute
+            entry.epoch = await self.directory.claim(cid, self.worker_id, self.incarnation, self.lease_s,
+                                                     len(entry.tokens), prefix_hash(entry.tokens))
             await self.directory.record_prefix(cid, block_hashes(entry.tokens, PREFIX_BLOCK_TOKENS), self.lease_s)
         except DirectoryUnavailable as exc:
             log.warning("could not record conversation ownership: %s", exc)

@@ -98,9 +98,11 @@ class OwnershipDirectory(ABC):
     # ------------------------------------------------------------------ ownership
 
     @abstractmethod
-    async def claim(self, conversation_id: str, worker_id: str, incarnation: str, lease_s: float) -> int:
+    async def claim(self, conversation_id: str, worker_id: str, incarnation: str, lease_s: float,
+                    num_cached_tokens: int = 0, prefix_hash: str = "") -> int:
         """Makes `worker_id` the owner, whoever held it before; returns the new epoch (larger
-        than any earlier epoch of this conversation). The record starts with 0 cached tokens."""
+        than any earlier epoch of this conversation). The record holds what the owner caches
+        from its first appearance, so no reader sees an owner with nothing to fetch."""
 
     @abstractmethod
     async def update(

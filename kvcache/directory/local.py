@@ -164,12 +164,14 @@ class LocalDirectory(OwnershipDirectory):
             return None
         return record
 
-    async def claim(self, conversation_id: str, worker_id: str, incarnation: str, lease_s: float) -> int:
+    async def claim(self, conversation_id: str, worker_id: str, incarnation: str, lease_s: float,
+                    num_cached_tokens: int = 0, prefix_hash: str = "") -> int:
         check_conversation_id(conversation_id)
         lease_s = lease_ms(lease_s) / 1000
         now = self._now()
         epoch = next_epoch(self._last_epoch(conversation_id, now), round(now * 1000))
-        record = OwnershipRecord(conversation_id, worker_id, incarnation, epoch, 0, "", now + lease_s)
+        record = OwnershipRecord(conversation_id, worker_id, incarnation, epoch, num_cached_tokens, prefix_hash,
+                                 now + lease_s)
         self._install(EventKind.CLAIMED, record, now)
         return epoch
 

@@ -175,7 +175,8 @@ class RedisDirectory(OwnershipDirectory):
         return [self._keys.conversation(conversation_id), self._keys.epoch(conversation_id)]
 
     @_bounded
-    async def claim(self, conversation_id: str, worker_id: str, incarnation: str, lease_s: float) -> int:
+    async def claim(self, conversation_id: str, worker_id: str, incarnation: str, lease_s: float,
+                    num_cached_tokens: int = 0, prefix_hash: str = "") -> int:
         check_conversation_id(conversation_id)
         epoch = await self._run(
             "claim",
@@ -187,6 +188,8 @@ class RedisDirectory(OwnershipDirectory):
                 incarnation,
                 lease_ms(lease_s),
                 self._epoch_retention_ms,
+                num_cached_tokens,
+                prefix_hash,
             ],
         )
         return int(epoch)

@@ -248,21 +248,19 @@ class ResilientDirectory(OwnershipDirectory):
 
     # ------------------------------------------------------------------ ownership
 
-    async def claim(self, conversation_id: str, worker_id: str, incarnation: str, lease_s: float) -> int:
+    async def claim(self, conversation_id: str, worker_id: str, incarnation: str, lease_s: float,
+                    num_cached_tokens: int = 0, prefix_hash: str = "") -> int:
+        def call(d: OwnershipDirectory) -> Awaitable[int]:
+            return d.claim(conversation_id, worker_id, incarnation, lease_s, num_cached_tokens, prefix_hash)
+
         async def remote() -> int:
-            epoch = await self._remote.claim(conversation_id, worker_id, incarnation, lease_s)
+            epoch = await call(self._remote)
             lease_expires_at = time.time() + lease_ms(lease_s) / 1000
-            await self._local.restore_ownership(
-                OwnershipRecord(conversation_id, worker_id, incarnation, epoch, 0, "", lease_expires_at)
-            )
+            await self._local.restore_ownership(OwnershipRecord(
+                conversation_id, worker_id, incarnation, epoch, num_cached_tokens, prefix_hash, lease_expires_at))
             return epoch
 
-        return await self._write(
-            remote,
-            lambda: self._local_ownership_write(
-                EventKind.CLAIMED, conversation_id, lambda d: d.claim(conversation_id, worker_id, incarnation, lease_s)
-            ),
-        )
+        return await self._write(remote, lambda: self._local_ownership_write(EventKind.CLAIMED, conversation_id, call))
 
     async def _heal_fenced(self, conversation_id: str, worker_id: str, epoch: int, retry: Call[bool]) -> bool:
         """A remote update/renew was refused. If Redis simply lost the record while the local

@@ -58,13 +58,14 @@ local function track_worker(zset, worker_id, expires_ms, now)
 end
 """
 
-# KEYS: record, epoch. ARGV: channel, cid, owner, incarnation, lease_ms, epoch_retention_ms
+# KEYS: record, epoch. ARGV: channel, cid, owner, incarnation, lease_ms, epoch_retention_ms,
+# num_cached_tokens, prefix_hash
 CLAIM = r"""
 local now = now_ms()
 local epoch = math.max(last_epoch(KEYS[1], KEYS[2]) + 1, now)
 redis.call('SET', KEYS[2], epoch, 'PX', ARGV[6])
-local rec = {owner = ARGV[3], incarnation = ARGV[4], epoch = epoch, num_cached_tokens = 0, prefix_hash = '',
-             lease_expires_ms = now + tonumber(ARGV[5])}
+local rec = {owner = ARGV[3], incarnation = ARGV[4], epoch = epoch, num_cached_tokens = tonumber(ARGV[7]),
+             prefix_hash = ARGV[8], lease_expires_ms = now + tonumber(ARGV[5])}
 write_record(KEYS[1], rec)
 announce(ARGV[1], 'claimed', ARGV[2], rec)
 return epoch

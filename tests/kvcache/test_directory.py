@@ -173,6 +173,19 @@ async def test_claim_creates_a_record(d, peer):
     assert (record.num_cached_tokens, record.prefix_hash, record.epoch) == (1234, "ab" * 16, epoch)
 
 
+async def test_a_claim_can_carry_what_the_owner_caches(d, peer):
+    """One write: a reader never sees the new owner with nothing cached (the next turn would
+    recompute what the owner holds)."""
+    async with await peer.subscribe() as events:
+        epoch = await d.claim("conv", "decode-0", "inc-0", LEASE_S, 77, "cd" * 16)
+        record = await peer.lookup("conv")
+        assert (record.owner_id, record.epoch, record.num_cached_tokens, record.prefix_hash) == (
+            "decode-0", epoch, 77, "cd" * 16)
+        [event] = await next_events(events, 1)
+        assert (event.kind, event.record.num_cached_tokens, event.record.prefix_hash) == (
+            EventKind.CLAIMED, 77, "cd" * 16)
+
+
 async def test_stale_owner_is_fenced_off_by_a_newer_claim(d, peer):
     old_epoch = await d.claim("conv", "decode-0", "inc-0", LEASE_S)
     assert await d.update("conv", "decode-0", old_epoch, 100, "h1", LEASE_S)

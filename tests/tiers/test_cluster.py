@@ -99,7 +99,7 @@ def test_conversation_alternating_workers_fetches_instead_of_recomputing(cluster
         held = len(prompt) + len(out) - 1  # the previous turn's cache: prompt and outputs but the last
         prompt = prompt + out + _prompt(9 + turn, turn)
         new_tokens.append(len(prompt) - held)
-        wait_for(lambda: _owner_known(cluster, conv))
+        wait_for(lambda: _owner_holds(cluster, conv, held))
         out, finished = generate(worker.address, prompt, conversation=conv)
         assert finished.stats.cache_source == "peer", turn
         assert finished.usage.cached_tokens == held and finished.usage.computed_tokens == len(prompt) - held
@@ -121,7 +121,7 @@ def test_thinking_turn_keeps_the_prompt_before_its_closing_token(cluster, tiny_m
     for turn, worker in enumerate([cluster.decodes[1], cluster.decodes[0]], start=2):
         held = len(prompt) - 1
         prompt = prompt[:-1] + _prompt(7 + turn, 11 + turn)
-        wait_for(lambda: _owner_known(cluster, conv))
+        wait_for(lambda: _owner_holds(cluster, conv, held))
         out, finished = generate(worker.address, prompt, conversation=conv, history_drops_reply=True)
         assert finished.stats.cache_source == "peer", turn
         assert finished.usage.cached_tokens == held and finished.usage.computed_tokens == len(prompt) - held
@@ -131,7 +131,9 @@ def test_thinking_turn_keeps_the_prompt_before_its_closing_token(cluster, tiny_m
     assert cluster.prefill.status().computed_prefill_tokens_total - computed_before == 40 + (9 - 1) + (10 - 1)
 
 
-def _owner_known(cluster, conv):
+def _owner_holds(cluster, conv, num_tokens):
+    """The last turn's owner has recorded its cache. The claim is written after the reply is
+    sent; a turn sent before it lands reuses less (the older owner's cache), never wrong data."""
     async def look():
         d = RedisDirectory.from_url(cluster.redis_url)
         try:
@@ -139,7 +141,8 @@ def _owner_known(cluster, conv):
         finally:
             await d.close()
 
-    return asyncio.run(look())
+    record = asyncio.run(look())
+    return record is not None and record.num_cached_tokens == num_tokens
 
 
 def test_health_and_reflection_answer_standard_clients(cluster):
@@ -187,7 +190,7 @@ def test_device_pools_stage_every_handoff_through_their_host_copies(tiny_checkpo
             assert out == greedy(tiny_model, torch.tensor(prompt), 8)
         held = len(prompt) + len(out) - 1
         prompt = prompt + out + _prompt(11, 14)
-        wait_for(lambda: _owner_known(c, conv))
+        wait_for(lambda: _owner_holds(c, conv, held))
         out, finished = generate(c.decodes[1].address, prompt, conversation=conv)
         assert finished.stats.cache_source == "peer" and finished.usage.cached_tokens == held
         with torch.inference_mode():
@@ -201,7 +204,7 @@ def test_owner_killed_between_turns_recomputes(tiny_checkpoint, redis_server, tm
     try:
         prompt, conv = _prompt(25, 6), "conv-owner-dies"
         out, _ = generate(c.decodes[0].address, prompt, conversation=conv)
-        wait_for(lambda: _owner_known(c, conv))
+        wait_for(lambda: _owner_holds(c, conv, len(prompt) + len(out) - 1))
         c.decodes[0].kill()  # its registration and ownership stay in Redis for up to their TTLs
         prompt = prompt + out + _prompt(7, 7)
         out, finished = generate(c.decodes[1].address, prompt, conversation=conv, timeout_s=60)
