@@ -26,7 +26,7 @@ import torch
 from ..kvcache.pool import CachePool, PoolExhausted
 from ..model.batch import SeqRun
 from ..model.deepseek_v41 import DeepseekV41
-from ..model.dspark import DSparkDrafter
+from ..model.dspark import DSparkDrafter, greedy_chooser
 from ..prefill_worker.engine import PrefillEngine, PrefillEngineConfig, PrefillRequest
 from .request import DecodeRequest, DecodeStatus, FinishReason, TokenEvent
 from .sampling import RequestSampler
@@ -253,7 +253,11 @@ class DecodeEngine:
         drafts: list[list[int]] = [[] for _ in batch]
         dists: list[list[torch.Tensor]] = [[] for _ in batch]
         with torch.inference_mode():
-            if k:
+            if k and all(r.sampler.params.plain_greedy for r in batch):
+                # argmax on the device row by row; the host waits once, for the whole block
+                proposal = self.drafter.propose([(r.cache, r.pending) for r in batch], greedy_chooser)
+                drafts = proposal.drafts[:, :k].tolist()
+            elif k:
                 def choose(i: int, rows: torch.Tensor) -> list[int]:
                     plain = greedy_targets([r.sampler for r in batch], list(rows[:, None]))
                     tokens = []

@@ -28,18 +28,22 @@ from .device import to_device
 from .layers.mhc import hc_collapse
 from .layers.norm import rms_norm
 
-Chooser = Callable[[int, torch.Tensor], list[int]]  # (block row, logits [R, V]) -> a token per request
+# (block row, logits [R, V]) -> a token per request: host ints, or a tensor left where the
+# logits are (then the drafts never leave the device inside the block)
+Chooser = Callable[[int, torch.Tensor], "list[int] | torch.Tensor"]
 
 
 @dataclass
 class Proposal:
-    drafts: torch.Tensor  # [R, B] int64: tokens for positions p+2 .. p+B+1
+    drafts: torch.Tensor  # [R, B] int64: tokens for positions p+2 .. p+B+1 (where the chooser left them)
     logits: torch.Tensor  # [R, B, V] fp32: the distribution each draft was drawn from
     confidence: torch.Tensor  # [R, B]: predicted probability that each draft is accepted
 
 
-def greedy_chooser(_row: int, logits: torch.Tensor) -> list[int]:
-    return logits.float().argmax(-1).tolist()  # one synchronization for the batch
+def greedy_chooser(_row: int, logits: torch.Tensor) -> torch.Tensor:
+    """On the device: the next row's Markov term reads it there, so the block is drafted
+    without the host waiting on the GPU once per row."""
+    return logits.float().argmax(-1)
 
 
 class DSparkDrafter:
@@ -84,7 +88,9 @@ class DSparkDrafter:
         for i in range(B):
             e = markov_embed[to_device(out, markov_embed.device)]  # [R, r]
             row = base[:, i] + e @ markov_head.T  # [R, V]
-            out = torch.tensor(choose(i, row), dtype=torch.long)  # host ints
+            out = choose(i, row)
+            if not isinstance(out, torch.Tensor):
+                out = torch.tensor(out, dtype=torch.long)  # host ints
             drafts.append(out)
             logits.append(row)
             embeds.append(e)

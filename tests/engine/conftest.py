@@ -62,8 +62,9 @@ class ScriptedDrafter:
                 if (self.calls * 7 + j * 3 + i * 5) % 4 == 0:  # a deliberate mistake
                     want = (want + 1 + i) % vocab
                 logits[j, i, want] = 30.0
-        drafts = [choose(i, logits[:, i]) for i in range(self.block)]  # row by row, as the drafter does
-        return Proposal(torch.tensor(drafts).T, logits, torch.ones(len(requests), self.block))
+        # row by row, as the drafter does; a chooser answers host ints or a tensor
+        drafts = [torch.as_tensor(choose(i, logits[:, i])) for i in range(self.block)]
+        return Proposal(torch.stack(drafts, dim=1), logits, torch.ones(len(requests), self.block))
 
 
 @pytest.fixture

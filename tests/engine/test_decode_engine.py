@@ -6,6 +6,7 @@ import torch
 from dsflash.decode_worker.engine import DecodeError
 from dsflash.decode_worker.request import DecodeRequest, FinishReason
 from dsflash.decode_worker.sampling import SamplingParams
+from dsflash.model.dspark import greedy_chooser
 
 from .conftest import ScriptedDrafter, engine_with, greedy_request, make_pool, run_to_end
 
@@ -62,12 +63,17 @@ def test_batch_of_eight_joining_and_leaving_equals_alone(tiny_model, oracle):
 def test_real_drafter_batch_equals_alone(tiny_model, oracle):
     prompts = _prompts(4, seed=2)
     pool = make_pool(tiny_model)
-    done = run_to_end(engine_with(tiny_model, pool, 5), [greedy_request(f"d{i}", p, 6) for i, p in enumerate(prompts)],
-                      add_at=[0, 1, 1, 3])
+    engine = engine_with(tiny_model, pool, 5)
+    choosers = []
+    propose = engine.drafter.propose
+    engine.drafter.propose = lambda requests, choose: choosers.append(choose) or propose(requests, choose)
+    done = run_to_end(engine, [greedy_request(f"d{i}", p, 6) for i, p in enumerate(prompts)], add_at=[0, 1, 1, 3])
     for i, p in enumerate(prompts):
         assert done[f"d{i}"].output == oracle(tiny_model, p, 6)
         assert len(done[f"d{i}"].stats.step_ms) == len(done[f"d{i}"].stats.accepted)
     assert pool.is_empty()
+    # an all-greedy batch drafts on the device: the host waits once a block, not once a row
+    assert choosers and all(choose is greedy_chooser for choose in choosers)
 
 
 def test_sampled_outputs_reproducible_with_seed(tiny_model):

@@ -54,9 +54,11 @@ def test_drafts_depend_on_the_committed_context_only(tiny_model):
             drafter.absorb(many, i, step(tiny_model, [many], [torch.tensor([token])], taps=True).taps[0])
         y = int(r.logits[0][-1].argmax())
         a = drafter.propose([(one, y)])
+        on_host = drafter.propose([(one, y)], lambda _i, logits: logits.float().argmax(-1).tolist())
         b = drafter.propose([(many, y)])
         empty = DenseCache(tiny_model.config)
         step(tiny_model, [empty], [prompt])  # no rings absorbed: the block sees no context
         c = drafter.propose([(empty, y)])
+    assert torch.equal(a.drafts, on_host.drafts) and torch.equal(a.logits, on_host.logits)  # host ints or a tensor
     assert (a.logits - b.logits).abs().max() < 0.05
     assert (a.logits - c.logits).abs().max() > 1e-3  # the stage rings do matter
