@@ -277,6 +277,7 @@ class DecodeEngine:
                            history=list(r.cache.history)) for j, r in enumerate(batch)]
             result = self.model.forward(runs, logits="all", taps=self.drafter is not None)
             targets = greedy_targets([r.sampler for r in batch], result.logits)
+            outcomes = []
             for j, (request, run) in enumerate(zip(batch, runs)):
                 request.cache.commit(run.tokens.tolist())
                 logits = result.logits[j]
@@ -288,10 +289,12 @@ class DecodeEngine:
                 kept, logprobs, reason = self._append(request, emitted, logits)
                 # The cache keeps y and the accepted drafts before the last kept token.
                 request.cache.truncate(run.start + len(kept))
-                if self.drafter is not None:
-                    self.drafter.absorb(request.cache, run.start, result.taps[j][:len(kept)])
                 request.stats.accepted.append(len(kept))
-                events.append(self._event(request, kept, logprobs, reason))
+                outcomes.append((request, kept, logprobs, reason))
+            if self.drafter is not None:  # one absorb for the batch, before a finish releases a cache
+                self.drafter.absorb_many([(request.cache, run.start, result.taps[j][:len(kept)])
+                                          for j, ((request, kept, _, _), run) in enumerate(zip(outcomes, runs))])
+            events += [self._event(*outcome) for outcome in outcomes]
         elapsed_ms = (time.perf_counter() - began) * 1000.0
         for request in batch:
             request.stats.step_ms.append(elapsed_ms)

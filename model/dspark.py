@@ -57,20 +57,42 @@ class DSparkDrafter:
 
     def absorb(self, cache: SequenceCache, start: int, taps: torch.Tensor) -> None:
         """Write the stage rings for positions start.. from the target's taps [n, targets*H]."""
+        self.absorb_many([(cache, start, taps)])
+
+    def absorb_many(self, items: list[tuple[SequenceCache, int, torch.Tensor]]) -> None:
+        """absorb for several (cache, start, taps) at once, as a decode step's batch needs: the
+        projections, norms, RoPE and quantization run once over every cache's rows (each row
+        as alone), then each cache takes its own rows into its rings."""
         ops, c = self.model.ops, self.config
+        rows = []  # (cache, first position, taps): only the rows each ring keeps
+        for cache, start, taps in items:
+            keep = min(taps.shape[0], cache.ring_capacity)
+            if keep:
+                rows.append((cache, start + taps.shape[0] - keep, taps[-keep:]))
+        if not rows:
+            return
+        taps = rows[0][2] if len(rows) == 1 else torch.cat([t for _, _, t in rows])
+        if len(rows) == 1:
+            positions = torch.arange(rows[0][1], rows[0][1] + taps.shape[0], device=taps.device)
+        else:  # one copy, not an arange per cache
+            positions = to_device(torch.tensor([first + i for _, first, t in rows for i in range(t.shape[0])]),
+                                  taps.device)
         main_x = rms_norm(ops.linear(taps, f"{self.first}.main_proj"), ops.w(f"{self.first}.main_norm.weight"),
                           c.rms_norm_eps)
-        n = taps.shape[0]
-        keep = min(n, cache.ring_capacity)
-        cos, sin = self.model.rope.cos_sin("local", torch.arange(start + n - keep, start + n, device=taps.device))
+        cos, sin = self.model.rope.cos_sin("local", positions)
         for role in self.stages:
             p = role.prefix
-            kv = rms_norm(ops.linear(main_x[-keep:], f"{p}.attn.wkv"), ops.w(f"{p}.attn.kv_norm.weight"), c.rms_norm_eps)
+            kv = rms_norm(ops.linear(main_x, f"{p}.attn.wkv"), ops.w(f"{p}.attn.kv_norm.weight"), c.rms_norm_eps)
             kv = ops.rope(kv, cos, sin)
             packed = None
             if self.model.qat:
                 kv, packed = ops.fp8_round_trip(kv)
-            cache.ring_store(role.index, start + n - keep, kv, packed)
+            at = 0
+            for cache, first, t in rows:
+                n = t.shape[0]
+                part = None if packed is None else tuple(x[at:at + n] for x in packed)
+                cache.ring_store(role.index, first, kv[at:at + n], part)
+                at += n
 
     def propose(self, requests: list[tuple[SequenceCache, int]], choose: Chooser = greedy_chooser) -> Proposal:
         """Drafts for each (cache, y): the cache has committed positions .. p, y is the token at p+1."""

@@ -49,6 +49,9 @@ class ScriptedDrafter:
     def absorb(self, cache, start, taps):
         pass
 
+    def absorb_many(self, items):
+        pass
+
     def propose(self, requests, choose):
         self.calls += 1
         vocab = self.engine.model.config.vocab_size

@@ -62,3 +62,25 @@ def test_drafts_depend_on_the_committed_context_only(tiny_model):
     assert torch.equal(a.drafts, on_host.drafts) and torch.equal(a.logits, on_host.logits)  # host ints or a tensor
     assert (a.logits - b.logits).abs().max() < 0.05
     assert (a.logits - c.logits).abs().max() > 1e-3  # the stage rings do matter
+
+
+def test_absorbing_a_batch_equals_absorbing_each_alone(tiny_model):
+    """A decode step absorbs its whole batch at once: each cache must get the rings it would
+    alone, also when it keeps only the last rows (a prompt longer than the ring)."""
+    drafter = DSparkDrafter(tiny_model)
+    prompts = [torch.tensor([0, 5, 77, 900, 12]), torch.arange(3, 3 + 3 * tiny_model.config.sliding_window),
+               torch.tensor([0, 4000])]
+    alone, together, ys, taps = [], [], [], []
+    with torch.inference_mode():
+        for prompt in prompts:
+            for caches in (alone, together):
+                caches.append(DenseCache(tiny_model.config))
+                result = step(tiny_model, [caches[-1]], [prompt], taps=True)
+            taps.append(result.taps[0])
+            ys.append(int(result.logits[0][-1].argmax()))
+        assert prompts[1].numel() > alone[1].ring_capacity
+        for cache, t in zip(alone, taps):
+            drafter.absorb(cache, 0, t)
+        drafter.absorb_many([(cache, 0, t) for cache, t in zip(together, taps)])
+        for a, b, y in zip(alone, together, ys):
+            assert torch.equal(drafter.propose([(a, y)]).logits, drafter.propose([(b, y)]).logits)
