@@ -141,14 +141,39 @@ class PagedCache(SequenceCache):
     def entries_append(self, source, kv, index_keys, packed):
         if packed is None:
             raise ValueError("paged storage keeps the quantized caches: run the model with its quantizers on")
-        (kv_codes, kv_scales), (key_codes, key_scales) = packed
         n, start = kv.shape[0], self.counts[source]
         self._ensure_pages(source, start + n)
-        pages, rows = self._locate(source, torch.arange(start, start + n, device=self.pool.device))
+        self._write_entries(*self._locate(source, torch.arange(start, start + n, device=self.pool.device)), packed)
+        self._appended(source, index_keys)
+
+    @classmethod
+    def entries_append_runs(cls, source, parts, kv, index_keys, packed):
+        caches = [cache for cache, _ in parts]
+        if packed is None or len(parts) == 1 or any(type(c) is not cls or c.pool is not caches[0].pool for c in caches):
+            return super().entries_append_runs(source, parts, kv, index_keys, packed)
+        pages, rows = [], []  # on the host: the page tables are host lists, so one copy serves every cache
+        for cache, n in parts:
+            start, table, P = cache.counts[source], cache.page_table[source], cache.layout.page_entries
+            cache._ensure_pages(source, start + n)
+            pages += [table[i // P] for i in range(start, start + n)]
+            rows += [i % P for i in range(start, start + n)]
+        where = to_device(torch.tensor([pages, rows], dtype=torch.long), caches[0].pool.device)
+        caches[0]._write_entries(where[0], where[1], packed)
+        at = 0
+        for cache, n in parts:
+            cache._appended(source, index_keys[at:at + n])
+            at += n
+
+    def _write_entries(self, pages: torch.Tensor, rows: torch.Tensor, packed) -> None:
+        (kv_codes, kv_scales), (key_codes, key_scales) = packed
         for name, data in (("kv_codes", kv_codes), ("kv_scales", kv_scales), ("key_codes", key_codes),
                            ("key_scales", key_scales)):
             self._sections[name][pages, rows] = data.to(self.pool.device)
-        self.counts[source] = start + n
+
+    def _appended(self, source: int, index_keys: torch.Tensor) -> None:
+        """Count entries written to the pages; extend the dequantized keys where kept."""
+        start = self.counts[source]
+        self.counts[source] = start + index_keys.shape[0]
         keys = self._keys.get(source)
         if keys is not None:  # kept only once index_keys() was asked for: the kernels read the pages
             self._keys[source] = torch.cat([keys[:start], index_keys.float().to(self.pool.device)])

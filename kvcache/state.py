@@ -78,6 +78,17 @@ class SequenceCache:
         exactly as the quantizers produced them, or None with the quantizers off."""
         raise NotImplementedError
 
+    @classmethod
+    def entries_append_runs(cls, source: int, parts: list[tuple[SequenceCache, int]], kv: torch.Tensor,
+                            index_keys: torch.Tensor, packed) -> None:
+        """A forward's new entries for several caches: parts [(cache, n)] take the next n rows
+        each, in order (entries_append each; a paged pool writes them all at once)."""
+        at = 0
+        for cache, n in parts:
+            rows, at = slice(at, at + n), at + n
+            cache.entries_append(source, kv[rows], index_keys[rows],
+                                 None if packed is None else tuple(tuple(t[rows] for t in codes) for codes in packed))
+
     def entries_gather(self, source: int, idx: torch.Tensor) -> torch.Tensor:
         """Compressed KV rows [..., D] for entry ids idx (>= 0)."""
         raise NotImplementedError

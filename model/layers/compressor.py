@@ -60,12 +60,8 @@ def compress(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, xa: torch.Ten
     else:
         entries = ops.rope(latent, cos, sin)
         keys = ops.rope(rms_norm(keys, k_norm, cfg.rms_norm_eps), cos, sin)
-    at = 0
-    for run, _, new in done:
-        part = slice(at, at + new)
-        at += new
-        run_packed = None if packed is None else tuple(tuple(t[part] for t in codes) for codes in packed)
-        run.cache.entries_append(src, entries[part], keys[part], run_packed)
+    type(done[0][0].cache).entries_append_runs(src, [(run.cache, new) for run, _, new in done], entries, keys,
+                                                packed)
 
 
 def _complete_groups(run: SeqRun, src: int, ratio: int, kv: torch.Tensor, gate: torch.Tensor | None,

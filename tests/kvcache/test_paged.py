@@ -135,3 +135,36 @@ def test_bytes_per_token_of_a_100k_token_request():
     assert 890 <= global_bytes / tokens < 900  # page rounding only
     assert pool.free_page_count == 0
     cache.release()
+
+
+def _random_entries(layout, count, g):
+    def codes(width):
+        return torch.randint(0, 256, (count, width), dtype=torch.uint8, generator=g)
+
+    packed = ((codes(layout.kv_codes_bytes), codes(layout.kv_scale_bytes)),
+              (codes(layout.key_codes_bytes), codes(layout.key_scale_bytes)))
+    return torch.randn(count, layout.head_dim, generator=g), torch.randn(count, layout.index_dim, generator=g), packed
+
+
+def test_a_batch_of_caches_appends_entries_as_each_alone(golden_model):
+    """A forward over several requests appends their new entries in one write per section:
+    pages, counts and the kept index keys come out as with one append per cache."""
+    g = torch.Generator().manual_seed(5)
+    pools = [_pool(golden_model.config, pages=60, page_entries=4) for _ in range(2)]
+    layout = pools[0].layout
+    source = layout.sources[0]
+    alone, together = ([PagedCache(pool, golden_model.config) for _ in range(3)] for pool in pools)
+    together[1].index_keys(source)  # this one keeps its dequantized keys: they must grow too
+    alone[1].index_keys(source)
+    for counts in ([3, 1, 6], [2, 5, 1], [4, 4, 4]):  # across page boundaries, in differing steps
+        kv, keys, packed = _random_entries(layout, sum(counts), g)
+        PagedCache.entries_append_runs(source, list(zip(together, counts)), kv, keys, packed)
+        at = 0
+        for cache, n in zip(alone, counts):
+            rows, at = slice(at, at + n), at + n
+            cache.entries_append(source, kv[rows], keys[rows], tuple(tuple(t[rows] for t in c) for c in packed))
+    assert torch.equal(pools[0].pages, pools[1].pages)
+    for a, b in zip(alone, together):
+        assert a.counts == b.counts and a.page_table == b.page_table
+        assert torch.equal(a.index_keys(source), b.index_keys(source))
+    assert torch.equal(together[1]._keys[source], alone[1]._keys[source])
