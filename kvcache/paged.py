@@ -82,8 +82,32 @@ class PagedCache(SequenceCache):
 
     def ring_store(self, layer, start, values, packed):
         super().ring_store(layer, start, values, packed)
+        self._note_ring_bytes(layer, start, values.shape[0])
+
+    @classmethod
+    def ring_store_runs(cls, layer, parts, values, packed):
+        caches = [cache for cache, _, _ in parts]
+        if packed is None or len(parts) == 1 or any(type(c) is not cls or c.pool is not caches[0].pool for c in caches):
+            return super().ring_store_runs(layer, parts, values, packed)
+        cap = caches[0].layout.ring_capacity
+        slots, rows, taken, at = [], [], [], 0  # on the host, then one copy: no lookup per cache
+        for cache, start, n in parts:
+            keep = min(n, cap)
+            slots += [cache.slot] * keep
+            rows += [p % cap for p in range(start + n - keep, start + n)]
+            taken += range(at + n - keep, at + n)
+            at += n
+        pool = caches[0].pool
+        where = to_device(torch.tensor([slots, rows, taken], dtype=torch.long), pool.device)
+        codes, scales = (t if len(taken) == at else t[where[2]] for t in packed)
+        for ring, data in zip(_pool_rings(pool), (codes, scales)):
+            ring[where[0], layer, where[1]] = data.to(pool.device)
+        for cache, start, n in parts:
+            cache.note_ring_write(layer, start, n)
+            cache._note_ring_bytes(layer, start, n)
+
+    def _note_ring_bytes(self, layer: int, start: int, n: int) -> None:
         if self.pool.writes is not None:  # the drafter's rings are written outside a forward
-            n = values.shape[0]
             self.pool.note_written(self._ring_ranges(layer, start + n - min(n, self.ring_capacity), start + n))
 
     def _ring_ranges(self, layer: int, first: int, end: int) -> list[tuple[str, int, int]]:
@@ -402,6 +426,15 @@ class PagedCache(SequenceCache):
             raise
         copy.bytes_changed()
         return copy
+
+
+def _pool_rings(pool: CachePool) -> tuple[torch.Tensor, torch.Tensor]:
+    """The FP8 codes [slots, layers, capacity, D] and scales [.., D/32] of every slot's rings."""
+    L, D = pool.layout, pool.layout.head_dim
+    rows = L.num_ring_layers * L.ring_capacity
+    codes = pool.slots[:, : rows * D].view(-1, L.num_ring_layers, L.ring_capacity, D)
+    scales = pool.slots[:, L.ring_scales_offset: L.ring_scales_offset + rows * (D // 32)]
+    return codes, scales.view(-1, L.num_ring_layers, L.ring_capacity, D // 32)
 
 
 def tables_end_to_end(tables: list[torch.Tensor]) -> tuple[torch.Tensor, list[int]]:

@@ -130,6 +130,16 @@ class SequenceCache:
         self.ring_write(layer, positions, values[-keep:], part)
         self.note_ring_write(layer, start, n)
 
+    @classmethod
+    def ring_store_runs(cls, layer: int, parts: list[tuple[SequenceCache, int, int]], values: torch.Tensor,
+                        packed) -> None:
+        """One layer's ring rows for several caches: parts [(cache, start, n)] take the next n
+        rows each, in order (ring_store each; a paged pool writes them all at once)."""
+        at = 0
+        for cache, start, n in parts:
+            rows, at = slice(at, at + n), at + n
+            cache.ring_store(layer, start, values[rows], None if packed is None else tuple(t[rows] for t in packed))
+
     def note_ring_write(self, layer: int, start: int, count: int) -> None:
         span = self.ring_spans[layer]
         if start != span.valid_to:

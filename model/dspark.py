@@ -87,12 +87,8 @@ class DSparkDrafter:
             packed = None
             if self.model.qat:
                 kv, packed = ops.fp8_round_trip(kv)
-            at = 0
-            for cache, first, t in rows:
-                n = t.shape[0]
-                part = None if packed is None else tuple(x[at:at + n] for x in packed)
-                cache.ring_store(role.index, first, kv[at:at + n], part)
-                at += n
+            type(rows[0][0]).ring_store_runs(role.index, [(cache, first, t.shape[0]) for cache, first, t in rows], kv,
+                                             packed)
 
     def propose(self, requests: list[tuple[SequenceCache, int]], choose: Chooser = greedy_chooser) -> Proposal:
         """Drafts for each (cache, y): the cache has committed positions .. p, y is the token at p+1."""

@@ -168,3 +168,40 @@ def test_a_batch_of_caches_appends_entries_as_each_alone(golden_model):
         assert a.counts == b.counts and a.page_table == b.page_table
         assert torch.equal(a.index_keys(source), b.index_keys(source))
     assert torch.equal(together[1]._keys[source], alone[1]._keys[source])
+
+
+def test_a_batch_of_caches_stores_ring_rows_as_each_alone(golden_model):
+    """The drafter's rings of a whole decode batch are written at once: slots and ring spans
+    come out as with one ring_store per cache, also for more rows than the ring holds."""
+    g = torch.Generator().manual_seed(6)
+    pools = [_pool(golden_model.config, pages=8, slots=4, page_entries=4) for _ in range(2)]
+    layout = pools[0].layout
+    layer, cap, D = layout.num_ring_layers - 1, layout.ring_capacity, layout.head_dim
+    alone, together = ([PagedCache(pool, golden_model.config) for _ in range(3)] for pool in pools)
+    for pool in pools:  # what tensor-parallel ranks would copy (kvcache/replica.py)
+        pool.writes = _WriteLog()
+    for starts, counts in (([0, 5, 2], [3, cap + 2, 1]), ([3, 5 + cap + 2, 3], [6, 1, cap])):
+        n = sum(counts)
+        packed = (torch.randint(0, 256, (n, D), dtype=torch.uint8, generator=g),
+                  torch.randint(0, 256, (n, D // 32), dtype=torch.uint8, generator=g))
+        values = torch.randn(n, D, generator=g)
+        PagedCache.ring_store_runs(layer, list(zip(together, starts, counts)), values, packed)
+        at = 0
+        for cache, start, count in zip(alone, starts, counts):
+            rows, at = slice(at, at + count), at + count
+            cache.ring_store(layer, start, values[rows], tuple(t[rows] for t in packed))
+    assert torch.equal(pools[0].slots, pools[1].slots)
+    for a, b in zip(alone, together):
+        assert [(s.valid_from, s.valid_to) for s in a.ring_spans] == [(s.valid_from, s.valid_to) for s in b.ring_spans]
+    assert pools[0].writes.ranges == pools[1].writes.ranges and pools[0].writes.ranges
+
+
+class _WriteLog:
+    def __init__(self):
+        self.ranges = []
+
+    def written(self, ranges):
+        self.ranges += ranges
+
+    def zeroed(self, ranges):
+        pass
