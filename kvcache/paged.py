@@ -87,7 +87,7 @@ class PagedCache(SequenceCache):
     @classmethod
     def ring_store_runs(cls, layer, parts, values, packed):
         caches = [cache for cache, _, _ in parts]
-        if packed is None or len(parts) == 1 or any(type(c) is not cls or c.pool is not caches[0].pool for c in caches):
+        if not cls._write_together(caches, packed):
             return super().ring_store_runs(layer, parts, values, packed)
         cap = caches[0].layout.ring_capacity
         slots, rows, taken, at = [], [], [], 0  # on the host, then one copy: no lookup per cache
@@ -105,6 +105,12 @@ class PagedCache(SequenceCache):
         for cache, start, n in parts:
             cache.note_ring_write(layer, start, n)
             cache._note_ring_bytes(layer, start, n)
+
+    @classmethod
+    def _write_together(cls, caches: list, packed) -> bool:
+        """Whether several caches' rows go in one write: all paged in one pool, bytes given."""
+        return packed is not None and len(caches) > 1 and all(
+            type(c) is cls and c.pool is caches[0].pool for c in caches)
 
     def _note_ring_bytes(self, layer: int, start: int, n: int) -> None:
         if self.pool.writes is not None:  # the drafter's rings are written outside a forward
@@ -173,7 +179,7 @@ class PagedCache(SequenceCache):
     @classmethod
     def entries_append_runs(cls, source, parts, kv, index_keys, packed):
         caches = [cache for cache, _ in parts]
-        if packed is None or len(parts) == 1 or any(type(c) is not cls or c.pool is not caches[0].pool for c in caches):
+        if not cls._write_together(caches, packed):
             return super().entries_append_runs(source, parts, kv, index_keys, packed)
         pages, rows = [], []  # on the host: the page tables are host lists, so one copy serves every cache
         for cache, n in parts:
