@@ -432,7 +432,7 @@ def moe_tiles() -> None:
 # ------------------------------------------------------------------ the model
 
 
-def build_model(fast: bool, preset: str, parallel=None):
+def build_model(fast: bool, preset: str, parallel=None, act_quant: bool = False):
     from dsflash.model.checkpoint_writer import preset_config, random_weight_store
     from dsflash.model.config import ModelConfig
     from dsflash.model.deepseek_v41 import DeepseekV41
@@ -448,8 +448,8 @@ def build_model(fast: bool, preset: str, parallel=None):
     store = shard_attention(random_weight_store(config, seed=0, device=DEV, select=select), parallel)
     tokenizer = pathlib.Path(os.environ.get("DSFLASH_TOKENIZER", ".bench/golden/v41-tiny-a/tokenizer.json"))
     model = DeepseekV41(store, tokenizer_json=tokenizer, device=DEV, parallel=parallel)
-    model.ops = (TritonOps(store, device=DEV, parallel=parallel) if fast
-                 else ReferenceOps(store, device=DEV, cache_dense=False, parallel=parallel))
+    model.ops = (TritonOps(store, act_quant=act_quant, device=DEV, parallel=parallel) if fast
+                 else ReferenceOps(store, act_quant=act_quant, device=DEV, cache_dense=False, parallel=parallel))
     if fast and GraphCache.wanted(torch.device(DEV)):
         model.graphs = GraphCache()
     record("setup", "weights", {"seconds": time.monotonic() - began, "GiB": store.nbytes / 2**30})
@@ -514,8 +514,9 @@ def decode(model, store, batches, contexts, label: str) -> None:
                 engine.add(synthetic_request(engine, f"r{i}", context, g, max_tokens=100))
             with torch.inference_mode():
                 engine.step()  # admission
-                steps = 2 if label == "reference" else 6
-                for _ in range(2 if label != "reference" else 1):
+                reference = label.startswith("reference")
+                steps = 2 if reference else 6
+                for _ in range(1 if reference else 2):
                     engine.step()
                 sync()
                 began = time.perf_counter()
@@ -523,7 +524,7 @@ def decode(model, store, batches, contexts, label: str) -> None:
                     engine.step()
                 sync()
             step_s = (time.perf_counter() - began) / steps
-            if PROFILE[0] and label == "decode" and batch == batches[0]:
+            if PROFILE[0] and label.startswith("decode") and batch == batches[0]:
                 profile_steps(engine, f"{label}_ctx{context}_B{batch}", stacks=True)
                 host_profile(engine, f"host_{label}_ctx{context}_B{batch}")
             emitted = sum(len(r.output) for r in engine.running)
@@ -696,6 +697,8 @@ def main() -> None:
     parser.add_argument("--preset", default="bench")
     parser.add_argument("--profile", action="store_true", help="profile two decode steps of the first batch size")
     parser.add_argument("--tp", type=int, default=1, help="ranks for tensor/expert parallel decode (GPUs)")
+    parser.add_argument("--act-quant", action="store_true",
+                        help="faithful mode: FP8-round every FP8/FP4 GEMM input (sections get an _act_quant suffix)")
     args = parser.parse_args()
     DEV = args.device
     DEADLINE[0] = time.monotonic() + args.budget_s
@@ -728,21 +731,22 @@ def main() -> None:
     if "moe_tiles" in sections and DEV.startswith("cuda"):
         moe_tiles()
     if {"decode", "prefill", "reference"} & set(sections):
-        model, store = build_model(fast=True, preset=args.preset)
+        model, store = build_model(fast=True, preset=args.preset, act_quant=args.act_quant)
+        mode = "_act_quant" if args.act_quant else ""
         if "decode" in sections:
             for context in contexts:
-                decode(model, store, [b for b in batches if context < (1 << 20) or b <= 8], [context], "decode")
+                decode(model, store, [b for b in batches if context < (1 << 20) or b <= 8], [context], "decode" + mode)
         if "decode_eager" in sections:  # the same kernels without CUDA graphs: what the graphs buy
             graphs, model.graphs = model.graphs, None
-            decode(model, store, [batches[0]], [contexts[0]], "decode_eager")
+            decode(model, store, [batches[0]], [contexts[0]], "decode_eager" + mode)
             model.graphs = graphs
         if "prefill" in sections:
-            prefill(model, [int(x) for x in args.prefill.split(",")])
+            prefill(model, [int(x) for x in args.prefill.split(",")], "prefill" + mode)
         if "reference" in sections:
             from dsflash.model.ops import ReferenceOps
 
-            model.ops, model.graphs = ReferenceOps(store, device=DEV, cache_dense=False), None
-            decode(model, store, [1], [contexts[0]], "reference")
+            model.ops, model.graphs = ReferenceOps(store, act_quant=args.act_quant, device=DEV, cache_dense=False), None
+            decode(model, store, [1], [contexts[0]], "reference" + mode)
     print(json.dumps(RESULTS, indent=1))
 
 

@@ -22,7 +22,7 @@ from .kernels.common import interpreting
 from .kernels.fp4_moe import fp4_moe, small_scales
 from .kernels.fp8_gemm import bf16_gemm, fp32_gemm, fp8_gemm, grouped_fp8_gemm, small_fp8_scales, tile_counts
 from .kernels.hc_gates import hc_gates
-from .kernels.quantize import fp4_round_trip, fp8_round_trip
+from .kernels.quantize import fp4_round_trip, fp8_grid_bf16, fp8_round_trip
 from .kernels.rope import rope
 from .layers.mhc import hc_mixes
 from .ops import ReferenceOps
@@ -72,6 +72,14 @@ class TritonOps(ReferenceOps):
                 dense = self._bf16[name] = weight.to(self.device).contiguous()
             return bf16_gemm(rows.contiguous(), dense).view(*x.shape[:-1], dense.shape[0])
         return super().linear(x, name)
+
+    def gemm_input(self, x: torch.Tensor) -> torch.Tensor:
+        """Faithful mode: x on the FP8 grid in one launch (torch's rounding is ~20), as bf16.
+        FP8 values times powers of two are exact in bf16, so the GEMM kernels dot it as one
+        bf16 part where fp32 activations take three."""
+        if not (self.act_quant and _kernels_run_on(x) and x.shape[-1] % 32 == 0):
+            return super().gemm_input(x)
+        return fp8_grid_bf16(x)
 
     def grouped_linear(self, x: torch.Tensor, name: str, groups: int) -> torch.Tensor:
         if isinstance(self.weights[name], Fp8Weight) and _kernels_run_on(x):
@@ -129,10 +137,7 @@ class TritonOps(ReferenceOps):
                        weights: torch.Tensor, limit: float) -> torch.Tensor:
         """Pairs routed to this rank's experts `local`; the others are left to their ranks."""
         tensors, small = self._stacked(prefix, local)
-        if self.act_quant:
-            from .quant import fake_quant_fp8
-
-            x = fake_quant_fp8(x)
+        x = self.gemm_input(x)
         own = idx - local.start
         own = torch.where((own >= 0) & (own < len(local)), own, len(local))  # len(local): not ours, dropped
         return fp4_moe(x.contiguous(), own, weights, *tensors, limit, small=small, act_quant=self.act_quant)

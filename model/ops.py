@@ -60,9 +60,13 @@ class ReferenceOps:
 
     def linear(self, x: torch.Tensor, name: str) -> torch.Tensor:
         """x @ W.T in fp32; FP8/FP4 weights see an FP8-rounded input in faithful mode."""
-        if self.act_quant and self.is_quantized(name):
-            x = quant.fake_quant_fp8(x)
+        if self.is_quantized(name):
+            x = self.gemm_input(x)
         return x.float() @ self.w(name).T
+
+    def gemm_input(self, x: torch.Tensor) -> torch.Tensor:
+        """x as an FP8/FP4-weight GEMM takes it: rounded onto the FP8 grid in faithful mode."""
+        return quant.fake_quant_fp8(x) if self.act_quant else x
 
     def grouped_linear(self, x: torch.Tensor, name: str, groups: int) -> torch.Tensor:
         """x [T, G*K] -> [T, G*R] through a block-diagonal weight [G*R, K]: group g's R rows see

@@ -334,7 +334,9 @@ def fp4_moe(x, idx, weights, w13, s13, w2, s2, limit: float, block_m: int | None
             small: bool | None = None, act_quant: bool = False) -> torch.Tensor:
     """x [T, H], idx/weights [T, k]; stacked packed experts. Returns [T, H] fp32. block_m
     overrides the block height (a benchmark's choice); small is small_scales(s13, s2), worked
-    out here when not given. act_quant: as fp4_moe_ref's (x is taken as it comes)."""
+    out here when not given. act_quant: as fp4_moe_ref's (x is taken as it comes). A bf16 x in
+    faithful mode (FP8 values, as TritonOps.gemm_input gives it) and its FP8-rounded down
+    projection input are both exact in bf16: they go in as one part each, not three."""
     T, H = x.shape
     E, two_i, _ = w13.shape
     inter = two_i // 2
@@ -352,12 +354,13 @@ def fp4_moe(x, idx, weights, w13, s13, w2, s2, limit: float, block_m: int | None
     tiles = TILES["interpreter"][P] if interpreting() else TILES[block_m]
     plan = RoutePlan(idx, weights, E, block_m)
     # [SPLITS, P, T, H/P] (a strided view): piece t holds columns P*c + t, as the weight units' code t
-    parts = bf16_parts(x, SPLITS, interleave=P).view(SPLITS, T, P, H // P).transpose(1, 2)
-    h = torch.empty(SPLITS, P, plan.rows, inter // P, dtype=torch.bfloat16, device=x.device)
+    splits = 1 if act_quant and x.dtype == torch.bfloat16 and inter % 32 == 0 else SPLITS
+    parts = bf16_parts(x, splits, interleave=P).view(splits, T, P, H // P).transpose(1, 2)
+    h = torch.empty(splits, P, plan.rows, inter // P, dtype=torch.bfloat16, device=x.device)
     out = torch.zeros(pairs, H, dtype=torch.float32, device=x.device)  # other ranks' pairs stay 0
     units13, units2 = (w13.view(torch.int32), w2.view(torch.int32)) if P == 8 else (w13, w2)
     blocks = plan.rows // block_m
-    options = dict(SPLITS=SPLITS, SLOTS=slots, PIECES=P, PTX=not interpreting(), SMALL=small, BLOCK_M=block_m,
+    options = dict(SPLITS=splits, SLOTS=slots, PIECES=P, PTX=not interpreting(), SMALL=small, BLOCK_M=block_m,
                    **tiles)
     _gate_up_kernel[(blocks, triton.cdiv(inter, tiles["BLOCK_N"]))](
         parts, plan.tokens, plan.routed, plan.block_expert, units13, s13, h, H, inter, float(limit),

@@ -131,14 +131,15 @@ def _fp4_round_trip_kernel(x_ptr, values_ptr, packed_ptr, scales_ptr, num_blocks
     tl.store(scales_ptr + blocks, scale_byte.to(tl.uint8), mask=blocks < num_blocks)
 
 
-def _launch(kernel, x: torch.Tensor, block: int, code_columns: int, **constants):
+def _launch(kernel, x: torch.Tensor, block: int, code_columns: int, values_dtype: torch.dtype = torch.float32,
+            **constants):
     """Allocates (values, codes [..., code_columns], scale bytes) shaped as the reference's and
     launches `kernel` over x's blocks (rows flattened: blocks never straddle rows)."""
     n = x.shape[-1]
     assert n % block == 0, f"last dimension {n} is not a multiple of the block size {block}"
     assert block >= 2 and block & (block - 1) == 0, "the block size must be a power of two"
     x = x.contiguous()
-    values = torch.empty(x.shape, dtype=torch.float32, device=x.device)
+    values = torch.empty(x.shape, dtype=values_dtype, device=x.device)
     codes = torch.empty(*x.shape[:-1], code_columns, dtype=torch.uint8, device=x.device)
     scales = torch.empty(*x.shape[:-1], n // block, dtype=torch.uint8, device=x.device)
     num_blocks = scales.numel()
@@ -153,6 +154,12 @@ def fp8_round_trip(x: torch.Tensor, block: int = 32) -> tuple[torch.Tensor, quan
     """quant.fp8_round_trip in one launch: x [..., n] -> (values fp32 [..., n],
     (e4m3 codes uint8 [..., n], e8m0 scale bytes uint8 [..., n/block]))."""
     return _launch(_fp8_round_trip_kernel, x, block, x.shape[-1])
+
+
+def fp8_grid_bf16(x: torch.Tensor, block: int = 32) -> torch.Tensor:
+    """quant.fake_quant_fp8's values in one launch, as bf16: an FP8 value times a power of two
+    is exact there (faithful mode's GEMM inputs, which then dot as one bf16 part)."""
+    return _launch(_fp8_round_trip_kernel, x, block, x.shape[-1], values_dtype=torch.bfloat16)[0]
 
 
 def fp4_round_trip(x: torch.Tensor, block: int, e4m3_scales: bool = False) -> tuple[torch.Tensor, quant.Packed]:

@@ -19,7 +19,6 @@ from ..batch import SeqRun
 from ..config import LayerRole, ModelConfig
 from ..kernels.sparse_attention import sparse_attention_ref
 from ..ops import ReferenceOps
-from ..quant import fake_quant_fp8
 from ..rope import Rope
 from .attention_kernel import attend_block_in_place, attend_in_place, update_entries
 from .norm import rms_norm
@@ -115,7 +114,5 @@ def grouped_output(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, o: torc
     p = role.prefix
     groups = cfg.o_groups // ops.parallel.world
     flat = o.reshape(o.shape[0], -1)
-    if ops.act_quant:
-        flat = fake_quant_fp8(flat)
-    u = ops.grouped_linear(flat, f"{p}.attn.wo_a", groups)  # [T, G*r]
+    u = ops.grouped_linear(ops.gemm_input(flat), f"{p}.attn.wo_a", groups)  # [T, G*r]
     return ops.parallel.all_reduce(ops.linear(u, f"{p}.attn.wo_b"))

@@ -21,8 +21,8 @@ from dsflash.model.kernels.indexer_score import indexer_scores, indexer_scores_r
 from dsflash.model.kernels.sparse_attention import launch_plan, sparse_attention, sparse_attention_ref
 from dsflash.model.layers import mhc
 from dsflash.model.layers.norm import rms_norm
-from dsflash.model.quant import (dequantize_fp4_weight, dequantize_fp8_weight, fake_quant_fp4, quantize_fp4_weight,
-                                 quantize_fp8_weight)
+from dsflash.model.quant import (dequantize_fp4_weight, dequantize_fp8_weight, fake_quant_fp4, fake_quant_fp8,
+                                 quantize_fp4_weight, quantize_fp8_weight)
 from dsflash.model.runner import prompt_logits, step
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -38,7 +38,8 @@ def _g(seed=0):
 def test_fp8_gemm(m, n, k, act_quant):
     g = _g(m)
     codes, scales = quantize_fp8_weight(torch.randn(n, k, generator=g))
-    x = torch.randn(m, k, generator=g)
+    # each block of 32 columns at its own magnitude, so that faithful mode's block scales differ
+    x = torch.randn(m, k, generator=g) * torch.exp2(torch.arange(k) // 32 * 3.0 - 4.0)
     for dtype in (torch.float32, torch.bfloat16):
         xd = x.to(DEVICE, dtype)
         got = fp8_gemm(xd, codes.to(DEVICE), scales.to(DEVICE), act_quant).cpu()
@@ -189,11 +190,15 @@ def test_fp4_moe(T, block_m, small):
     assert (got - ref).abs().max() < REL * ref.abs().max() + 1e-6
 
 
+@pytest.mark.parametrize("on_grid", [False, True])
 @pytest.mark.parametrize("T", [1, 11, 30])
-def test_fp4_moe_rounds_the_down_projections_input_in_faithful_mode(T):
+def test_fp4_moe_rounds_the_down_projections_input_in_faithful_mode(T, on_grid):
     """act_quant: the expert's activation (weighted SwiGLU) is rounded onto the FP8 grid in
-    blocks of 32 before w2, as the reference's faithful mode does."""
+    blocks of 32 before w2, as the reference's faithful mode does. on_grid: x comes as
+    TritonOps.gemm_input gives it (FP8 values in bf16), which takes the one-part dots."""
     stack, x, idx, weights = _moe_case(_g(2), T, E=4, H=64, inter=64, k=2)
+    if on_grid:
+        x = fake_quant_fp8(x).to(torch.bfloat16)
     faithful, plain = (fp4_moe_ref(x, idx, weights, *stack, 0.7, act_quant=a) for a in (True, False))
     got = fp4_moe(x.to(DEVICE), idx.to(DEVICE), weights.to(DEVICE), *[t.to(DEVICE) for t in stack], 0.7,
                   act_quant=True).cpu()

@@ -9,7 +9,7 @@ import torch
 
 from dsflash.model import quant
 from dsflash.model.fast_ops import TritonOps
-from dsflash.model.kernels.quantize import fp4_round_trip, fp8_round_trip
+from dsflash.model.kernels.quantize import fp4_round_trip, fp8_grid_bf16, fp8_round_trip
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -90,6 +90,15 @@ def test_round_trip_matches_quant_bit_for_bit(fmt):
     for x in cases:
         ref = reference(x, block, *extra)
         _assert_same(kernel(x.to(DEVICE), block, *extra), ref)
+
+
+def test_fp8_grid_in_bf16_holds_the_fake_quantized_values_exactly():
+    """Faithful mode's GEMM inputs (TritonOps.gemm_input): fake_quant_fp8's values, as bf16."""
+    g = torch.Generator().manual_seed(3)
+    for x in (_random((5, 512), g), _edge_blocks(32, g), _random((2, 3, 64), g).bfloat16()):
+        got = fp8_grid_bf16(x.to(DEVICE))
+        assert got.dtype == torch.bfloat16
+        assert torch.equal(got.float().cpu().view(torch.int32), quant.fake_quant_fp8(x.float()).view(torch.int32))
 
 
 def test_e4m3_scales_saturate_at_448():
