@@ -114,7 +114,7 @@ def worker_settings(args, role: str):
                           devices=devices if len(devices) > 1 else (),
                           kv_transports=_list(args.kv_transports), kv_pool=args.kv_pool, pool_bytes=args.pool_bytes,
                           max_requests=args.max_requests, prefill_token_budget=args.prefill_token_budget,
-                          faults=fault_plan(args.inject_kv_fault), **extra)
+                          act_quant=args.act_quant, faults=fault_plan(args.inject_kv_fault), **extra)
 
 
 def prefill(args) -> int:

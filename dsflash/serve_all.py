@@ -30,9 +30,9 @@ async def serve(args) -> None:
     began = time.monotonic()
     checkpoint = str(args.checkpoint or default_checkpoint())
     directory = open_directory(DirectoryConfig(redis_url=args.redis_url)) if args.redis_url else LocalDirectory()
-    model = DeepseekV41.from_checkpoint(checkpoint, device=args.device, progress=True)
+    model = DeepseekV41.from_checkpoint(checkpoint, device=args.device, progress=True, act_quant=args.act_quant)
     common = dict(checkpoint=checkpoint, host="127.0.0.1", redis_url=args.redis_url, device=args.device,
-                  pool_bytes=256 << 20, max_requests=16)
+                  pool_bytes=256 << 20, max_requests=16, act_quant=args.act_quant)
     metrics = Metrics()  # one registry: the gateway's /metrics shows every tier (role label)
     prefill = PrefillWorker(WorkerSettings(role="prefill", port=free_port(), **common), directory, model, metrics)
     decode = DecodeWorker(WorkerSettings(role="decode", port=free_port(), **common), directory, model, metrics)

@@ -33,7 +33,7 @@ LOST_RANK_EXIT = 70  # the worker's exit status when one of its ranks died
 
 
 class Ranks:
-    def __init__(self, devices: list[str], checkpoint: str, tier: str):
+    def __init__(self, devices: list[str], checkpoint: str, tier: str, act_quant: bool = False):
         """Start ranks 1..W-1 on devices[1:] and join their process group as rank 0 (blocks
         until every rank joined)."""
         from .worker import free_port
@@ -48,8 +48,8 @@ class Ranks:
         for rank in range(1, world):
             ours, theirs = ctx.Pipe()
             process = ctx.Process(target=_rank_main, name=f"dsflash-rank{rank}", daemon=True,
-                                  args=(rank, world, rendezvous, devices[rank], checkpoint, tier, theirs,
-                                        current_setup()))
+                                  args=(rank, world, rendezvous, devices[rank], checkpoint, tier, act_quant,
+                                        theirs, current_setup()))
             process.start()
             theirs.close()
             self.processes.append(process)
@@ -99,23 +99,24 @@ class Ranks:
 
 
 def load_model(checkpoint: str, tier: str, device: str | torch.device, parallel: Parallel,
-               progress: bool = False) -> DeepseekV41:
+               progress: bool = False, act_quant: bool = False) -> DeepseekV41:
     """One rank's share of the checkpoint, on the Triton fast path on a GPU: loaded straight
     onto it, the experts stacked and their per-expert tensors freed (no host copy is kept)."""
-    model = DeepseekV41.from_checkpoint(checkpoint, tier=tier, device=device, progress=progress, parallel=parallel)
+    model = DeepseekV41.from_checkpoint(checkpoint, tier=tier, device=device, progress=progress, parallel=parallel,
+                                        act_quant=act_quant)
     if model.device.type == "cuda":
         model.use_kernels(keep_unpacked=False)
     return model
 
 
-def _rank_main(rank: int, world: int, rendezvous: str, device: str, checkpoint: str, tier: str, conn,
-               logging_setup: tuple[str, str]) -> None:
+def _rank_main(rank: int, world: int, rendezvous: str, device: str, checkpoint: str, tier: str, act_quant: bool,
+               conn, logging_setup: tuple[str, str]) -> None:
     _die_with_parent()
     setup_logging(*logging_setup)
     device = torch.device(device)
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    model = load_model(checkpoint, tier, device, init_parallel(rank, world, rendezvous, device))
+    model = load_model(checkpoint, tier, device, init_parallel(rank, world, rendezvous, device), act_quant=act_quant)
     try:
         page_entries, num_pages, num_slots, name = conn.recv()
     except EOFError:

@@ -74,6 +74,7 @@ class WorkerSettings:
     conversation_lease_s: float = 3600.0
     drain_grace_s: float = 30.0
     ced: bool = False  # prefill: bounded replay of the decoder layers
+    act_quant: bool = False  # faithful mode: FP8-rounded GEMM inputs (ReferenceOps)
     spec_tokens: int = 5  # decode: DSpark drafts per step
     prefill_token_budget: int = 8192
     prefill_workers: tuple[str, ...] = ()  # decode: static prefill addresses (without Redis)
@@ -126,8 +127,11 @@ class WorkerRuntime:
             model = self._load(tier)
         self.model = model
         self.layout = CacheLayout.for_model(self.model.config, page_entries=s.page_entries)
+        # Peers share caches only when they computed them alike: faithful mode's rounded GEMM
+        # inputs give other bytes than the exact products (a mixed pair recomputes instead).
+        precision = "act-quant" if model.ops.act_quant else "exact"
         config = TransportConfig(compatibility_hash=make_compatibility_hash(
-            self.layout.model_fingerprint, "fp8-window/fp4-global", self.layout.fingerprint()))
+            self.layout.model_fingerprint, f"fp8-window/fp4-global/{precision}", self.layout.fingerprint()))
         self.transfer = open_engines(config, s.kv_transports, tcp_host=_bind_host(s.host),
                                      advertise_host=s.advertise_host, faults=s.faults)
         device = pool_device(s.kv_pool, self.model.device, s.pool_bytes)
@@ -153,9 +157,9 @@ class WorkerRuntime:
         """This rank's share of the model; with several devices, the other ranks start first."""
         s, parallel = self.settings, SINGLE
         if len(s.devices) > 1:
-            self.ranks = Ranks(list(s.devices), s.checkpoint, tier)
+            self.ranks = Ranks(list(s.devices), s.checkpoint, tier, s.act_quant)
             parallel = self.ranks.parallel
-        return load_model(s.checkpoint, tier, s.device, parallel, progress=True)
+        return load_model(s.checkpoint, tier, s.device, parallel, progress=True, act_quant=s.act_quant)
 
     def add_standard_services(self, server: grpc.aio.Server, service_names: list[str]) -> None:
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
