@@ -7,11 +7,16 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+import torch
 
 from dsflash.cli import build_parser
 from dsflash.commands import worker_settings
 from dsflash.kvcache.transport import IncompatiblePeer
+from dsflash.model.deepseek_v41 import DeepseekV41
+from dsflash.model.runner import greedy
 from dsflash.serving.worker import WorkerRuntime, WorkerSettings
+
+from .cluster import Worker, generate
 
 
 def test_the_flag_reaches_the_settings():
@@ -46,3 +51,31 @@ def test_workers_share_caches_only_in_the_same_precision(tiny_checkpoint):
                 await runtime.close()
 
     asyncio.run(check())
+
+
+@pytest.mark.slow
+def test_served_faithful_mode_matches_the_in_process_model_and_a_mixed_pair_recomputes(tiny_checkpoint, tiny_model,
+                                                                                       tmp_path):
+    """Real processes: a faithful prefill worker hands its caches to a faithful decode worker,
+    whose tokens are the faithful in-process model's; an exact decode worker asking the same
+    prefill worker is refused the transfer and recomputes, with the exact model's tokens."""
+    prefill = Worker("prefill", tiny_checkpoint, tmp_path, extra=["--act-quant"])
+    faithful = Worker("decode", tiny_checkpoint, tmp_path, extra=["--act-quant", "--prefill", prefill.address])
+    exact = Worker("decode", tiny_checkpoint, tmp_path, extra=["--prefill", prefill.address])
+    try:
+        for worker in (prefill, faithful, exact):
+            worker.wait_ready()
+        prompt = [(11 * i + 5) % 1000 + 7 for i in range(30)]
+        out, finished = generate(faithful.address, prompt, ignore_eos=True, temperature=0)
+        assert finished.stats.prefill_worker == prefill.address and finished.stats.cache_source == "none"
+        model = DeepseekV41.from_checkpoint(tiny_checkpoint, act_quant=True)
+        with torch.inference_mode():
+            assert out == greedy(model, torch.tensor(prompt), 8)
+        out, finished = generate(exact.address, prompt, ignore_eos=True, temperature=0)
+        assert finished.stats.cache_source == "recompute" and finished.usage.computed_tokens == len(prompt)
+        with torch.inference_mode():
+            assert out == greedy(tiny_model, torch.tensor(prompt), 8)
+        assert exact.status().handoff_failures_total == 1
+    finally:
+        for worker in (prefill, faithful, exact):
+            worker.stop()
