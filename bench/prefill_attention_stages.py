@@ -1,0 +1,52 @@
+"""The prefill form of sparse attention at 8,192 queries of the release's shapes: pipeline
+depth (num_stages) and key tile, against the shipped tiles (PREFILL_TILES), alternated, each
+with its FLOP rate (the bf16 limit is 694 TFLOP/s).
+
+    python bench/prefill_attention_stages.py
+"""
+import torch
+from dsflash.model.kernels.sparse_attention import sparse_attention
+
+dev = "cuda"
+heads, D, W, K, n = 64, 512, 128, 512, 8192
+rows = 1 << 16
+g = torch.Generator(device=dev).manual_seed(0)
+ring = torch.randint(0, 0x77, (rows * (D + D // 32),), dtype=torch.uint8, device=dev)
+ring[rows * D:] = 120
+pages = torch.randint(0, 255, (rows * 288,), dtype=torch.uint8, device=dev)
+pages[rows * 256:] = torch.randint(0x30, 0x40, (rows * 32,), dtype=torch.uint8, device=dev)
+q = torch.randn(n, heads, D, device=dev)
+# neighbouring queries share their window (as in a prompt) and draw entries from a nearby range
+base = torch.arange(n, device=dev)[:, None]
+w_off = ((base + torch.arange(W, device=dev)[None, :]) % rows) * D
+w_soff = rows * D + ((base + torch.arange(W, device=dev)[None, :]) % rows) * (D // 32)
+pick = torch.randint(0, 4096, (n, K), device=dev)
+e_off, e_soff = pick * 256, rows * 256 + pick * 32
+sink = torch.zeros(heads, device=dev)
+args = (q, ring, w_off, w_soff, pages, e_off, e_soff, sink, D**-0.5)
+ref = sparse_attention(*args, prefill=True)
+flops = 4 * n * heads * (W + K) * D
+
+
+def timed(tiles):
+    for _ in range(2):
+        sparse_attention(*args, prefill=True, tiles=tiles)
+    torch.cuda.synchronize()
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    for _ in range(5):
+        out = sparse_attention(*args, prefill=True, tiles=tiles)
+    b.record()
+    torch.cuda.synchronize()
+    return a.elapsed_time(b) / 5, ((out - ref).abs().max() / ref.abs().max()).item()
+
+
+variants = [dict(), dict(num_stages=2), dict(num_stages=4), dict(num_stages=1), dict(KT=64, num_stages=2),
+            dict(KT=16, num_stages=4)]
+for round_ in range(2):
+    for v in variants:
+        try:
+            ms, diff = timed(v)
+            print(f"[attn] round {round_} {v or 'shipped'}: {ms:.2f} ms ({flops / ms / 1e9:.0f} TFLOP/s), max rel diff {diff:.1e}", flush=True)
+        except Exception as exc:
+            print(f"[attn] {v}: {type(exc).__name__}: {str(exc)[:150]}", flush=True)
