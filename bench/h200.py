@@ -663,7 +663,7 @@ def prefill_flops(model, n: int) -> float:
 
 
 def tensor_parallel_rank(rank: int, world: int, rendezvous: str, contexts, batches, preset: str,
-                         prefill_lengths=()) -> None:
+                         prefill_lengths=(), act_quant: bool = False) -> None:
     """One rank of a `--tp` run: every rank steps the same engine on the same inputs (SPMD);
     rank 0 reports. No time-budget checks here: ranks must take the same branches."""
     from dsflash.model.parallel import init_parallel
@@ -676,11 +676,12 @@ def tensor_parallel_rank(rank: int, world: int, rendezvous: str, contexts, batch
     if rank:
         REPORTING[0] = False
     DEADLINE[0] = float("inf")
-    model, store = build_model(fast=True, preset=preset, parallel=parallel)
+    model, store = build_model(fast=True, preset=preset, parallel=parallel, act_quant=act_quant)
+    mode = "_act_quant" if act_quant else ""
     for context in contexts:
-        decode(model, store, batches, [context], f"decode_tp{world}")
+        decode(model, store, batches, [context], f"decode_tp{world}{mode}")
     if prefill_lengths:
-        prefill(model, prefill_lengths, f"prefill_tp{world}")
+        prefill(model, prefill_lengths, f"prefill_tp{world}{mode}")
     model.release_graphs()  # before NCCL's teardown, which waits on the collectives they captured
     torch.distributed.destroy_process_group()
 
@@ -715,7 +716,8 @@ def main() -> None:
 
         rendezvous = f"file://{tempfile.mkdtemp()}/rendezvous"
         lengths = [int(x) for x in args.prefill.split(",")] if "prefill" in sections else []
-        mp.start_processes(tensor_parallel_rank, args=(args.tp, rendezvous, contexts, batches, args.preset, lengths),
+        mp.start_processes(tensor_parallel_rank,
+                           args=(args.tp, rendezvous, contexts, batches, args.preset, lengths, args.act_quant),
                            nprocs=args.tp, join=True, start_method="spawn")
         return
     if DEV.startswith("cuda"):
