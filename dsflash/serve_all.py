@@ -15,7 +15,8 @@ from .commands import default_checkpoint
 from .kvcache.directory import DirectoryConfig, LocalDirectory, open_directory
 from .logs import log_event
 from .metrics import Metrics
-from .model.deepseek_v41 import DeepseekV41
+from .model.parallel import SINGLE
+from .serving.ranks import load_model
 from .serving.worker import WorkerSettings, free_port
 
 log = logging.getLogger("dsflash.serve")
@@ -30,7 +31,8 @@ async def serve(args) -> None:
     began = time.monotonic()
     checkpoint = str(args.checkpoint or default_checkpoint())
     directory = open_directory(DirectoryConfig(redis_url=args.redis_url)) if args.redis_url else LocalDirectory()
-    model = DeepseekV41.from_checkpoint(checkpoint, device=args.device, progress=True, act_quant=args.act_quant)
+    # the workers' own loader: on a GPU it switches to the Triton kernels and CUDA graphs
+    model = load_model(checkpoint, "all", args.device, SINGLE, progress=True, act_quant=args.act_quant)
     common = dict(checkpoint=checkpoint, host="127.0.0.1", redis_url=args.redis_url, device=args.device,
                   pool_bytes=256 << 20, max_requests=16, act_quant=args.act_quant)
     metrics = Metrics()  # one registry: the gateway's /metrics shows every tier (role label)

@@ -151,7 +151,8 @@ class WorkerRuntime:
                   pool_pages=self.pool.num_pages, pool_slots=self.pool.num_slots, pool_device=self.pool.device,
                   pool_staging="host" if self.pool.is_mirrored else "none",
                   staging_pinned=bool(self.pool.mirror is not None and self.pool.mirror.pinned),
-                  transports=",".join(s.kv_transports), ranks=len(s.devices) or 1, precision=precision)
+                  transports=",".join(s.kv_transports), ranks=len(s.devices) or 1, precision=precision,
+                  ops="kernels" if model.ops.fast else "reference")
 
     def _load(self, tier: str) -> DeepseekV41:
         """This rank's share of the model; with several devices, the other ranks start first."""

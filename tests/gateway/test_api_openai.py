@@ -31,6 +31,7 @@ def client(serve):
 
 
 def test_models_health_ready(serve, client):
+    assert "ops=reference" in serve.log_path.read_text()  # on the CPU (`--device cuda`: the kernels)
     assert [m.id for m in client.models.list().data] == ["deepseek-v4.1-flash"]
     assert httpx.get(f"{serve.url}/healthz").json() == {"status": "ok"}
     assert httpx.get(f"{serve.url}/readyz").status_code == 200

@@ -64,7 +64,7 @@ class ScriptedGateway:
 
 
 class ServeProcess:
-    def __init__(self, checkpoint, log_path, extra: list[str] = ()):
+    def __init__(self, checkpoint, log_path, extra: list[str] = (), ready_timeout_s: float = 90.0):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
@@ -74,15 +74,15 @@ class ServeProcess:
             self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
                                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
         try:
-            self.decode_address = self._wait_ready(log_path)
+            self.decode_address = self._wait_ready(log_path, ready_timeout_s)
         except BaseException:
             self.close()  # a failed setup must not leave a server behind
             raise
 
-    def _wait_ready(self, log_path) -> str:
+    def _wait_ready(self, log_path, timeout_s: float) -> str:
         """The decode address from the serve_ready line. /readyz answers 200 a moment before
         that line is written, so both are waited for."""
-        deadline = time.monotonic() + 90
+        deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise RuntimeError("dsflash serve exited:\n" + log_path.read_text()[-3000:])

@@ -12,6 +12,8 @@ import torch
 from dsflash.model.deepseek_v41 import DeepseekV41
 from dsflash.model.runner import greedy
 
+from tests.support.gateway_harness import ServeProcess
+
 from .cluster import Worker, generate
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
@@ -38,3 +40,18 @@ def test_gpu_workers_match_the_in_process_model(tiny_checkpoint, tmp_path):
     finally:
         prefill.stop()
         decode.stop()
+
+
+def test_serve_on_a_gpu_runs_the_kernels(tiny_checkpoint, tmp_path):
+    """`dsflash serve --device cuda` loads the model as the workers do: the Triton kernels and
+    CUDA graphs (it once kept the reference path on the GPU), and answers a chat request."""
+    import httpx
+
+    serve = ServeProcess(tiny_checkpoint, tmp_path / "serve.log", extra=["--device", "cuda"], ready_timeout_s=300)
+    try:
+        assert "ops=kernels" in serve.log_path.read_text(), serve.log_path.read_text()[-3000:]
+        reply = httpx.post(f"{serve.url}/v1/chat/completions", timeout=120,
+                           json={"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "Hi"}]})
+        assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] >= 1, reply.text
+    finally:
+        serve.close()
