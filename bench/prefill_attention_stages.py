@@ -4,13 +4,18 @@ with its FLOP rate (the bf16 limit is 694 TFLOP/s).
 
     python bench/prefill_attention_stages.py
 """
+import pathlib
+import sys
+
 import torch
-from dsflash.model.kernels.sparse_attention import sparse_attention
+
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+import h200  # noqa: E402
+from dsflash.model.kernels.sparse_attention import sparse_attention  # noqa: E402
 
 dev = "cuda"
 heads, D, W, K, n = 64, 512, 128, 512, 8192
 rows = 1 << 16
-g = torch.Generator(device=dev).manual_seed(0)
 ring = torch.randint(0, 0x77, (rows * (D + D // 32),), dtype=torch.uint8, device=dev)
 ring[rows * D:] = 120
 pages = torch.randint(0, 255, (rows * 288,), dtype=torch.uint8, device=dev)
@@ -29,19 +34,12 @@ flops = 4 * n * heads * (W + K) * D
 
 
 def timed(tiles):
-    for _ in range(2):
-        sparse_attention(*args, prefill=True, tiles=tiles)
-    torch.cuda.synchronize()
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record()
-    for _ in range(5):
-        out = sparse_attention(*args, prefill=True, tiles=tiles)
-    b.record()
-    torch.cuda.synchronize()
-    return a.elapsed_time(b) / 5, ((out - ref).abs().max() / ref.abs().max()).item()
+    seconds = h200.cuda_time(lambda: sparse_attention(*args, prefill=True, tiles=tiles), iters=5, warmup=2)
+    out = sparse_attention(*args, prefill=True, tiles=tiles)
+    return seconds * 1e3, ((out - ref).abs().max() / ref.abs().max()).item()
 
 
-variants = [dict(), dict(num_stages=2), dict(num_stages=4), dict(num_stages=1), dict(KT=64, num_stages=2),
+variants = [dict(), dict(num_stages=3), dict(num_stages=4), dict(num_stages=1), dict(KT=64, num_stages=2),
             dict(KT=16, num_stages=4)]
 for round_ in range(2):
     for v in variants:

@@ -355,7 +355,8 @@ def fp4_moe(x, idx, weights, w13, s13, w2, s2, limit: float, block_m: int | None
     block_m = block_m or block_height(pairs, E)
     slots = 4 if block_m <= PARTS_AS_COLUMNS else 1
     P = pieces(block_m)
-    splits = 1 if act_quant and x.dtype == torch.bfloat16 and inter % 32 == 0 else SPLITS
+    rounds_h = act_quant and inter % 32 == 0  # (fake_quant_fp8 leaves other widths as they are)
+    splits = 1 if rounds_h and x.dtype == torch.bfloat16 else SPLITS
     if interpreting():
         tiles = TILES["interpreter"][P]
     else:
@@ -372,7 +373,7 @@ def fp4_moe(x, idx, weights, w13, s13, w2, s2, limit: float, block_m: int | None
     _gate_up_kernel[(blocks, triton.cdiv(inter, tiles["BLOCK_N"]))](
         parts, plan.tokens, plan.routed, plan.block_expert, units13, s13, h, H, inter, float(limit),
         *parts.stride()[:3], units13.stride(0), units13.stride(1), s13.stride(0), s13.stride(1), *h.stride()[:3],
-        ACT_QUANT=act_quant and inter % 32 == 0, **options)  # (fake_quant_fp8 leaves other widths as they are)
+        ACT_QUANT=rounds_h, **options)
     _down_kernel[(blocks, triton.cdiv(H, tiles["BLOCK_N"]))](
         h, plan.tokens, plan.pair_ids, plan.block_expert, units2, s2, out, H, inter, *h.stride()[:3],
         units2.stride(0), units2.stride(1), s2.stride(0), s2.stride(1), out.stride(0), out.stride(1), **options)

@@ -158,7 +158,10 @@ def fp8_round_trip(x: torch.Tensor, block: int = 32) -> tuple[torch.Tensor, quan
 
 def fp8_grid_bf16(x: torch.Tensor, block: int = 32) -> torch.Tensor:
     """quant.fake_quant_fp8's values in one launch, as bf16: an FP8 value times a power of two
-    is exact there (faithful mode's GEMM inputs, which then dot as one bf16 part)."""
+    is exact there (faithful mode's GEMM inputs, which then dot as one bf16 part). Like it,
+    x whose width is no multiple of the block comes back as it is."""
+    if x.shape[-1] % block:
+        return x
     return _launch(_fp8_round_trip_kernel, x, block, x.shape[-1], values_dtype=torch.bfloat16)[0]
 
 

@@ -99,6 +99,8 @@ def test_fp8_grid_in_bf16_holds_the_fake_quantized_values_exactly():
         got = fp8_grid_bf16(x.to(DEVICE))
         assert got.dtype == torch.bfloat16
         assert torch.equal(got.float().cpu().view(torch.int32), quant.fake_quant_fp8(x.float()).view(torch.int32))
+    odd = _random((2, 48), g)  # no whole blocks: as it is, as fake_quant_fp8 leaves it
+    assert fp8_grid_bf16(odd) is odd
 
 
 def test_e4m3_scales_saturate_at_448():

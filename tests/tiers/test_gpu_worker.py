@@ -6,6 +6,7 @@ see docs/performance.md, fourth session.)"""
 
 from __future__ import annotations
 
+import httpx
 import pytest
 import torch
 
@@ -45,8 +46,6 @@ def test_gpu_workers_match_the_in_process_model(tiny_checkpoint, tmp_path):
 def test_serve_on_a_gpu_runs_the_kernels(tiny_checkpoint, tmp_path):
     """`dsflash serve --device cuda` loads the model as the workers do: the Triton kernels and
     CUDA graphs (it once kept the reference path on the GPU), and answers a chat request."""
-    import httpx
-
     serve = ServeProcess(tiny_checkpoint, tmp_path / "serve.log", extra=["--device", "cuda"], ready_timeout_s=300)
     try:
         assert "ops=kernels" in serve.log_path.read_text(), serve.log_path.read_text()[-3000:]
