@@ -263,19 +263,23 @@ def _online_parts(q_ptr, q_own, q_other, q_live, sqp, k_own, k_other, valid, m_i
 
 @triton.jit
 def _prefill_attention_kernel(q_ptr, ring16_ptr, win_off, win_soff, page_ptr, ent_off, ent_soff, sink_ptr, o_ptr,
-                              H, W, K, scale, sqp, sqn, sqh, swn, sen, son, soh,
+                              part_ml, part_acc, H, W, K, TILES_PER_SPLIT, scale, sqp, sqn, sqh, swn, sen, son, soh,
                               D: tl.constexpr, HB: tl.constexpr, KT: tl.constexpr, QP: tl.constexpr,
-                              PP: tl.constexpr, PTX: tl.constexpr, GATHERED: tl.constexpr):
+                              PP: tl.constexpr, PTX: tl.constexpr, GATHERED: tl.constexpr, SPLITS: tl.constexpr):
     """Program (query i, head block, column parity) over all the query's keys, on tensor cores
     (_online_parts): the prefill form, where every query has its own entries and the heads are
     the dots' rows. Two programs share a query's head block, one accumulating its even
     columns, one its odd ones (a [64, 512] fp32 accumulator does not fit one warpgroup's
     registers, and Triton lays chained dots out with every warp along the rows); both compute
     the whole logits. The query parts come with their columns ordered even ones first. With
-    GATHERED, ring16_ptr and page_ptr are gather_keys' copies of the keys, not the pool."""
+    GATHERED, ring16_ptr and page_ptr are gather_keys' copies of the keys, not the pool.
+    SPLITS > 1 (decode: few queries): program (query, head block, 2 * split + parity) reads
+    TILES_PER_SPLIT key tiles of the window's tiles followed by the entries' ones, and leaves
+    its running max, sum and accumulator for _combine_kernel."""
     i = tl.program_id(0)
     heads = tl.program_id(1) * HB + tl.arange(0, HB)
-    parity = tl.program_id(2)
+    parity = tl.program_id(2) % 2
+    split = tl.program_id(2) // 2
     c = tl.arange(0, D // 2)
     q_own = i * sqn + heads[:, None] * sqh + (parity * (D // 2) + c)[None, :]
     q_other = i * sqn + heads[:, None] * sqh + ((1 - parity) * (D // 2) + c)[None, :]
@@ -284,17 +288,33 @@ def _prefill_attention_kernel(q_ptr, ring16_ptr, win_off, win_soff, page_ptr, en
     l_i = tl.zeros((HB,), tl.float32)
     acc = tl.zeros((HB, D // 2), tl.float32)
     kt = tl.arange(0, KT)
-    for t0 in range(0, W, KT):
+    if SPLITS == 1:
+        w_lo, w_hi, e_lo, e_hi = 0, W, 0, K
+    else:  # this split's key tiles, counted over the window's tiles, then the entries'
+        window_tiles = tl.cdiv(W, KT)
+        lo = split * TILES_PER_SPLIT
+        hi = lo + TILES_PER_SPLIT
+        w_lo, w_hi = tl.minimum(lo, window_tiles) * KT, tl.minimum(hi, window_tiles) * KT
+        e_lo = tl.maximum(lo - window_tiles, 0) * KT
+        e_hi = tl.minimum(tl.maximum(hi - window_tiles, 0), tl.cdiv(K, KT)) * KT
+    for t0 in range(w_lo, w_hi, KT):
         words, exps, valid = _window_bytes(ring16_ptr, win_off, win_soff, i * swn, t0 + kt, W, KT, D // 2, GATHERED)
         k_own, k_other = _window_halves(words, exps, parity, KT, D // 2, PTX)
         m_i, l_i, acc = _online_parts(q_ptr, q_own, q_other, q_live, sqp, k_own, k_other, valid, m_i, l_i, acc,
                                       scale, HB, KT, QP, PP, PTX)
-    for t0 in range(0, K, KT):
+    for t0 in range(e_lo, e_hi, KT):
         packed, sbytes, valid = _entry_bytes(page_ptr, ent_off, ent_soff, i * sen, t0 + kt, K, KT, D // 2, GATHERED)
         k_own, k_other = _entry_halves(packed, sbytes, parity, KT, D // 2, PTX)
         m_i, l_i, acc = _online_parts(q_ptr, q_own, q_other, q_live, sqp, k_own, k_other, valid, m_i, l_i, acc,
                                       scale, HB, KT, QP, PP, PTX)
-    _finish(sink_ptr, heads, H, m_i, l_i, acc, o_ptr + i * son + heads[:, None] * soh + (2 * c + parity)[None, :])
+    if SPLITS == 1:
+        _finish(sink_ptr, heads, H, m_i, l_i, acc, o_ptr + i * son + heads[:, None] * soh + (2 * c + parity)[None, :])
+    else:  # both parities hold the same max and sum: the even one writes them
+        base = (i * SPLITS + split) * H + heads
+        even = heads < H * (1 - parity)  # the live heads of the even program, none of the odd one
+        tl.store(part_ml + 2 * base, m_i, mask=even)
+        tl.store(part_ml + 2 * base + 1, l_i, mask=even)
+        tl.store(part_acc + base[:, None] * D + (2 * c + parity)[None, :], acc, mask=q_live)
 
 
 @triton.jit
@@ -331,9 +351,18 @@ def _combine_kernel(part_ml, part_acc, sink_ptr, o_ptr, H, son, soh,
     _finish(sink_ptr, heads, H, m_i, l_i, acc, o_ptr + i * son + heads[:, None] * soh + d[None, :])
 
 
-# (heads per program, warps) of the decode form, for fewer than PREFILL_QUERIES queries.
+# (heads per program, warps) of the decode form (flash decoding on fp32-accurate TF32 dots),
+# which takes the head dims the tensor-core form does not.
 HEAD_BLOCKS = {"decode": (16, 4)}
 PREFILL_QUERIES = 256
+# Fewer queries than PREFILL_QUERIES (decode) take the tensor-core form with each query's keys
+# split over this many programs, merged by _combine_kernel: one program per query leaves most
+# SMs idle. H200, 2026-12-01, the release's shapes (640 keys a query), in CUDA graphs: 6 queries
+# 70.0 us (the decode form 92.9, 7 splits 67.2, 10 72.9), 12 queries 76.0 (160.7; one program
+# per query 134.6), 24 queries 139.2 (363.5; 141.3). The split count does not follow the
+# number of queries, so a request's attention is the same in any decode batch. 0: the decode
+# form instead (as before 2026-12-01; bench A/B).
+DECODE_KEY_SPLITS = 4
 KEY_TILE = 16  # keys per step of the online softmax (decode form)
 # The prefill form (tensor cores): heads per program, keys per step, bf16 parts of the queries
 # and of the probabilities, keys gathered first (gather_keys), warps. H200, 2026-11-30, 8,192
@@ -348,8 +377,10 @@ PREFILL_TILES = {"HB": 64, "KT": 32, "QP": 2, "PP": 2, "GATHER": 1, "num_warps":
 class LaunchPlan(NamedTuple):
     head_block: int
     warps: int
-    entry_splits: int  # 0: one program reads every key of its query
-    per_split: int  # entries per split
+    # decode form: programs over the entries besides the window's (0: one reads every key);
+    # tensor-core form: programs each query's keys are split over (0: one reads them all)
+    entry_splits: int
+    per_split: int  # decode form: entries per split
     prefill: bool  # the tensor-core form
 
 
@@ -363,17 +394,22 @@ def launch_plan(n: int, num_entries: int, heads: int, dim: int, head_block: int 
                 entry_splits: int | None = None, prefill: bool | None = None) -> LaunchPlan:
     """How n queries over num_entries selected entries each are laid out. The plan sets the
     order of the sums, so callers that batch requests launch together only requests with the
-    same plan (layers/attention_kernel.py). Many queries (prefill, from PREFILL_QUERIES on, at a
-    head_dim the form fits) fill the GPU: one program per query and column parity on tensor
-    cores, every head in one block.
-    Few queries (decode) leave most SMs idle: the entries are split over more programs (flash
+    same plan (layers/attention_kernel.py). At a head_dim the tensor-core form fits, every head
+    is in one block, one program per query and column parity; many queries (prefill, from
+    PREFILL_QUERIES on) fill the GPU so, and fewer (decode) split each query's keys over
+    DECODE_KEY_SPLITS programs (`entry_splits` with prefill=True sets another count).
+    Other head dims take the decode form: the entries are split over more programs (flash
     decoding), aiming at ~2 programs per SM. Tensor-core dots need M >= 16: fewer heads are
     padded by the mask, not a smaller block."""
+    fits = prefill_form_fits(dim)
     if prefill is None:
-        prefill = n >= PREFILL_QUERIES and not entry_splits and prefill_form_fits(dim)
+        prefill = fits and (not entry_splits if n >= PREFILL_QUERIES
+                            else entry_splits is None and DECODE_KEY_SPLITS > 0)
+        if prefill and n < PREFILL_QUERIES:
+            entry_splits = DECODE_KEY_SPLITS
     if prefill:
         hb = head_block or max(16, min(PREFILL_TILES["HB"], triton.next_power_of_2(heads)))
-        return LaunchPlan(hb, PREFILL_TILES["num_warps"], 0, num_entries, True)
+        return LaunchPlan(hb, PREFILL_TILES["num_warps"], entry_splits or 0, num_entries, True)
     hb, warps = HEAD_BLOCKS["decode"]
     hb = head_block or hb
     if entry_splits is None:
@@ -420,21 +456,29 @@ def sparse_attention(q: torch.Tensor, ring: torch.Tensor, window_offsets: torch.
             pages = gather_keys(pages, e_off, e_soff, dim // 2, dim // 16)
         elif ring.numel() % 2:  # read as 16-bit words (a pool's slots are 64-byte aligned)
             ring = torch.cat([ring, ring.new_zeros(1)])
-        _prefill_attention_kernel[(n, triton.cdiv(heads, plan.head_block), 2)](
-            parts, ring.view(torch.int16), w_off, w_soff, pages, e_off, e_soff, sink, out, heads, w_off.shape[1], K,
-            scale, parts.stride(0), parts.stride(1), parts.stride(2), w_off.stride(0), e_off.stride(0),
-            out.stride(0), out.stride(1), D=dim, HB=plan.head_block, KT=t["KT"], QP=parts.shape[0], PP=t["PP"],
-            PTX=ptx, GATHERED=bool(t["GATHER"]), num_warps=num_warps or t["num_warps"], num_stages=t["num_stages"])
+        W = w_off.shape[1]
+        tiles = triton.cdiv(W, t["KT"]) + triton.cdiv(K, t["KT"])
+        per_split = triton.cdiv(tiles, max(plan.entry_splits, 1))
+        splits = triton.cdiv(tiles, per_split) if tiles else 1
+        head_blocks = triton.cdiv(heads, plan.head_block)
+        part_ml, part_acc = _split_parts(n, splits, heads, dim, out)
+        _prefill_attention_kernel[(n, head_blocks, 2 * splits)](
+            parts, ring.view(torch.int16), w_off, w_soff, pages, e_off, e_soff, sink, out, part_ml, part_acc, heads,
+            W, K, per_split, scale, parts.stride(0), parts.stride(1), parts.stride(2), w_off.stride(0),
+            e_off.stride(0), out.stride(0), out.stride(1), D=dim, HB=plan.head_block, KT=t["KT"],
+            QP=parts.shape[0], PP=t["PP"], PTX=ptx, GATHERED=bool(t["GATHER"]), SPLITS=splits,
+            num_warps=num_warps or t["num_warps"], num_stages=t["num_stages"])
+        if splits > 1:
+            hb, warps = HEAD_BLOCKS["decode"]
+            _combine_kernel[(n, triton.cdiv(heads, hb))](part_ml, part_acc, sink, out, heads, out.stride(0),
+                                                         out.stride(1), D=dim, HB=hb, SPLITS=splits, num_warps=warps)
         return out
     q = q.contiguous()
     hb, entry_splits, per_split = plan.head_block, plan.entry_splits, plan.per_split
     num_warps = num_warps or plan.warps
     head_blocks = triton.cdiv(heads, hb)
     splits = 1 if entry_splits == 0 else entry_splits + 1
-    part_ml = part_acc = out  # unused with one split
-    if splits > 1:
-        part_ml = torch.empty(n, splits, heads, 2, dtype=torch.float32, device=q.device)
-        part_acc = torch.empty(n, splits, heads, dim, dtype=torch.float32, device=q.device)
+    part_ml, part_acc = _split_parts(n, splits, heads, dim, out)
     grid = (n, head_blocks, splits)
     _sparse_attention_kernel[grid](q, ring, w_off, w_soff, pages, e_off, e_soff, sink, out,
                                    part_ml, part_acc, heads, w_off.shape[1], K, per_split, scale, q.stride(0),
@@ -445,3 +489,12 @@ def sparse_attention(q: torch.Tensor, ring: torch.Tensor, window_offsets: torch.
         _combine_kernel[(n, head_blocks)](part_ml, part_acc, sink, out, heads, out.stride(0),
                                           out.stride(1), D=dim, HB=hb, SPLITS=splits, num_warps=num_warps)
     return out
+
+
+def _split_parts(n: int, splits: int, heads: int, dim: int, out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Where split programs leave their running max and sum [n, splits, heads, 2] and their
+    accumulators [n, splits, heads, dim] for _combine_kernel (`out` itself, unread, for one)."""
+    if splits == 1:
+        return out, out
+    return (torch.empty(n, splits, heads, 2, dtype=torch.float32, device=out.device),
+            torch.empty(n, splits, heads, dim, dtype=torch.float32, device=out.device))

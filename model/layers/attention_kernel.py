@@ -10,7 +10,8 @@ layout the scratch buffer of `scratch_attention` gives, so the sums run in the s
 Runs share a launch only where the kernel would lay out its programs the same for each run
 alone (sparse_attention.launch_plan): a batch then computes what its runs compute alone,
 bit for bit. The exception is a batch of BATCH_FORM_ROWS rows or more, which takes the
-tensor-core form (fp32-accurate like the decode form, not bit-equal to it).
+tensor-core form with one program per query (fp32-accurate like the split form smaller
+batches take, not bit-equal to it).
 A DSpark stage's block attention (every block row sees the stage ring before the block and
 its whole block) runs for all requests in one launch too: attend_block_in_place.
 """
@@ -62,13 +63,13 @@ def attend_in_place(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, xa: to
     return ops.rope(o, cos, sin, inverse=True)
 
 
-# From this many rows a decode batch attends in the tensor-core form (one program per query
-# and column parity), as prefill does: the decode form's per-query cost (~10 us at 192 rows,
-# 2.3 ms a layer) made attention 89 of a 240 ms GPU step at batch 32 (H200, 2026-11-30). A
-# request's attention then depends on whether its batch reached this size: both forms are
-# fp32-accurate (they agree to ~5e-5 relative), and within each a batch equals its runs alone.
-# Counted on the launch: a batch padded to a bucket of 48 rows takes this form too (measured:
-# 5 requests padded to 8 in the decode form took 103 ms a step, 8 requests in this one 91.5).
+# From this many rows a decode batch attends with one program per query and column parity,
+# as prefill does; smaller ones split each query's keys over DECODE_KEY_SPLITS programs
+# (sparse_attention.launch_plan). H200, 2026-12-01, per layer: 48 rows 159 us whole against
+# 219 split; 24 rows 141 and 139 (the decode form that came before: 364). A request's
+# attention then depends on whether its batch reached this size: both are fp32-accurate (they
+# agree to ~2e-5 relative), and within each a batch equals its runs alone. Counted on the
+# launch: a batch padded to a bucket of 48 rows takes this form too.
 BATCH_FORM_ROWS = 48
 
 

@@ -18,7 +18,8 @@ from dsflash.model.kernels.fp8_gemm import bf16_gemm, fp32_gemm, fp8_gemm, fp8_g
 from dsflash.model.kernels import hc_streams
 from dsflash.model.kernels.hc_gates import hc_gates
 from dsflash.model.kernels.indexer_score import indexer_scores, indexer_scores_ref
-from dsflash.model.kernels.sparse_attention import launch_plan, sparse_attention, sparse_attention_ref
+from dsflash.model.kernels.sparse_attention import (DECODE_KEY_SPLITS, launch_plan, sparse_attention,
+                                                     sparse_attention_ref)
 from dsflash.model.layers import mhc
 from dsflash.model.layers.norm import rms_norm
 from dsflash.model.quant import (dequantize_fp4_weight, dequantize_fp8_weight, fake_quant_fp4, fake_quant_fp8,
@@ -249,11 +250,14 @@ def paged(golden_model, golden):
     cache.release()
 
 
-# one program per query and head block, or flash decoding, or the prefill form (tensor cores,
-# every head in one block; on the GPU the queries and probabilities go in as bf16 parts)
+# one program per query and head block, or flash decoding, or the tensor-core form (every head
+# in one block; on the GPU the queries and probabilities go in as bf16 parts), whole or with
+# each query's keys split over programs (2 splits of 1 window tile and 2 entry tiles: one split
+# reads both kinds)
 @pytest.mark.parametrize("entry_splits, head_block, prefill, gather", [(0, 16, False, 0), (3, 16, False, 0),
                                                                        (0, 32, False, 0), (0, None, True, 0),
-                                                                       (0, None, True, 1)])
+                                                                       (0, None, True, 1), (2, None, True, 1),
+                                                                       (3, None, True, 0)])
 def test_sparse_attention_on_a_paged_cache(paged, entry_splits, head_block, prefill, gather):
     g = _g(2)
     cache, layer, source = paged, 8, 7
@@ -278,10 +282,15 @@ def test_sparse_attention_on_a_paged_cache(paged, entry_splits, head_block, pref
     assert (got - ref).abs().max() < REL * ref.abs().max() + 1e-5
 
 
-def test_prefill_queries_take_the_tensor_core_form_where_it_fits():
-    assert launch_plan(300, 512, 64, 512).prefill and launch_plan(300, 512, 64, 64).prefill
-    assert not launch_plan(255, 512, 64, 512).prefill  # decode-sized: flash decoding
-    assert not launch_plan(300, 512, 64, 96).prefill and not launch_plan(300, 512, 64, 32).prefill
+def test_queries_take_the_tensor_core_form_where_it_fits():
+    assert launch_plan(300, 512, 64, 512) == launch_plan(300, 512, 64, 64)._replace(head_block=64)
+    assert launch_plan(300, 512, 64, 512).prefill and launch_plan(300, 512, 64, 512).entry_splits == 0
+    # decode-sized: each query's keys split over programs, as many whatever the batch
+    for n in (1, 6, 48, 255):
+        plan = launch_plan(n, 512, 64, 512)
+        assert plan.prefill and plan.entry_splits == DECODE_KEY_SPLITS, plan
+    assert not launch_plan(300, 512, 64, 96).prefill and not launch_plan(6, 512, 64, 32).prefill
+    assert launch_plan(6, 512, 64, 96).entry_splits != launch_plan(48, 512, 64, 96).entry_splits  # flash decoding
 
 
 # fp32 queries, or FP4-quantized ones (as the model's), which the GPU dots in one bf16 pass;
