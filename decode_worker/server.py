@@ -63,7 +63,7 @@ class DecodeWorker:
             on_finish=self._on_finish, reclaim=self.conversations.cache.evict)
         self._warm_up()
         self.loop = EngineLoop("decode", self._step, self.engine.has_work, self._crash,
-                               device=rt.model.device)
+                               device=rt.model.device, lock=rt.model.step_lock)
         engine, cache = self.engine, self.conversations.cache
         m.running.labels("decode").set_function(lambda: engine.num_running)
         m.waiting.labels("decode").set_function(lambda: engine.num_waiting)

@@ -16,6 +16,7 @@ Three entry points share one layer loop:
 from __future__ import annotations
 
 import pathlib
+import threading
 from contextlib import nullcontext
 from dataclasses import dataclass
 
@@ -60,6 +61,10 @@ class DeepseekV41:
         self.qat = qat
         self.graphs: GraphCache | None = None  # CUDA graphs of the dense parts (use_kernels turns them on)
         self.leader = None  # rank 0 of several: announces each call to the other ranks (lockstep.py)
+        # Engines sharing this model (`dsflash serve` runs a prefill and a decode worker on one
+        # copy of the weights) take turns, a whole step each: a forward's CUDA graphs share
+        # buffers and outputs, and a capture must not see another thread's launches.
+        self.step_lock = threading.RLock()
         self.hasher = None
         if self.config.engram_layers:
             if tokenizer_json is None:
