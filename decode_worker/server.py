@@ -64,6 +64,7 @@ class DecodeWorker:
         self._warm_up()
         self.loop = EngineLoop("decode", self._step, self.engine.has_work, self._crash,
                                device=rt.model.device, lock=rt.model.step_lock)
+        rt.engine_failure = lambda: self.loop.failure
         engine, cache = self.engine, self.conversations.cache
         m.running.labels("decode").set_function(lambda: engine.num_running)
         m.waiting.labels("decode").set_function(lambda: engine.num_waiting)

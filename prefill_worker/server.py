@@ -33,6 +33,7 @@ class PrefillWorker:
             PrefillSchedulerConfig(token_budget=budget, max_chunk=budget), ced=settings.ced))
         self.loop = EngineLoop("prefill", self._step, self.engine.has_work, self._crash,
                                device=self.runtime.model.device, lock=self.runtime.model.step_lock)
+        self.runtime.engine_failure = lambda: self.loop.failure
         m, engine = self.runtime.metrics, self.engine
         m.prefill_queue.labels("prefill").set_function(lambda: engine.queued_tokens)
         m.running.labels("prefill").set_function(

@@ -14,6 +14,7 @@ import pathlib
 import random
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import grpc
@@ -116,6 +117,8 @@ class WorkerRuntime:
         self.draining = False
         self._heartbeat: asyncio.Task | None = None
         self.started_s = time.monotonic()
+        # why the worker's engine thread died, or None (the worker points it at its EngineLoop)
+        self.engine_failure: Callable[[], BaseException | None] = lambda: None
 
     def open(self, tier: str, model: DeepseekV41 | None = None) -> None:
         """Load the model (or share one already loaded in this process) and allocate the KV pool:
@@ -205,6 +208,10 @@ class WorkerRuntime:
     async def _heartbeat_loop(self) -> None:
         while True:
             await asyncio.sleep(self.settings.heartbeat_s)
+            failure = self.engine_failure()
+            if failure is not None:
+                await self._retire(failure)
+                return
             try:
                 alive = await self.directory.heartbeat(self.worker_id, self.load(), incarnation=self.incarnation)
                 if not alive:
@@ -213,6 +220,18 @@ class WorkerRuntime:
                 pass  # ResilientDirectory degrades by itself; a bare one retries next beat
             except Exception:
                 log.exception("heartbeat failed")
+
+    async def _retire(self, failure: BaseException) -> None:
+        """The engine thread is gone (its calls fail at once): stop heartbeating, answer
+        NOT_SERVING (a liveness probe restarts the pod) and leave the registry, so that
+        gateways and decode workers stop choosing this worker."""
+        log_event(log, "worker_engine_stopped", role=self.settings.role, worker_id=self.worker_id,
+                  reason=str(failure))
+        await self.health.enter_graceful_shutdown()
+        try:
+            await self.directory.unregister_worker(self.worker_id, self.incarnation)
+        except Exception as exc:  # the registration expires by its TTL anyway
+            log.warning("unregister failed: %s", exc)
 
     async def drain(self, server: grpc.aio.Server, in_flight, service_names: list[str]) -> None:
         """SIGTERM: stop taking work, let `in_flight()` reach 0 (bounded), unregister, stop."""
