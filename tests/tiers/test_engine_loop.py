@@ -64,21 +64,26 @@ class _Fatal(BaseException):
     """Escapes the step's error handling: the thread dies (as it did on `set_device("cuda")`)."""
 
 
-def _dies() -> bool:
-    raise _Fatal("no device")
-
-
 def test_a_dead_engine_thread_fails_every_call_at_once():
     crashed = []
-    loop = EngineLoop("broken", lambda: None, _dies, crashed.append)
+    inside, go = threading.Event(), threading.Event()
+
+    def dies_when_told() -> bool:  # the thread dies between steps, a call waiting in its queue
+        inside.set()
+        go.wait(5)
+        raise _Fatal("no device")
+
+    loop = EngineLoop("broken", lambda: None, dies_when_told, crashed.append)
 
     async def scenario():
-        first = loop.call(lambda: 1)  # queued before the thread starts: it runs, then the thread dies
         loop.start()
-        assert await asyncio.wait_for(first, 5) == 1
-        for _ in range(2):  # queued while it dies or after: failed, not left waiting
-            with pytest.raises(EngineStopped, match="no device"):
-                await asyncio.wait_for(loop.call(lambda: 2), 5)
+        assert inside.wait(5)
+        queued = loop.call(lambda: 1)
+        go.set()
+        with pytest.raises(EngineStopped, match="no device"):  # queued as it died: failed, not left waiting
+            await asyncio.wait_for(queued, 5)
+        with pytest.raises(EngineStopped, match="no device"):  # and after it died
+            await asyncio.wait_for(loop.call(lambda: 2), 5)
 
     asyncio.run(scenario())
     assert len(crashed) == 1 and isinstance(crashed[0], EngineStopped)
