@@ -4,6 +4,10 @@ bound), FLOPs at 694 TFLOP/s bf16 (prefill). Results also go to $OUT/h200.json.
 
     python bench/h200.py [--sections kernels,decode_gemms,decode,reference,prefill] [--budget-s 540]
 
+The reference section runs the plain-PyTorch path on the same weights: a batch-1 decode step,
+and a prefill of --reference-prefill tokens on both paths (the fast path's first, so the two
+figures come from one run).
+
 Decode caches are filled with synthetic bytes (valid FP8/FP4 codes) to the target context:
 a step's cost does not depend on the values, and building a 1M-token cache by prefill is a
 separate measurement. Weights are built in device memory with the preset's shapes and
@@ -588,7 +592,7 @@ def profile_steps(engine, name: str, steps: int = 2, stacks: bool = False) -> No
     print("\n".join(t[:6000] for t in text), flush=True)
 
 
-def prefill(model, lengths, label: str = "prefill") -> None:
+def prefill(model, lengths, label: str = "prefill", warm_first: bool = True) -> None:
     from dsflash.kvcache.layout import CacheLayout
     from dsflash.kvcache.pool import CachePool, plain_allocator
     from dsflash.prefill_worker.engine import PrefillEngine, PrefillEngineConfig, PrefillRequest
@@ -601,7 +605,7 @@ def prefill(model, lengths, label: str = "prefill") -> None:
             record(label, f"T{n}", {"skipped": "device time budget"})
             continue
         # compile the GPU kernels for prefill shapes first: a full chunk, then a part
-        warm = 8192 + 1000 if n == lengths[0] and DEV.startswith("cuda") else 0
+        warm = 8192 + 1000 if warm_first and n == lengths[0] and DEV.startswith("cuda") else 0
         pool = CachePool(layout, layout.pages_for(max(n, warm)) + 8, 2, plain_allocator(DEV))
         engine = PrefillEngine(model, pool, PrefillEngineConfig(PrefillSchedulerConfig(token_budget=8192, max_chunk=8192),
                                                                 ced=True))
@@ -698,6 +702,8 @@ def main() -> None:
     parser.add_argument("--preset", default="bench")
     parser.add_argument("--profile", action="store_true", help="profile two decode steps of the first batch size")
     parser.add_argument("--tp", type=int, default=1, help="ranks for tensor/expert parallel decode (GPUs)")
+    parser.add_argument("--reference-prefill", type=int, default=4096,
+                        help="with the reference section: a prefill of this many tokens on both paths (0: none)")
     parser.add_argument("--act-quant", action="store_true",
                         help="faithful mode: FP8-round every FP8/FP4 GEMM input (sections get an _act_quant suffix)")
     args = parser.parse_args()
@@ -747,8 +753,13 @@ def main() -> None:
         if "reference" in sections:
             from dsflash.model.ops import ReferenceOps
 
+            n = args.reference_prefill
+            if n:  # the fast path's prefill of the same length first: the speedup, in one run
+                prefill(model, [n], "prefill_beside_reference" + mode)
             model.ops, model.graphs = ReferenceOps(store, act_quant=args.act_quant, device=DEV, cache_dense=False), None
             decode(model, store, [1], [contexts[0]], "reference" + mode)
+            if n:
+                prefill(model, [n], "reference_prefill" + mode, warm_first=False)
     print(json.dumps(RESULTS, indent=1))
 
 
