@@ -16,10 +16,7 @@ from dsflash.model.kernels.sparse_attention import sparse_attention  # noqa: E40
 
 dev = "cuda"
 heads, D, W, K, rows = 64, 512, 128, 512, 1 << 16
-ring = torch.randint(0, 0x77, (rows * (D + D // 32),), dtype=torch.uint8, device=dev)
-ring[rows * D:] = 120  # window scales 2^-7
-pages = torch.randint(0, 255, (rows * 288,), dtype=torch.uint8, device=dev)
-pages[rows * 256:] = torch.randint(0x30, 0x40, (rows * 32,), dtype=torch.uint8, device=dev)  # e4m3 0.5-1.9
+ring, pages = h200.key_bytes(rows, D, dev)
 for n in (6, 12, 24, 48, 96):
     q = torch.randn(n, heads, D, device=dev)
     w_off = torch.randint(0, rows, (n, W), device=dev) * D

@@ -196,6 +196,18 @@ def bf16_gemms() -> None:
 PREFILL_ATTENTION_TILES = [(16, 2, 2, 4, 1), (16, 2, 2, 4, 0), (32, 2, 2, 4, 1), (16, 2, 2, 8, 1)]
 
 
+def key_bytes(rows: int, dim: int, dev: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Synthetic attention keys, as the pool stores them: `rows` FP8 window rows (codes, then
+    e8m0 scales 2^-7: keys up to 3.5) and `rows` FP4 entries (packed e2m1, then e4m3 scales
+    0.5-1.9); byte offsets of row r: r * dim and rows * dim + r * dim / 32 in the first,
+    r * dim / 2 and rows * dim / 2 + r * dim / 16 in the second."""
+    ring = torch.randint(0, 0x77, (rows * (dim + dim // 32),), dtype=torch.uint8, device=dev)
+    ring[rows * dim:] = 120
+    pages = torch.randint(0, 255, (rows * (dim // 2 + dim // 16),), dtype=torch.uint8, device=dev)
+    pages[rows * dim // 2:] = torch.randint(0x30, 0x40, (rows * dim // 16,), dtype=torch.uint8, device=dev)
+    return ring, pages
+
+
 def attention_kernels(sizes=(6, 48, 192, 2048, 8192)) -> None:
     """Sparse attention at the release's shapes: the decode form (flash decoding, tf32x3) at
     every size, the prefill form (bf16 tensor cores) from 2,048 queries on, each tile choice
@@ -205,10 +217,7 @@ def attention_kernels(sizes=(6, 48, 192, 2048, 8192)) -> None:
     dev = "cuda"
     heads, D, W, K = 64, 512, 128, 512
     rows = 1 << 16
-    ring = torch.randint(0, 0x77, (rows * (D + D // 32),), dtype=torch.uint8, device=dev)
-    ring[rows * D:] = 120  # window scales 2^-7: keys up to 3.5
-    pages = torch.randint(0, 255, (rows * 288,), dtype=torch.uint8, device=dev)
-    pages[rows * 256:] = torch.randint(0x30, 0x40, (rows * 32,), dtype=torch.uint8, device=dev)  # e4m3 0.5-1.9
+    ring, pages = key_bytes(rows, D, dev)
     for n in sizes:
         q = torch.randn(n, heads, D, device=dev)
         w_off = torch.randint(0, rows, (n, W), device=dev) * D

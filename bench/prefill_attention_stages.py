@@ -16,10 +16,7 @@ from dsflash.model.kernels.sparse_attention import sparse_attention  # noqa: E40
 dev = "cuda"
 heads, D, W, K, n = 64, 512, 128, 512, 8192
 rows = 1 << 16
-ring = torch.randint(0, 0x77, (rows * (D + D // 32),), dtype=torch.uint8, device=dev)
-ring[rows * D:] = 120
-pages = torch.randint(0, 255, (rows * 288,), dtype=torch.uint8, device=dev)
-pages[rows * 256:] = torch.randint(0x30, 0x40, (rows * 32,), dtype=torch.uint8, device=dev)
+ring, pages = h200.key_bytes(rows, D, dev)
 q = torch.randn(n, heads, D, device=dev)
 # neighbouring queries share their window (as in a prompt) and draw entries from a nearby range
 base = torch.arange(n, device=dev)[:, None]

@@ -228,6 +228,9 @@ class WorkerRuntime:
         log_event(log, "worker_engine_stopped", role=self.settings.role, worker_id=self.worker_id,
                   reason=str(failure))
         await self.health.enter_graceful_shutdown()
+        await self._unregister()
+
+    async def _unregister(self) -> None:
         try:
             await self.directory.unregister_worker(self.worker_id, self.incarnation)
         except Exception as exc:  # the registration expires by its TTL anyway
@@ -243,10 +246,7 @@ class WorkerRuntime:
         # Leave the registry first, so gateways stop routing here while running work finishes.
         if self._heartbeat is not None:
             self._heartbeat.cancel()
-        try:
-            await self.directory.unregister_worker(self.worker_id, self.incarnation)
-        except Exception as exc:  # the registration expires by its TTL anyway
-            log.warning("unregister failed: %s", exc)
+        await self._unregister()
         deadline = time.monotonic() + self.settings.drain_grace_s
         while in_flight() and time.monotonic() < deadline:
             await asyncio.sleep(0.05)

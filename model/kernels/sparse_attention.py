@@ -426,10 +426,11 @@ def sparse_attention(q: torch.Tensor, ring: torch.Tensor, window_offsets: torch.
                      tiles: dict | None = None) -> torch.Tensor:
     """q [n, h, D]; `ring`/`pages`: the pool's byte buffers; *_offsets [n, W] / [n, k] byte offsets of
     each key's codes and scales in them (-1: masked). Returns [n, h, D] fp32. `prefill` (the
-    tensor-core form; `tiles` overrides PREFILL_TILES there), `entry_splits` (programs over the
-    entries besides the window's; 0: one program reads all), `head_block` (heads per program:
-    each decodes the keys once for all of them) and `num_warps` are chosen from the shape
-    unless given."""
+    tensor-core form; `tiles` overrides PREFILL_TILES there), `entry_splits` (decode form:
+    programs over the entries besides the window's; tensor-core form: programs each query's
+    keys are split over; 0: one program reads all), `head_block` (heads per program: each
+    decodes the keys once for all of them) and `num_warps` are chosen from the shape unless
+    given (launch_plan)."""
     n, heads, dim = q.shape
     assert window_offsets.shape == window_scale_offsets.shape and entry_offsets.shape == entry_scale_offsets.shape
     assert ring.dtype == torch.uint8 and pages.dtype == torch.uint8 and dim % 32 == 0
@@ -457,9 +458,9 @@ def sparse_attention(q: torch.Tensor, ring: torch.Tensor, window_offsets: torch.
         elif ring.numel() % 2:  # read as 16-bit words (a pool's slots are 64-byte aligned)
             ring = torch.cat([ring, ring.new_zeros(1)])
         W = w_off.shape[1]
-        tiles = triton.cdiv(W, t["KT"]) + triton.cdiv(K, t["KT"])
-        per_split = triton.cdiv(tiles, max(plan.entry_splits, 1))
-        splits = triton.cdiv(tiles, per_split) if tiles else 1
+        key_tiles = triton.cdiv(W, t["KT"]) + triton.cdiv(K, t["KT"])
+        per_split = triton.cdiv(key_tiles, max(plan.entry_splits, 1))
+        splits = triton.cdiv(key_tiles, per_split) if key_tiles else 1
         head_blocks = triton.cdiv(heads, plan.head_block)
         part_ml, part_acc = _split_parts(n, splits, heads, dim, out)
         _prefill_attention_kernel[(n, head_blocks, 2 * splits)](
@@ -468,11 +469,7 @@ def sparse_attention(q: torch.Tensor, ring: torch.Tensor, window_offsets: torch.
             e_off.stride(0), out.stride(0), out.stride(1), D=dim, HB=plan.head_block, KT=t["KT"],
             QP=parts.shape[0], PP=t["PP"], PTX=ptx, GATHERED=bool(t["GATHER"]), SPLITS=splits,
             num_warps=num_warps or t["num_warps"], num_stages=t["num_stages"])
-        if splits > 1:
-            hb, warps = HEAD_BLOCKS["decode"]
-            _combine_kernel[(n, triton.cdiv(heads, hb))](part_ml, part_acc, sink, out, heads, out.stride(0),
-                                                         out.stride(1), D=dim, HB=hb, SPLITS=splits, num_warps=warps)
-        return out
+        return _merge_splits(part_ml, part_acc, sink, out, splits, *HEAD_BLOCKS["decode"])
     q = q.contiguous()
     hb, entry_splits, per_split = plan.head_block, plan.entry_splits, plan.per_split
     num_warps = num_warps or plan.warps
@@ -485,10 +482,7 @@ def sparse_attention(q: torch.Tensor, ring: torch.Tensor, window_offsets: torch.
                                    q.stride(1), w_off.stride(0), e_off.stride(0), out.stride(0), out.stride(1),
                                    D=dim, HB=hb, KT=KEY_TILE, HW_FP8=not interpreting(), SPLITS=splits,
                                    num_warps=num_warps)
-    if splits > 1:
-        _combine_kernel[(n, head_blocks)](part_ml, part_acc, sink, out, heads, out.stride(0),
-                                          out.stride(1), D=dim, HB=hb, SPLITS=splits, num_warps=num_warps)
-    return out
+    return _merge_splits(part_ml, part_acc, sink, out, splits, hb, num_warps)
 
 
 def _split_parts(n: int, splits: int, heads: int, dim: int, out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -498,3 +492,15 @@ def _split_parts(n: int, splits: int, heads: int, dim: int, out: torch.Tensor) -
         return out, out
     return (torch.empty(n, splits, heads, 2, dtype=torch.float32, device=out.device),
             torch.empty(n, splits, heads, dim, dtype=torch.float32, device=out.device))
+
+
+def _merge_splits(part_ml, part_acc, sink: torch.Tensor, out: torch.Tensor, splits: int, head_block: int,
+                  warps: int) -> torch.Tensor:
+    """out, with the splits' partial softmaxes merged into it (_combine_kernel) when there are
+    several (one split wrote out itself)."""
+    if splits > 1:
+        n, heads, dim = out.shape
+        _combine_kernel[(n, triton.cdiv(heads, head_block))](part_ml, part_acc, sink, out, heads, out.stride(0),
+                                                             out.stride(1), D=dim, HB=head_block, SPLITS=splits,
+                                                             num_warps=warps)
+    return out
