@@ -507,24 +507,31 @@ def step_bytes(store, config, batch: int, context: int) -> float:
     return dense + routed + kv
 
 
-def decode(model, store, batches, contexts, label: str) -> None:
+def decode_engine(model, batch: int, context: int, generator: torch.Generator):
+    """A decode engine holding `batch` greedy requests of `context` synthetic tokens each (with
+    DSpark blocks of 5 drafts), not yet admitted: its first step admits them."""
     from dsflash.decode_worker.engine import DecodeEngine, DecodeEngineConfig
     from dsflash.decode_worker.warmup import synthetic_request
     from dsflash.kvcache.layout import CacheLayout
     from dsflash.kvcache.pool import CachePool, plain_allocator
 
+    layout = CacheLayout.for_model(model.config, page_entries=256)
+    pool = CachePool(layout, layout.pages_for(context + 64) * batch + 8, batch + 1, plain_allocator(DEV))
+    engine = DecodeEngine(model, pool, DecodeEngineConfig(max_running=batch, spec_tokens=5))
+    for i in range(batch):
+        engine.add(synthetic_request(engine, f"r{i}", context, generator, max_tokens=100))
+    return engine
+
+
+def decode(model, store, batches, contexts, label: str) -> None:
     config = model.config
-    layout = CacheLayout.for_model(config, page_entries=256)
     g = torch.Generator(device=DEV).manual_seed(0)
     for context in contexts:
         for batch in batches:
             if time_left() < 60:
                 record(label, f"ctx{context}_B{batch}", {"skipped": "device time budget"})
                 continue
-            pool = CachePool(layout, layout.pages_for(context + 64) * batch + 8, batch + 1, plain_allocator(DEV))
-            engine = DecodeEngine(model, pool, DecodeEngineConfig(max_running=batch, spec_tokens=5))
-            for i in range(batch):
-                engine.add(synthetic_request(engine, f"r{i}", context, g, max_tokens=100))
+            engine = decode_engine(model, batch, context, g)
             with torch.inference_mode():
                 engine.step()  # admission
                 reference = label.startswith("reference")
@@ -551,7 +558,7 @@ def decode(model, store, batches, contexts, label: str) -> None:
                                                      "emitted": emitted})
             for r in list(engine.running):
                 engine.abort(r.request_id)
-            del engine, pool
+            del engine
             if DEV.startswith("cuda"):
                 torch.cuda.empty_cache()
 

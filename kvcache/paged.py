@@ -16,6 +16,8 @@ import torch
 
 from ..model.config import ModelConfig
 from ..model.device import to_device
+from ..model.kernels.common import interpreting
+from ..model.kernels.page_offsets import page_offsets_kernel
 from ..model.quant import fp4_dequantize, fp8_dequantize
 from .layout import CacheLayout
 from .pool import CachePool
@@ -454,16 +456,24 @@ def tables_end_to_end(tables: list[torch.Tensor]) -> tuple[torch.Tensor, list[in
 
 
 def page_offsets(layout: CacheLayout, table: torch.Tensor, entry_ids: torch.Tensor, kind: str = "kv",
-                 first_page: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                 first_page: torch.Tensor | None = None, mask: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Byte offsets in the pool's pages_buffer of the codes and scales of entries (kind kv | key)
     through a page table on the device; a negative id reads entry 0. first_page [rows, 1]: where
     each row's own table starts when `table` is several caches' tables end to end (one lookup
-    for a batch)."""
+    for a batch). mask: the codes offset of an id below 0 is -1 (no entry) and the scales
+    offset of one below -1 too (past a run's own list: sparse_attention's masks). One launch
+    where the kernels run (model/kernels/page_offsets.py), torch elsewhere."""
     sections = layout.page_sections()
-    codes_off, codes_width = sections[f"{kind}_codes"]
-    scales_off, scales_width = sections["kv_scales" if kind == "kv" else "key_scales"]
+    codes = sections[f"{kind}_codes"]
+    scales = sections["kv_scales" if kind == "kv" else "key_scales"]
+    if entry_ids.is_cuda or interpreting():
+        return page_offsets_kernel(table, entry_ids, first_page, layout.page_entries, layout.page_bytes, codes,
+                                   scales, mask)
     ids = entry_ids.to(torch.long).clamp_min(0)
     index = ids // layout.page_entries
     page = table[index if first_page is None else index + first_page] * layout.page_bytes
     row = ids % layout.page_entries
-    return page + codes_off + row * codes_width, page + scales_off + row * scales_width
+    off, soff = page + codes[0] + row * codes[1], page + scales[0] + row * scales[1]
+    if mask:
+        off, soff = torch.where(entry_ids >= 0, off, -1), torch.where(entry_ids >= -1, soff, -1)
+    return off, soff

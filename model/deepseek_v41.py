@@ -28,7 +28,8 @@ from .device import to_device
 from .engram_hash import EngramHasher, compressed_map
 from .graphs import GraphCache
 from .layers.attention import attend, grouped_output, project
-from .layers.attention_kernel import Prepared, attend_prepared, note_ring_writes, prepare
+from .layers.attention_kernel import (Prepared, attend_prepared, attend_updated, note_ring_writes, prepare,
+                                      update_sources)
 from .layers.compressor import compress
 from .layers.engram import engram
 from .layers.indexer import index_queries
@@ -178,9 +179,28 @@ class DeepseekV41:
         yarn = self._index_rope(role, runs, block_mode)
         a_pre, a_post, a_comb, xa, q_res, q_all, kv_all, *queries = self._dense("attn_in", role, self._attn_in, X,
                                                                                 pre, *yarn, shared=len(yarn), unit=unit)
-        o = attend(self.ops, self.config, role, xa, q_res, q_all, kv_all, runs, self.rope, self.qat, block_mode,
-                   tuple(queries) or None)
+        if self.graphs is not None and not block_mode and self._sources_in_place(role, runs):
+            # the compressor and indexer eagerly (their shapes follow the caches), then the
+            # attention and the FFN in one graph where the attention is one fixed launch
+            update_sources(self.ops, self.config, role, xa, q_res, runs, self.rope, tuple(queries) or None)
+            prepared = self._graphable_attention(role, runs, X.shape[0], unit, sources_updated=True)
+            if prepared is not None:
+                key = ("attn_ffn", role.index, prepared.plan, id(prepared.pool))
+                out = self.graphs.run(key, lambda *t: self._attention_and_ffn(role, prepared, *t),
+                                      (q_all, kv_all, X, a_pre, a_post, a_comb) + prepared.tensors,
+                                      shared=len(prepared.tensors), unit=unit)
+                note_ring_writes(runs, role.index)
+                return out
+            o = attend_updated(self.ops, self.config, role, q_all, kv_all, runs, self.rope)
+        else:
+            o = attend(self.ops, self.config, role, xa, q_res, q_all, kv_all, runs, self.rope, self.qat, block_mode,
+                       tuple(queries) or None)
         return self._dense("attn_out_ffn", role, self._attn_out_ffn, o, X, a_pre, a_post, a_comb, unit=unit)
+
+    def _sources_in_place(self, role: LayerRole, runs: list[SeqRun]) -> bool:
+        """A KV or index source layer on the kernel path (attention_kernel.update_sources)."""
+        return ((role.is_kv_source or role.is_index_source) and self.qat
+                and all(self.ops.reads_cache_in_place(run.cache) for run in runs))
 
     def _index_rope(self, role: LayerRole, runs: list[SeqRun], block_mode: bool) -> tuple[torch.Tensor, ...]:
         """The indexer's RoPE tables where its queries are computed with the attention site's
@@ -191,12 +211,14 @@ class DeepseekV41:
             return ()
         return self.rope.for_runs("yarn", runs)
 
-    def _graphable_attention(self, role: LayerRole, runs: list[SeqRun], rows: int, unit: int) -> Prepared | None:
-        """A layer with neither compressor nor indexer whose attention is one fixed launch
-        (attention_kernel.prepare) can run in one graph with its block. Entry lists of
-        index_topk (or none) only: shorter ones grow with the context, and each new width
-        would capture another graph per layer."""
-        if (self.graphs is None or not self.qat or role.is_kv_source or role.is_index_source
+    def _graphable_attention(self, role: LayerRole, runs: list[SeqRun], rows: int, unit: int,
+                             sources_updated: bool = False) -> Prepared | None:
+        """A layer whose attention is one fixed launch (attention_kernel.prepare) can run it in a
+        graph: with its whole block where it has neither compressor nor indexer, with its FFN
+        once they ran (sources_updated). Entry lists of index_topk (or none) only: shorter ones
+        grow with the context, and each new width would capture another graph per layer."""
+        if (self.graphs is None or not self.qat
+                or (not sources_updated and (role.is_kv_source or role.is_index_source))
                 or not all(self.ops.reads_cache_in_place(run.cache) for run in runs)):
             return None
         heads = self.config.num_heads // self.ops.parallel.world
@@ -208,6 +230,11 @@ class DeepseekV41:
     def _whole_block(self, role: LayerRole, prepared: Prepared, X: torch.Tensor, pre: torch.Tensor,
                      *tensors: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         a_pre, a_post, a_comb, xa, q_res, q_all, kv_all = self._attn_in(role, X, pre)
+        return self._attention_and_ffn(role, prepared, q_all, kv_all, X, a_pre, a_post, a_comb, *tensors)
+
+    def _attention_and_ffn(self, role: LayerRole, prepared: Prepared, q_all: torch.Tensor, kv_all: torch.Tensor,
+                           X: torch.Tensor, a_pre: torch.Tensor, a_post: torch.Tensor, a_comb: torch.Tensor,
+                           *tensors: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         o = attend_prepared(self.ops, self.config, role, prepared, q_all, kv_all, *tensors)
         return self._attn_out_ffn(role, o, X, a_pre, a_post, a_comb)
 

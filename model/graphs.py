@@ -3,10 +3,11 @@
 A decode step launches thousands of small kernels, and on the H200 the host's launch work, not
 the GPU, sets its time. The dense parts of each mHC block (the gates, norms, projections,
 router, experts) have shapes that depend only on the number of rows, so each is captured once
-per row count and then replayed as a single launch. In a layer with neither compressor nor indexer the attention's
-shapes depend only on the rows too once its entry lists are full (index_topk), so at decode
-the whole block is one graph (DeepseekV41.block); the compressor and indexer layers keep
-their attention eager between two graphs: their shapes follow each cache.
+per row count and then replayed as a single launch. Once a layer's entry lists are full
+(index_topk) its attention's shapes depend only on the rows too, so at decode a layer with
+neither compressor nor indexer is one graph (DeepseekV41.block), and a compressor or indexer
+layer two: its projections ("attn_in"), then its attention with the FFN ("attn_ffn"), with
+the compressor and indexer eager between them (their shapes follow each cache).
 
 Graphs are kept per batch-size bucket, not per row count: when every request of a forward
 has the same rows (decode's verify blocks, the drafter's blocks), the batch is padded up to
@@ -178,7 +179,7 @@ class GraphCache:
         self._sources.clear()
 
     def captured(self, part: str | None = None) -> int:
-        """How many graphs were captured (of one part: "attn_in", "attn_out_ffn", "block")."""
+        """How many graphs were captured (of one part: "attn_in", "attn_out_ffn", "attn_ffn", "block")."""
         return sum(isinstance(entry, _Captured) and part in (None, key[0]) for key, entry in self._entries.items())
 
 

@@ -220,11 +220,16 @@ TILES = {
 ONE_PART_TILES = {128: dict(BLOCK_N=128, BLOCK_KU=64, num_warps=8, num_stages=3)}
 
 
-def block_height(pairs: int, experts: int) -> int:
+def block_height(pairs: int, experts: int, parts: int = SPLITS) -> int:
     """Rows of pairs per program: decode has a few pairs per expert, so short blocks; prefill
-    has many, and a taller block decodes each weight tile once for more of them."""
+    has many, and a taller block decodes each weight tile once for more of them. A block's
+    dots run once per bf16 part of its activations, so with three (exact mode) the padding of
+    a 64-row block costs three times over and 16 rows serve up to 32 pairs an expert. H200,
+    2026-12-01 (bench/moe_block_heights.py), 24 pairs an expert: 16 rows 1.66 ms against
+    1.91 with three parts, 1.23 against 1.15 with one; 48 pairs: 2.88 against 2.02 (three)."""
     per_expert = pairs / experts
-    return 4 if per_expert < 2 else 16 if per_expert < 16 else 64 if per_expert < 256 else 128
+    tall_from = 32 if parts > 1 else 16
+    return 4 if per_expert < 2 else 16 if per_expert < tall_from else 64 if per_expert < 256 else 128
 
 
 @triton.jit
@@ -352,11 +357,11 @@ def fp4_moe(x, idx, weights, w13, s13, w2, s2, limit: float, block_m: int | None
     if pairs == 0:
         return torch.zeros(T, H, dtype=torch.float32, device=x.device)
     small = small_scales(s13, s2) if small is None else small
-    block_m = block_m or block_height(pairs, E)
-    slots = 4 if block_m <= PARTS_AS_COLUMNS else 1
-    P = pieces(block_m)
     rounds_h = act_quant and inter % 32 == 0  # (fake_quant_fp8 leaves other widths as they are)
     splits = 1 if rounds_h and x.dtype == torch.bfloat16 else SPLITS
+    block_m = block_m or block_height(pairs, E, splits)
+    slots = 4 if block_m <= PARTS_AS_COLUMNS else 1
+    P = pieces(block_m)
     if interpreting():
         tiles = TILES["interpreter"][P]
     else:

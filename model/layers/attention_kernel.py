@@ -47,10 +47,23 @@ def attend_in_place(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, xa: to
                     queries: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """`attend` with the quantizers on and every cache read in place -> o [T, h, D]; `queries`:
     the indexer's (indexer.index_queries), where computed already."""
+    update_sources(ops, cfg, role, xa, q_res, runs, rope, queries)
+    return attend_updated(ops, cfg, role, q_all, kv_all, runs, rope)
+
+
+def update_sources(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, xa: torch.Tensor, q_res: torch.Tensor,
+                   runs: list[SeqRun], rope: Rope, queries: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
+    """The kernel path's compressor (new entries into the pages) and indexer (each run's top-k)
+    of a KV or index source layer; nothing for other layers."""
     if role.is_kv_source:
         compress(ops, cfg, role, xa, [run for run in runs if not run.skip_compressor], rope, True)
     if role.is_index_source:
         index_runs(ops, cfg, role, xa, q_res, runs, rope, queries)
+
+
+def attend_updated(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, q_all: torch.Tensor, kv_all: torch.Tensor,
+                   runs: list[SeqRun], rope: Rope) -> torch.Tensor:
+    """attend_in_place after update_sources: RoPE, the ring writes and the attention -> o [T, h, D]."""
     prepared = prepare(cfg, role, runs, rope, q_all.shape[0], q_all.shape[1])
     if prepared is not None:
         o = attend_prepared(ops, cfg, role, prepared, q_all, kv_all, *prepared.tensors)
@@ -154,26 +167,43 @@ def _block_scratch(cfg: ModelConfig, layer: int, runs: list[SeqRun], packed
                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Scratch bytes of R runs' keys, run r at rows r*(W+B) ..: its ring's positions start-W ..
     start-1 (invalid ones masked), then its B block rows; and every query's window offsets
-    [T, W+B] (codes, scales) into it: all of its own run's rows."""
-    W, D, R, B = cfg.sliding_window, cfg.head_dim, len(runs), runs[0].n
+    [T, W+B] (codes, scales) into it: all of its own run's rows. Per stage only the gathers
+    and copies: what does not depend on the layer is built once per forward (_block_grid)."""
+    R, B = len(runs), runs[0].n
     buf = runs[0].cache.pool.slots_buffer
-    device = buf.device
-    grid = torch.arange(-W, 0, device=device)
-    ring = [run.cache.ring_offsets(layer, grid + run.start) for run in runs]
-    bounds = [run.cache.window_bounds(layer, run.start - W, run.start) for run in runs]
-    codes_at, scales_at = torch.stack([c for c, _ in ring]), torch.stack([s for _, s in ring])  # [R, W]
-    codes = torch.cat([buf[codes_at[..., None] + torch.arange(D, device=device)], packed[0].view(R, B, D)], 1)
-    scales = torch.cat([buf[scales_at[..., None] + torch.arange(D // 32, device=device)],
-                        packed[1].view(R, B, D // 32)], 1)
-    lo_hi = to_device(torch.tensor([[lo - run.start, hi - run.start] for (lo, hi), run in zip(bounds, runs)]), device)
-    in_ring = (grid >= lo_hi[:, :1]) & (grid < lo_hi[:, 1:])
-    valid = torch.cat([in_ring, torch.ones(R, B, dtype=torch.bool, device=device)], 1)  # [R, W+B]
-    rows = torch.arange(R * (W + B), device=device).view(R, W + B)
-    win_off = torch.where(valid, rows * D, -1)
-    win_soff = codes.numel() + rows * (D // 32)
-    per_query = (R, B, W + B)
-    return (torch.cat([codes.reshape(-1), scales.reshape(-1)]),
-            win_off[:, None].expand(per_query).reshape(R * B, -1), win_soff[:, None].expand(per_query).reshape(R * B, -1))
+    codes0, scales0, win_off, win_soff = _block_grid(cfg, layer, runs)
+    stride = runs[0].cache.ring_layer_stride
+    codes = torch.cat([buf[codes0 + layer * stride[0]], packed[0].view(R, B, -1)], 1)
+    scales = torch.cat([buf[scales0 + layer * stride[1]], packed[1].view(R, B, -1)], 1)
+    return torch.cat([codes.reshape(-1), scales.reshape(-1)]), win_off, win_soff
+
+
+def _block_grid(cfg: ModelConfig, layer: int, runs: list[SeqRun]) -> tuple[torch.Tensor, ...]:
+    """For _block_scratch: layer-0 ring offsets [R, W, D] and [R, W, D/32] of each run's W
+    positions before its block, and the queries' window offsets into the scratch. The DSpark
+    stages of a forward share it where their rings hold the same positions (they are written
+    together)."""
+    W, D, R, B = cfg.sliding_window, cfg.head_dim, len(runs), runs[0].n
+    bounds = tuple(run.cache.window_bounds(layer, run.start - W, run.start) for run in runs)
+
+    def build():
+        device = runs[0].cache.pool.device
+        grid = torch.arange(-W, 0, device=device)
+        ring = [run.cache.ring_offsets(0, grid + run.start) for run in runs]
+        codes0 = torch.stack([c for c, _ in ring])[..., None] + torch.arange(D, device=device)
+        scales0 = torch.stack([s for _, s in ring])[..., None] + torch.arange(D // 32, device=device)
+        lo_hi = to_device(torch.tensor([[lo - run.start, hi - run.start] for (lo, hi), run in zip(bounds, runs)]),
+                          device)
+        in_ring = (grid >= lo_hi[:, :1]) & (grid < lo_hi[:, 1:])
+        valid = torch.cat([in_ring, torch.ones(R, B, dtype=torch.bool, device=device)], 1)  # [R, W+B]
+        rows = torch.arange(R * (W + B), device=device).view(R, W + B)
+        win_off = torch.where(valid, rows * D, -1)
+        win_soff = R * (W + B) * D + rows * (D // 32)  # the scales follow every code in the scratch
+        per_query = (R, B, W + B)
+        return (codes0, scales0, win_off[:, None].expand(per_query).reshape(R * B, -1),
+                win_soff[:, None].expand(per_query).reshape(R * B, -1))
+
+    return runs[0].once(("block grid", offsets(runs), bounds), build)
 
 
 def _attention(cfg: ModelConfig, role: LayerRole, q, kv, packed, runs: list[SeqRun], sink) -> torch.Tensor:
@@ -267,11 +297,7 @@ def _lookup_entries(role: LayerRole, runs: list[SeqRun], topks: list, device
     ids = cat([_no_entries([run], device, width, -2)[0] if t is None else _pad(t, width, -2)
                 for run, t in zip(runs, topks)])  # -2: past the run's own K
     table, first_page = _page_tables(runs, role.kv_source)
-    off, soff = page_offsets(runs[0].cache.layout, table, ids, first_page=first_page)
-    off = torch.where(ids >= 0, off, -1)
-    if any(w != width for w in widths):
-        soff = torch.where(ids >= -1, soff, -1)
-    return (off, soff), widths
+    return page_offsets(runs[0].cache.layout, table, ids, first_page=first_page, mask=True), widths
 
 
 def _no_entries(runs: list[SeqRun], device, width: int, value: int = -1) -> tuple[torch.Tensor, torch.Tensor]:

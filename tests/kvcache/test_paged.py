@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from dsflash.kvcache.layout import CacheLayout
-from dsflash.kvcache.paged import PagedCache
+from dsflash.kvcache.paged import PagedCache, page_offsets
 from dsflash.kvcache.pool import CachePool, PoolExhausted
 from dsflash.kvcache.state import DenseCache
 from dsflash.kvcache.transport.checksum import SealedSums, checksum
@@ -205,3 +205,30 @@ class _WriteLog:
 
     def zeroed(self, ranges):
         pass
+
+
+@pytest.mark.parametrize("kind", ["kv", "key"])
+@pytest.mark.parametrize("several", [False, True])
+def test_page_offsets_follow_each_rows_table(kind, several):
+    """page_offsets (one kernel launch under the interpreter and on the GPU, torch elsewhere)
+    against the layout worked out entry by entry: a page's bytes, the section's offset and
+    width; -1 (no entry) and -2 (past a run's own list) masked as sparse_attention reads them."""
+    layout = CacheLayout.for_model(ModelConfig.from_dict(preset_config("tiny")), page_entries=4)
+    tables = [torch.tensor([7, 2, 9]), torch.tensor([5, 0])] if several else [torch.tensor([3, 8, 1])]
+    table = torch.cat(tables)
+    ids = torch.tensor([[0, 5, -1, 11], [3, 4, -2, -1]]) if several else torch.tensor([[0, 5, 11, -1]])
+    first = torch.tensor([[0], [3]]) if several else None
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    on = lambda t: None if t is None else t.to(dev)  # noqa: E731
+    off, soff = (t.cpu() for t in page_offsets(layout, on(table), on(ids), kind, first_page=on(first), mask=True))
+    codes_at, codes_width = layout.page_sections()[f"{kind}_codes"]
+    scales_at, scales_width = layout.page_sections()[f"{kind}_scales"]
+    for r, row in enumerate(ids.tolist()):
+        own = tables[r] if several else table
+        for c, entry in enumerate(row):
+            page = int(own[max(entry, 0) // 4]) * layout.page_bytes
+            slot = max(entry, 0) % 4
+            assert off[r, c] == (page + codes_at + slot * codes_width if entry >= 0 else -1)
+            assert soff[r, c] == (page + scales_at + slot * scales_width if entry >= -1 else -1)
+    unmasked = [t.cpu() for t in page_offsets(layout, on(table), on(ids.clamp_min(0)), kind, first_page=on(first))]
+    assert torch.equal(unmasked[0][ids >= 0], off[ids >= 0]) and torch.equal(unmasked[1][ids >= -1], soff[ids >= -1])

@@ -14,6 +14,7 @@ from dsflash.kvcache.pool import CachePool, plain_allocator
 from dsflash.model.fast_ops import TritonOps
 from dsflash.model.kernels.common import bf16_parts, bf16_parts_kernel, e2m1_words, interpreting
 from dsflash.model.kernels.fp4_moe import RoutePlan, fp4_moe, fp4_moe_ref
+from dsflash.model.kernels.fp4_moe import block_height as fp4_moe_block_height
 from dsflash.model.kernels.fp8_gemm import bf16_gemm, fp32_gemm, fp8_gemm, fp8_gemm_ref, grouped_fp8_gemm
 from dsflash.model.kernels import hc_streams
 from dsflash.model.kernels.hc_gates import hc_gates
@@ -180,15 +181,22 @@ def _moe_case(g, T, E, H, inter, k):
     return stack, x, idx, torch.rand(T, k, generator=g)
 
 
-# Block heights: 4 pairs (their parts as columns), 16, 64 (30 x 3 pairs over 5 experts); small:
-# the one-multiply decoder (these scales allow it) or the general one.
-@pytest.mark.parametrize("T, block_m, small", [(1, None, None), (11, 4, True), (11, None, False), (30, None, None)])
+# Block heights: 4 pairs (their parts as columns), 16 (chosen for 11 x 3 pairs over 5 experts),
+# 64; small: the one-multiply decoder (these scales allow it) or the general one.
+@pytest.mark.parametrize("T, block_m, small", [(1, None, None), (11, 4, True), (11, None, False), (30, 64, None)])
 def test_fp4_moe(T, block_m, small):
     stack, x, idx, weights = _moe_case(_g(1), T, E=5, H=64, inter=96, k=3)
     ref = fp4_moe_ref(x, idx, weights, *stack, 0.7)
     got = fp4_moe(x.to(DEVICE), idx.to(DEVICE), weights.to(DEVICE), *[t.to(DEVICE) for t in stack], 0.7,
                   block_m=block_m, small=small).cpu()
     assert (got - ref).abs().max() < REL * ref.abs().max() + 1e-6
+
+
+def test_expert_blocks_grow_later_where_every_dot_runs_three_times():
+    """Three activation parts (exact mode) keep 16-row blocks up to 32 pairs an expert; one
+    part (faithful mode's FP8-grid inputs) takes 64-row blocks from 16 pairs."""
+    assert [fp4_moe_block_height(pairs, 48, 3) for pairs in (36, 288, 1152, 2304)] == [4, 16, 16, 64]
+    assert [fp4_moe_block_height(pairs, 48, 1) for pairs in (36, 288, 1152, 2304)] == [4, 16, 64, 64]
 
 
 @pytest.mark.parametrize("on_grid", [False, True])
