@@ -2,10 +2,12 @@
 
 Profiles a few decode steps of the bench preset (torch profiler with Python stacks), then
 walks the GPU's timeline: every stretch with no kernel, copy or set running is a gap, and
-the gap is charged to the host code that launched the work ending it (the innermost dsflash
-frames around that launch). A host-bound step shows its gaps in the code that issues work
-too slowly; a GPU-bound one shows few. Prints the step's wall time, the GPU's busy time and
-the gaps by place, and writes the same to $OUT/gaps_<batch>.txt.
+the gap is charged to the host code that launched the work ending it (the innermost three
+dsflash frames around that launch). A host-bound step shows its gaps in the code that issues
+work too slowly; a GPU-bound one shows few. The Python tracer slows the host several times
+over, so the gaps' sizes are relative: which code, not how many milliseconds. Prints the
+step's wall time, the GPU's busy time and the gaps by place, and writes the same to
+$OUT/gaps_<batch>.txt.
 
     python bench/decode_gaps.py [--batch 1] [--context 4096] [--steps 2] [--act-quant]
 """
@@ -54,7 +56,7 @@ def gaps(trace: dict) -> tuple[float, float, list[tuple[float, str]]]:
 
 
 def _place(kernel: dict, launches: dict, frames: dict, starts: dict) -> str:
-    """The innermost two dsflash frames around the launch of `kernel` (its runtime call)."""
+    """The innermost three dsflash frames around the launch of `kernel` (its runtime call)."""
     launch = launches.get(kernel.get("args", {}).get("correlation"))
     if launch is None:
         return "(launch not traced)"
@@ -66,7 +68,7 @@ def _place(kernel: dict, launches: dict, frames: dict, starts: dict) -> str:
         start, stop, name = stack[i]
         if stop >= t and "dsflash" in name:
             enclosing.append(name.split("dsflash/")[-1])
-            if len(enclosing) == 2:
+            if len(enclosing) == 3:
                 break
         if t - start > 5e6:  # 5 s: past any frame of these steps
             break
@@ -118,7 +120,7 @@ def main() -> None:
              f"step {step_ms:.2f} ms unprofiled; profiled, per step: GPU busy {busy / n / 1e3:.2f} ms, "
              f"first to last GPU work {span / n / 1e3:.2f} ms, idle gaps over {MIN_GAP_US:g} us "
              f"{sum(us for us, _ in found) / n / 1e3:.2f} ms in {len(found) / n:.0f} gaps",
-             "gap ms per step | gaps per step | launched from (innermost dsflash frames)"]
+             "gap ms per step | gaps per step | launched from (the innermost dsflash frames)"]
     for place, (us, count) in sorted(by_place.items(), key=lambda kv: -kv[1][0])[:40]:
         lines.append(f"{us / n / 1e3:8.3f} | {count / n:6.1f} | {place}")
     text = "\n".join(lines)

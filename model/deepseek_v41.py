@@ -29,7 +29,7 @@ from .engram_hash import EngramHasher, compressed_map
 from .graphs import GraphCache
 from .layers.attention import attend, grouped_output, project
 from .layers.attention_kernel import (Prepared, attend_prepared, attend_updated, note_ring_writes, prepare,
-                                      update_sources)
+                                      prepare_block, update_sources)
 from .layers.compressor import compress
 from .layers.engram import engram
 from .layers.indexer import index_queries
@@ -169,12 +169,14 @@ class DeepseekV41:
               block_mode: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """One mHC block; returns the new streams and this block's FFN `pre` for the next site."""
         unit = _rows_per_request(runs)
-        prepared = None if block_mode else self._graphable_attention(role, runs, X.shape[0], unit)
+        prepared = (self._graphable_block_attention(role, runs, X.shape[0]) if block_mode
+                    else self._graphable_attention(role, runs, X.shape[0], unit))
         if prepared is not None:  # the whole block in one graph
-            key = ("block", role.index, prepared.plan, id(prepared.pool))
+            key = ("block", role.index, prepared.plan, id(prepared.pool), prepared.block_rows)
             out = self.graphs.run(key, lambda *t: self._whole_block(role, prepared, *t), (X, pre) + prepared.tensors,
                                   shared=len(prepared.tensors), unit=unit)
-            note_ring_writes(runs, role.index)
+            if not block_mode:  # (a DSpark block writes no ring)
+                note_ring_writes(runs, role.index)
             return out
         yarn = self._index_rope(role, runs, block_mode)
         a_pre, a_post, a_comb, xa, q_res, q_all, kv_all, *queries = self._dense("attn_in", role, self._attn_in, X,
@@ -196,6 +198,14 @@ class DeepseekV41:
             o = attend(self.ops, self.config, role, xa, q_res, q_all, kv_all, runs, self.rope, self.qat, block_mode,
                        tuple(queries) or None)
         return self._dense("attn_out_ffn", role, self._attn_out_ffn, o, X, a_pre, a_post, a_comb, unit=unit)
+
+    def _graphable_block_attention(self, role: LayerRole, runs: list[SeqRun], rows: int) -> Prepared | None:
+        """A DSpark stage's block attention of runs of one length: one fixed launch sequence
+        (attention_kernel.prepare_block), so the stage's whole block runs in one graph."""
+        if (self.graphs is None or not self.qat
+                or not all(self.ops.reads_cache_in_place(run.cache) for run in runs)):
+            return None
+        return prepare_block(self.config, role, runs, self.rope, rows, self.config.num_heads // self.ops.parallel.world)
 
     def _sources_in_place(self, role: LayerRole, runs: list[SeqRun]) -> bool:
         """A KV or index source layer on the kernel path (attention_kernel.update_sources)."""

@@ -70,7 +70,7 @@ class GraphCache:
         self._entries: dict[tuple, object] = {}
         self._pool = None  # one memory pool: parts replay one after another, never at once
         self._outputs: dict[tuple, torch.Tensor] = {}  # (address, shape, strides, dtype) -> a captured output
-        self._shared: dict[tuple, torch.Tensor] = {}  # (slot, shape, dtype) -> buffer graphs read
+        self._shared: dict[tuple, torch.Tensor] = {}  # (slot from the end, shape, dtype) -> buffer graphs read
         self._shared_from: dict[int, torch.Tensor] = {}  # buffer address -> the tensor last copied in
         self._sources: dict[tuple, torch.Tensor] = {}  # (rows, padded rows) -> the row each padded row copies
 
@@ -130,11 +130,14 @@ class GraphCache:
             self._sources[(rows, padded, given.device)] = source
         torch.index_select(given, 0, source, out=static)
 
-    def _static(self, slot: int, t: torch.Tensor, first_shared: int, padded: int) -> torch.Tensor:
-        """The buffer a graph reads input `slot` from (see the module's docstring)."""
+    def _static(self, slot: int, t: torch.Tensor, first_shared: int, padded: int, count: int) -> torch.Tensor:
+        """The buffer a graph reads input `slot` of `count` from (see the module's docstring).
+        Shared inputs come last, so their buffers are keyed by the place from the end: graphs
+        of different parts then read one buffer per kind of shared input (a whole block and
+        the attention of a compressor layer take the same prepared offsets)."""
         shape = (padded,) + tuple(t.shape[1:])
         if slot >= first_shared:
-            buffer = self._shared.setdefault((slot, shape, t.dtype), t.new_empty(shape))
+            buffer = self._shared.setdefault((count - slot, shape, t.dtype), t.new_empty(shape))
             self._fill(buffer, t)
             self._shared_from[buffer.data_ptr()] = t
             return buffer
@@ -147,7 +150,7 @@ class GraphCache:
         return buffer
 
     def _capture(self, key: tuple, fn: Callable[..., Tensors], inputs: Tensors, first_shared: int, padded: int):
-        static = tuple(self._static(slot, t, first_shared, padded) for slot, t in enumerate(inputs))
+        static = tuple(self._static(slot, t, first_shared, padded, len(inputs)) for slot, t in enumerate(inputs))
         graph = torch.cuda.CUDAGraph()
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()

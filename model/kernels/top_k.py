@@ -19,7 +19,9 @@ the next launch works the digits found so far out of them again (256 counts a pa
 launch of its own). The last counting pass also keeps per-chunk counts, from which a chunk's
 writing program knows how many ids the chunks before it write. Launches: one zeroing,
 ceil(32 / RADIX_BITS) counting passes and one writing pass, each reading the scores once;
-no host sync, so the whole can be captured in a CUDA graph.
+no host sync, so the whole can be captured in a CUDA graph. Rows that one chunk takes (a
+decode step's, up to 16K entries) run every pass in one program and one launch instead
+(_select_kernel): in an eager decode layer each launch cost the host more than its GPU work.
 
 Cost: for sm_90, Triton 3.9 compiles tl.histogram to one shared-memory atomic add per
 counted score (masked ones branch around it), so a pass costs a few instructions per score
@@ -99,6 +101,18 @@ def _keys(x):
 
 
 @triton.jit
+def _take_digit(counts, prefix, rest, PASS: tl.constexpr, BITS: tl.constexpr):
+    """Pass PASS's digit of the threshold from its counts [BINS] -> (the threshold's bits so
+    far, how many keys equal to it in those bits still belong to the k)."""
+    bins = tl.arange(0, 1 << BITS)
+    at_least = tl.cumsum(counts, 0, reverse=True)  # keys whose digit is >= the bin's
+    # the highest digit with at least `rest` keys from it up (bin 0 always has: k <= N)
+    digit = tl.max(tl.where(at_least >= rest, bins, 0))
+    rest -= tl.sum(tl.where(bins > digit, counts, 0))
+    return prefix | (digit.to(tl.uint32) << _digit_shift(PASS, BITS)), rest
+
+
+@triton.jit
 def _found_digits(hist_ptr, pass_stride, k, PASSES: tl.constexpr, BITS: tl.constexpr):
     """The digits that the counts of the first PASSES passes fix ([PASSES, BINS] int32, pass_stride
     apart) -> (those bits of the threshold key, in place, uint32; how many keys equal to the
@@ -107,13 +121,66 @@ def _found_digits(hist_ptr, pass_stride, k, PASSES: tl.constexpr, BITS: tl.const
     prefix = tl.zeros((), tl.uint32)
     rest = k
     for p in tl.static_range(PASSES):
-        counts = tl.load(hist_ptr + p * pass_stride + bins)
-        at_least = tl.cumsum(counts, 0, reverse=True)  # keys whose digit is >= the bin's
-        # the highest digit with at least `rest` keys from it up (bin 0 always has: k <= N)
-        digit = tl.max(tl.where(at_least >= rest, bins, 0))
-        rest -= tl.sum(tl.where(bins > digit, counts, 0))
-        prefix |= digit.to(tl.uint32) << _digit_shift(p, BITS)
+        prefix, rest = _take_digit(tl.load(hist_ptr + p * pass_stride + bins), prefix, rest, p, BITS)
     return prefix, rest
+
+
+@triton.jit
+def _digit_counts(x_row, lo, hi, prefix, PASS: tl.constexpr, LAST: tl.constexpr, BITS: tl.constexpr,
+                  BLOCK: tl.constexpr):
+    """Counts by digit PASS of the keys in columns [lo, hi) that match the digits found so far
+    (prefix), and (LAST) how many keys are above them."""
+    BINS: tl.constexpr = 1 << BITS
+    FOUND: tl.constexpr = _found_mask(PASS, BITS)
+    counts = tl.zeros((BINS,), tl.int32)
+    above = tl.zeros((), tl.int32)
+    for start in range(lo, hi, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        live = cols < hi
+        key = _keys(tl.load(x_row + cols, mask=live, other=0.0))
+        digit = ((key >> _digit_shift(PASS, BITS)) & _digit_mask(PASS, BITS)).to(tl.int32)
+        if PASS == 0:
+            counts += tl.histogram(digit, BINS, mask=live)
+        else:
+            counts += tl.histogram(digit, BINS, mask=live & ((key & FOUND) == prefix))
+        if LAST:
+            above += tl.sum((live & ((key & FOUND) > prefix) & (key != _HIGH_KEY)).to(tl.int32))
+    return counts, above
+
+
+@triton.jit
+def _write_picks(x_row, out_row, lo, hi, threshold, take, ties_before, written, k, BLOCK: tl.constexpr):
+    """Writes the picks of columns [lo, hi) in id order: keys above the threshold, and equal
+    ones while fewer than `take` came before (ties_before); `written` picks precede them.
+    Returns the picks written so far."""
+    for start in range(lo, hi, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        live = cols < hi
+        key = _keys(tl.load(x_row + cols, mask=live, other=0.0))
+        tie = (live & (key == threshold)).to(tl.int32)
+        tie_rank = ties_before + tl.cumsum(tie, 0) - tie
+        returned = (key != _LOW_KEY) & (key != _HIGH_KEY)
+        pick = (live & returned & ((key > threshold) | ((tie != 0) & (tie_rank < take)))).to(tl.int32)
+        at_out = written + tl.cumsum(pick, 0) - pick
+        # (< k always holds; the mask keeps a broken invariant from writing past the row)
+        tl.store(out_row + at_out, cols.to(tl.int64), mask=(pick != 0) & (at_out < k))
+        written += tl.sum(pick)
+        ties_before += tl.sum(tie)
+    return written
+
+
+@triton.jit
+def _pad(out_row, total, k, BLOCK: tl.constexpr):
+    """-1 in the row's places from `total` on (fewer than k scores to return)."""
+    for start in range(0, k, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        tl.store(out_row + cols, tl.full((BLOCK,), -1, tl.int64), mask=(cols >= total) & (cols < k))
+
+
+@triton.jit
+def _taken_threshold(threshold, take):
+    """Keys equal to the threshold are picked only if it is a score's (-inf/NaN never are)."""
+    return tl.where((threshold != _LOW_KEY) & (threshold != _HIGH_KEY), take, 0)
 
 
 @triton.jit
@@ -129,23 +196,9 @@ def _count_kernel(x_ptr, hist_ptr, chunk_ptr, k, N, sxr, chunk_len,
     pass_stride = tl.num_programs(0) * BINS
     hist_row = hist_ptr + row * BINS
     prefix, _ = _found_digits(hist_row, pass_stride, k, PASS, BITS)
-    FOUND: tl.constexpr = _found_mask(PASS, BITS)
-    x_row = x_ptr + row.to(tl.int64) * sxr
     lo = chunk * chunk_len
-    hi = tl.minimum(lo + chunk_len, N)
-    counts = tl.zeros((BINS,), tl.int32)
-    above = tl.zeros((), tl.int32)
-    for start in range(lo, hi, BLOCK):
-        cols = start + tl.arange(0, BLOCK)
-        live = cols < hi
-        key = _keys(tl.load(x_row + cols, mask=live, other=0.0))
-        digit = ((key >> _digit_shift(PASS, BITS)) & _digit_mask(PASS, BITS)).to(tl.int32)
-        if PASS == 0:
-            counts += tl.histogram(digit, BINS, mask=live)
-        else:
-            counts += tl.histogram(digit, BINS, mask=live & ((key & FOUND) == prefix))
-        if LAST:
-            above += tl.sum((live & ((key & FOUND) > prefix) & (key != _HIGH_KEY)).to(tl.int32))
+    counts, above = _digit_counts(x_ptr + row.to(tl.int64) * sxr, lo, tl.minimum(lo + chunk_len, N), prefix, PASS,
+                                  LAST, BITS, BLOCK)
     tl.atomic_add(hist_row + PASS * pass_stride + bins, counts, sem="relaxed")
     if LAST:
         at = chunk_ptr + (row * tl.num_programs(1) + chunk) * (BINS + 1)
@@ -163,36 +216,37 @@ def _write_kernel(x_ptr, hist_ptr, chunk_ptr, out_ptr, k, N, sxr, chunk_len, PAS
     num_chunks = tl.num_programs(1)
     BINS: tl.constexpr = 1 << BITS
     threshold, take = _found_digits(hist_ptr + row * BINS, tl.num_programs(0) * BINS, k, PASSES, BITS)
-    # keys equal to the threshold are picked only if it is a score's (-inf/NaN never are)
-    take = tl.where((threshold != _LOW_KEY) & (threshold != _HIGH_KEY), take, 0)
+    take = _taken_threshold(threshold, take)
     last_digit = (threshold & _digit_mask(PASSES - 1, BITS)).to(tl.int32)
     chunks = tl.arange(0, MAX_CHUNKS)
     at = chunk_ptr + (row * num_chunks + chunks) * (BINS + 1) + last_digit
     above_before = tl.sum(tl.load(at + 1, mask=chunks < chunk, other=0))
     ties_before = tl.sum(tl.load(at, mask=chunks < chunk, other=0)) - above_before
     written = above_before + tl.minimum(ties_before, take)
-    x_row = x_ptr + row.to(tl.int64) * sxr
     out_row = out_ptr + row.to(tl.int64) * k
     lo = chunk * chunk_len
-    hi = tl.minimum(lo + chunk_len, N)
-    for start in range(lo, hi, BLOCK):
-        cols = start + tl.arange(0, BLOCK)
-        live = cols < hi
-        key = _keys(tl.load(x_row + cols, mask=live, other=0.0))
-        tie = (live & (key == threshold)).to(tl.int32)
-        tie_rank = ties_before + tl.cumsum(tie, 0) - tie
-        returned = (key != _LOW_KEY) & (key != _HIGH_KEY)
-        pick = (live & returned & ((key > threshold) | ((tie != 0) & (tie_rank < take)))).to(tl.int32)
-        at_out = written + tl.cumsum(pick, 0) - pick
-        # (< k always holds; the mask keeps a broken invariant from writing past the row)
-        tl.store(out_row + at_out, cols.to(tl.int64), mask=(pick != 0) & (at_out < k))
-        written += tl.sum(pick)
-        ties_before += tl.sum(tie)
+    _write_picks(x_ptr + row.to(tl.int64) * sxr, out_row, lo, tl.minimum(lo + chunk_len, N), threshold, take,
+                 ties_before, written, k, BLOCK)
     if chunk == 0:
-        total = tl.sum(tl.load(at + 1, mask=chunks < num_chunks, other=0)) + take
-        for start in range(0, k, BLOCK):
-            cols = start + tl.arange(0, BLOCK)
-            tl.store(out_row + cols, tl.full((BLOCK,), -1, tl.int64), mask=(cols >= total) & (cols < k))
+        _pad(out_row, tl.sum(tl.load(at + 1, mask=chunks < num_chunks, other=0)) + take, k, BLOCK)
+
+
+@triton.jit
+def _select_kernel(x_ptr, out_ptr, k, N, sxr, PASSES: tl.constexpr, BITS: tl.constexpr, BLOCK: tl.constexpr):
+    """Program (row): every counting pass and the writing one over the whole row, the counts
+    in registers: one launch where the chunked form takes PASSES + 2 (a decode step's rows
+    are short, and each launch costs the host more than the GPU work)."""
+    row = tl.program_id(0)
+    x_row = x_ptr + row.to(tl.int64) * sxr
+    out_row = out_ptr + row.to(tl.int64) * k
+    threshold = tl.zeros((), tl.uint32)
+    take = k
+    for p in tl.static_range(PASSES):
+        counts, _ = _digit_counts(x_row, 0, N, threshold, p, False, BITS, BLOCK)
+        threshold, take = _take_digit(counts, threshold, take, p, BITS)
+    none = tl.zeros((), tl.int32)  # (running counts: tensors from the start, as the loops carry them)
+    written = _write_picks(x_row, out_row, 0, N, threshold, _taken_threshold(threshold, take), none, none, k, BLOCK)
+    _pad(out_row, written, k, BLOCK)
 
 
 def top_k_ascending_kernel(scores: torch.Tensor, k: int, chunks: int | None = None, block: int = _BLOCK,
@@ -211,8 +265,11 @@ def top_k_ascending_kernel(scores: torch.Tensor, k: int, chunks: int | None = No
         x = x.contiguous()
     if chunks is None:
         chunks = max(1, min(triton.cdiv(N, _MIN_CHUNK), triton.cdiv(_PROGRAMS, n)))
-    chunk_len = triton.cdiv(triton.cdiv(N, chunks), block) * block
     passes = triton.cdiv(32, radix_bits)
+    if chunks == 1:  # one program per row: every pass in one launch
+        _select_kernel[(n,)](x, out, k, N, x.stride(0), PASSES=passes, BITS=radix_bits, BLOCK=block, num_warps=8)
+        return out
+    chunk_len = triton.cdiv(triton.cdiv(N, chunks), block) * block
     hist = torch.zeros(passes, n, 1 << radix_bits, dtype=torch.int32, device=x.device)
     chunk_counts = torch.empty(n, chunks, (1 << radix_bits) + 1, dtype=torch.int32, device=x.device)
     grid = (n, chunks)

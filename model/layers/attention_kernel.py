@@ -94,9 +94,13 @@ class Prepared(NamedTuple):
     plan: LaunchPlan
     pool: object  # the runs' CachePool
     ring_strides: tuple[int, int]  # bytes from one ring layer to the next (codes, scales)
-    # cos, sin [T, rope/2]; layer-0 ring offsets of the rows' codes [T, D] and scales [T, D/32];
-    # layer-0 window offsets [T, W] (codes, scales) and which hold data; entry offsets [T, K]
+    # causal (prepare): cos, sin [T, rope/2]; layer-0 ring offsets of the rows' codes [T, D] and
+    # scales [T, D/32]; layer-0 window offsets [T, W] (codes, scales) and which hold data; entry
+    # offsets [T, K]. A DSpark block (prepare_block): cos, sin; each row's run's layer-0 ring
+    # offsets of the W positions before its block [T, W] (codes, scales) and which hold data;
+    # no entries [T, 1].
     tensors: tuple[torch.Tensor, ...]
+    block_rows: int = 0  # a DSpark stage's block attention: the rows of each run's block
 
 
 def prepare(cfg: ModelConfig, role: LayerRole, runs: list[SeqRun], rope: Rope, rows: int, heads: int,
@@ -121,12 +125,19 @@ def prepare(cfg: ModelConfig, role: LayerRole, runs: list[SeqRun], rope: Rope, r
     return Prepared(plans.pop(), runs[0].cache.pool, runs[0].cache.ring_layer_stride, tensors)
 
 
-def attend_prepared(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, prepared: Prepared, q_all, kv_all,
-                    cos, sin, ring_codes, ring_scales, win_codes, win_scales, win_valid, entry_off, entry_soff
-                    ) -> torch.Tensor:
-    """RoPE, the FP8 ring write of kv, attention, inverse RoPE -> o [T, h, D]: device work only
-    (the caller notes the ring writes: note_ring_writes). The tensors are prepared.tensors, or
-    a CUDA graph's copies of them."""
+def attend_prepared(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, prepared: Prepared, q_all: torch.Tensor,
+                    kv_all: torch.Tensor, *tensors: torch.Tensor) -> torch.Tensor:
+    """The attention `prepared` describes -> o [T, h, D]: device work only. The tensors are
+    prepared.tensors, or a CUDA graph's copies of them."""
+    attend = _attend_block if prepared.block_rows else _attend_causal
+    return attend(ops, cfg, role, prepared, q_all, kv_all, *tensors)
+
+
+def _attend_causal(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, prepared: Prepared, q_all, kv_all,
+                   cos, sin, ring_codes, ring_scales, win_codes, win_scales, win_valid, entry_off, entry_soff
+                   ) -> torch.Tensor:
+    """RoPE, the FP8 ring write of kv, attention, inverse RoPE (the caller notes the ring
+    writes: note_ring_writes)."""
     layer, pool, strides = role.index, prepared.pool, prepared.ring_strides
     q = ops.rope(q_all, cos, sin)
     kv, packed = ops.fp8_round_trip(ops.rope(kv_all, cos, sin))
@@ -146,64 +157,72 @@ def attend_block_in_place(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, 
                           kv_all: torch.Tensor, runs: list[SeqRun], rope: Rope) -> torch.Tensor | None:
     """A DSpark stage's block attention (attention.py: each block row sees the stage ring's W
     positions before the block and every row of its block) for all runs in one launch -> o
-    [T, h, D]; None where the runs differ in length or pool (the per-run path takes those).
-    The ring rows and the block's own FP8 rows are copied into one scratch buffer: the block
-    rows must not go into the ring, which holds only what the target has confirmed."""
+    [T, h, D]; None where the runs differ in length or pool (the per-run path takes those)."""
+    prepared = prepare_block(cfg, role, runs, rope, q_all.shape[0], q_all.shape[1])
+    if prepared is None:
+        return None
+    return attend_prepared(ops, cfg, role, prepared, q_all, kv_all, *prepared.tensors)
+
+
+def prepare_block(cfg: ModelConfig, role: LayerRole, runs: list[SeqRun], rope: Rope, rows: int, heads: int
+                  ) -> Prepared | None:
+    """Prepared for a DSpark stage's block attention of runs of equal length in one pool (else
+    None). What it reads does not depend on the stage: the stages of a forward share it."""
     B = runs[0].n
     if (any(run.n != B for run in runs) or len({id(run.cache.pool) for run in runs}) > 1
-            or runs[0].offset != 0 or not end_to_end(runs) or q_all.shape[0] != B * len(runs)):
+            or runs[0].offset != 0 or not end_to_end(runs) or rows != B * len(runs)):
         return None
-    cos, sin = rope.for_runs(role.rope, runs)
-    q = ops.rope(q_all, cos, sin)
-    kv, packed = ops.fp8_round_trip(ops.rope(kv_all, cos, sin))
-    scratch, win_off, win_soff = _block_scratch(cfg, role.index, runs, packed)
-    plan = launch_plan(B, 1, q.shape[1], cfg.head_dim)  # what each run alone gets: a batch equals its runs
-    o = _attend_planned(cfg, q, scratch, (win_off, win_soff), runs[0].cache.pool.pages_buffer,
-                        _no_entries(runs, q.device, 1), ops.w(f"{role.prefix}.attn.attn_sink"), plan)
-    return ops.rope(o, cos, sin, inverse=True)
+    plan = launch_plan(B, 1, heads, cfg.head_dim)  # what each run alone gets: a batch equals its runs
+    tensors = rope.for_runs(role.rope, runs) + _block_window(cfg, role.index, runs) + _no_entries(
+        runs, runs[0].cache.pool.device, 1)
+    return Prepared(plan, runs[0].cache.pool, runs[0].cache.ring_layer_stride, tensors, B)
 
 
-def _block_scratch(cfg: ModelConfig, layer: int, runs: list[SeqRun], packed
-                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Scratch bytes of R runs' keys, run r at rows r*(W+B) ..: its ring's positions start-W ..
-    start-1 (invalid ones masked), then its B block rows; and every query's window offsets
-    [T, W+B] (codes, scales) into it: all of its own run's rows. Per stage only the gathers
-    and copies: what does not depend on the layer is built once per forward (_block_grid)."""
-    R, B = len(runs), runs[0].n
-    buf = runs[0].cache.pool.slots_buffer
-    codes0, scales0, win_off, win_soff = _block_grid(cfg, layer, runs)
-    stride = runs[0].cache.ring_layer_stride
-    codes = torch.cat([buf[codes0 + layer * stride[0]], packed[0].view(R, B, -1)], 1)
-    scales = torch.cat([buf[scales0 + layer * stride[1]], packed[1].view(R, B, -1)], 1)
-    return torch.cat([codes.reshape(-1), scales.reshape(-1)]), win_off, win_soff
-
-
-def _block_grid(cfg: ModelConfig, layer: int, runs: list[SeqRun]) -> tuple[torch.Tensor, ...]:
-    """For _block_scratch: layer-0 ring offsets [R, W, D] and [R, W, D/32] of each run's W
-    positions before its block, and the queries' window offsets into the scratch. The DSpark
-    stages of a forward share it where their rings hold the same positions (they are written
-    together)."""
-    W, D, R, B = cfg.sliding_window, cfg.head_dim, len(runs), runs[0].n
+def _block_window(cfg: ModelConfig, layer: int, runs: list[SeqRun]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Each row's run's layer-0 ring offsets [T, W] (codes, scales) of the W positions before
+    its block, and which of them hold data; once per forward (the stages' rings are written
+    together, so they hold the same positions)."""
+    W, B = cfg.sliding_window, runs[0].n
     bounds = tuple(run.cache.window_bounds(layer, run.start - W, run.start) for run in runs)
 
     def build():
         device = runs[0].cache.pool.device
         grid = torch.arange(-W, 0, device=device)
         ring = [run.cache.ring_offsets(0, grid + run.start) for run in runs]
-        codes0 = torch.stack([c for c, _ in ring])[..., None] + torch.arange(D, device=device)
-        scales0 = torch.stack([s for _, s in ring])[..., None] + torch.arange(D // 32, device=device)
         lo_hi = to_device(torch.tensor([[lo - run.start, hi - run.start] for (lo, hi), run in zip(bounds, runs)]),
                           device)
-        in_ring = (grid >= lo_hi[:, :1]) & (grid < lo_hi[:, 1:])
-        valid = torch.cat([in_ring, torch.ones(R, B, dtype=torch.bool, device=device)], 1)  # [R, W+B]
-        rows = torch.arange(R * (W + B), device=device).view(R, W + B)
-        win_off = torch.where(valid, rows * D, -1)
-        win_soff = R * (W + B) * D + rows * (D // 32)  # the scales follow every code in the scratch
-        per_query = (R, B, W + B)
-        return (codes0, scales0, win_off[:, None].expand(per_query).reshape(R * B, -1),
-                win_soff[:, None].expand(per_query).reshape(R * B, -1))
+        valid = (grid >= lo_hi[:, :1]) & (grid < lo_hi[:, 1:])
+        per_row = lambda t: t.repeat_interleave(B, dim=0)  # noqa: E731
+        return per_row(torch.stack([c for c, _ in ring])), per_row(torch.stack([s for _, s in ring])), per_row(valid)
 
-    return runs[0].once(("block grid", offsets(runs), bounds), build)
+    return runs[0].once(("block window", offsets(runs), bounds), build)
+
+
+def _attend_block(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, prepared: Prepared, q_all, kv_all,
+                  cos, sin, ring_codes, ring_scales, ring_valid, entry_off, entry_soff) -> torch.Tensor:
+    """RoPE, FP8 rounding, attention over a scratch buffer holding, for each run r at rows
+    r*(W+B) .., its ring's W keys before the block and the block's own B rows (they must not go
+    into the ring, which holds only what the target has confirmed), inverse RoPE. Each run's
+    values are read at its first row, so a batch padded with copies of its last row works."""
+    B, layer, strides, buf = prepared.block_rows, role.index, prepared.ring_strides, prepared.pool.slots_buffer
+    W, D = cfg.sliding_window, cfg.head_dim
+    q = ops.rope(q_all, cos, sin)
+    kv, packed = ops.fp8_round_trip(ops.rope(kv_all, cos, sin))
+    R = q.shape[0] // B
+    device = q.device
+    codes = torch.cat([buf[(ring_codes[::B] + layer * strides[0])[..., None] + torch.arange(D, device=device)],
+                       packed[0].view(R, B, D)], 1)
+    scales = torch.cat([buf[(ring_scales[::B] + layer * strides[1])[..., None] + torch.arange(D // 32, device=device)],
+                        packed[1].view(R, B, D // 32)], 1)
+    scratch = torch.cat([codes.reshape(-1), scales.reshape(-1)])
+    keys = torch.arange(R * (W + B), device=device).view(R, W + B)  # each key's row in the scratch
+    valid = torch.cat([ring_valid[::B], torch.ones(R, B, dtype=torch.bool, device=device)], 1)
+    per_query = (R, B, W + B)  # a run's queries all read its rows
+    win_off = torch.where(valid, keys * D, -1)[:, None].expand(per_query).reshape(R * B, -1)
+    win_soff = (R * (W + B) * D + keys * (D // 32))[:, None].expand(per_query).reshape(R * B, -1)
+    o = _attend_planned(cfg, q, scratch, (win_off, win_soff), prepared.pool.pages_buffer, (entry_off, entry_soff),
+                        ops.w(f"{role.prefix}.attn.attn_sink"), prepared.plan)
+    return ops.rope(o, cos, sin, inverse=True)
 
 
 def _attention(cfg: ModelConfig, role: LayerRole, q, kv, packed, runs: list[SeqRun], sink) -> torch.Tensor:

@@ -12,6 +12,7 @@ from dsflash.kvcache.layout import CacheLayout
 from dsflash.kvcache.paged import PagedCache
 from dsflash.kvcache.pool import CachePool, plain_allocator
 from dsflash.model.fast_ops import TritonOps
+from dsflash.model.graphs import GraphCache
 from dsflash.model.kernels.common import bf16_parts, bf16_parts_kernel, e2m1_words, interpreting
 from dsflash.model.kernels.fp4_moe import RoutePlan, fp4_moe, fp4_moe_ref
 from dsflash.model.kernels.fp4_moe import block_height as fp4_moe_block_height
@@ -403,6 +404,12 @@ def test_dspark_blocks_on_the_kernel_path(golden_dir, golden):
         model.ops = TritonOps(reference.weights, device=DEVICE)
         together = drafter.propose(requests).logits
         alone = [drafter.propose([r]).logits for r in requests]
+        if DEVICE == "cuda":  # each stage's whole block as one CUDA graph: run, captured, replayed
+            model.graphs = GraphCache()
+            for _ in range(3):
+                assert torch.equal(drafter.propose(requests).logits, together)
+            assert model.graphs.captured("block") == model.config.num_dspark_stages
+            model.graphs.release()
     for i, (ref, one) in enumerate(zip(want, alone)):
         assert torch.equal(together[i].argmax(-1), one[0].argmax(-1))
         assert (together[i] - one[0]).abs().max() < 1e-5 * ref.abs().max()

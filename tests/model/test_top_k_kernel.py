@@ -13,10 +13,12 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # the interpreter witho
 
 
 def _check(scores: torch.Tensor, k: int, **plan) -> None:
-    got = top_k_ascending_kernel(scores.to(DEVICE), k, **plan).cpu()
+    """The given plan, and one chunk a row (every pass in one program) with the same blocks."""
     want = top_k_ascending_ref(scores, k).cpu()
-    assert got.dtype == want.dtype == torch.long and got.shape == want.shape
-    assert torch.equal(got, want), (got, want)
+    for chunks in {plan.get("chunks"), 1}:
+        got = top_k_ascending_kernel(scores.to(DEVICE), k, **{**plan, "chunks": chunks}).cpu()
+        assert got.dtype == want.dtype == torch.long and got.shape == want.shape
+        assert torch.equal(got, want), (chunks, got, want)
 
 
 def test_random_rows_several_chunks():
