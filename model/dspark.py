@@ -80,9 +80,10 @@ class DSparkDrafter:
         main_x = rms_norm(ops.linear(taps, f"{self.first}.main_proj"), ops.w(f"{self.first}.main_norm.weight"),
                           c.rms_norm_eps)
         cos, sin = self.model.rope.cos_sin("local", positions)
-        for role in self.stages:
+        stage_kv = ops.linear_many(main_x, tuple(f"{role.prefix}.attn.wkv" for role in self.stages))
+        for role, kv in zip(self.stages, stage_kv):
             p = role.prefix
-            kv = rms_norm(ops.linear(main_x, f"{p}.attn.wkv"), ops.w(f"{p}.attn.kv_norm.weight"), c.rms_norm_eps)
+            kv = rms_norm(kv, ops.w(f"{p}.attn.kv_norm.weight"), c.rms_norm_eps)
             kv = ops.rope(kv, cos, sin)
             packed = None
             if self.model.qat:

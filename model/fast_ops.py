@@ -44,6 +44,7 @@ class TritonOps(ReferenceOps):
         self._packed: dict[str, tuple[Fp8Weight, bool]] = {}
         self._bf16: dict[str, torch.Tensor] = {}
         self._experts: dict[str, tuple[tuple[torch.Tensor, ...], bool]] = {}
+        self._merged: dict[tuple[str, ...], tuple | bool] = {}  # linear_many's weights end to end
         if self.device.type == "cuda":
             tile_counts(self.device)  # now, before any CUDA graph is captured
 
@@ -72,6 +73,35 @@ class TritonOps(ReferenceOps):
                 dense = self._bf16[name] = weight.to(self.device).contiguous()
             return bf16_gemm(rows.contiguous(), dense).view(*x.shape[:-1], dense.shape[0])
         return super().linear(x, name)
+
+    def linear_many(self, x: torch.Tensor, names: tuple[str, ...]) -> list[torch.Tensor]:
+        """One GEMM for FP8 weights of one input width in whole 32-row blocks: at decode each
+        launch costs a fixed ~10 us beside its weight's bytes. Their codes and scales are put
+        end to end once, and each weight becomes a view of its rows there (no second copy);
+        the output is split back. Other weights run one by one."""
+        merged = self._merged.get(names)
+        if merged is None:
+            merged = self._merged[names] = self._merge(names)
+        if not merged:
+            return super().linear_many(x, names)
+        codes, scales, small, rows = merged
+        out = fp8_gemm(x.contiguous(), codes, scales, act_quant=self.act_quant, small=small)
+        return list(out.split(rows, dim=-1))
+
+    def _merge(self, names: tuple[str, ...]) -> tuple | bool:
+        weights = [self.weights[name] for name in names]
+        if not (len(names) > 1 and all(isinstance(w, Fp8Weight) and w.block == (32, 32) for w in weights)
+                and len({w.shape[1] for w in weights}) == 1 and all(w.shape[0] % 32 == 0 for w in weights)):
+            return False
+        packed = [self._fp8(name)[0] for name in names]
+        codes = torch.cat([w.weight for w in packed])
+        scales = torch.cat([w.scale for w in packed])
+        first = 0
+        for w in packed:  # now views of the merged bytes: the separate copies can go
+            rows = w.weight.shape[0]
+            w.weight, w.scale = codes[first:first + rows], scales[first // 32:(first + rows) // 32]
+            first += rows
+        return codes, scales, small_fp8_scales(scales), [w.weight.shape[0] for w in packed]
 
     def gemm_input(self, x: torch.Tensor) -> torch.Tensor:
         """Faithful mode: x on the FP8 grid in one launch (torch's rounding is ~20), as bf16.

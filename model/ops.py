@@ -64,6 +64,11 @@ class ReferenceOps:
             x = self.gemm_input(x)
         return x.float() @ self.w(name).T
 
+    def linear_many(self, x: torch.Tensor, names: tuple[str, ...]) -> list[torch.Tensor]:
+        """x @ W.T for several weights that read the same input (the fast path runs them as one
+        GEMM where it can)."""
+        return [self.linear(x, name) for name in names]
+
     def gemm_input(self, x: torch.Tensor) -> torch.Tensor:
         """x as an FP8/FP4-weight GEMM takes it: rounded onto the FP8 grid in faithful mode."""
         return quant.fake_quant_fp8(x) if self.act_quant else x

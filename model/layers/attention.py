@@ -31,9 +31,10 @@ def project(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, xa: torch.Tens
     (model/graphs.py); `attend` between them follows each request's cache."""
     p, eps, hd = role.prefix, cfg.rms_norm_eps, cfg.head_dim
     heads = cfg.num_heads // ops.parallel.world  # this rank's heads (model/parallel.py)
-    q_res = rms_norm(ops.linear(xa, f"{p}.attn.wq_a"), ops.w(f"{p}.attn.q_norm.weight"), eps)
+    q_lora, kv = ops.linear_many(xa, (f"{p}.attn.wq_a", f"{p}.attn.wkv"))
+    q_res = rms_norm(q_lora, ops.w(f"{p}.attn.q_norm.weight"), eps)
     q_all = ops.linear(q_res, f"{p}.attn.wq_b").view(-1, heads, hd)
-    kv_all = rms_norm(ops.linear(xa, f"{p}.attn.wkv"), ops.w(f"{p}.attn.kv_norm.weight"), eps)
+    kv_all = rms_norm(kv, ops.w(f"{p}.attn.kv_norm.weight"), eps)
     return q_res, q_all, kv_all
 
 

@@ -45,7 +45,7 @@ def moe(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, x: torch.Tensor) -
         y = _routed_reference(ops, p, local, x, idx, weights, limit)
     s, rows = f"{p}.ffn.shared_experts", ops.parallel.rows(x.shape[0])
     xs = x[rows]
-    y[rows] += ops.linear(clamped_swiglu(ops.linear(xs, f"{s}.w1"), ops.linear(xs, f"{s}.w3"), limit), f"{s}.w2")
+    y[rows] += ops.linear(clamped_swiglu(*ops.linear_many(xs, (f"{s}.w1", f"{s}.w3")), limit), f"{s}.w2")
     return ops.parallel.all_reduce(y)
 
 

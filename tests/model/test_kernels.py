@@ -27,6 +27,7 @@ from dsflash.model.layers.norm import rms_norm
 from dsflash.model.quant import (dequantize_fp4_weight, dequantize_fp8_weight, fake_quant_fp4, fake_quant_fp8,
                                  quantize_fp4_weight, quantize_fp8_weight)
 from dsflash.model.runner import prompt_logits, step
+from dsflash.model.weights import Fp8Weight
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 REL = 1e-4 if DEVICE == "cpu" else 5e-3  # GPU: hardware exp and fp8 conversion, split-K sums
@@ -71,6 +72,29 @@ def test_split_k_parts_are_summed_inside_the_launch(m, n, k, monkeypatch):
         ref = x @ weight.float().T
         assert (got - ref).abs().max() < REL * ref.abs().max() + 1e-5
     assert not gemm.tile_counts(xd.device).any()
+
+
+@pytest.mark.parametrize("act_quant", [False, True])
+def test_weights_of_one_input_run_as_one_gemm(act_quant):
+    """TritonOps.linear_many: FP8 weights of one input width as one GEMM whose output splits
+    into each weight's (up to the order of the sums: tiles and split-K follow the output
+    width), each weight then a view of its rows in the merged bytes; a bf16 weight among them
+    keeps them apart."""
+    g = _g(11)
+    weights = {name: Fp8Weight(*quantize_fp8_weight(torch.randn(rows, 96, generator=g)), (32, 32))
+               for name, rows in (("a", 64), ("b", 32), ("c", 96))}
+    weights["d"] = torch.randn(16, 96, generator=g).to(torch.bfloat16)
+    ops = TritonOps(weights, act_quant=act_quant, device=DEVICE)
+    x = torch.randn(6, 96, generator=g).to(DEVICE)
+    alone = [ops.linear(x, name).cpu() for name in ("a", "b", "c")]
+    together = ops.linear_many(x, ("a", "b", "c"))
+    for one, merged in zip(alone, together):
+        assert merged.shape == one.shape and (merged.cpu() - one).abs().max() <= 1e-6 * one.abs().max()
+    merged_bytes = ops._merged[("a", "b", "c")][0]
+    assert ops._fp8("b")[0].weight.data_ptr() == merged_bytes.data_ptr() + 64 * 96
+    assert torch.equal(ops.linear(x, "b").cpu(), ops.linear_many(x, ("b",))[0].cpu())  # one weight: as it is
+    mixed = ops.linear_many(x, ("a", "d"))
+    assert ops._merged[("a", "d")] is False and torch.equal(mixed[1].cpu(), ops.linear(x, "d").cpu())
 
 
 @pytest.mark.parametrize("m", [1, 6, 37])
