@@ -16,7 +16,6 @@ import torch
 
 from ..model.config import ModelConfig
 from ..model.device import to_device
-from ..model.kernels.common import interpreting
 from ..model.kernels.page_offsets import page_offsets_kernel
 from ..model.quant import fp4_dequantize, fp8_dequantize
 from .layout import CacheLayout
@@ -462,11 +461,12 @@ def page_offsets(layout: CacheLayout, table: torch.Tensor, entry_ids: torch.Tens
     each row's own table starts when `table` is several caches' tables end to end (one lookup
     for a batch). mask: the codes offset of an id below 0 is -1 (no entry) and the scales
     offset of one below -1 too (past a run's own list: sparse_attention's masks). One launch
-    where the kernels run (model/kernels/page_offsets.py), torch elsewhere."""
+    on the GPU (model/kernels/page_offsets.py), torch elsewhere (the interpreter would take
+    milliseconds a call in every CPU forward; the kernel's own test runs it there)."""
     sections = layout.page_sections()
     codes = sections[f"{kind}_codes"]
     scales = sections["kv_scales" if kind == "kv" else "key_scales"]
-    if entry_ids.is_cuda or interpreting():
+    if entry_ids.is_cuda:
         return page_offsets_kernel(table, entry_ids, first_page, layout.page_entries, layout.page_bytes, codes,
                                    scales, mask)
     ids = entry_ids.to(torch.long).clamp_min(0)

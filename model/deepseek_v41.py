@@ -202,22 +202,24 @@ class DeepseekV41:
     def _graphable_block_attention(self, role: LayerRole, runs: list[SeqRun], rows: int) -> Prepared | None:
         """A DSpark stage's block attention of runs of one length: one fixed launch sequence
         (attention_kernel.prepare_block), so the stage's whole block runs in one graph."""
-        if (self.graphs is None or not self.qat
-                or not all(self.ops.reads_cache_in_place(run.cache) for run in runs)):
+        if self.graphs is None or not self.qat or not self._in_place(runs):
             return None
         return prepare_block(self.config, role, runs, self.rope, rows, self.config.num_heads // self.ops.parallel.world)
 
+    def _in_place(self, runs: list[SeqRun]) -> bool:
+        """Every run's cache is read where it lies (the kernel paths, ReferenceOps.reads_cache_in_place)."""
+        return all(self.ops.reads_cache_in_place(run.cache) for run in runs)
+
     def _sources_in_place(self, role: LayerRole, runs: list[SeqRun]) -> bool:
         """A KV or index source layer on the kernel path (attention_kernel.update_sources)."""
-        return ((role.is_kv_source or role.is_index_source) and self.qat
-                and all(self.ops.reads_cache_in_place(run.cache) for run in runs))
+        return (role.is_kv_source or role.is_index_source) and self.qat and self._in_place(runs)
 
     def _index_rope(self, role: LayerRole, runs: list[SeqRun], block_mode: bool) -> tuple[torch.Tensor, ...]:
         """The indexer's RoPE tables where its queries are computed with the attention site's
         dense part (an index source on the kernel path, which reads them at decode inside the
         site's graph), else ()."""
         if (not role.is_index_source or block_mode or not self.qat or not self.ops.fast
-                or not all(self.ops.reads_cache_in_place(run.cache) for run in runs)):
+                or not self._in_place(runs)):
             return ()
         return self.rope.for_runs("yarn", runs)
 
@@ -229,7 +231,7 @@ class DeepseekV41:
         grow with the context, and each new width would capture another graph per layer."""
         if (self.graphs is None or not self.qat
                 or (not sources_updated and (role.is_kv_source or role.is_index_source))
-                or not all(self.ops.reads_cache_in_place(run.cache) for run in runs)):
+                or not self._in_place(runs)):
             return None
         heads = self.config.num_heads // self.ops.parallel.world
         prepared = prepare(self.config, role, runs, self.rope, rows, heads, self.graphs.padded_rows(rows, unit))

@@ -97,9 +97,12 @@ class TritonOps(ReferenceOps):
         codes = torch.cat([w.weight for w in packed])
         scales = torch.cat([w.scale for w in packed])
         first = 0
-        for w in packed:  # now views of the merged bytes: the separate copies can go
+        for stored, w in zip(weights, packed):  # now views of the merged bytes: the separate copies can go
             rows = w.weight.shape[0]
-            w.weight, w.scale = codes[first:first + rows], scales[first // 32:(first + rows) // 32]
+            views = codes[first:first + rows], scales[first // 32:(first + rows) // 32]
+            if stored is not w and stored.weight.data_ptr() == w.weight.data_ptr():
+                stored.weight, stored.scale = views  # a store on this device holds the same bytes
+            w.weight, w.scale = views
             first += rows
         return codes, scales, small_fp8_scales(scales), [w.weight.shape[0] for w in packed]
 

@@ -5,9 +5,10 @@ the GPU, sets its time. The dense parts of each mHC block (the gates, norms, pro
 router, experts) have shapes that depend only on the number of rows, so each is captured once
 per row count and then replayed as a single launch. Once a layer's entry lists are full
 (index_topk) its attention's shapes depend only on the rows too, so at decode a layer with
-neither compressor nor indexer is one graph (DeepseekV41.block), and a compressor or indexer
-layer two: its projections ("attn_in"), then its attention with the FFN ("attn_ffn"), with
-the compressor and indexer eager between them (their shapes follow each cache).
+neither compressor nor indexer is one graph (DeepseekV41.block), as is a DSpark stage, and a
+compressor or indexer layer two: its projections ("attn_in"), then its attention with the
+FFN ("attn_ffn"), with the compressor and indexer eager between them (their shapes follow
+each cache).
 
 Graphs are kept per batch-size bucket, not per row count: when every request of a forward
 has the same rows (decode's verify blocks, the drafter's blocks), the batch is padded up to

@@ -6,6 +6,7 @@ import torch
 
 from dsflash.kvcache.layout import CacheLayout
 from dsflash.kvcache.paged import PagedCache, page_offsets
+from dsflash.model.kernels.page_offsets import page_offsets_kernel
 from dsflash.kvcache.pool import CachePool, PoolExhausted
 from dsflash.kvcache.state import DenseCache
 from dsflash.kvcache.transport.checksum import SealedSums, checksum
@@ -209,20 +210,31 @@ class _WriteLog:
 
 @pytest.mark.parametrize("kind", ["kv", "key"])
 @pytest.mark.parametrize("several", [False, True])
-def test_page_offsets_follow_each_rows_table(kind, several):
-    """page_offsets (one kernel launch under the interpreter and on the GPU, torch elsewhere)
-    against the layout worked out entry by entry: a page's bytes, the section's offset and
-    width; -1 (no entry) and -2 (past a run's own list) masked as sparse_attention reads them."""
+@pytest.mark.parametrize("kernel", [False, True])
+def test_page_offsets_follow_each_rows_table(kind, several, kernel):
+    """page_offsets (one kernel launch on the GPU, torch elsewhere) and the kernel itself (the
+    interpreter without a GPU) against the layout worked out entry by entry: a page's bytes,
+    the section's offset and width; -1 (no entry) and -2 (past a run's own list) masked as
+    sparse_attention reads them."""
     layout = CacheLayout.for_model(ModelConfig.from_dict(preset_config("tiny")), page_entries=4)
     tables = [torch.tensor([7, 2, 9]), torch.tensor([5, 0])] if several else [torch.tensor([3, 8, 1])]
     table = torch.cat(tables)
     ids = torch.tensor([[0, 5, -1, 11], [3, 4, -2, -1]]) if several else torch.tensor([[0, 5, 11, -1]])
     first = torch.tensor([[0], [3]]) if several else None
-    dev = "cuda" if torch.cuda.is_available() else "cpu"
-    on = lambda t: None if t is None else t.to(dev)  # noqa: E731
-    off, soff = (t.cpu() for t in page_offsets(layout, on(table), on(ids), kind, first_page=on(first), mask=True))
     codes_at, codes_width = layout.page_sections()[f"{kind}_codes"]
     scales_at, scales_width = layout.page_sections()[f"{kind}_scales"]
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    on = lambda t: None if t is None else t.to(dev)  # noqa: E731
+
+    def lookup(entry_ids, mask):
+        if kernel:
+            got = page_offsets_kernel(on(table), on(entry_ids), on(first), layout.page_entries, layout.page_bytes,
+                                      (codes_at, codes_width), (scales_at, scales_width), mask)
+        else:
+            got = page_offsets(layout, on(table), on(entry_ids), kind, first_page=on(first), mask=mask)
+        return [t.cpu() for t in got]
+
+    off, soff = lookup(ids, True)
     for r, row in enumerate(ids.tolist()):
         own = tables[r] if several else table
         for c, entry in enumerate(row):
@@ -230,5 +242,5 @@ def test_page_offsets_follow_each_rows_table(kind, several):
             slot = max(entry, 0) % 4
             assert off[r, c] == (page + codes_at + slot * codes_width if entry >= 0 else -1)
             assert soff[r, c] == (page + scales_at + slot * scales_width if entry >= -1 else -1)
-    unmasked = [t.cpu() for t in page_offsets(layout, on(table), on(ids.clamp_min(0)), kind, first_page=on(first))]
+    unmasked = lookup(ids.clamp_min(0), False)
     assert torch.equal(unmasked[0][ids >= 0], off[ids >= 0]) and torch.equal(unmasked[1][ids >= -1], soff[ids >= -1])
