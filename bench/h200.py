@@ -5,8 +5,8 @@ bound), FLOPs at 694 TFLOP/s bf16 (prefill). Results also go to $OUT/h200.json.
     python bench/h200.py [--sections kernels,decode_gemms,decode,reference,prefill] [--budget-s 540]
 
 The reference section runs the plain-PyTorch path on the same weights: a batch-1 decode step,
-and a prefill of --reference-prefill tokens on both paths (the fast path's first, so the two
-figures come from one run).
+and a prefill of --reference-prefill tokens on both paths (the fast path's first, twice, the
+first compiling its kernels, so the two figures come from one run and both are warm).
 
 Decode caches are filled with synthetic bytes (valid FP8/FP4 codes) to the target context:
 a step's cost does not depend on the values, and building a 1M-token cache by prefill is a

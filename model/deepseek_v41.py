@@ -172,7 +172,7 @@ class DeepseekV41:
         prepared = (self._graphable_block_attention(role, runs, X.shape[0]) if block_mode
                     else self._graphable_attention(role, runs, X.shape[0], unit))
         if prepared is not None:  # the whole block in one graph
-            key = ("block", role.index, prepared.plan, id(prepared.pool), prepared.block_rows)
+            key = ("block", role.index, prepared.plan, id(prepared.pool))
             out = self.graphs.run(key, lambda *t: self._whole_block(role, prepared, *t), (X, pre) + prepared.tensors,
                                   shared=len(prepared.tensors), unit=unit)
             if not block_mode:  # (a DSpark block writes no ring)

@@ -19,9 +19,10 @@ the next launch works the digits found so far out of them again (256 counts a pa
 launch of its own). The last counting pass also keeps per-chunk counts, from which a chunk's
 writing program knows how many ids the chunks before it write. Launches: one zeroing,
 ceil(32 / RADIX_BITS) counting passes and one writing pass, each reading the scores once;
-no host sync, so the whole can be captured in a CUDA graph. Rows that one chunk takes (a
-decode step's, up to 16K entries) run every pass in one program and one launch instead
-(_select_kernel): in an eager decode layer each launch cost the host more than its GPU work.
+no host sync, so the whole can be captured in a CUDA graph. Where the plan gives a row one
+chunk (a decode step's rows, up to 16K entries; or any rows, 1,024 of them at once) every pass
+runs in one program and one launch instead (_select_kernel): in an eager decode layer each
+launch cost the host more than its GPU work.
 
 Cost: for sm_90, Triton 3.9 compiles tl.histogram to one shared-memory atomic add per
 counted score (masked ones branch around it), so a pass costs a few instructions per score

@@ -6,10 +6,10 @@ import torch
 
 from dsflash.kvcache.layout import CacheLayout
 from dsflash.kvcache.paged import PagedCache, page_offsets
-from dsflash.model.kernels.page_offsets import page_offsets_kernel
 from dsflash.kvcache.pool import CachePool, PoolExhausted
 from dsflash.kvcache.state import DenseCache
 from dsflash.kvcache.transport.checksum import SealedSums, checksum
+from dsflash.model.kernels.page_offsets import page_offsets_kernel
 from dsflash.model.checkpoint_writer import preset_config
 from dsflash.model.config import ModelConfig
 from dsflash.model.runner import prompt_logits, step
