@@ -7,7 +7,11 @@
   - shipped.
 Each in a CUDA graph over weights that rotate through copies bigger than the L2, so every
 call reads HBM, next to the weight's bytes at the measured 4.2 TB/s. The differences say
-which stage a faster kernel must cut. (Written in the sixth session; not yet run.)
+which stage a faster kernel must cut. H200, 2026-12-01 (seventh session): reading and decoding
+took 3.7-15.8 us, the shipped kernel 17.3-38.8 us; its split-K tail (the last program adding the
+parts one load at a time) was most of the gap at 20-40 splits: reading 8 parts at once
+(fp8_gemm._sum_group) cut wkv from 17.3 to 11.6 us and wq_a from 17.3 to 14.8. The rest is the
+dots (twelve dependent MMAs per K step in exact mode: 4 code places times 3 parts).
 
     python bench/decode_gemm_floor.py
 """

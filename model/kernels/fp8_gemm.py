@@ -77,23 +77,28 @@ def _fp8_gemm_kernel(x_ptr, w_ptr, s_ptr, y_ptr, out_ptr, count_ptr, M, N, K, K_
             else:
                 acc = dot_exact_rhs(x.to(tl.float32), tl.trans(w), acc)
     _finish(acc, rm[:, None] * sym + rn[None, :] * syn, (rm[:, None] < M) & (rn[None, :] < N), y_ptr, out_ptr,
-            count_ptr + pid_m * tl.num_programs(1) + pid_n, pid_k, SPLITS, sys)
+            count_ptr + pid_m * tl.num_programs(1) + pid_n, pid_k, SPLITS, sys, 1)
 
 
 @triton.jit
-def _finish(acc, offsets, mask, y_ptr, out_ptr, count_ptr, pid_k, SPLITS, sys):
+def _finish(acc, offsets, mask, y_ptr, out_ptr, count_ptr, pid_k, SPLITS, sys, GROUP: tl.constexpr):
     """Write a program's sums at out[offsets]; with K split, store them as part pid_k of
-    y, and let the last program of the tile add the SPLITS parts in order. Its count goes
-    back to 0 for the next launch (CUDA graph replays included)."""
+    y, and let the last program of the tile add the SPLITS parts in order, reading GROUP of
+    them at a time. Its count goes back to 0 for the next launch (CUDA graph replays included)."""
     if SPLITS == 1:
         tl.store(out_ptr + offsets, acc, mask=mask)
     else:
         tl.store(y_ptr + pid_k * sys + offsets, acc, mask=mask)
         tl.debug_barrier()  # every thread's part is stored before the count says so
         if tl.atomic_add(count_ptr, 1, sem="acq_rel", scope="gpu") == SPLITS - 1:
-            total = tl.load(y_ptr + offsets, mask=mask, other=0.0, cache_modifier=".cg")
-            for k in range(1, SPLITS):
-                total += tl.load(y_ptr + k * sys + offsets, mask=mask, other=0.0, cache_modifier=".cg")
+            # GROUP parts read at once (one by one, each waits out an L2 round trip), added in split
+            # order; -0.0 (the start, and parts past SPLITS) leaves every sum's bits as they are.
+            # (tl.where: in the interpreter, mask & a scalar is int32, not a mask.)
+            total = tl.full(acc.shape, -0.0, tl.float32)
+            for g in range(0, SPLITS, GROUP):
+                for j in tl.static_range(GROUP):
+                    total += tl.load(y_ptr + (g + j) * sys + offsets, mask=tl.where(g + j < SPLITS, mask, False),
+                                     other=-0.0, cache_modifier=".cg")
             tl.store(out_ptr + offsets, total, mask=mask)
             tl.atomic_xchg(count_ptr, 0, sem="relaxed", scope="gpu")
 
@@ -105,7 +110,8 @@ def _dot_columns(w, x_ptr, rm, kk, K, sxm, sxk, acc, SPLIT: tl.constexpr, PTX: t
     exact in the fp32 accumulator); the cut happens once per value, before the tile is shared.
     An fp32 w (no PTX decode, or an fp32 weight) dots at DOT precision (three-pass TF32).
     (Each row's parts as columns of one dot, as fp4_moe does, measured slower on the H200 at
-    6 rows: 32 columns, 72.7 against 47.7 us for wq_b.)"""
+    6 rows: 32 columns, 72.7 against 47.7 us for wq_b. A sum of its own per part does not let
+    the dots overlap: Triton 3.9 still waits for each MMA before the next.)"""
     at = x_ptr + rm[None, :] * sxm + kk[:, None] * sxk
     if EVEN_K:
         xt = tl.load(at)
@@ -131,7 +137,7 @@ def _dot_columns(w, x_ptr, rm, kk, K, sxm, sxk, acc, SPLIT: tl.constexpr, PTX: t
 def _skinny_kernel(x_ptr, w_ptr, s_ptr, y_ptr, out_ptr, count_ptr, M, N, K, K_PER_SPLIT, SPLITS,
                    sxm, sxk, swn, ssn, ssk, sys, sym, syn,
                    FP8_WEIGHT: tl.constexpr, SMALL: tl.constexpr, SPLIT: tl.constexpr, PTX: tl.constexpr,
-                   EVEN_K: tl.constexpr, GROUP_ROWS: tl.constexpr,
+                   EVEN_K: tl.constexpr, GROUP_ROWS: tl.constexpr, SUM_GROUP: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """y^T[rows, :M] = W[rows] x^T over one K range, for at most BLOCK_M rows of x (decode):
     the weight tile is the left operand as decoded (64 rows fill a Hopper warpgroup MMA) and
@@ -141,7 +147,7 @@ def _skinny_kernel(x_ptr, w_ptr, s_ptr, y_ptr, out_ptr, count_ptr, M, N, K, K_PE
     and fp32 weights are read as they are. Rows past N or M re-read the last real one instead
     of masking every load (their sums are not stored); EVEN_K: K is a multiple of BLOCK_K, no
     column masks either. GROUP_ROWS > 0: a block-diagonal weight, each GROUP_ROWS rows applied
-    to their own K columns of x."""
+    to their own K columns of x. SUM_GROUP: split parts the last program reads at once (_finish)."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -178,7 +184,7 @@ def _skinny_kernel(x_ptr, w_ptr, s_ptr, y_ptr, out_ptr, count_ptr, M, N, K, K_PE
                 w = w.to(tl.float32)
             acc = _dot_columns(w, x_ptr, xm, kk, K, sxm, sxk, acc, SPLIT, PTX, EVEN_K)
     _finish(acc, rm[None, :] * sym + rn[:, None] * syn, (rm[None, :] < M) & (rn[:, None] < N), y_ptr, out_ptr,
-            count_ptr + pid_n, pid_k, SPLITS, sys)
+            count_ptr + pid_n, pid_k, SPLITS, sys, SUM_GROUP)
 
 
 def tiles_for(m: int, fp8: bool = True) -> dict:
@@ -363,8 +369,16 @@ def _skinny(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor | None, 
     _skinny_kernel[(out_tiles, splits)](
         x, w, scale_ptr, y, out, counts, M, N, K, per_split, splits, x.stride(0), x.stride(1), w.stride(0), ssn, ssk,
         *y.stride(), FP8_WEIGHT=fp8, SMALL=small, SPLIT=x.dtype != torch.bfloat16, PTX=not interpreting(),
-        EVEN_K=K % tiles["BLOCK_K"] == 0, GROUP_ROWS=group_rows, **tiles)
+        EVEN_K=K % tiles["BLOCK_K"] == 0, GROUP_ROWS=group_rows, SUM_GROUP=_sum_group(splits), **tiles)
     return out
+
+
+def _sum_group(splits: int) -> int:
+    """How many split parts the last program of a tile reads at once. H200, 2026-12-01, 6 rows
+    (bench/decode_gemm_floor.py): 8 at once cut wkv (40 splits) from 17.3 to 11.6 us and wq_a
+    (20) from 17.3 to 14.8, but slowed wo_b (13) and wq_b (2) from 38.8 and 36.2 to 47.6 us
+    (the kernel's registers rose from 202 to 215), so few splits keep reading one at a time."""
+    return 8 if splits >= 16 else 1
 
 
 def _outputs(M: int, N: int, splits: int, tiles: int, device: torch.device) -> tuple[torch.Tensor, ...]:
