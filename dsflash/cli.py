@@ -17,8 +17,9 @@ def _env(flag: str) -> str:
     return "DSFLASH_" + flag.lstrip("-").replace("-", "_").upper()
 
 
-ACT_QUANT_HELP = ("faithful mode: FP8-round the input of every FP8/FP4-weight GEMM as the reference inference "
-                  "code does (on the GPU kernel path it is also faster: one bf16 part to dot, not three)")
+ACT_QUANT_HELP = ("faithful mode: FP8-round the input of every FP8/FP4-weight GEMM and attend in bf16 as the "
+                  "reference inference code does (on the GPU kernel path it is also faster: one bf16 part to dot, "
+                  "not three)")
 
 
 def _add(parser: argparse.ArgumentParser, flag: str, **kwargs) -> None:

@@ -3,7 +3,8 @@
 `ReferenceOps` computes in fp32 on exactly dequantized weights. In faithful mode
 (`act_quant=True`) the input of every FP8/FP4-weight GEMM is first rounded to FP8 in 1x32
 blocks, as the reference inference code does; BF16-weight GEMMs (compressor, indexer keys
-and weights, router, heads) take the input as it is.
+and weights, router, heads) take the input as it is. Its attention also computes as the
+reference's kernel does: bf16 queries, and bf16 probabilities in the weighted sum of the values.
 """
 
 from __future__ import annotations
@@ -92,6 +93,13 @@ class ReferenceOps:
     def rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inverse: bool = False) -> torch.Tensor:
         """RoPE on the last 2*cos.shape[-1] channels (model/rope.py); one launch on the fast path."""
         return apply_rope(x, cos, sin, inverse)
+
+    def attention_query(self, q: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """The attention's queries after RoPE; in faithful mode bf16, as the reference inference
+        holds them, so that they attend as its kernel does (sparse_attention_ref: P.V on bf16
+        probabilities)."""
+        q = self.rope(q, cos, sin)
+        return q.to(torch.bfloat16) if self.act_quant else q
 
     def compress_pool_norm(self, kv: torch.Tensor, gate: torch.Tensor | None, weight: torch.Tensor, ratio: int,
                            eps: float) -> torch.Tensor:

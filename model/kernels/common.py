@@ -250,6 +250,14 @@ def group_columns(x: torch.Tensor, g: int) -> torch.Tensor:
 
 
 @triton.jit
+def bf16_rne(x):
+    """fp32 x rounded to the nearest bf16 (ties to even), as fp32. On the bits: the
+    interpreter's cast truncates, the GPU's rounds; this rounds alike on both."""
+    bits = x.to(tl.int32, bitcast=True)
+    return ((bits + 0x7FFF + ((bits >> 16) & 1)) & -65536).to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def _bf16_parts_kernel(x_ptr, out_ptr, n, C, sxr, sop, SPLITS: tl.constexpr, G: tl.constexpr, BLOCK: tl.constexpr):
     """Elements e of x (row e // C, column e % C, rows sxr apart) -> their SPLITS parts at
     out[p, row, (col % G) * (C / G) + col // G] (rows C apart)."""
@@ -260,10 +268,7 @@ def _bf16_parts_kernel(x_ptr, out_ptr, n, C, sxr, sop, SPLITS: tl.constexpr, G: 
     rest = tl.load(x_ptr + row * sxr + col, mask=live, other=0.0).to(tl.float32)
     at = out_ptr + row * C + (col % G) * (C // G) + col // G
     for p in tl.static_range(SPLITS):
-        # round to nearest even on the bits (the interpreter's cast truncates); the cast of
-        # the rounded value is then exact everywhere
-        bits = rest.to(tl.int32, bitcast=True)
-        head = ((bits + 0x7FFF + ((bits >> 16) & 1)) & -65536).to(tl.float32, bitcast=True)
+        head = bf16_rne(rest)  # the cast of the rounded value is exact everywhere
         tl.store(at + p * sop, head.to(tl.bfloat16), mask=live)
         rest = rest - head
 

@@ -13,15 +13,18 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import (bf16_parts, dot_exact_rhs, e2m1_to_float, e4m3_to_float, group_columns, interpreting,
-                     pow2)
+from .common import (bf16_parts, bf16_rne, dot_exact_rhs, e2m1_to_float, e4m3_to_float, group_columns,
+                     interpreting, pow2)
 
 
 def sparse_attention_ref(q: torch.Tensor, window_kv: torch.Tensor, window_mask: torch.Tensor,
                          selected_kv: torch.Tensor | None, selected_valid: torch.Tensor | None,
                          sink: torch.Tensor, scale: float) -> torch.Tensor:
     """q [n, h, D]; window_kv [W, D] shared by all queries, window_mask [n, W] bool;
-    selected_kv [n, k, D] per query, selected_valid [n, k] bool; sink [h]. Returns [n, h, D] fp32."""
+    selected_kv [n, k, D] per query, selected_valid [n, k] bool; sink [h]. Returns [n, h, D] fp32.
+    A bf16 q (faithful mode) attends as the reference's own kernel does: logits, max and
+    denominator in fp32, e^(s-m) rounded to bf16 for the weighted sum of the values."""
+    bf16 = q.dtype == torch.bfloat16
     q = q.float()
     logits = torch.einsum("nhd,wd->nhw", q, window_kv.float()) * scale
     logits = logits.masked_fill(~window_mask.unsqueeze(1), float("-inf"))
@@ -32,17 +35,23 @@ def sparse_attention_ref(q: torch.Tensor, window_kv: torch.Tensor, window_mask: 
     sinks = sink.float().view(1, -1, 1).expand(q.shape[0], -1, 1)
     combined = torch.cat(parts + [sinks], dim=-1)
     combined = combined - combined.max(dim=-1, keepdim=True).values
-    probs = torch.softmax(combined, dim=-1)
+    if bf16:
+        weights = torch.exp(combined)
+        denominator = weights.sum(dim=-1, keepdim=True)
+        probs = weights.bfloat16().float()
+    else:
+        probs = torch.softmax(combined, dim=-1)
     width = logits.shape[-1]
     out = torch.einsum("nhw,wd->nhd", probs[..., :width], window_kv.float())
     if len(parts) > 1:
         out = out + torch.einsum("nhk,nkd->nhd", probs[..., width:-1], selected_kv.float())
-    return out
+    return out / denominator if bf16 else out
 
 
 @triton.jit
-def _online(q, keys, valid, m_i, l_i, acc, scale):
-    """One tile of keys (K = V) into the running softmax of one query's head block."""
+def _online(q, keys, valid, m_i, l_i, acc, scale, BF16_P: tl.constexpr):
+    """One tile of keys (K = V) into the running softmax of one query's head block; BF16_P:
+    the weighted sum takes the probabilities rounded to bf16 (a bf16 query's attention)."""
     logits = dot_exact_rhs(q, tl.trans(keys), tl.zeros((q.shape[0], keys.shape[0]), tl.float32)) * scale
     logits = tl.where(valid[None, :], logits, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(logits, axis=1))
@@ -50,6 +59,8 @@ def _online(q, keys, valid, m_i, l_i, acc, scale):
     p = tl.exp(logits - m_safe[:, None])
     alpha = tl.exp(m_i - m_safe)
     l_i = l_i * alpha + tl.sum(p, axis=1)
+    if BF16_P:
+        p = bf16_rne(p)
     acc = dot_exact_rhs(p, keys, acc * alpha[:, None])
     return m_new, l_i, acc
 
@@ -85,7 +96,7 @@ def _entry_keys(page_ptr, ent_off, ent_soff, row, j, last, d, HW_FP8: tl.constex
 def _sparse_attention_kernel(q_ptr, ring_ptr, win_off, win_soff, page_ptr, ent_off, ent_soff, sink_ptr, o_ptr,
                              part_ml, part_acc, H, W, K, K_PER_SPLIT, scale, sqn, sqh, swn, sen, son, soh,
                              D: tl.constexpr, HB: tl.constexpr, KT: tl.constexpr, HW_FP8: tl.constexpr,
-                             SPLITS: tl.constexpr):
+                             SPLITS: tl.constexpr, BF16_P: tl.constexpr):
     """Program (query i, head block, split s). With one split it reads every key and writes the
     output. With more (decode: few queries, so few programs otherwise), split 0 reads the
     window, split s >= 1 the s-th slice of the entries, and each writes its running max, sum
@@ -103,7 +114,7 @@ def _sparse_attention_kernel(q_ptr, ring_ptr, win_off, win_soff, page_ptr, ent_o
     if split == 0:
         for t0 in range(0, W, KT):
             keys, valid = _window_keys(ring_ptr, win_off, win_soff, i * swn, t0 + kt, W, d, HW_FP8)
-            m_i, l_i, acc = _online(q, keys, valid, m_i, l_i, acc, scale)
+            m_i, l_i, acc = _online(q, keys, valid, m_i, l_i, acc, scale, BF16_P)
     if SPLITS == 1:
         first = 0
         last = K
@@ -112,7 +123,7 @@ def _sparse_attention_kernel(q_ptr, ring_ptr, win_off, win_soff, page_ptr, ent_o
         last = tl.where(split == 0, first, tl.minimum(first + K_PER_SPLIT, K))
     for t0 in range(first, last, KT):
         keys, valid = _entry_keys(page_ptr, ent_off, ent_soff, i * sen, t0 + kt, last, d, HW_FP8)
-        m_i, l_i, acc = _online(q, keys, valid, m_i, l_i, acc, scale)
+        m_i, l_i, acc = _online(q, keys, valid, m_i, l_i, acc, scale, BF16_P)
     if SPLITS == 1:
         _finish(sink_ptr, heads, H, m_i, l_i, acc, o_ptr + i * son + heads[:, None] * soh + d[None, :])
     else:
@@ -265,6 +276,8 @@ def _online_parts(q_own, q_other, k_own, k_other, valid, m_i, l_i, acc, scale,
             acc = tl.dot(middle, k_own, acc)
             if PP > 2:
                 acc = tl.dot((rest - middle.to(tl.float32)).to(tl.bfloat16), k_own, acc)
+    elif PP == 1:  # the probabilities as one bf16 part, as the GPU's cast rounds them
+        acc = tl.dot(bf16_rne(prob), k_own, acc, input_precision="ieee")
     else:
         acc = tl.dot(prob, k_own, acc, input_precision="ieee")
     return m_new, l_i, acc
@@ -443,7 +456,8 @@ def sparse_attention(q: torch.Tensor, ring: torch.Tensor, window_offsets: torch.
     programs over the entries besides the window's; tensor-core form: programs each query's
     keys are split over; 0: one program reads all), `head_block` (heads per program: each
     decodes the keys once for all of them) and `num_warps` are chosen from the shape unless
-    given (launch_plan)."""
+    given (launch_plan). A bf16 q attends as sparse_attention_ref says (faithful mode): one
+    bf16 part of the queries and of the probabilities in the tensor-core form."""
     n, heads, dim = q.shape
     assert window_offsets.shape == window_scale_offsets.shape and entry_offsets.shape == entry_scale_offsets.shape
     assert ring.dtype == torch.uint8 and pages.dtype == torch.uint8 and dim % 32 == 0
@@ -454,10 +468,11 @@ def sparse_attention(q: torch.Tensor, ring: torch.Tensor, window_offsets: torch.
     plan = launch_plan(n, K, heads, dim, head_block, entry_splits, prefill)
     assert not plan.prefill or prefill_form_fits(dim), f"the prefill form cannot take head_dim {dim}"
     sink = sink.float().contiguous()
+    bf16 = q.dtype == torch.bfloat16  # one part of the query and of the probabilities (sparse_attention_ref)
     if plan.prefill:
         if n == 0:
             return out
-        t = {**PREFILL_TILES, **(tiles or {})}
+        t = {**PREFILL_TILES, **(tiles or {}), **(dict(QP=1, PP=1) if bf16 else {})}
         ptx = not interpreting()
         # even columns first, then odd: each program reads its own half and the other one (the
         # interpreter dots in fp32: q itself is the one part)
@@ -494,7 +509,7 @@ def sparse_attention(q: torch.Tensor, ring: torch.Tensor, window_offsets: torch.
                                    part_ml, part_acc, heads, w_off.shape[1], K, per_split, scale, q.stride(0),
                                    q.stride(1), w_off.stride(0), e_off.stride(0), out.stride(0), out.stride(1),
                                    D=dim, HB=hb, KT=KEY_TILE, HW_FP8=not interpreting(), SPLITS=splits,
-                                   num_warps=num_warps)
+                                   BF16_P=bf16, num_warps=num_warps)
     return _merge_splits(part_ml, part_acc, sink, out, splits, hb, num_warps)
 
 

@@ -55,7 +55,7 @@ def attend(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, xa: torch.Tenso
     for run in runs:
         rows = run.rows
         cos, sin = rope.for_run(role.rope, run)
-        q = ops.rope(q_all[rows], cos, sin)
+        q = ops.attention_query(q_all[rows], cos, sin)
         kv = ops.rope(kv_all[rows], cos, sin)
         packed = None
         if qat:

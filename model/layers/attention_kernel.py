@@ -70,7 +70,7 @@ def attend_updated(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, q_all: 
         note_ring_writes(runs, role.index)
         return o
     cos, sin = rope.for_runs(role.rope, runs)  # [T, rope/2]
-    q = ops.rope(q_all, cos, sin)
+    q = ops.attention_query(q_all, cos, sin)
     kv, packed = ops.fp8_round_trip(ops.rope(kv_all, cos, sin))
     o = _attention(cfg, role, q, kv, packed, runs, ops.w(f"{role.prefix}.attn.attn_sink"))
     return ops.rope(o, cos, sin, inverse=True)
@@ -139,7 +139,7 @@ def _attend_causal(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, prepare
     """RoPE, the FP8 ring write of kv, attention, inverse RoPE (the caller notes the ring
     writes: note_ring_writes)."""
     layer, pool, strides = role.index, prepared.pool, prepared.ring_strides
-    q = ops.rope(q_all, cos, sin)
+    q = ops.attention_query(q_all, cos, sin)
     kv, packed = ops.fp8_round_trip(ops.rope(kv_all, cos, sin))
     _write_ring_rows(pool.slots_buffer, ring_codes, ring_scales, layer, strides, packed)
     window = _layer_window(win_codes, win_scales, win_valid, layer, strides)
@@ -206,7 +206,7 @@ def _attend_block(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, prepared
     values are read at its first row, so a batch padded with copies of its last row works."""
     B, layer, strides, buf = prepared.block_rows, role.index, prepared.ring_strides, prepared.pool.slots_buffer
     W, D = cfg.sliding_window, cfg.head_dim
-    q = ops.rope(q_all, cos, sin)
+    q = ops.attention_query(q_all, cos, sin)
     kv, packed = ops.fp8_round_trip(ops.rope(kv_all, cos, sin))
     R = q.shape[0] // B
     device = q.device

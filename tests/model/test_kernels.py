@@ -317,6 +317,36 @@ def test_sparse_attention_on_a_paged_cache(paged, entry_splits, head_block, pref
     assert (got - ref).abs().max() < REL * ref.abs().max() + 1e-5
 
 
+@pytest.mark.parametrize("prefill", [False, True])
+def test_bf16_queries_attend_in_bf16(paged, prefill):
+    """A bf16 query (faithful mode's) attends as the reference's kernel does: the weighted sum
+    of the values takes the probabilities rounded to bf16 (sparse_attention_ref), in the
+    decode form and in the tensor-core form (one part of the query and of the probabilities).
+    Both forms round at their own running maximum, so they agree with the reference within
+    bf16's rounding, not bit for bit; the rounding is there to see against fp32 attention."""
+    g = _g(5)
+    cache, layer, source = paged, 8, 7
+    n, heads, dim, window = 5, 16, 64, 8
+    q = torch.randn(n, heads, dim, generator=g).bfloat16()
+    positions = torch.arange(100 - window, 100)
+    idx = torch.randint(0, cache.num_entries(source), (n, 24), generator=g)
+    w_off, w_soff = cache.ring_offsets(layer, positions.expand(n, -1))
+    e_off, e_soff = cache.entry_offsets(source, idx)
+    sink = torch.randn(heads, generator=g)
+    dev = lambda t: t.to(DEVICE)  # noqa: E731
+    run = lambda query: sparse_attention(dev(query), dev(cache.pool.slots_buffer), dev(w_off), dev(w_soff),  # noqa: E731
+                                         dev(cache.pool.pages_buffer), dev(e_off), dev(e_soff), dev(sink), dim**-0.5,
+                                         prefill=prefill).cpu()
+    keys = (cache.ring_read(layer, positions), positions.expand(n, -1) >= 0, cache.entries_gather(source, idx),
+            idx >= 0, sink, dim**-0.5)
+    got, exact = run(q), run(q.float())
+    ref, ref_exact = sparse_attention_ref(q, *keys), sparse_attention_ref(q.float(), *keys)
+    top = ref_exact.abs().max()
+    assert (got - ref).abs().max() < 1e-2 * top
+    assert (exact - ref_exact).abs().max() < REL * top + 1e-5
+    assert (got - exact).abs().max() > 1e-5 * top and (ref - ref_exact).abs().max() > 1e-5 * top
+
+
 def test_queries_take_the_tensor_core_form_where_it_fits():
     assert launch_plan(300, 512, 64, 512) == launch_plan(300, 512, 64, 64)._replace(head_block=64)
     assert launch_plan(300, 512, 64, 512).prefill and launch_plan(300, 512, 64, 512).entry_splits == 0
