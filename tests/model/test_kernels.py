@@ -334,9 +334,12 @@ def test_bf16_queries_attend_in_bf16(paged, prefill):
     e_off, e_soff = cache.entry_offsets(source, idx)
     sink = torch.randn(heads, generator=g)
     dev = lambda t: t.to(DEVICE)  # noqa: E731
-    run = lambda query: sparse_attention(dev(query), dev(cache.pool.slots_buffer), dev(w_off), dev(w_soff),  # noqa: E731
-                                         dev(cache.pool.pages_buffer), dev(e_off), dev(e_soff), dev(sink), dim**-0.5,
-                                         prefill=prefill).cpu()
+
+    def run(query):
+        return sparse_attention(dev(query), dev(cache.pool.slots_buffer), dev(w_off), dev(w_soff),
+                                dev(cache.pool.pages_buffer), dev(e_off), dev(e_soff), dev(sink), dim**-0.5,
+                                prefill=prefill).cpu()
+
     keys = (cache.ring_read(layer, positions), positions.expand(n, -1) >= 0, cache.entries_gather(source, idx),
             idx >= 0, sink, dim**-0.5)
     got, exact = run(q), run(q.float())
