@@ -1,6 +1,6 @@
 """The prefill form of sparse attention at 8,192 queries of the release's shapes: pipeline
-depth (num_stages) and key tile, against the shipped tiles (PREFILL_TILES), alternated, each
-with its FLOP rate (the bf16 limit is 694 TFLOP/s).
+depth (num_stages), key tile, the two-pass form and one bf16 part, against the shipped tiles
+(PREFILL_TILES), alternated, each with its FLOP rate (the bf16 limit is 694 TFLOP/s).
 
     python bench/prefill_attention_stages.py
 """
@@ -36,8 +36,12 @@ def timed(tiles):
     return seconds * 1e3, ((out - ref).abs().max() / ref.abs().max()).item()
 
 
-variants = [dict(), dict(num_stages=3), dict(num_stages=4), dict(num_stages=1), dict(KT=64, num_stages=2),
-            dict(KT=16, num_stages=4)]
+variants = [dict(), dict(num_stages=3), dict(KT=16, num_stages=4),
+            # the two-pass form (TWO_PASS: the logits once per query, then the weighted sums;
+            # written in the seventh session, not yet timed), and both forms in one bf16 part
+            # (faithful mode: its queries are bf16)
+            dict(TWO_PASS=1), dict(TWO_PASS=1, num_warps=8), dict(TWO_PASS=1, KT=16), dict(QP=1, PP=1),
+            dict(TWO_PASS=1, QP=1, PP=1)]
 for round_ in range(2):
     for v in variants:
         try:

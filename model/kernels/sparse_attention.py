@@ -22,8 +22,8 @@ def sparse_attention_ref(q: torch.Tensor, window_kv: torch.Tensor, window_mask: 
                          sink: torch.Tensor, scale: float) -> torch.Tensor:
     """q [n, h, D]; window_kv [W, D] shared by all queries, window_mask [n, W] bool;
     selected_kv [n, k, D] per query, selected_valid [n, k] bool; sink [h]. Returns [n, h, D] fp32.
-    A bf16 q (faithful mode) attends as the reference's own kernel does: logits, max and
-    denominator in fp32, e^(s-m) rounded to bf16 for the weighted sum of the values."""
+    A bf16 q (faithful mode) attends as the reference's own kernel does: logits, the keys' max
+    m and the denominator in fp32, e^(s-m) rounded to bf16 for the weighted sum of the values."""
     bf16 = q.dtype == torch.bfloat16
     q = q.float()
     logits = torch.einsum("nhd,wd->nhw", q, window_kv.float()) * scale
@@ -33,18 +33,20 @@ def sparse_attention_ref(q: torch.Tensor, window_kv: torch.Tensor, window_mask: 
         picked = torch.einsum("nhd,nkd->nhk", q, selected_kv.float()) * scale
         parts.append(picked.masked_fill(~selected_valid.unsqueeze(1), float("-inf")))
     sinks = sink.float().view(1, -1, 1).expand(q.shape[0], -1, 1)
-    combined = torch.cat(parts + [sinks], dim=-1)
-    combined = combined - combined.max(dim=-1, keepdim=True).values
     if bf16:
-        weights = torch.exp(combined)
-        denominator = weights.sum(dim=-1, keepdim=True)
+        keys = torch.cat(parts, dim=-1)
+        top = keys.amax(dim=-1, keepdim=True).clamp_min(-1e30)  # nothing visible: zeros
+        weights = torch.exp(keys - top)
+        denominator = weights.sum(dim=-1, keepdim=True) + torch.exp(sinks - top)
         probs = weights.bfloat16().float()
     else:
+        combined = torch.cat(parts + [sinks], dim=-1)
+        combined = combined - combined.max(dim=-1, keepdim=True).values
         probs = torch.softmax(combined, dim=-1)
     width = logits.shape[-1]
     out = torch.einsum("nhw,wd->nhd", probs[..., :width], window_kv.float())
     if len(parts) > 1:
-        out = out + torch.einsum("nhk,nkd->nhd", probs[..., width:-1], selected_kv.float())
+        out = out + torch.einsum("nhk,nkd->nhd", probs[..., width:width + parts[1].shape[-1]], selected_kv.float())
     return out / denominator if bf16 else out
 
 
@@ -243,13 +245,12 @@ def _query_half(at, live, sqp, QP: tl.constexpr):
 
 
 @triton.jit
-def _online_parts(q_own, q_other, k_own, k_other, valid, m_i, l_i, acc, scale,
-                  HB: tl.constexpr, KT: tl.constexpr, QP: tl.constexpr, PP: tl.constexpr, PTX: tl.constexpr):
-    """_online on bf16 tensor cores, for the columns of k_own (the logits take k_other's too).
-    The keys are exact in bf16 (an e4m3 or e2m1 value times its scale has at most 6
-    significant bits), the queries come as QP bf16 parts and the probabilities are cut into
-    PP, so every product is exact in the fp32 accumulator. In the interpreter (no PTX) the
-    one fp32 part of the queries and the probabilities dot in fp32."""
+def _logits(q_own, q_other, k_own, k_other, valid, scale, HB: tl.constexpr, KT: tl.constexpr, QP: tl.constexpr,
+            PTX: tl.constexpr):
+    """The scaled logits [HB, KT] of a key tile (-inf where not valid) on bf16 tensor cores: the
+    query's QP bf16 parts against the keys' two column halves. The keys are exact in bf16 (an
+    e4m3 or e2m1 value times its scale has at most 6 significant bits), so every product is
+    exact in the fp32 accumulator. In the interpreter (no PTX) the one fp32 part dots in fp32."""
     if PTX:
         k_own = k_own.to(tl.bfloat16)
         k_other = k_other.to(tl.bfloat16)
@@ -260,14 +261,15 @@ def _online_parts(q_own, q_other, k_own, k_other, valid, m_i, l_i, acc, scale,
         else:
             logits = tl.dot(q_own[p].to(tl.float32), tl.trans(k_own), logits, input_precision="ieee")
             logits = tl.dot(q_other[p].to(tl.float32), tl.trans(k_other), logits, input_precision="ieee")
-    logits = tl.where(valid[None, :], logits * scale, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(logits, axis=1))
-    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-    prob = tl.exp(logits - m_safe[:, None])
-    alpha = tl.exp(m_i - m_safe)
-    l_i = l_i * alpha + tl.sum(prob, axis=1)
-    acc = acc * alpha[:, None]
+    return tl.where(valid[None, :], logits * scale, float("-inf"))
+
+
+@triton.jit
+def _add_weighted(prob, k_own, acc, PP: tl.constexpr, PTX: tl.constexpr):
+    """acc + prob . k_own, the probabilities cut into PP bf16 parts (every product exact in
+    the fp32 accumulator); PP = 1 rounds them to bf16, in the interpreter too."""
     if PTX:
+        k_own = k_own.to(tl.bfloat16)
         head = prob.to(tl.bfloat16)
         acc = tl.dot(head, k_own, acc)
         if PP > 1:
@@ -280,7 +282,28 @@ def _online_parts(q_own, q_other, k_own, k_other, valid, m_i, l_i, acc, scale,
         acc = tl.dot(bf16_rne(prob), k_own, acc, input_precision="ieee")
     else:
         acc = tl.dot(prob, k_own, acc, input_precision="ieee")
-    return m_new, l_i, acc
+    return acc
+
+
+@triton.jit
+def _softmax_step(logits, m_i, l_i):
+    """A tile's logits into a running max and sum -> (max, sum, e^(logits - max), the factor
+    the sums so far are scaled by)."""
+    m_new = tl.maximum(m_i, tl.max(logits, axis=1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    prob = tl.exp(logits - m_safe[:, None])
+    alpha = tl.exp(m_i - m_safe)
+    return m_new, l_i * alpha + tl.sum(prob, axis=1), prob, alpha
+
+
+@triton.jit
+def _online_parts(q_own, q_other, k_own, k_other, valid, m_i, l_i, acc, scale,
+                  HB: tl.constexpr, KT: tl.constexpr, QP: tl.constexpr, PP: tl.constexpr, PTX: tl.constexpr):
+    """_online on bf16 tensor cores (_logits, _add_weighted), for the columns of k_own (the
+    logits take k_other's too)."""
+    logits = _logits(q_own, q_other, k_own, k_other, valid, scale, HB, KT, QP, PTX)
+    m_new, l_i, prob, alpha = _softmax_step(logits, m_i, l_i)
+    return m_new, l_i, _add_weighted(prob, k_own, acc * alpha[:, None], PP, PTX)
 
 
 @triton.jit
@@ -341,6 +364,76 @@ def _prefill_attention_kernel(q_ptr, ring16_ptr, win_off, win_soff, page_ptr, en
 
 
 @triton.jit
+def _prefill_logits_kernel(q_ptr, ring16_ptr, win_off, win_soff, page_ptr, ent_off, ent_soff, s_ptr, ml_ptr,
+                           H, W, K, scale, sqp, sqn, sqh, swn, sen, ssn, ssh,
+                           D: tl.constexpr, HB: tl.constexpr, KT: tl.constexpr, QP: tl.constexpr, PTX: tl.constexpr,
+                           GATHERED: tl.constexpr):
+    """Two-pass prefill form, pass 1, program (query i, head block): the logits of every key,
+    window tiles then entry tiles (columns from tile t at t * KT), stored to s, and their max
+    and sum of e^(logit - max) per head to ml. No [heads, D] accumulator here: the keys are
+    decoded once per query, and the logits computed once (the one-pass form's two programs of
+    a query each compute them all)."""
+    i = tl.program_id(0)
+    heads = tl.program_id(1) * HB + tl.arange(0, HB)
+    c = tl.arange(0, D // 2)
+    live = heads < H
+    q_at = q_ptr + i * sqn + heads[:, None] * sqh
+    q_even = _query_half(q_at + c[None, :], live[:, None], sqp, QP)
+    q_odd = _query_half(q_at + (D // 2 + c)[None, :], live[:, None], sqp, QP)
+    m_i = tl.full((HB,), float("-inf"), tl.float32)
+    l_i = tl.zeros((HB,), tl.float32)
+    kt = tl.arange(0, KT)
+    row = s_ptr + i * ssn + heads[:, None] * ssh
+    for t0 in range(0, W, KT):
+        words, exps, valid = _window_bytes(ring16_ptr, win_off, win_soff, i * swn, t0 + kt, W, KT, D // 2, GATHERED)
+        k_even, k_odd = _window_halves(words, exps, 0, KT, D // 2, PTX)
+        logits = _logits(q_even, q_odd, k_even, k_odd, valid, scale, HB, KT, QP, PTX)
+        tl.store(row + (t0 + kt)[None, :], logits, mask=live[:, None])
+        m_i, l_i, _, _ = _softmax_step(logits, m_i, l_i)
+    first = tl.cdiv(W, KT) * KT
+    for t0 in range(0, K, KT):
+        packed, sbytes, valid = _entry_bytes(page_ptr, ent_off, ent_soff, i * sen, t0 + kt, K, KT, D // 2, GATHERED)
+        k_even, k_odd = _entry_halves(packed, sbytes, 0, KT, D // 2, PTX)
+        logits = _logits(q_even, q_odd, k_even, k_odd, valid, scale, HB, KT, QP, PTX)
+        tl.store(row + (first + t0 + kt)[None, :], logits, mask=live[:, None])
+        m_i, l_i, _, _ = _softmax_step(logits, m_i, l_i)
+    tl.store(ml_ptr + 2 * (i * H + heads), m_i, mask=live)
+    tl.store(ml_ptr + 2 * (i * H + heads) + 1, l_i, mask=live)
+
+
+@triton.jit
+def _prefill_values_kernel(ring16_ptr, win_off, win_soff, page_ptr, ent_off, ent_soff, s_ptr, ml_ptr, sink_ptr, o_ptr,
+                           H, W, K, swn, sen, ssn, ssh, son, soh,
+                           D: tl.constexpr, HB: tl.constexpr, KT: tl.constexpr, PP: tl.constexpr, PTX: tl.constexpr,
+                           GATHERED: tl.constexpr):
+    """Two-pass prefill form, pass 2, program (query i, head block, column parity): e^(logit -
+    max) of pass 1's logits, weighted sum of the keys' columns 2c + parity, and the sink."""
+    i = tl.program_id(0)
+    heads = tl.program_id(1) * HB + tl.arange(0, HB)
+    parity = tl.program_id(2)
+    c = tl.arange(0, D // 2)
+    live = heads < H
+    m_i = tl.load(ml_ptr + 2 * (i * H + heads), mask=live, other=float("-inf"))
+    l_i = tl.load(ml_ptr + 2 * (i * H + heads) + 1, mask=live, other=0.0)
+    m_safe = tl.where(m_i == float("-inf"), 0.0, m_i)[:, None]
+    acc = tl.zeros((HB, D // 2), tl.float32)
+    kt = tl.arange(0, KT)
+    row = s_ptr + i * ssn + heads[:, None] * ssh
+    for t0 in range(0, W, KT):
+        words, exps, valid = _window_bytes(ring16_ptr, win_off, win_soff, i * swn, t0 + kt, W, KT, D // 2, GATHERED)
+        k_own, _ = _window_halves(words, exps, parity, KT, D // 2, PTX)
+        logits = tl.load(row + (t0 + kt)[None, :], mask=live[:, None], other=float("-inf"))
+        acc = _add_weighted(tl.exp(logits - m_safe), k_own, acc, PP, PTX)
+    first = tl.cdiv(W, KT) * KT
+    for t0 in range(0, K, KT):
+        packed, sbytes, valid = _entry_bytes(page_ptr, ent_off, ent_soff, i * sen, t0 + kt, K, KT, D // 2, GATHERED)
+        k_own, _ = _entry_halves(packed, sbytes, parity, KT, D // 2, PTX)
+        logits = tl.load(row + (first + t0 + kt)[None, :], mask=live[:, None], other=float("-inf"))
+        acc = _add_weighted(tl.exp(logits - m_safe), k_own, acc, PP, PTX)
+    _finish(sink_ptr, heads, H, m_i, l_i, acc, o_ptr + i * son + heads[:, None] * soh + (2 * c + parity)[None, :])
+
+
+@triton.jit
 def _finish(sink_ptr, heads, H, m_i, l_i, acc, out_ptrs):
     """The sink joins the denominator only; a query that saw nothing returns zeros."""
     sink = tl.load(sink_ptr + heads, mask=heads < H, other=0.0)
@@ -397,7 +490,9 @@ KEY_TILE = 16  # keys per step of the online softmax (decode form)
 # The query parts loaded once per program (_query_half): 18.6-18.7 ms against 19.2-19.4 (seventh
 # session); 8 warps 28.8 ms. One query part and one probability part (bf16 attention, as the
 # reference's own kernel rounds P for P.V): 11.5-11.7 ms, 1.0-1.3e-2 of the largest output off.
-PREFILL_TILES = {"HB": 64, "KT": 32, "QP": 2, "PP": 2, "GATHER": 1, "num_warps": 4, "num_stages": 2}
+# TWO_PASS: the logits once per query through a buffer, then the weighted sums (_two_pass);
+# tested on the CPU, not yet timed on the GPU (bench/prefill_attention_stages.py), so off.
+PREFILL_TILES = {"HB": 64, "KT": 32, "QP": 2, "PP": 2, "GATHER": 1, "num_warps": 4, "num_stages": 2, "TWO_PASS": 0}
 
 
 class LaunchPlan(NamedTuple):
@@ -490,6 +585,9 @@ def sparse_attention(q: torch.Tensor, ring: torch.Tensor, window_offsets: torch.
         per_split = triton.cdiv(key_tiles, max(plan.entry_splits, 1))
         splits = triton.cdiv(key_tiles, per_split) if key_tiles else 1
         head_blocks = triton.cdiv(heads, plan.head_block)
+        if t["TWO_PASS"] and splits == 1:
+            return _two_pass(parts, ring, w_off, w_soff, pages, e_off, e_soff, sink, out, scale, plan.head_block, t,
+                             ptx, num_warps)
         part_ml, part_acc = _split_parts(n, splits, heads, dim, out)
         _prefill_attention_kernel[(n, head_blocks, 2 * splits)](
             parts, ring.view(torch.int16), w_off, w_soff, pages, e_off, e_soff, sink, out, part_ml, part_acc, heads,
@@ -511,6 +609,28 @@ def sparse_attention(q: torch.Tensor, ring: torch.Tensor, window_offsets: torch.
                                    D=dim, HB=hb, KT=KEY_TILE, HW_FP8=not interpreting(), SPLITS=splits,
                                    BF16_P=bf16, num_warps=num_warps)
     return _merge_splits(part_ml, part_acc, sink, out, splits, hb, num_warps)
+
+
+def _two_pass(parts, ring, w_off, w_soff, pages, e_off, e_soff, sink, out, scale: float, head_block: int, t: dict,
+              ptx: bool, num_warps: int | None) -> torch.Tensor:
+    """The prefill form in two launches (_prefill_logits_kernel, _prefill_values_kernel): the
+    logits once per query, through a [n, heads, keys] fp32 buffer, then the weighted sums."""
+    n, heads, dim = out.shape
+    W, K, KT = w_off.shape[1], e_off.shape[1], t["KT"]
+    width = triton.cdiv(W, KT) * KT + triton.cdiv(K, KT) * KT
+    logits = torch.empty(n, heads, width, dtype=torch.float32, device=out.device)
+    ml = torch.empty(n, heads, 2, dtype=torch.float32, device=out.device)
+    grid = (n, triton.cdiv(heads, head_block))
+    common = dict(D=dim, HB=head_block, KT=KT, PTX=ptx, GATHERED=bool(t["GATHER"]),
+                  num_warps=num_warps or t["num_warps"], num_stages=t["num_stages"])
+    ring16 = ring.view(torch.int16)
+    _prefill_logits_kernel[grid](parts, ring16, w_off, w_soff, pages, e_off, e_soff, logits, ml, heads, W, K, scale,
+                                 parts.stride(0), parts.stride(1), parts.stride(2), w_off.stride(0), e_off.stride(0),
+                                 logits.stride(0), logits.stride(1), QP=parts.shape[0], **common)
+    _prefill_values_kernel[grid + (2,)](ring16, w_off, w_soff, pages, e_off, e_soff, logits, ml, sink, out, heads, W, K,
+                                        w_off.stride(0), e_off.stride(0), logits.stride(0), logits.stride(1),
+                                        out.stride(0), out.stride(1), PP=t["PP"], **common)
+    return out
 
 
 def _split_parts(n: int, splits: int, heads: int, dim: int, out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
