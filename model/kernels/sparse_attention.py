@@ -239,7 +239,7 @@ def _query_half(at, live, sqp, QP: tl.constexpr):
     loop they were reloaded at every key tile and held registers the accumulator needed (the
     compiled kernel spilled 4 KB a thread at one part, 0.9 KB loaded once; sm_90, Triton 3.9)."""
     first = tl.load(at, mask=live, other=0.0)
-    if QP == 1:  # a pair still (Triton 3.6 did not compile the one-element tuple); _online_parts reads [0]
+    if QP == 1:  # a pair still (Triton 3.6 did not compile the one-element tuple); _logits reads [0] only
         return first, first
     return first, tl.load(at + sqp, mask=live, other=0.0)
 
