@@ -210,10 +210,9 @@ def _attend_block(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, prepared
     kv, packed = ops.fp8_round_trip(ops.rope(kv_all, cos, sin))
     R = q.shape[0] // B
     device = q.device
-    codes = torch.cat([buf[(ring_codes[::B] + layer * strides[0])[..., None] + torch.arange(D, device=device)],
-                       packed[0].view(R, B, D)], 1)
-    scales = torch.cat([buf[(ring_scales[::B] + layer * strides[1])[..., None] + torch.arange(D // 32, device=device)],
-                        packed[1].view(R, B, D // 32)], 1)
+    code_at, scale_at = _key_bytes(ring_codes[::B] + layer * strides[0], ring_scales[::B] + layer * strides[1], D)
+    codes = torch.cat([buf[code_at], packed[0].view(R, B, D)], 1)
+    scales = torch.cat([buf[scale_at], packed[1].view(R, B, D // 32)], 1)
     scratch = torch.cat([codes.reshape(-1), scales.reshape(-1)])
     keys = torch.arange(R * (W + B), device=device).view(R, W + B)  # each key's row in the scratch
     valid = torch.cat([ring_valid[::B], torch.ones(R, B, dtype=torch.bool, device=device)], 1)
@@ -287,9 +286,16 @@ def _ring_rows(runs: list[SeqRun]) -> tuple[torch.Tensor, torch.Tensor]:
         device, D = runs[0].cache.pool.device, runs[0].cache.layout.head_dim
         parts = [run.cache.ring_offsets(0, run.positions_on(device)) for run in runs]
         codes, scales = (cat(list(t)) for t in zip(*parts))
-        return codes[:, None] + torch.arange(D, device=device), scales[:, None] + torch.arange(D // 32, device=device)
+        return _key_bytes(codes, scales, D)
 
     return runs[0].once(("ring rows", offsets(runs)), build)
+
+
+def _key_bytes(codes: torch.Tensor, scales: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The offsets of every byte [..., dim] and [..., dim / 32] of keys whose FP8 codes and
+    scales start at `codes` and `scales`."""
+    columns = torch.arange(dim, device=codes.device)
+    return codes[..., None] + columns, scales[..., None] + columns[:dim // 32]
 
 
 def _entry_offsets(role: LayerRole, runs: list[SeqRun], device) -> tuple[tuple[torch.Tensor, torch.Tensor], list[int]]:
@@ -395,8 +401,9 @@ def scratch_attention(cfg: ModelConfig, run: SeqRun, role: LayerRole, q, kv, pac
     cached_pos = cache.window_positions(layer, run.start - window + 1, run.start, device=device)
     old_codes, old_scales = cache.ring_offsets(layer, cached_pos)
     buf = cache.pool.slots_buffer
-    codes = torch.cat([buf[old_codes[:, None] + torch.arange(D, device=device)], packed[0]])
-    scales = torch.cat([buf[old_scales[:, None] + torch.arange(D // 32, device=device)], packed[1]])
+    code_at, scale_at = _key_bytes(old_codes, old_scales, D)
+    codes = torch.cat([buf[code_at], packed[0]])
+    scales = torch.cat([buf[scale_at], packed[1]])
     scratch = torch.cat([codes.reshape(-1), scales.reshape(-1)])
     q_pos = run.positions_on(device)
     key_pos = torch.cat([cached_pos, q_pos])
