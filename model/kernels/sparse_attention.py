@@ -490,9 +490,14 @@ KEY_TILE = 16  # keys per step of the online softmax (decode form)
 # The query parts loaded once per program (_query_half): 18.6-18.7 ms against 19.2-19.4 (seventh
 # session); 8 warps 28.8 ms. One query part and one probability part (bf16 attention, as the
 # reference's own kernel rounds P for P.V): 11.5-11.7 ms, 1.0-1.3e-2 of the largest output off.
-# TWO_PASS: the logits once per query through a buffer, then the weighted sums (_two_pass);
-# tested on the CPU, not yet timed on the GPU (bench/prefill_attention_stages.py), so off.
-PREFILL_TILES = {"HB": 64, "KT": 32, "QP": 2, "PP": 2, "GATHER": 1, "num_warps": 4, "num_stages": 2, "TWO_PASS": 0}
+# TWO_PASS: the logits once per query through a buffer, then the weighted sums (_two_pass),
+# KT2 keys per step. H200, eighth session, same shapes: 15.5 ms against 18.6 one-pass (two
+# query parts); 13.8 with 64 keys a step (16: 17.7; 128 needs more shared memory than an SM
+# has; 3 stages 15.0; 8 warps 19.2). With one bf16 part (faithful mode) 12.3-12.7 against
+# 11.4-11.6 one-pass, so bf16 queries keep the one-pass form (BF16_TILES).
+PREFILL_TILES = {"HB": 64, "KT": 32, "QP": 2, "PP": 2, "GATHER": 1, "num_warps": 4, "num_stages": 2,
+                 "TWO_PASS": 1, "KT2": 64}
+BF16_TILES = {"TWO_PASS": 0}
 
 
 class LaunchPlan(NamedTuple):
@@ -567,7 +572,7 @@ def sparse_attention(q: torch.Tensor, ring: torch.Tensor, window_offsets: torch.
     if plan.prefill:
         if n == 0:
             return out
-        t = {**PREFILL_TILES, **(tiles or {}), **(dict(QP=1, PP=1) if bf16 else {})}
+        t = {**PREFILL_TILES, **(BF16_TILES if bf16 else {}), **(tiles or {}), **(dict(QP=1, PP=1) if bf16 else {})}
         ptx = not interpreting()
         # even columns first, then odd: each program reads its own half and the other one (the
         # interpreter dots in fp32: q itself is the one part)
@@ -616,7 +621,7 @@ def _two_pass(parts, ring, w_off, w_soff, pages, e_off, e_soff, sink, out, scale
     """The prefill form in two launches (_prefill_logits_kernel, _prefill_values_kernel): the
     logits once per query, through a [n, heads, keys] fp32 buffer, then the weighted sums."""
     n, heads, dim = out.shape
-    W, K, KT = w_off.shape[1], e_off.shape[1], t["KT"]
+    W, K, KT = w_off.shape[1], e_off.shape[1], t["KT2"]
     width = triton.cdiv(W, KT) * KT + triton.cdiv(K, KT) * KT
     logits = torch.empty(n, heads, width, dtype=torch.float32, device=out.device)
     ml = torch.empty(n, heads, 2, dtype=torch.float32, device=out.device)
