@@ -583,9 +583,10 @@ def host_profile(engine, name: str, steps: int = 2) -> None:
     (out_dir() / f"profile_{name}.txt").write_text(text.getvalue())
 
 
-def profile_steps(engine, name: str, steps: int = 2, stacks: bool = False) -> None:
+def profile_steps(engine, name: str, steps: int = 2, stacks: bool = False):
     """Where a step's time goes: the top operators by host and by device time; with `stacks`
-    also by the Python lines that launched them (which torch ops come from which layer code)."""
+    also by the Python lines that launched them (which torch ops come from which layer code).
+    Returns the last step's result (a prefill run's finished requests)."""
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if DEV.startswith("cuda") else [])
@@ -594,7 +595,7 @@ def profile_steps(engine, name: str, steps: int = 2, stacks: bool = False) -> No
     with torch.inference_mode(), profile(activities=activities, with_stack=stacks,
                                          experimental_config=config) as prof:
         for _ in range(steps):
-            engine.step()
+            done = engine.step()
         sync()
     table = prof.key_averages()
     text = [table.table(sort_by="self_cpu_time_total", row_limit=30)]
@@ -606,6 +607,7 @@ def profile_steps(engine, name: str, steps: int = 2, stacks: bool = False) -> No
             text.append(by_stack.table(sort_by=sort, row_limit=40, max_name_column_width=60))
     (out_dir() / f"profile_{name}.txt").write_text("\n".join(text))
     print("\n".join(t[:6000] for t in text), flush=True)
+    return done
 
 
 def prefill(model, lengths, label: str = "prefill", warm_first: bool = True) -> None:
@@ -641,9 +643,16 @@ def prefill(model, lengths, label: str = "prefill", warm_first: bool = True) -> 
         sync()
         began = time.perf_counter()
         progress = []  # (tokens done, seconds) every ~64K tokens: how a chunk's cost grows with the context
+        # --profile and a prompt past 64K: its last chunk is profiled in the run (the indexer and
+        # top-k grow with the context; the first chunk's profile below does not show them). Its
+        # time then includes the profiler's overhead, so the record says so.
+        profile_last = PROFILE[0] and n > 65536
         with torch.inference_mode():
             while engine.has_work():
-                done = engine.step()
+                if profile_last and engine.queued_tokens <= 8192:
+                    done = profile_steps(engine, f"prefill_last_chunk_T{n}", steps=1)
+                else:
+                    done = engine.step()
                 if (n - engine.queued_tokens) // 65536 > len(progress) - 1:
                     sync()
                     progress.append((n - engine.queued_tokens, round(time.perf_counter() - began, 2)))
@@ -656,7 +665,7 @@ def prefill(model, lengths, label: str = "prefill", warm_first: bool = True) -> 
                                         "progress": progress})
             continue
         flops = prefill_flops(model, n)
-        record(label, f"T{n}", {"seconds": seconds, "tokens_per_s": n / seconds,
+        record(label, f"T{n}", {"seconds": seconds, "tokens_per_s": n / seconds, "profiled_last_chunk": profile_last,
                                     "roofline_s_bf16": flops / BF16_FLOPS, "ratio_to_roofline": seconds / (flops / BF16_FLOPS),
                                     "TFLOP": flops / 1e12, "progress": progress})
         done[0].cache.release()

@@ -226,10 +226,15 @@ def block_height(pairs: int, experts: int, parts: int = SPLITS) -> int:
     dots run once per bf16 part of its activations, so with three (exact mode) the padding of
     a 64-row block costs three times over and 16 rows serve up to 32 pairs an expert. H200,
     2026-12-01 (bench/moe_block_heights.py), 24 pairs an expert: 16 rows 1.66 ms against
-    1.91 with three parts, 1.23 against 1.15 with one; 48 pairs: 2.88 against 2.02 (three)."""
+    1.91 with three parts, 1.23 against 1.15 with one; 48 pairs: 2.88 against 2.02 (three).
+    Short blocks put three parts side by side as columns of one dot, so with three they serve
+    longer: 0.8 pairs an expert, 4 rows 299 us against 525 for 16; 6 pairs, 878 against 907
+    (one part: 852 against 701). Batch 4 (3 pairs an expert) took nearly batch 8's step with
+    16 rows (eighth session), so three parts keep 4 rows below 4 pairs an expert (not yet
+    timed at 3 pairs itself)."""
     per_expert = pairs / experts
-    tall_from = 32 if parts > 1 else 16
-    return 4 if per_expert < 2 else 16 if per_expert < tall_from else 64 if per_expert < 256 else 128
+    short_below, tall_from = (4, 32) if parts > 1 else (2, 16)
+    return 4 if per_expert < short_below else 16 if per_expert < tall_from else 64 if per_expert < 256 else 128
 
 
 @triton.jit

@@ -220,10 +220,11 @@ def test_fp4_moe(T, block_m, small):
 
 
 def test_expert_blocks_grow_later_where_every_dot_runs_three_times():
-    """Three activation parts (exact mode) keep 16-row blocks up to 32 pairs an expert; one
-    part (faithful mode's FP8-grid inputs) takes 64-row blocks from 16 pairs."""
-    assert [fp4_moe_block_height(pairs, 48, 3) for pairs in (36, 288, 1152, 2304)] == [4, 16, 16, 64]
-    assert [fp4_moe_block_height(pairs, 48, 1) for pairs in (36, 288, 1152, 2304)] == [4, 16, 64, 64]
+    """Three activation parts (exact mode) keep 4-row blocks up to 4 pairs an expert and
+    16-row blocks up to 32; one part (faithful mode's FP8-grid inputs) takes 16 rows from 2
+    pairs and 64 from 16."""
+    assert [fp4_moe_block_height(pairs, 48, 3) for pairs in (36, 144, 288, 1152, 2304)] == [4, 4, 16, 16, 64]
+    assert [fp4_moe_block_height(pairs, 48, 1) for pairs in (36, 144, 288, 1152, 2304)] == [4, 16, 16, 64, 64]
 
 
 @pytest.mark.parametrize("on_grid", [False, True])
