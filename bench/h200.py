@@ -618,6 +618,7 @@ def prefill(model, lengths, label: str = "prefill", warm_first: bool = True) -> 
 
     config = model.config
     layout = CacheLayout.for_model(config, page_entries=256)
+    chunk = 8192  # tokens a prefill step takes (the scheduler's token budget)
     for n in lengths:
         if time_left() < 90:
             record(label, f"T{n}", {"skipped": "device time budget"})
@@ -629,9 +630,9 @@ def prefill(model, lengths, label: str = "prefill", warm_first: bool = True) -> 
         # on a chunk and a part; their compiles are a small share of their time.
         warm = 0
         if warm_first and DEV.startswith("cuda") and (n == lengths[0] or n <= 65536):
-            warm = n if n <= 65536 else 8192 + 1000
+            warm = n if n <= 65536 else chunk + 1000
         pool = CachePool(layout, layout.pages_for(max(n, warm)) + 8, 2, plain_allocator(DEV))
-        engine = PrefillEngine(model, pool, PrefillEngineConfig(PrefillSchedulerConfig(token_budget=8192, max_chunk=8192),
+        engine = PrefillEngine(model, pool, PrefillEngineConfig(PrefillSchedulerConfig(token_budget=chunk, max_chunk=chunk),
                                                                 ced=True))
         if warm:
             engine.add(PrefillRequest("warm", torch.randint(3, 100000, (warm,)).tolist(), want_taps=False))
@@ -649,7 +650,7 @@ def prefill(model, lengths, label: str = "prefill", warm_first: bool = True) -> 
         profile_last = PROFILE[0] and n > 65536
         with torch.inference_mode():
             while engine.has_work():
-                if profile_last and engine.queued_tokens <= 8192:
+                if profile_last and engine.queued_tokens <= chunk:
                     done = profile_steps(engine, f"prefill_last_chunk_T{n}", steps=1)
                 else:
                     done = engine.step()
