@@ -631,6 +631,13 @@ def prefill(model, lengths, label: str = "prefill", warm_first: bool = True) -> 
         warm = 0
         if warm_first and DEV.startswith("cuda") and (n == lengths[0] or n <= 65536):
             warm = n if n <= 65536 else chunk + 1000
+        if warm and n > 65536:  # the long rows' top-k kernels, as a worker compiles them at start
+            from dsflash.model.kernels.top_k import warm_up_filtered
+
+            began = time.perf_counter()
+            warm_up_filtered(torch.device(DEV), config.index_topk)
+            sync()
+            record(label, f"T{n}_top_k_warm_up", {"seconds": time.perf_counter() - began})
         pool = CachePool(layout, layout.pages_for(max(n, warm)) + 8, 2, plain_allocator(DEV))
         engine = PrefillEngine(model, pool, PrefillEngineConfig(PrefillSchedulerConfig(token_budget=chunk, max_chunk=chunk),
                                                                 ced=True))
@@ -682,7 +689,10 @@ def prefill(model, lengths, label: str = "prefill", warm_first: bool = True) -> 
 
 def prefill_flops(model, n: int) -> float:
     """Matrix FLOPs of a CED prefill: encoder layers over every token, decoder over the tail;
-    2 * params touched per token, plus the indexer (queries x visible keys) and attention."""
+    2 * params touched per token, plus the indexer (queries x visible keys) and attention.
+    Layer 20 (the split) runs only its KV-source path (the compressor) over every token: its
+    indexer and attention run on the tail, with the decoder, and are not counted (they were
+    until 2026-12-01, ninth session: 4.6 of 28.6 PFLOP at 1M: a 41.3 s roofline where it is 34.6 s)."""
     c = model.config
     attn = 2 * (c.q_lora_rank * c.hidden_size + c.num_heads * c.head_dim * c.q_lora_rank + c.head_dim * c.hidden_size
                 + c.o_groups * c.o_lora_rank * c.num_heads * c.head_dim // c.o_groups
@@ -690,7 +700,7 @@ def prefill_flops(model, n: int) -> float:
     ffn = 2 * 3 * c.moe_intermediate_size * c.hidden_size * (c.num_experts_per_tok + 1)
     per_token = (attn + ffn) * c.ced_split
     flops = per_token * n
-    for role in c.roles[: c.ced_split + 1]:
+    for role in c.roles[: c.ced_split]:
         if role.ratio:
             flops += 2 * c.num_heads * c.head_dim * 2 * (c.sliding_window + min(c.index_topk, n // role.ratio)) * n
         if role.is_index_source:

@@ -25,6 +25,7 @@ from ..kvcache.directory import DirectoryUnavailable, OwnershipDirectory, Worker
 from ..kvcache.pool import PoolExhausted
 from ..logs import log_event
 from ..metrics import RequestTimer
+from ..model.kernels.top_k import warm_up_filtered
 from ..model.prefill import PrefillOutput
 from ..prefill_worker.engine import PrefillEngineConfig
 from ..prefill_worker.scheduler import PrefillSchedulerConfig
@@ -84,6 +85,7 @@ class DecodeWorker:
         if model.graphs is None or self.runtime.ranks is not None:
             return
         with torch.cuda.device(model.device):
+            warm_up_filtered(model.device, model.config.index_topk)  # long contexts' indexer top-k
             warm_up(self.engine)
 
     # ------------------------------------------------------------ engine thread side

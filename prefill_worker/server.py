@@ -6,10 +6,12 @@ import asyncio
 import logging
 
 import grpc
+import torch
 
 from ..kvcache import handoff
 from ..kvcache.directory import OwnershipDirectory, WorkerLoad
 from ..kvcache.pool import PoolExhausted
+from ..model.kernels.top_k import warm_up_filtered
 from ..serving.engine_loop import EngineLoop
 from ..serving.peers import PeerChannels
 from ..serving.worker import GRPC_OPTIONS, WorkerRuntime, WorkerSettings, serve_until_signal
@@ -31,6 +33,10 @@ class PrefillWorker:
         budget = settings.prefill_token_budget
         self.engine = PrefillEngine(self.runtime.model, self.runtime.pool, PrefillEngineConfig(
             PrefillSchedulerConfig(token_budget=budget, max_chunk=budget), ced=settings.ced))
+        model = self.runtime.model
+        if model.device.type == "cuda":  # before the worker registers: no long prompt waits on these compiles
+            with torch.cuda.device(model.device):
+                warm_up_filtered(model.device, model.config.index_topk)
         self.loop = EngineLoop("prefill", self._step, self.engine.has_work, self._crash,
                                device=self.runtime.model.device, lock=self.runtime.model.step_lock)
         self.runtime.engine_failure = lambda: self.loop.failure

@@ -24,6 +24,17 @@ chunk (a decode step's rows, up to 16K entries; or any rows, 1,024 of them at on
 runs in one program and one launch instead (_select_kernel): in an eager decode layer each
 launch cost the host more than its GPU work.
 
+Long rows (at least FILTER_SHARE times k scores: a long prefill's slices of 128 queries by
+1M entries, decode at long context) are filtered first, so the passes read a few thousand
+scores a row instead of the row five times: one program a row takes the floor, the
+rank-th best key of SAMPLE scores spread over the row (floor_rank: about four times the
+sample's share of the k best); one launch keeps, per chunk and in id order, the scores whose
+keys reach it (CAPACITY places a chunk); one program a row runs the radix select over the
+kept scores, chunk after chunk. The kept scores hold the row's k best whenever every chunk's
+fit their places and there are at least k (or the floor let every returnable score through).
+Where not (the sample misjudged the row: rare), that program selects over the whole row
+instead: slow, never wrong. Three launches, no host sync.
+
 Cost: for sm_90, Triton 3.9 compiles tl.histogram to one shared-memory atomic add per
 counted score (masked ones branch around it), so a pass costs a few instructions per score
 plus the waits where a warp's scores hit the same bin: most in the first pass, whose digit is
@@ -42,6 +53,22 @@ RADIX_BITS = 8  # 4 counting passes of 256 bins (see Cost above)
 _BLOCK = 2048  # elements per step of a program
 _PROGRAMS = 1024  # what a launch aims for: a few per SM, to keep loads in flight
 _MIN_CHUNK = 8 * _BLOCK  # a chunk also re-derives the digits and reads the chunk counts: not too short
+# The filtered form (module doc): a floor from SAMPLE scores a row keeps 4k + N/256 of them
+# on average (6,144 at k = 512 of 1M). H200, 2026-12-01 (bench/top_k_long_rows.py), indexer
+# scores: 128 x 1M, k = 512: 0.59 ms against the radix select's 3.42 (256 x 512K alike); 6 x 1M
+# (decode): 0.12 against 0.19; 48 x 128K, k = 2048: 0.22 against 0.19, so rows shorter than
+# 128 k stay unfiltered.
+FILTER_SHARE = 128  # rows of at least 128 k scores are filtered
+SAMPLE = 4096
+FLOOR_MARGIN, FLOOR_SLACK = 4, 16
+CAPACITY = 8192  # kept scores a chunk has places for
+# The filtering launch: 4 warps and loads 3 steps ahead (tl.range stages) took 0.59 ms where 8
+# warps and none took 0.86 (128 x 1M). Chunks a row: 8 where rows are many (prefill slices),
+# 64 where few (decode): two plans, so two compiles of the pick (each several seconds, which
+# a long prompt paid mid-way, at each new chunk count, until warm_up_filtered ran at start).
+FILTER_STAGES, FILTER_WARPS = 3, 4
+FILTER_CHUNKS = {"many rows": 8, "few rows": 64}
+MANY_ROWS = 32
 _NEG_INF_KEY = tl.constexpr(0x007FFFFF)  # key of -inf; NaNs with the sign bit set lie below it
 _POS_INF_KEY = tl.constexpr(0xFF800000)  # key of +inf; NaNs without it lie above
 _LOW_KEY = tl.constexpr(0)  # -inf and negative NaNs: ranked last, never returned
@@ -127,6 +154,15 @@ def _found_digits(hist_ptr, pass_stride, k, PASSES: tl.constexpr, BITS: tl.const
 
 
 @triton.jit
+def _digit_histogram(key, live, prefix, PASS: tl.constexpr, BITS: tl.constexpr):
+    """Counts by digit PASS of the live keys (1-D) that match the digits found so far (prefix)."""
+    digit = ((key >> _digit_shift(PASS, BITS)) & _digit_mask(PASS, BITS)).to(tl.int32)
+    if PASS == 0:
+        return tl.histogram(digit, 1 << BITS, mask=live)
+    return tl.histogram(digit, 1 << BITS, mask=live & ((key & _found_mask(PASS, BITS)) == prefix))
+
+
+@triton.jit
 def _digit_counts(x_row, lo, hi, prefix, PASS: tl.constexpr, LAST: tl.constexpr, BITS: tl.constexpr,
                   BLOCK: tl.constexpr):
     """Counts by digit PASS of the keys in columns [lo, hi) that match the digits found so far
@@ -139,21 +175,19 @@ def _digit_counts(x_row, lo, hi, prefix, PASS: tl.constexpr, LAST: tl.constexpr,
         cols = start + tl.arange(0, BLOCK)
         live = cols < hi
         key = _keys(tl.load(x_row + cols, mask=live, other=0.0))
-        digit = ((key >> _digit_shift(PASS, BITS)) & _digit_mask(PASS, BITS)).to(tl.int32)
-        if PASS == 0:
-            counts += tl.histogram(digit, BINS, mask=live)
-        else:
-            counts += tl.histogram(digit, BINS, mask=live & ((key & FOUND) == prefix))
+        counts += _digit_histogram(key, live, prefix, PASS, BITS)
         if LAST:
             above += tl.sum((live & ((key & FOUND) > prefix) & (key != _HIGH_KEY)).to(tl.int32))
     return counts, above
 
 
 @triton.jit
-def _write_picks(x_row, out_row, lo, hi, threshold, take, ties_before, written, k, BLOCK: tl.constexpr):
+def _write_picks(x_row, out_row, lo, hi, threshold, take, ties_before, written, k, BLOCK: tl.constexpr,
+                 ids_row=None, IDS: tl.constexpr = False):
     """Writes the picks of columns [lo, hi) in id order: keys above the threshold, and equal
     ones while fewer than `take` came before (ties_before); `written` picks precede them.
-    Returns the picks written so far."""
+    IDS: the ids are read at ids_row (a filtered row's candidates), not the columns.
+    Returns the picks written and the ties seen so far."""
     for start in range(lo, hi, BLOCK):
         cols = start + tl.arange(0, BLOCK)
         live = cols < hi
@@ -163,11 +197,15 @@ def _write_picks(x_row, out_row, lo, hi, threshold, take, ties_before, written, 
         returned = (key != _LOW_KEY) & (key != _HIGH_KEY)
         pick = (live & returned & ((key > threshold) | ((tie != 0) & (tie_rank < take)))).to(tl.int32)
         at_out = written + tl.cumsum(pick, 0) - pick
+        if IDS:
+            ids = tl.load(ids_row + cols, mask=live, other=0).to(tl.int64)
+        else:
+            ids = cols.to(tl.int64)
         # (< k always holds; the mask keeps a broken invariant from writing past the row)
-        tl.store(out_row + at_out, cols.to(tl.int64), mask=(pick != 0) & (at_out < k))
+        tl.store(out_row + at_out, ids, mask=(pick != 0) & (at_out < k))
         written += tl.sum(pick)
         ties_before += tl.sum(tie)
-    return written
+    return written, ties_before
 
 
 @triton.jit
@@ -233,28 +271,158 @@ def _write_kernel(x_ptr, hist_ptr, chunk_ptr, out_ptr, k, N, sxr, chunk_len, PAS
 
 
 @triton.jit
-def _select_kernel(x_ptr, out_ptr, k, N, sxr, PASSES: tl.constexpr, BITS: tl.constexpr, BLOCK: tl.constexpr):
-    """Program (row): every counting pass and the writing one over the whole row, the counts
-    in registers: one launch where the chunked form takes PASSES + 2 (a decode step's rows
-    are short, and each launch costs the host more than the GPU work)."""
-    row = tl.program_id(0)
-    x_row = x_ptr + row.to(tl.int64) * sxr
-    out_row = out_ptr + row.to(tl.int64) * k
+def _select_row(x_row, out_row, k, N, PASSES: tl.constexpr, BITS: tl.constexpr, BLOCK: tl.constexpr):
+    """Every counting pass and the writing one over a whole row, in one program, the counts in
+    registers."""
     threshold = tl.zeros((), tl.uint32)
     take = k
     for p in tl.static_range(PASSES):
         counts, _ = _digit_counts(x_row, 0, N, threshold, p, False, BITS, BLOCK)
         threshold, take = _take_digit(counts, threshold, take, p, BITS)
     none = tl.zeros((), tl.int32)  # (running counts: tensors from the start, as the loops carry them)
-    written = _write_picks(x_row, out_row, 0, N, threshold, _taken_threshold(threshold, take), none, none, k, BLOCK)
+    written, _ = _write_picks(x_row, out_row, 0, N, threshold, _taken_threshold(threshold, take), none, none, k,
+                              BLOCK)
     _pad(out_row, written, k, BLOCK)
 
 
+@triton.jit
+def _select_kernel(x_ptr, out_ptr, k, N, sxr, PASSES: tl.constexpr, BITS: tl.constexpr, BLOCK: tl.constexpr):
+    """Program (row): _select_row, one launch where the chunked form takes PASSES + 2 (a
+    decode step's rows are short, and each launch costs the host more than the GPU work)."""
+    row = tl.program_id(0)
+    _select_row(x_ptr + row.to(tl.int64) * sxr, out_ptr + row.to(tl.int64) * k, k, N, PASSES, BITS, BLOCK)
+
+
+# (Integer arguments are not specialized on (divisibility by 16 and the like): every row
+# length then takes the kernels warm_up_filtered compiled.)
+@triton.jit(do_not_specialize=["N", "sxr", "rank"])
+def _sample_floor_kernel(x_ptr, floor_ptr, N, sxr, rank, SAMPLE: tl.constexpr, PASSES: tl.constexpr,
+                         BITS: tl.constexpr):
+    """Program (row): the rank-th best key of SAMPLE scores spread evenly over the row, by
+    the radix select on registers: the row's floor (_filter_kernel)."""
+    row = tl.program_id(0)
+    cols = tl.arange(0, SAMPLE).to(tl.int64) * N // SAMPLE
+    key = _keys(tl.load(x_ptr + row.to(tl.int64) * sxr + cols))
+    floor = tl.zeros((), tl.uint32)
+    rest = rank
+    for p in tl.static_range(PASSES):
+        floor, rest = _take_digit(_digit_histogram(key, key == key, floor, p, BITS), floor, rest, p, BITS)
+    tl.store(floor_ptr + row, floor.to(tl.int32, bitcast=True))
+
+
+@triton.jit
+def _floor(floor_ptr, row):
+    """A row's floor key (stored as int32 bits)."""
+    return tl.load(floor_ptr + row).to(tl.uint32, bitcast=True)
+
+
+@triton.jit
+def _filter_kernel(x_ptr, floor_ptr, kept_ptr, id_ptr, count_ptr, N, sxr, chunk_len, CAPACITY: tl.constexpr,
+                   BLOCK: tl.constexpr, STAGES: tl.constexpr):
+    """Program (row, chunk): the chunk's scores whose keys reach the row's floor (and are not
+    -inf or a negative NaN, which are never returned), in id order, with their ids, into the
+    chunk's CAPACITY places; how many there are (all of them, also past CAPACITY)."""
+    row = tl.program_id(0)
+    chunk = tl.program_id(1)
+    at = row * tl.num_programs(1) + chunk
+    floor = tl.maximum(_floor(floor_ptr, row), _LOW_KEY + 1)
+    x_row = x_ptr + row.to(tl.int64) * sxr
+    kept_at, id_at = kept_ptr + at.to(tl.int64) * CAPACITY, id_ptr + at.to(tl.int64) * CAPACITY
+    kept = tl.zeros((), tl.int32)
+    lo = chunk * chunk_len
+    hi = tl.minimum(lo + chunk_len, N)
+    for start in tl.range(lo, hi, BLOCK, num_stages=STAGES):
+        cols = start + tl.arange(0, BLOCK)
+        score = tl.load(x_row + cols, mask=cols < hi, other=float("-inf"))
+        keep = (_keys(score) >= floor).to(tl.int32)
+        place = kept + tl.cumsum(keep, 0) - keep
+        room = (keep != 0) & (place < CAPACITY)
+        tl.store(kept_at + place, score, mask=room)
+        tl.store(id_at + place, cols, mask=room)
+        kept += tl.sum(keep)
+    tl.store(count_ptr + at, kept)
+
+
+@triton.jit
+def _kept_tile(kept_ptr, id_ptr, count_ptr, row, chunks, j0, CHUNKS: tl.constexpr, J: tl.constexpr,
+               CAPACITY: tl.constexpr):
+    """Places j0 .. j0 + J of every chunk's kept scores, as one vector of CHUNKS * J (chunk
+    c at c * J ..) -> (their keys, which hold one, their ids as uint32)."""
+    e = tl.arange(0, CHUNKS * J)
+    chunk = e // J
+    place = j0 + e % J
+    ours = chunk < chunks
+    at = (row * chunks + chunk).to(tl.int64) * CAPACITY + place
+    live = ours & (place < tl.load(count_ptr + row * chunks + chunk, mask=ours, other=0))
+    key = _keys(tl.load(kept_ptr + at, mask=live, other=float("-inf")))
+    return key, live, tl.load(id_ptr + at, mask=live, other=0).to(tl.uint32, bitcast=True)
+
+
+@triton.jit(do_not_specialize=["k", "N", "sxr", "chunks"])
+def _pick_kernel(x_ptr, floor_ptr, kept_ptr, id_ptr, count_ptr, out_ptr, k, N, sxr, chunks,
+                 CAPACITY: tl.constexpr, PASSES: tl.constexpr, BITS: tl.constexpr, BLOCK: tl.constexpr,
+                 MAX_CHUNKS: tl.constexpr, J: tl.constexpr, K_POW2: tl.constexpr):
+    """Program (row): the radix select over the row's kept scores. They hold the row's k best
+    when every chunk's fit its places and there are at least k of them, or when the floor let
+    every returnable score through; otherwise (the sample misjudged the row) the whole row is
+    selected in this program instead. The kept scores are read as tiles of every chunk's next
+    J places (a row of many chunks, decode's, takes few steps), so they come out of id order:
+    ties at the threshold are taken by a second radix select, over their ids (the lowest
+    `take`), and the picks, written in any order, are sorted in registers at the end."""
+    row = tl.program_id(0)
+    out_row = out_ptr + row.to(tl.int64) * k
+    chunk_ids = tl.arange(0, MAX_CHUNKS)
+    counts = tl.load(count_ptr + row * chunks + chunk_ids, mask=chunk_ids < chunks, other=0)
+    everything = _floor(floor_ptr, row) <= _LOW_KEY + 1
+    longest = tl.max(counts)
+    if (longest <= CAPACITY) & ((tl.sum(counts) >= k) | everything):
+        threshold = tl.zeros((), tl.uint32)
+        take = k
+        for p in tl.static_range(PASSES):
+            bins = tl.zeros((1 << BITS,), tl.int32)
+            for j0 in range(0, longest, J):
+                key, live, _ = _kept_tile(kept_ptr, id_ptr, count_ptr, row, chunks, j0, MAX_CHUNKS, J, CAPACITY)
+                bins += _digit_histogram(key, live, threshold, p, BITS)
+            threshold, take = _take_digit(bins, threshold, take, p, BITS)
+        take = _taken_threshold(threshold, take)
+        ties = tl.zeros((), tl.int32)
+        for j0 in range(0, longest, J):
+            key, live, _ = _kept_tile(kept_ptr, id_ptr, count_ptr, row, chunks, j0, MAX_CHUNKS, J, CAPACITY)
+            ties += tl.sum((live & (key == threshold)).to(tl.int32))
+        last_tie = tl.full((), 0xFFFFFFFF, tl.uint32)  # the highest id of a tie taken: all of them
+        if ties > take:  # the take-th lowest id of the ties is the (ties - take + 1)-th highest
+            last_tie = tl.zeros((), tl.uint32)
+            rest = ties - take + 1
+            for p in tl.static_range(PASSES):
+                bins = tl.zeros((1 << BITS,), tl.int32)
+                for j0 in range(0, longest, J):
+                    key, live, ids = _kept_tile(kept_ptr, id_ptr, count_ptr, row, chunks, j0, MAX_CHUNKS, J,
+                                                CAPACITY)
+                    bins += _digit_histogram(ids, live & (key == threshold), last_tie, p, BITS)
+                last_tie, rest = _take_digit(bins, last_tie, rest, p, BITS)
+        written = tl.zeros((), tl.int32)
+        for j0 in range(0, longest, J):
+            key, live, ids = _kept_tile(kept_ptr, id_ptr, count_ptr, row, chunks, j0, MAX_CHUNKS, J, CAPACITY)
+            tie = (key == threshold) & (ids <= last_tie) & (take > 0)
+            pick = (live & (key != _HIGH_KEY) & ((key > threshold) | tie)).to(tl.int32)
+            place = written + tl.cumsum(pick, 0) - pick
+            tl.store(out_row + place, ids.to(tl.int64), mask=(pick != 0) & (place < k))
+            written += tl.sum(pick)
+        tl.debug_barrier()  # every pick is stored before they are read back to be sorted
+        places = tl.arange(0, K_POW2)
+        picked = tl.load(out_row + places, mask=places < tl.minimum(written, k), other=0x7FFFFFFF).to(tl.int32)
+        tl.store(out_row + places, tl.where(places < written, tl.sort(picked), -1).to(tl.int64), mask=places < k)
+    else:
+        _select_row(x_ptr + row.to(tl.int64) * sxr, out_row, k, N, PASSES, BITS, BLOCK)
+
+
 def top_k_ascending_kernel(scores: torch.Tensor, k: int, chunks: int | None = None, block: int = _BLOCK,
-                           radix_bits: int = RADIX_BITS) -> torch.Tensor:
+                           radix_bits: int = RADIX_BITS, filtered: bool | None = None, sample: int = SAMPLE,
+                           capacity: int = CAPACITY) -> torch.Tensor:
     """top_k_ascending_ref by the kernels, on any device they run on (the CPU interpreter in
     tests). chunks (per row) and block override the launch plan, for tests; radix_bits (4 to 11)
-    trades passes for bins."""
+    trades passes for bins; filtered (None: by the row length, see filters) takes the floor
+    first, with `sample` scores a row and `capacity` places a chunk."""
     n, N = scores.shape
     assert k <= N, f"k = {k} > {N} scores"
     out = torch.empty(n, max(k, 0), dtype=torch.long, device=scores.device)
@@ -264,19 +432,65 @@ def top_k_ascending_kernel(scores: torch.Tensor, k: int, chunks: int | None = No
     x = scores.float()
     if x.stride(-1) != 1:
         x = x.contiguous()
-    if chunks is None:
-        chunks = max(1, min(triton.cdiv(N, _MIN_CHUNK), triton.cdiv(_PROGRAMS, n)))
+    filtered, chunks, chunk_len = launch_plan(n, N, k, chunks, block, filtered)
     passes = triton.cdiv(32, radix_bits)
     if chunks == 1:  # one program per row: every pass in one launch
         _select_kernel[(n,)](x, out, k, N, x.stride(0), PASSES=passes, BITS=radix_bits, BLOCK=block, num_warps=8)
         return out
-    chunk_len = triton.cdiv(triton.cdiv(N, chunks), block) * block
+    grid = (n, chunks)
+    if filtered:
+        floor = torch.empty(n, dtype=torch.int32, device=x.device)  # uint32 keys, as int32 bits
+        kept = torch.empty(n, chunks, capacity, dtype=torch.float32, device=x.device)
+        ids = torch.empty(n, chunks, capacity, dtype=torch.int32, device=x.device)
+        counts = torch.empty(n, chunks, dtype=torch.int32, device=x.device)
+        _sample_floor_kernel[(n,)](x, floor, N, x.stride(0), floor_rank(k, N, sample), SAMPLE=sample, PASSES=passes,
+                                   BITS=radix_bits, num_warps=8)
+        _filter_kernel[grid](x, floor, kept, ids, counts, N, x.stride(0), chunk_len, CAPACITY=capacity, BLOCK=block,
+                             STAGES=FILTER_STAGES, num_warps=FILTER_WARPS)
+        most = triton.next_power_of_2(chunks)
+        _pick_kernel[(n,)](x, floor, kept, ids, counts, out, k, N, x.stride(0), chunks, CAPACITY=capacity,
+                           PASSES=passes, BITS=radix_bits, BLOCK=block, MAX_CHUNKS=most, J=max(block // most, 16),
+                           K_POW2=triton.next_power_of_2(k), num_warps=8)
+        return out
     hist = torch.zeros(passes, n, 1 << radix_bits, dtype=torch.int32, device=x.device)
     chunk_counts = torch.empty(n, chunks, (1 << radix_bits) + 1, dtype=torch.int32, device=x.device)
-    grid = (n, chunks)
     for p in range(passes):
         _count_kernel[grid](x, hist, chunk_counts, k, N, x.stride(0), chunk_len, PASS=p, LAST=p == passes - 1,
                             BITS=radix_bits, BLOCK=block, num_warps=8)
     _write_kernel[grid](x, hist, chunk_counts, out, k, N, x.stride(0), chunk_len, PASSES=passes, BITS=radix_bits,
                         BLOCK=block, MAX_CHUNKS=triton.next_power_of_2(chunks), num_warps=8)
     return out
+
+
+def launch_plan(n: int, N: int, k: int, chunks: int | None = None, block: int = _BLOCK,
+                filtered: bool | None = None) -> tuple[bool, int, int]:
+    """(filtered, chunks a row, chunk length) for n rows of N scores; chunks and filtered
+    override the choice (tests)."""
+    filtered = filters(k, N) if filtered is None else filtered
+    if chunks is None and filtered:
+        chunks = FILTER_CHUNKS["many rows" if n >= MANY_ROWS else "few rows"]
+    elif chunks is None:
+        chunks = max(1, min(triton.cdiv(N, _MIN_CHUNK), triton.cdiv(_PROGRAMS, n)))
+    chunk_len = triton.cdiv(triton.cdiv(N, chunks), block) * block
+    return filtered, triton.cdiv(N, chunk_len), chunk_len  # (rounding the length up may leave fewer chunks)
+
+
+def filters(k: int, N: int) -> bool:
+    """Whether rows of N scores take the floor first: the k best are a small share of them."""
+    return N >= FILTER_SHARE * k and k <= 4096  # (the picks are sorted in one program's registers)
+
+
+def warm_up_filtered(device: torch.device, k: int) -> None:
+    """Compile the filtered form's kernels for both chunk plans at k (a worker's index_topk)
+    now, instead of inside the first long prompt. The filtering launch, quick to compile,
+    may still compile again for row lengths not divisible by 16."""
+    N = FILTER_SHARE * k * 2  # divisible by 16 and by every chunk count, as real rows are
+    for rows in (MANY_ROWS, 1):
+        top_k_ascending_kernel(torch.randn(rows, N, device=device), k)
+
+
+def floor_rank(k: int, N: int, sample: int = SAMPLE) -> int:
+    """Which best key of the sample is the floor: FLOOR_MARGIN times the sample's expected
+    share of the k best, plus FLOOR_SLACK places (a few hundred sample places are far more than
+    its spread, so a floor above the k-th best score is rare; it costs one slow row, not a wrong one)."""
+    return min(sample, triton.cdiv(sample * k * FLOOR_MARGIN, N) + FLOOR_SLACK)

@@ -1,24 +1,32 @@
 """The top-k kernels against top_k_ascending_ref, bit for bit (CPU interpreter; the large
 shapes on the GPU). Small blocks and several chunks per row make the interpreter walk the
-paths a long row takes on the GPU: chunk boundaries, partial blocks, ties split across chunks."""
+paths a long row takes on the GPU: chunk boundaries, partial blocks, ties split across chunks;
+a small sample and few places a chunk, those of the filtered form (floor, kept scores, the
+whole-row select where the floor misjudged a row)."""
 
 import pytest
 import torch
+import triton
 
 from dsflash.model.kernels.top_k import top_k_ascending_kernel, top_k_ascending_ref
 
 INF, NAN = float("inf"), float("nan")
 SMALL_PLAN = dict(chunks=3, block=128)  # at N = 600: chunks of 256, 256 and 88
+SMALL_FILTER = dict(sample=64, capacity=256)
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # the interpreter without a GPU
 
 
-def _check(scores: torch.Tensor, k: int, **plan) -> None:
-    """The given plan, and one chunk a row (every pass in one program) with the same blocks."""
+def _check(scores: torch.Tensor, k: int, filter_plan: dict = SMALL_FILTER, **plan) -> None:
+    """The given plan (None: the default one), unfiltered and filtered (with filter_plan), and
+    one chunk a row (every pass in one program) with the same blocks."""
     want = top_k_ascending_ref(scores, k).cpu()
-    for chunks in {plan.get("chunks"), 1}:
-        got = top_k_ascending_kernel(scores.to(DEVICE), k, **{**plan, "chunks": chunks}).cpu()
+    variants = [dict(plan, chunks=1)]
+    if plan.get("chunks") != 1:
+        variants += [dict(plan, filtered=False), dict(plan, filtered=True, **filter_plan)]
+    for variant in variants:
+        got = top_k_ascending_kernel(scores.to(DEVICE), k, **variant).cpu()
         assert got.dtype == want.dtype == torch.long and got.shape == want.shape
-        assert torch.equal(got, want), (chunks, got, want)
+        assert torch.equal(got, want), (variant, got, want)
 
 
 def test_random_rows_several_chunks():
@@ -69,6 +77,50 @@ def test_radix_widths():
         _check(scores, 77, radix_bits=bits, **SMALL_PLAN)
 
 
+def test_filtered_rows_the_floor_misjudges():
+    """Rows the filtered form must select whole: the sampled scores are the row's best, so the
+    floor keeps fewer than k; a chunk keeps more than its places; and rows whose floor lets
+    every returnable score through (few finite ones), where fewer than k are right."""
+    N, k, sample = 600, 100, 64
+    g = torch.Generator().manual_seed(3)
+    rows = torch.randn(4, N, generator=g)
+    rows[0, torch.arange(sample) * N // sample] = 100.0 + torch.arange(sample, dtype=torch.float)  # kept: 64 < k
+    rows[1, :300] = rows[1, :300].round()  # heavy ties, and the floor mid-row
+    rows[2, 40:] = -INF  # 40 returnable scores: every one kept, the rest of k pads
+    rows[3, ::3] = NAN  # positive NaNs take places
+    for capacity in (256, 16):  # 16: chunks overflow, the whole row is selected in the program
+        _check(rows, k, dict(sample=sample, capacity=capacity), **SMALL_PLAN)
+
+
+def test_filtered_form_by_default_on_long_rows():
+    from dsflash.model.kernels.top_k import FILTER_SHARE, filters
+
+    assert filters(512, 512 * FILTER_SHARE) and not filters(512, 512 * FILTER_SHARE - 1)
+    g = torch.Generator().manual_seed(4)
+    scores = torch.randn(2, 4096, generator=g)
+    want = top_k_ascending_ref(scores, 16)
+    got = top_k_ascending_kernel(scores.to(DEVICE), 16, chunks=2, block=512, sample=256, capacity=512).cpu()
+    assert torch.equal(got, want)
+
+
+def test_long_rows_take_two_filtered_plans_which_the_warm_up_compiles():
+    """Prefill slices (many rows) take 8 chunks a row, decode rows 64 (or a few fewer where the
+    rounded chunk length leaves them: the same pick kernel, whose integer arguments are not
+    specialized); the warm-up's rows take the same two plans, so a worker compiles them at start."""
+    from dsflash.model.kernels.top_k import FILTER_CHUNKS, FILTER_SHARE, MANY_ROWS, launch_plan
+
+    def plan(n, N):
+        filtered, chunks, _ = launch_plan(n, N, 512)
+        return filtered, triton.next_power_of_2(chunks)
+
+    many, few = (True, FILTER_CHUNKS["many rows"]), (True, FILTER_CHUNKS["few rows"])
+    assert plan(128, 1 << 20) == plan(256, 1 << 19) == plan(512, 262144 + 4096) == many
+    assert plan(6, 1 << 20) == plan(6, 1_000_001) == plan(1, 250_000) == few
+    warm = 2 * FILTER_SHARE * 512  # warm_up_filtered's rows
+    assert plan(MANY_ROWS, warm) == many and plan(1, warm) == few
+    assert launch_plan(6, 1 << 14, 512)[:2] == (False, 1)  # decode at short context: one program a row
+
+
 def test_empty_shapes():
     assert top_k_ascending_kernel(torch.zeros(2, 5, device=DEVICE), 0).shape == (2, 0)
     assert top_k_ascending_kernel(torch.zeros(0, 5, device=DEVICE), 3).shape == (0, 3)
@@ -82,4 +134,4 @@ def test_large_shapes_on_the_gpu(n, N, k):
     scores = torch.randn(n, N, device="cuda", generator=g)
     scores[: n // 2, N // 3:] = -INF  # half the rows see a third of the entries
     scores[1] = scores[1].round(decimals=1)  # heavy ties at the threshold
-    _check(scores, k)
+    _check(scores, k, {})

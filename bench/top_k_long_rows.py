@@ -1,0 +1,64 @@
+"""The indexer's top-k on long rows: the radix select over every score (four counting passes
+and a writing one, each reading the row) against the filtered form (a floor from a sample of
+each row, one read that keeps the scores above it, the radix select over those), on indexer
+scores of FP4 keys at the shapes a long prefill takes (model/layers/indexer._SCORE_BUDGET:
+128 queries of 1M entries, 256 of 512K) and at decode's (6 rows of 1M entries, the candidate
+blocks' 48 rows of 128K). Each next to the time one read of the scores takes at the measured
+HBM rate, and beside the time of the scores themselves (the prefill's tall tiles).
+
+    python bench/top_k_long_rows.py
+"""
+import pathlib
+import sys
+
+import torch
+
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+import h200  # noqa: E402
+from dsflash.model.kernels.indexer_score import indexer_scores  # noqa: E402
+from dsflash.model.kernels import top_k  # noqa: E402
+from dsflash.model.kernels.top_k import top_k_ascending_kernel, top_k_ascending_ref  # noqa: E402
+from dsflash.model.quant import fake_quant_fp4  # noqa: E402
+
+dev, heads, dim = "cuda", 32, 128
+torch.manual_seed(0)
+for rows, entries, k, tall in ((128, 1 << 20, 512, True), (256, 1 << 19, 512, True), (6, 1 << 20, 512, False),
+                               (48, 1 << 17, 2048, False)):
+    pages, k_off, k_soff = h200.index_key_pages(entries, dev)
+    q = fake_quant_fp4(torch.randn(rows, heads, dim, device=dev), 32)
+    w = torch.randn(rows, heads, device=dev)
+    visible = torch.full((rows,), entries, device=dev)
+
+    def score():
+        return indexer_scores(q, w, visible, pages, k_off, k_soff, exact_in_bf16=True, tall=tall)
+
+    t_score = h200.cuda_time(score, iters=5)
+    scores = score()
+    want = top_k_ascending_ref(scores, k)
+    read = scores.numel() * 4 / h200.HBM_BPS
+    line = [f"scores {t_score * 1e6:.0f} us"]
+    defaults = top_k.FILTER_STAGES, top_k.FILTER_WARPS
+    for label, options, stages, warps in (("radix", dict(filtered=False), *defaults),
+                                          ("filtered", dict(filtered=True), *defaults),
+                                          ("filtered_1_stage_8_warps", dict(filtered=True), 1, 8),
+                                          ("filtered_block1024", dict(filtered=True, block=1024), *defaults),
+                                          ("filtered_32_chunks", dict(filtered=True, chunks=32), *defaults)):
+        def pick():
+            top_k.FILTER_STAGES, top_k.FILTER_WARPS = stages, warps
+            return top_k_ascending_kernel(scores, k, **options)
+
+        t = h200.cuda_time(pick, iters=10)
+        same = torch.equal(pick(), want)
+        line.append(f"{label} {t * 1e6:.0f} us ({t / read:.1f} reads){'' if same else ' MISMATCH'}")
+        h200.record("top_k_long_rows", f"n{rows}_N{entries}_k{k}_{label}",
+                    {"us": t * 1e6, "one_read_us": read * 1e6, "scores_us": t_score * 1e6, "matches_ref": same})
+    # the filtered form's launches, each on its own
+    top_k.FILTER_STAGES, top_k.FILTER_WARPS = defaults
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(5):
+            top_k_ascending_kernel(scores, k, filtered=True)
+        torch.cuda.synchronize()
+    launches = [f"{e.key} {getattr(e, 'self_device_time_total', None) or e.self_cuda_time_total:.0f} us / 5"
+                for e in prof.key_averages() if e.key.startswith("_")]
+    print(f"[top_k] {rows} x {entries}, k {k}: " + ", ".join(line) + f"; one read {read * 1e6:.0f} us"
+          + f"; filtered by launch: {', '.join(launches)}", flush=True)
