@@ -8,6 +8,7 @@ codes are decoded arithmetically to fp32 (exact for every code); both give the s
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import torch
@@ -28,6 +29,32 @@ DOT = tl.constexpr(os.environ.get("DSFLASH_DOT_PRECISION") or ("ieee" if interpr
 # of two, or an e4m3 scale: at most 8 bits), that operand is exact in TF32. Splitting only the
 # other one into a TF32 head and its remainder then gives tf32x3's accuracy in two passes.
 _SPLIT_ONE = tl.constexpr(DOT.value == "tf32x3")
+
+
+# Kernels whose dots compile to Ampere-style mma.sync instead of Hopper's wgmma (see
+# mma_sync), a comma-separated DSFLASH_MMA_SYNC: "decode_gemm" (fp8_gemm's transposed decode
+# kernel, the default), "short_experts" / "tall_experts" (fp4_moe's 4-row / taller blocks;
+# short ones measured slower so: 316 against 298 us a layer at batch 1); "none".
+MMA_SYNC = frozenset(os.environ.get("DSFLASH_MMA_SYNC", "decode_gemm").split(",")) - {"none", ""}
+
+
+@contextlib.contextmanager
+def mma_sync(kernel: str):
+    """Launches inside compile, if they compile, with DISABLE_MMA_V3 (Triton reads it while
+    compiling and keys its on-disk cache by it; a compiled kernel stays in its in-memory cache
+    whatever the variable says later) when `kernel` is in MMA_SYNC. Why: a wgmma whose left
+    operand is decoded in registers is waited for before the next one issues, so a decode
+    kernel's dozen small dependent MMAs per K step each expose its latency; mma.sync's are
+    short. H200, 2026-12-01 (bench/decode_gemm_floor.py, 6 rows): wkv 11.6 -> 9.9 us, wq_a
+    14.8 -> 11.5, shared w1 20.2 -> 16.5, wo_b 38.9 -> 37.9."""
+    if kernel not in MMA_SYNC or os.environ.get("DISABLE_MMA_V3") is not None:
+        yield
+        return
+    os.environ["DISABLE_MMA_V3"] = "1"
+    try:
+        yield
+    finally:
+        del os.environ["DISABLE_MMA_V3"]
 
 
 @triton.jit

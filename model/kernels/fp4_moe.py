@@ -38,7 +38,7 @@ import triton
 import triton.language as tl
 
 from ..quant import dequantize_fp4_weight, fake_quant_fp8
-from .common import DOT, bf16_parts, e2m1_pairs, e2m1_words, interpreting, scale_bytes_at_most
+from .common import DOT, bf16_parts, e2m1_pairs, e2m1_words, interpreting, mma_sync, scale_bytes_at_most
 from .quantize import fp8_blocks
 
 
@@ -227,14 +227,13 @@ def block_height(pairs: int, experts: int, parts: int = SPLITS) -> int:
     a 64-row block costs three times over and 16 rows serve up to 32 pairs an expert. H200,
     2026-12-01 (bench/moe_block_heights.py), 24 pairs an expert: 16 rows 1.66 ms against
     1.91 with three parts, 1.23 against 1.15 with one; 48 pairs: 2.88 against 2.02 (three).
-    Short blocks put three parts side by side as columns of one dot, so with three they serve
-    longer: 0.8 pairs an expert, 4 rows 299 us against 525 for 16; 6 pairs, 878 against 907
-    (one part: 852 against 701). Batch 4 (3 pairs an expert) took nearly batch 8's step with
-    16 rows (eighth session), so three parts keep 4 rows below 4 pairs an expert (not yet
-    timed at 3 pairs itself)."""
+    Short blocks put each pair's parts side by side as columns of one dot; below 4 pairs an
+    expert they win with any number of parts: 0.8 pairs an expert, 4 rows 298 us against 522
+    for 16 (three parts), 295 against 405 (one); 3 pairs, 563 against 849 (three), 552
+    against 659 (one); 6 pairs, 932 against 912 (three), 910 against 702 (one)."""
     per_expert = pairs / experts
-    short_below, tall_from = (4, 32) if parts > 1 else (2, 16)
-    return 4 if per_expert < short_below else 16 if per_expert < tall_from else 64 if per_expert < 256 else 128
+    tall_from = 32 if parts > 1 else 16
+    return 4 if per_expert < 4 else 16 if per_expert < tall_from else 64 if per_expert < 256 else 128
 
 
 @triton.jit
@@ -380,11 +379,12 @@ def fp4_moe(x, idx, weights, w13, s13, w2, s2, limit: float, block_m: int | None
     blocks = plan.rows // block_m
     options = dict(SPLITS=splits, SLOTS=slots, PIECES=P, PTX=not interpreting(), SMALL=small, BLOCK_M=block_m,
                    **tiles)
-    _gate_up_kernel[(blocks, triton.cdiv(inter, tiles["BLOCK_N"]))](
-        parts, plan.tokens, plan.routed, plan.block_expert, units13, s13, h, H, inter, float(limit),
-        *parts.stride()[:3], units13.stride(0), units13.stride(1), s13.stride(0), s13.stride(1), *h.stride()[:3],
-        ACT_QUANT=rounds_h, **options)
-    _down_kernel[(blocks, triton.cdiv(H, tiles["BLOCK_N"]))](
-        h, plan.tokens, plan.pair_ids, plan.block_expert, units2, s2, out, H, inter, *h.stride()[:3],
-        units2.stride(0), units2.stride(1), s2.stride(0), s2.stride(1), out.stride(0), out.stride(1), **options)
+    with mma_sync("short_experts" if block_m <= PARTS_AS_COLUMNS else "tall_experts"):
+        _gate_up_kernel[(blocks, triton.cdiv(inter, tiles["BLOCK_N"]))](
+            parts, plan.tokens, plan.routed, plan.block_expert, units13, s13, h, H, inter, float(limit),
+            *parts.stride()[:3], units13.stride(0), units13.stride(1), s13.stride(0), s13.stride(1), *h.stride()[:3],
+            ACT_QUANT=rounds_h, **options)
+        _down_kernel[(blocks, triton.cdiv(H, tiles["BLOCK_N"]))](
+            h, plan.tokens, plan.pair_ids, plan.block_expert, units2, s2, out, H, inter, *h.stride()[:3],
+            units2.stride(0), units2.stride(1), s2.stride(0), s2.stride(1), out.stride(0), out.stride(1), **options)
     return out.view(T, idx.shape[1], H).sum(dim=1)

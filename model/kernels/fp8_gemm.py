@@ -25,7 +25,7 @@ import triton.language as tl
 
 from ..quant import dequantize_fp8_weight, fake_quant_fp8
 from .common import (DOT, bf16_parts, dot_exact_lhs, dot_exact_rhs, e4m3_to_float, e4m3_words, interpreting,
-                     scale_bytes_at_most)
+                     mma_sync, scale_bytes_at_most)
 from .quantize import fp8_grid_bf16
 
 
@@ -366,10 +366,11 @@ def _skinny(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor | None, 
     out, y, counts = _outputs(M, N, splits, out_tiles, x.device)
     w = weight.view(torch.int32) if fp8 else weight
     scale_ptr, ssn, ssk = _scale_args(weight, scales)
-    _skinny_kernel[(out_tiles, splits)](
-        x, w, scale_ptr, y, out, counts, M, N, K, per_split, splits, x.stride(0), x.stride(1), w.stride(0), ssn, ssk,
-        *y.stride(), FP8_WEIGHT=fp8, SMALL=small, SPLIT=x.dtype != torch.bfloat16, PTX=not interpreting(),
-        EVEN_K=K % tiles["BLOCK_K"] == 0, GROUP_ROWS=group_rows, SUM_GROUP=_sum_group(splits), **tiles)
+    with mma_sync("decode_gemm"):
+        _skinny_kernel[(out_tiles, splits)](
+            x, w, scale_ptr, y, out, counts, M, N, K, per_split, splits, x.stride(0), x.stride(1), w.stride(0), ssn,
+            ssk, *y.stride(), FP8_WEIGHT=fp8, SMALL=small, SPLIT=x.dtype != torch.bfloat16, PTX=not interpreting(),
+            EVEN_K=K % tiles["BLOCK_K"] == 0, GROUP_ROWS=group_rows, SUM_GROUP=_sum_group(splits), **tiles)
     return out
 
 

@@ -13,6 +13,7 @@ from dsflash.kvcache.paged import PagedCache
 from dsflash.kvcache.pool import CachePool, plain_allocator
 from dsflash.model.fast_ops import TritonOps
 from dsflash.model.graphs import GraphCache
+from dsflash.model.kernels import common
 from dsflash.model.kernels.common import bf16_parts, bf16_parts_kernel, e2m1_words, interpreting
 from dsflash.model.kernels.fp4_moe import RoutePlan, fp4_moe, fp4_moe_ref
 from dsflash.model.kernels.fp4_moe import block_height as fp4_moe_block_height
@@ -219,12 +220,32 @@ def test_fp4_moe(T, block_m, small):
     assert (got - ref).abs().max() < REL * ref.abs().max() + 1e-6
 
 
+def test_mma_sync_sets_the_compile_switch_only_for_the_kernels_named(monkeypatch):
+    """DISABLE_MMA_V3 inside the block for a named kernel, and gone after it (also on an
+    error); other kernels, and a variable the user set, are left alone."""
+    import os
+
+    monkeypatch.delenv("DISABLE_MMA_V3", raising=False)
+    monkeypatch.setattr(common, "MMA_SYNC", frozenset({"decode_gemm"}))
+    with common.mma_sync("decode_gemm"):
+        assert os.environ["DISABLE_MMA_V3"] == "1"
+    with common.mma_sync("short_experts"):
+        assert "DISABLE_MMA_V3" not in os.environ
+    with pytest.raises(ValueError), common.mma_sync("decode_gemm"):
+        raise ValueError
+    assert "DISABLE_MMA_V3" not in os.environ
+    monkeypatch.setenv("DISABLE_MMA_V3", "0")
+    with common.mma_sync("decode_gemm"):
+        assert os.environ["DISABLE_MMA_V3"] == "0"
+    assert os.environ["DISABLE_MMA_V3"] == "0"
+
+
 def test_expert_blocks_grow_later_where_every_dot_runs_three_times():
-    """Three activation parts (exact mode) keep 4-row blocks up to 4 pairs an expert and
-    16-row blocks up to 32; one part (faithful mode's FP8-grid inputs) takes 16 rows from 2
-    pairs and 64 from 16."""
-    assert [fp4_moe_block_height(pairs, 48, 3) for pairs in (36, 144, 288, 1152, 2304)] == [4, 4, 16, 16, 64]
-    assert [fp4_moe_block_height(pairs, 48, 1) for pairs in (36, 144, 288, 1152, 2304)] == [4, 16, 16, 64, 64]
+    """4-row blocks below 4 pairs an expert; then three activation parts (exact mode) keep
+    16-row blocks up to 32 pairs an expert, one part (faithful mode's FP8-grid inputs) takes
+    64 rows from 16."""
+    assert [fp4_moe_block_height(pairs, 48, 3) for pairs in (36, 144, 192, 1152, 1536)] == [4, 4, 16, 16, 64]
+    assert [fp4_moe_block_height(pairs, 48, 1) for pairs in (36, 144, 192, 288, 768, 2304)] == [4, 4, 16, 16, 64, 64]
 
 
 @pytest.mark.parametrize("on_grid", [False, True])
