@@ -37,14 +37,15 @@ for rows, entries, k, tall in ((128, 1 << 20, 512, True), (256, 1 << 19, 512, Tr
     want = top_k_ascending_ref(scores, k)
     read = scores.numel() * 4 / h200.HBM_BPS
     line = [f"scores {t_score * 1e6:.0f} us"]
-    defaults = top_k.FILTER_STAGES, top_k.FILTER_WARPS
-    for label, options, stages, warps in (("radix", dict(filtered=False), *defaults),
-                                          ("filtered", dict(filtered=True), *defaults),
-                                          ("filtered_1_stage_8_warps", dict(filtered=True), 1, 8),
-                                          ("filtered_block1024", dict(filtered=True, block=1024), *defaults),
-                                          ("filtered_32_chunks", dict(filtered=True, chunks=32), *defaults)):
+    defaults = top_k.FILTER_STAGES, top_k.FILTER_WARPS, top_k.FILTER_ATOMIC
+    for label, options, launch in (("radix", dict(filtered=False), defaults),
+                                   ("filtered", dict(filtered=True), defaults),
+                                   ("filtered_atomic_places", dict(filtered=True), defaults[:2] + (True,)),
+                                   ("filtered_1_stage_8_warps", dict(filtered=True), (1, 8, defaults[2])),
+                                   ("filtered_block1024", dict(filtered=True, block=1024), defaults),
+                                   ("filtered_32_chunks", dict(filtered=True, chunks=32), defaults)):
         def pick():
-            top_k.FILTER_STAGES, top_k.FILTER_WARPS = stages, warps
+            top_k.FILTER_STAGES, top_k.FILTER_WARPS, top_k.FILTER_ATOMIC = launch
             return top_k_ascending_kernel(scores, k, **options)
 
         t = h200.cuda_time(pick, iters=10)
@@ -53,7 +54,7 @@ for rows, entries, k, tall in ((128, 1 << 20, 512, True), (256, 1 << 19, 512, Tr
         h200.record("top_k_long_rows", f"n{rows}_N{entries}_k{k}_{label}",
                     {"us": t * 1e6, "one_read_us": read * 1e6, "scores_us": t_score * 1e6, "matches_ref": same})
     # the filtered form's launches, each on its own
-    top_k.FILTER_STAGES, top_k.FILTER_WARPS = defaults
+    top_k.FILTER_STAGES, top_k.FILTER_WARPS, top_k.FILTER_ATOMIC = defaults
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         for _ in range(5):
             top_k_ascending_kernel(scores, k, filtered=True)

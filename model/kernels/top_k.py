@@ -28,12 +28,13 @@ Long rows (at least FILTER_SHARE times k scores: a long prefill's slices of 128 
 1M entries, decode at long context) are filtered first, so the passes read a few thousand
 scores a row instead of the row five times: one program a row takes the floor, the
 rank-th best key of SAMPLE scores spread over the row (floor_rank: about four times the
-sample's share of the k best); one launch keeps, per chunk and in id order, the scores whose
-keys reach it (CAPACITY places a chunk); one program a row runs the radix select over the
-kept scores, chunk after chunk. The kept scores hold the row's k best whenever every chunk's
-fit their places and there are at least k (or the floor let every returnable score through).
-Where not (the sample misjudged the row: rare), that program selects over the whole row
-instead: slow, never wrong. Three launches, no host sync.
+sample's share of the k best); one launch keeps, per chunk, the scores whose keys reach it
+(CAPACITY places a chunk); one program a row runs the radix select over the kept scores of
+all its chunks at once (their order does not matter: ties are settled by their ids). The
+kept scores hold the row's k best whenever every chunk's fit their places and there are at
+least k (or the floor let every returnable score through). Where not (the sample misjudged
+the row: rare), that program selects over the whole row instead: slow, never wrong. Three
+launches, no host sync.
 
 Cost: for sm_90, Triton 3.9 compiles tl.histogram to one shared-memory atomic add per
 counted score (masked ones branch around it), so a pass costs a few instructions per score
@@ -67,6 +68,9 @@ CAPACITY = 8192  # kept scores a chunk has places for
 # 64 where few (decode): two plans, so two compiles of the pick (each several seconds, which
 # a long prompt paid mid-way, at each new chunk count, until warm_up_filtered ran at start).
 FILTER_STAGES, FILTER_WARPS = 3, 4
+# Kept scores take places from an atomic count instead of a prefix sum per block (_filter_kernel):
+# off until timed on the GPU (bench/top_k_long_rows.py has it as a variant).
+FILTER_ATOMIC = False
 FILTER_CHUNKS = {"many rows": 8, "few rows": 64}
 MANY_ROWS = 32
 _NEG_INF_KEY = tl.constexpr(0x007FFFFF)  # key of -inf; NaNs with the sign bit set lie below it
@@ -318,10 +322,13 @@ def _floor(floor_ptr, row):
 
 @triton.jit
 def _filter_kernel(x_ptr, floor_ptr, kept_ptr, id_ptr, count_ptr, N, sxr, chunk_len, CAPACITY: tl.constexpr,
-                   BLOCK: tl.constexpr, STAGES: tl.constexpr):
+                   BLOCK: tl.constexpr, STAGES: tl.constexpr, ATOMIC: tl.constexpr):
     """Program (row, chunk): the chunk's scores whose keys reach the row's floor (and are not
-    -inf or a negative NaN, which are never returned), in id order, with their ids, into the
-    chunk's CAPACITY places; how many there are (all of them, also past CAPACITY)."""
+    -inf or a negative NaN, which are never returned), with their ids, into the chunk's
+    CAPACITY places; how many there are (all of them, also past CAPACITY). Their places come
+    from a prefix sum over each block (in id order), or with ATOMIC from an atomic count the
+    kept scores take places from one by one (in any order; the count starts at 0): a few in a
+    block of thousands, where the prefix sum costs every score."""
     row = tl.program_id(0)
     chunk = tl.program_id(1)
     at = row * tl.num_programs(1) + chunk
@@ -335,12 +342,16 @@ def _filter_kernel(x_ptr, floor_ptr, kept_ptr, id_ptr, count_ptr, N, sxr, chunk_
         cols = start + tl.arange(0, BLOCK)
         score = tl.load(x_row + cols, mask=cols < hi, other=float("-inf"))
         keep = (_keys(score) >= floor).to(tl.int32)
-        place = kept + tl.cumsum(keep, 0) - keep
+        if ATOMIC:
+            place = tl.atomic_add(count_ptr + at + tl.zeros_like(cols), 1, mask=keep != 0, sem="relaxed")
+        else:
+            place = kept + tl.cumsum(keep, 0) - keep
+            kept += tl.sum(keep)
         room = (keep != 0) & (place < CAPACITY)
         tl.store(kept_at + place, score, mask=room)
         tl.store(id_at + place, cols, mask=room)
-        kept += tl.sum(keep)
-    tl.store(count_ptr + at, kept)
+    if not ATOMIC:
+        tl.store(count_ptr + at, kept)
 
 
 @triton.jit
@@ -442,11 +453,11 @@ def top_k_ascending_kernel(scores: torch.Tensor, k: int, chunks: int | None = No
         floor = torch.empty(n, dtype=torch.int32, device=x.device)  # uint32 keys, as int32 bits
         kept = torch.empty(n, chunks, capacity, dtype=torch.float32, device=x.device)
         ids = torch.empty(n, chunks, capacity, dtype=torch.int32, device=x.device)
-        counts = torch.empty(n, chunks, dtype=torch.int32, device=x.device)
+        counts = (torch.zeros if FILTER_ATOMIC else torch.empty)(n, chunks, dtype=torch.int32, device=x.device)
         _sample_floor_kernel[(n,)](x, floor, N, x.stride(0), floor_rank(k, N, sample), SAMPLE=sample, PASSES=passes,
                                    BITS=radix_bits, num_warps=8)
         _filter_kernel[grid](x, floor, kept, ids, counts, N, x.stride(0), chunk_len, CAPACITY=capacity, BLOCK=block,
-                             STAGES=FILTER_STAGES, num_warps=FILTER_WARPS)
+                             STAGES=FILTER_STAGES, ATOMIC=FILTER_ATOMIC, num_warps=FILTER_WARPS)
         most = triton.next_power_of_2(chunks)
         _pick_kernel[(n,)](x, floor, kept, ids, counts, out, k, N, x.stride(0), chunks, CAPACITY=capacity,
                            PASSES=passes, BITS=radix_bits, BLOCK=block, MAX_CHUNKS=most, J=max(block // most, 16),

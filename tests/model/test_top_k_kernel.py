@@ -92,6 +92,20 @@ def test_filtered_rows_the_floor_misjudges():
         _check(rows, k, dict(sample=sample, capacity=capacity), **SMALL_PLAN)
 
 
+def test_filtered_form_with_atomic_places(monkeypatch):
+    """The filtering launch's other way to place kept scores (an atomic count, any order):
+    the same picks, ties to the lower id, and the same whole-row fallback on overflow."""
+    from dsflash.model.kernels import top_k
+
+    monkeypatch.setattr(top_k, "FILTER_ATOMIC", True)
+    g = torch.Generator().manual_seed(5)
+    rows = torch.tensor([-1.0, 0.0, 1.0, 2.0])[torch.randint(0, 4, (3, 600), generator=g)]  # heavy ties
+    rows[1, 100:] = -INF
+    rows[2, ::5] = NAN
+    for capacity in (256, 16):
+        _check(rows, 77, dict(sample=64, capacity=capacity), **SMALL_PLAN)
+
+
 def test_filtered_form_by_default_on_long_rows():
     from dsflash.model.kernels.top_k import FILTER_SHARE, filters
 
