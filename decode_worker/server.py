@@ -78,15 +78,17 @@ class DecodeWorker:
         self._prefill_cache: tuple[float, list[str]] = (0.0, [])
 
     def _warm_up(self) -> None:
-        """Capture the decode step's CUDA graphs now, before the worker registers (warmup.py).
-        Several ranks replay the same graphs only if they captured them on the same calls, and
-        the synthetic caches live on rank 0 alone: those workers capture as they serve."""
+        """Compile the long contexts' indexer top-k and capture the decode step's CUDA graphs
+        now, before the worker registers (warmup.py). Several ranks replay the same graphs only
+        if they captured them on the same calls, and the synthetic caches live on rank 0 alone:
+        those workers capture as they serve."""
         model = self.runtime.model
-        if model.graphs is None or self.runtime.ranks is not None:
+        if model.device.type != "cuda":
             return
         with torch.cuda.device(model.device):
-            warm_up_filtered(model.device, model.config.index_topk)  # long contexts' indexer top-k
-            warm_up(self.engine)
+            warm_up_filtered(model.device, model.config.index_topk)
+            if model.graphs is not None and self.runtime.ranks is None:
+                warm_up(self.engine)
 
     # ------------------------------------------------------------ engine thread side
 

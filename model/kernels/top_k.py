@@ -501,7 +501,8 @@ def warm_up_filtered(device: torch.device, k: int) -> None:
 
 
 def floor_rank(k: int, N: int, sample: int = SAMPLE) -> int:
-    """Which best key of the sample is the floor: FLOOR_MARGIN times the sample's expected
-    share of the k best, plus FLOOR_SLACK places (a few hundred sample places are far more than
-    its spread, so a floor above the k-th best score is rare; it costs one slow row, not a wrong one)."""
+    """Which best key of the sample is the floor: FLOOR_MARGIN times the number of the row's k
+    best the sample holds on average, plus FLOOR_SLACK (k = 512 of 1M: 2 on average, rank 24).
+    That is far beyond the spread of that number, so a floor above the k-th best score is rare;
+    it costs one slow row, not a wrong one."""
     return min(sample, triton.cdiv(sample * k * FLOOR_MARGIN, N) + FLOOR_SLACK)
