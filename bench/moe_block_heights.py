@@ -1,6 +1,6 @@
 """Routed experts at decode batch sizes with each block height (pairs per program) forced:
-fp4_moe.block_height picks 4 below 2 pairs an expert (4 in the exact mode), 16 below 16 (32 in
-the exact mode) and 64 below 256; this measures decode batch sizes (batch 1, 4, 8, 16, 32 and
+fp4_moe.block_height picks 4 below 4 pairs an expert, 16 below 16 (32 in the exact mode) and
+64 below 256; this measures decode batch sizes (batch 1, 4, 8, 16, 32 and
 64 of 6-row verify blocks: 0.75 to 48 pairs an expert), in the exact mode (fp32 activations, 3 bf16 parts) and
 the faithful one (FP8-grid activations, one part), each in a CUDA graph, next to the bytes of
 the experts touched at the measured HBM read and to the FLOPs of one part at bf16 peak.

@@ -38,7 +38,7 @@ class PrefillWorker:
             with torch.cuda.device(model.device):
                 warm_up_filtered(model.device, model.config.index_topk)
         self.loop = EngineLoop("prefill", self._step, self.engine.has_work, self._crash,
-                               device=self.runtime.model.device, lock=self.runtime.model.step_lock)
+                               device=model.device, lock=model.step_lock)
         self.runtime.engine_failure = lambda: self.loop.failure
         m, engine = self.runtime.metrics, self.engine
         m.prefill_queue.labels("prefill").set_function(lambda: engine.queued_tokens)

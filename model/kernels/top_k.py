@@ -186,12 +186,10 @@ def _digit_counts(x_row, lo, hi, prefix, PASS: tl.constexpr, LAST: tl.constexpr,
 
 
 @triton.jit
-def _write_picks(x_row, out_row, lo, hi, threshold, take, ties_before, written, k, BLOCK: tl.constexpr,
-                 ids_row=None, IDS: tl.constexpr = False):
+def _write_picks(x_row, out_row, lo, hi, threshold, take, ties_before, written, k, BLOCK: tl.constexpr):
     """Writes the picks of columns [lo, hi) in id order: keys above the threshold, and equal
     ones while fewer than `take` came before (ties_before); `written` picks precede them.
-    IDS: the ids are read at ids_row (a filtered row's candidates), not the columns.
-    Returns the picks written and the ties seen so far."""
+    Returns the picks written so far."""
     for start in range(lo, hi, BLOCK):
         cols = start + tl.arange(0, BLOCK)
         live = cols < hi
@@ -201,15 +199,11 @@ def _write_picks(x_row, out_row, lo, hi, threshold, take, ties_before, written, 
         returned = (key != _LOW_KEY) & (key != _HIGH_KEY)
         pick = (live & returned & ((key > threshold) | ((tie != 0) & (tie_rank < take)))).to(tl.int32)
         at_out = written + tl.cumsum(pick, 0) - pick
-        if IDS:
-            ids = tl.load(ids_row + cols, mask=live, other=0).to(tl.int64)
-        else:
-            ids = cols.to(tl.int64)
         # (< k always holds; the mask keeps a broken invariant from writing past the row)
-        tl.store(out_row + at_out, ids, mask=(pick != 0) & (at_out < k))
+        tl.store(out_row + at_out, cols.to(tl.int64), mask=(pick != 0) & (at_out < k))
         written += tl.sum(pick)
         ties_before += tl.sum(tie)
-    return written, ties_before
+    return written
 
 
 @triton.jit
@@ -284,8 +278,7 @@ def _select_row(x_row, out_row, k, N, PASSES: tl.constexpr, BITS: tl.constexpr, 
         counts, _ = _digit_counts(x_row, 0, N, threshold, p, False, BITS, BLOCK)
         threshold, take = _take_digit(counts, threshold, take, p, BITS)
     none = tl.zeros((), tl.int32)  # (running counts: tensors from the start, as the loops carry them)
-    written, _ = _write_picks(x_row, out_row, 0, N, threshold, _taken_threshold(threshold, take), none, none, k,
-                              BLOCK)
+    written = _write_picks(x_row, out_row, 0, N, threshold, _taken_threshold(threshold, take), none, none, k, BLOCK)
     _pad(out_row, written, k, BLOCK)
 
 
