@@ -4,7 +4,7 @@
   - empty: the programs start and end (the launch and scheduling floor of that grid);
   - read: each program reads its weight bytes as the shipped one does, and nothing else;
   - read + decode: also decodes the codes to bf16 (no dots, no sums of the parts);
-  - shipped.
+  - shipped, and with faithful mode's input (bf16 on the FP8 grid: one part, no split).
 Each in a CUDA graph over weights that rotate through copies bigger than the L2, so every
 call reads HBM, next to the weight's bytes at the measured 4.2 TB/s. The differences say
 which stage a faster kernel must cut. H200, 2026-12-01 (seventh session): reading and decoding
@@ -27,6 +27,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).parent))
 import h200  # noqa: E402
 from dsflash.model.kernels import fp8_gemm as gemm  # noqa: E402
 from dsflash.model.kernels.common import e4m3_words  # noqa: E402
+from dsflash.model.kernels.quantize import fp8_grid_bf16  # noqa: E402
 
 
 @triton.jit
@@ -82,6 +83,9 @@ def main() -> None:
             line.append(f"{label} {h200.rotating_graph_time(run, copies) * 1e6:.1f} us")
         shipped = h200.rotating_graph_time(lambda i: gemm.fp8_gemm(x, codes[i], scales[i], small=True), copies)
         line.append(f"shipped {shipped * 1e6:.1f} us")
+        on_grid = fp8_grid_bf16(x)  # faithful mode's input: one bf16 part, no split
+        shipped = h200.rotating_graph_time(lambda i: gemm.fp8_gemm(on_grid, codes[i], scales[i], small=True), copies)
+        line.append(f"faithful input {shipped * 1e6:.1f} us")
         print(f"[gemm floor] {name} [{n}, {k}], grid {out_tiles} x {splits}: " + " | ".join(line)
               + f" || bytes {nbytes / h200.HBM_BPS * 1e6:.1f} us", flush=True)
         del codes, scales

@@ -3,7 +3,8 @@
 bench/decode_gemm_floor.py does for the dense GEMMs:
   - empty: each program reads its block's expert and ends (launch and scheduling floor);
   - read: each program reads its weight words and scales as the shipped one does;
-  - read + decode: also decodes them to bf16 (no dots, no activations, no stores).
+  - read + decode: also decodes them to bf16 (no dots, no activations, no stores);
+  - shipped, without and with the unmasked vector loads of fp4_moe.VECTOR_LOADS (tenth session).
 Gate/up and down grids are summed, each in a CUDA graph, next to the bytes of the experts
 touched at the measured HBM rate. Batch 1 and 2 of 6-row verify blocks (36 and 72 pairs).
 
@@ -80,8 +81,11 @@ def main() -> None:
                         BLOCK_N=tiles["BLOCK_N"], BLOCK_KU=tiles["BLOCK_KU"], num_warps=tiles["num_warps"],
                         num_stages=tiles["num_stages"])
             line.append(f"{label} {h200.graph_time(run, iters=10) * 1e6:.0f} us")
-        shipped = h200.graph_time(lambda: moe.fp4_moe(x, idx, weights, w13, s13, w2, s2, 10.0, small=True), iters=10)
-        line.append(f"shipped {shipped * 1e6:.0f} us")
+        for vectors in (False, True):
+            moe.VECTOR_LOADS = vectors
+            shipped = h200.graph_time(lambda: moe.fp4_moe(x, idx, weights, w13, s13, w2, s2, 10.0, small=True),
+                                      iters=10)
+            line.append(f"shipped{', vector loads' if vectors else ''} {shipped * 1e6:.0f} us")
         touched = len(torch.unique(idx))
         print(f"[moe floor] {tokens} tokens, {touched} experts, blocks of {block_m}: " + " | ".join(line)
               + f" || bytes {touched * per_expert / h200.HBM_BPS * 1e6:.0f} us", flush=True)

@@ -246,6 +246,33 @@ def e2m1_words(words, exponents, PTX: tl.constexpr, SMALL: tl.constexpr):
     return values
 
 
+def byte_words(t: torch.Tensor) -> torch.Tensor | None:
+    """A uint8 tensor's last dim as int32 words (4 bytes each, the first in the low bits), or
+    None where its layout does not allow the view. Triton's pipeliner prefetches loads of 4
+    bytes or more a thread into shared memory; e8m0 scales loaded byte by byte it does not, and
+    each such load waits out a DRAM round trip inside the loop."""
+    if t.dim() == 0 or t.shape[-1] % 4 or t.stride(-1) != 1 or t.storage_offset() % 4:
+        return None
+    if any(stride % 4 for stride in t.stride()[:-1]):
+        return None
+    return t.view(torch.int32)
+
+
+@triton.jit
+def step_scales(row_words, first, n_words, row_ok, other, N: tl.constexpr, S: tl.constexpr):
+    """The S scale bytes first .. first + S - 1 of N rows, as int32 [N, S], read as int32 words
+    (row_words: [N] pointers to each row's first word, n_words to a row; rows not row_ok read
+    `other` for every byte). A step of fewer than 4 scales lies in one word (S divides 4 and
+    first is a multiple of S); more are whole words from a multiple of 4."""
+    if S >= 4:
+        w = first // 4 + tl.arange(0, S // 4)
+        words = tl.load(row_words[:, None] + w[None, :], mask=row_ok[:, None] & (w < n_words)[None, :], other=other)
+        return tl.reshape((words[:, :, None] >> (8 * tl.arange(0, 4))[None, None, :]) & 0xFF, (N, S))
+    else:
+        word = tl.load(row_words + first // 4, mask=row_ok, other=other)
+        return (word[:, None] >> (8 * (first % 4 + tl.arange(0, S)))[None, :]) & 0xFF
+
+
 def scale_bytes_at_most(limit: int, *scales: torch.Tensor) -> bool:
     """Whether every e8m0 scale byte of these tensors is at most `limit`, which decides if a
     PTX decoder may scale with one multiply. Reads the bytes (a host sync): callers work it out

@@ -23,7 +23,10 @@ The weights are read in units decoded by a few PTX instructions (common.e2m1_wor
 The activations are stored the same way as the codes (piece t holding columns P*c + t), so
 every load is a contiguous vector. Each program computes the transposed product, W x^T: the
 decoded weight tile is the dot's left operand as it stands (64 weight rows fill a Hopper
-warpgroup MMA), and only the few activation rows are read transposed.
+warpgroup MMA), and only the few activation rows are read transposed. Triton's pipeliner
+prefetches every load of the K loop that moves 4 bytes or more a thread; the e8m0 scales
+(1-8 bytes a row and step) are read as int32 words where that paid (faithful prefill's tile),
+and bytes, each waiting out its round trip, elsewhere.
 Nothing here waits for the GPU: the grid is sized for the worst case of the batch's shape
 (every expert's run padded), and blocks past the real runs return at once, so a decode step
 can be captured in a CUDA graph.
@@ -38,7 +41,8 @@ import triton
 import triton.language as tl
 
 from ..quant import dequantize_fp4_weight, fake_quant_fp8
-from .common import DOT, bf16_parts, e2m1_pairs, e2m1_words, interpreting, mma_sync, scale_bytes_at_most
+from .common import (DOT, bf16_parts, byte_words, e2m1_pairs, e2m1_words, interpreting, mma_sync, scale_bytes_at_most,
+                     step_scales)
 from .quantize import fp8_blocks
 
 
@@ -64,29 +68,41 @@ def fp4_moe_ref(x, idx, weights, w13, s13, w2, s2, limit: float, act_quant: bool
 @triton.jit
 def _expert_dots(w_ptr, s_ptr, rows, n_rows, a_ptr, a_cols, a_live, sap, saq, ku, KU, swr, ssr, acc,
                  PARTS: tl.constexpr, PIECES: tl.constexpr, PTX: tl.constexpr, SMALL: tl.constexpr,
-                 BLOCK_N: tl.constexpr, BLOCK_KU: tl.constexpr):
+                 VECTORS: tl.constexpr, SCALE_WORDS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_KU: tl.constexpr):
     """acc + W[rows, cols] . a^T[cols, :] over the weight units ku .. ku + BLOCK_KU, as
     [BLOCK_N, columns]. A unit is an int32 word of eight codes (PIECES = 8) or a byte of two
     (PIECES = 2); it is read once and decoded as PIECES tiles, tile t holding the code of
     column PIECES*c + t of every unit c, each the left operand of its dot as decoded. The
     activations a come as PARTS bf16 slices (stride sap) that sum to the fp32 values (or as
     one slice whose columns are the parts, PARTS = 1), each in PIECES pieces laid out the same
-    way (piece stride saq), so that every piece is read contiguously; a_cols offsets each column."""
+    way (piece stride saq), so that every piece is read contiguously; a_cols offsets each column.
+    VECTORS: KU is whole steps and every column of a starts on 16 bytes (no column masks, and
+    the loads of a are vectors). SCALE_WORDS: the scales come as int32 words (s_ptr and ssr in
+    words). Triton's pipeliner prefetches loads of 4 bytes or more a thread; single scale bytes
+    it loads inside the loop, each waiting out a DRAM round trip."""
     c = ku + tl.arange(0, BLOCK_KU)
     in_k = c < KU
     row_ok = rows < n_rows
-    units = tl.load(w_ptr + rows[:, None] * swr + c[None, :], mask=row_ok[:, None] & in_k[None, :], other=0)
+    if VECTORS:
+        units = tl.load(w_ptr + rows[:, None] * swr + c[None, :], mask=row_ok[:, None], other=0)
+        a_cols = tl.multiple_of(a_cols, 8)
+        a_mask = a_live[None, :]
+    else:
+        units = tl.load(w_ptr + rows[:, None] * swr + c[None, :], mask=row_ok[:, None] & in_k[None, :], other=0)
+        a_mask = in_k[:, None] & a_live[None, :]
     per_scale: tl.constexpr = 32 // PIECES  # one e8m0 scale per 32 columns
-    g = ku // per_scale + tl.arange(0, BLOCK_KU // per_scale)
-    exps = tl.load(s_ptr + rows[:, None] * ssr + g[None, :], mask=row_ok[:, None] & (g * per_scale < KU)[None, :],
-                   other=0)
-    exps = tl.reshape(tl.broadcast_to(exps[:, :, None], (BLOCK_N, BLOCK_KU // per_scale, per_scale)),
-                      (BLOCK_N, BLOCK_KU))
+    n_scales: tl.constexpr = BLOCK_KU // per_scale
+    if SCALE_WORDS:
+        exps = step_scales(s_ptr + rows * ssr, ku // per_scale, KU // per_scale // 4, row_ok, 0, BLOCK_N, n_scales)
+    else:
+        g = ku // per_scale + tl.arange(0, n_scales)
+        exps = tl.load(s_ptr + rows[:, None] * ssr + g[None, :],
+                       mask=row_ok[:, None] & (g * per_scale < KU)[None, :], other=0)
+    exps = tl.reshape(tl.broadcast_to(exps[:, :, None], (BLOCK_N, n_scales, per_scale)), (BLOCK_N, BLOCK_KU))
     if PIECES == 8:
         w = e2m1_words(units, exps.to(tl.int32), PTX, SMALL)
     else:
-        w = e2m1_pairs(units, exps, PTX)
-    a_mask = in_k[:, None] & a_live[None, :]
+        w = e2m1_pairs(units, exps.to(tl.uint8), PTX)
     for p in tl.static_range(PARTS):
         for t in tl.static_range(PIECES):
             a = tl.load(a_ptr + p * sap + t * saq + c[:, None] + a_cols[None, :], mask=a_mask, other=0.0)
@@ -121,8 +137,8 @@ def _per_pair(acc, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, SLOTS: tl.const
 def _gate_up_kernel(x_ptr, tok_ptr, wt_ptr, blk_ptr, w_ptr, s_ptr, h_ptr, H, INTER, limit,
                     sxs, sxq, sxt, swe, swr, sse, ssr, shs, shq, shp,
                     SPLITS: tl.constexpr, SLOTS: tl.constexpr, PIECES: tl.constexpr, PTX: tl.constexpr,
-                    SMALL: tl.constexpr, ACT_QUANT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                    BLOCK_KU: tl.constexpr):
+                    SMALL: tl.constexpr, ACT_QUANT: tl.constexpr, VECTORS: tl.constexpr, SCALE_WORDS: tl.constexpr,
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_KU: tl.constexpr):
     """Program (block of pairs, N tile): h^T[rows, pairs] of one expert, stored as SPLITS bf16
     parts for the down projection (in PIECES pieces of every PIECES-th column, as x comes).
     ACT_QUANT: h rounded onto the FP8 grid in blocks of 32 of its rows (a tile holds whole blocks)."""
@@ -139,9 +155,9 @@ def _gate_up_kernel(x_ptr, tok_ptr, wt_ptr, blk_ptr, w_ptr, s_ptr, h_ptr, H, INT
     parts: tl.constexpr = SPLITS if SLOTS == 1 else 1
     for ku in range(0, H // PIECES, BLOCK_KU):
         gate = _expert_dots(w_e, s_e, rows, INTER, x_ptr, x_cols, col_live, sxs, sxq, ku, H // PIECES, swr, ssr,
-                            gate, parts, PIECES, PTX, SMALL, BLOCK_N, BLOCK_KU)
+                            gate, parts, PIECES, PTX, SMALL, VECTORS, SCALE_WORDS, BLOCK_N, BLOCK_KU)
         up = _expert_dots(w_e + INTER * swr, s_e + INTER * ssr, rows, INTER, x_ptr, x_cols, col_live, sxs, sxq, ku,
-                          H // PIECES, swr, ssr, up, parts, PIECES, PTX, SMALL, BLOCK_N, BLOCK_KU)
+                          H // PIECES, swr, ssr, up, parts, PIECES, PTX, SMALL, VECTORS, SCALE_WORDS, BLOCK_N, BLOCK_KU)
     gate = _per_pair(gate, BLOCK_N, BLOCK_M, SLOTS)
     up = _per_pair(up, BLOCK_N, BLOCK_M, SLOTS)
     if limit > 0:
@@ -165,7 +181,8 @@ def _gate_up_kernel(x_ptr, tok_ptr, wt_ptr, blk_ptr, w_ptr, s_ptr, h_ptr, H, INT
 def _down_kernel(h_ptr, tok_ptr, pair_ptr, blk_ptr, w_ptr, s_ptr, o_ptr, H, INTER,
                  shs, shq, shp, swe, swr, sse, ssr, sop, soh,
                  SPLITS: tl.constexpr, SLOTS: tl.constexpr, PIECES: tl.constexpr, PTX: tl.constexpr,
-                 SMALL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_KU: tl.constexpr):
+                 SMALL: tl.constexpr, VECTORS: tl.constexpr, SCALE_WORDS: tl.constexpr, BLOCK_M: tl.constexpr,
+                 BLOCK_N: tl.constexpr, BLOCK_KU: tl.constexpr):
     """Program (block of pairs, N tile): o^T[rows, pairs], stored at each pair's own row."""
     pid_b = tl.program_id(0)
     expert = tl.load(blk_ptr + pid_b)
@@ -179,7 +196,7 @@ def _down_kernel(h_ptr, tok_ptr, pair_ptr, blk_ptr, w_ptr, s_ptr, o_ptr, H, INTE
     parts: tl.constexpr = SPLITS if SLOTS == 1 else 1
     for ku in range(0, INTER // PIECES, BLOCK_KU):
         acc = _expert_dots(w_e, s_e, rows, H, h_ptr, h_cols, col_live, shs, shq, ku, INTER // PIECES, swr, ssr, acc,
-                           parts, PIECES, PTX, SMALL, BLOCK_N, BLOCK_KU)
+                           parts, PIECES, PTX, SMALL, VECTORS, SCALE_WORDS, BLOCK_N, BLOCK_KU)
     acc = _per_pair(acc, BLOCK_N, BLOCK_M, SLOTS)
     # straight to the pair's own row of the output: no gather pass afterwards
     pairs = pid_b * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -216,8 +233,11 @@ TILES = {
 }
 # Faithful mode's one part leaves shared memory for a deeper pipeline. H200, 2026-12-01, 8,192
 # tokens: 13.3-13.5 ms with 3 stages against 14.9-15.1 with TILES' 2 (the same bytes out);
-# three parts do not fit 3 stages (out of resources).
-ONE_PART_TILES = {128: dict(BLOCK_N=128, BLOCK_KU=64, num_warps=8, num_stages=3)}
+# three parts do not fit 3 stages (out of resources). Its scales as words (tenth session):
+# 11.38-11.47 ms against 12.99-13.04 (bytes). Elsewhere words did not pay or fit: batch 1's
+# 4-row blocks 370 us a layer against 283 (twice the shared memory held), and three parts in
+# 128-row blocks need 241 KB.
+ONE_PART_TILES = {128: dict(BLOCK_N=128, BLOCK_KU=64, num_warps=8, num_stages=3, SCALE_WORDS=True)}
 
 
 def block_height(pairs: int, experts: int, parts: int = SPLITS) -> int:
@@ -343,6 +363,34 @@ def small_scales(*scales: torch.Tensor) -> bool:
     return scale_bytes_at_most(128, *scales)
 
 
+# Tile shapes with SCALE_WORDS read their scales as int32 words (common.step_scales), loads
+# Triton's pipeliner prefetches, where the scales' layout allows; the others read bytes, each
+# load waiting out its round trip inside the K loop. Off, every shape reads bytes
+# (DSFLASH_SCALE_WORDS=0).
+SCALE_WORDS = os.environ.get("DSFLASH_SCALE_WORDS", "1") != "0"
+
+
+def _scale_operands(s13: torch.Tensor, s2: torch.Tensor, words: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """The scales as the kernels read them: int32 words (common.byte_words) if wanted, the
+    switch is on and both layouts allow the view; else bytes."""
+    if words and SCALE_WORDS:
+        words13, words2 = byte_words(s13), byte_words(s2)
+        if words13 is not None and words2 is not None:
+            return words13, words2
+    return s13, s2
+
+
+# Whether kernels whose K is whole steps drop their column masks and promise 16-byte aligned
+# activation columns (_expert_dots' VECTORS), where the shapes allow.
+VECTOR_LOADS = True
+
+
+def _vectors(units: int, step: int, *column_strides: int) -> bool:
+    """Whether a kernel's K (`units`) is whole steps and every activation column it reads starts
+    on 16 bytes (bf16 strides in multiples of 8): _expert_dots' VECTORS."""
+    return VECTOR_LOADS and units % step == 0 and all(stride % 8 == 0 for stride in column_strides)
+
+
 def fp4_moe(x, idx, weights, w13, s13, w2, s2, limit: float, block_m: int | None = None,
             small: bool | None = None, act_quant: bool = False) -> torch.Tensor:
     """x [T, H], idx/weights [T, k]; stacked packed experts. Returns [T, H] fp32. block_m
@@ -377,14 +425,18 @@ def fp4_moe(x, idx, weights, w13, s13, w2, s2, limit: float, block_m: int | None
     out = torch.zeros(pairs, H, dtype=torch.float32, device=x.device)  # other ranks' pairs stay 0
     units13, units2 = (w13.view(torch.int32), w2.view(torch.int32)) if P == 8 else (w13, w2)
     blocks = plan.rows // block_m
+    tiles = dict(tiles)
+    ku = tiles["BLOCK_KU"]
+    sc13, sc2 = _scale_operands(s13, s2, tiles.pop("SCALE_WORDS", False))
     options = dict(SPLITS=splits, SLOTS=slots, PIECES=P, PTX=not interpreting(), SMALL=small, BLOCK_M=block_m,
-                   **tiles)
+                   SCALE_WORDS=sc13.dtype == torch.int32, **tiles)
     with mma_sync("short_experts" if block_m <= PARTS_AS_COLUMNS else "tall_experts"):
         _gate_up_kernel[(blocks, triton.cdiv(inter, tiles["BLOCK_N"]))](
-            parts, plan.tokens, plan.routed, plan.block_expert, units13, s13, h, H, inter, float(limit),
-            *parts.stride()[:3], units13.stride(0), units13.stride(1), s13.stride(0), s13.stride(1), *h.stride()[:3],
-            ACT_QUANT=rounds_h, **options)
+            parts, plan.tokens, plan.routed, plan.block_expert, units13, sc13, h, H, inter, float(limit),
+            *parts.stride()[:3], units13.stride(0), units13.stride(1), sc13.stride(0), sc13.stride(1),
+            *h.stride()[:3], ACT_QUANT=rounds_h, VECTORS=_vectors(H // P, ku, *parts.stride()[:3]), **options)
         _down_kernel[(blocks, triton.cdiv(H, tiles["BLOCK_N"]))](
-            h, plan.tokens, plan.pair_ids, plan.block_expert, units2, s2, out, H, inter, *h.stride()[:3],
-            units2.stride(0), units2.stride(1), s2.stride(0), s2.stride(1), out.stride(0), out.stride(1), **options)
+            h, plan.tokens, plan.pair_ids, plan.block_expert, units2, sc2, out, H, inter, *h.stride()[:3],
+            units2.stride(0), units2.stride(1), sc2.stride(0), sc2.stride(1), out.stride(0), out.stride(1),
+            VECTORS=_vectors(inter // P, ku, *h.stride()[:3]), **options)
     return out.view(T, idx.shape[1], H).sum(dim=1)

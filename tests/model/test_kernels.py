@@ -138,6 +138,15 @@ def test_fp32_gemm_matches_the_fp32_product(m):
     assert (got - ref).abs().max() < REL * ref.abs().max() + 1e-5
 
 
+def test_byte_words_views_whole_aligned_words_only():
+    t = torch.arange(48, dtype=torch.uint8).view(4, 12)
+    words = common.byte_words(t)
+    assert words.shape == (4, 3) and words[1, 0].item() == 12 | 13 << 8 | 14 << 16 | 15 << 24
+    assert common.byte_words(t[:, :10].contiguous()) is None  # 10 bytes a row: not whole words
+    assert common.byte_words(t[:, 1:9]) is None  # starts off a word
+    assert common.byte_words(t[:, 4:12]).shape == (4, 2)
+
+
 def test_fp8_gemm_of_no_rows_is_empty():
     codes, scales = quantize_fp8_weight(torch.randn(64, 64, generator=_g()))
     assert fp8_gemm(torch.zeros(0, 64, device=DEVICE), codes.to(DEVICE), scales.to(DEVICE)).shape == (0, 64)
@@ -217,6 +226,43 @@ def test_fp4_moe(T, block_m, small):
     ref = fp4_moe_ref(x, idx, weights, *stack, 0.7)
     got = fp4_moe(x.to(DEVICE), idx.to(DEVICE), weights.to(DEVICE), *[t.to(DEVICE) for t in stack], 0.7,
                   block_m=block_m, small=small).cpu()
+    assert (got - ref).abs().max() < REL * ref.abs().max() + 1e-6
+
+
+@pytest.mark.parametrize("T, block_m, step", [(11, 16, 16), (30, 64, 64)])
+def test_tall_expert_blocks_read_their_scales_as_words_or_bytes_alike(T, block_m, step, monkeypatch):
+    """Tile shapes marked SCALE_WORDS (faithful prefill's) read their scales as int32 words
+    (loads the pipeliner prefetches): one word holds a step's scale (16 code bytes a step) or
+    four of them (64). The same sums as byte loads, and the reference's."""
+    from dsflash.model.kernels import fp4_moe as moe
+
+    tiles = {8: dict(BLOCK_N=64, BLOCK_KU=4), 2: dict(BLOCK_N=64, BLOCK_KU=step, SCALE_WORDS=True)}
+    monkeypatch.setitem(moe.TILES, "interpreter", tiles)
+    stack, x, idx, weights = _moe_case(_g(5), T, E=3, H=128, inter=128, k=2)
+    stack[1] = (stack[1].int() + torch.randint(-3, 4, stack[1].shape, generator=_g(6))).to(torch.uint8)
+    got = {}
+    for words in (True, False):
+        monkeypatch.setattr(moe, "SCALE_WORDS", words)
+        got[words] = fp4_moe(x.to(DEVICE), idx.to(DEVICE), weights.to(DEVICE), *[t.to(DEVICE) for t in stack], 0.7,
+                             block_m=block_m).cpu()
+    ref = fp4_moe_ref(x, idx, weights, *stack, 0.7)
+    for words in (True, False):
+        assert (got[words] - ref).abs().max() < REL * ref.abs().max() + 1e-6
+    assert torch.equal(got[True], got[False]) or DEVICE == "cuda"
+
+
+@pytest.mark.parametrize("vectors", [True, False])
+def test_expert_steps_without_column_masks_match_the_reference(vectors, monkeypatch):
+    """K of whole steps and 16-byte aligned activation columns drop the column masks
+    (fp4_moe.VECTOR_LOADS); where K is not whole steps the masks stay, and both are right."""
+    from dsflash.model.kernels import fp4_moe as moe
+
+    monkeypatch.setattr(moe, "VECTOR_LOADS", vectors)
+    assert moe._vectors(16, 4, 384, 16, 8) == vectors and not moe._vectors(18, 4, 384, 16, 8)
+    assert not moe._vectors(16, 4, 384, 12, 8)  # a column off 16 bytes
+    stack, x, idx, weights = _moe_case(_g(7), 1, E=4, H=128, inter=96, k=3)
+    got = fp4_moe(x.to(DEVICE), idx.to(DEVICE), weights.to(DEVICE), *[t.to(DEVICE) for t in stack], 0.7).cpu()
+    ref = fp4_moe_ref(x, idx, weights, *stack, 0.7)
     assert (got - ref).abs().max() < REL * ref.abs().max() + 1e-6
 
 

@@ -1,0 +1,46 @@
+"""Decode steps with a module switch at each of its values, alternated in one process on one
+machine (lent machines differ by more than most changes: compare within a run only). The
+model is built once; each round sets the switch and starts new CUDA graphs, so every kernel
+the switch reaches is compiled and captured afresh.
+
+    python bench/decode_ab.py dsflash.model.kernels.common.SCALE_WORDS True False \\
+        [--batches 1,8] [--context 4096] [--rounds 2] [--act-quant] [--budget-s 300]
+"""
+import argparse
+import ast
+import importlib
+import pathlib
+import sys
+import time
+
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+import h200  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("switch", help="module.attribute, e.g. dsflash.model.kernels.common.SCALE_WORDS")
+    parser.add_argument("values", nargs="+", help="Python literals, in the order each round takes them")
+    parser.add_argument("--batches", default="1")
+    parser.add_argument("--context", type=int, default=4096)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--act-quant", action="store_true")
+    parser.add_argument("--budget-s", type=float, default=300.0)
+    args = parser.parse_args()
+    module_name, attribute = args.switch.rsplit(".", 1)
+    module = importlib.import_module(module_name)
+    values = [ast.literal_eval(v) for v in args.values]
+    h200.DEADLINE[0] = time.monotonic() + args.budget_s
+    model, store = h200.build_model(fast=True, preset="bench", act_quant=args.act_quant)
+    graphs = type(model.graphs) if model.graphs is not None else None
+    batches = [int(b) for b in args.batches.split(",")]
+    for round_ in range(args.rounds):
+        for value in values:
+            setattr(module, attribute, value)
+            if graphs is not None:
+                model.graphs = graphs()
+            h200.decode(model, store, batches, [args.context], f"decode_{attribute}={value}_round{round_}")
+
+
+if __name__ == "__main__":
+    main()
