@@ -395,7 +395,7 @@ def random_experts(dev: str) -> tuple[tuple[torch.Tensor, ...], int]:
     return (w13, s13, w2, s2), sum(t[0].numel() for t in (w13, s13, w2, s2))
 
 
-def moe_tiles() -> None:
+def moe_tiles(token_counts=(6, 48, 8192)) -> None:
     """The routed-expert kernels' tile shapes, swept at decode and prefill sizes (model/kernels/fp4_moe.TILES)."""
     from dsflash.model.kernels import fp4_moe as moe
 
@@ -403,10 +403,13 @@ def moe_tiles() -> None:
     (w13, s13, w2, s2), per_expert = random_experts(dev)
     default = {key: dict(value) for key, value in moe.TILES.items()}
     shapes = {  # (BLOCK_N, BLOCK_KU, warps, stages); units are words (short blocks) or bytes (tall)
-        "words": [(64, 16, 4, 4), (64, 16, 4, 2), (64, 16, 4, 3), (64, 32, 4, 2), (32, 16, 4, 3), (128, 16, 8, 3)],
+        # (2026-11-30: 4 warps, 64 x 32 the best of the first six; now more warps, or programs, per SM)
+        "words": [(64, 32, 4, 2), (64, 32, 8, 2), (64, 32, 4, 3), (32, 32, 4, 2), (32, 32, 2, 2), (64, 64, 4, 2),
+                  (128, 32, 8, 2), (64, 16, 2, 2)],
         "bytes": [(64, 64, 4, 3), (64, 32, 4, 2), (128, 32, 4, 2), (128, 64, 8, 2)],
     }
-    for tokens, block_m in ((6, 4), (48, 16), (8192, 128)):
+    for tokens in token_counts:
+        block_m = moe.block_height(tokens * k, E)
         candidates = [dict(BLOCK_N=n, BLOCK_KU=ku, num_warps=w, num_stages=st)
                       for n, ku, w, st in shapes["words" if moe.pieces(block_m) == 8 else "bytes"]]
         x = torch.randn(tokens, H, device=dev)
@@ -632,10 +635,11 @@ def prefill(model, lengths, label: str = "prefill", warm_first: bool = True) -> 
         if warm_first and DEV.startswith("cuda") and (n == lengths[0] or n <= 65536):
             warm = n if n <= 65536 else chunk + 1000
         if warm and n > 65536:  # the long rows' top-k kernels, as a worker compiles them at start
-            from dsflash.model.kernels.top_k import warm_up_filtered
+            from dsflash.model.kernels import top_k
+            from dsflash.model.layers.indexer import top_k_rows
 
             began = time.perf_counter()
-            warm_up_filtered(torch.device(DEV), config.index_topk)
+            top_k.warm_up(torch.device(DEV), top_k_rows(config))
             sync()
             record(label, f"T{n}_top_k_warm_up", {"seconds": time.perf_counter() - began})
         pool = CachePool(layout, layout.pages_for(max(n, warm)) + 8, 2, plain_allocator(DEV))
@@ -746,6 +750,7 @@ def main() -> None:
     parser.add_argument("--tp", type=int, default=1, help="ranks for tensor/expert parallel decode (GPUs)")
     parser.add_argument("--reference-prefill", type=int, default=4096,
                         help="with the reference section: a prefill of this many tokens on both paths (0: none)")
+    parser.add_argument("--moe-tokens", default="6,48,8192", help="token counts the moe_tiles section sweeps")
     parser.add_argument("--act-quant", action="store_true",
                         help="faithful mode: FP8-round every FP8/FP4 GEMM input (sections get an _act_quant suffix)")
     args = parser.parse_args()
@@ -779,7 +784,7 @@ def main() -> None:
     if {"attention", "indexer"} & set(sections) and DEV.startswith("cuda"):
         indexer_kernels()
     if "moe_tiles" in sections and DEV.startswith("cuda"):
-        moe_tiles()
+        moe_tiles([int(x) for x in args.moe_tokens.split(",")])
     if {"decode", "prefill", "reference"} & set(sections):
         model, store = build_model(fast=True, preset=args.preset, act_quant=args.act_quant)
         mode = "_act_quant" if args.act_quant else ""

@@ -25,7 +25,8 @@ from ..kvcache.directory import DirectoryUnavailable, OwnershipDirectory, Worker
 from ..kvcache.pool import PoolExhausted
 from ..logs import log_event
 from ..metrics import RequestTimer
-from ..model.kernels.top_k import warm_up_filtered
+from ..model.kernels import top_k
+from ..model.layers.indexer import top_k_rows
 from ..model.prefill import PrefillOutput
 from ..prefill_worker.engine import PrefillEngineConfig
 from ..prefill_worker.scheduler import PrefillSchedulerConfig
@@ -86,7 +87,7 @@ class DecodeWorker:
         if model.device.type != "cuda":
             return
         with torch.cuda.device(model.device):
-            warm_up_filtered(model.device, model.config.index_topk)
+            top_k.warm_up(model.device, top_k_rows(model.config))
             if model.graphs is not None and self.runtime.ranks is None:
                 warm_up(self.engine)
 

@@ -11,7 +11,8 @@ import torch
 from ..kvcache import handoff
 from ..kvcache.directory import OwnershipDirectory, WorkerLoad
 from ..kvcache.pool import PoolExhausted
-from ..model.kernels.top_k import warm_up_filtered
+from ..model.kernels import top_k
+from ..model.layers.indexer import top_k_rows
 from ..serving.engine_loop import EngineLoop
 from ..serving.peers import PeerChannels
 from ..serving.worker import GRPC_OPTIONS, WorkerRuntime, WorkerSettings, serve_until_signal
@@ -36,7 +37,7 @@ class PrefillWorker:
         model = self.runtime.model
         if model.device.type == "cuda":  # before the worker registers: no long prompt waits on these compiles
             with torch.cuda.device(model.device):
-                warm_up_filtered(model.device, model.config.index_topk)
+                top_k.warm_up(model.device, top_k_rows(model.config))
         self.loop = EngineLoop("prefill", self._step, self.engine.has_work, self._crash,
                                device=model.device, lock=model.step_lock)
         self.runtime.engine_failure = lambda: self.loop.failure

@@ -66,7 +66,7 @@ CAPACITY = 8192  # kept scores a chunk has places for
 # The filtering launch: 4 warps and loads 3 steps ahead (tl.range stages) took 0.59 ms where 8
 # warps and none took 0.86 (128 x 1M). Chunks a row: 8 where rows are many (prefill slices),
 # 64 where few (decode): two plans, so two compiles of the pick (each several seconds, which
-# a long prompt paid mid-way, at each new chunk count, until warm_up_filtered ran at start).
+# a long prompt paid mid-way, at each new chunk count, until warm_up ran at start).
 FILTER_STAGES, FILTER_WARPS = 3, 4
 # Kept scores take places from an atomic count instead of a prefix sum per block (_filter_kernel):
 # off until timed on the GPU (bench/top_k_long_rows.py has it as a variant).
@@ -291,7 +291,7 @@ def _select_kernel(x_ptr, out_ptr, k, N, sxr, PASSES: tl.constexpr, BITS: tl.con
 
 
 # (Integer arguments are not specialized on (divisibility by 16 and the like): every row
-# length then takes the kernels warm_up_filtered compiled.)
+# length then takes the kernels warm_up compiled.)
 @triton.jit(do_not_specialize=["N", "sxr", "rank"])
 def _sample_floor_kernel(x_ptr, floor_ptr, N, sxr, rank, SAMPLE: tl.constexpr, PASSES: tl.constexpr,
                          BITS: tl.constexpr):
@@ -451,7 +451,7 @@ def top_k_ascending_kernel(scores: torch.Tensor, k: int, chunks: int | None = No
                                    BITS=radix_bits, num_warps=8)
         _filter_kernel[grid](x, floor, kept, ids, counts, N, x.stride(0), chunk_len, CAPACITY=capacity, BLOCK=block,
                              STAGES=FILTER_STAGES, ATOMIC=FILTER_ATOMIC, num_warps=FILTER_WARPS)
-        most = triton.next_power_of_2(chunks)
+        most = pick_chunks(n, chunks)
         _pick_kernel[(n,)](x, floor, kept, ids, counts, out, k, N, x.stride(0), chunks, CAPACITY=capacity,
                            PASSES=passes, BITS=radix_bits, BLOCK=block, MAX_CHUNKS=most, J=max(block // most, 16),
                            K_POW2=triton.next_power_of_2(k), num_warps=8)
@@ -479,18 +479,45 @@ def launch_plan(n: int, N: int, k: int, chunks: int | None = None, block: int = 
     return filtered, triton.cdiv(N, chunk_len), chunk_len  # (rounding the length up may leave fewer chunks)
 
 
+def pick_chunks(n: int, chunks: int) -> int:
+    """The pick kernel's MAX_CHUNKS (a constexpr) for n rows of `chunks` chunks: the plan's own
+    count (FILTER_CHUNKS) even where a short row's rounded chunk length leaves fewer, so that
+    rows of every length take one of its two compiles."""
+    return max(triton.next_power_of_2(chunks), FILTER_CHUNKS["many rows" if n >= MANY_ROWS else "few rows"])
+
+
 def filters(k: int, N: int) -> bool:
     """Whether rows of N scores take the floor first: the k best are a small share of them."""
     return N >= FILTER_SHARE * k and k <= 4096  # (the picks are sorted in one program's registers)
 
 
-def warm_up_filtered(device: torch.device, k: int) -> None:
-    """Compile the filtered form's kernels for both chunk plans at k (a worker's index_topk)
-    now, instead of inside the first long prompt. The filtering launch, quick to compile,
-    may still compile again for row lengths not divisible by 16."""
-    N = FILTER_SHARE * k * 2  # divisible by 16 and by every chunk count, as real rows are
-    for rows in (MANY_ROWS, 1):
-        top_k_ascending_kernel(torch.randn(rows, N, device=device), k)
+def warm_up_rows(longest: dict[int, int]) -> list[tuple[int, int, int, int | None, bool | None]]:
+    """(rows, row length, k, chunks, filtered) of the launches warm_up makes, for rows of up to
+    longest[k] scores at each k: the one-program select, the radix select's chunked kernels at
+    each power of two of chunks a row below the filtered form's rows (its write kernel compiles
+    once per power), each at row lengths divisible by 16 and not (the radix kernels specialize
+    on it), and where rows reach it the filtered form's two plans (None: its own choice)."""
+    launches = []
+    for k, most in sorted(longest.items()):
+        radix_most = min(most, FILTER_SHARE * k - 1) if k <= 4096 else most
+        chunks = 1
+        while chunks == 1 or (chunks // 2) * _MIN_CHUNK < radix_most:
+            N = max(chunks * _MIN_CHUNK, k + 1)
+            launches += [(1, N, k, chunks, False), (1, N - 1, k, chunks, False)]
+            chunks *= 2
+        if filters(k, most):
+            N = FILTER_SHARE * k * 2  # divisible by 16 and by every chunk count, as real rows are
+            launches += [(MANY_ROWS, N, k, None, None), (1, N, k, None, None)]
+    return launches
+
+
+def warm_up(device: torch.device, longest: dict[int, int]) -> None:
+    """Compile the top-k's kernels for every plan rows of up to longest[k] scores meet (a
+    worker's indexer: indexer.top_k_rows) now, before the worker serves, instead of inside its
+    first long prompts. The filtering launch may still compile again for row lengths not
+    divisible by 16."""
+    for rows, N, k, chunks, filtered in warm_up_rows(longest):
+        top_k_ascending_kernel(torch.randn(rows, N, device=device), k, chunks=chunks, filtered=filtered)
 
 
 def floor_rank(k: int, N: int, sample: int = SAMPLE) -> int:

@@ -26,6 +26,17 @@ from ..rope import Rope
 _SCORE_BUDGET = 1 << 27
 
 
+def top_k_rows(cfg: ModelConfig) -> dict[int, int]:
+    """The longest score rows the indexer's top-k takes at each k, for prompts of up to the
+    model's positions (what a worker's warm-up compiles for: top_k.warm_up): entries of a
+    whole layer at index_topk, and the candidate pool's blocks at candidate_topk_blocks."""
+    longest = {cfg.index_topk: cfg.max_position_embeddings}
+    if cfg.candidate_source_layer >= 0:
+        blocks = -(-cfg.max_position_embeddings // cfg.candidate_block_size)
+        longest[cfg.candidate_topk_blocks] = max(longest.get(cfg.candidate_topk_blocks, 0), blocks)
+    return longest
+
+
 def select_candidate_blocks(scores: torch.Tensor, visible: torch.Tensor, topk_blocks: int, block: int) -> torch.Tensor:
     """scores [n, N] (-inf where invisible), visible [n] -> bool mask [n, N] of the kept blocks."""
     width = scores.shape[-1]

@@ -130,9 +130,32 @@ def test_long_rows_take_two_filtered_plans_which_the_warm_up_compiles():
     many, few = (True, FILTER_CHUNKS["many rows"]), (True, FILTER_CHUNKS["few rows"])
     assert plan(128, 1 << 20) == plan(256, 1 << 19) == plan(512, 262144 + 4096) == many
     assert plan(6, 1 << 20) == plan(6, 1_000_001) == plan(1, 250_000) == few
-    warm = 2 * FILTER_SHARE * 512  # warm_up_filtered's rows
+    warm = 2 * FILTER_SHARE * 512  # the warm-up's filtered rows
     assert plan(MANY_ROWS, warm) == many and plan(1, warm) == few
     assert launch_plan(6, 1 << 14, 512)[:2] == (False, 1)  # decode at short context: one program a row
+
+
+@pytest.mark.parametrize("longest", [{512: 1 << 20, 2048: 1 << 17}, {64: 20000, 16: 15000}])
+def test_the_warm_up_covers_every_plan_prompts_and_decode_steps_meet(longest):
+    """Each launch a prefill slice (128 rows), the candidate blocks (48) or a decode step (6)
+    makes, at any row length up to the longest, compiles kernels the warm-up compiled: the
+    same form, the same power of two of chunks (the write and pick kernels' constexpr), and for
+    the radix kernels the same divisibility of the row length by 16 (their specialization)."""
+    from dsflash.model.kernels.top_k import launch_plan, pick_chunks, warm_up_rows
+
+    def key(n, N, k, chunks=None, filtered=None):
+        filtered, chunks, _ = launch_plan(n, N, k, chunks, filtered=filtered)
+        if chunks == 1:
+            return ("select", N % 16 == 0)
+        if filtered:
+            return ("filtered", pick_chunks(n, chunks))
+        return ("radix", triton.next_power_of_2(chunks), N % 16 == 0)
+
+    warmed = {key(*launch) for launch in warm_up_rows(longest)}
+    for k, most in longest.items():
+        for n in (128, 48, 6):
+            for N in list(range(k + 1, most, 997)) + [most]:
+                assert key(n, N, k) in warmed, (n, N, k)
 
 
 def test_empty_shapes():
