@@ -9,26 +9,33 @@ import torch
 import triton
 import triton.language as tl
 
+from .common import interpreting
+
 
 @triton.jit
-def _hc_gates_kernel(mix_ptr, scale_ptr, base_ptr, pre_ptr, post_ptr, comb_ptr, smt, iters, hc_eps,
-                     S: tl.constexpr):
-    t = tl.program_id(0)
-    s = tl.arange(0, S)
+def _hc_gates_kernel(mix_ptr, scale_ptr, base_ptr, pre_ptr, post_ptr, comb_ptr, T, smt, iters, hc_eps,
+                     S: tl.constexpr, TOKENS: tl.constexpr):
+    """Program (TOKENS tokens): their gates, each token's SxS in registers."""
+    t = (tl.program_id(0) * TOKENS + tl.arange(0, TOKENS))[:, None]
+    ours = t < T
+    s = tl.arange(0, S)[None, :]
     row = mix_ptr + t * smt
-    pre = tl.sigmoid(tl.load(row + s).to(tl.float32) * tl.load(scale_ptr) + tl.load(base_ptr + s)) + hc_eps
-    post = 2.0 * tl.sigmoid(tl.load(row + S + s).to(tl.float32) * tl.load(scale_ptr + 1) + tl.load(base_ptr + S + s))
-    jk = s[:, None] * S + s[None, :]
-    logits = tl.load(row + 2 * S + jk).to(tl.float32) * tl.load(scale_ptr + 2) + tl.load(base_ptr + 2 * S + jk)
-    e = tl.exp(logits - tl.max(logits, axis=1)[:, None])
-    comb = e / tl.sum(e, axis=1)[:, None] + hc_eps
-    comb = comb / (tl.sum(comb, axis=0)[None, :] + hc_eps)
+    pre = tl.sigmoid(tl.load(row + s, mask=ours, other=0.0).to(tl.float32) * tl.load(scale_ptr)
+                     + tl.load(base_ptr + s)) + hc_eps
+    post = 2.0 * tl.sigmoid(tl.load(row + S + s, mask=ours, other=0.0).to(tl.float32) * tl.load(scale_ptr + 1)
+                            + tl.load(base_ptr + S + s))
+    jk = (tl.arange(0, S)[:, None] * S + tl.arange(0, S)[None, :])[None, :, :]  # [1, S, S]
+    logits = (tl.load(row[:, :, None] + 2 * S + jk, mask=ours[:, :, None], other=0.0).to(tl.float32)
+              * tl.load(scale_ptr + 2) + tl.load(base_ptr + 2 * S + jk))
+    e = tl.exp(logits - tl.max(logits, axis=2)[:, :, None])
+    comb = e / tl.sum(e, axis=2)[:, :, None] + hc_eps
+    comb = comb / (tl.sum(comb, axis=1)[:, None, :] + hc_eps)
     for _ in range(iters - 1):
-        comb = comb / (tl.sum(comb, axis=1)[:, None] + hc_eps)
-        comb = comb / (tl.sum(comb, axis=0)[None, :] + hc_eps)
-    tl.store(pre_ptr + t * S + s, pre)
-    tl.store(post_ptr + t * S + s, post)
-    tl.store(comb_ptr + t * S * S + jk, comb)
+        comb = comb / (tl.sum(comb, axis=2)[:, :, None] + hc_eps)
+        comb = comb / (tl.sum(comb, axis=1)[:, None, :] + hc_eps)
+    tl.store(pre_ptr + t * S + s, pre, mask=ours)
+    tl.store(post_ptr + t * S + s, post, mask=ours)
+    tl.store(comb_ptr + t[:, :, None] * S * S + jk, comb, mask=ours[:, :, None])
 
 
 def hc_gates(mixes: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, iters: int,
@@ -42,6 +49,8 @@ def hc_gates(mixes: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, iters
     post = torch.empty_like(pre)
     comb = torch.empty(T, S, S, dtype=torch.float32, device=mixes.device)
     if T:
-        _hc_gates_kernel[(T,)](mixes, scale.float().contiguous(), base.float().contiguous(), pre, post, comb,
-                               mixes.stride(0), iters, hc_eps, S=S)
+        # one token a program on the GPU; 16 in the interpreter, which runs each program in Python
+        tokens = 16 if interpreting() else 1
+        _hc_gates_kernel[(triton.cdiv(T, tokens),)](mixes, scale.float().contiguous(), base.float().contiguous(), pre,
+                                                    post, comb, T, mixes.stride(0), iters, hc_eps, S=S, TOKENS=tokens)
     return pre, post, comb

@@ -32,13 +32,14 @@ def mul_rn(a, b, PTX: tl.constexpr):
 
 @triton.jit
 def _rope_kernel(x_ptr, cos_ptr, sin_ptr, o_ptr, H, sxn, sxh, son, soh, scn,
-                 D: tl.constexpr, HALF: tl.constexpr, BLOCK_D: tl.constexpr, INVERSE: tl.constexpr,
-                 PTX: tl.constexpr):
-    """Program (row, head): channels before D - 2*HALF are copied, the rest rotate in pairs."""
+                 D: tl.constexpr, HALF: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr,
+                 INVERSE: tl.constexpr, PTX: tl.constexpr):
+    """Program (row, BLOCK_H heads): channels before D - 2*HALF are copied, the rest rotate in
+    pairs."""
     row = tl.program_id(0)
-    head = tl.program_id(1)
-    d = tl.arange(0, BLOCK_D)
-    live = d < D
+    head = (tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H))[:, None]
+    d = tl.arange(0, BLOCK_D)[None, :]
+    live = (d < D) & (head < H)
     x_row = x_ptr + row.to(tl.int64) * sxn + head * sxh
     x = tl.load(x_row + d, mask=live, other=0.0).to(tl.float32)
     r = d - (D - 2 * HALF)  # index inside the rotated channels (negative: not rotated)
@@ -65,7 +66,12 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inverse: bool = 
     cos, sin = cos.float().contiguous(), sin.float().contiguous()
     out = torch.empty(flat.shape, dtype=x.dtype, device=x.device)
     if out.numel():
-        _rope_kernel[(n, flat.shape[1])](flat, cos, sin, out, flat.shape[1], flat.stride(0), flat.stride(1),
-                                         out.stride(0), out.stride(1), cos.stride(0), D=D, HALF=half,
-                                         BLOCK_D=triton.next_power_of_2(D), INVERSE=inverse, PTX=_PTX)
+        heads = flat.shape[1]
+        # one head a program on the GPU; every head of a row in the interpreter, which runs each
+        # program in Python
+        block_h = triton.next_power_of_2(heads) if interpreting() else 1
+        _rope_kernel[(n, triton.cdiv(heads, block_h))](flat, cos, sin, out, heads, flat.stride(0), flat.stride(1),
+                                                        out.stride(0), out.stride(1), cos.stride(0), D=D, HALF=half,
+                                                        BLOCK_D=triton.next_power_of_2(D), BLOCK_H=block_h,
+                                                        INVERSE=inverse, PTX=_PTX)
     return out.view(x.shape)
