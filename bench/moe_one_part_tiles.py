@@ -1,6 +1,7 @@
 """Routed experts at a prefill chunk (8,192 tokens, bench shapes), tile shapes against the
 shipped ones, alternated: faithful mode's one bf16 part (fp4_moe.ONE_PART_TILES), or with
---exact the three parts of fp32 activations (fp4_moe.TILES).
+--exact the three parts of fp32 activations (fp4_moe.TILES). A shipped shape that reads its
+scales as int32 words (SCALE_WORDS) is also timed reading bytes.
 
     python bench/moe_one_part_tiles.py [--exact]
 """
@@ -26,7 +27,8 @@ run = lambda: moe.fp4_moe(x, idx, weights, w13, s13, w2, s2, 10.0, small=True, a
 ref = run()
 table = moe.ONE_PART_TILES if FAITHFUL else moe.TILES
 shipped = dict(table[128])
-candidates = [shipped] + [dict(BLOCK_N=128, BLOCK_KU=64, num_warps=8, num_stages=s) for s in (2, 3)] + [
+bytes_form = [{**shipped, "SCALE_WORDS": False}] if shipped.get("SCALE_WORDS") else []
+candidates = [shipped] + bytes_form + [dict(BLOCK_N=128, BLOCK_KU=64, num_warps=8, num_stages=s) for s in (2, 3)] + [
     dict(BLOCK_N=64, BLOCK_KU=64, num_warps=4, num_stages=3), dict(BLOCK_N=256, BLOCK_KU=64, num_warps=8, num_stages=2)]
 for round_ in range(2):
     for tiles in candidates:
