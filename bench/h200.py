@@ -386,13 +386,17 @@ MOE_SHAPE = dict(E=48, H=5120, inter=2304, k=6)  # the bench preset's routed exp
 
 
 def random_experts(dev: str) -> tuple[tuple[torch.Tensor, ...], int]:
-    """Stacked packed experts of MOE_SHAPE (random codes, scale 2^-7) and one expert's bytes."""
+    """Stacked packed experts of MOE_SHAPE (random codes, scale 2^-7) as fp4_moe takes them
+    (codes as quad units), and one expert's bytes."""
+    from dsflash.model.kernels.fp4_moe import quad_experts
+
     E, H, inter = MOE_SHAPE["E"], MOE_SHAPE["H"], MOE_SHAPE["inter"]
     w13 = torch.randint(0, 255, (E, 2 * inter, H // 2), dtype=torch.uint8, device=dev)
     s13 = torch.full((E, 2 * inter, H // 32), 120, dtype=torch.uint8, device=dev)
     w2 = torch.randint(0, 255, (E, H, inter // 2), dtype=torch.uint8, device=dev)
     s2 = torch.full((E, H, inter // 32), 120, dtype=torch.uint8, device=dev)
-    return (w13, s13, w2, s2), sum(t[0].numel() for t in (w13, s13, w2, s2))
+    experts = quad_experts(w13, s13, w2, s2)
+    return experts, sum(t[0].numel() * t.element_size() for t in experts)
 
 
 def moe_tiles(token_counts=(6, 48, 8192)) -> None:
@@ -402,16 +406,15 @@ def moe_tiles(token_counts=(6, 48, 8192)) -> None:
     dev, E, H, k = "cuda", MOE_SHAPE["E"], MOE_SHAPE["H"], MOE_SHAPE["k"]
     (w13, s13, w2, s2), per_expert = random_experts(dev)
     default = {key: dict(value) for key, value in moe.TILES.items()}
-    shapes = {  # (BLOCK_N, BLOCK_KU, warps, stages); units are words (short blocks) or bytes (tall)
-        # (2026-11-30: 4 warps, 64 x 32 the best of the first six; now more warps, or programs, per SM)
-        "words": [(64, 32, 4, 2), (64, 32, 8, 2), (64, 32, 4, 3), (32, 32, 4, 2), (32, 32, 2, 2), (64, 64, 4, 2),
-                  (128, 32, 8, 2), (64, 16, 2, 2)],
-        "bytes": [(64, 64, 4, 3), (64, 32, 4, 2), (128, 32, 4, 2), (128, 64, 8, 2)],
+    shapes = {  # (BLOCK_N, BLOCK_KU, warps, stages), BLOCK_KU in quad units (4 codes)
+        "short": [(64, 64, 4, 2), (64, 32, 4, 2), (64, 128, 4, 2), (64, 64, 4, 3), (32, 64, 4, 2), (64, 64, 8, 2),
+                  (128, 64, 8, 2), (128, 32, 4, 2)],
+        "tall": [(64, 16, 4, 2), (64, 32, 4, 3), (128, 16, 4, 2), (128, 32, 8, 2), (128, 32, 4, 2), (128, 64, 8, 2)],
     }
     for tokens in token_counts:
         block_m = moe.block_height(tokens * k, E)
         candidates = [dict(BLOCK_N=n, BLOCK_KU=ku, num_warps=w, num_stages=st)
-                      for n, ku, w, st in shapes["words" if moe.pieces(block_m) == 8 else "bytes"]]
+                      for n, ku, w, st in shapes["short" if block_m <= moe.PARTS_AS_COLUMNS else "tall"]]
         x = torch.randn(tokens, H, device=dev)
         idx = torch.stack([torch.randperm(E, device=dev)[:k] for _ in range(tokens)])
         weights = torch.rand(tokens, k, device=dev)

@@ -28,8 +28,9 @@ ref = run()
 table = moe.ONE_PART_TILES if FAITHFUL else moe.TILES
 shipped = dict(table[128])
 bytes_form = [{**shipped, "SCALE_WORDS": False}] if shipped.get("SCALE_WORDS") else []
-candidates = [shipped] + bytes_form + [dict(BLOCK_N=128, BLOCK_KU=64, num_warps=8, num_stages=s) for s in (2, 3)] + [
-    dict(BLOCK_N=64, BLOCK_KU=64, num_warps=4, num_stages=3), dict(BLOCK_N=256, BLOCK_KU=64, num_warps=8, num_stages=2)]
+candidates = [shipped] + bytes_form + [dict(BLOCK_N=128, BLOCK_KU=32, num_warps=8, num_stages=s) for s in (2, 3)] + [
+    dict(BLOCK_N=64, BLOCK_KU=32, num_warps=4, num_stages=3), dict(BLOCK_N=256, BLOCK_KU=32, num_warps=8, num_stages=2),
+    dict(BLOCK_N=128, BLOCK_KU=64, num_warps=8, num_stages=2)]  # BLOCK_KU in quad units (4 codes)
 for round_ in range(2):
     for tiles in candidates:
         table[128] = tiles

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from .kernels import compressor, hc_streams
-from .kernels.common import interpreting
+from .kernels.common import interpreting, quad_units
 from .kernels.fp4_moe import fp4_moe, small_scales
 from .kernels.fp8_gemm import bf16_gemm, fp32_gemm, fp8_gemm, grouped_fp8_gemm, small_fp8_scales, tile_counts
 from .kernels.hc_gates import hc_gates
@@ -198,15 +198,17 @@ class TritonOps(ReferenceOps):
         return stacked
 
     def _stack(self, prefix: str, local: range) -> tuple[torch.Tensor, ...]:
-        """[E, 2I, H/2] gate+up codes and scales, [E, H, I/2] down: the experts' own bytes, stacked once."""
+        """[E, 2I, H/4] gate+up codes and scales, [E, H, I/4] down, stacked once: the experts'
+        own bytes, their codes rearranged as the kernels read them (quad units, on the device,
+        an expert at a time)."""
         w13, s13, w2, s2 = [], [], [], []
         for e in local:
             w1: Fp4Weight = self.weights[f"{prefix}.{e}.w1"]
             w3: Fp4Weight = self.weights[f"{prefix}.{e}.w3"]
             down: Fp4Weight = self.weights[f"{prefix}.{e}.w2"]
-            w13.append(torch.cat([w1.packed, w3.packed]))
+            w13.append(quad_units(torch.cat([w1.packed, w3.packed]).to(self.device)))
             s13.append(torch.cat([w1.scale, w3.scale]))
-            w2.append(down.packed)
+            w2.append(quad_units(down.packed.to(self.device)))
             s2.append(down.scale)
         return tuple(torch.stack(t).to(self.device) for t in (w13, s13, w2, s2))
 

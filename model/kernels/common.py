@@ -156,93 +156,103 @@ def e2m1_to_float(nibbles):
     return (magnitude | ((nibbles & 0x8) << 28)).to(tl.float32, bitcast=True)
 
 
-def _e2m1_nibble_ptx(src: str, place: int, dst: str) -> str:
-    """PTX: the e2m1 code at nibble `place` (0..3) of each 16-bit half of register src -> a bf16
-    pair in dst, worth the code times 2^-126. The magnitude bits placed at bf16 bits 6..8 make
-    a bf16 with exponent field e1e0 and mantissa m0: the e2m1 value times 2^-126 (code 1, 0.5,
-    is a bf16 subnormal); the sign goes to bit 15."""
-    magnitude = ("shl.b32 m, m, 6", "shl.b32 m, m, 2", "shr.b32 m, m, 2", "shr.b32 m, m, 6")[place]
-    sign = ("shl.b32 g, g, 12;", "shl.b32 g, g, 8;", "shl.b32 g, g, 4;", "")[place]
-    nibble = 0x000F000F << (4 * place)
-    return (f"and.b32 m, {src}, {nibble & 0x77777777:#010x}; and.b32 g, {src}, {nibble & 0x88888888:#010x}; "
-            f"{magnitude}; {sign} or.b32 {dst}, m, g;")
+# Quad units: the layout fp4_moe keeps routed experts in. Four e2m1 codes (columns 4c .. 4c+3
+# of a row) share 16 bits, code t's bits (m, e0, e1, sign) at QUAD_PLACES[t]. At bf16 bits
+# 6 (m), 7-8 (e0 e1: the exponent field's two low bits) and 15 (sign) a code is a bf16 worth
+# its e2m1 value times 2^-126 (code 1, 0.5, a subnormal): code 0 lies there already, codes 1
+# and 2 one left shift away, code 3 takes the bits left. A register of two neighbouring units
+# thus decodes into four bf16 pairs, the pairs a tensor-core operand holds, in 11 integer
+# instructions (bytes of two codes took 19, with the two spreading them over the halves).
+QUAD_PLACES = ((6, 7, 8, 15), (3, 4, 5, 12), (0, 1, 2, 9), (10, 11, 13, 14))
+_BF16_PLACES = QUAD_PLACES[0]
 
 
-# Times 2^-126 -> times 2^(e-127): one multiply by 2^126 (exponent field 253, in both halves)
-# and one by 2^(e-127), the bf16 whose exponent field is e (bits e << 7; 0 for e = 0).
+def quad_units(packed: torch.Tensor) -> torch.Tensor:
+    """Packed e2m1 codes, uint8 [..., K/2] (two a byte, low nibble first, as checkpoints store
+    them), as int16 quad units [..., K/4]: the same bytes, rearranged (any device)."""
+    assert packed.dtype == torch.uint8 and packed.shape[-1] % 2 == 0, "two codes a byte, whole units"
+    codes = torch.stack([packed & 0xF, packed >> 4], -1).reshape(*packed.shape[:-1], -1, 4).to(torch.int32)
+    units = torch.zeros(codes.shape[:-1], dtype=torch.int32, device=packed.device)
+    for t, places in enumerate(QUAD_PLACES):
+        for bit, place in enumerate(places):
+            units |= ((codes[..., t] >> bit) & 1) << place
+    return (units - ((units >> 15) << 16)).to(torch.int16)  # 16 bits as a signed int16
+
+
+def _quad_place_ptx(places: tuple[int, ...], dst: str) -> str:
+    """PTX: the code at `places` of both units of register $4 -> the bf16 pair in dst (times
+    2^-126): a shift and a mask for each distance its bits move, ORed together."""
+    masks: dict[int, int] = {}
+    for source, target in zip(places, _BF16_PLACES):
+        masks[target - source] = masks.get(target - source, 0) | (0x10001 << target)
+    lines = []
+    for i, (shift, mask) in enumerate(masks.items()):
+        out = dst if i == 0 else "q"
+        src = "$4" if shift == 0 else out
+        if shift:
+            lines.append(f"{'shl' if shift > 0 else 'shr'}.b32 {out}, $4, {abs(shift)};")
+        lines.append(f"and.b32 {out}, {src}, {mask:#010x};")
+        if i:
+            lines.append(f"or.b32 {dst}, {dst}, q;")
+    return " ".join(lines)
+
+
+# Times 2^-126 -> times the scale: with small scales (every e <= 128) one multiply by the bf16
+# 2^(e-1); otherwise two, by 2^126 (exponent field 253 in both halves) and by 2^(e-127).
 _TWO126 = "0x7E807E80"
 
 
-def _e2m1_words_ptx(small: bool) -> str:
-    """PTX for two int32 words of eight e2m1 codes each (code t in bits 4t..4t+3) and their
-    e8m0 scale exponent e: eight bf16 pairs $0..$7, pair t = (code t of word 0, of word 1).
-    The two words' low halves, then high halves, are put side by side (a, b), so that each
-    output takes its nibble from the same place in both halves. With `small` (e <= 128) one
-    multiply by the bf16 2^(e-1) (exponent field e + 126; 0 for e = 0) scales the codes times
-    2^-126 exactly; otherwise two, by 2^126 and by 2^(e-127)."""
-    fields = [_e2m1_nibble_ptx(src, place, f"${4 * half + place}")
-              for half, src in enumerate("ab") for place in range(4)]
-    if small:
-        scale = ("add.u32 s, $10, 126; shl.b32 s, s, 7; setp.eq.u32 z, $10, 0; selp.b32 s, 0, s, z; "
-                 "prmt.b32 s, s, 0, 0x1010;")
-        multiply = " ".join(f"mul.rn.bf16x2 ${k}, ${k}, s;" for k in range(8))
-    else:
-        scale = f"shl.b32 s, $10, 7; prmt.b32 s, s, 0, 0x1010; mov.b32 h, {_TWO126};"
-        multiply = " ".join(f"mul.rn.bf16x2 ${k}, ${k}, h; mul.rn.bf16x2 ${k}, ${k}, s;" for k in range(8))
-    return "\n".join(["{", ".reg .b32 a, b, m, g, s, h;", ".reg .pred z;",
-                      "prmt.b32 a, $8, $9, 0x5410;", "prmt.b32 b, $8, $9, 0x7632;", scale, *fields, multiply, "}"])
+def _e2m1_quads_ptx(small: bool) -> str:
+    """PTX for a register $4 of two quad units and their scale pair $5 (quad_scales; $6, the
+    second unit's, is the same): four bf16 pairs $0..$3, pair t = code t of each unit."""
+    by_two126 = "" if small else " mul.rn.bf16x2 ${t}, ${t}, h;"
+    multiply = [f"{by_two126.format(t=t)} mul.rn.bf16x2 ${t}, ${t}, $5;" for t in range(4)]
+    return "\n".join(["{", ".reg .b32 q, h;", f"mov.b32 h, {_TWO126};",
+                      *[_quad_place_ptx(places, f"${t}") for t, places in enumerate(QUAD_PLACES)], *multiply, "}"])
 
 
-# Four packed bytes $4 and their scale exponents $5 -> their eight values as four bf16 pairs:
-# $0 $1 the low nibbles (even columns), $2 $3 the high ones (odd); bytes 0, 1 and 2, 3 are
-# spread over the halves of t0 and t1 first.
-_E2M1_PAIRS_PTX = tl.constexpr("\n".join([
-    "{", ".reg .b32 t<2>, s<2>, m, g, h;", f"mov.b32 h, {_TWO126};",
-    "prmt.b32 t0, $4, 0, 0x4140;", "prmt.b32 t1, $4, 0, 0x4342;",
-    "prmt.b32 s0, $5, 0, 0x4140;", "prmt.b32 s1, $5, 0, 0x4342;", "shl.b32 s0, s0, 7;", "shl.b32 s1, s1, 7;",
-    _e2m1_nibble_ptx("t0", 0, "$0"), _e2m1_nibble_ptx("t1", 0, "$1"),
-    _e2m1_nibble_ptx("t0", 1, "$2"), _e2m1_nibble_ptx("t1", 1, "$3"),
-    *[f"mul.rn.bf16x2 ${k}, ${k}, h; mul.rn.bf16x2 ${k}, ${k}, s{k % 2};" for k in range(4)], "}"]))
+_E2M1_QUADS_SMALL = tl.constexpr(_e2m1_quads_ptx(True))
+_E2M1_QUADS_ANY = tl.constexpr(_e2m1_quads_ptx(False))
+_QUAD_PLACES = tl.constexpr(QUAD_PLACES)
 
 
 @triton.jit
-def e2m1_pairs(packed, exponents, PTX: tl.constexpr):
-    """uint8 bytes of two e2m1 codes (low nibble first) and each byte's uint8 e8m0 scale
-    exponent e -> (low values, high values) times 2^(e-127) (0 for e = 0): bf16 through PTX on
-    the GPU, fp32 by arithmetic elsewhere. Both are exact: an e2m1 value has 2 significant
-    bits. Tall expert blocks (prefill) read bytes: their dots are longer (see fp4_moe)."""
+def quad_scales(exponents, PTX: tl.constexpr, SMALL: tl.constexpr):
+    """int32 e8m0 scale exponents e -> what e2m1_quads takes: on the GPU the bf16 pair it
+    multiplies by (2^(e-1) with SMALL, every e in 1..128; else 2^(e-127), 0 for e = 0), made
+    once per scale before it is spread over the scale's 8 units; the exponents elsewhere."""
     if PTX:
-        low, high = tl.inline_asm_elementwise(_E2M1_PAIRS_PTX, "=r,=r,=r,=r,r,r", [packed, exponents],
-                                              dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4)
-    else:
-        codes = packed.to(tl.int32)
-        scale = pow2(exponents.to(tl.int32))
-        low, high = e2m1_to_float(codes & 0xF) * scale, e2m1_to_float(codes >> 4) * scale
-    return low, high
-
-
-_E2M1_WORDS_SMALL = tl.constexpr(_e2m1_words_ptx(True))
-_E2M1_WORDS_ANY = tl.constexpr(_e2m1_words_ptx(False))
+        if SMALL:  # no test for e = 0 (2^-1 it would give): it cost a compare and a select a scale
+            bits = (exponents + 126) << 7
+        else:
+            bits = exponents << 7
+        return bits | (bits << 16)
+    return exponents
 
 
 @triton.jit
-def e2m1_words(words, exponents, PTX: tl.constexpr, SMALL: tl.constexpr):
-    """int32 words of eight e2m1 codes (code t in bits 4t..4t+3: column 8c + t of a packed
-    row) and each word's int32 e8m0 scale exponent e -> eight tiles, tile t holding code t of
-    every word times 2^(e-127) (0 for e = 0). bf16 on the GPU, about 2.6 instructions per
-    value with SMALL (every e <= 128), 3.1 without; fp32 by arithmetic elsewhere. Both exact:
-    an e2m1 value has 2 significant bits. A thread's two neighbouring words of a row are
-    decoded together, so each output register is the bf16 pair a tensor-core operand holds."""
+def _quad_code(units, PLACES: tl.constexpr):
+    """The 4-bit code at PLACES (m, e0, e1, sign) of each int32 unit."""
+    return (((units >> PLACES[0]) & 1) | (((units >> PLACES[1]) & 1) << 1) | (((units >> PLACES[2]) & 1) << 2)
+            | (((units >> PLACES[3]) & 1) << 3))
+
+
+@triton.jit
+def e2m1_quads(units, scales, PTX: tl.constexpr, SMALL: tl.constexpr):
+    """int16 quad units (QUAD_PLACES) and each unit's scale from quad_scales -> four tiles,
+    tile t holding code t of every unit times 2^(e-127) (0 for e = 0): bf16 through PTX on the
+    GPU (a thread's two neighbouring units decoded together; they share their scale), fp32 by
+    arithmetic elsewhere. Both exact: an e2m1 value has 2 significant bits."""
     if PTX:
-        values = tl.inline_asm_elementwise(_E2M1_WORDS_SMALL if SMALL else _E2M1_WORDS_ANY,
-                                           "=r,=r,=r,=r,=r,=r,=r,=r,r,r,r,r", [words, exponents],
-                                           dtype=(tl.bfloat16,) * 8, is_pure=True, pack=2)
+        values = tl.inline_asm_elementwise(_E2M1_QUADS_SMALL if SMALL else _E2M1_QUADS_ANY, "=r,=r,=r,=r,r,r,r",
+                                           [units, scales], dtype=(tl.bfloat16,) * 4, is_pure=True, pack=2)
     else:
-        scale = pow2(exponents)
-        values = (e2m1_to_float(words & 0xF) * scale, e2m1_to_float((words >> 4) & 0xF) * scale,
-                  e2m1_to_float((words >> 8) & 0xF) * scale, e2m1_to_float((words >> 12) & 0xF) * scale,
-                  e2m1_to_float((words >> 16) & 0xF) * scale, e2m1_to_float((words >> 20) & 0xF) * scale,
-                  e2m1_to_float((words >> 24) & 0xF) * scale, e2m1_to_float((words >> 28) & 0xF) * scale)
+        u = units.to(tl.int32)
+        scale = pow2(scales)
+        values = (e2m1_to_float(_quad_code(u, _QUAD_PLACES[0])) * scale,
+                  e2m1_to_float(_quad_code(u, _QUAD_PLACES[1])) * scale,
+                  e2m1_to_float(_quad_code(u, _QUAD_PLACES[2])) * scale,
+                  e2m1_to_float(_quad_code(u, _QUAD_PLACES[3])) * scale)
     return values
 
 
@@ -273,11 +283,11 @@ def step_scales(row_words, first, n_words, row_ok, other, N: tl.constexpr, S: tl
         return (word[:, None] >> (8 * (first % 4 + tl.arange(0, S)))[None, :]) & 0xFF
 
 
-def scale_bytes_at_most(limit: int, *scales: torch.Tensor) -> bool:
-    """Whether every e8m0 scale byte of these tensors is at most `limit`, which decides if a
-    PTX decoder may scale with one multiply. Reads the bytes (a host sync): callers work it out
+def scale_bytes_within(low: int, high: int, *scales: torch.Tensor) -> bool:
+    """Whether every e8m0 scale byte of these tensors lies in low..high, which decides if a PTX
+    decoder may scale with one multiply. Reads the bytes (a host sync): callers work it out
     once per weight and keep the answer."""
-    return all(int(s.max()) <= limit for s in scales if s.numel())
+    return all(int(s.min()) >= low and int(s.max()) <= high for s in scales if s.numel())
 
 
 def bf16_parts(x: torch.Tensor, splits: int, interleave: int = 1) -> torch.Tensor:

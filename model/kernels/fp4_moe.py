@@ -1,8 +1,10 @@
 """Routed experts of a batch in two grouped GEMMs over packed FP4 weights.
 
 Shapes: T tokens, k experts per token, P = T*k (token, expert) pairs, E experts, H hidden,
-I expert width. Weights stay packed: w13 [E, 2I, H/2] (w1 rows then w3 rows, two e2m1 codes
-per byte, low nibble first) with e8m0 scales [E, 2I, H/32]; w2 [E, H, I/2] with [E, H, I/32].
+I expert width. Weights stay packed, as quad units (common.quad_units: four e2m1 codes in 16
+bits, rearranged from the checkpoint's bytes once, when a layer's experts are stacked):
+w13 [E, 2I, H/4] (w1 rows then w3 rows) with e8m0 scales [E, 2I, H/32]; w2 [E, H, I/4] with
+[E, H, I/32].
 Pairs are sorted by expert and padded to blocks of BLOCK_M, so each program multiplies one
 expert's rows:
   1. h[p] = w_p * silu(min(x W1^T, L)) * clamp(x W3^T, -L, L)     [P, I]
@@ -12,21 +14,18 @@ Hopper has no FP4 tensor cores: codes are decoded in registers, scaled, then dot
 tensor cores. An e2m1 value times a power of two is exact in bf16, and bf16 products are exact
 in the fp32 accumulator, so the activations go in as 3 bf16 parts that sum to their fp32
 values (bf16_parts): the result has fp32 accuracy.
-The weights are read in units decoded by a few PTX instructions (common.e2m1_words / pairs):
-- decode blocks (at most 4 pairs: batch 1) read int32 words of eight codes, decoded as eight
-  tiles (code t of every word: columns 8c + t), because a thread's two neighbouring words then
-  decode straight into the bf16 pairs a tensor-core operand holds (616 sm_90 instructions per
-  128 values and thread, 1,016 from bytes). Their few pairs put each pair's three parts side
-  by side as dot columns (4 pairs x 4 slots), one dot where three ran;
-- taller blocks read bytes of two codes, decoded as two tiles (even and odd columns): their
-  dots are tensor-core bound, and 4x longer per activation byte kept in shared memory.
-The activations are stored the same way as the codes (piece t holding columns P*c + t), so
-every load is a contiguous vector. Each program computes the transposed product, W x^T: the
-decoded weight tile is the dot's left operand as it stands (64 weight rows fill a Hopper
-warpgroup MMA), and only the few activation rows are read transposed. Triton's pipeliner
-prefetches every load of the K loop that moves 4 bytes or more a thread; the e8m0 scales
-(1-8 bytes a row and step) are read as int32 words where that paid (faithful prefill's tile),
-and bytes, each waiting out its round trip, elsewhere.
+Each unit is decoded as four tiles (code t of every unit: columns 4c + t) by a few PTX
+instructions (common.e2m1_quads): a thread's two neighbouring units decode straight into the
+bf16 pairs a tensor-core operand holds, 11 integer instructions and 4 multiplies per 8 values.
+Decode blocks (at most 4 pairs: batch 1) are bound by that work (the weights are read once for
+a few columns); their few pairs put each pair's three parts side by side as dot columns
+(4 pairs x 4 slots), one dot where three ran. The activations are stored the same way as the
+codes (piece t holding columns 4c + t), so every load is a contiguous vector. Each program
+computes the transposed product, W x^T: the decoded weight tile is the dot's left operand as
+it stands (64 weight rows fill a Hopper warpgroup MMA), and only the few activation rows are
+read transposed. Triton's pipeliner prefetches every load of the K loop that moves 4 bytes or
+more a thread; the e8m0 scales (1-8 bytes a row and step) are read as int32 words where that
+paid (faithful prefill's tile), and bytes, each waiting out its round trip, elsewhere.
 Nothing here waits for the GPU: the grid is sized for the worst case of the batch's shape
 (every expert's run padded), and blocks past the real runs return at once, so a decode step
 can be captured in a CUDA graph.
@@ -41,14 +40,15 @@ import triton
 import triton.language as tl
 
 from ..quant import dequantize_fp4_weight, fake_quant_fp8
-from .common import (DOT, bf16_parts, byte_words, e2m1_pairs, e2m1_words, interpreting, mma_sync, scale_bytes_at_most,
-                     step_scales)
+from .common import (DOT, bf16_parts, byte_words, e2m1_quads, interpreting, mma_sync, quad_scales, quad_units,
+                     scale_bytes_within, step_scales)
 from .quantize import fp8_blocks
 
 
 def fp4_moe_ref(x, idx, weights, w13, s13, w2, s2, limit: float, act_quant: bool = False) -> torch.Tensor:
-    """Plain torch over exactly dequantized experts (the oracle). act_quant: the down
-    projection's input is rounded onto the FP8 grid first (the reference's faithful mode)."""
+    """Plain torch over exactly dequantized experts (the oracle), from the checkpoint's bytes
+    (w13 [E, 2I, H/2], w2 [E, H, I/2]). act_quant: the down projection's input is rounded onto
+    the FP8 grid first (the reference's faithful mode)."""
     T, H = x.shape
     inter = w13.shape[1] // 2
     y = torch.zeros(T, H, dtype=torch.float32, device=x.device)
@@ -70,9 +70,9 @@ def _expert_dots(w_ptr, s_ptr, rows, n_rows, a_ptr, a_cols, a_live, sap, saq, ku
                  PARTS: tl.constexpr, PIECES: tl.constexpr, PTX: tl.constexpr, SMALL: tl.constexpr,
                  VECTORS: tl.constexpr, SCALE_WORDS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_KU: tl.constexpr):
     """acc + W[rows, cols] . a^T[cols, :] over the weight units ku .. ku + BLOCK_KU, as
-    [BLOCK_N, columns]. A unit is an int32 word of eight codes (PIECES = 8) or a byte of two
-    (PIECES = 2); it is read once and decoded as PIECES tiles, tile t holding the code of
-    column PIECES*c + t of every unit c, each the left operand of its dot as decoded. The
+    [BLOCK_N, columns]. A unit (int16) holds PIECES = 4 codes; it is read once and decoded as
+    4 tiles, tile t holding the code of column 4c + t of every unit c, each the left operand of
+    its dot as decoded. The
     activations a come as PARTS bf16 slices (stride sap) that sum to the fp32 values (or as
     one slice whose columns are the parts, PARTS = 1), each in PIECES pieces laid out the same
     way (piece stride saq), so that every piece is read contiguously; a_cols offsets each column.
@@ -98,11 +98,9 @@ def _expert_dots(w_ptr, s_ptr, rows, n_rows, a_ptr, a_cols, a_live, sap, saq, ku
         g = ku // per_scale + tl.arange(0, n_scales)
         exps = tl.load(s_ptr + rows[:, None] * ssr + g[None, :],
                        mask=row_ok[:, None] & (g * per_scale < KU)[None, :], other=0)
-    exps = tl.reshape(tl.broadcast_to(exps[:, :, None], (BLOCK_N, n_scales, per_scale)), (BLOCK_N, BLOCK_KU))
-    if PIECES == 8:
-        w = e2m1_words(units, exps.to(tl.int32), PTX, SMALL)
-    else:
-        w = e2m1_pairs(units, exps.to(tl.uint8), PTX)
+    scales = quad_scales(exps.to(tl.int32), PTX, SMALL)  # once a scale, then spread over its units
+    scales = tl.reshape(tl.broadcast_to(scales[:, :, None], (BLOCK_N, n_scales, per_scale)), (BLOCK_N, BLOCK_KU))
+    w = e2m1_quads(units, scales, PTX, SMALL)
     for p in tl.static_range(PARTS):
         for t in tl.static_range(PIECES):
             a = tl.load(a_ptr + p * sap + t * saq + c[:, None] + a_cols[None, :], mask=a_mask, other=0.0)
@@ -212,24 +210,22 @@ SPLITS = int(os.environ.get("DSFLASH_MOE_SPLITS", "3"))
 # looping over the parts took three. Decode steps route 1-2 pairs to most experts.
 PARTS_AS_COLUMNS = 4
 
-# Weight units per block height: int32 words of eight codes for the shortest blocks (decode
-# at batch 1: ALU-bound, and a word decodes in fewer instructions per value), bytes of two for
-# taller ones (their dots are 4x longer per activation byte kept in shared memory; measured on
-# the H200 at 48 tokens the word kernel took 667 + 315 us per layer against 571 + 260).
-def pieces(block_m: int) -> int:
-    return 8 if block_m <= PARTS_AS_COLUMNS else 2
+# Codes a weight unit holds (common.quad_units), and so the pieces the activations come in.
+PIECES = 4
 
 
-# Tile shape and launch options per block height, BLOCK_KU in units (bench/h200.py --sections
-# moe_tiles sweeps them). H200, 2026-11-30, GPU time in a CUDA graph: 4 the best of 6 shapes at
-# 6 tokens (0.38 ms); 16 the best of 4 byte-kernel shapes at 48 tokens (0.99 ms); 64 and 128
-# the byte kernel's best at 8,192 tokens (33.2 and 28.0 ms; the word kernel took 57 and 72).
+# Tile shape and launch options per block height, BLOCK_KU in units of 4 codes (bench/h200.py
+# --sections moe_tiles sweeps them). The codes a step reads are those of the shapes the H200
+# chose (2026-11-30, GPU time in a CUDA graph) when decode blocks read words of 8 codes and
+# taller ones bytes of 2: 16 the best of 4 at 48 tokens; 64 and 128 the best at 8,192 tokens.
+# 4: the best of 8 quad-unit shapes, H200 2026-12-02: 215.8 us at 6 tokens (3 stages; 225.6
+# with 2, 276.8-678.8 the others), 318.5 at 12 (329.0 with 2).
 TILES = {
-    4: dict(BLOCK_N=64, BLOCK_KU=32, num_warps=4, num_stages=2),
-    16: dict(BLOCK_N=64, BLOCK_KU=32, num_warps=4, num_stages=2),
-    64: dict(BLOCK_N=128, BLOCK_KU=32, num_warps=4, num_stages=2),
-    128: dict(BLOCK_N=128, BLOCK_KU=64, num_warps=8, num_stages=2),
-    "interpreter": {8: dict(BLOCK_N=64, BLOCK_KU=4), 2: dict(BLOCK_N=64, BLOCK_KU=16)},
+    4: dict(BLOCK_N=64, BLOCK_KU=64, num_warps=4, num_stages=3),
+    16: dict(BLOCK_N=64, BLOCK_KU=16, num_warps=4, num_stages=2),
+    64: dict(BLOCK_N=128, BLOCK_KU=16, num_warps=4, num_stages=2),
+    128: dict(BLOCK_N=128, BLOCK_KU=32, num_warps=8, num_stages=2),
+    "interpreter": dict(BLOCK_N=64, BLOCK_KU=8),
 }
 # Faithful mode's one part leaves shared memory for a deeper pipeline. H200, 2026-12-01, 8,192
 # tokens: 13.3-13.5 ms with 3 stages against 14.9-15.1 with TILES' 2 (the same bytes out);
@@ -237,7 +233,7 @@ TILES = {
 # 11.38-11.47 ms against 12.99-13.04 (bytes). Elsewhere words did not pay or fit: batch 1's
 # 4-row blocks 370 us a layer against 283 (twice the shared memory held), and three parts in
 # 128-row blocks need 241 KB.
-ONE_PART_TILES = {128: dict(BLOCK_N=128, BLOCK_KU=64, num_warps=8, num_stages=3, SCALE_WORDS=True)}
+ONE_PART_TILES = {128: dict(BLOCK_N=128, BLOCK_KU=32, num_warps=8, num_stages=3, SCALE_WORDS=True)}
 
 
 def block_height(pairs: int, experts: int, parts: int = SPLITS) -> int:
@@ -358,9 +354,10 @@ class RoutePlan:
 
 
 def small_scales(*scales: torch.Tensor) -> bool:
-    """Whether every scale is at most 2 (byte <= 128): then the decoder needs one multiply per
-    value instead of two. Real checkpoints' scales are far below."""
-    return scale_bytes_at_most(128, *scales)
+    """Whether every scale lies in 2^-126 .. 2 (byte 1..128): then the decoder needs one
+    multiply per value instead of two. Real checkpoints' scales are far below 2; a byte of 0
+    (2^-127, read as 0) takes the two-multiply decoder."""
+    return scale_bytes_within(1, 128, *scales)
 
 
 # Tile shapes with SCALE_WORDS read their scales as int32 words (common.step_scales), loads
@@ -391,9 +388,15 @@ def _vectors(units: int, step: int, *column_strides: int) -> bool:
     return VECTOR_LOADS and units % step == 0 and all(stride % 8 == 0 for stride in column_strides)
 
 
+def quad_experts(w13, s13, w2, s2) -> tuple[torch.Tensor, ...]:
+    """Stacked experts from the checkpoint's bytes as fp4_moe takes them: codes as quad units."""
+    return quad_units(w13), s13, quad_units(w2), s2
+
+
 def fp4_moe(x, idx, weights, w13, s13, w2, s2, limit: float, block_m: int | None = None,
             small: bool | None = None, act_quant: bool = False) -> torch.Tensor:
-    """x [T, H], idx/weights [T, k]; stacked packed experts. Returns [T, H] fp32. block_m
+    """x [T, H], idx/weights [T, k]; stacked experts, their codes as quad units
+    (common.quad_units; fp4_moe_ref takes the bytes). Returns [T, H] fp32. block_m
     overrides the block height (a benchmark's choice); small is small_scales(s13, s2), worked
     out here when not given. act_quant: as fp4_moe_ref's (x is taken as it comes). A bf16 x in
     faithful mode (FP8 values, as TritonOps.gemm_input gives it) and its FP8-rounded down
@@ -401,10 +404,10 @@ def fp4_moe(x, idx, weights, w13, s13, w2, s2, limit: float, block_m: int | None
     T, H = x.shape
     E, two_i, _ = w13.shape
     inter = two_i // 2
-    assert w13.dtype == torch.uint8 and w13.shape[2] * 2 == H and w2.shape == (E, H, inter // 2)
+    assert w13.dtype == torch.int16 and w2.dtype == torch.int16, "expert codes as quad units (common.quad_units)"
+    assert w13.shape[2] * PIECES == H and w2.shape == (E, H, inter // PIECES)
     assert s13.shape == (E, two_i, H // 32) and s2.shape == (E, H, inter // 32)
     assert w13.stride(2) == 1 and w2.stride(2) == 1 and s13.stride(2) == 1 and s2.stride(2) == 1
-    assert H % 8 == 0 and inter % 8 == 0, "eight codes per int32 word"
     pairs = idx.numel()
     if pairs == 0:
         return torch.zeros(T, H, dtype=torch.float32, device=x.device)
@@ -413,9 +416,9 @@ def fp4_moe(x, idx, weights, w13, s13, w2, s2, limit: float, block_m: int | None
     splits = 1 if rounds_h and x.dtype == torch.bfloat16 else SPLITS
     block_m = block_m or block_height(pairs, E, splits)
     slots = 4 if block_m <= PARTS_AS_COLUMNS else 1
-    P = pieces(block_m)
+    P = PIECES
     if interpreting():
-        tiles = TILES["interpreter"][P]
+        tiles = TILES["interpreter"]
     else:
         tiles = (ONE_PART_TILES.get(block_m) if splits == 1 else None) or TILES[block_m]
     plan = RoutePlan(idx, weights, E, block_m)
@@ -423,7 +426,6 @@ def fp4_moe(x, idx, weights, w13, s13, w2, s2, limit: float, block_m: int | None
     parts = bf16_parts(x, splits, interleave=P).view(splits, T, P, H // P).transpose(1, 2)
     h = torch.empty(splits, P, plan.rows, inter // P, dtype=torch.bfloat16, device=x.device)
     out = torch.zeros(pairs, H, dtype=torch.float32, device=x.device)  # other ranks' pairs stay 0
-    units13, units2 = (w13.view(torch.int32), w2.view(torch.int32)) if P == 8 else (w13, w2)
     blocks = plan.rows // block_m
     tiles = dict(tiles)
     ku = tiles["BLOCK_KU"]
@@ -432,11 +434,11 @@ def fp4_moe(x, idx, weights, w13, s13, w2, s2, limit: float, block_m: int | None
                    SCALE_WORDS=sc13.dtype == torch.int32, **tiles)
     with mma_sync("short_experts" if block_m <= PARTS_AS_COLUMNS else "tall_experts"):
         _gate_up_kernel[(blocks, triton.cdiv(inter, tiles["BLOCK_N"]))](
-            parts, plan.tokens, plan.routed, plan.block_expert, units13, sc13, h, H, inter, float(limit),
-            *parts.stride()[:3], units13.stride(0), units13.stride(1), sc13.stride(0), sc13.stride(1),
+            parts, plan.tokens, plan.routed, plan.block_expert, w13, sc13, h, H, inter, float(limit),
+            *parts.stride()[:3], w13.stride(0), w13.stride(1), sc13.stride(0), sc13.stride(1),
             *h.stride()[:3], ACT_QUANT=rounds_h, VECTORS=_vectors(H // P, ku, *parts.stride()[:3]), **options)
         _down_kernel[(blocks, triton.cdiv(H, tiles["BLOCK_N"]))](
-            h, plan.tokens, plan.pair_ids, plan.block_expert, units2, sc2, out, H, inter, *h.stride()[:3],
-            units2.stride(0), units2.stride(1), sc2.stride(0), sc2.stride(1), out.stride(0), out.stride(1),
+            h, plan.tokens, plan.pair_ids, plan.block_expert, w2, sc2, out, H, inter, *h.stride()[:3],
+            w2.stride(0), w2.stride(1), sc2.stride(0), sc2.stride(1), out.stride(0), out.stride(1),
             VECTORS=_vectors(inter // P, ku, *h.stride()[:3]), **options)
     return out.view(T, idx.shape[1], H).sum(dim=1)

@@ -25,7 +25,7 @@ import triton.language as tl
 
 from ..quant import dequantize_fp8_weight, fake_quant_fp8
 from .common import (DOT, bf16_parts, dot_exact_lhs, dot_exact_rhs, e4m3_to_float, e4m3_words, interpreting,
-                     mma_sync, scale_bytes_at_most)
+                     mma_sync, scale_bytes_within)
 from .quantize import fp8_grid_bf16
 
 
@@ -210,7 +210,7 @@ TILES = {  # block_m: launch shape
 def small_fp8_scales(scales: torch.Tensor) -> bool:
     """Whether every scale is at most 2^7 (byte <= 134): then the decode kernel's weight decodes
     by integer ops and one multiply."""
-    return scale_bytes_at_most(134, scales)
+    return scale_bytes_within(0, 134, scales)
 
 
 def fp8_gemm(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, act_quant: bool = False,

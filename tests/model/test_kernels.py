@@ -14,8 +14,9 @@ from dsflash.kvcache.pool import CachePool, plain_allocator
 from dsflash.model.fast_ops import TritonOps
 from dsflash.model.graphs import GraphCache
 from dsflash.model.kernels import common
-from dsflash.model.kernels.common import bf16_parts, bf16_parts_kernel, e2m1_words, interpreting
-from dsflash.model.kernels.fp4_moe import RoutePlan, fp4_moe, fp4_moe_ref
+from dsflash.model.kernels.common import (QUAD_PLACES, bf16_parts, bf16_parts_kernel, e2m1_quads, interpreting,
+                                          quad_scales, quad_units)
+from dsflash.model.kernels.fp4_moe import RoutePlan, fp4_moe, fp4_moe_ref, quad_experts
 from dsflash.model.kernels.fp4_moe import block_height as fp4_moe_block_height
 from dsflash.model.kernels.fp8_gemm import bf16_gemm, fp32_gemm, fp8_gemm, fp8_gemm_ref, grouped_fp8_gemm
 from dsflash.model.kernels import hc_streams
@@ -165,29 +166,51 @@ def test_fp8_gemm_decodes_every_code_exactly(scale, rows):
 
 
 @triton.jit
-def _decode_words_kernel(words_ptr, exps_ptr, out_ptr, PTX: tl.constexpr, SMALL: tl.constexpr):
+def _decode_quads_kernel(units_ptr, exps_ptr, out_ptr, PTX: tl.constexpr, SMALL: tl.constexpr):
     at = tl.arange(0, 8)[:, None] * 32 + tl.arange(0, 32)[None, :]
-    values = e2m1_words(tl.load(words_ptr + at), tl.load(exps_ptr + at), PTX, SMALL)
-    for t in tl.static_range(8):
-        tl.store(out_ptr + at * 8 + t, values[t].to(tl.float32))
+    values = e2m1_quads(tl.load(units_ptr + at), quad_scales(tl.load(exps_ptr + at), PTX, SMALL), PTX, SMALL)
+    for t in tl.static_range(4):
+        tl.store(out_ptr + at * 4 + t, values[t].to(tl.float32))
+
+
+def test_quad_units_hold_every_code_of_their_bytes_once():
+    """Each code's four bits go to their own places (QUAD_PLACES covers the 16 bits once), and
+    reading them back gives the checkpoint's bytes: the same bytes, rearranged."""
+    assert sorted(p for places in QUAD_PLACES for p in places) == list(range(16))
+    packed = torch.randint(0, 256, (3, 5, 40), generator=_g(8), dtype=torch.uint8)
+    units = quad_units(packed).to(torch.int32) & 0xFFFF
+    assert units.shape == (3, 5, 20)
+    codes = torch.stack([sum(((units >> p) & 1) << bit for bit, p in enumerate(places)) for places in QUAD_PLACES], -1)
+    codes = codes.reshape(3, 5, 40, 2)
+    assert torch.equal((codes[..., 0] | codes[..., 1] << 4).to(torch.uint8), packed)
 
 
 @pytest.mark.parametrize("small", [True, False])
-def test_e2m1_words_decode_every_code_at_every_scale_range(small):
-    """Every code at every place of a word, times scales from 2^-127 (e = 0 reads as 0) to 2^73
-    (to 2 with small, the one-multiply decoder): exactly the reference dequantization (on the
-    GPU through the PTX decoder, whose code 1 passes through a subnormal)."""
-    exps = torch.tensor([0, 1, 2, 60, 119, 127, 128, 200 if not small else 126], dtype=torch.uint8)
-    codes = (torch.arange(32 * 8).view(32, 8) * 3 + torch.arange(8)) % 16  # each place sees every code
-    words = (codes << (4 * torch.arange(8))).sum(1).to(torch.int64)
-    words = torch.where(words >= 2**31, words - 2**32, words).to(torch.int32).repeat(8, 1)
-    per_word = exps[:, None].expand(8, 32).to(torch.int32).contiguous()
-    out = torch.empty(8, 32 * 8, device=DEVICE)
-    _decode_words_kernel[(1,)](words.to(DEVICE), per_word.to(DEVICE), out, PTX=not interpreting(), SMALL=small)
-    packed = words.contiguous().view(torch.uint8)  # little-endian: code t of a word is column 8c + t
-    ref = torch.stack([dequantize_fp4_weight(packed[r:r + 1], exps[r:r + 1, None].repeat(1, 8))[0] for r in range(8)])
-    ref[0] = 0.0
+def test_e2m1_quads_decode_every_code_at_every_scale_range(small):
+    """Every code at every place of a unit, times scales from 2^-127 (e = 0 reads as 0) to 2^73
+    (2^-126 to 2 with small, the one-multiply decoder): exactly the reference dequantization
+    (on the GPU through the PTX decoder, whose code 1 passes through a subnormal)."""
+    exps = torch.tensor([0 if not small else 3, 1, 2, 60, 119, 127, 128, 200 if not small else 126], dtype=torch.uint8)
+    codes = (torch.arange(32 * 4).view(32, 4) * 3 + torch.arange(4)) % 16  # each place sees every code
+    packed = (codes[:, 0::2] | codes[:, 1::2] << 4).to(torch.uint8).reshape(1, 64)  # columns 4c + t
+    units = quad_units(packed).repeat(8, 1)
+    per_unit = exps[:, None].expand(8, 32).to(torch.int32).contiguous()
+    out = torch.empty(8, 32 * 4, device=DEVICE)
+    _decode_quads_kernel[(1,)](units.to(DEVICE), per_unit.to(DEVICE), out, PTX=not interpreting(), SMALL=small)
+    ref = torch.stack([dequantize_fp4_weight(packed, exps[r:r + 1, None].repeat(1, 4))[0] for r in range(8)])
+    if not small:
+        ref[0] = 0.0
     assert torch.equal(out.cpu(), ref)
+
+
+def test_the_one_multiply_expert_decoder_takes_scales_of_2_to_the_minus_126_to_2():
+    """small_scales: bytes 1..128. A byte of 0 (read as 0) or past 128 takes the two-multiply
+    decoder: the one-multiply one has no test for 0, and 2^(e-1) would overflow bf16's range."""
+    from dsflash.model.kernels.fp4_moe import small_scales
+
+    assert small_scales(torch.tensor([1, 60, 128], dtype=torch.uint8), torch.tensor([], dtype=torch.uint8))
+    assert not small_scales(torch.tensor([0, 60], dtype=torch.uint8))
+    assert not small_scales(torch.tensor([60], dtype=torch.uint8), torch.tensor([129], dtype=torch.uint8))
 
 
 def test_bf16_parts_sum_to_the_fp32_values():
@@ -208,8 +231,8 @@ def test_bf16_parts_kernel_equals_the_torch_form(splits, interleave):
 
 
 def _moe_case(g, T, E, H, inter, k):
-    """E random FP4 experts (stacked w13 codes, scales, w2 codes, scales), T tokens and their
-    k experts each with routing weights."""
+    """E random FP4 experts (stacked w13 codes, scales, w2 codes, scales: the checkpoint's
+    bytes), T tokens and their k experts each with routing weights."""
     w13 = [quantize_fp4_weight(torch.randn(2 * inter, H, generator=g) / 6) for _ in range(E)]
     w2 = [quantize_fp4_weight(torch.randn(H, inter, generator=g) / 6) for _ in range(E)]
     stack = [torch.stack([w[i] for w in ws]) for ws in (w13, w2) for i in (0, 1)]
@@ -218,32 +241,37 @@ def _moe_case(g, T, E, H, inter, k):
     return stack, x, idx, torch.rand(T, k, generator=g)
 
 
+def _device_experts(stack):
+    """_moe_case's experts as fp4_moe takes them, on the device."""
+    return quad_experts(*[t.to(DEVICE) for t in stack])
+
+
 # Block heights: 4 pairs (their parts as columns), 16 (chosen for 11 x 3 pairs over 5 experts),
 # 64; small: the one-multiply decoder (these scales allow it) or the general one.
 @pytest.mark.parametrize("T, block_m, small", [(1, None, None), (11, 4, True), (11, None, False), (30, 64, None)])
 def test_fp4_moe(T, block_m, small):
     stack, x, idx, weights = _moe_case(_g(1), T, E=5, H=64, inter=96, k=3)
     ref = fp4_moe_ref(x, idx, weights, *stack, 0.7)
-    got = fp4_moe(x.to(DEVICE), idx.to(DEVICE), weights.to(DEVICE), *[t.to(DEVICE) for t in stack], 0.7,
+    got = fp4_moe(x.to(DEVICE), idx.to(DEVICE), weights.to(DEVICE), *_device_experts(stack), 0.7,
                   block_m=block_m, small=small).cpu()
     assert (got - ref).abs().max() < REL * ref.abs().max() + 1e-6
 
 
-@pytest.mark.parametrize("T, block_m, step", [(11, 16, 16), (30, 64, 64)])
+@pytest.mark.parametrize("T, block_m, step", [(11, 16, 8), (30, 64, 32)])
 def test_tall_expert_blocks_read_their_scales_as_words_or_bytes_alike(T, block_m, step, monkeypatch):
     """Tile shapes marked SCALE_WORDS (faithful prefill's) read their scales as int32 words
-    (loads the pipeliner prefetches): one word holds a step's scale (16 code bytes a step) or
-    four of them (64). The same sums as byte loads, and the reference's."""
+    (loads the pipeliner prefetches): one word holds a step's scale (8 units a step) or four
+    of them (32). The same sums as byte loads, and the reference's."""
     from dsflash.model.kernels import fp4_moe as moe
 
-    tiles = {8: dict(BLOCK_N=64, BLOCK_KU=4), 2: dict(BLOCK_N=64, BLOCK_KU=step, SCALE_WORDS=True)}
+    tiles = dict(BLOCK_N=64, BLOCK_KU=step, SCALE_WORDS=True)
     monkeypatch.setitem(moe.TILES, "interpreter", tiles)
     stack, x, idx, weights = _moe_case(_g(5), T, E=3, H=128, inter=128, k=2)
     stack[1] = (stack[1].int() + torch.randint(-3, 4, stack[1].shape, generator=_g(6))).to(torch.uint8)
     got = {}
     for words in (True, False):
         monkeypatch.setattr(moe, "SCALE_WORDS", words)
-        got[words] = fp4_moe(x.to(DEVICE), idx.to(DEVICE), weights.to(DEVICE), *[t.to(DEVICE) for t in stack], 0.7,
+        got[words] = fp4_moe(x.to(DEVICE), idx.to(DEVICE), weights.to(DEVICE), *_device_experts(stack), 0.7,
                              block_m=block_m).cpu()
     ref = fp4_moe_ref(x, idx, weights, *stack, 0.7)
     for words in (True, False):
@@ -261,7 +289,7 @@ def test_expert_steps_without_column_masks_match_the_reference(vectors, monkeypa
     assert moe._vectors(16, 4, 384, 16, 8) == vectors and not moe._vectors(18, 4, 384, 16, 8)
     assert not moe._vectors(16, 4, 384, 12, 8)  # a column off 16 bytes
     stack, x, idx, weights = _moe_case(_g(7), 1, E=4, H=128, inter=96, k=3)
-    got = fp4_moe(x.to(DEVICE), idx.to(DEVICE), weights.to(DEVICE), *[t.to(DEVICE) for t in stack], 0.7).cpu()
+    got = fp4_moe(x.to(DEVICE), idx.to(DEVICE), weights.to(DEVICE), *_device_experts(stack), 0.7).cpu()
     ref = fp4_moe_ref(x, idx, weights, *stack, 0.7)
     assert (got - ref).abs().max() < REL * ref.abs().max() + 1e-6
 
@@ -304,7 +332,7 @@ def test_fp4_moe_rounds_the_down_projections_input_in_faithful_mode(T, on_grid):
     if on_grid:
         x = fake_quant_fp8(x).to(torch.bfloat16)
     faithful, plain = (fp4_moe_ref(x, idx, weights, *stack, 0.7, act_quant=a) for a in (True, False))
-    got = fp4_moe(x.to(DEVICE), idx.to(DEVICE), weights.to(DEVICE), *[t.to(DEVICE) for t in stack], 0.7,
+    got = fp4_moe(x.to(DEVICE), idx.to(DEVICE), weights.to(DEVICE), *_device_experts(stack), 0.7,
                   act_quant=True).cpu()
     scale = faithful.abs().max()
     assert (faithful - plain).abs().max() > 1e-3 * scale  # the rounding shows

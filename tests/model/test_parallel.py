@@ -11,7 +11,7 @@ import torch
 import torch.multiprocessing as mp
 
 from dsflash.model.deepseek_v41 import DeepseekV41
-from dsflash.model.kernels.fp4_moe import fp4_moe, fp4_moe_ref
+from dsflash.model.kernels.fp4_moe import fp4_moe, fp4_moe_ref, quad_experts
 from dsflash.model.parallel import Parallel, check_divisible, init_parallel
 from dsflash.model.quant import quantize_fp4_weight
 from dsflash.model.runner import greedy, prompt_logits
@@ -101,7 +101,8 @@ def test_fp4_moe_computes_only_this_ranks_experts():
     weights = torch.rand(T, k, generator=g)
     ours = idx < E
     dev = "cuda" if torch.cuda.is_available() else "cpu"
-    got = fp4_moe(x.to(dev), torch.where(ours, idx, E).to(dev), weights.to(dev), *[t.to(dev) for t in stack], 0.7).cpu()
+    experts = quad_experts(*[t.to(dev) for t in stack])
+    got = fp4_moe(x.to(dev), torch.where(ours, idx, E).to(dev), weights.to(dev), *experts, 0.7).cpu()
     ref = fp4_moe_ref(x, idx.clamp_max(E - 1), weights * ours, *stack, 0.7)
     assert (got - ref).abs().max() < (1e-4 if dev == "cpu" else 5e-3) * ref.abs().max() + 1e-6
 
