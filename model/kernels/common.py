@@ -197,17 +197,18 @@ def _quad_place_ptx(places: tuple[int, ...], dst: str) -> str:
     return " ".join(lines)
 
 
-# Times 2^-126 -> times the scale: with small scales (every e <= 128) one multiply by the bf16
-# 2^(e-1); otherwise two, by 2^126 (exponent field 253 in both halves) and by 2^(e-127).
+# Times 2^-126 -> times the scale: with small scales (every e in 1..128) one multiply by the
+# bf16 2^(e-1); otherwise two, by 2^126 (exponent field 253 in both halves) and by 2^(e-127).
 _TWO126 = "0x7E807E80"
 
 
 def _e2m1_quads_ptx(small: bool) -> str:
     """PTX for a register $4 of two quad units and their scale pair $5 (quad_scales; $6, the
     second unit's, is the same): four bf16 pairs $0..$3, pair t = code t of each unit."""
+    two126 = [] if small else [".reg .b32 h;", f"mov.b32 h, {_TWO126};"]
     by_two126 = "" if small else " mul.rn.bf16x2 ${t}, ${t}, h;"
     multiply = [f"{by_two126.format(t=t)} mul.rn.bf16x2 ${t}, ${t}, $5;" for t in range(4)]
-    return "\n".join(["{", ".reg .b32 q, h;", f"mov.b32 h, {_TWO126};",
+    return "\n".join(["{", ".reg .b32 q;", *two126,
                       *[_quad_place_ptx(places, f"${t}") for t, places in enumerate(QUAD_PLACES)], *multiply, "}"])
 
 
@@ -240,9 +241,10 @@ def _quad_code(units, PLACES: tl.constexpr):
 @triton.jit
 def e2m1_quads(units, scales, PTX: tl.constexpr, SMALL: tl.constexpr):
     """int16 quad units (QUAD_PLACES) and each unit's scale from quad_scales -> four tiles,
-    tile t holding code t of every unit times 2^(e-127) (0 for e = 0): bf16 through PTX on the
-    GPU (a thread's two neighbouring units decoded together; they share their scale), fp32 by
-    arithmetic elsewhere. Both exact: an e2m1 value has 2 significant bits."""
+    tile t holding code t of every unit times 2^(e-127) (0 for e = 0, which SMALL excludes):
+    bf16 through PTX on the GPU (a thread's two neighbouring units decoded together; they
+    share their scale), fp32 by arithmetic elsewhere. Both exact: an e2m1 value has 2
+    significant bits."""
     if PTX:
         values = tl.inline_asm_elementwise(_E2M1_QUADS_SMALL if SMALL else _E2M1_QUADS_ANY, "=r,=r,=r,=r,r,r,r",
                                            [units, scales], dtype=(tl.bfloat16,) * 4, is_pure=True, pack=2)
