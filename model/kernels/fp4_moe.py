@@ -72,10 +72,10 @@ def _expert_dots(w_ptr, s_ptr, rows, n_rows, a_ptr, a_cols, a_live, sap, saq, ku
     """acc + W[rows, cols] . a^T[cols, :] over the weight units ku .. ku + BLOCK_KU, as
     [BLOCK_N, columns]. A unit (int16) holds PIECES = 4 codes; it is read once and decoded as
     4 tiles, tile t holding the code of column 4c + t of every unit c, each the left operand of
-    its dot as decoded. The
-    activations a come as PARTS bf16 slices (stride sap) that sum to the fp32 values (or as
-    one slice whose columns are the parts, PARTS = 1), each in PIECES pieces laid out the same
-    way (piece stride saq), so that every piece is read contiguously; a_cols offsets each column.
+    its dot as decoded. The activations a come as PARTS bf16 slices (stride sap) that sum to
+    the fp32 values (or as one slice whose columns are the parts, PARTS = 1), each in PIECES
+    pieces laid out the same way (piece stride saq), so that every piece is read contiguously;
+    a_cols offsets each column.
     VECTORS: KU is whole steps and every column of a starts on 16 bytes (no column masks, and
     the loads of a are vectors). SCALE_WORDS: the scales come as int32 words (s_ptr and ssr in
     words). Triton's pipeliner prefetches loads of 4 bytes or more a thread; single scale bytes
@@ -416,29 +416,28 @@ def fp4_moe(x, idx, weights, w13, s13, w2, s2, limit: float, block_m: int | None
     splits = 1 if rounds_h and x.dtype == torch.bfloat16 else SPLITS
     block_m = block_m or block_height(pairs, E, splits)
     slots = 4 if block_m <= PARTS_AS_COLUMNS else 1
-    P = PIECES
     if interpreting():
         tiles = TILES["interpreter"]
     else:
         tiles = (ONE_PART_TILES.get(block_m) if splits == 1 else None) or TILES[block_m]
     plan = RoutePlan(idx, weights, E, block_m)
-    # [SPLITS, P, T, H/P] (a strided view): piece t holds columns P*c + t, as the weight units' code t
-    parts = bf16_parts(x, splits, interleave=P).view(splits, T, P, H // P).transpose(1, 2)
-    h = torch.empty(splits, P, plan.rows, inter // P, dtype=torch.bfloat16, device=x.device)
+    # [SPLITS, 4, T, H/4] (a strided view): piece t holds columns 4c + t, as the weight units' code t
+    parts = bf16_parts(x, splits, interleave=PIECES).view(splits, T, PIECES, H // PIECES).transpose(1, 2)
+    h = torch.empty(splits, PIECES, plan.rows, inter // PIECES, dtype=torch.bfloat16, device=x.device)
     out = torch.zeros(pairs, H, dtype=torch.float32, device=x.device)  # other ranks' pairs stay 0
     blocks = plan.rows // block_m
     tiles = dict(tiles)
     ku = tiles["BLOCK_KU"]
     sc13, sc2 = _scale_operands(s13, s2, tiles.pop("SCALE_WORDS", False))
-    options = dict(SPLITS=splits, SLOTS=slots, PIECES=P, PTX=not interpreting(), SMALL=small, BLOCK_M=block_m,
+    options = dict(SPLITS=splits, SLOTS=slots, PIECES=PIECES, PTX=not interpreting(), SMALL=small, BLOCK_M=block_m,
                    SCALE_WORDS=sc13.dtype == torch.int32, **tiles)
     with mma_sync("short_experts" if block_m <= PARTS_AS_COLUMNS else "tall_experts"):
         _gate_up_kernel[(blocks, triton.cdiv(inter, tiles["BLOCK_N"]))](
             parts, plan.tokens, plan.routed, plan.block_expert, w13, sc13, h, H, inter, float(limit),
             *parts.stride()[:3], w13.stride(0), w13.stride(1), sc13.stride(0), sc13.stride(1),
-            *h.stride()[:3], ACT_QUANT=rounds_h, VECTORS=_vectors(H // P, ku, *parts.stride()[:3]), **options)
+            *h.stride()[:3], ACT_QUANT=rounds_h, VECTORS=_vectors(H // PIECES, ku, *parts.stride()[:3]), **options)
         _down_kernel[(blocks, triton.cdiv(H, tiles["BLOCK_N"]))](
             h, plan.tokens, plan.pair_ids, plan.block_expert, w2, sc2, out, H, inter, *h.stride()[:3],
             w2.stride(0), w2.stride(1), sc2.stride(0), sc2.stride(1), out.stride(0), out.stride(1),
-            VECTORS=_vectors(inter // P, ku, *h.stride()[:3]), **options)
+            VECTORS=_vectors(inter // PIECES, ku, *h.stride()[:3]), **options)
     return out.view(T, idx.shape[1], H).sum(dim=1)
