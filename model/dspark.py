@@ -26,7 +26,6 @@ from .batch import SeqRun
 from .deepseek_v41 import DeepseekV41
 from .device import to_device
 from .layers.mhc import hc_collapse
-from .layers.norm import rms_norm
 
 # (block row, logits [R, V]) -> a token per request: host ints, or a tensor left where the
 # logits are (then the drafts never leave the device inside the block)
@@ -77,13 +76,13 @@ class DSparkDrafter:
         else:  # one copy, not an arange per cache
             positions = to_device(torch.tensor([first + i for _, first, t in rows for i in range(t.shape[0])]),
                                   taps.device)
-        main_x = rms_norm(ops.linear(taps, f"{self.first}.main_proj"), ops.w(f"{self.first}.main_norm.weight"),
-                          c.rms_norm_eps)
+        main_x = ops.rms_norm(ops.linear(taps, f"{self.first}.main_proj"), ops.w(f"{self.first}.main_norm.weight"),
+                              c.rms_norm_eps)
         cos, sin = self.model.rope.cos_sin("local", positions)
         stage_kv = ops.linear_many(main_x, tuple(f"{role.prefix}.attn.wkv" for role in self.stages))
         for role, kv in zip(self.stages, stage_kv):
             p = role.prefix
-            kv = rms_norm(kv, ops.w(f"{p}.attn.kv_norm.weight"), c.rms_norm_eps)
+            kv = ops.rms_norm(kv, ops.w(f"{p}.attn.kv_norm.weight"), c.rms_norm_eps)
             kv = ops.rope(kv, cos, sin)
             packed = None
             if self.model.qat:
@@ -99,7 +98,7 @@ class DSparkDrafter:
                        start=cache.num_tokens, history=[]) for cache, y in requests]
         X, pre = model.draft_streams(runs)
         x = hc_collapse(X, pre).view(len(runs), B, -1)  # [R, B, H]
-        base = ops.linear(rms_norm(x, ops.w(f"{self.last}.norm.weight"), c.rms_norm_eps), "head.weight")
+        base = ops.linear(ops.rms_norm(x, ops.w(f"{self.last}.norm.weight"), c.rms_norm_eps), "head.weight")
         markov_embed = ops.w(f"{self.last}.markov_head.embed.weight")
         markov_head = ops.w(f"{self.last}.markov_head.head.weight")
         out = torch.tensor([y for _, y in requests], dtype=torch.long)

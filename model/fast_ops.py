@@ -10,20 +10,26 @@ every kernel is checked against the reference it replaces (tests/model/test_kern
 - the FP8/FP4 cache round trips run as one launch each (quantize), not ~25 small torch ops;
 - the mHC stream updates (expand, collapse + norm) read the streams once each (hc_streams);
 - the compressor's pooling + norm, and its entries' and keys' norm + RoPE + FP4, are one
-  launch each (compressor).
+  launch each (compressor);
+- RMSNorm, the shared expert's clamped SwiGLU and the router after its GEMM (scores, top-k,
+  weights) are one launch each where torch takes four to twelve kernels (rms_norm, swiglu,
+  top_experts): inside a decode step's CUDA graphs each kernel costs ~2 microseconds.
 """
 
 from __future__ import annotations
 
 import torch
 
-from .kernels import compressor, hc_streams
+from .kernels import compressor, hc_streams, swiglu
+from .kernels import rms_norm as norm_kernel
 from .kernels.common import interpreting, quad_units
 from .kernels.fp4_moe import fp4_moe, small_scales
 from .kernels.fp8_gemm import bf16_gemm, fp32_gemm, fp8_gemm, grouped_fp8_gemm, small_fp8_scales, tile_counts
 from .kernels.hc_gates import hc_gates
 from .kernels.quantize import fp4_round_trip, fp8_grid_bf16, fp8_round_trip
 from .kernels.rope import rope
+from .kernels.top_experts import supported as top_experts_fits
+from .kernels.top_experts import top_experts
 from .layers.mhc import hc_mixes
 from .ops import ReferenceOps
 from .parallel import SINGLE, Parallel
@@ -33,6 +39,9 @@ from .weights import Fp4Weight, Fp8Weight, WeightStore
 
 # Output widths from which bf16 GEMMs of any row count take the kernel (the LM heads).
 WIDE_OUTPUT = 32768
+# One launch each for RMSNorm, the shared expert's SwiGLU and the router after its GEMM, where
+# torch takes four to twelve kernels (False: the torch forms, for comparisons: decode_ab.py).
+FUSED_SMALL_OPS = True
 
 
 class TritonOps(ReferenceOps):
@@ -122,10 +131,26 @@ class TritonOps(ReferenceOps):
                 return out
         return super().grouped_linear(x, name, groups)
 
+    def top_experts(self, logits: torch.Tensor, temp: float, bias: torch.Tensor, k: int, normalize: bool,
+                    scaling: float) -> tuple[torch.Tensor, torch.Tensor]:
+        if not (_kernels_run_on(logits) and FUSED_SMALL_OPS and top_experts_fits(logits, k)):
+            return super().top_experts(logits, temp, bias, k, normalize, scaling)
+        return top_experts(logits, temp, bias, k, normalize, scaling)
+
+    def clamped_swiglu(self, gate: torch.Tensor, up: torch.Tensor, limit: float) -> torch.Tensor:
+        if not (_kernels_run_on(gate) and FUSED_SMALL_OPS and swiglu.supported(gate, up)):
+            return super().clamped_swiglu(gate, up, limit)
+        return swiglu.clamped_swiglu(gate, up, limit)
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+        if not (_kernels_run_on(x) and FUSED_SMALL_OPS and norm_kernel.supported(x)):
+            return super().rms_norm(x, weight, eps)
+        return norm_kernel.rms_norm(x, weight, eps)
+
     def hc_mix(self, X: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, iters: int,
                hc_eps: float, norm_eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         project = fp32_gemm if _kernels_run_on(X) and fn.dtype == torch.float32 else None
-        return hc_gates(hc_mixes(X, fn, norm_eps, project), base, scale, iters, hc_eps)
+        return hc_gates(hc_mixes(X, fn, norm_eps, project, self.rms_norm), base, scale, iters, hc_eps)
 
     def hc_expand(self, y: torch.Tensor, X: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
         if not (_kernels_run_on(X) and hc_streams.supported(X)):
@@ -171,8 +196,10 @@ class TritonOps(ReferenceOps):
         """Pairs routed to this rank's experts `local`; the others are left to their ranks."""
         tensors, small = self._stacked(prefix, local)
         x = self.gemm_input(x)
-        own = idx - local.start
-        own = torch.where((own >= 0) & (own < len(local)), own, len(local))  # len(local): not ours, dropped
+        own = idx  # one rank holds every expert: ids are its own (five kernels fewer a layer)
+        if self.parallel.world > 1:  # len(local): not ours, dropped
+            own = idx - local.start
+            own = torch.where((own >= 0) & (own < len(local)), own, len(local))
         return fp4_moe(x.contiguous(), own, weights, *tensors, limit, small=small, act_quant=self.act_quant)
 
     def stack_all_experts(self, config) -> None:

@@ -13,6 +13,8 @@ import torch
 
 from . import quant
 from .kernels.compressor import norm_rope_fp4_ref, pool_norm_ref
+from .kernels.swiglu import clamped_swiglu_ref
+from .kernels.top_experts import top_experts_ref
 from .layers.mhc import hc_collapse, hc_expand, hc_mix
 from .layers.norm import rms_norm
 from .parallel import SINGLE, Parallel
@@ -117,6 +119,20 @@ class ReferenceOps:
     def fake_quant_fp4(self, x: torch.Tensor, block: int, e4m3_scales: bool = False) -> torch.Tensor:
         """x on the FP4 grid (indexer queries), through this object's fp4_round_trip."""
         return quant.fake_quant_fp4(x, block, e4m3_scales, round_trip=self.fp4_round_trip)
+
+    def top_experts(self, logits: torch.Tensor, temp: float, bias: torch.Tensor, k: int, normalize: bool,
+                    scaling: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """The router's weights [T, k] and expert ids [T, k] from its logits [T, E] (layers/moe.py,
+        kernels/top_experts.py); one launch on the fast path."""
+        return top_experts_ref(logits, temp, bias, k, normalize, scaling)
+
+    def clamped_swiglu(self, gate: torch.Tensor, up: torch.Tensor, limit: float) -> torch.Tensor:
+        """silu(min(gate, L)) * clamp(up, -L, L) (layers/moe.py); one launch on the fast path."""
+        return clamped_swiglu_ref(gate, up, limit)
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+        """RMSNorm in fp32 (layers/norm.py); one launch on the fast path."""
+        return rms_norm(x, weight, eps)
 
     def hc_mix(self, X: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, iters: int,
                hc_eps: float, norm_eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -201,15 +201,16 @@ def _entry_halves(packed, sbytes, parity, KT: tl.constexpr, C: tl.constexpr, PTX
 
 
 @triton.jit
-def _gather_keys_kernel(src_ptr, off_ptr, soff_ptr, dst_ptr, total, CB: tl.constexpr, SB: tl.constexpr,
-                        R: tl.constexpr):
+def _gather_keys_kernel(src_ptr, off_ptr, soff_ptr, dst_ptr, total, base, sbase, CB: tl.constexpr,
+                        SB: tl.constexpr, R: tl.constexpr):
     """Keys k of a flattened offset table: their CB code bytes, then SB scale bytes, copied to
-    row k of dst (zeros for a masked key)."""
+    row k of dst (zeros for a masked key); valid offsets are base (sbase) bytes short."""
     k = tl.program_id(0) * R + tl.arange(0, R)
     live = k < total
     off = tl.load(off_ptr + k, mask=live, other=-1)
-    soff = tl.load(soff_ptr + k, mask=live, other=0)
     valid = (off >= 0)[:, None]
+    off += base
+    soff = tl.load(soff_ptr + k, mask=live, other=0) + sbase
     row = dst_ptr + k.to(tl.int64)[:, None] * (CB + SB)
     cb, sb = tl.arange(0, CB), tl.arange(0, SB)
     tl.store(row + cb[None, :], tl.load(src_ptr + off[:, None] + cb[None, :], mask=valid, other=0),
@@ -219,17 +220,18 @@ def _gather_keys_kernel(src_ptr, off_ptr, soff_ptr, dst_ptr, total, CB: tl.const
 
 
 def gather_keys(src: torch.Tensor, offsets: torch.Tensor, scale_offsets: torch.Tensor, code_bytes: int,
-                scale_bytes: int) -> torch.Tensor:
-    """The bytes of every key of an offset table [n, k] (-1: masked), key after key: [n * k *
-    (code_bytes + scale_bytes)] uint8. The prefill kernel then reads them at addresses that
-    follow from the key's place, which its loops can prefetch (GATHERED)."""
+                scale_bytes: int, base: tuple[int, int] = (0, 0)) -> torch.Tensor:
+    """The bytes of every key of an offset table [n, k] (-1: masked; base: bytes added to the
+    valid offsets, codes and scales), key after key: [n * k * (code_bytes + scale_bytes)]
+    uint8. The prefill kernel then reads them at addresses that follow from the key's place,
+    which its loops can prefetch (GATHERED)."""
     total = offsets.numel()
     size = total * (code_bytes + scale_bytes)
     out = torch.empty(size + 2 - size % 2, dtype=torch.uint8, device=src.device)  # read as 16-bit words
     if total:
         r = 16
-        _gather_keys_kernel[(triton.cdiv(total, r),)](src, offsets, scale_offsets, out, total, CB=code_bytes,
-                                                      SB=scale_bytes, R=r)
+        _gather_keys_kernel[(triton.cdiv(total, r),)](src, offsets, scale_offsets, out, total, int(base[0]),
+                                                      int(base[1]), CB=code_bytes, SB=scale_bytes, R=r)
     return out
 
 
@@ -549,7 +551,7 @@ def sparse_attention(q: torch.Tensor, ring: torch.Tensor, window_offsets: torch.
                      entry_scale_offsets: torch.Tensor, sink: torch.Tensor, scale: float,
                      num_warps: int | None = None, entry_splits: int | None = None,
                      head_block: int | None = None, prefill: bool | None = None,
-                     tiles: dict | None = None) -> torch.Tensor:
+                     tiles: dict | None = None, window_base: tuple[int, int] = (0, 0)) -> torch.Tensor:
     """q [n, h, D]; `ring`/`pages`: the pool's byte buffers; *_offsets [n, W] / [n, k] byte offsets of
     each key's codes and scales in them (-1: masked). Returns [n, h, D] fp32. `prefill` (the
     tensor-core form; `tiles` overrides PREFILL_TILES there), `entry_splits` (decode form:
@@ -557,7 +559,9 @@ def sparse_attention(q: torch.Tensor, ring: torch.Tensor, window_offsets: torch.
     keys are split over; 0: one program reads all), `head_block` (heads per program: each
     decodes the keys once for all of them) and `num_warps` are chosen from the shape unless
     given (launch_plan). A bf16 q attends as sparse_attention_ref says (faithful mode): one
-    bf16 part of the queries and of the probabilities in the tensor-core form."""
+    bf16 part of the queries and of the probabilities in the tensor-core form. `window_base`:
+    bytes added to every valid window offset (codes, scales): a layer's ring read through
+    layer 0's offsets, added where the keys are gathered (else to a copy of the offsets)."""
     n, heads, dim = q.shape
     assert window_offsets.shape == window_scale_offsets.shape and entry_offsets.shape == entry_scale_offsets.shape
     assert ring.dtype == torch.uint8 and pages.dtype == torch.uint8 and dim % 32 == 0
@@ -566,6 +570,10 @@ def sparse_attention(q: torch.Tensor, ring: torch.Tensor, window_offsets: torch.
     e_off, e_soff = entry_offsets.contiguous(), entry_scale_offsets.contiguous()
     K = e_off.shape[1]
     plan = launch_plan(n, K, heads, dim, head_block, entry_splits, prefill)
+    gathers = plan.prefill and n and {**PREFILL_TILES, **(tiles or {})}["GATHER"]
+    if any(window_base) and not gathers:
+        w_off, w_soff = torch.where(w_off >= 0, w_off + window_base[0], -1), w_soff + window_base[1]
+        window_base = (0, 0)
     assert not plan.prefill or prefill_form_fits(dim), f"the prefill form cannot take head_dim {dim}"
     sink = sink.float().contiguous()
     bf16 = q.dtype == torch.bfloat16  # one part of the query and of the probabilities (sparse_attention_ref)
@@ -581,7 +589,7 @@ def sparse_attention(q: torch.Tensor, ring: torch.Tensor, window_offsets: torch.
         else:
             parts = group_columns(q.float(), 2)[None]
         if t["GATHER"]:
-            ring = gather_keys(ring, w_off, w_soff, dim, dim // 32)
+            ring = gather_keys(ring, w_off, w_soff, dim, dim // 32, window_base)
             pages = gather_keys(pages, e_off, e_soff, dim // 2, dim // 16)
         elif ring.numel() % 2:  # read as 16-bit words (a pool's slots are 64-byte aligned)
             ring = torch.cat([ring, ring.new_zeros(1)])

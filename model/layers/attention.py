@@ -21,7 +21,6 @@ from ..kernels.sparse_attention import sparse_attention_ref
 from ..ops import ReferenceOps
 from ..rope import Rope
 from .attention_kernel import attend_block_in_place, attend_in_place, update_entries
-from .norm import rms_norm
 
 
 def project(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, xa: torch.Tensor
@@ -32,9 +31,9 @@ def project(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, xa: torch.Tens
     p, eps, hd = role.prefix, cfg.rms_norm_eps, cfg.head_dim
     heads = cfg.num_heads // ops.parallel.world  # this rank's heads (model/parallel.py)
     q_lora, kv = ops.linear_many(xa, (f"{p}.attn.wq_a", f"{p}.attn.wkv"))
-    q_res = rms_norm(q_lora, ops.w(f"{p}.attn.q_norm.weight"), eps)
+    q_res = ops.rms_norm(q_lora, ops.w(f"{p}.attn.q_norm.weight"), eps)
     q_all = ops.linear(q_res, f"{p}.attn.wq_b").view(-1, heads, hd)
-    kv_all = rms_norm(kv, ops.w(f"{p}.attn.kv_norm.weight"), eps)
+    kv_all = ops.rms_norm(kv, ops.w(f"{p}.attn.kv_norm.weight"), eps)
     return q_res, q_all, kv_all
 
 

@@ -26,6 +26,8 @@ from ...kvcache.paged import page_offsets, tables_end_to_end
 from ..batch import SeqRun, cat, end_to_end, offsets, run_rows
 from ..config import LayerRole, ModelConfig
 from ..device import to_device
+from ..kernels.common import interpreting
+from ..kernels.ring_write import write_rows
 from ..kernels.sparse_attention import LaunchPlan, launch_plan, prefill_form_fits, sparse_attention
 from ..ops import ReferenceOps
 from ..rope import Rope
@@ -95,10 +97,10 @@ class Prepared(NamedTuple):
     pool: object  # the runs' CachePool
     ring_strides: tuple[int, int]  # bytes from one ring layer to the next (codes, scales)
     # causal (prepare): cos, sin [T, rope/2]; layer-0 ring offsets of the rows' codes [T, D] and
-    # scales [T, D/32]; layer-0 window offsets [T, W] (codes, scales) and which hold data; entry
-    # offsets [T, K]. A DSpark block (prepare_block): cos, sin; each row's run's layer-0 ring
-    # offsets of the W positions before its block [T, W] (codes, scales) and which hold data;
-    # no entries [T, 1].
+    # scales [T, D/32]; layer-0 window offsets [T, W] (codes, -1 where a key holds no data;
+    # scales); entry offsets [T, K]. A DSpark block (prepare_block): cos, sin; each row's run's
+    # layer-0 ring offsets of the W positions before its block [T, W] (codes, scales) and which
+    # hold data; no entries [T, 1].
     tensors: tuple[torch.Tensor, ...]
     block_rows: int = 0  # a DSpark stage's block attention: the rows of each run's block
 
@@ -134,17 +136,17 @@ def attend_prepared(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, prepar
 
 
 def _attend_causal(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, prepared: Prepared, q_all, kv_all,
-                   cos, sin, ring_codes, ring_scales, win_codes, win_scales, win_valid, entry_off, entry_soff
-                   ) -> torch.Tensor:
+                   cos, sin, ring_codes, ring_scales, win_codes, win_scales, entry_off, entry_soff) -> torch.Tensor:
     """RoPE, the FP8 ring write of kv, attention, inverse RoPE (the caller notes the ring
-    writes: note_ring_writes)."""
-    layer, pool, strides = role.index, prepared.pool, prepared.ring_strides
+    writes: note_ring_writes). The ring and window offsets are layer 0's: this layer's bytes
+    lie `layer` strides further (no per-layer offset tables: fewer kernels in its graph)."""
+    layer, pool = role.index, prepared.pool
     q = ops.attention_query(q_all, cos, sin)
     kv, packed = ops.fp8_round_trip(ops.rope(kv_all, cos, sin))
-    _write_ring_rows(pool.slots_buffer, ring_codes, ring_scales, layer, strides, packed)
-    window = _layer_window(win_codes, win_scales, win_valid, layer, strides)
-    o = _attend_planned(cfg, q, pool.slots_buffer, window, pool.pages_buffer, (entry_off, entry_soff),
-                        ops.w(f"{role.prefix}.attn.attn_sink"), prepared.plan)
+    bases = _layer_bases(layer, prepared.ring_strides)
+    _write_ring_rows(pool.slots_buffer, ring_codes, ring_scales, bases, packed)
+    o = _attend_planned(cfg, q, pool.slots_buffer, (win_codes, win_scales), pool.pages_buffer, (entry_off, entry_soff),
+                        ops.w(f"{role.prefix}.attn.attn_sink"), prepared.plan, bases)
     return ops.rope(o, cos, sin, inverse=True)
 
 
@@ -267,16 +269,24 @@ def _ring_store(runs: list[SeqRun], layer: int, kv: torch.Tensor, packed) -> Non
         return
     if sum(run.n for run in runs) != kv.shape[0]:
         packed = tuple(run_rows(part, runs) for part in packed)
-    _write_ring_rows(runs[0].cache.pool.slots_buffer, *_ring_rows(runs), layer, runs[0].cache.ring_layer_stride,
-                     packed)
+    _write_ring_rows(runs[0].cache.pool.slots_buffer, *_ring_rows(runs),
+                     _layer_bases(layer, runs[0].cache.ring_layer_stride), packed)
     note_ring_writes(runs, layer)
 
 
-def _write_ring_rows(buf: torch.Tensor, codes0: torch.Tensor, scales0: torch.Tensor, layer: int,
-                     strides: tuple[int, int], packed) -> None:
-    """Rows' FP8 codes and scales into `layer`'s ring, at layer 0's offsets plus its strides."""
-    buf[codes0 + layer * strides[0]] = packed[0]
-    buf[scales0 + layer * strides[1]] = packed[1]
+def _write_ring_rows(buf: torch.Tensor, codes0: torch.Tensor, scales0: torch.Tensor, bases: tuple[int, int],
+                     packed) -> None:
+    """Rows' FP8 codes and scales into a layer's ring: at layer 0's offsets plus its bases."""
+    if buf.is_cuda or interpreting():
+        write_rows(buf, codes0, scales0, bases, *packed)
+    else:
+        buf[codes0 + bases[0]] = packed[0]
+        buf[scales0 + bases[1]] = packed[1]
+
+
+def _layer_bases(layer: int, strides: tuple[int, int]) -> tuple[int, int]:
+    """Bytes from layer 0's ring codes and scales to `layer`'s."""
+    return layer * strides[0], layer * strides[1]
 
 
 def _ring_rows(runs: list[SeqRun]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -351,28 +361,24 @@ def _launch(cfg: ModelConfig, layer: int, q: torch.Tensor, runs: list[SeqRun], e
     """One sparse_attention over the runs' rows q; keys in the ring, entries (offsets [rows, K])
     in the pages."""
     pool = runs[0].cache.pool
-    window = _layer_window(*_window_grid(cfg, layer, runs), layer, runs[0].cache.ring_layer_stride)
-    return _attend_planned(cfg, q, pool.slots_buffer, window, pool.pages_buffer, entries, sink, plan[0])
+    return _attend_planned(cfg, q, pool.slots_buffer, _window_grid(cfg, layer, runs), pool.pages_buffer, entries,
+                           sink, plan[0], _layer_bases(layer, runs[0].cache.ring_layer_stride))
 
 
 def _attend_planned(cfg: ModelConfig, q: torch.Tensor, ring: torch.Tensor, window, pages: torch.Tensor, entries,
-                    sink: torch.Tensor, plan: LaunchPlan) -> torch.Tensor:
-    """sparse_attention laid out as `plan` says; window and entries are (codes, scales) offsets."""
+                    sink: torch.Tensor, plan: LaunchPlan, window_base: tuple[int, int] = (0, 0)) -> torch.Tensor:
+    """sparse_attention laid out as `plan` says; window and entries are (codes, scales) offsets,
+    the window's `window_base` bytes before the keys' (layer 0's offsets for a later layer)."""
     return sparse_attention(q, ring, *window, pages, *entries, sink, cfg.head_dim**-0.5, num_warps=plan.warps,
-                            entry_splits=plan.entry_splits, head_block=plan.head_block, prefill=plan.prefill)
+                            entry_splits=plan.entry_splits, head_block=plan.head_block, prefill=plan.prefill,
+                            window_base=window_base)
 
 
-def _layer_window(codes0: torch.Tensor, scales0: torch.Tensor, valid: torch.Tensor, layer: int,
-                  strides: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Byte offsets [rows, W] of the window keys' codes (-1: masked) and scales in `layer`'s
-    ring: layer 0's offsets (built once per forward, _window_grid) plus `layer` strides."""
-    return torch.where(valid, codes0 + layer * strides[0], -1), scales0 + layer * strides[1]
-
-
-def _window_grid(cfg: ModelConfig, layer: int, runs: list[SeqRun]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Layer-0 ring offsets of key positions start+i-W+1 .. start+i of every query, and which of
-    them hold data: from the layer's first valid position on (_fits_in_ring: no gap before
-    run.start). Layers with the same first positions share one build per forward."""
+def _window_grid(cfg: ModelConfig, layer: int, runs: list[SeqRun]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Layer-0 ring offsets of key positions start+i-W+1 .. start+i of every query (codes, -1
+    where a key holds no data; scales): data from the layer's first valid position on
+    (_fits_in_ring: no gap before run.start). Layers with the same first positions share one
+    build per forward."""
     valid_from = tuple(run.cache.ring_spans[layer].valid_from for run in runs)
 
     def build():
@@ -380,7 +386,8 @@ def _window_grid(cfg: ModelConfig, layer: int, runs: list[SeqRun]) -> tuple[torc
         for run, first in zip(runs, valid_from):
             device = run.cache.pool.device
             grid = run.positions_on(device)[:, None] - torch.arange(cfg.sliding_window - 1, -1, -1, device=device)
-            parts.append(run.cache.ring_offsets(0, grid) + (grid >= first,))
+            codes, scales = run.cache.ring_offsets(0, grid)
+            parts.append((torch.where(grid >= first, codes, -1), scales))
         return tuple(cat(list(t)) for t in zip(*parts))
 
     return runs[0].once(("window grid", offsets(runs), valid_from), build)

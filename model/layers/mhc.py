@@ -12,10 +12,10 @@ import torch
 from .norm import rms_norm
 
 
-def hc_mixes(X: torch.Tensor, fn: torch.Tensor, norm_eps: float, project=None) -> torch.Tensor:
+def hc_mixes(X: torch.Tensor, fn: torch.Tensor, norm_eps: float, project=None, norm=rms_norm) -> torch.Tensor:
     """X [T, S, H] -> the site's raw mixes [T, (2+S)*S]: a projection of the normalized streams
-    (by `project(x, fn)` when given: a kernel for x @ fn.T)."""
-    x = rms_norm(X.flatten(-2), None, norm_eps)
+    (by `project(x, fn)` when given: a kernel for x @ fn.T; `norm`: a kernel for rms_norm)."""
+    x = norm(X.flatten(-2), None, norm_eps)
     return x @ fn.T if project is None else project(x, fn)
 
 

@@ -11,28 +11,16 @@ The routing weight multiplies the activation before w2 (the reference's order).
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from ..config import LayerRole, ModelConfig
+from ..kernels.swiglu import clamped_swiglu_ref
 from ..ops import ReferenceOps
 
 
 def route(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     p, k = role.prefix, role.num_experts_per_tok
-    logits = ops.linear(x, f"{p}.ffn.gate.weight") / cfg.gate_temp
-    scores = torch.sqrt(F.softplus(logits))
-    biased = scores + ops.w(f"{p}.ffn.gate.bias")
-    idx = torch.sort(biased, dim=-1, descending=True, stable=True).indices[:, :k]
-    weights = scores.gather(1, idx)
-    if cfg.norm_topk_prob and k > 1:
-        weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
-    return weights * cfg.routed_scaling_factor, idx
-
-
-def clamped_swiglu(gate: torch.Tensor, up: torch.Tensor, limit: float) -> torch.Tensor:
-    if limit > 0:
-        gate, up = gate.clamp(max=limit), up.clamp(-limit, limit)
-    return F.silu(gate) * up
+    return ops.top_experts(ops.linear(x, f"{p}.ffn.gate.weight"), cfg.gate_temp, ops.w(f"{p}.ffn.gate.bias"), k,
+                           cfg.norm_topk_prob, cfg.routed_scaling_factor)
 
 
 def moe(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, x: torch.Tensor) -> torch.Tensor:
@@ -45,7 +33,8 @@ def moe(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, x: torch.Tensor) -
         y = _routed_reference(ops, p, local, x, idx, weights, limit)
     s, rows = f"{p}.ffn.shared_experts", ops.parallel.rows(x.shape[0])
     xs = x[rows]
-    y[rows] += ops.linear(clamped_swiglu(*ops.linear_many(xs, (f"{s}.w1", f"{s}.w3")), limit), f"{s}.w2")
+    # in place on the view (`y[rows] +=` would add, then copy the rows onto themselves)
+    y[rows].add_(ops.linear(ops.clamped_swiglu(*ops.linear_many(xs, (f"{s}.w1", f"{s}.w3")), limit), f"{s}.w2"))
     return ops.parallel.all_reduce(y)
 
 
@@ -55,6 +44,6 @@ def _routed_reference(ops: ReferenceOps, p: str, local: range, x, idx, weights, 
         rows, slot = torch.where(idx == expert)
         xe = x[rows]
         e = f"{p}.ffn.experts.{expert}"
-        h = clamped_swiglu(ops.linear(xe, f"{e}.w1"), ops.linear(xe, f"{e}.w3"), limit) * weights[rows, slot, None]
+        h = clamped_swiglu_ref(ops.linear(xe, f"{e}.w1"), ops.linear(xe, f"{e}.w3"), limit) * weights[rows, slot, None]
         y.index_add_(0, rows, ops.linear(h, f"{e}.w2"))
     return y

@@ -20,7 +20,11 @@ from dsflash.model.kernels.fp4_moe import RoutePlan, fp4_moe, fp4_moe_ref, quad_
 from dsflash.model.kernels.fp4_moe import block_height as fp4_moe_block_height
 from dsflash.model.kernels.fp8_gemm import bf16_gemm, fp32_gemm, fp8_gemm, fp8_gemm_ref, grouped_fp8_gemm
 from dsflash.model.kernels import hc_streams
+from dsflash.model.kernels import rms_norm as norm_kernel
+from dsflash.model.kernels import swiglu
 from dsflash.model.kernels.hc_gates import hc_gates
+from dsflash.model.kernels.ring_write import write_rows
+from dsflash.model.kernels.top_experts import top_experts, top_experts_ref
 from dsflash.model.kernels.indexer_score import indexer_scores, indexer_scores_ref
 from dsflash.model.kernels.sparse_attention import (DECODE_KEY_SPLITS, launch_plan, sparse_attention,
                                                      sparse_attention_ref)
@@ -370,6 +374,61 @@ def test_hc_stream_kernels_match_the_torch_forms(H):
         assert torch.allclose(got, rms_norm(mhc.hc_collapse(X, pre), w, 1e-20), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("H", [64, 300, 20480])  # 20480: an mHC mix's S*H row in the release
+def test_rms_norm_kernel_matches_the_torch_form(H):
+    g = _g(6)
+    x = torch.randn(2, 3, H, generator=g) * torch.logspace(-2, 2, H)
+    weight = torch.rand(H, generator=g) + 0.5
+    for w in (weight, None):
+        got = norm_kernel.rms_norm(x.to(DEVICE), None if w is None else w.to(DEVICE), 1e-20).cpu()
+        assert got.shape == x.shape and got.dtype == torch.float32
+        assert torch.allclose(got, rms_norm(x, w, 1e-20), rtol=1e-5, atol=1e-6)
+    assert norm_kernel.rms_norm(torch.zeros(0, H, device=DEVICE), weight.to(DEVICE), 1e-20).shape == (0, H)
+
+
+@pytest.mark.parametrize("limit", [7.0, 0.0])  # 0: no clamp
+def test_clamped_swiglu_kernel_matches_the_torch_form(limit):
+    g = _g(7)
+    merged = torch.randn(5, 2 * 1300, generator=g) * 6  # the halves of one GEMM's output: row stride 2I
+    gate, up = merged[:, :1300], merged[:, 1300:]
+    got = swiglu.clamped_swiglu(merged.to(DEVICE)[:, :1300], merged.to(DEVICE)[:, 1300:], limit).cpu()
+    assert torch.allclose(got, swiglu.clamped_swiglu_ref(gate, up, limit), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("E, k", [(48, 6), (256, 8), (5, 1)])
+def test_top_experts_pick_as_the_stable_sort(E, k):
+    """The router after its GEMM: the same experts in the same order as the stable descending
+    sort (ties, planted here, to the lower id) and the same weights, normalized or not, from
+    logits in every range softplus treats apart (far below 0, around it, past 20)."""
+    g = _g(E)
+    logits = torch.randn(9, E, generator=g) * 3
+    logits[0, :] = 0.5  # every expert tied
+    logits[1, 3] = logits[1, E - 1] = 2.0  # a tie at the top
+    logits[2] = torch.linspace(-40, 40, E)
+    bias = torch.randn(E, generator=g) * 0.1
+    bias[E - 1] = bias[3]
+    for normalize in (True, False):
+        weights, ids = top_experts(logits.to(DEVICE), 1.5, bias.to(DEVICE), k, normalize, 2.5)
+        ref_weights, ref_ids = top_experts_ref(logits, 1.5, bias, k, normalize, 2.5)
+        assert ids.dtype == torch.int64 and torch.equal(ids.cpu(), ref_ids)
+        assert torch.allclose(weights.cpu(), ref_weights, rtol=2e-6, atol=0)
+
+
+def test_ring_rows_are_written_at_their_offsets_plus_the_layer_bases():
+    g = _g(8)
+    buf = torch.randint(0, 256, (4096,), generator=g, dtype=torch.uint8)
+    codes_at = (torch.randperm(60, generator=g)[:5] * 64)[:, None] + torch.arange(64)  # rows of 64 code bytes
+    scales_at = 3900 + torch.arange(5 * 2).view(5, 2) * 3  # and their scale bytes, apart
+    codes = torch.randint(0, 256, (5, 64), generator=g, dtype=torch.uint8)
+    scales = torch.randint(0, 256, (5, 2), generator=g, dtype=torch.uint8)
+    want = buf.clone()
+    want[codes_at + 17] = codes
+    want[scales_at + 5] = scales
+    got = buf.to(DEVICE)
+    write_rows(got, codes_at.to(DEVICE), scales_at.to(DEVICE), (17, 5), codes.to(DEVICE), scales.to(DEVICE))
+    assert torch.equal(got.cpu(), want)
+
+
 @pytest.fixture(scope="module")
 def paged(golden_model, golden):
     pool = CachePool(CacheLayout.for_model(golden_model.config, page_entries=16), 100, 2,
@@ -404,13 +463,21 @@ def test_sparse_attention_on_a_paged_cache(paged, entry_splits, head_block, pref
     e_off, e_soff = cache.entry_offsets(source, idx)
     sink = torch.randn(heads, generator=g)
     dev = lambda t: t.to(DEVICE)  # noqa: E731
-    got = sparse_attention(dev(q), dev(cache.pool.slots_buffer), dev(torch.where(win >= 0, w_off, -1)), dev(w_soff),
-                           dev(cache.pool.pages_buffer), dev(torch.where(idx >= 0, e_off, -1)), dev(e_soff),
-                           dev(sink), dim**-0.5, entry_splits=entry_splits, head_block=head_block,
-                           prefill=prefill, tiles=dict(GATHER=gather, TWO_PASS=two_pass)).cpu()
+    def attend(window_codes, window_scales, window_base=(0, 0)):
+        return sparse_attention(dev(q), dev(cache.pool.slots_buffer), dev(torch.where(win >= 0, window_codes, -1)),
+                                dev(window_scales), dev(cache.pool.pages_buffer), dev(torch.where(idx >= 0, e_off, -1)),
+                                dev(e_soff), dev(sink), dim**-0.5, entry_splits=entry_splits, head_block=head_block,
+                                prefill=prefill, tiles=dict(GATHER=gather, TWO_PASS=two_pass),
+                                window_base=window_base).cpu()
+
+    got = attend(w_off, w_soff)
     ref = sparse_attention_ref(q, cache.ring_read(layer, positions), win >= 0,
                                cache.entries_gather(source, idx.clamp_min(0)), idx >= 0, sink, dim**-0.5)
     assert (got - ref).abs().max() < REL * ref.abs().max() + 1e-5
+    # the layer's ring through layer 0's offsets and the layer's bytes past them: the same keys
+    codes0, scales0 = cache.ring_offsets(0, win.clamp_min(0))
+    strides = cache.ring_layer_stride
+    assert torch.equal(attend(codes0, scales0, (layer * strides[0], layer * strides[1])), got)
 
 
 @pytest.mark.parametrize("prefill, two_pass", [(False, 0), (True, 0), (True, 1)])
