@@ -43,6 +43,7 @@ from ..quant import dequantize_fp4_weight, fake_quant_fp8
 from .common import (DOT, bf16_parts, byte_words, e2m1_quads, interpreting, mma_sync, quad_scales, quad_units,
                      scale_bytes_within, step_scales)
 from .quantize import fp8_blocks
+from .swiglu import clamped_swiglu_tile
 
 
 def fp4_moe_ref(x, idx, weights, w13, s13, w2, s2, limit: float, act_quant: bool = False) -> torch.Tensor:
@@ -158,13 +159,10 @@ def _gate_up_kernel(x_ptr, tok_ptr, wt_ptr, blk_ptr, w_ptr, s_ptr, h_ptr, H, INT
                           H // PIECES, swr, ssr, up, parts, PIECES, PTX, SMALL, VECTORS, SCALE_WORDS, BLOCK_N, BLOCK_KU)
     gate = _per_pair(gate, BLOCK_N, BLOCK_M, SLOTS)
     up = _per_pair(up, BLOCK_N, BLOCK_M, SLOTS)
-    if limit > 0:
-        gate = tl.minimum(gate, limit)
-        up = tl.minimum(tl.maximum(up, -limit), limit)
     pairs = pid_b * BLOCK_M + tl.arange(0, BLOCK_M)
     live = tl.load(tok_ptr + pairs) >= 0
     routed = tl.load(wt_ptr + pairs, mask=live, other=0.0)
-    rest = gate / (1.0 + tl.exp(-gate)) * up * routed[None, :]
+    rest = clamped_swiglu_tile(gate, up, limit) * routed[None, :]
     if ACT_QUANT:
         blocks = tl.reshape(tl.trans(rest), (BLOCK_M * BLOCK_N // 32, 32))
         rest = tl.trans(tl.reshape(fp8_blocks(blocks)[1], (BLOCK_M, BLOCK_N)))

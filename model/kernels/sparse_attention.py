@@ -561,7 +561,7 @@ def sparse_attention(q: torch.Tensor, ring: torch.Tensor, window_offsets: torch.
     given (launch_plan). A bf16 q attends as sparse_attention_ref says (faithful mode): one
     bf16 part of the queries and of the probabilities in the tensor-core form. `window_base`:
     bytes added to every valid window offset (codes, scales): a layer's ring read through
-    layer 0's offsets, added where the keys are gathered (else to a copy of the offsets)."""
+    layer 0's offsets, added where the keys are gathered (else to a copy of the offsets: _shifted)."""
     n, heads, dim = q.shape
     assert window_offsets.shape == window_scale_offsets.shape and entry_offsets.shape == entry_scale_offsets.shape
     assert ring.dtype == torch.uint8 and pages.dtype == torch.uint8 and dim % 32 == 0
@@ -570,10 +570,6 @@ def sparse_attention(q: torch.Tensor, ring: torch.Tensor, window_offsets: torch.
     e_off, e_soff = entry_offsets.contiguous(), entry_scale_offsets.contiguous()
     K = e_off.shape[1]
     plan = launch_plan(n, K, heads, dim, head_block, entry_splits, prefill)
-    gathers = plan.prefill and n and {**PREFILL_TILES, **(tiles or {})}["GATHER"]
-    if any(window_base) and not gathers:
-        w_off, w_soff = torch.where(w_off >= 0, w_off + window_base[0], -1), w_soff + window_base[1]
-        window_base = (0, 0)
     assert not plan.prefill or prefill_form_fits(dim), f"the prefill form cannot take head_dim {dim}"
     sink = sink.float().contiguous()
     bf16 = q.dtype == torch.bfloat16  # one part of the query and of the probabilities (sparse_attention_ref)
@@ -591,8 +587,10 @@ def sparse_attention(q: torch.Tensor, ring: torch.Tensor, window_offsets: torch.
         if t["GATHER"]:
             ring = gather_keys(ring, w_off, w_soff, dim, dim // 32, window_base)
             pages = gather_keys(pages, e_off, e_soff, dim // 2, dim // 16)
-        elif ring.numel() % 2:  # read as 16-bit words (a pool's slots are 64-byte aligned)
-            ring = torch.cat([ring, ring.new_zeros(1)])
+        else:
+            w_off, w_soff = _shifted(w_off, w_soff, window_base)
+            if ring.numel() % 2:  # read as 16-bit words (a pool's slots are 64-byte aligned)
+                ring = torch.cat([ring, ring.new_zeros(1)])
         W = w_off.shape[1]
         key_tiles = triton.cdiv(W, t["KT"]) + triton.cdiv(K, t["KT"])
         per_split = triton.cdiv(key_tiles, max(plan.entry_splits, 1))
@@ -610,6 +608,7 @@ def sparse_attention(q: torch.Tensor, ring: torch.Tensor, window_offsets: torch.
             num_warps=num_warps or t["num_warps"], num_stages=t["num_stages"])
         return _merge_splits(part_ml, part_acc, sink, out, splits, *HEAD_BLOCKS["decode"])
     q = q.contiguous()
+    w_off, w_soff = _shifted(w_off, w_soff, window_base)
     hb, entry_splits, per_split = plan.head_block, plan.entry_splits, plan.per_split
     num_warps = num_warps or plan.warps
     head_blocks = triton.cdiv(heads, hb)
@@ -622,6 +621,14 @@ def sparse_attention(q: torch.Tensor, ring: torch.Tensor, window_offsets: torch.
                                    D=dim, HB=hb, KT=KEY_TILE, HW_FP8=not interpreting(), SPLITS=splits,
                                    BF16_P=bf16, num_warps=num_warps)
     return _merge_splits(part_ml, part_acc, sink, out, splits, hb, num_warps)
+
+
+def _shifted(w_off: torch.Tensor, w_soff: torch.Tensor, base: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Window offsets with `base` added where valid, for the forms that read the ring in place
+    (gather_keys adds it as it copies)."""
+    if not any(base):
+        return w_off, w_soff
+    return torch.where(w_off >= 0, w_off + base[0], -1), w_soff + base[1]
 
 
 def _two_pass(parts, ring, w_off, w_soff, pages, e_off, e_soff, sink, out, scale: float, head_block: int, t: dict,

@@ -1,8 +1,9 @@
 """The shared expert's clamped SwiGLU in one launch: silu(min(g, L)) * clamp(u, -L, L).
 
 torch's form is four kernels (two clamps, silu, product) a layer at decode; the routed
-experts compute the same inside their gate/up kernel (fp4_moe). Shapes: gate, up [T, I]
-(rows of contiguous columns, any row stride: the halves of one merged GEMM's output).
+experts compute the same (clamped_swiglu_tile) inside their gate/up kernel (fp4_moe). Shapes:
+gate, up [T, I] (rows of contiguous columns, any row stride: the halves of one merged GEMM's
+output).
 """
 
 from __future__ import annotations
@@ -21,6 +22,15 @@ def clamped_swiglu_ref(gate: torch.Tensor, up: torch.Tensor, limit: float) -> to
 
 
 @triton.jit
+def clamped_swiglu_tile(gate, up, limit):
+    """silu(min(gate, L)) * clamp(up, -L, L) of fp32 tiles (no clamp when limit is 0)."""
+    if limit > 0:
+        gate = tl.minimum(gate, limit)
+        up = tl.minimum(tl.maximum(up, -limit), limit)
+    return gate / (1.0 + tl.exp(-gate)) * up
+
+
+@triton.jit
 def _swiglu_kernel(g_ptr, u_ptr, out_ptr, I, limit, sgt, sut, BLOCK: tl.constexpr):
     """Program (row t, column block)."""
     t = tl.program_id(0)
@@ -28,10 +38,7 @@ def _swiglu_kernel(g_ptr, u_ptr, out_ptr, I, limit, sgt, sut, BLOCK: tl.constexp
     live = d < I
     gate = tl.load(g_ptr + t * sgt + d, mask=live, other=0.0).to(tl.float32)
     up = tl.load(u_ptr + t * sut + d, mask=live, other=0.0).to(tl.float32)
-    if limit > 0:
-        gate = tl.minimum(gate, limit)
-        up = tl.minimum(tl.maximum(up, -limit), limit)
-    tl.store(out_ptr + t * I + d, gate / (1.0 + tl.exp(-gate)) * up, mask=live)
+    tl.store(out_ptr + t * I + d, clamped_swiglu_tile(gate, up, limit), mask=live)
 
 
 def supported(gate: torch.Tensor, up: torch.Tensor) -> bool:

@@ -26,7 +26,6 @@ from ...kvcache.paged import page_offsets, tables_end_to_end
 from ..batch import SeqRun, cat, end_to_end, offsets, run_rows
 from ..config import LayerRole, ModelConfig
 from ..device import to_device
-from ..kernels.common import interpreting
 from ..kernels.ring_write import write_rows
 from ..kernels.sparse_attention import LaunchPlan, launch_plan, prefill_form_fits, sparse_attention
 from ..ops import ReferenceOps
@@ -144,7 +143,7 @@ def _attend_causal(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, prepare
     q = ops.attention_query(q_all, cos, sin)
     kv, packed = ops.fp8_round_trip(ops.rope(kv_all, cos, sin))
     bases = _layer_bases(layer, prepared.ring_strides)
-    _write_ring_rows(pool.slots_buffer, ring_codes, ring_scales, bases, packed)
+    write_rows(pool.slots_buffer, ring_codes, ring_scales, bases, *packed)
     o = _attend_planned(cfg, q, pool.slots_buffer, (win_codes, win_scales), pool.pages_buffer, (entry_off, entry_soff),
                         ops.w(f"{role.prefix}.attn.attn_sink"), prepared.plan, bases)
     return ops.rope(o, cos, sin, inverse=True)
@@ -269,19 +268,9 @@ def _ring_store(runs: list[SeqRun], layer: int, kv: torch.Tensor, packed) -> Non
         return
     if sum(run.n for run in runs) != kv.shape[0]:
         packed = tuple(run_rows(part, runs) for part in packed)
-    _write_ring_rows(runs[0].cache.pool.slots_buffer, *_ring_rows(runs),
-                     _layer_bases(layer, runs[0].cache.ring_layer_stride), packed)
+    write_rows(runs[0].cache.pool.slots_buffer, *_ring_rows(runs), _layer_bases(layer, runs[0].cache.ring_layer_stride),
+               *packed)
     note_ring_writes(runs, layer)
-
-
-def _write_ring_rows(buf: torch.Tensor, codes0: torch.Tensor, scales0: torch.Tensor, bases: tuple[int, int],
-                     packed) -> None:
-    """Rows' FP8 codes and scales into a layer's ring: at layer 0's offsets plus its bases."""
-    if buf.is_cuda or interpreting():
-        write_rows(buf, codes0, scales0, bases, *packed)
-    else:
-        buf[codes0 + bases[0]] = packed[0]
-        buf[scales0 + bases[1]] = packed[1]
 
 
 def _layer_bases(layer: int, strides: tuple[int, int]) -> tuple[int, int]:
