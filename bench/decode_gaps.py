@@ -19,7 +19,6 @@ import json
 import pathlib
 import sys
 import tempfile
-import time
 from collections import defaultdict
 
 import torch
@@ -77,28 +76,12 @@ def _place(kernel: dict, launches: dict, frames: dict, starts: dict) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--batch", type=int, default=1)
-    parser.add_argument("--context", type=int, default=4096)
-    parser.add_argument("--steps", type=int, default=2)
-    parser.add_argument("--act-quant", action="store_true")
-    parser.add_argument("--preset", default="bench")
-    parser.add_argument("--device", default="cuda", help="cpu with --preset tiny: a smoke test (no GPU timeline)")
+    h200.engine_arguments(parser, steps=2)
     args = parser.parse_args()
-    h200.DEV = args.device
-    h200.DEADLINE[0] = time.monotonic() + 3600
     from torch.profiler import ProfilerActivity, profile
 
-    model, _ = h200.build_model(fast=True, preset=args.preset, act_quant=args.act_quant)
-    engine = h200.decode_engine(model, args.batch, args.context, torch.Generator(device=args.device).manual_seed(0))
+    engine, step_ms = h200.warm_engine(args)
     with torch.inference_mode():
-        for _ in range(4):  # admission, then capture and warm the graphs
-            engine.step()
-        h200.sync()
-        began = time.perf_counter()
-        for _ in range(args.steps):
-            engine.step()
-        h200.sync()
-        step_ms = (time.perf_counter() - began) / args.steps * 1e3
         config = torch._C._profiler._ExperimentalConfig(verbose=True)
         activities = [ProfilerActivity.CPU] + [ProfilerActivity.CUDA] * args.device.startswith("cuda")
         with profile(activities=activities, with_stack=True,

@@ -529,6 +529,41 @@ def decode_engine(model, batch: int, context: int, generator: torch.Generator):
     return engine
 
 
+def engine_arguments(parser, steps: int) -> None:
+    """The options of a diagnostic that runs one decode engine (warm_engine)."""
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--context", type=int, default=4096)
+    parser.add_argument("--steps", type=int, default=steps)
+    parser.add_argument("--act-quant", action="store_true")
+    parser.add_argument("--preset", default="bench")
+    parser.add_argument("--device", default="cuda", help="cpu with --preset tiny: a smoke test (no GPU clock)")
+
+
+def warm_engine(args):
+    """(engine, step ms) for engine_arguments' args: a decode engine of args.batch requests at
+    args.context tokens with its graphs captured and warm, and its step time over args.steps
+    steps (diagnostics then rerun steps under their own instruments)."""
+    global DEV
+    DEV = args.device
+    DEADLINE[0] = time.monotonic() + 3600
+    model, _ = build_model(fast=True, preset=args.preset, act_quant=args.act_quant)
+    engine = decode_engine(model, args.batch, args.context, torch.Generator(device=DEV).manual_seed(0))
+    return engine, timed_steps(engine, 4, args.steps)  # admission, then capture and warm the graphs
+
+
+def timed_steps(engine, warm: int, steps: int) -> float:
+    """ms a decode step, over `steps` steps after `warm` untimed ones."""
+    with torch.inference_mode():
+        for _ in range(warm):
+            engine.step()
+        sync()
+        began = time.perf_counter()
+        for _ in range(steps):
+            engine.step()
+        sync()
+    return (time.perf_counter() - began) / steps * 1e3
+
+
 def decode(model, store, batches, contexts, label: str) -> None:
     config = model.config
     g = torch.Generator(device=DEV).manual_seed(0)
@@ -538,18 +573,8 @@ def decode(model, store, batches, contexts, label: str) -> None:
                 record(label, f"ctx{context}_B{batch}", {"skipped": "device time budget"})
                 continue
             engine = decode_engine(model, batch, context, g)
-            with torch.inference_mode():
-                engine.step()  # admission
-                reference = label.startswith("reference")
-                steps = 2 if reference else 6
-                for _ in range(1 if reference else 2):
-                    engine.step()
-                sync()
-                began = time.perf_counter()
-                for _ in range(steps):
-                    engine.step()
-                sync()
-            step_s = (time.perf_counter() - began) / steps
+            reference = label.startswith("reference")  # admission, then 1 or 2 warm steps
+            step_s = timed_steps(engine, 2 if reference else 3, 2 if reference else 6) / 1e3
             if PROFILE[0] and label.startswith("decode") and batch == batches[0]:
                 profile_steps(engine, f"{label}_ctx{context}_B{batch}", stacks=True)
                 host_profile(engine, f"host_{label}_ctx{context}_B{batch}")

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from ..kvcache.state import SequenceCache
+from . import graphs as graph_module
 from .batch import SeqRun
 from .deepseek_v41 import DeepseekV41
 from .device import to_device
@@ -62,7 +63,6 @@ class DSparkDrafter:
         """absorb for several (cache, start, taps) at once, as a decode step's batch needs: the
         projections, norms, RoPE and quantization run once over every cache's rows (each row
         as alone), then each cache takes its own rows into its rings."""
-        ops, c = self.model.ops, self.config
         rows = []  # (cache, first position, taps): only the rows each ring keeps
         for cache, start, taps in items:
             keep = min(taps.shape[0], cache.ring_capacity)
@@ -76,32 +76,66 @@ class DSparkDrafter:
         else:  # one copy, not an arange per cache
             positions = to_device(torch.tensor([first + i for _, first, t in rows for i in range(t.shape[0])]),
                                   taps.device)
+        if self._graphs() is not None and self.model.qat:  # fixed shapes per row count: a graph each
+            written = self._graphs().run(("absorb",), self._stage_rows, (taps, positions))
+        else:
+            written = self._stage_rows(taps, positions)
+        for i, role in enumerate(self.stages):
+            kv, packed = written[3 * i], (written[3 * i + 1], written[3 * i + 2]) if self.model.qat else None
+            type(rows[0][0]).ring_store_runs(role.index, [(cache, first, t.shape[0]) for cache, first, t in rows], kv,
+                                             packed)
+
+    def _stage_rows(self, taps: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Each stage's ring rows for the taps [n, targets*H] at `positions` [n]: (kv, FP8 codes,
+        scales) a stage, the codes and scales None without the quantizers."""
+        ops, c = self.model.ops, self.config
         main_x = ops.rms_norm(ops.linear(taps, f"{self.first}.main_proj"), ops.w(f"{self.first}.main_norm.weight"),
                               c.rms_norm_eps)
         cos, sin = self.model.rope.cos_sin("local", positions)
         stage_kv = ops.linear_many(main_x, tuple(f"{role.prefix}.attn.wkv" for role in self.stages))
+        out = []
         for role, kv in zip(self.stages, stage_kv):
-            p = role.prefix
-            kv = ops.rms_norm(kv, ops.w(f"{p}.attn.kv_norm.weight"), c.rms_norm_eps)
-            kv = ops.rope(kv, cos, sin)
-            packed = None
+            kv = ops.rope(ops.rms_norm(kv, ops.w(f"{role.prefix}.attn.kv_norm.weight"), c.rms_norm_eps), cos, sin)
+            packed = (None, None)
             if self.model.qat:
                 kv, packed = ops.fp8_round_trip(kv)
-            type(rows[0][0]).ring_store_runs(role.index, [(cache, first, t.shape[0]) for cache, first, t in rows], kv,
-                                             packed)
+            out += [kv, *packed]
+        return tuple(out)
 
     def propose(self, requests: list[tuple[SequenceCache, int]], choose: Chooser = greedy_chooser) -> Proposal:
         """Drafts for each (cache, y): the cache has committed positions .. p, y is the token at p+1."""
-        c, model, ops = self.config, self.model, self.model.ops
+        c, model = self.config, self.model
         B = c.dspark_block_size
         runs = [SeqRun(cache=cache, tokens=torch.tensor([y] + [c.dspark_noise_token_id] * (B - 1)),
                        start=cache.num_tokens, history=[]) for cache, y in requests]
         X, pre = model.draft_streams(runs)
-        x = hc_collapse(X, pre).view(len(runs), B, -1)  # [R, B, H]
+        R = len(runs)
+        if choose is greedy_chooser and self._graphs() is not None:
+            # every row's argmax stays on the device: the block's head is one graph per bucket
+            tokens = to_device(torch.cat([run.tokens for run in runs]), X.device)
+            drafts, logits, confidence = model.graphs.run(("draft_head",), self._greedy_head, (X, pre, tokens), unit=B)
+            return Proposal(drafts.view(R, B), logits.view(R, B, -1), confidence.view(R, B))
+        return self._head(X, pre, torch.tensor([y for _, y in requests], dtype=torch.long), choose)
+
+    def _graphs(self):
+        """The model's CUDA graphs, where the drafter's own parts take them (graphs.HOST_BOUND_PARTS)."""
+        return self.model.graphs if graph_module.HOST_BOUND_PARTS else None
+
+    def _greedy_head(self, X: torch.Tensor, pre: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """_head of greedy_chooser with each block's tokens [R*B] (y first), as rows [R*B, ...]."""
+        B = self.config.dspark_block_size
+        p = self._head(X, pre, tokens.view(-1, B)[:, 0], greedy_chooser)
+        return p.drafts.reshape(-1), p.logits.flatten(0, 1), p.confidence.reshape(-1)
+
+    def _head(self, X: torch.Tensor, pre: torch.Tensor, first: torch.Tensor, choose: Chooser) -> Proposal:
+        """The drafts from the last stage's streams X [R*B, S, H]; `first`: each block's y [R]."""
+        c, ops = self.config, self.model.ops
+        B = c.dspark_block_size
+        x = hc_collapse(X, pre).view(-1, B, X.shape[-1])  # [R, B, H]
         base = ops.linear(ops.rms_norm(x, ops.w(f"{self.last}.norm.weight"), c.rms_norm_eps), "head.weight")
         markov_embed = ops.w(f"{self.last}.markov_head.embed.weight")
         markov_head = ops.w(f"{self.last}.markov_head.head.weight")
-        out = torch.tensor([y for _, y in requests], dtype=torch.long)
+        out = first
         drafts, logits, embeds = [], [], []
         for i in range(B):
             e = markov_embed[to_device(out, markov_embed.device)]  # [R, r]

@@ -8,7 +8,9 @@ per row count and then replayed as a single launch. Once a layer's entry lists a
 neither compressor nor indexer is one graph (DeepseekV41.block), as is a DSpark stage, and a
 compressor or indexer layer two: its projections ("attn_in"), then its attention with the
 FFN ("attn_ffn"), with the compressor and indexer eager between them (their shapes follow
-each cache).
+each cache). The Engram sites are graphs too, and so are the drafter's absorb (per row count)
+and its greedy head with the Markov loop (model/dspark.py): run eagerly, each cost the host
+more than its GPU time, and the GPU waited.
 
 Graphs are kept per batch-size bucket, not per row count: when every request of a forward
 has the same rows (decode's verify blocks, the drafter's blocks), the batch is padded up to
@@ -51,6 +53,10 @@ class _Captured:
 
 
 _EAGER = object()  # a key that failed to capture
+
+# The Engram sites and the drafter's absorb and greedy head run as graphs (off: eagerly; a
+# switch for bench/decode_ab.py). Eagerly each cost the host more than its GPU time.
+HOST_BOUND_PARTS = True
 
 # Request counts a padded batch rounds up to: few buckets where a batch is small and its
 # rows cheap to pad, then every 8 (vLLM's capture sizes run the same way).
@@ -183,7 +189,8 @@ class GraphCache:
         self._sources.clear()
 
     def captured(self, part: str | None = None) -> int:
-        """How many graphs were captured (of one part: "attn_in", "attn_out_ffn", "attn_ffn", "block")."""
+        """How many graphs were captured (of one part: "attn_in", "attn_out_ffn", "attn_ffn", "block",
+        "engram", and the drafter's "absorb" and "draft_head")."""
         return sum(isinstance(entry, _Captured) and part in (None, key[0]) for key, entry in self._entries.items())
 
 

@@ -18,11 +18,22 @@ from ..ops import ReferenceOps
 
 
 def engram(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, X: torch.Tensor, hash_ids: torch.Tensor) -> torch.Tensor:
+    return engram_mix(ops, cfg, role, X, engram_rows(ops, role, hash_ids, X.device))
+
+
+def engram_rows(ops: ReferenceOps, role: LayerRole, hash_ids: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """The table rows [T, C, d] of the hash ids (computed on the host), on `device`. The
+    (large) table may live on the host: look the rows up where it lives and copy without a
+    sync whichever side of the bus that is."""
+    table = ops.weights[f"{role.prefix}.engram.embed"]
+    return to_device(table.rows(to_device(hash_ids, table.weight.device)), device)
+
+
+def engram_mix(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, X: torch.Tensor, rows: torch.Tensor
+               ) -> torch.Tensor:
+    """X with the gated values of the table rows [T, C, d] added to each stream: shapes set by
+    T alone (one CUDA graph per row count at decode)."""
     p, S, H, eps = role.prefix, cfg.hc_mult, cfg.hidden_size, cfg.rms_norm_eps
-    # Hash ids are computed on the host; the (large) table may live there too: look the rows
-    # up where it lives and copy without a sync whichever side of the bus that is.
-    table = ops.weights[f"{p}.engram.embed"]
-    rows = to_device(table.rows(to_device(hash_ids, table.weight.device)), X.device)  # [T, C, d]
     kv = ops.linear(rows.flatten(-2), f"{p}.engram.wkv")
     key, value = kv[:, : S * H].view(-1, S, H), kv[:, S * H:]
     wqk = ops.w(f"{p}.engram.q_weight") * ops.w(f"{p}.engram.k_weight")  # [S, H]

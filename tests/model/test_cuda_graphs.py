@@ -99,5 +99,34 @@ def test_replayed_steps_equal_eager_steps(golden_dir, golden, requests):
     # layers without compressor or indexer ran as one graph each (their entry lists are full),
     # the others as two, the attention in the second
     assert graphs.captured("block") > 0 and graphs.captured("attn_in") > 0 and graphs.captured("attn_ffn") > 0
+    assert graphs.captured("engram") > 0
     graphs.release()  # frees them at once (a process group's teardown waits on live ones)
     assert graphs.captured() == 0
+
+
+@gpu
+def test_the_drafters_graphs_equal_its_eager_runs(golden_dir, golden):
+    """DSpark's absorb and its greedy head (the Markov loop included) replay from graphs: the
+    drafts, their logits and confidences are the eager ones, bit for bit, step after step."""
+    from dsflash.model.dspark import DSparkDrafter
+
+    model, twins = _twins(golden_dir, golden, 2)
+    drafter, graphs = DSparkDrafter(model), GraphCache()
+    g = torch.Generator().manual_seed(2)
+    with torch.inference_mode():
+        for _ in range(4):  # eager, capture, then replays
+            ys = torch.randint(3, model.config.vocab_size, (2,), generator=g).tolist()
+            blocks = [torch.randint(3, model.config.vocab_size, (6,), generator=g) for _ in ys]
+            got = {}
+            for mode, caches in twins.items():
+                model.graphs = graphs if mode == "graphs" else None
+                proposal = drafter.propose(list(zip(caches, ys)))
+                got[mode] = [t.cpu() for t in (proposal.drafts, proposal.logits, proposal.confidence)]
+                starts = [cache.num_tokens for cache in caches]
+                taps = step(model, caches, blocks, logits="none", taps=True).taps
+                drafter.absorb_many([(cache, start, t[:4]) for cache, start, t in zip(caches, starts, taps)])
+            for eager, replayed in zip(got["eager"], got["graphs"]):
+                assert torch.equal(eager, replayed)
+    model.graphs = None
+    assert graphs.captured("draft_head") > 0 and graphs.captured("absorb") > 0
+    graphs.release()
