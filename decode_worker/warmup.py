@@ -89,6 +89,8 @@ def warm_up(engine: DecodeEngine, context: int | None = None, sizes: list[int] |
             for request_id in ids:
                 engine.abort(request_id)
         warmed.append(batch)
+    if engine.drafter is not None and model.graphs is not None:  # its absorb's row counts vary by step
+        engine.drafter.warm_up(engine.config.max_running * (engine.spec_tokens + 1))
     log.info("decode warmed up for batches of %s in %.1f s (%d CUDA graphs)", warmed, time.monotonic() - began,
              model.graphs.captured() if model.graphs is not None else 0)
     return warmed

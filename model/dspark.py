@@ -76,14 +76,30 @@ class DSparkDrafter:
         else:  # one copy, not an arange per cache
             positions = to_device(torch.tensor([first + i for _, first, t in rows for i in range(t.shape[0])]),
                                   taps.device)
-        if self._graphs() is not None and self.model.qat:  # fixed shapes per row count: a graph each
-            written = self._graphs().run(("absorb",), self._stage_rows, (taps, positions))
+        if self._graphs() is not None and self.model.qat:  # a graph per bucket of row counts
+            written = self._graphs().run(("absorb",), self._stage_rows, (taps, positions), unit=1)
         else:
             written = self._stage_rows(taps, positions)
         for i, role in enumerate(self.stages):
             kv, packed = written[3 * i], (written[3 * i + 1], written[3 * i + 2]) if self.model.qat else None
             type(rows[0][0]).ring_store_runs(role.index, [(cache, first, t.shape[0]) for cache, first, t in rows], kv,
                                              packed)
+
+    def warm_up(self, rows: int) -> None:
+        """Capture absorb's graphs for every bucket of up to `rows` rows now, not in front of a
+        user: a step absorbs each request's accepted tokens, so its row count varies from step
+        to step (the rows are zeros; absorb's graph writes no cache)."""
+        graphs = self._graphs()
+        if graphs is None or not self.model.qat:
+            return
+        rows = min(rows, graphs.max_rows)
+        width = len(self.config.dspark_target_layers) * self.config.hidden_size
+        with torch.inference_mode():  # the steps that replay them run in it (the buffers are its tensors)
+            taps = torch.zeros(rows, width, device=self.model.device)
+            positions = torch.zeros(rows, dtype=torch.long, device=self.model.device)
+            for bucket in sorted({graphs.padded_rows(n, 1) for n in range(1, rows + 1)}):
+                for _ in range(2):  # the eager run, then the capture
+                    graphs.run(("absorb",), self._stage_rows, (taps[:bucket], positions[:bucket]), unit=1)
 
     def _stage_rows(self, taps: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """Each stage's ring rows for the taps [n, targets*H] at `positions` [n]: (kv, FP8 codes,
