@@ -76,8 +76,9 @@ class DSparkDrafter:
         else:  # one copy, not an arange per cache
             positions = to_device(torch.tensor([first + i for _, first, t in rows for i in range(t.shape[0])]),
                                   taps.device)
-        if self._graphs() is not None and self.model.qat:  # a graph per bucket of row counts
-            written = self._graphs().run(("absorb",), self._stage_rows, (taps, positions), unit=1)
+        graphs = self._graphs()
+        if graphs is not None and self.model.qat:  # a graph per bucket of row counts
+            written = graphs.run(("absorb",), self._stage_rows, (taps, positions), unit=1)
         else:
             written = self._stage_rows(taps, positions)
         for i, role in enumerate(self.stages):
@@ -126,10 +127,11 @@ class DSparkDrafter:
                        start=cache.num_tokens, history=[]) for cache, y in requests]
         X, pre = model.draft_streams(runs)
         R = len(runs)
-        if choose is greedy_chooser and self._graphs() is not None:
+        graphs = self._graphs()
+        if choose is greedy_chooser and graphs is not None:
             # every row's argmax stays on the device: the block's head is one graph per bucket
             tokens = to_device(torch.cat([run.tokens for run in runs]), X.device)
-            drafts, logits, confidence = model.graphs.run(("draft_head",), self._greedy_head, (X, pre, tokens), unit=B)
+            drafts, logits, confidence = graphs.run(("draft_head",), self._greedy_head, (X, pre, tokens), unit=B)
             return Proposal(drafts.view(R, B), logits.view(R, B, -1), confidence.view(R, B))
         return self._head(X, pre, torch.tensor([y for _, y in requests], dtype=torch.long), choose)
 
