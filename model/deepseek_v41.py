@@ -311,7 +311,7 @@ class DeepseekV41:
     def _hash(self, runs: list[SeqRun]) -> torch.Tensor | None:
         if self.hasher is None:
             return None
-        return torch.cat([self.hasher(run.tokens, run.history) for run in runs])
+        return self.hasher.many([(run.tokens, run.history) for run in runs])
 
     def _outputs(self, X, pre, runs, which: str, tap_rows) -> ForwardResult:
         logits: list[torch.Tensor | None] = []
