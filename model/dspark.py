@@ -76,11 +76,7 @@ class DSparkDrafter:
         else:  # one copy, not an arange per cache
             positions = to_device(torch.tensor([first + i for _, first, t in rows for i in range(t.shape[0])]),
                                   taps.device)
-        graphs = self._graphs()
-        if graphs is not None and self.model.qat:  # a graph per bucket of row counts
-            written = graphs.run(("absorb",), self._stage_rows, (taps, positions), unit=1)
-        else:
-            written = self._stage_rows(taps, positions)
+        written = self._absorb_rows(taps, positions)
         for i, role in enumerate(self.stages):
             kv, packed = written[3 * i], (written[3 * i + 1], written[3 * i + 2]) if self.model.qat else None
             type(rows[0][0]).ring_store_runs(role.index, [(cache, first, t.shape[0]) for cache, first, t in rows], kv,
@@ -100,7 +96,15 @@ class DSparkDrafter:
             positions = torch.zeros(rows, dtype=torch.long, device=self.model.device)
             for bucket in sorted({graphs.padded_rows(n, 1) for n in range(1, rows + 1)}):
                 for _ in range(2):  # the eager run, then the capture
-                    graphs.run(("absorb",), self._stage_rows, (taps[:bucket], positions[:bucket]), unit=1)
+                    self._absorb_rows(taps[:bucket], positions[:bucket])
+
+    def _absorb_rows(self, taps: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """_stage_rows, replayed from a graph per bucket of row counts where the graphs are on
+        (with the quantizers: the graph's outputs are the ring's bytes)."""
+        graphs = self._graphs()
+        if graphs is None or not self.model.qat:
+            return self._stage_rows(taps, positions)
+        return graphs.run(("absorb",), self._stage_rows, (taps, positions), unit=1)
 
     def _stage_rows(self, taps: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """Each stage's ring rows for the taps [n, targets*H] at `positions` [n]: (kv, FP8 codes,

@@ -8,9 +8,10 @@ per row count and then replayed as a single launch. Once a layer's entry lists a
 neither compressor nor indexer is one graph (DeepseekV41.block), as is a DSpark stage, and a
 compressor or indexer layer two: its projections ("attn_in"), then its attention with the
 FFN ("attn_ffn"), with the compressor and indexer eager between them (their shapes follow
-each cache). The Engram sites are graphs too, and so are the drafter's absorb (per row count)
-and its greedy head with the Markov loop (model/dspark.py): run eagerly, each cost the host
-more than its GPU time, and the GPU waited.
+each cache). The Engram sites are graphs too, and so are the drafter's absorb (per bucket
+of row counts, captured at the decode worker's warm-up) and its greedy head with the Markov
+loop (model/dspark.py): run eagerly, each cost the host more than its GPU time, and the GPU
+waited.
 
 Graphs are kept per batch-size bucket, not per row count: when every request of a forward
 has the same rows (decode's verify blocks, the drafter's blocks), the batch is padded up to
