@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from .kernels import compressor, hc_streams, swiglu
+from .kernels import compressor, hc_streams, prefill_gemms, swiglu
 from .kernels import rms_norm as norm_kernel
 from .kernels.common import interpreting, quad_units
 from .kernels.fp4_moe import fp4_moe, small_scales
@@ -72,15 +72,17 @@ class TritonOps(ReferenceOps):
             return fp8_gemm(x.contiguous(), packed.weight, packed.scale, act_quant=self.act_quant, small=small)
         rows = x.reshape(-1, x.shape[-1])
         if (isinstance(weight, torch.Tensor) and weight.dtype == torch.bfloat16 and _kernels_run_on(x)
-                and (rows.shape[0] <= 16 or weight.shape[0] >= WIDE_OUTPUT)):
+                and (rows.shape[0] <= 16 or weight.shape[0] >= WIDE_OUTPUT or _wide_prefill(rows, weight))):
             # bf16 tensor cores at fp32 accuracy on the weight as stored (half the bytes of an
-            # fp32 copy): decode rows (one launch, the parts cut in the kernel) and the LM heads
-            # (2.6x faster than the fp32 matmul at 48 rows). Other shapes keep cuBLAS, which
-            # is quick there and needs no activation split launches.
+            # fp32 copy): decode rows (one launch, the parts cut in the kernel), the LM heads
+            # (2.6x faster than the fp32 matmul at 48 rows), and a prefill chunk's rows against
+            # the compressor's weights (cuBLAS on three bf16 parts: the fp32 product ran at the
+            # CUDA cores' rate). Other shapes keep torch's fp32 product.
             dense = self._bf16.get(name)
             if dense is None:
                 dense = self._bf16[name] = weight.to(self.device).contiguous()
-            return bf16_gemm(rows.contiguous(), dense).view(*x.shape[:-1], dense.shape[0])
+            gemm = prefill_gemms.bf16_product if _wide_prefill(rows, weight) else bf16_gemm
+            return gemm(rows.contiguous(), dense).view(*x.shape[:-1], dense.shape[0])
         return super().linear(x, name)
 
     def linear_many(self, x: torch.Tensor, names: tuple[str, ...]) -> list[torch.Tensor]:
@@ -200,6 +202,8 @@ class TritonOps(ReferenceOps):
         if self.parallel.world > 1:  # len(local): not ours, dropped
             own = idx - local.start
             own = torch.where((own >= 0) & (own < len(local)), own, len(local))
+        if prefill_gemms.takes_experts(x, idx.numel(), len(local)):  # a prefill chunk's pairs: cuBLAS
+            return prefill_gemms.fp4_experts(x.contiguous(), own, weights, *tensors, limit, act_quant=self.act_quant)
         return fp4_moe(x.contiguous(), own, weights, *tensors, limit, small=small, act_quant=self.act_quant)
 
     def stack_all_experts(self, config) -> None:
@@ -238,6 +242,12 @@ class TritonOps(ReferenceOps):
             w2.append(quad_units(down.packed.to(self.device)))
             s2.append(down.scale)
         return tuple(torch.stack(t).to(self.device) for t in (w13, s13, w2, s2))
+
+
+def _wide_prefill(rows: torch.Tensor, weight: torch.Tensor) -> bool:
+    """A prefill chunk's rows against a bf16 weight of enough outputs that cuBLAS's three bf16
+    parts pay for making them (the compressor's 512; the router's 48 keep the fp32 product)."""
+    return weight.shape[0] >= 256 and prefill_gemms.takes(rows)
 
 
 def _kernels_run_on(x: torch.Tensor) -> bool:

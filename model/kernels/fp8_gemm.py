@@ -24,6 +24,7 @@ import triton
 import triton.language as tl
 
 from ..quant import dequantize_fp8_weight, fake_quant_fp8
+from . import prefill_gemms
 from .common import (DOT, bf16_parts, dot_exact_lhs, dot_exact_rhs, e4m3_to_float, e4m3_words, interpreting,
                      mma_sync, scale_bytes_within)
 from .quantize import fp8_grid_bf16
@@ -225,6 +226,8 @@ def fp8_gemm(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, act_qua
     N, K = codes.shape
     assert x.shape[1] == K and codes.dtype == torch.uint8, (x.shape, codes.shape, codes.dtype)
     assert scales.shape == (-(-N // 32), -(-K // 32)) and scales.dtype == torch.uint8
+    if prefill_gemms.takes(x):  # a prefill chunk's rows: cuBLAS on the weight decoded to bf16
+        return prefill_gemms.fp8_product(x, codes, scales)
     return _gemm(x, codes, scales, tiles, small_fp8_scales(scales) if small is None else small)
 
 
@@ -238,6 +241,8 @@ def grouped_fp8_gemm(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor,
     rows = N // groups
     if GK != groups * K or codes.stride(1) != 1:
         return None
+    if prefill_gemms.takes(x):
+        return prefill_gemms.grouped_fp8_product(x, codes, scales, groups)
     block_n = min(_skinny_tiles(N)["BLOCK_N"], rows)  # as _skinny picks it: a power of two dividing R
     if M <= 16 and K % 4 == 0 and rows % block_n == 0 and block_n >= 16 and block_n & (block_n - 1) == 0:
         return _skinny(x, codes, scales, small_fp8_scales(scales) if small is None else small, group_rows=rows)

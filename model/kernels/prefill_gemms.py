@@ -1,0 +1,167 @@
+"""Prefill's FP8 and FP4 matrix products on cuBLAS: the packed weight decoded to bf16 in one
+launch (dequantize.py), then torch's bf16 GEMM with fp32 accumulation and output.
+
+Our kernels decode the weight tile by tile in registers, which pays at decode, where a GEMM
+reads its weight for a few rows; with a prefill chunk's thousands of rows the tensor cores
+bound it, and cuBLAS's bf16 kernels keep them busier. H200, 2026-12-02 (fourteenth session,
+bench/prefill_gemm_paths.py, 8,192 rows, faithful mode, decoding and rounding included):
+wq_b 2.23 -> 1.03 ms, wo_b 2.17 -> 0.99, the shared expert's w1+w3 1.50 -> 0.57, its w2
+0.82 -> 0.32, wq_a 0.56 -> 0.22, wkv 0.29 -> 0.14.
+
+Same math as the kernels: every product is exact in fp32 (an e4m3 or e2m1 value times a
+power-of-two scale is exact in bf16, and so is faithful mode's input on the FP8 grid); an fp32
+input goes in as three bf16 parts that sum to it, side by side along K against the weight
+repeated three times, so that cuBLAS adds the parts' products in its own accumulator. Only the
+order of the fp32 sums differs from the kernels.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .common import bf16_parts, interpreting
+from .dequantize import fp4_quads_bf16, fp8_weight_bf16
+from .quantize import fp8_grid_bf16
+from .swiglu import clamped_swiglu
+
+# From this many rows (a prefill chunk) the FP8 and FP4 products run here; decode's few rows,
+# up to a batch of 32 six-row blocks, keep the kernels, which read each weight byte once.
+ROWS = 1024
+# The routed experts run here from this many pairs an expert on average, with faithful mode's
+# bf16 input only: below it (H200, 1,024 tokens: 128 pairs an expert) the per-expert launches
+# and decodes cost more than fp4_moe's one launch; exact mode's three parts were slower here
+# at 8,192 tokens too (31.6 against 29.4 ms).
+EXPERT_PAIRS = 512
+
+
+def takes(x: torch.Tensor) -> bool:
+    """Whether a dense product with input x runs here: prefill rows on the GPU (the CPU tests
+    call the functions below directly)."""
+    return x.shape[0] >= ROWS and x.is_cuda and not interpreting()
+
+
+def takes_experts(x: torch.Tensor, pairs: int, experts: int) -> bool:
+    """Whether the routed experts of these pairs run here (fp4_experts) rather than on fp4_moe."""
+    return takes(x) and x.dtype == torch.bfloat16 and pairs >= EXPERT_PAIRS * experts
+
+
+def _product(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """a @ b (2-D or batched 3-D) for bf16 a and b, accumulated in and returned as fp32: cuBLAS
+    on the GPU; elsewhere (the CPU tests) the fp32 product of the same values."""
+    if a.is_cuda:
+        op = torch.mm if a.dim() == 2 else torch.bmm
+        return op(a, b, out_dtype=torch.float32, out=out)
+    return torch.matmul(a.float(), b.float(), out=out)
+
+
+def _parts(x: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """x [..., K] as bf16 [..., copies * K] whose products are exact: a bf16 x as it is, an fp32
+    one as its three bf16 parts side by side."""
+    if x.dtype == torch.bfloat16:
+        return x, 1
+    parts = bf16_parts(x.contiguous(), 3)
+    return parts.movedim(0, -2).reshape(*x.shape[:-1], 3 * x.shape[-1]), 3
+
+
+def _repeated(w: torch.Tensor, copies: int) -> torch.Tensor:
+    """A weight [..., N, K] side by side `copies` times along K, against _parts' columns."""
+    return w.repeat(*[1] * (w.dim() - 1), copies) if copies > 1 else w
+
+
+def bf16_product(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x [M, K] @ weight^T for a bf16 weight [N, K] -> [M, N] fp32, as fp8_gemm.bf16_gemm."""
+    a, copies = _parts(x)
+    return _product(a, _repeated(weight, copies).T)
+
+
+def fp8_product(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """x [M, K] @ (codes, scales)^T -> [M, N] fp32, as fp8_gemm computes it."""
+    return bf16_product(x, fp8_weight_bf16(codes, scales))
+
+
+def grouped_fp8_product(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, groups: int) -> torch.Tensor:
+    """Block-diagonal y [M, G*R] = x [M, G*K], group g's rows of (codes, scales) [G*R, K] applied
+    to x's columns g*K .. (the attention output's wo_a), as grouped_fp8_gemm computes it."""
+    M = x.shape[0]
+    N, K = codes.shape
+    a, copies = _parts(x.view(M, groups, K).transpose(0, 1))  # [G, M, copies * K]
+    w = fp8_weight_bf16(codes, scales).view(groups, N // groups, K)
+    y = _product(a, _repeated(w, copies).transpose(1, 2))  # [G, M, R]
+    return y.transpose(0, 1).reshape(M, N)
+
+
+def fp4_experts(x: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor, w13: torch.Tensor, s13: torch.Tensor,
+                w2: torch.Tensor, s2: torch.Tensor, limit: float, act_quant: bool = False) -> torch.Tensor:
+    """fp4_moe's result ([T, H] fp32) for the same arguments (ids past the last expert: other
+    ranks' pairs, left 0). The pairs are sorted by expert once; the experts' weights are decoded
+    to bf16 in one launch a matrix (up to DECODE_EXPERTS at a time: one launch an expert cost
+    11.5 against 9.3 ms at 8,192 tokens), then each expert's run of rows is one product. Each
+    token's k outputs are summed in pair order, as fp4_moe sums them (no atomics)."""
+    T, H = x.shape
+    k = idx.shape[1]
+    E, two_i, _ = w13.shape
+    inter = two_i // 2
+    flat = idx.reshape(-1)
+    order = torch.argsort(flat, stable=True)
+    counts = torch.bincount(flat, minlength=E)[:E].tolist()  # one sync: the products' row counts
+    live = order[:sum(counts)]
+    if not live.numel():  # every pair is another rank's
+        return torch.zeros(T, H, dtype=torch.float32, device=x.device)
+    a, copies = _parts(x)
+    gate_up = _by_expert(a.index_select(0, live // k), counts, w13, s13, copies)
+    h = clamped_swiglu(gate_up[:, :inter], gate_up[:, inter:], limit) * weights.reshape(-1)[live, None]
+    if act_quant and inter % 32 == 0:  # the down projection's input on the FP8 grid (fake_quant_fp8)
+        h = fp8_grid_bf16(h)
+    h, copies = _parts(h)
+    down = _by_expert(h, counts, w2, s2, copies)
+    place = torch.full((flat.shape[0],), -1, dtype=torch.int64, device=x.device)
+    place[live] = torch.arange(live.shape[0], device=x.device)  # pair -> its row of `down` (-1: none)
+    return pair_sums(down, place.view(T, k))
+
+
+# Experts decoded to bf16 at once: 70.8 MB each at the release widths (gate, up and down).
+DECODE_EXPERTS = 64
+
+
+def _by_expert(rows: torch.Tensor, counts: list[int], units: torch.Tensor, scales: torch.Tensor,
+               copies: int) -> torch.Tensor:
+    """Each expert's run of rows (in expert order, counts[e] each) times its weight (quad units
+    [E, N, K/4] and scales, decoded here) -> [rows, N] fp32."""
+    out = torch.empty(rows.shape[0], units.shape[1], dtype=torch.float32, device=rows.device)
+    start = 0
+    for first in range(0, len(counts), DECODE_EXPERTS):
+        if not any(counts[first:first + DECODE_EXPERTS]):
+            continue
+        decoded = fp4_quads_bf16(units[first:first + DECODE_EXPERTS], scales[first:first + DECODE_EXPERTS])
+        for e, count in enumerate(counts[first:first + DECODE_EXPERTS]):
+            if count:
+                _product(rows[start:start + count], _repeated(decoded[e], copies).T, out=out[start:start + count])
+                start += count
+    return out
+
+
+@triton.jit
+def _pair_sums_kernel(rows_ptr, place_ptr, out_ptr, H, K: tl.constexpr, BLOCK: tl.constexpr):
+    """Program (token, column block): the sum of its K pairs' rows, in pair order (-1: none)."""
+    t = tl.program_id(0)
+    c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    acc = tl.zeros((BLOCK,), tl.float32)
+    for j in tl.static_range(K):
+        row = tl.load(place_ptr + t * K + j)
+        values = tl.load(rows_ptr + tl.maximum(row, 0) * H + c, mask=c < H, other=0.0)
+        acc += tl.where(row >= 0, values, 0.0)
+    tl.store(out_ptr + t.to(tl.int64) * H + c, acc, mask=c < H)
+
+
+def pair_sums(rows: torch.Tensor, place: torch.Tensor) -> torch.Tensor:
+    """out[t] = sum over j of rows[place[t, j]] (place -1: nothing), [T, H] fp32, one launch:
+    the experts' outputs, left in expert order, summed per token without a scatter back."""
+    T, k = place.shape
+    H = rows.shape[1]
+    out = torch.empty(T, H, dtype=torch.float32, device=rows.device)
+    if T:
+        block = 1024
+        _pair_sums_kernel[(T, triton.cdiv(H, block))](rows.contiguous(), place.contiguous(), out, H, K=k, BLOCK=block)
+    return out

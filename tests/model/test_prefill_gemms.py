@@ -1,0 +1,157 @@
+"""Prefill's products on cuBLAS (model/kernels/prefill_gemms.py) and the weight decoders they
+use (dequantize.py), against the references the kernels answer to. On CPU the decoders run
+under TRITON_INTERPRET=1 and the products in fp32 (cuBLAS's bf16-in, fp32-out GEMM has no CPU
+form); the GPU test sends prefill-sized calls of the shipped entry points through cuBLAS."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dsflash.model.kernels import prefill_gemms
+from dsflash.model.kernels.common import quad_units
+from dsflash.model.kernels.dequantize import fp4_quads_bf16, fp8_weight_bf16
+from dsflash.model.kernels.fp4_moe import fp4_moe_ref
+from dsflash.model.kernels.fp8_gemm import fp8_gemm, fp8_gemm_ref, grouped_fp8_gemm
+from dsflash.model.quant import (dequantize_fp4_weight, dequantize_fp8_weight, fake_quant_fp8, quantize_fp8_weight)
+from tests.model.test_kernels import DEVICE, REL, _device_experts, _g, _moe_case
+
+
+def test_fp8_weights_decode_to_bf16_exactly():
+    """Every e4m3 code at scales from 2^-20 to 2^7, ragged edges (rows and columns no multiple of 32)."""
+    g = _g(1)
+    codes = torch.randint(0, 256, (70, 100), dtype=torch.uint8, generator=g)
+    codes[(codes & 0x7F) == 0x7F] = 0x11  # not NaN
+    codes[0, :] = torch.arange(100, dtype=torch.uint8)
+    scales = torch.randint(107, 134, (3, 4), dtype=torch.uint8, generator=g)
+    got = fp8_weight_bf16(codes.to(DEVICE), scales.to(DEVICE)).cpu()
+    assert got.dtype == torch.bfloat16 and torch.equal(got.float(), dequantize_fp8_weight(codes, scales))
+
+
+def test_fp4_quad_units_decode_to_bf16_exactly():
+    """Stacked experts' quad units (as fp4_moe keeps them), every code, scales 0 (gives 0) to 2^7."""
+    g = _g(2)
+    packed = torch.randint(0, 256, (3, 40, 96), dtype=torch.uint8, generator=g)
+    scales = torch.randint(100, 135, (3, 40, 6), dtype=torch.uint8, generator=g)
+    scales[0, 0, 0] = 0
+    got = fp4_quads_bf16(quad_units(packed).to(DEVICE), scales.to(DEVICE)).cpu()
+    ref = torch.stack([dequantize_fp4_weight(packed[e], scales[e]) for e in range(3)])
+    ref[0, 0, :32] = 0.0
+    assert got.shape == (3, 40, 192) and torch.equal(got.float(), ref)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fp8_product_equals_the_gemm_reference(dtype):
+    """An fp32 input goes in as three bf16 parts (the sum keeps fp32's accuracy), a bf16 one
+    (faithful mode's FP8 grid) as itself."""
+    g = _g(3)
+    codes, scales = quantize_fp8_weight(torch.randn(96, 160, generator=g))
+    x = (torch.randn(40, 160, generator=g) * torch.exp2(torch.arange(160) // 32 * 3.0 - 4.0)).to(dtype)
+    got = prefill_gemms.fp8_product(x.to(DEVICE), codes.to(DEVICE), scales.to(DEVICE)).cpu()
+    ref = fp8_gemm_ref(x, codes, scales)
+    assert (got - ref).abs().max() < 1e-6 * ref.abs().max()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_grouped_fp8_product_is_block_diagonal(dtype):
+    g = _g(4)
+    codes, scales = quantize_fp8_weight(torch.randn(4 * 32, 64, generator=g))
+    x = torch.randn(9, 4 * 64, generator=g).to(dtype)
+    got = prefill_gemms.grouped_fp8_product(x.to(DEVICE), codes.to(DEVICE), scales.to(DEVICE), 4).cpu()
+    dense = dequantize_fp8_weight(codes, scales).view(4, 32, 64)
+    ref = torch.einsum("tgi,gri->tgr", x.float().view(9, 4, 64), dense).reshape(9, -1)
+    assert (got - ref).abs().max() < 1e-6 * ref.abs().max()
+
+
+@pytest.mark.parametrize("act_quant, decode_experts", [(False, 64), (True, 64), (True, 2)])
+def test_experts_on_cublas_equal_the_reference(act_quant, decode_experts, monkeypatch):
+    """fp4_moe's arguments, fp4_moe_ref's result: exact mode (fp32 x, three parts), faithful mode
+    (x on the FP8 grid as bf16, the down projection's input rounded onto it too); the experts
+    decoded all at once or two at a time."""
+    monkeypatch.setattr(prefill_gemms, "DECODE_EXPERTS", decode_experts)
+    stack, x, idx, weights = _moe_case(_g(5), 23, E=5, H=64, inter=64, k=3)
+    if act_quant:
+        x = fake_quant_fp8(x).to(torch.bfloat16)
+    ref = fp4_moe_ref(x, idx, weights, *stack, 0.7, act_quant=act_quant)
+    got = prefill_gemms.fp4_experts(x.to(DEVICE), idx.to(DEVICE), weights.to(DEVICE), *_device_experts(stack), 0.7,
+                                    act_quant=act_quant).cpu()
+    assert (got - ref).abs().max() < REL * ref.abs().max()
+
+
+def test_other_ranks_experts_are_left_to_them():
+    """Ids past this rank's last expert (TritonOps.routed_experts marks other ranks' pairs so)
+    add nothing; the rank's own pairs are as if alone."""
+    stack, x, idx, weights = _moe_case(_g(6), 17, E=4, H=64, inter=32, k=2)
+    mine = idx < 3
+    ref = fp4_moe_ref(x, torch.where(mine, idx, 0), weights * mine, *stack, 0.7)
+    got = prefill_gemms.fp4_experts(x.to(DEVICE), torch.where(mine, idx, 3).to(DEVICE), weights.to(DEVICE),
+                                    *[t[:3] for t in _device_experts(stack)], 0.7).cpu()
+    assert (got - ref).abs().max() < REL * ref.abs().max()
+    none = prefill_gemms.fp4_experts(x.to(DEVICE), torch.full_like(idx, 2).to(DEVICE), weights.to(DEVICE),
+                                     *[t[:2] for t in _device_experts(stack)], 0.7).cpu()
+    assert not none.any()  # a rank none of whose experts were picked
+
+
+def test_only_prefill_rows_on_the_gpu_take_cublas():
+    """Dense products from ROWS rows; the experts from EXPERT_PAIRS pairs an expert, faithful
+    mode's bf16 input only."""
+    rows = prefill_gemms.ROWS
+    assert not prefill_gemms.takes(torch.zeros(rows, 8))  # the CPU: no cuBLAS here
+    if torch.cuda.is_available():
+        assert prefill_gemms.takes(torch.zeros(rows, 8, device="cuda"))
+        assert not prefill_gemms.takes(torch.zeros(rows - 1, 8, device="cuda"))
+        x = torch.zeros(max(rows, 2048), 8, device="cuda")
+        pairs = prefill_gemms.EXPERT_PAIRS * 4
+        assert prefill_gemms.takes_experts(x.bfloat16(), pairs, 4)
+        assert not prefill_gemms.takes_experts(x.bfloat16(), pairs - 1, 4)
+        assert not prefill_gemms.takes_experts(x, pairs, 4)  # exact mode's fp32 input
+
+
+@pytest.mark.gpu
+def test_prefill_sized_gemms_take_cublas_and_match_the_references():
+    """The shipped entry points at a prefill chunk's rows, on the GPU: fp8_gemm (both modes),
+    grouped_fp8_gemm, against the references, and against the kernels they replace."""
+    g = _g(7)
+    rows = prefill_gemms.ROWS + 64
+    codes, scales = quantize_fp8_weight(torch.randn(512, 1024, generator=g))
+    x = torch.randn(rows, 1024, generator=g)
+    for act_quant in (False, True):
+        ref = fp8_gemm_ref(x, codes, scales, act_quant)
+        got = fp8_gemm(x.cuda(), codes.cuda(), scales.cuda(), act_quant).cpu()
+        assert (got - ref).abs().max() < 1e-5 * ref.abs().max()
+    codes, scales = quantize_fp8_weight(torch.randn(4 * 128, 256, generator=g))  # 4 groups of 128 rows
+    got = grouped_fp8_gemm(x.cuda(), codes.cuda(), scales.cuda(), 4).cpu()
+    dense = dequantize_fp8_weight(codes, scales).view(4, 128, 256)
+    ref = torch.einsum("tgi,gri->tgr", x.view(rows, 4, 256), dense).reshape(rows, -1)
+    assert (got - ref).abs().max() < 1e-5 * ref.abs().max()
+    weight = torch.randn(384, 1024, generator=g).to(torch.bfloat16)
+    ref = x @ weight.float().T
+    got = prefill_gemms.bf16_product(x.cuda(), weight.cuda()).cpu()
+    assert (got - ref).abs().max() < 1e-5 * ref.abs().max()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("act_quant", [False, True])
+def test_a_prefill_chunk_on_cublas_gives_the_kernels_logits(golden_dir, act_quant, monkeypatch):
+    """The tiny checkpoint on the kernel path, a prompt of a prefill chunk's size, with its
+    FP8 and FP4 products on cuBLAS and on the kernels: the same next token, logits within the
+    fp32 sums' reordering."""
+    from dsflash.kvcache.layout import CacheLayout
+    from dsflash.kvcache.paged import PagedCache
+    from dsflash.kvcache.pool import CachePool, plain_allocator
+    from dsflash.model.deepseek_v41 import DeepseekV41
+    from dsflash.model.fast_ops import TritonOps
+    from dsflash.model.runner import step
+
+    model = DeepseekV41.from_checkpoint(golden_dir, device="cuda")
+    model.ops = TritonOps(model.ops.weights, act_quant=act_quant, device="cuda")
+    pool = CachePool(CacheLayout.for_model(model.config, page_entries=64), 400, 4, plain_allocator("cuda"))
+    prompt = torch.randint(3, model.config.vocab_size, (prefill_gemms.ROWS + 100,), generator=_g(8))
+    logits = {}
+    for on in (True, False):
+        monkeypatch.setattr(prefill_gemms, "ROWS", 1024 if on else 1 << 62)
+        monkeypatch.setattr(prefill_gemms, "EXPERT_PAIRS", 1)  # the tiny checkpoint's few pairs too
+        with torch.inference_mode():
+            logits[on] = step(model, [PagedCache(pool, model.config)], [prompt]).logits[0].float().cpu()
+    assert logits[True].argmax() == logits[False].argmax()
+    assert (logits[True] - logits[False]).abs().max() < 1e-3 * logits[False].abs().max()
