@@ -10,9 +10,10 @@ wq_b 2.23 -> 1.03 ms, wo_b 2.17 -> 0.99, the shared expert's w1+w3 1.50 -> 0.57,
 
 Same math as the kernels: every product is exact in fp32 (an e4m3 or e2m1 value times a
 power-of-two scale is exact in bf16, and so is faithful mode's input on the FP8 grid); an fp32
-input goes in as three bf16 parts that sum to it, side by side along K against the weight
-repeated three times, so that cuBLAS adds the parts' products in its own accumulator. Only the
-order of the fp32 sums differs from the kernels.
+input (exact mode) goes in as three bf16 parts that sum to it: for a dense weight side by side
+along K against the weight repeated three times, so that cuBLAS adds the parts' products in its
+own accumulator; for an expert stacked as rows, its three products summed after. Only the order
+of the fp32 sums differs from the kernels.
 """
 
 from __future__ import annotations
@@ -29,11 +30,11 @@ from .swiglu import clamped_swiglu
 # From this many rows (a prefill chunk) the FP8 and FP4 products run here; decode's few rows,
 # up to a batch of 32 six-row blocks, keep the kernels, which read each weight byte once.
 ROWS = 1024
-# The routed experts run here from this many pairs an expert on average, with faithful mode's
-# bf16 input only: below it (H200, 1,024 tokens: 128 pairs an expert) the per-expert launches
-# and decodes cost more than fp4_moe's one launch; exact mode's three parts were slower here
-# at 8,192 tokens too (31.6 against 29.4 ms).
+# The routed experts run here from this many pairs an expert on average: below it (H200,
+# 1,024 tokens: 128 pairs an expert) the decodes and per-expert launches cost more than
+# fp4_moe's one launch. EXACT_EXPERTS: exact mode's fp32 input too (three bf16 parts).
 EXPERT_PAIRS = 512
+EXACT_EXPERTS = True
 
 
 def takes(x: torch.Tensor) -> bool:
@@ -44,7 +45,7 @@ def takes(x: torch.Tensor) -> bool:
 
 def takes_experts(x: torch.Tensor, pairs: int, experts: int) -> bool:
     """Whether the routed experts of these pairs run here (fp4_experts) rather than on fp4_moe."""
-    return takes(x) and x.dtype == torch.bfloat16 and pairs >= EXPERT_PAIRS * experts
+    return takes(x) and (EXACT_EXPERTS or x.dtype == torch.bfloat16) and pairs >= EXPERT_PAIRS * experts
 
 
 def _product(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -109,13 +110,11 @@ def fp4_experts(x: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor, w13: 
     live = order[:sum(counts)]
     if not live.numel():  # every pair is another rank's
         return torch.zeros(T, H, dtype=torch.float32, device=x.device)
-    a, copies = _parts(x)
-    gate_up = _by_expert(a.index_select(0, live // k), counts, w13, s13, copies)
+    gate_up = _by_expert(x.index_select(0, live // k), counts, w13, s13)
     h = clamped_swiglu(gate_up[:, :inter], gate_up[:, inter:], limit) * weights.reshape(-1)[live, None]
     if act_quant and inter % 32 == 0:  # the down projection's input on the FP8 grid (fake_quant_fp8)
         h = fp8_grid_bf16(h)
-    h, copies = _parts(h)
-    down = _by_expert(h, counts, w2, s2, copies)
+    down = _by_expert(h, counts, w2, s2)
     place = torch.full((flat.shape[0],), -1, dtype=torch.int64, device=x.device)
     place[live] = torch.arange(live.shape[0], device=x.device)  # pair -> its row of `down` (-1: none)
     return pair_sums(down, place.view(T, k))
@@ -125,20 +124,28 @@ def fp4_experts(x: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor, w13: 
 DECODE_EXPERTS = 64
 
 
-def _by_expert(rows: torch.Tensor, counts: list[int], units: torch.Tensor, scales: torch.Tensor,
-               copies: int) -> torch.Tensor:
+def _by_expert(rows: torch.Tensor, counts: list[int], units: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     """Each expert's run of rows (in expert order, counts[e] each) times its weight (quad units
-    [E, N, K/4] and scales, decoded here) -> [rows, N] fp32."""
-    out = torch.empty(rows.shape[0], units.shape[1], dtype=torch.float32, device=rows.device)
+    [E, N, K/4] and scales, decoded here) -> [rows, N] fp32. fp32 rows go in as three bf16 parts
+    stacked as rows, their products summed after: side by side along K (as the dense products
+    take them) each expert's weight would be copied three times over, 6.8 GB a layer."""
+    N = units.shape[1]
+    out = torch.empty(rows.shape[0], N, dtype=torch.float32, device=rows.device)
     start = 0
     for first in range(0, len(counts), DECODE_EXPERTS):
         if not any(counts[first:first + DECODE_EXPERTS]):
             continue
         decoded = fp4_quads_bf16(units[first:first + DECODE_EXPERTS], scales[first:first + DECODE_EXPERTS])
         for e, count in enumerate(counts[first:first + DECODE_EXPERTS]):
-            if count:
-                _product(rows[start:start + count], _repeated(decoded[e], copies).T, out=out[start:start + count])
-                start += count
+            if not count:
+                continue
+            run, run_out = rows[start:start + count], out[start:start + count]
+            if run.dtype == torch.bfloat16:
+                _product(run, decoded[e].T, out=run_out)
+            else:
+                parts = bf16_parts(run, 3)
+                torch.sum(_product(parts.view(3 * count, -1), decoded[e].T).view(3, count, N), dim=0, out=run_out)
+            start += count
     return out
 
 

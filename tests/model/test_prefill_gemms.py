@@ -93,8 +93,7 @@ def test_other_ranks_experts_are_left_to_them():
 
 
 def test_only_prefill_rows_on_the_gpu_take_cublas():
-    """Dense products from ROWS rows; the experts from EXPERT_PAIRS pairs an expert, faithful
-    mode's bf16 input only."""
+    """Dense products from ROWS rows; the experts from EXPERT_PAIRS pairs an expert."""
     rows = prefill_gemms.ROWS
     assert not prefill_gemms.takes(torch.zeros(rows, 8))  # the CPU: no cuBLAS here
     if torch.cuda.is_available():
@@ -104,7 +103,7 @@ def test_only_prefill_rows_on_the_gpu_take_cublas():
         pairs = prefill_gemms.EXPERT_PAIRS * 4
         assert prefill_gemms.takes_experts(x.bfloat16(), pairs, 4)
         assert not prefill_gemms.takes_experts(x.bfloat16(), pairs - 1, 4)
-        assert not prefill_gemms.takes_experts(x, pairs, 4)  # exact mode's fp32 input
+        assert prefill_gemms.takes_experts(x, pairs, 4) == prefill_gemms.EXACT_EXPERTS  # exact mode's fp32
 
 
 @pytest.mark.gpu
