@@ -54,6 +54,7 @@ def fp8_weight_bf16(codes: torch.Tensor, scales: torch.Tensor, out: torch.Tensor
     """e4m3 codes [N, K] with e8m0 scales [ceil(N/32), ceil(K/32)] -> bf16 [N, K], exactly."""
     N, K = codes.shape
     assert codes.dtype == torch.uint8 and scales.shape == (-(-N // 32), -(-K // 32)), (codes.shape, scales.shape)
+    assert codes.stride(1) == 1 and scales.stride(1) == 1, "rows of consecutive bytes"
     out = torch.empty(N, K, dtype=torch.bfloat16, device=codes.device) if out is None else out
     block_k = 64 if interpreting() else 256
     _fp8_kernel[(triton.cdiv(N, 32), triton.cdiv(K, block_k))](
@@ -68,6 +69,7 @@ def fp4_quads_bf16(units: torch.Tensor, scales: torch.Tensor, out: torch.Tensor 
     *lead, rows, ku = units.shape
     assert units.dtype == torch.int16 and scales.shape == (*lead, rows, ku // 8), (units.shape, scales.shape)
     units2, scales2 = units.reshape(-1, ku), scales.reshape(-1, ku // 8)
+    assert units2.stride(1) == 1 and scales2.stride(1) == 1, "rows of consecutive units"
     out = torch.empty(*lead, rows, 4 * ku, dtype=torch.bfloat16, device=units.device) if out is None else out
     flat = out.view(-1, 4 * ku)
     r, block_u = (16, 32) if interpreting() else (32, 128)

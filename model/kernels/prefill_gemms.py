@@ -44,8 +44,11 @@ def takes(x: torch.Tensor) -> bool:
 
 
 def takes_experts(x: torch.Tensor, pairs: int, experts: int) -> bool:
-    """Whether the routed experts of these pairs run here (fp4_experts) rather than on fp4_moe."""
-    return takes(x) and (EXACT_EXPERTS or x.dtype == torch.bfloat16) and pairs >= EXPERT_PAIRS * experts
+    """Whether the routed experts of these pairs run here (fp4_experts) rather than on fp4_moe.
+    Never inside a CUDA graph capture (a decode batch that large): fp4_experts reads its row
+    counts on the host."""
+    return (takes(x) and (EXACT_EXPERTS or x.dtype == torch.bfloat16) and pairs >= EXPERT_PAIRS * experts
+            and not torch.cuda.is_current_stream_capturing())
 
 
 def _product(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:

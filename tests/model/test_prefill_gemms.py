@@ -107,6 +107,17 @@ def test_only_prefill_rows_on_the_gpu_take_cublas():
 
 
 @pytest.mark.gpu
+def test_experts_never_take_cublas_inside_a_graph_capture():
+    """A decode batch big enough for the experts' threshold stays on fp4_moe while a CUDA graph
+    captures it: fp4_experts reads its row counts on the host."""
+    x = torch.zeros(max(prefill_gemms.ROWS, 1024), 8, dtype=torch.bfloat16, device="cuda")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        inside = prefill_gemms.takes_experts(x, 1 << 30, 1)
+    assert prefill_gemms.takes_experts(x, 1 << 30, 1) and not inside
+
+
+@pytest.mark.gpu
 def test_prefill_sized_gemms_take_cublas_and_match_the_references():
     """The shipped entry points at a prefill chunk's rows, on the GPU: fp8_gemm (both modes),
     grouped_fp8_gemm, against the references, and against the kernels they replace."""
