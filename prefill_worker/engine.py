@@ -135,6 +135,29 @@ class PrefillEngine:
                 done.append(self.requests.pop(chunk.request_id))
         return done
 
+    def warm_up(self, tokens: int) -> int:
+        """Prefill one synthetic prompt of up to `tokens` tokens (what the pool can hold) and drop
+        its cache: every kernel of a full chunk compiles, and a GPU that cannot hold a chunk's
+        working set beside the pool fails here, at start, not on a user's prompt. Returns the
+        prompt's length (0: nothing ran). The engine must be idle."""
+        assert not self.requests, "warm up an idle engine"
+        n = tokens
+        while n > 1 and not self.pool.can_hold(n):
+            n //= 2
+        if n < 1 or not self.pool.can_hold(n):
+            return 0
+        g = torch.Generator().manual_seed(0)
+        prompt = torch.randint(3, self.model.config.vocab_size, (n,), generator=g).tolist()
+        request = self.add(PrefillRequest("warm-up", prompt, want_taps=False))
+        try:
+            while request.status is not PrefillStatus.FINISHED:
+                self.step()
+        finally:
+            self.requests.pop(request.request_id, None)
+            if request.cache is not None:
+                request.cache.release()
+        return n
+
     def _start_waiting(self) -> None:
         for request in self.requests.values():
             if request.status is not PrefillStatus.WAITING:

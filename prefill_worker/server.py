@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 import grpc
 import torch
@@ -11,6 +12,7 @@ import torch
 from ..kvcache import handoff
 from ..kvcache.directory import OwnershipDirectory, WorkerLoad
 from ..kvcache.pool import PoolExhausted
+from ..logs import log_event
 from ..model.kernels import top_k
 from ..model.layers.indexer import top_k_rows
 from ..serving.engine_loop import EngineLoop
@@ -38,6 +40,7 @@ class PrefillWorker:
         if model.device.type == "cuda":  # before the worker registers: no long prompt waits on these compiles
             with torch.cuda.device(model.device):
                 top_k.warm_up(model.device, top_k_rows(model.config))
+                self._warm_up_chunk(budget)
         self.loop = EngineLoop("prefill", self._step, self.engine.has_work, self._crash,
                                device=model.device, lock=model.step_lock)
         self.runtime.engine_failure = lambda: self.loop.failure
@@ -53,6 +56,18 @@ class PrefillWorker:
         self.computed_tokens_total = 0
         self.reused_tokens_total = 0
         self.handoff_failures = 0
+
+    def _warm_up_chunk(self, tokens: int) -> None:
+        """One full chunk through the engine before the worker registers (PrefillEngine.warm_up):
+        the first user's prompt then waits on no compile, and a pool that leaves no room for a
+        chunk's working set is reported now."""
+        start = time.monotonic()
+        try:
+            n = self.engine.warm_up(tokens)
+        except torch.cuda.OutOfMemoryError as exc:
+            raise RuntimeError(f"a {tokens}-token prefill chunk does not fit in GPU memory beside the KV pool: "
+                               f"lower --pool-bytes or --prefill-token-budget") from exc
+        log_event(log, "prefill_warm_up", tokens=n, seconds=round(time.monotonic() - start, 2))
 
     # ------------------------------------------------------------ engine thread side
 

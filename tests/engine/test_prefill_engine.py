@@ -143,3 +143,18 @@ def test_cache_restored_resumes_decoding_identically(tiny_model):
     done = run_to_end(decode, [a, b])
     assert done["a"].output == done["b"].output
     assert pool.is_empty()
+
+
+def test_warm_up_runs_a_whole_chunk_and_leaves_the_engine_as_it_found_it(golden_model):
+    """The prefill worker's start (GPU): one synthetic prompt of the token budget, chunked as a
+    user's would be; its cache is dropped and the engine is idle after. A pool too small for
+    the budget takes the longest prompt it can hold (halving)."""
+    pool = make_pool(golden_model)
+    engine = PrefillEngine(golden_model, pool, _config(budget=48, chunk=32))
+    assert engine.warm_up(48) == 48
+    assert not engine.has_work() and pool.is_empty()
+    small = make_pool(golden_model, pages=3, slots=2, page_entries=8)
+    engine = PrefillEngine(golden_model, small, _config(budget=48, chunk=32))
+    n = engine.warm_up(4096)
+    assert 0 < n < 4096 and small.can_hold(n) and not small.can_hold(2 * n)
+    assert not engine.has_work() and small.is_empty()

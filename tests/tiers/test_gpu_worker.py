@@ -42,6 +42,7 @@ def test_gpu_workers_match_the_in_process_model(tiny_checkpoint, tmp_path, preci
             assert "pool_device=cuda:0 pool_staging=host staging_pinned=True" in worker.log_path.read_text(), worker.log()
             assert f"precision={'act-quant' if faithful else 'exact'}" in worker.log_path.read_text(), worker.log()
         assert "decode warmed up for batches of [1, 2, 4" in decode.log_path.read_text(), decode.log()  # warmup.py
+        assert "prefill_warm_up tokens=" in prefill.log_path.read_text(), prefill.log()  # one chunk at start
         prompt = [(7 * i + 3) % 1000 + 5 for i in range(40)]
         out, finished = generate(decode.address, prompt, max_tokens=8, ignore_eos=True, temperature=0, timeout_s=120)
         assert finished.stats.prefill_worker == prefill.address and finished.stats.transport == "tcp"
