@@ -246,8 +246,9 @@ class TritonOps(ReferenceOps):
 
 def _wide_prefill(rows: torch.Tensor, weight: torch.Tensor) -> bool:
     """A prefill chunk's rows against a bf16 weight of enough outputs that cuBLAS's three bf16
-    parts pay for making them (the compressor's 512; the router's 48 keep the fp32 product)."""
-    return weight.shape[0] >= 256 and prefill_gemms.takes(rows)
+    parts pay for making them (the compressor's 512; the router's 48 keep the fp32 product),
+    short of the LM heads (their weight repeated three times along K would be 4 GB)."""
+    return 256 <= weight.shape[0] < WIDE_OUTPUT and prefill_gemms.takes(rows)
 
 
 def _kernels_run_on(x: torch.Tensor) -> bool:

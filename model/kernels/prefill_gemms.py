@@ -39,16 +39,15 @@ EXACT_EXPERTS = True
 
 def takes(x: torch.Tensor) -> bool:
     """Whether a dense product with input x runs here: prefill rows on the GPU (the CPU tests
-    call the functions below directly)."""
-    return x.shape[0] >= ROWS and x.is_cuda and not interpreting()
+    call the functions below directly). Never inside a CUDA graph capture (a decode batch past
+    ROWS rows): a graph would keep every decoded weight in its memory pool, and fp4_experts
+    reads its row counts on the host."""
+    return x.shape[0] >= ROWS and x.is_cuda and not interpreting() and not torch.cuda.is_current_stream_capturing()
 
 
 def takes_experts(x: torch.Tensor, pairs: int, experts: int) -> bool:
-    """Whether the routed experts of these pairs run here (fp4_experts) rather than on fp4_moe.
-    Never inside a CUDA graph capture (a decode batch that large): fp4_experts reads its row
-    counts on the host."""
-    return (takes(x) and (EXACT_EXPERTS or x.dtype == torch.bfloat16) and pairs >= EXPERT_PAIRS * experts
-            and not torch.cuda.is_current_stream_capturing())
+    """Whether the routed experts of these pairs run here (fp4_experts) rather than on fp4_moe."""
+    return takes(x) and (EXACT_EXPERTS or x.dtype == torch.bfloat16) and pairs >= EXPERT_PAIRS * experts
 
 
 def _product(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:

@@ -107,15 +107,16 @@ def test_only_prefill_rows_on_the_gpu_take_cublas():
 
 
 @pytest.mark.gpu
-def test_experts_never_take_cublas_inside_a_graph_capture():
-    """A decode batch big enough for the experts' threshold stays on fp4_moe while a CUDA graph
-    captures it: fp4_experts reads its row counts on the host."""
+def test_nothing_takes_cublas_inside_a_graph_capture():
+    """A decode batch past the thresholds keeps the kernels while a CUDA graph captures it: a
+    graph would keep every decoded weight in its pool, and fp4_experts reads its row counts on
+    the host."""
     x = torch.zeros(max(prefill_gemms.ROWS, 1024), 8, dtype=torch.bfloat16, device="cuda")
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        inside = prefill_gemms.takes_experts(x, 1 << 30, 1)
+        inside = prefill_gemms.takes(x), prefill_gemms.takes_experts(x, 1 << 30, 1)
         x.mul_(1)  # a graph with a kernel in it
-    assert prefill_gemms.takes_experts(x, 1 << 30, 1) and not inside
+    assert prefill_gemms.takes(x) and prefill_gemms.takes_experts(x, 1 << 30, 1) and inside == (False, False)
 
 
 @pytest.mark.gpu
