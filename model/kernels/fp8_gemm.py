@@ -216,8 +216,9 @@ def small_fp8_scales(scales: torch.Tensor) -> bool:
 
 def fp8_gemm(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, act_quant: bool = False,
              tiles: dict | None = None, small: bool | None = None) -> torch.Tensor:
-    """x [M, K] @ (codes, scales)^T -> [M, N] fp32. `tiles` overrides the launch shape; small
-    is small_fp8_scales(scales), worked out here when not given."""
+    """x [M, K] @ (codes, scales)^T -> [M, N] fp32. `tiles` overrides the launch shape (and so
+    keeps prefill rows on the kernel); small is small_fp8_scales(scales), worked out here when
+    not given."""
     if act_quant:
         # FP8 values times powers of two are exact in bf16, so one part (not three) dots them.
         # (Rounding decode rows in the transposed kernel as it read them, not in a launch before
@@ -226,7 +227,7 @@ def fp8_gemm(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, act_qua
     N, K = codes.shape
     assert x.shape[1] == K and codes.dtype == torch.uint8, (x.shape, codes.shape, codes.dtype)
     assert scales.shape == (-(-N // 32), -(-K // 32)) and scales.dtype == torch.uint8
-    if prefill_gemms.takes(x):  # a prefill chunk's rows: cuBLAS on the weight decoded to bf16
+    if tiles is None and prefill_gemms.takes(x):  # a prefill chunk's rows: cuBLAS on the weight decoded to bf16
         return prefill_gemms.fp8_product(x, codes, scales)
     return _gemm(x, codes, scales, tiles, small_fp8_scales(scales) if small is None else small)
 
