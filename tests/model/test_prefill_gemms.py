@@ -167,3 +167,33 @@ def test_a_prefill_chunk_on_cublas_gives_the_kernels_logits(golden_dir, act_quan
             logits[on] = step(model, [PagedCache(pool, model.config)], [prompt]).logits[0].float().cpu()
     assert logits[True].argmax() == logits[False].argmax()
     assert (logits[True] - logits[False]).abs().max() < 1e-3 * logits[False].abs().max()
+
+
+def test_the_models_products_through_this_path_give_the_kernels_logits(golden_dir, golden, monkeypatch):
+    """The tiny checkpoint on the kernel path in faithful mode with every FP8 and FP4 product
+    sent through prefill_gemms (its row thresholds lowered to the prompt's rows; on CPU the
+    products in fp32, on a GPU cuBLAS): the dispatch from TritonOps and fp8_gemm (dense,
+    merged, grouped, the routed experts) gives the kernels' logits. (Exact mode's parts are
+    held by the tests above; a kernel-path forward takes ~30 s under the interpreter.)"""
+    act_quant = True
+    from dsflash.kvcache.layout import CacheLayout
+    from dsflash.kvcache.paged import PagedCache
+    from dsflash.kvcache.pool import CachePool, plain_allocator
+    from dsflash.model.deepseek_v41 import DeepseekV41
+    from dsflash.model.fast_ops import TritonOps
+    from dsflash.model.runner import step
+
+    model = DeepseekV41.from_checkpoint(golden_dir, device=DEVICE)
+    model.ops = TritonOps(model.ops.weights, act_quant=act_quant, device=DEVICE)
+    pool = CachePool(CacheLayout.for_model(model.config, page_entries=16), 100, 2, plain_allocator(DEVICE))
+    prompt = golden[2]["input_ids"][:24]
+    logits = {}
+    monkeypatch.setattr(prefill_gemms, "EXPERT_PAIRS", 1)
+    for on in (True, False):
+        monkeypatch.setattr(prefill_gemms, "takes", lambda x, on=on: on and x.shape[0] >= 16)
+        cache = PagedCache(pool, model.config)
+        with torch.inference_mode():
+            logits[on] = step(model, [cache], [prompt], logits="all").logits[0].float().cpu()
+        cache.release()
+    assert torch.equal(logits[True].argmax(-1), logits[False].argmax(-1))
+    assert (logits[True] - logits[False]).abs().max() < 1e-3 * logits[False].abs().max()
