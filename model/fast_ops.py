@@ -71,8 +71,9 @@ class TritonOps(ReferenceOps):
             packed, small = self._fp8(name)
             return fp8_gemm(x.contiguous(), packed.weight, packed.scale, act_quant=self.act_quant, small=small)
         rows = x.reshape(-1, x.shape[-1])
-        if (isinstance(weight, torch.Tensor) and weight.dtype == torch.bfloat16 and _kernels_run_on(x)
-                and (rows.shape[0] <= 16 or weight.shape[0] >= WIDE_OUTPUT or _wide_prefill(rows, weight))):
+        bf16 = isinstance(weight, torch.Tensor) and weight.dtype == torch.bfloat16 and _kernels_run_on(x)
+        prefill = bf16 and _wide_prefill(rows, weight)
+        if bf16 and (rows.shape[0] <= 16 or weight.shape[0] >= WIDE_OUTPUT or prefill):
             # bf16 tensor cores at fp32 accuracy on the weight as stored (half the bytes of an
             # fp32 copy): decode rows (one launch, the parts cut in the kernel), the LM heads
             # (2.6x faster than the fp32 matmul at 48 rows), and a prefill chunk's rows against
@@ -81,7 +82,7 @@ class TritonOps(ReferenceOps):
             dense = self._bf16.get(name)
             if dense is None:
                 dense = self._bf16[name] = weight.to(self.device).contiguous()
-            gemm = prefill_gemms.bf16_product if _wide_prefill(rows, weight) else bf16_gemm
+            gemm = prefill_gemms.bf16_product if prefill else bf16_gemm
             return gemm(rows.contiguous(), dense).view(*x.shape[:-1], dense.shape[0])
         return super().linear(x, name)
 

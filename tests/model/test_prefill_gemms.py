@@ -14,6 +14,7 @@ from dsflash.model.kernels.dequantize import fp4_quads_bf16, fp8_weight_bf16
 from dsflash.model.kernels.fp4_moe import fp4_moe_ref
 from dsflash.model.kernels.fp8_gemm import fp8_gemm, fp8_gemm_ref, grouped_fp8_gemm
 from dsflash.model.quant import (dequantize_fp4_weight, dequantize_fp8_weight, fake_quant_fp8, quantize_fp8_weight)
+from dsflash.model.weights import Checkpoint
 from tests.model.test_kernels import DEVICE, REL, _device_experts, _g, _moe_case
 
 
@@ -142,12 +143,9 @@ def test_prefill_sized_gemms_take_cublas_and_match_the_references():
     assert (got - ref).abs().max() < 1e-5 * ref.abs().max()
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("act_quant", [False, True])
-def test_a_prefill_chunk_on_cublas_gives_the_kernels_logits(golden_dir, act_quant, monkeypatch):
-    """The tiny checkpoint on the kernel path, a prompt of a prefill chunk's size, with its
-    FP8 and FP4 products on cuBLAS and on the kernels: the same next token, logits within the
-    fp32 sums' reordering."""
+def _logits_both_ways(golden_dir, act_quant: bool, prompt: torch.Tensor, send, which: str) -> dict:
+    """The tiny checkpoint's kernel-path prefill of `prompt` (logits `which`), with send(True)
+    routing its products through prefill_gemms and send(False) keeping them on the kernels."""
     from dsflash.kvcache.layout import CacheLayout
     from dsflash.kvcache.paged import PagedCache
     from dsflash.kvcache.pool import CachePool, plain_allocator
@@ -155,16 +153,31 @@ def test_a_prefill_chunk_on_cublas_gives_the_kernels_logits(golden_dir, act_quan
     from dsflash.model.fast_ops import TritonOps
     from dsflash.model.runner import step
 
-    model = DeepseekV41.from_checkpoint(golden_dir, device="cuda")
-    model.ops = TritonOps(model.ops.weights, act_quant=act_quant, device="cuda")
-    pool = CachePool(CacheLayout.for_model(model.config, page_entries=64), 400, 4, plain_allocator("cuda"))
-    prompt = torch.randint(3, model.config.vocab_size, (prefill_gemms.ROWS + 100,), generator=_g(8))
+    model = DeepseekV41.from_checkpoint(golden_dir, device=DEVICE)
+    model.ops = TritonOps(model.ops.weights, act_quant=act_quant, device=DEVICE)
+    pool = CachePool(CacheLayout.for_model(model.config, page_entries=64), 400, 2, plain_allocator(DEVICE))
     logits = {}
     for on in (True, False):
-        monkeypatch.setattr(prefill_gemms, "ROWS", 1024 if on else 1 << 62)
-        monkeypatch.setattr(prefill_gemms, "EXPERT_PAIRS", 1)  # the tiny checkpoint's few pairs too
+        send(on)
+        cache = PagedCache(pool, model.config)
         with torch.inference_mode():
-            logits[on] = step(model, [PagedCache(pool, model.config)], [prompt]).logits[0].float().cpu()
+            logits[on] = step(model, [cache], [prompt], logits=which).logits[0].float().cpu()
+        cache.release()
+    return logits
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("act_quant", [False, True])
+def test_a_prefill_chunk_on_cublas_gives_the_kernels_logits(golden_dir, act_quant, monkeypatch):
+    """The tiny checkpoint on the kernel path, a prompt of a prefill chunk's size, with its
+    FP8 and FP4 products on cuBLAS and on the kernels: the same next token, logits within the
+    fp32 sums' reordering."""
+    monkeypatch.setattr(prefill_gemms, "EXPERT_PAIRS", 1)  # the tiny checkpoint's few pairs too
+    rows = prefill_gemms.ROWS
+    vocab = Checkpoint(golden_dir).config.vocab_size
+    prompt = torch.randint(3, vocab, (rows + 100,), generator=_g(8))
+    logits = _logits_both_ways(golden_dir, act_quant, prompt,
+                               lambda on: monkeypatch.setattr(prefill_gemms, "ROWS", rows if on else 1 << 62), "last")
     assert logits[True].argmax() == logits[False].argmax()
     assert (logits[True] - logits[False]).abs().max() < 1e-3 * logits[False].abs().max()
 
@@ -175,25 +188,9 @@ def test_the_models_products_through_this_path_give_the_kernels_logits(golden_di
     products in fp32, on a GPU cuBLAS): the dispatch from TritonOps and fp8_gemm (dense,
     merged, grouped, the routed experts) gives the kernels' logits. (Exact mode's parts are
     held by the tests above; a kernel-path forward takes ~30 s under the interpreter.)"""
-    act_quant = True
-    from dsflash.kvcache.layout import CacheLayout
-    from dsflash.kvcache.paged import PagedCache
-    from dsflash.kvcache.pool import CachePool, plain_allocator
-    from dsflash.model.deepseek_v41 import DeepseekV41
-    from dsflash.model.fast_ops import TritonOps
-    from dsflash.model.runner import step
-
-    model = DeepseekV41.from_checkpoint(golden_dir, device=DEVICE)
-    model.ops = TritonOps(model.ops.weights, act_quant=act_quant, device=DEVICE)
-    pool = CachePool(CacheLayout.for_model(model.config, page_entries=16), 100, 2, plain_allocator(DEVICE))
-    prompt = golden[2]["input_ids"][:24]
-    logits = {}
     monkeypatch.setattr(prefill_gemms, "EXPERT_PAIRS", 1)
-    for on in (True, False):
-        monkeypatch.setattr(prefill_gemms, "takes", lambda x, on=on: on and x.shape[0] >= 16)
-        cache = PagedCache(pool, model.config)
-        with torch.inference_mode():
-            logits[on] = step(model, [cache], [prompt], logits="all").logits[0].float().cpu()
-        cache.release()
+    logits = _logits_both_ways(
+        golden_dir, True, golden[2]["input_ids"][:24],
+        lambda on: monkeypatch.setattr(prefill_gemms, "takes", lambda x: on and x.shape[0] >= 16), "all")
     assert torch.equal(logits[True].argmax(-1), logits[False].argmax(-1))
     assert (logits[True] - logits[False]).abs().max() < 1e-3 * logits[False].abs().max()
