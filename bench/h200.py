@@ -641,7 +641,7 @@ def profile_steps(engine, name: str, steps: int = 2, stacks: bool = False):
     return done
 
 
-def prefill(model, lengths, label: str = "prefill", warm_first: bool = True) -> None:
+def prefill(model, lengths, label: str = "prefill", warm_first: bool = True, chunk: int = 8192) -> None:
     from dsflash.kvcache.layout import CacheLayout
     from dsflash.kvcache.pool import CachePool, plain_allocator
     from dsflash.prefill_worker.engine import PrefillEngine, PrefillEngineConfig, PrefillRequest
@@ -649,7 +649,7 @@ def prefill(model, lengths, label: str = "prefill", warm_first: bool = True) -> 
 
     config = model.config
     layout = CacheLayout.for_model(config, page_entries=256)
-    chunk = 8192  # tokens a prefill step takes (the scheduler's token budget)
+    # chunk: tokens a prefill step takes (the scheduler's token budget; the workers' default)
     for n in lengths:
         if time_left() < 90:
             record(label, f"T{n}", {"skipped": "device time budget"})
@@ -770,6 +770,7 @@ def main() -> None:
     parser.add_argument("--sections", default="kernels,decode,reference,prefill")
     parser.add_argument("--budget-s", type=float, default=540.0)
     parser.add_argument("--prefill", default="32768")
+    parser.add_argument("--chunk", type=int, default=8192, help="tokens a prefill step takes")
     parser.add_argument("--contexts", default="4096,1048576")
     parser.add_argument("--batches", default="1,8,32")
     parser.add_argument("--device", default="cuda")
@@ -824,7 +825,8 @@ def main() -> None:
             decode(model, store, [batches[0]], [contexts[0]], "decode_eager" + mode)
             model.graphs = graphs
         if "prefill" in sections:
-            prefill(model, [int(x) for x in args.prefill.split(",")], "prefill" + mode)
+            chunk = "" if args.chunk == 8192 else f"_chunk{args.chunk}"
+            prefill(model, [int(x) for x in args.prefill.split(",")], "prefill" + mode + chunk, chunk=args.chunk)
         if "reference" in sections:
             from dsflash.model.ops import ReferenceOps
 

@@ -152,8 +152,12 @@ class TritonOps(ReferenceOps):
 
     def hc_mix(self, X: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, iters: int,
                hc_eps: float, norm_eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        project = fp32_gemm if _kernels_run_on(X) and fn.dtype == torch.float32 else None
-        return hc_gates(hc_mixes(X, fn, norm_eps, project, self.rms_norm), base, scale, iters, hc_eps)
+        kernels = _kernels_run_on(X) and fn.dtype == torch.float32
+        if kernels and X.shape[0] >= hc_streams.MIXES_ROWS and hc_streams.supported(X):
+            mixes = hc_streams.hc_mixes(X, fn, norm_eps)
+        else:
+            mixes = hc_mixes(X, fn, norm_eps, fp32_gemm if kernels else None, self.rms_norm)
+        return hc_gates(mixes, base, scale, iters, hc_eps)
 
     def hc_expand(self, y: torch.Tensor, X: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
         if not (_kernels_run_on(X) and hc_streams.supported(X)):
@@ -171,10 +175,11 @@ class TritonOps(ReferenceOps):
             return super().fp8_round_trip(x, block)
         return fp8_round_trip(x, block)
 
-    def rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inverse: bool = False) -> torch.Tensor:
+    def rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inverse: bool = False,
+             overwrite: bool = False) -> torch.Tensor:
         if not _kernels_run_on(x):
             return super().rope(x, cos, sin, inverse)
-        return rope(x, cos, sin, inverse)
+        return rope(x, cos, sin, inverse, overwrite)
 
     def fp4_round_trip(self, x: torch.Tensor, block: int, e4m3_scales: bool = False) -> tuple[torch.Tensor, Packed]:
         if not _kernels_run_on(x):

@@ -92,8 +92,10 @@ class ReferenceOps:
         """x [..., n] on the FP4 grid (compressed entries and index keys) and its packed codes and scale bytes."""
         return quant.fp4_round_trip(x, block, e4m3_scales)
 
-    def rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inverse: bool = False) -> torch.Tensor:
-        """RoPE on the last 2*cos.shape[-1] channels (model/rope.py); one launch on the fast path."""
+    def rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inverse: bool = False,
+             overwrite: bool = False) -> torch.Tensor:
+        """RoPE on the last 2*cos.shape[-1] channels (model/rope.py); one launch on the fast path,
+        which with `overwrite` (x is a temporary) rotates x in place."""
         return apply_rope(x, cos, sin, inverse)
 
     def attention_query(self, q: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

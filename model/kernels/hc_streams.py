@@ -4,7 +4,10 @@ Shapes: T tokens, S streams (a power of two), H hidden. Each reads the streams X
 once: torch's forms write and read [T, S, H] intermediates (a batched matmul, a product, a
 sum), which at a prefill chunk's 8,192 rows is 670 MB per tensor.
 - hc_expand: stream k <- post_k * y + sum_j comb[j, k] X_j;
-- hc_collapse_norm: RMSNorm(sum_j pre_j X_j) * weight, as rms_norm(hc_collapse(X, pre), ...).
+- hc_collapse_norm: RMSNorm(sum_j pre_j X_j) * weight, as rms_norm(hc_collapse(X, pre), ...);
+- hc_mixes: the site's mixes (flat(X) @ fn^T) * rsqrt(mean(flat(X)^2) + eps), the spec's order:
+  the normalized streams are never written (at prefill rows they were, and read back by an
+  fp32 GEMM: 0.49 ms a site at 8,192 rows).
 """
 
 from __future__ import annotations
@@ -12,6 +15,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
+from .common import DOT
 
 
 @triton.jit
@@ -45,6 +50,72 @@ def _hc_collapse_norm_kernel(x_ptr, pre_ptr, w_ptr, out_ptr, H, eps, sxt, sxs, s
     inv = 1.0 / tl.sqrt(tl.sum(row * row, axis=0) / H + eps)
     w = tl.load(w_ptr + d, mask=live, other=0.0).to(tl.float32)
     tl.store(out_ptr + t * sot + d, w * (row * inv), mask=live)
+
+
+@triton.jit
+def _hc_mixes_kernel(x_ptr, fn_ptr, out_ptr, part_ptr, squares_ptr, T, N, K, K_PER_SPLIT, eps, sxt, sfn, sot,
+                     BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLITS: tl.constexpr):
+    """Program (BLOCK_T rows, K split): their projections and sums of squares in one pass over
+    the split's columns (fp32-accurate dots: tf32x3 on the GPU). One split scales and stores
+    the mixes; several leave [SPLITS, T, BLOCK_N] projections and [SPLITS, T] sums of squares."""
+    rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    split = tl.program_id(1)
+    n = tl.arange(0, BLOCK_N)
+    live = rows < T
+    acc = tl.zeros((BLOCK_T, BLOCK_N), tl.float32)
+    squares = tl.zeros((BLOCK_T,), tl.float32)
+    for k0 in range(split * K_PER_SPLIT, tl.minimum(K, (split + 1) * K_PER_SPLIT), BLOCK_K):
+        k = k0 + tl.arange(0, BLOCK_K)
+        x = tl.load(x_ptr + rows[:, None].to(tl.int64) * sxt + k[None, :], mask=live[:, None] & (k < K)[None, :],
+                    other=0.0)
+        # fn's rows are contiguous along K: loaded as they lie (coalesced), then transposed
+        w = tl.load(fn_ptr + n[:, None] * sfn + k[None, :], mask=(n < N)[:, None] & (k < K)[None, :], other=0.0)
+        squares += tl.sum(x * x, axis=1)
+        acc = tl.dot(x, tl.trans(w), acc, input_precision=DOT)
+    if SPLITS == 1:
+        inv = 1.0 / tl.sqrt(squares / K + eps)
+        tl.store(out_ptr + rows[:, None] * sot + n[None, :], acc * inv[:, None],
+                 mask=live[:, None] & (n < N)[None, :])
+    else:
+        at = split * T + rows
+        tl.store(part_ptr + at[:, None] * BLOCK_N + n[None, :], acc, mask=live[:, None])
+        tl.store(squares_ptr + at, squares, mask=live)
+
+
+# From this many rows (prefill) a site's mixes take hc_mixes; decode rows keep RMSNorm and the
+# split-K fp32 GEMM, which spread a few rows' 20,480 columns over the SMs (hc_mixes gives each
+# program BLOCK_T whole rows).
+MIXES_ROWS = 4096
+# H200, 2026-12-02, 8,192 rows of 4 x 5,120 (bench/prefill_passes.py; RMSNorm, then torch's
+# fp32 GEMM: 662-680 us): 128 rows and 32 columns a step on 8 warps, K split 4 ways, 410 us;
+# 64 x 32 split 4 431; 64 x 64 unsplit 529-532, split 2-8 464-476; 32 x 128 unsplit 2,115.
+MIXES_TILES = dict(BLOCK_T=128, BLOCK_K=32, num_warps=8, num_stages=3, SPLITS=4)
+
+
+def hc_mixes(X: torch.Tensor, fn: torch.Tensor, eps: float, tiles: dict | None = None) -> torch.Tensor:
+    """X [T, S, H] fp32 streams, fn [N, S*H] fp32 -> the mixes [T, N] fp32 in one launch, or
+    with SPLITS > 1 one and the sum of the splits' parts in fixed order (`tiles` overrides
+    MIXES_TILES)."""
+    T = X.shape[0]
+    flat = X.reshape(T, -1)
+    N, K = fn.shape
+    assert flat.shape[1] == K and fn.dtype == torch.float32 and flat.stride(-1) == 1, (X.shape, fn.shape)
+    fn = fn.contiguous()
+    out = torch.empty(T, N, dtype=torch.float32, device=X.device)
+    if T == 0:
+        return out
+    t = {**MIXES_TILES, **(tiles or {})}
+    splits, block_n = t["SPLITS"], max(16, triton.next_power_of_2(N))
+    per_split = triton.cdiv(triton.cdiv(K, splits), t["BLOCK_K"]) * t["BLOCK_K"]
+    parts = torch.empty(splits, T, block_n, device=X.device) if splits > 1 else out
+    squares = torch.empty(splits, T, device=X.device) if splits > 1 else out
+    _hc_mixes_kernel[(triton.cdiv(T, t["BLOCK_T"]), splits)](flat, fn, out, parts, squares, T, N, K, per_split, eps,
+                                                             flat.stride(0), fn.stride(0), out.stride(0),
+                                                             BLOCK_N=block_n, **t)
+    if splits > 1:
+        inv = 1.0 / torch.sqrt(squares.sum(0) / K + eps)
+        torch.mul(parts.sum(0)[:, :N], inv[:, None], out=out)
+    return out
 
 
 def supported(X: torch.Tensor) -> bool:

@@ -17,6 +17,7 @@ import triton.language as tl
 from .common import interpreting
 
 _PTX = tl.constexpr(not interpreting())
+IN_PLACE = True  # off: `overwrite` is ignored (bench/prefill_passes.py times both in one process)
 
 
 @triton.jit
@@ -31,14 +32,23 @@ def mul_rn(a, b, PTX: tl.constexpr):
 
 
 @triton.jit
+def rotated(x, partner, c, s, even, INVERSE: tl.constexpr, PTX: tl.constexpr):
+    """A rotated channel from its value, its pair partner's, and the pair's cos and sin:
+    forward e' = e*c - o*s, o' = o*c + e*s; inverse: the signs of the sin terms flip."""
+    sign = tl.where(even == INVERSE, 1.0, -1.0)
+    return mul_rn(x, c, PTX) + mul_rn(partner, s, PTX) * sign
+
+
+@triton.jit
 def _rope_kernel(x_ptr, cos_ptr, sin_ptr, o_ptr, H, sxn, sxh, son, soh, scn,
-                 D: tl.constexpr, HALF: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr,
-                 INVERSE: tl.constexpr, PTX: tl.constexpr):
-    """Program (row, BLOCK_H heads): channels before D - 2*HALF are copied, the rest rotate in
-    pairs."""
+                 D: tl.constexpr, HALF: tl.constexpr, FIRST: tl.constexpr, BLOCK_D: tl.constexpr,
+                 BLOCK_H: tl.constexpr, INVERSE: tl.constexpr, PTX: tl.constexpr):
+    """Program (row, BLOCK_H heads) over channels FIRST..D-1: those before D - 2*HALF are
+    copied, the rest rotate in pairs. FIRST = D - 2*HALF writes the rotated channels alone (in
+    place: each program loads a pair's both channels before it stores them)."""
     row = tl.program_id(0)
     head = (tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H))[:, None]
-    d = tl.arange(0, BLOCK_D)[None, :]
+    d = FIRST + tl.arange(0, BLOCK_D)[None, :]
     live = (d < D) & (head < H)
     x_row = x_ptr + row.to(tl.int64) * sxn + head * sxh
     x = tl.load(x_row + d, mask=live, other=0.0).to(tl.float32)
@@ -48,30 +58,34 @@ def _rope_kernel(x_ptr, cos_ptr, sin_ptr, o_ptr, H, sxn, sxh, son, soh, scn,
     i = tl.where(rotates, r // 2, 0)
     c = tl.load(cos_ptr + row.to(tl.int64) * scn + i, mask=rotates, other=1.0)
     s = tl.load(sin_ptr + row.to(tl.int64) * scn + i, mask=rotates, other=0.0)
-    even = (r % 2) == 0
-    # forward: e' = e*c - o*s, o' = o*c + e*s; inverse: the signs of the sin terms flip
-    sign = tl.where(even == INVERSE, 1.0, -1.0)
-    rotated = mul_rn(x, c, PTX) + mul_rn(partner, s, PTX) * sign
-    out = tl.where(rotates, rotated, x)
+    out = tl.where(rotates, rotated(x, partner, c, s, (r % 2) == 0, INVERSE, PTX), x)
     tl.store(o_ptr + row.to(tl.int64) * son + head * soh + d, out.to(o_ptr.dtype.element_ty), mask=live)
 
 
-def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inverse: bool = False) -> torch.Tensor:
-    """apply_rope(x, cos, sin, inverse) in one launch: x [n, ..., D], cos/sin [n, half] fp32."""
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inverse: bool = False,
+         overwrite: bool = False) -> torch.Tensor:
+    """apply_rope(x, cos, sin, inverse) in one launch: x [n, ..., D], cos/sin [n, half] fp32.
+    overwrite: x is a temporary, rotated in place, and only its rotated channels are read and
+    written (a prefill chunk's attention output: 1 GB fp32, of which 1/8 rotates)."""
     n, D, half = x.shape[0], x.shape[-1], cos.shape[-1]
     assert cos.shape == sin.shape == (n, half) and 2 * half <= D and D % 2 == 0
     flat = x.reshape(n, -1, D)
+    in_place = overwrite and IN_PLACE and flat.stride(-1) == 1 and flat.data_ptr() == x.data_ptr()
     if flat.stride(-1) != 1:
         flat = flat.contiguous()
     cos, sin = cos.float().contiguous(), sin.float().contiguous()
-    out = torch.empty(flat.shape, dtype=x.dtype, device=x.device)
-    if out.numel():
+    out = flat if in_place else torch.empty(flat.shape, dtype=x.dtype, device=x.device)
+    if out.numel() and half:
         heads = flat.shape[1]
-        # one head a program on the GPU; every head of a row in the interpreter, which runs each
-        # program in Python
-        block_h = triton.next_power_of_2(heads) if interpreting() else 1
+        first = D - 2 * half if in_place else 0
+        # one head a program on the GPU (8 when only the rotated channels are written); every
+        # head of a row in the interpreter, which runs each program in Python
+        block_h = triton.next_power_of_2(heads) if interpreting() else (min(8, triton.next_power_of_2(heads))
+                                                                         if in_place else 1)
         _rope_kernel[(n, triton.cdiv(heads, block_h))](flat, cos, sin, out, heads, flat.stride(0), flat.stride(1),
                                                         out.stride(0), out.stride(1), cos.stride(0), D=D, HALF=half,
-                                                        BLOCK_D=triton.next_power_of_2(D), BLOCK_H=block_h,
-                                                        INVERSE=inverse, PTX=_PTX)
+                                                        FIRST=first, BLOCK_D=triton.next_power_of_2(D - first),
+                                                        BLOCK_H=block_h, INVERSE=inverse, PTX=_PTX)
+    elif out.numel() and not in_place:
+        out.copy_(flat)
     return out.view(x.shape)

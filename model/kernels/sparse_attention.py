@@ -15,6 +15,8 @@ import triton.language as tl
 
 from .common import (bf16_parts, bf16_rne, dot_exact_rhs, e2m1_to_float, e4m3_to_float, group_columns,
                      interpreting, pow2)
+from . import attention_queries
+from .attention_queries import Queries, query_parts
 
 
 def sparse_attention_ref(q: torch.Tensor, window_kv: torch.Tensor, window_mask: torch.Tensor,
@@ -546,7 +548,7 @@ def launch_plan(n: int, num_entries: int, heads: int, dim: int, head_block: int 
     return LaunchPlan(hb, warps, entry_splits, per_split, False)
 
 
-def sparse_attention(q: torch.Tensor, ring: torch.Tensor, window_offsets: torch.Tensor,
+def sparse_attention(q: torch.Tensor | Queries, ring: torch.Tensor, window_offsets: torch.Tensor,
                      window_scale_offsets: torch.Tensor, pages: torch.Tensor, entry_offsets: torch.Tensor,
                      entry_scale_offsets: torch.Tensor, sink: torch.Tensor, scale: float,
                      num_warps: int | None = None, entry_splits: int | None = None,
@@ -561,18 +563,23 @@ def sparse_attention(q: torch.Tensor, ring: torch.Tensor, window_offsets: torch.
     given (launch_plan). A bf16 q attends as sparse_attention_ref says (faithful mode): one
     bf16 part of the queries and of the probabilities in the tensor-core form. `window_base`:
     bytes added to every valid window offset (codes, scales): a layer's ring read through
-    layer 0's offsets, added where the keys are gathered (else to a copy of the offsets: _shifted)."""
-    n, heads, dim = q.shape
+    layer 0's offsets, added where the keys are gathered (else to a copy of the offsets: _shifted).
+    q may come as Queries, not yet rotated: the prefill form rotates them as it cuts their parts."""
+    first = q.raw if isinstance(q, Queries) else q
+    n, heads, dim = first.shape
     assert window_offsets.shape == window_scale_offsets.shape and entry_offsets.shape == entry_scale_offsets.shape
     assert ring.dtype == torch.uint8 and pages.dtype == torch.uint8 and dim % 32 == 0
-    out = torch.empty(n, heads, dim, dtype=torch.float32, device=q.device)
+    out = torch.empty(n, heads, dim, dtype=torch.float32, device=first.device)
     w_off, w_soff = window_offsets.contiguous(), window_scale_offsets.contiguous()
     e_off, e_soff = entry_offsets.contiguous(), entry_scale_offsets.contiguous()
     K = e_off.shape[1]
     plan = launch_plan(n, K, heads, dim, head_block, entry_splits, prefill)
     assert not plan.prefill or prefill_form_fits(dim), f"the prefill form cannot take head_dim {dim}"
     sink = sink.float().contiguous()
-    bf16 = q.dtype == torch.bfloat16  # one part of the query and of the probabilities (sparse_attention_ref)
+    # one part of the query and of the probabilities (sparse_attention_ref)
+    bf16 = q.bf16 if isinstance(q, Queries) else q.dtype == torch.bfloat16
+    if isinstance(q, Queries) and not (plan.prefill and not interpreting() and attention_queries.ONE_PASS):
+        q = q.rotated()  # only the GPU's prefill form takes them unrotated
     if plan.prefill:
         if n == 0:
             return out
@@ -580,7 +587,9 @@ def sparse_attention(q: torch.Tensor, ring: torch.Tensor, window_offsets: torch.
         ptx = not interpreting()
         # even columns first, then odd: each program reads its own half and the other one (the
         # interpreter dots in fp32: q itself is the one part)
-        if ptx:
+        if isinstance(q, Queries):
+            parts = query_parts(q, t["QP"], interleave=2)
+        elif ptx:
             parts = bf16_parts(q, t["QP"], interleave=2)
         else:
             parts = group_columns(q.float(), 2)[None]

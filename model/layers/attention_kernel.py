@@ -26,6 +26,7 @@ from ...kvcache.paged import page_offsets, tables_end_to_end
 from ..batch import SeqRun, cat, end_to_end, offsets, run_rows
 from ..config import LayerRole, ModelConfig
 from ..device import to_device
+from ..kernels.attention_queries import Queries
 from ..kernels.ring_write import write_rows
 from ..kernels.sparse_attention import LaunchPlan, launch_plan, prefill_form_fits, sparse_attention
 from ..ops import ReferenceOps
@@ -71,10 +72,10 @@ def attend_updated(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, q_all: 
         note_ring_writes(runs, role.index)
         return o
     cos, sin = rope.for_runs(role.rope, runs)  # [T, rope/2]
-    q = ops.attention_query(q_all, cos, sin)
+    q = Queries(q_all, cos, sin, ops.act_quant)
     kv, packed = ops.fp8_round_trip(ops.rope(kv_all, cos, sin))
     o = _attention(cfg, role, q, kv, packed, runs, ops.w(f"{role.prefix}.attn.attn_sink"))
-    return ops.rope(o, cos, sin, inverse=True)
+    return ops.rope(o, cos, sin, inverse=True, overwrite=True)
 
 
 # From this many rows a decode batch attends with one program per query and column parity,
@@ -140,13 +141,13 @@ def _attend_causal(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, prepare
     writes: note_ring_writes). The ring and window offsets are layer 0's: this layer's bytes
     lie `layer` strides further (no per-layer offset tables: fewer kernels in its graph)."""
     layer, pool = role.index, prepared.pool
-    q = ops.attention_query(q_all, cos, sin)
+    q = Queries(q_all, cos, sin, ops.act_quant)
     kv, packed = ops.fp8_round_trip(ops.rope(kv_all, cos, sin))
     bases = _layer_bases(layer, prepared.ring_strides)
     write_rows(pool.slots_buffer, ring_codes, ring_scales, bases, *packed)
     o = _attend_planned(cfg, q, pool.slots_buffer, (win_codes, win_scales), pool.pages_buffer, (entry_off, entry_soff),
                         ops.w(f"{role.prefix}.attn.attn_sink"), prepared.plan, bases)
-    return ops.rope(o, cos, sin, inverse=True)
+    return ops.rope(o, cos, sin, inverse=True, overwrite=True)
 
 
 def note_ring_writes(runs: list[SeqRun], layer: int) -> None:
@@ -207,10 +208,10 @@ def _attend_block(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, prepared
     values are read at its first row, so a batch padded with copies of its last row works."""
     B, layer, strides, buf = prepared.block_rows, role.index, prepared.ring_strides, prepared.pool.slots_buffer
     W, D = cfg.sliding_window, cfg.head_dim
-    q = ops.attention_query(q_all, cos, sin)
+    q = Queries(q_all, cos, sin, ops.act_quant)
     kv, packed = ops.fp8_round_trip(ops.rope(kv_all, cos, sin))
-    R = q.shape[0] // B
-    device = q.device
+    R = q.raw.shape[0] // B
+    device = q.raw.device
     code_at, scale_at = _key_bytes(ring_codes[::B] + layer * strides[0], ring_scales[::B] + layer * strides[1], D)
     codes = torch.cat([buf[code_at], packed[0].view(R, B, D)], 1)
     scales = torch.cat([buf[scale_at], packed[1].view(R, B, D // 32)], 1)
@@ -222,15 +223,15 @@ def _attend_block(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, prepared
     win_soff = (R * (W + B) * D + keys * (D // 32))[:, None].expand(per_query).reshape(R * B, -1)
     o = _attend_planned(cfg, q, scratch, (win_off, win_soff), prepared.pool.pages_buffer, (entry_off, entry_soff),
                         ops.w(f"{role.prefix}.attn.attn_sink"), prepared.plan)
-    return ops.rope(o, cos, sin, inverse=True)
+    return ops.rope(o, cos, sin, inverse=True, overwrite=True)
 
 
-def _attention(cfg: ModelConfig, role: LayerRole, q, kv, packed, runs: list[SeqRun], sink) -> torch.Tensor:
+def _attention(cfg: ModelConfig, role: LayerRole, q: Queries, kv, packed, runs: list[SeqRun], sink) -> torch.Tensor:
     """What `prepare` does not take (runs too long for their rings, several pools or launch
     plans): writes the rows that fit into their rings, then attends, one launch per layout."""
-    layer, heads = role.index, q.shape[1]
+    layer, heads = role.index, q.raw.shape[1]
     fits = [_fits_in_ring(cfg, run, layer) for run in runs]
-    entries, widths = _entry_offsets(role, runs, q.device)
+    entries, widths = _entry_offsets(role, runs, q.raw.device)
     _ring_store([run for run, fit in zip(runs, fits) if fit], layer, kv, packed)
     groups: dict[tuple, list[tuple[SeqRun, int]]] = {}
     outputs: dict[int, torch.Tensor] = {}
@@ -238,16 +239,17 @@ def _attention(cfg: ModelConfig, role: LayerRole, q, kv, packed, runs: list[SeqR
         if not fit:
             rows = run.rows
             own, run_packed = tuple(e[rows, :width] for e in entries), (packed[0][rows], packed[1][rows])
-            outputs[run.offset] = scratch_attention(cfg, run, role, q[rows], kv[rows], run_packed, own, sink)
+            own_q = q.take(lambda t: t[rows])
+            outputs[run.offset] = scratch_attention(cfg, run, role, own_q, kv[rows], run_packed, own, sink)
             continue
         plan = (launch_plan(run.n, width, heads, cfg.head_dim), id(run.cache.pool))
         groups.setdefault(plan, []).append((run, width))
     for plan, members in groups.items():
         group, width = [run for run, _ in members], max(w for _, w in members)
         own = tuple(run_rows(e, group)[:, :width] for e in entries)
-        o = _launch(cfg, layer, run_rows(q, group), group, own, sink, plan)
+        o = _launch(cfg, layer, q.take(lambda t: run_rows(t, group)), group, own, sink, plan)
         outputs.update(zip((run.offset for run in group), o.split([run.n for run in group])))
-    return torch.cat([outputs[run.offset] for run in runs])
+    return cat([outputs[run.offset] for run in runs])  # no copy of one run's 1 GB at a prefill chunk
 
 
 def _fits_in_ring(cfg: ModelConfig, run: SeqRun, layer: int) -> bool:
@@ -354,7 +356,7 @@ def _launch(cfg: ModelConfig, layer: int, q: torch.Tensor, runs: list[SeqRun], e
                            sink, plan[0], _layer_bases(layer, runs[0].cache.ring_layer_stride))
 
 
-def _attend_planned(cfg: ModelConfig, q: torch.Tensor, ring: torch.Tensor, window, pages: torch.Tensor, entries,
+def _attend_planned(cfg: ModelConfig, q: Queries, ring: torch.Tensor, window, pages: torch.Tensor, entries,
                     sink: torch.Tensor, plan: LaunchPlan, window_base: tuple[int, int] = (0, 0)) -> torch.Tensor:
     """sparse_attention laid out as `plan` says; window and entries are (codes, scales) offsets,
     the window's `window_base` bytes before the keys' (layer 0's offsets for a later layer)."""
@@ -388,12 +390,13 @@ def _pad(ids: torch.Tensor, width: int, value: int) -> torch.Tensor:
     return ids if extra == 0 else torch.nn.functional.pad(ids, (0, extra), value=value)
 
 
-def scratch_attention(cfg: ModelConfig, run: SeqRun, role: LayerRole, q, kv, packed, entries, sink) -> torch.Tensor:
+def scratch_attention(cfg: ModelConfig, run: SeqRun, role: LayerRole, q: Queries, kv, packed, entries,
+                      sink) -> torch.Tensor:
     """A run too long for the ring (or after a gap in it): old window rows and this run's rows go
     into one small scratch buffer (a long chunk would overwrite its own early rows in the ring);
     entries are read where they live in the pages."""
     cache, layer, window, D = run.cache, role.index, cfg.sliding_window, cfg.head_dim
-    device = q.device  # the pool's device too (ops.reads_cache_in_place): every index is built here
+    device = q.raw.device  # the pool's device too (ops.reads_cache_in_place): every index is built here
     cached_pos = cache.window_positions(layer, run.start - window + 1, run.start, device=device)
     old_codes, old_scales = cache.ring_offsets(layer, cached_pos)
     buf = cache.pool.slots_buffer

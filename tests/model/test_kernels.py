@@ -374,6 +374,25 @@ def test_hc_stream_kernels_match_the_torch_forms(H):
         assert torch.allclose(got, rms_norm(mhc.hc_collapse(X, pre), w, 1e-20), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("T, H", [(7, 64), (40, 300)])  # 40 rows: a partly masked second row block
+def test_hc_mixes_kernel_projects_the_streams_then_scales(T, H):
+    """The mixes in one pass over the streams ((flat(X) @ fn^T) * rsqrt(mean(flat(X)^2) + eps),
+    the spec's order) agree with RMSNorm then the projection (layers/mhc.py) to fp32's accuracy,
+    and a common scale of the streams leaves them unchanged. (The model-level dispatch:
+    test_prefill_gemms.py.)"""
+    g = _g(9)
+    S, N = 4, 24
+    X = torch.randn(T, S, H, generator=g) * 3
+    fn = torch.randn(N, S * H, generator=g) / (S * H) ** 0.5
+    want = mhc.hc_mixes(X, fn, 1e-6)
+    got = hc_streams.hc_mixes(X.to(DEVICE), fn.to(DEVICE), 1e-6).cpu()
+    assert torch.allclose(got, want, rtol=1e-5, atol=1e-5)
+    split = hc_streams.hc_mixes(X.to(DEVICE), fn.to(DEVICE), 1e-6, dict(SPLITS=3, BLOCK_K=32)).cpu()
+    assert torch.allclose(split, want, rtol=1e-5, atol=1e-5)
+    assert torch.allclose(hc_streams.hc_mixes((X * 1024).to(DEVICE), fn.to(DEVICE), 1e-6).cpu(), got, rtol=1e-5,
+                          atol=1e-5)
+
+
 @pytest.mark.parametrize("H", [64, 300, 20480])  # 20480: an mHC mix's S*H row in the release
 def test_rms_norm_kernel_matches_the_torch_form(H):
     g = _g(6)
@@ -480,6 +499,28 @@ def test_sparse_attention_on_a_paged_cache(paged, entry_splits, head_block, pref
     assert torch.equal(attend(codes0, scales0, (layer * strides[0], layer * strides[1])), got)
 
 
+def _window_and_entries(cache, n: int, heads: int, dim: int, g: torch.Generator, window: int = 8):
+    """n queries' window (the last `window` positions) and 24 random entries of a paged cache:
+    attend(query on DEVICE, **sparse_attention options) and the keys sparse_attention_ref takes
+    after the query."""
+    layer, source = 8, 7
+    positions = torch.arange(100 - window, 100)
+    idx = torch.randint(0, cache.num_entries(source), (n, 24), generator=g)
+    w_off, w_soff = cache.ring_offsets(layer, positions.expand(n, -1))
+    e_off, e_soff = cache.entry_offsets(source, idx)
+    sink = torch.randn(heads, generator=g)
+    dev = lambda t: t.to(DEVICE)  # noqa: E731
+
+    def attend(query, **options):
+        return sparse_attention(query, dev(cache.pool.slots_buffer), dev(w_off), dev(w_soff),
+                                dev(cache.pool.pages_buffer), dev(e_off), dev(e_soff), dev(sink), dim**-0.5,
+                                **options).cpu()
+
+    keys = (cache.ring_read(layer, positions), positions.expand(n, -1) >= 0, cache.entries_gather(source, idx),
+            idx >= 0, sink, dim**-0.5)
+    return attend, keys
+
+
 @pytest.mark.parametrize("prefill, two_pass", [(False, 0), (True, 0), (True, 1)])
 def test_bf16_queries_attend_in_bf16(paged, prefill, two_pass):
     """A bf16 query (faithful mode's) attends as the reference's kernel does: the weighted sum
@@ -489,29 +530,37 @@ def test_bf16_queries_attend_in_bf16(paged, prefill, two_pass):
     within bf16's rounding; the two-pass form rounds at the keys' maximum, as the reference,
     and agrees to fp32's. The rounding is there to see against fp32 attention."""
     g = _g(5)
-    cache, layer, source = paged, 8, 7
-    n, heads, dim, window = 5, 16, 64, 8
+    n, heads, dim = 5, 16, 64
     q = torch.randn(n, heads, dim, generator=g).bfloat16()
-    positions = torch.arange(100 - window, 100)
-    idx = torch.randint(0, cache.num_entries(source), (n, 24), generator=g)
-    w_off, w_soff = cache.ring_offsets(layer, positions.expand(n, -1))
-    e_off, e_soff = cache.entry_offsets(source, idx)
-    sink = torch.randn(heads, generator=g)
-    dev = lambda t: t.to(DEVICE)  # noqa: E731
-
-    def run(query):
-        return sparse_attention(dev(query), dev(cache.pool.slots_buffer), dev(w_off), dev(w_soff),
-                                dev(cache.pool.pages_buffer), dev(e_off), dev(e_soff), dev(sink), dim**-0.5,
-                                prefill=prefill, tiles=dict(TWO_PASS=two_pass)).cpu()
-
-    keys = (cache.ring_read(layer, positions), positions.expand(n, -1) >= 0, cache.entries_gather(source, idx),
-            idx >= 0, sink, dim**-0.5)
+    attend, keys = _window_and_entries(paged, n, heads, dim, g)
+    run = lambda query: attend(query.to(DEVICE), prefill=prefill, tiles=dict(TWO_PASS=two_pass))  # noqa: E731
     got, exact = run(q), run(q.float())
     ref, ref_exact = sparse_attention_ref(q, *keys), sparse_attention_ref(q.float(), *keys)
     top = ref_exact.abs().max()
     assert (got - ref).abs().max() < (REL if two_pass else 1e-2) * top
     assert (exact - ref_exact).abs().max() < REL * top + 1e-5
     assert (got - exact).abs().max() > 1e-5 * top and (ref - ref_exact).abs().max() > 1e-5 * top
+
+
+@pytest.mark.parametrize("prefill, two_pass", [(False, 0), (True, 0), (True, 1)])
+@pytest.mark.parametrize("bf16", [False, True])
+def test_queries_before_rope_attend_as_the_rotated_ones(paged, prefill, two_pass, bf16):
+    """Queries handed over before RoPE (attention_queries.Queries: the GPU's prefill form
+    rotates them as it cuts their parts) attend bit for bit as the rotated queries do."""
+    from dsflash.model.kernels.attention_queries import Queries
+    from dsflash.model.rope import apply_rope
+
+    g = _g(8)
+    n, heads, dim, half = 5, 16, 64, 8
+    raw = torch.randn(n, heads, dim, generator=g)
+    angles = torch.rand(n, half, generator=g) * 100
+    cos, sin = angles.cos(), angles.sin()
+    rotated = apply_rope(raw, cos, sin)
+    attend, _ = _window_and_entries(paged, n, heads, dim, g)
+    run = lambda query: attend(query, prefill=prefill, tiles=dict(TWO_PASS=two_pass))  # noqa: E731
+    dev = lambda t: t.to(DEVICE)  # noqa: E731
+    want = run(dev(rotated.bfloat16() if bf16 else rotated))
+    assert torch.equal(run(Queries(dev(raw), dev(cos), dev(sin), bf16)), want)
 
 
 def test_queries_take_the_tensor_core_form_where_it_fits():
@@ -721,6 +770,46 @@ def test_rope_kernel_rounds_as_the_torch_form(shape, half, inverse):
     assert torch.equal(got, want)
     back = rope(got.to(DEVICE), cos.to(DEVICE), sin.to(DEVICE), not inverse).cpu()
     assert (back - x).abs().max() < 1e-3
+
+
+@pytest.mark.parametrize("shape, half", [((5, 3, 64), 16), ((4, 96), 48), ((7, 9, 40), 8)])
+@pytest.mark.parametrize("inverse", [False, True])
+def test_rope_in_place_writes_only_the_rotated_channels(shape, half, inverse):
+    """overwrite=True rotates x itself, reading and writing its last 2*half channels alone,
+    with apply_rope's bits; a view that is not one block of memory gets a new tensor."""
+    from dsflash.model.kernels.rope import rope
+    from dsflash.model.rope import apply_rope
+
+    g = _g(6)
+    x = torch.randn(*shape, generator=g) * 30
+    angles = torch.rand(shape[0], half, generator=g) * 1000
+    cos, sin = angles.cos(), angles.sin()
+    want = apply_rope(x, cos, sin, inverse)
+    y = x.to(DEVICE)
+    got = rope(y, cos.to(DEVICE), sin.to(DEVICE), inverse, overwrite=True)
+    assert got.data_ptr() == y.data_ptr() and torch.equal(y.cpu(), want)
+    wide = torch.randn(shape[0], 2 * shape[-1], generator=g)
+    strided = wide[:, ::2]  # not contiguous: rotated into a new tensor, the input untouched
+    got = rope(strided.to(DEVICE), cos.to(DEVICE), sin.to(DEVICE), inverse, overwrite=True).cpu()
+    assert torch.equal(got, apply_rope(strided, cos, sin, inverse))
+
+
+@pytest.mark.parametrize("splits, interleave", [(1, 2), (2, 2), (3, 1)])
+def test_query_parts_are_the_parts_of_the_rotated_queries(splits, interleave):
+    """RoPE and the bf16 parts in one launch give the bits of the two launches."""
+    from dsflash.model.kernels.attention_queries import Queries, query_parts
+    from dsflash.model.rope import apply_rope
+
+    g = _g(7)
+    n, heads, dim, half = 6, 5, 64, 16
+    raw = torch.randn(n, heads, dim, generator=g) * 30
+    angles = torch.rand(n, half, generator=g) * 1000
+    cos, sin = angles.cos(), angles.sin()
+    queries = Queries(raw.to(DEVICE), cos.to(DEVICE), sin.to(DEVICE), bf16=splits == 1)
+    got = query_parts(queries, splits, interleave).cpu()
+    assert torch.equal(got, bf16_parts_kernel(apply_rope(raw, cos, sin).to(DEVICE), splits, interleave).cpu())
+    assert torch.equal(queries.take(lambda t: t[2:4]).rotated().cpu(),
+                       apply_rope(raw, cos, sin)[2:4].to(torch.bfloat16 if splits == 1 else torch.float32))
 
 
 def test_a_prefill_tier_stacks_only_the_experts_it_loaded(golden_dir):

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dsflash.model.kernels import prefill_gemms
+from dsflash.model.kernels import hc_streams, prefill_gemms
 from dsflash.model.kernels.common import quad_units
 from dsflash.model.kernels.dequantize import fp4_quads_bf16, fp8_weight_bf16
 from dsflash.model.kernels.fp4_moe import fp4_moe_ref
@@ -170,14 +170,19 @@ def _logits_both_ways(golden_dir, act_quant: bool, prompt: torch.Tensor, send, w
 @pytest.mark.parametrize("act_quant", [False, True])
 def test_a_prefill_chunk_on_cublas_gives_the_kernels_logits(golden_dir, act_quant, monkeypatch):
     """The tiny checkpoint on the kernel path, a prompt of a prefill chunk's size, with its
-    FP8 and FP4 products on cuBLAS and on the kernels: the same next token, logits within the
-    fp32 sums' reordering."""
+    FP8 and FP4 products on cuBLAS and its mHC mixes in one pass (hc_streams.hc_mixes), and
+    with both on the decode rows' kernels: the same next token, logits within the fp32 sums'
+    reordering."""
     monkeypatch.setattr(prefill_gemms, "EXPERT_PAIRS", 1)  # the tiny checkpoint's few pairs too
     rows = prefill_gemms.ROWS
     vocab = Checkpoint(golden_dir).config.vocab_size
     prompt = torch.randint(3, vocab, (rows + 100,), generator=_g(8))
-    logits = _logits_both_ways(golden_dir, act_quant, prompt,
-                               lambda on: monkeypatch.setattr(prefill_gemms, "ROWS", rows if on else 1 << 62), "last")
+
+    def send(on):
+        monkeypatch.setattr(prefill_gemms, "ROWS", rows if on else 1 << 62)
+        monkeypatch.setattr(hc_streams, "MIXES_ROWS", rows if on else 1 << 62)
+
+    logits = _logits_both_ways(golden_dir, act_quant, prompt, send, "last")
     assert logits[True].argmax() == logits[False].argmax()
     assert (logits[True] - logits[False]).abs().max() < 1e-3 * logits[False].abs().max()
 
@@ -185,12 +190,16 @@ def test_a_prefill_chunk_on_cublas_gives_the_kernels_logits(golden_dir, act_quan
 def test_the_models_products_through_this_path_give_the_kernels_logits(golden_dir, golden, monkeypatch):
     """The tiny checkpoint on the kernel path in faithful mode with every FP8 and FP4 product
     sent through prefill_gemms (its row thresholds lowered to the prompt's rows; on CPU the
-    products in fp32, on a GPU cuBLAS): the dispatch from TritonOps and fp8_gemm (dense,
-    merged, grouped, the routed experts) gives the kernels' logits. (Exact mode's parts are
-    held by the tests above; a kernel-path forward takes ~30 s under the interpreter.)"""
+    products in fp32, on a GPU cuBLAS) and the mHC mixes through hc_streams.hc_mixes: the
+    dispatch from TritonOps and fp8_gemm (dense, merged, grouped, the routed experts) gives
+    the decode rows' kernels' logits. (Exact mode's parts are held by the tests above; a
+    kernel-path forward takes ~30 s under the interpreter.)"""
     monkeypatch.setattr(prefill_gemms, "EXPERT_PAIRS", 1)
-    logits = _logits_both_ways(
-        golden_dir, True, golden[2]["input_ids"][:24],
-        lambda on: monkeypatch.setattr(prefill_gemms, "takes", lambda x: on and x.shape[0] >= 16), "all")
+
+    def send(on):
+        monkeypatch.setattr(prefill_gemms, "takes", lambda x: on and x.shape[0] >= 16)
+        monkeypatch.setattr(hc_streams, "MIXES_ROWS", 16 if on else 1 << 62)
+
+    logits = _logits_both_ways(golden_dir, True, golden[2]["input_ids"][:24], send, "all")
     assert torch.equal(logits[True].argmax(-1), logits[False].argmax(-1))
     assert (logits[True] - logits[False]).abs().max() < 1e-3 * logits[False].abs().max()

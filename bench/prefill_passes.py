@@ -1,0 +1,139 @@
+"""A prefill chunk's passes over its big activations, before and after the fifteenth session
+fused them, at the bench preset's shapes (8,192 rows; 64 heads of 512; mHC 4 x 5,120):
+
+- the attention's queries: RoPE over all 512 channels, the cast to bf16 (faithful mode) and
+  the prefill form's bf16 parts with their columns regrouped, against one pass
+  (attention_queries.query_parts);
+- the attention output's inverse RoPE: all channels into a new tensor, against in place on
+  the 64 rotated ones;
+- an mHC site's mixes: RMSNorm of the flattened streams, then torch's fp32 GEMM, against one
+  pass that projects and scales (hc_streams.hc_mixes).
+
+Each figure next to the time its bytes take at the measured 4.2 TB/s HBM read. With
+--whole N, whole prefills of N tokens on the bench preset too, the three fusions off and on
+in turn in one process (lent machines differ by more than the change), exact mode or
+(--act-quant) faithful (h200.prefill: each next to its bf16 FLOP roofline).
+
+    python bench/prefill_passes.py [--rows 8192] [--sections queries,rope,mixes]
+                                   [--whole 32768 [--act-quant] --rounds 2 --budget-s 400]
+"""
+import argparse
+import pathlib
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+import h200  # noqa: E402
+from dsflash.model.kernels import attention_queries, hc_streams  # noqa: E402
+from dsflash.model.kernels import rope as rope_kernel  # noqa: E402
+from dsflash.model.kernels import rms_norm as norm_kernel  # noqa: E402
+from dsflash.model.kernels.attention_queries import Queries, query_parts  # noqa: E402
+from dsflash.model.kernels.common import bf16_parts  # noqa: E402
+from dsflash.model.kernels.rope import rope  # noqa: E402
+
+HEADS, DIM, HALF, STREAMS, HIDDEN, MIXES = 64, 512, 32, 4, 5120, 24
+
+
+def report(key: str, seconds: float, nbytes: float, **extra) -> None:
+    h200.record("passes", key, {"us": seconds * 1e6, "GB": nbytes / 1e9,
+                                "ratio_to_hbm": seconds / (nbytes / h200.HBM_BPS), **extra})
+
+
+def queries(rows: int) -> None:
+    q = torch.randn(rows, HEADS, DIM, device="cuda")
+    angles = torch.rand(rows, HALF, device="cuda") * 1000
+    cos, sin = angles.cos(), angles.sin()
+    size = q.numel()
+    for bf16, splits in ((True, 1), (False, 2)):
+        mode = "faithful" if bf16 else "exact"
+
+        def before():
+            rotated = rope(q, cos, sin)
+            return bf16_parts(rotated.to(torch.bfloat16) if bf16 else rotated, splits, interleave=2)
+
+        after = lambda: query_parts(Queries(q, cos, sin, bf16), splits, 2)  # noqa: E731
+        same = torch.equal(before(), after())
+        written = 2 * splits * size
+        report(f"queries_{mode}_before", h200.cuda_time(before, iters=10),
+               8 * size + (6 * size if bf16 else 0) + (2 * size if bf16 else 4 * size) + written)
+        report(f"queries_{mode}_one_pass", h200.cuda_time(after, iters=10), 4 * size + written, bit_equal=same)
+
+
+def output_rope(rows: int) -> None:
+    o = torch.randn(rows, HEADS, DIM, device="cuda")
+    angles = torch.rand(rows, HALF, device="cuda") * 1000
+    cos, sin = angles.cos(), angles.sin()
+    want = rope(o, cos, sin, inverse=True)
+    work = o.clone()
+    same = torch.equal(rope(work, cos, sin, inverse=True, overwrite=True), want)
+    report("output_rope_new_tensor", h200.cuda_time(lambda: rope(o, cos, sin, inverse=True), iters=10), 8 * o.numel())
+    rotated_bytes = 8 * o.numel() * 2 * HALF / DIM
+    report("output_rope_in_place", h200.cuda_time(lambda: rope(work, cos, sin, inverse=True, overwrite=True),
+                                                  iters=10), rotated_bytes, bit_equal=same)
+
+
+def mixes(rows: int) -> None:
+    X = torch.randn(rows, STREAMS, HIDDEN, device="cuda")
+    fn = torch.randn(MIXES, STREAMS * HIDDEN, device="cuda") / (STREAMS * HIDDEN) ** 0.5
+    before = lambda: norm_kernel.rms_norm(X.flatten(-2), None, 1e-6) @ fn.T  # noqa: E731
+    after = lambda: hc_streams.hc_mixes(X, fn, 1e-6)  # noqa: E731
+    want, got = before(), after()
+    size = 4 * X.numel()
+    report("mixes_norm_then_gemm", h200.cuda_time(before, iters=10), 3 * size)
+    report("mixes_one_pass", h200.cuda_time(after, iters=10), size,
+           max_rel_diff=((got - want).abs().max() / want.abs().max()).item())
+    for block_t, block_k, warps, stages, splits in ((64, 64, 4, 3, 2), (64, 64, 4, 3, 4), (32, 64, 4, 3, 4),
+                                                    (64, 32, 4, 4, 4), (128, 32, 8, 3, 4), (64, 64, 4, 3, 8)):
+        tiles = dict(BLOCK_T=block_t, BLOCK_K=block_k, num_warps=warps, num_stages=stages, SPLITS=splits)
+        try:
+            report(f"mixes_one_pass_T{block_t}_K{block_k}_w{warps}_s{stages}_split{splits}",
+                   h200.cuda_time(lambda: hc_streams.hc_mixes(X, fn, 1e-6, tiles), iters=10), size)
+        except Exception as exc:  # a shape that needs more shared memory than an SM has
+            h200.record("passes", f"mixes_T{block_t}_K{block_k}", {"error": f"{type(exc).__name__}"})
+
+
+MIXES_ROWS = [hc_streams.MIXES_ROWS]  # --mixes-rows: the mixes' threshold when the fusions are on
+
+
+def fused(on: bool) -> None:
+    """The three fusions on, or off (the passes as they were before them)."""
+    attention_queries.ONE_PASS = on
+    rope_kernel.IN_PLACE = on
+    hc_streams.MIXES_ROWS = MIXES_ROWS[0] if on else 1 << 62
+
+
+def whole(n: int, rounds: int, act_quant: bool) -> None:
+    model, _ = h200.build_model(fast=True, preset="bench", act_quant=act_quant)
+    mode = "faithful" if act_quant else "exact"
+    for r in range(rounds + 1):  # round 0 warms both forms' kernels (its figures compile them)
+        for on in (False, True):
+            fused(on)
+            h200.prefill(model, [n], f"whole_{mode}_{'fused' if on else 'before'}_round{r}", warm_first=r == 0)
+    fused(True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rows", type=int, default=8192)
+    parser.add_argument("--whole", type=int, default=0)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--budget-s", type=float, default=400.0)
+    parser.add_argument("--act-quant", action="store_true", help="the whole prefills in faithful mode")
+    parser.add_argument("--sections", default="queries,rope,mixes")
+    parser.add_argument("--mixes-rows", type=int, default=hc_streams.MIXES_ROWS,
+                        help="hc_mixes from this many rows when fused (a huge value leaves it out)")
+    args = parser.parse_args()
+    MIXES_ROWS[0] = args.mixes_rows
+    h200.DEADLINE[0] = time.monotonic() + args.budget_s
+    torch.backends.cuda.matmul.allow_tf32 = False
+    for name, section in (("queries", queries), ("rope", output_rope), ("mixes", mixes)):
+        if name in args.sections:
+            section(args.rows)
+    if args.whole:
+        whole(args.whole, args.rounds, args.act_quant)
+
+
+if __name__ == "__main__":
+    main()

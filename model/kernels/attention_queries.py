@@ -1,0 +1,87 @@
+"""The attention's queries as the projection leaves them, rotated where the kernel reads them.
+
+A prefill chunk's queries are [8,192, 64, 512] fp32, 1 GB. Rotating them (RoPE reads and
+writes every channel), rounding them to bf16 (faithful mode) and cutting them into the
+prefill form's bf16 parts with their columns regrouped were three passes over them; here
+they are one (`query_parts`). Every value is rounded as those passes round it: RoPE's two
+products and their sum, then the parts of the rotated fp32 value (the first part is the
+bf16 cast). The decode form reads rotated queries (`Queries.rotated`).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+
+from .common import bf16_rne, interpreting
+from .rope import rope, rotated
+
+_PTX = tl.constexpr(not interpreting())
+# Off: sparse_attention rotates Queries first and cuts the parts from the rotated tensor, as
+# before this module (bench/prefill_passes.py times both in one process).
+ONE_PASS = True
+
+
+class Queries(NamedTuple):
+    """Queries [n, h, D] before RoPE, with each row's cos and sin [n, half]; bf16: they attend
+    as bf16 values (faithful mode: ReferenceOps.attention_query)."""
+    raw: torch.Tensor
+    cos: torch.Tensor
+    sin: torch.Tensor
+    bf16: bool
+
+    def take(self, rows: Callable[[torch.Tensor], torch.Tensor]) -> "Queries":
+        """The same rows of the queries and of their cos and sin (`rows` picks them from any)."""
+        return Queries(rows(self.raw), rows(self.cos), rows(self.sin), self.bf16)
+
+    def rotated(self) -> torch.Tensor:
+        """What ReferenceOps.attention_query returns for them."""
+        q = rope(self.raw, self.cos, self.sin)
+        return q.to(torch.bfloat16) if self.bf16 else q
+
+
+@triton.jit
+def _rope_parts_kernel(x_ptr, cos_ptr, sin_ptr, out_ptr, total, H, sxn, sxh, scn, sop,
+                       D: tl.constexpr, HALF: tl.constexpr, SPLITS: tl.constexpr, G: tl.constexpr,
+                       BLOCK: tl.constexpr, PTX: tl.constexpr):
+    """Elements e of x [n, H, D] (flattened) -> RoPE -> their SPLITS bf16 parts at
+    out[p, e // D, (col % G) * (D / G) + col // G]."""
+    e = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    live = e < total
+    row = e // D
+    col = e % D
+    token = row // H
+    src = x_ptr + token * sxn + (row % H) * sxh
+    x = tl.load(src + col, mask=live, other=0.0).to(tl.float32)
+    r = col - (D - 2 * HALF)  # index inside the rotated channels (negative: not rotated)
+    rotates = live & (r >= 0)
+    partner = tl.load(src + (col ^ 1), mask=rotates, other=0.0).to(tl.float32)
+    i = tl.where(rotates, r // 2, 0)
+    c = tl.load(cos_ptr + token * scn + i, mask=rotates, other=1.0)
+    s = tl.load(sin_ptr + token * scn + i, mask=rotates, other=0.0)
+    rest = tl.where(rotates, rotated(x, partner, c, s, (r % 2) == 0, False, PTX), x)
+    at = out_ptr + row * D + (col % G) * (D // G) + col // G
+    for p in tl.static_range(SPLITS):
+        head = bf16_rne(rest)  # the cast of the rounded value is exact everywhere
+        tl.store(at + p * sop, head.to(tl.bfloat16), mask=live)
+        rest = rest - head
+
+
+def query_parts(q: Queries, splits: int, interleave: int) -> torch.Tensor:
+    """bf16_parts(q.rotated(), splits, interleave) in one launch: [splits, n, h, D] bf16."""
+    n, heads, D = q.raw.shape
+    half = q.cos.shape[-1]
+    assert q.cos.shape == q.sin.shape == (n, half) and 2 * half <= D and D % 2 == 0 and D % interleave == 0
+    x = q.raw if q.raw.stride(-1) == 1 else q.raw.contiguous()
+    cos, sin = q.cos.float().contiguous(), q.sin.float().contiguous()
+    out = torch.empty(splits, n, heads, D, dtype=torch.bfloat16, device=x.device)
+    total = out[0].numel()
+    if total:
+        block = 1024
+        _rope_parts_kernel[(triton.cdiv(total, block),)](x, cos, sin, out, total, heads, x.stride(0), x.stride(1),
+                                                         cos.stride(0), total, D=D, HALF=half, SPLITS=splits,
+                                                         G=interleave, BLOCK=block, PTX=_PTX)
+    return out
