@@ -84,8 +84,8 @@ def mixes(rows: int) -> None:
     report("mixes_norm_then_gemm", h200.cuda_time(before, iters=10), 3 * size)
     report("mixes_one_pass", h200.cuda_time(after, iters=10), size,
            max_rel_diff=((got - want).abs().max() / want.abs().max()).item())
-    for block_t, block_k, warps, stages, splits in ((64, 64, 4, 3, 2), (64, 64, 4, 3, 4), (32, 64, 4, 3, 4),
-                                                    (64, 32, 4, 4, 4), (128, 32, 8, 3, 4), (64, 64, 4, 3, 8)):
+    for block_t, block_k, warps, stages, splits in ((128, 64, 8, 3, 4), (64, 32, 4, 4, 4), (128, 32, 8, 4, 2),
+                                                    (128, 32, 8, 3, 8), (256, 32, 8, 3, 4)):
         tiles = dict(BLOCK_T=block_t, BLOCK_K=block_k, num_warps=warps, num_stages=stages, SPLITS=splits)
         try:
             report(f"mixes_one_pass_T{block_t}_K{block_k}_w{warps}_s{stages}_split{splits}",

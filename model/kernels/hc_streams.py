@@ -63,15 +63,16 @@ def _hc_mixes_kernel(x_ptr, fn_ptr, out_ptr, part_ptr, squares_ptr, T, N, K, K_P
     n = tl.arange(0, BLOCK_N)
     live = rows < T
     acc = tl.zeros((BLOCK_T, BLOCK_N), tl.float32)
-    squares = tl.zeros((BLOCK_T,), tl.float32)
+    squares = tl.zeros((BLOCK_T, BLOCK_K), tl.float32)  # summed along the rows once, after the loop
     for k0 in range(split * K_PER_SPLIT, tl.minimum(K, (split + 1) * K_PER_SPLIT), BLOCK_K):
         k = k0 + tl.arange(0, BLOCK_K)
         x = tl.load(x_ptr + rows[:, None].to(tl.int64) * sxt + k[None, :], mask=live[:, None] & (k < K)[None, :],
                     other=0.0)
         # fn's rows are contiguous along K: loaded as they lie (coalesced), then transposed
         w = tl.load(fn_ptr + n[:, None] * sfn + k[None, :], mask=(n < N)[:, None] & (k < K)[None, :], other=0.0)
-        squares += tl.sum(x * x, axis=1)
+        squares += x * x
         acc = tl.dot(x, tl.trans(w), acc, input_precision=DOT)
+    squares = tl.sum(squares, axis=1)
     if SPLITS == 1:
         inv = 1.0 / tl.sqrt(squares / K + eps)
         tl.store(out_ptr + rows[:, None] * sot + n[None, :], acc * inv[:, None],
@@ -87,8 +88,9 @@ def _hc_mixes_kernel(x_ptr, fn_ptr, out_ptr, part_ptr, squares_ptr, T, N, K, K_P
 # program BLOCK_T whole rows).
 MIXES_ROWS = 4096
 # H200, 2026-12-02, 8,192 rows of 4 x 5,120 (bench/prefill_passes.py; RMSNorm, then torch's
-# fp32 GEMM: 662-680 us): 128 rows and 32 columns a step on 8 warps, K split 4 ways, 410 us;
-# 64 x 32 split 4 431; 64 x 64 unsplit 529-532, split 2-8 464-476; 32 x 128 unsplit 2,115.
+# fp32 GEMM: 661-680 us): 128 rows and 32 columns a step on 8 warps, K split 4 ways, 387 us
+# (410 while the squares were summed along the rows at every step); split 8 398, split 2
+# 443; 64 x 32 split 4 408; 64 x 64 unsplit 529-532; 32 x 128 unsplit 2,115.
 MIXES_TILES = dict(BLOCK_T=128, BLOCK_K=32, num_warps=8, num_stages=3, SPLITS=4)
 
 
