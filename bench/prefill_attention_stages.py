@@ -38,9 +38,12 @@ def timed(tiles):
 
 # the shipped form is two-pass (the logits once per query, then the weighted sums; eighth
 # session); the one-pass form, pipeline depths and key tiles, and both forms in one bf16 part
-# (faithful mode: its queries are bf16, and take the one-pass form)
+# (faithful mode: its queries are bf16, and take the one-pass form); BOTH (fifteenth session,
+# not yet timed): one program for both column halves, each logit once, on 8 warps or 4
 variants = [dict(), dict(TWO_PASS=0), dict(num_stages=3), dict(KT2=32), dict(KT2=16),
-            dict(QP=1, PP=1), dict(TWO_PASS=0, QP=1, PP=1)]
+            dict(QP=1, PP=1), dict(TWO_PASS=0, QP=1, PP=1),
+            dict(TWO_PASS=0, QP=1, PP=1, BOTH=1, num_warps=8), dict(TWO_PASS=0, QP=1, PP=1, BOTH=1),
+            dict(TWO_PASS=0, BOTH=1, num_warps=8)]
 for round_ in range(2):
     for v in variants:
         try:

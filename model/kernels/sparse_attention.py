@@ -311,10 +311,28 @@ def _online_parts(q_own, q_other, k_own, k_other, valid, m_i, l_i, acc, scale,
 
 
 @triton.jit
+def _online_halves(q_own, q_other, k_own, k_other, valid, m_i, l_i, acc, acc_other, scale,
+                   HB: tl.constexpr, KT: tl.constexpr, QP: tl.constexpr, PP: tl.constexpr, PTX: tl.constexpr,
+                   BOTH: tl.constexpr):
+    """_online_parts for the own column half (acc_other as it was), or with BOTH for both
+    halves: the logits once, two weighted sums."""
+    if BOTH:
+        logits = _logits(q_own, q_other, k_own, k_other, valid, scale, HB, KT, QP, PTX)
+        m_new, l_i, prob, alpha = _softmax_step(logits, m_i, l_i)
+        acc = _add_weighted(prob, k_own, acc * alpha[:, None], PP, PTX)
+        acc_other = _add_weighted(prob, k_other, acc_other * alpha[:, None], PP, PTX)
+    else:
+        m_new, l_i, acc = _online_parts(q_own, q_other, k_own, k_other, valid, m_i, l_i, acc, scale, HB, KT, QP, PP,
+                                        PTX)
+    return m_new, l_i, acc, acc_other
+
+
+@triton.jit
 def _prefill_attention_kernel(q_ptr, ring16_ptr, win_off, win_soff, page_ptr, ent_off, ent_soff, sink_ptr, o_ptr,
                               part_ml, part_acc, H, W, K, TILES_PER_SPLIT, scale, sqp, sqn, sqh, swn, sen, son, soh,
                               D: tl.constexpr, HB: tl.constexpr, KT: tl.constexpr, QP: tl.constexpr,
-                              PP: tl.constexpr, PTX: tl.constexpr, GATHERED: tl.constexpr, SPLITS: tl.constexpr):
+                              PP: tl.constexpr, PTX: tl.constexpr, GATHERED: tl.constexpr, SPLITS: tl.constexpr,
+                              BOTH: tl.constexpr):
     """Program (query i, head block, column parity) over all the query's keys, on tensor cores
     (_online_parts): the prefill form, where every query has its own entries and the heads are
     the dots' rows. Two programs share a query's head block, one accumulating its even
@@ -324,11 +342,17 @@ def _prefill_attention_kernel(q_ptr, ring16_ptr, win_off, win_soff, page_ptr, en
     GATHERED, ring16_ptr and page_ptr are gather_keys' copies of the keys, not the pool.
     SPLITS > 1 (decode: few queries): program (query, head block, 2 * split + parity) reads
     TILES_PER_SPLIT key tiles of the window's tiles followed by the entries' ones, and leaves
-    its running max, sum and accumulator for _combine_kernel."""
+    its running max, sum and accumulator for _combine_kernel. BOTH: one program holds both
+    column halves (even in acc, odd in acc_other) and computes each logit once (program
+    (query, head block, split); meant for 8 warps, whose registers hold the two halves)."""
     i = tl.program_id(0)
     heads = tl.program_id(1) * HB + tl.arange(0, HB)
-    parity = tl.program_id(2) % 2
-    split = tl.program_id(2) // 2
+    if BOTH:
+        parity = 0
+        split = tl.program_id(2)
+    else:
+        parity = tl.program_id(2) % 2
+        split = tl.program_id(2) // 2
     c = tl.arange(0, D // 2)
     q_live = heads[:, None] < H
     q_own = _query_half(q_ptr + i * sqn + heads[:, None] * sqh + (parity * (D // 2) + c)[None, :], q_live, sqp, QP)
@@ -337,6 +361,7 @@ def _prefill_attention_kernel(q_ptr, ring16_ptr, win_off, win_soff, page_ptr, en
     m_i = tl.full((HB,), float("-inf"), tl.float32)
     l_i = tl.zeros((HB,), tl.float32)
     acc = tl.zeros((HB, D // 2), tl.float32)
+    acc_other = tl.zeros((HB, D // 2), tl.float32)  # BOTH: the odd columns
     kt = tl.arange(0, KT)
     if SPLITS == 1:
         w_lo, w_hi, e_lo, e_hi = 0, W, 0, K
@@ -350,21 +375,26 @@ def _prefill_attention_kernel(q_ptr, ring16_ptr, win_off, win_soff, page_ptr, en
     for t0 in range(w_lo, w_hi, KT):
         words, exps, valid = _window_bytes(ring16_ptr, win_off, win_soff, i * swn, t0 + kt, W, KT, D // 2, GATHERED)
         k_own, k_other = _window_halves(words, exps, parity, KT, D // 2, PTX)
-        m_i, l_i, acc = _online_parts(q_own, q_other, k_own, k_other, valid, m_i, l_i, acc, scale, HB, KT, QP, PP,
-                                      PTX)
+        m_i, l_i, acc, acc_other = _online_halves(q_own, q_other, k_own, k_other, valid, m_i, l_i, acc, acc_other,
+                                                  scale, HB, KT, QP, PP, PTX, BOTH)
     for t0 in range(e_lo, e_hi, KT):
         packed, sbytes, valid = _entry_bytes(page_ptr, ent_off, ent_soff, i * sen, t0 + kt, K, KT, D // 2, GATHERED)
         k_own, k_other = _entry_halves(packed, sbytes, parity, KT, D // 2, PTX)
-        m_i, l_i, acc = _online_parts(q_own, q_other, k_own, k_other, valid, m_i, l_i, acc, scale, HB, KT, QP, PP,
-                                      PTX)
+        m_i, l_i, acc, acc_other = _online_halves(q_own, q_other, k_own, k_other, valid, m_i, l_i, acc, acc_other,
+                                                  scale, HB, KT, QP, PP, PTX, BOTH)
     if SPLITS == 1:
-        _finish(sink_ptr, heads, H, m_i, l_i, acc, o_ptr + i * son + heads[:, None] * soh + (2 * c + parity)[None, :])
+        rows = o_ptr + i * son + heads[:, None] * soh
+        _finish(sink_ptr, heads, H, m_i, l_i, acc, rows + (2 * c + parity)[None, :])
+        if BOTH:
+            _finish(sink_ptr, heads, H, m_i, l_i, acc_other, rows + (2 * c + 1)[None, :])
     else:  # both parities hold the same max and sum: the even one writes them
         base = (i * SPLITS + split) * H + heads
         even = heads < H * (1 - parity)  # the live heads of the even program, none of the odd one
         tl.store(part_ml + 2 * base, m_i, mask=even)
         tl.store(part_ml + 2 * base + 1, l_i, mask=even)
         tl.store(part_acc + base[:, None] * D + (2 * c + parity)[None, :], acc, mask=q_live)
+        if BOTH:
+            tl.store(part_acc + base[:, None] * D + (2 * c + 1)[None, :], acc_other, mask=q_live)
 
 
 @triton.jit
@@ -499,8 +529,12 @@ KEY_TILE = 16  # keys per step of the online softmax (decode form)
 # query parts); 13.8 with 64 keys a step (16: 17.7; 128 needs more shared memory than an SM
 # has; 3 stages 15.0; 8 warps 19.2). With one bf16 part (faithful mode) 12.3-12.7 against
 # 11.4-11.6 one-pass, so bf16 queries keep the one-pass form (BF16_TILES).
+# BOTH (one-pass form): one program per query holds both column halves and computes each
+# logit once, where the two parity programs each compute them all and decode every key; for
+# 8 warps. Written after the fifteenth session's device time: not yet timed, so off
+# (bench/prefill_attention_stages.py has it as a variant).
 PREFILL_TILES = {"HB": 64, "KT": 32, "QP": 2, "PP": 2, "GATHER": 1, "num_warps": 4, "num_stages": 2,
-                 "TWO_PASS": 1, "KT2": 64}
+                 "TWO_PASS": 1, "KT2": 64, "BOTH": 0}
 BF16_TILES = {"TWO_PASS": 0}
 
 
@@ -609,11 +643,12 @@ def sparse_attention(q: torch.Tensor | Queries, ring: torch.Tensor, window_offse
             return _two_pass(parts, ring, w_off, w_soff, pages, e_off, e_soff, sink, out, scale, plan.head_block, t,
                              ptx, num_warps)
         part_ml, part_acc = _split_parts(n, splits, heads, dim, out)
-        _prefill_attention_kernel[(n, head_blocks, 2 * splits)](
+        both = bool(t["BOTH"])
+        _prefill_attention_kernel[(n, head_blocks, (1 if both else 2) * splits)](
             parts, ring.view(torch.int16), w_off, w_soff, pages, e_off, e_soff, sink, out, part_ml, part_acc, heads,
             W, K, per_split, scale, parts.stride(0), parts.stride(1), parts.stride(2), w_off.stride(0),
             e_off.stride(0), out.stride(0), out.stride(1), D=dim, HB=plan.head_block, KT=t["KT"],
-            QP=parts.shape[0], PP=t["PP"], PTX=ptx, GATHERED=bool(t["GATHER"]), SPLITS=splits,
+            QP=parts.shape[0], PP=t["PP"], PTX=ptx, GATHERED=bool(t["GATHER"]), SPLITS=splits, BOTH=both,
             num_warps=num_warps or t["num_warps"], num_stages=t["num_stages"])
         return _merge_splits(part_ml, part_acc, sink, out, splits, *HEAD_BLOCKS["decode"])
     q = q.contiguous()

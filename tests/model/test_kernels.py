@@ -563,6 +563,29 @@ def test_queries_before_rope_attend_as_the_rotated_ones(paged, prefill, two_pass
     assert torch.equal(run(Queries(dev(raw), dev(cos), dev(sin), bf16)), want)
 
 
+@pytest.mark.parametrize("splits", [0, 2])
+@pytest.mark.parametrize("bf16", [False, True])
+def test_one_program_for_both_column_halves_attends_as_two(paged, splits, bf16):
+    """The one-pass prefill form with both column halves in one program (BOTH: each logit
+    once) gives the two parity programs' output: bit for bit in the interpreter, where the
+    dots' orders are the same, within the GPU's tolerance there (8 warps lay them out anew)."""
+    g = _g(10)
+    n, heads, dim = 5, 40, 64  # 40 heads: a partly masked head block
+    q = torch.randn(n, heads, dim, generator=g)
+    q = q.bfloat16() if bf16 else q
+    attend, _ = _window_and_entries(paged, n, heads, dim, g)
+    def run(**tiles):
+        return attend(q.to(DEVICE), prefill=True, entry_splits=splits, tiles=dict(TWO_PASS=0, **tiles))
+
+    want, got = run(), run(BOTH=1)
+    if DEVICE == "cpu":
+        assert torch.equal(got, want)
+    else:
+        assert (got - want).abs().max() <= REL * want.abs().max()
+        got = attend(q.to(DEVICE), prefill=True, entry_splits=splits, num_warps=8, tiles=dict(TWO_PASS=0, BOTH=1))
+        assert (got - want).abs().max() <= REL * want.abs().max()
+
+
 def test_queries_take_the_tensor_core_form_where_it_fits():
     assert launch_plan(300, 512, 64, 512) == launch_plan(300, 512, 64, 64)._replace(head_block=64)
     assert launch_plan(300, 512, 64, 512).prefill and launch_plan(300, 512, 64, 512).entry_splits == 0
