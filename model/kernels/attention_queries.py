@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 from .common import bf16_rne, interpreting
-from .rope import rope, rotated
+from .rope import rope, rope_values
 
 _PTX = tl.constexpr(not interpreting())
 # Off: sparse_attention rotates Queries first and cuts the parts from the rotated tensor, as
@@ -54,15 +54,8 @@ def _rope_parts_kernel(x_ptr, cos_ptr, sin_ptr, out_ptr, total, H, sxn, sxh, scn
     row = e // D
     col = e % D
     token = row // H
-    src = x_ptr + token * sxn + (row % H) * sxh
-    x = tl.load(src + col, mask=live, other=0.0).to(tl.float32)
-    r = col - (D - 2 * HALF)  # index inside the rotated channels (negative: not rotated)
-    rotates = live & (r >= 0)
-    partner = tl.load(src + (col ^ 1), mask=rotates, other=0.0).to(tl.float32)
-    i = tl.where(rotates, r // 2, 0)
-    c = tl.load(cos_ptr + token * scn + i, mask=rotates, other=1.0)
-    s = tl.load(sin_ptr + token * scn + i, mask=rotates, other=0.0)
-    rest = tl.where(rotates, rotated(x, partner, c, s, (r % 2) == 0, False, PTX), x)
+    rest = rope_values(x_ptr + token * sxn + (row % H) * sxh, col, cos_ptr + token * scn, sin_ptr + token * scn,
+                       live, D, HALF, False, PTX)
     at = out_ptr + row * D + (col % G) * (D // G) + col // G
     for p in tl.static_range(SPLITS):
         head = bf16_rne(rest)  # the cast of the rounded value is exact everywhere

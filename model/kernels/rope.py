@@ -32,11 +32,20 @@ def mul_rn(a, b, PTX: tl.constexpr):
 
 
 @triton.jit
-def rotated(x, partner, c, s, even, INVERSE: tl.constexpr, PTX: tl.constexpr):
-    """A rotated channel from its value, its pair partner's, and the pair's cos and sin:
-    forward e' = e*c - o*s, o' = o*c + e*s; inverse: the signs of the sin terms flip."""
-    sign = tl.where(even == INVERSE, 1.0, -1.0)
-    return mul_rn(x, c, PTX) + mul_rn(partner, s, PTX) * sign
+def rope_values(row_ptr, d, cos_row, sin_row, live, D: tl.constexpr, HALF: tl.constexpr, INVERSE: tl.constexpr,
+                PTX: tl.constexpr):
+    """Channels d (where live) of the row at row_ptr after RoPE, fp32: the last 2*HALF rotate
+    in pairs with the row's angles at cos_row / sin_row, the others are as they were. Forward
+    e' = e*c - o*s, o' = o*c + e*s; inverse: the signs of the sin terms flip."""
+    x = tl.load(row_ptr + d, mask=live, other=0.0).to(tl.float32)
+    r = d - (D - 2 * HALF)  # index inside the rotated channels (negative: not rotated)
+    rotates = live & (r >= 0)
+    partner = tl.load(row_ptr + (d ^ 1), mask=rotates, other=0.0).to(tl.float32)  # D - 2*HALF is even
+    i = tl.where(rotates, r // 2, 0)
+    c = tl.load(cos_row + i, mask=rotates, other=1.0)
+    s = tl.load(sin_row + i, mask=rotates, other=0.0)
+    sign = tl.where(((r % 2) == 0) == INVERSE, 1.0, -1.0)
+    return tl.where(rotates, mul_rn(x, c, PTX) + mul_rn(partner, s, PTX) * sign, x)
 
 
 @triton.jit
@@ -50,15 +59,9 @@ def _rope_kernel(x_ptr, cos_ptr, sin_ptr, o_ptr, H, sxn, sxh, son, soh, scn,
     head = (tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H))[:, None]
     d = FIRST + tl.arange(0, BLOCK_D)[None, :]
     live = (d < D) & (head < H)
-    x_row = x_ptr + row.to(tl.int64) * sxn + head * sxh
-    x = tl.load(x_row + d, mask=live, other=0.0).to(tl.float32)
-    r = d - (D - 2 * HALF)  # index inside the rotated channels (negative: not rotated)
-    rotates = live & (r >= 0)
-    partner = tl.load(x_row + (d ^ 1), mask=rotates, other=0.0).to(tl.float32)  # D - 2*HALF is even
-    i = tl.where(rotates, r // 2, 0)
-    c = tl.load(cos_ptr + row.to(tl.int64) * scn + i, mask=rotates, other=1.0)
-    s = tl.load(sin_ptr + row.to(tl.int64) * scn + i, mask=rotates, other=0.0)
-    out = tl.where(rotates, rotated(x, partner, c, s, (r % 2) == 0, INVERSE, PTX), x)
+    angles = row.to(tl.int64) * scn
+    out = rope_values(x_ptr + row.to(tl.int64) * sxn + head * sxh, d, cos_ptr + angles, sin_ptr + angles, live,
+                      D, HALF, INVERSE, PTX)
     tl.store(o_ptr + row.to(tl.int64) * son + head * soh + d, out.to(o_ptr.dtype.element_ty), mask=live)
 
 
