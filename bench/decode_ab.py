@@ -1,10 +1,13 @@
-"""Decode steps with a module switch at each of its values, alternated in one process on one
-machine (lent machines differ by more than most changes: compare within a run only). The
-model is built once; each round sets the switch and starts new CUDA graphs, so every kernel
-the switch reaches is compiled and captured afresh.
+"""Decode steps (or, with --prefill N, prefills of N tokens) with a module switch at each of its
+values, alternated in one process on one machine (lent machines differ by more than most
+changes: compare within a run only). The model is built once; each round sets the switch and
+starts new CUDA graphs, so every kernel the switch reaches is compiled and captured afresh
+(a prefill's first round warms each value's kernels: compare the later rounds).
 
     python bench/decode_ab.py dsflash.model.kernels.common.SCALE_WORDS True False \\
         [--batches 1,8] [--context 4096] [--rounds 2] [--act-quant] [--budget-s 300]
+    python bench/decode_ab.py dsflash.model.kernels.sparse_attention.BF16_PREFILL_TILES "{}" "{'KT': 64}" \\
+        --prefill 32768 --act-quant --rounds 3
 """
 import argparse
 import ast
@@ -24,6 +27,8 @@ def main() -> None:
     parser.add_argument("--batches", default="1")
     parser.add_argument("--context", type=int, default=4096)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--prefill", type=int, default=0, help="time prefills of this many tokens, not decode")
+    parser.add_argument("--chunk", type=int, default=8192, help="a prefill step's tokens")
     parser.add_argument("--act-quant", action="store_true")
     parser.add_argument("--budget-s", type=float, default=300.0)
     args = parser.parse_args()
@@ -39,7 +44,11 @@ def main() -> None:
             setattr(module, attribute, value)
             if graphs is not None:
                 model.graphs = graphs()
-            h200.decode(model, store, batches, [args.context], f"decode_{attribute}={value}_round{round_}")
+            if args.prefill:
+                h200.prefill(model, [args.prefill], f"prefill_{attribute}={value}_round{round_}",
+                             warm_first=round_ == 0, chunk=args.chunk)
+            else:
+                h200.decode(model, store, batches, [args.context], f"decode_{attribute}={value}_round{round_}")
 
 
 if __name__ == "__main__":

@@ -98,6 +98,12 @@ def rotating_graph_time(fn, copies: int, rounds: int = 2) -> float:
 # ------------------------------------------------------------------ ceilings
 
 
+def variants(text: str) -> list[dict]:
+    """';'-separated launch variants of KEY=VALUE pairs (integers) -> dicts; an empty one is {}."""
+    return [{key: int(value) for key, value in (pair.split("=") for pair in filter(None, v.split(",")))}
+            for v in text.split(";")]
+
+
 def ceilings() -> None:
     x = torch.empty(2 << 30, dtype=torch.uint8, device="cuda")
     x.random_(0, 255)

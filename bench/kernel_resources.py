@@ -7,7 +7,9 @@ seventh session's 0.9 KB a thread); this shows them before device time is spent 
 """
 import argparse
 import os
+import pathlib
 import subprocess
+import sys
 import tempfile
 
 import triton
@@ -15,6 +17,9 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from dsflash.model.kernels import sparse_attention as sa
+
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+import h200  # noqa: E402
 
 # one-pass prefill form at the release's shapes: faithful mode's one bf16 part, exact mode's two
 DEFAULTS = dict(D=512, HB=64, KT=32, QP=1, PP=1, PTX=True, GATHERED=True, SPLITS=1, BOTH=0, num_warps=4,
@@ -47,12 +52,8 @@ def main() -> None:
     parser.add_argument("--variants", default=VARIANTS, help="';'-separated variants of KEY=VALUE pairs")
     args = parser.parse_args()
     os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
-    for variant in args.variants.split(";"):
-        options = dict(DEFAULTS)
-        for pair in filter(None, variant.split(",")):
-            key, value = pair.split("=")
-            options[key] = int(value)
-        print(f"[resources] {variant}: {resources(options)}", flush=True)
+    for text, variant in zip(args.variants.split(";"), h200.variants(args.variants)):
+        print(f"[resources] {text}: {resources({**DEFAULTS, **variant})}", flush=True)
 
 
 if __name__ == "__main__":

@@ -1,9 +1,11 @@
 """The prefill form of sparse attention at 8,192 queries of the release's shapes: pipeline
 depth (num_stages), key tile, the two-pass form and one bf16 part, against the shipped tiles
-(PREFILL_TILES), alternated, each with its FLOP rate (the bf16 limit is 694 TFLOP/s).
+(PREFILL_TILES), alternated, each with its FLOP rate (the bf16 limit is 694 TFLOP/s), and
+its largest difference from the exact form and from faithful mode's shipped one-part form.
 
-    python bench/prefill_attention_stages.py
+    python bench/prefill_attention_stages.py [--variants "BOTH=1,num_warps=8,KT=64;TWO_PASS=0"]
 """
+import argparse
 import pathlib
 import sys
 
@@ -33,21 +35,27 @@ flops = 4 * n * heads * (W + K) * D
 def timed(tiles):
     seconds = h200.cuda_time(lambda: sparse_attention(*args, prefill=True, tiles=tiles), iters=5, warmup=2)
     out = sparse_attention(*args, prefill=True, tiles=tiles)
-    return seconds * 1e3, ((out - ref).abs().max() / ref.abs().max()).item()
+    return seconds * 1e3, [((out - r).abs().max() / r.abs().max()).item() for r in (ref, faithful_ref)]
 
 
 # the shipped form is two-pass (the logits once per query, then the weighted sums; eighth
-# session); the one-pass form, pipeline depths and key tiles, and both forms in one bf16 part
-# (faithful mode: its queries are bf16, and take the one-pass form); BOTH (fifteenth session,
-# not yet timed): one program for both column halves, each logit once, on 8 warps or 4
-variants = [dict(), dict(TWO_PASS=0), dict(num_stages=3), dict(KT2=32), dict(KT2=16),
-            dict(QP=1, PP=1), dict(TWO_PASS=0, QP=1, PP=1),
-            dict(TWO_PASS=0, QP=1, PP=1, BOTH=1, num_warps=8), dict(TWO_PASS=0, QP=1, PP=1, BOTH=1),
-            dict(TWO_PASS=0, BOTH=1, num_warps=8)]
+# session); faithful mode's bf16 queries take the one-pass form in one part (QP=1, PP=1).
+# BOTH (fifteenth session): one program for both column halves, each logit once, on 8 warps,
+# with its key tile and pipeline depth; then exact mode's one-pass form with BOTH.
+# (The pipeline depths, key tiles and 8-warp parity programs were timed in earlier sessions.)
+FAITHFUL = "TWO_PASS=0,QP=1,PP=1"
+DEFAULT = ";".join(["", FAITHFUL] + [f"{FAITHFUL},BOTH=1,{v}" for v in (
+    "num_warps=8", "num_warps=8,num_stages=3", "num_warps=8,KT=16,num_stages=3", "num_warps=8,KT=16",
+    "num_warps=8,KT=64")] + ["TWO_PASS=0,BOTH=1,num_warps=8", "TWO_PASS=0,BOTH=1,num_warps=8,KT=16,num_stages=3"])
+parser = argparse.ArgumentParser()
+parser.add_argument("--variants", default=DEFAULT, help="';'-separated tiles of KEY=VALUE pairs ('' is shipped)")
+faithful_ref = sparse_attention(*args, prefill=True, tiles=h200.variants(FAITHFUL)[0])
+variants = h200.variants(parser.parse_args().variants)
 for round_ in range(2):
     for v in variants:
         try:
-            ms, diff = timed(v)
-            print(f"[attn] round {round_} {v or 'shipped'}: {ms:.2f} ms ({flops / ms / 1e9:.0f} TFLOP/s), max rel diff {diff:.1e}", flush=True)
+            ms, (diff, faithful_diff) = timed(v)
+            print(f"[attn] round {round_} {v or 'shipped'}: {ms:.2f} ms ({flops / ms / 1e9:.0f} TFLOP/s), max rel diff"
+                  f" {diff:.1e} (to faithful shipped {faithful_diff:.1e})", flush=True)
         except Exception as exc:
             print(f"[attn] {v}: {type(exc).__name__}: {str(exc)[:150]}", flush=True)

@@ -530,12 +530,17 @@ KEY_TILE = 16  # keys per step of the online softmax (decode form)
 # has; 3 stages 15.0; 8 warps 19.2). With one bf16 part (faithful mode) 12.3-12.7 against
 # 11.4-11.6 one-pass, so bf16 queries keep the one-pass form (BF16_TILES).
 # BOTH (one-pass form): one program per query holds both column halves and computes each
-# logit once, where the two parity programs each compute them all and decode every key; for
-# 8 warps. Written after the fifteenth session's device time: not yet timed, so off
-# (bench/prefill_attention_stages.py has it as a variant).
+# logit once, where the two parity programs each compute them all and decode every key.
+# H200, sixteenth session, same shapes, one bf16 part: 8 warps 11.9 ms (11.5-11.7 the parity
+# programs), with 64 keys a step **10.1** (1 stage 10.1-10.2; 16 keys 14.5-15.2; 16 warps
+# 19.7-27.3; the parity programs on 8 warps with 64 keys 15.5); a faithful 32K prefill
+# 2.34-2.37 -> 2.17-2.18 s in one process. Exact mode's two parts on 8 warps: 30.2 ms (the
+# two-pass form 13.9). So faithful prefill rows take it (BF16_PREFILL_TILES); decode-sized
+# launches (keys split over programs) keep the parity programs.
 PREFILL_TILES = {"HB": 64, "KT": 32, "QP": 2, "PP": 2, "GATHER": 1, "num_warps": 4, "num_stages": 2,
                  "TWO_PASS": 1, "KT2": 64, "BOTH": 0}
 BF16_TILES = {"TWO_PASS": 0}
+BF16_PREFILL_TILES = {"BOTH": 1, "KT": 64, "num_warps": 8}
 
 
 class LaunchPlan(NamedTuple):
@@ -617,7 +622,8 @@ def sparse_attention(q: torch.Tensor | Queries, ring: torch.Tensor, window_offse
     if plan.prefill:
         if n == 0:
             return out
-        t = {**PREFILL_TILES, **(BF16_TILES if bf16 else {}), **(tiles or {}), **(dict(QP=1, PP=1) if bf16 else {})}
+        bf16_tiles = {**BF16_TILES, **({} if plan.entry_splits else BF16_PREFILL_TILES)} if bf16 else {}
+        t = {**PREFILL_TILES, **bf16_tiles, **(tiles or {}), **(dict(QP=1, PP=1) if bf16 else {})}
         ptx = not interpreting()
         # even columns first, then odd: each program reads its own half and the other one (the
         # interpreter dots in fp32: q itself is the one part)
