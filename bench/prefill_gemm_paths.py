@@ -9,7 +9,7 @@ Experts: the tokens routed to 6 of 48 experts, fp4_moe against prefill_gemms.fp4
 (an expert at a time: decode, products, SwiGLU, down, the per-token sum). Each figure next to
 its bf16 FLOP roofline (694 TFLOP/s).
 
-    python bench/prefill_gemm_paths.py [--rows 8192,1024]
+    python bench/prefill_gemm_paths.py [--rows 8192,1024] [--sections dense,experts,forms,grouped]
 """
 import argparse
 import contextlib
@@ -67,6 +67,29 @@ def dense(rows: int) -> None:
                 got = run()
                 report("dense", f"{name}_cublas_{mode}", h200.cuda_time(run, iters=10), flops,
                        max_rel_diff=((got - ref).abs().max() / ref.abs().max()).item())
+
+
+def grouped(rows: int) -> None:
+    """wo_a (8 groups of 1,024 rows over 4,096 columns each), faithful mode's bf16 input:
+    prefill_gemms.grouped_fp8_product, which writes each group's product to its columns, against
+    the form before it (a [G, M, R] product, then copied over as [M, G * R])."""
+    G, R, K = 8, 1024, 4096
+    codes, scales = random_fp8(G * R, K)
+    x = fp8_grid_bf16(torch.randn(rows, G * K, device="cuda"))
+    flops = 2 * rows * G * R * K
+
+    def before():
+        a = x.view(rows, G, K).transpose(0, 1)
+        w = fp8_weight_bf16(codes, scales).view(G, R, K)
+        return torch.bmm(a, w.transpose(1, 2), out_dtype=torch.float32).transpose(0, 1).reshape(rows, G * R)
+
+    ref = before()
+    got = prefill_gemms.grouped_fp8_product(x, codes, scales, G)
+    diff = ((got - ref).abs().max() / ref.abs().max()).item()
+    in_place = lambda: prefill_gemms.grouped_fp8_product(x, codes, scales, G)  # noqa: E731
+    for _ in range(2):
+        report("grouped", "wo_a_copied_after", h200.cuda_time(before, iters=10), flops)
+        report("grouped", "wo_a_in_place", h200.cuda_time(in_place, iters=10), flops, max_rel_diff=diff)
 
 
 @contextlib.contextmanager
@@ -165,6 +188,8 @@ def main() -> None:
             experts(rows)
         if "forms" in args.sections:
             expert_forms(rows)
+        if "grouped" in args.sections:
+            grouped(rows)
 
 
 if __name__ == "__main__":

@@ -91,8 +91,11 @@ def grouped_fp8_product(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tens
     N, K = codes.shape
     a, copies = _parts(x.view(M, groups, K).transpose(0, 1))  # [G, M, copies * K]
     w = fp8_weight_bf16(codes, scales).view(groups, N // groups, K)
-    y = _product(a, _repeated(w, copies).transpose(1, 2))  # [G, M, R]
-    return y.transpose(0, 1).reshape(M, N)
+    # each group's product written to its columns of y (cuBLAS takes the row stride): a [G, M, R]
+    # result copied over as [M, G * R] cost 205 us a layer at a chunk (H200, sixteenth session)
+    y = torch.empty(M, N, dtype=torch.float32, device=x.device)
+    _product(a, _repeated(w, copies).transpose(1, 2), out=y.view(M, groups, N // groups).transpose(0, 1))
+    return y
 
 
 def fp4_experts(x: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor, w13: torch.Tensor, s13: torch.Tensor,
@@ -113,14 +116,24 @@ def fp4_experts(x: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor, w13: 
     if not live.numel():  # every pair is another rank's
         return torch.zeros(T, H, dtype=torch.float32, device=x.device)
     gate_up = _by_expert(x.index_select(0, live // k), counts, w13, s13)
-    h = clamped_swiglu(gate_up[:, :inter], gate_up[:, inter:], limit) * weights.reshape(-1)[live, None]
-    if act_quant and inter % 32 == 0:  # the down projection's input on the FP8 grid (fake_quant_fp8)
-        h = fp8_grid_bf16(h)
+    # times the routing weights and, in faithful mode, the down projection's input on the FP8 grid
+    # (fake_quant_fp8), in the SwiGLU's launch
+    on_grid = act_quant and inter % 32 == 0
+    if SWIGLU_EPILOGUE:
+        h = clamped_swiglu(gate_up[:, :inter], gate_up[:, inter:], limit, row_weights=weights.reshape(-1)[live],
+                           fp8_grid=on_grid)
+    else:  # the passes it replaced, for comparisons
+        h = clamped_swiglu(gate_up[:, :inter], gate_up[:, inter:], limit) * weights.reshape(-1)[live, None]
+        h = fp8_grid_bf16(h) if on_grid else h
     down = _by_expert(h, counts, w2, s2)
     place = torch.full((flat.shape[0],), -1, dtype=torch.int64, device=x.device)
     place[live] = torch.arange(live.shape[0], device=x.device)  # pair -> its row of `down` (-1: none)
     return pair_sums(down, place.view(T, k))
 
+
+# The routing weights and faithful mode's FP8 rounding of the down projection's input in the
+# SwiGLU's launch; False: torch's product and a round trip after it (bench/decode_ab.py).
+SWIGLU_EPILOGUE = True
 
 # Experts decoded to bf16 at once, one matrix kind at a time: at the release widths 47.2 MB an
 # expert for gate/up, 23.6 for down (3.0 GB at most for gate/up).

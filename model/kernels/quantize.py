@@ -82,16 +82,18 @@ def fp8_blocks(x):
 
 @triton.jit
 def _fp8_round_trip_kernel(x_ptr, values_ptr, codes_ptr, scales_ptr, num_blocks,
-                           BLOCK: tl.constexpr, GROUPS: tl.constexpr):
-    """GROUPS consecutive blocks of BLOCK elements per program."""
+                           BLOCK: tl.constexpr, GROUPS: tl.constexpr, PACKED: tl.constexpr):
+    """GROUPS consecutive blocks of BLOCK elements per program; PACKED: the codes and scale
+    bytes stored too (a GEMM input's round trip needs only the values)."""
     blocks = tl.program_id(0) * GROUPS + tl.arange(0, GROUPS)
     is_block = blocks < num_blocks
     offsets = blocks[:, None] * BLOCK + tl.arange(0, BLOCK)[None, :]
     x = tl.load(x_ptr + offsets, mask=is_block[:, None], other=0.0).to(tl.float32)
     code, value, exponent = fp8_blocks(x)
     tl.store(values_ptr + offsets, value, mask=is_block[:, None])
-    tl.store(codes_ptr + offsets, code.to(tl.uint8), mask=is_block[:, None])
-    tl.store(scales_ptr + blocks, exponent.to(tl.uint8), mask=is_block)
+    if PACKED:
+        tl.store(codes_ptr + offsets, code.to(tl.uint8), mask=is_block[:, None])
+        tl.store(scales_ptr + blocks, exponent.to(tl.uint8), mask=is_block)
 
 
 @triton.jit
@@ -132,28 +134,32 @@ def _fp4_round_trip_kernel(x_ptr, values_ptr, packed_ptr, scales_ptr, num_blocks
 
 
 def _launch(kernel, x: torch.Tensor, block: int, code_columns: int, values_dtype: torch.dtype = torch.float32,
-            **constants):
+            packed: bool = True, **constants):
     """Allocates (values, codes [..., code_columns], scale bytes) shaped as the reference's and
-    launches `kernel` over x's blocks (rows flattened: blocks never straddle rows)."""
+    launches `kernel` over x's blocks (rows flattened: blocks never straddle rows). packed
+    False (kernels with PACKED): the values alone, (None, None) for the rest."""
     n = x.shape[-1]
     assert n % block == 0, f"last dimension {n} is not a multiple of the block size {block}"
     assert block >= 2 and block & (block - 1) == 0, "the block size must be a power of two"
     x = x.contiguous()
     values = torch.empty(x.shape, dtype=values_dtype, device=x.device)
-    codes = torch.empty(*x.shape[:-1], code_columns, dtype=torch.uint8, device=x.device)
-    scales = torch.empty(*x.shape[:-1], n // block, dtype=torch.uint8, device=x.device)
-    num_blocks = scales.numel()
+    num_blocks = values.numel() // block
+    codes = scales = None
+    if packed:
+        codes = torch.empty(*x.shape[:-1], code_columns, dtype=torch.uint8, device=x.device)
+        scales = torch.empty(*x.shape[:-1], n // block, dtype=torch.uint8, device=x.device)
     if num_blocks:
         groups = max(1, _TILE_ELEMENTS // block)
-        kernel[(triton.cdiv(num_blocks, groups),)](x, values, codes, scales, num_blocks, BLOCK=block, GROUPS=groups,
-                                                   **constants)
+        kernel[(triton.cdiv(num_blocks, groups),)](x, values, values if codes is None else codes,
+                                                   values if scales is None else scales, num_blocks, BLOCK=block,
+                                                   GROUPS=groups, **constants)
     return values, (codes, scales)
 
 
 def fp8_round_trip(x: torch.Tensor, block: int = 32) -> tuple[torch.Tensor, quant.Packed]:
     """quant.fp8_round_trip in one launch: x [..., n] -> (values fp32 [..., n],
     (e4m3 codes uint8 [..., n], e8m0 scale bytes uint8 [..., n/block]))."""
-    return _launch(_fp8_round_trip_kernel, x, block, x.shape[-1])
+    return _launch(_fp8_round_trip_kernel, x, block, x.shape[-1], PACKED=True)
 
 
 def fp8_grid_bf16(x: torch.Tensor, block: int = 32) -> torch.Tensor:
@@ -162,7 +168,8 @@ def fp8_grid_bf16(x: torch.Tensor, block: int = 32) -> torch.Tensor:
     x whose width is no multiple of the block comes back as it is."""
     if x.shape[-1] % block:
         return x
-    return _launch(_fp8_round_trip_kernel, x, block, x.shape[-1], values_dtype=torch.bfloat16)[0]
+    return _launch(_fp8_round_trip_kernel, x, block, x.shape[-1], values_dtype=torch.bfloat16, packed=False,
+                   PACKED=False)[0]
 
 
 def fp4_round_trip(x: torch.Tensor, block: int, e4m3_scales: bool = False) -> tuple[torch.Tensor, quant.Packed]:

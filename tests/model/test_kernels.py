@@ -24,6 +24,7 @@ from dsflash.model.kernels import rms_norm as norm_kernel
 from dsflash.model.kernels import swiglu
 from dsflash.model.kernels.hc_gates import hc_gates
 from dsflash.model.kernels.ring_write import write_rows
+from dsflash.model.kernels.quantize import fp8_grid_bf16
 from dsflash.model.kernels.top_experts import top_experts, top_experts_ref
 from dsflash.model.kernels.indexer_score import indexer_scores, indexer_scores_ref
 from dsflash.model.kernels.sparse_attention import (DECODE_KEY_SPLITS, launch_plan, sparse_attention,
@@ -412,6 +413,25 @@ def test_clamped_swiglu_kernel_matches_the_torch_form(limit):
     gate, up = merged[:, :1300], merged[:, 1300:]
     got = swiglu.clamped_swiglu(merged.to(DEVICE)[:, :1300], merged.to(DEVICE)[:, 1300:], limit).cpu()
     assert torch.allclose(got, swiglu.clamped_swiglu_ref(gate, up, limit), rtol=1e-5, atol=1e-6)
+
+
+def test_clamped_swiglu_takes_row_weights_and_rounds_onto_the_fp8_grid():
+    """The routed experts' prefill form (prefill_gemms.fp4_experts): the SwiGLU times each row's
+    routing weight, then (faithful mode) each 32 columns on the FP8 grid, in one launch: bit for
+    bit the kernel's SwiGLU, torch's product and fp8_grid_bf16 in turn. 1,056 columns: the
+    last column tile is partly masked."""
+    g = _g(9)
+    merged = (torch.randn(6, 2 * 1056, generator=g) * 6).to(DEVICE)
+    gate, up = merged[:, :1056], merged[:, 1056:]
+    weights = (torch.rand(6, generator=g) * 2).to(DEVICE)
+    weights[2] = 0.0  # a pair with no weight
+    weighted = swiglu.clamped_swiglu(gate, up, 7.0) * weights[:, None]
+    got = swiglu.clamped_swiglu(gate, up, 7.0, row_weights=weights)
+    assert got.dtype == torch.float32 and torch.equal(got, weighted)
+    got = swiglu.clamped_swiglu(gate, up, 7.0, row_weights=weights, fp8_grid=True)
+    want = fp8_grid_bf16(weighted)
+    assert got.dtype == torch.bfloat16 and torch.equal(got.view(torch.int16), want.view(torch.int16))
+    assert not torch.equal(got.float(), weighted)  # the rounding is there to see
 
 
 @pytest.mark.parametrize("E, k", [(48, 6), (256, 8), (5, 1)])
