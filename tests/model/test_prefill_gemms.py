@@ -176,8 +176,12 @@ def _logits_both_ways(golden_dir, act_quant: bool, prompt: torch.Tensor, send, w
 def test_a_prefill_chunk_on_cublas_gives_the_kernels_logits(golden_dir, act_quant, monkeypatch):
     """The tiny checkpoint on the kernel path, a prompt of a prefill chunk's size, with its
     FP8 and FP4 products on cuBLAS and its mHC mixes in one pass (hc_streams.hc_mixes), and
-    with both on the decode rows' kernels: the same next token, logits within the fp32 sums'
-    reordering."""
+    with both on the decode rows' kernels: the same next token, logits within what the fp32
+    sums' reordering moves them by. That is more than the sums' last bits: on this prompt the
+    reference path with its products summed in float64 moves the largest logit by 1.1e-3 of it
+    in exact mode (a top-k choice flips) and by 0.95-1.5e-2 in faithful mode, where a last-bit
+    change moves an FP8-rounded input by a whole FP8 step (bench/order_sensitivity.py); the
+    H200 measured 1.75e-2 between the two paths in faithful mode (sixteenth session)."""
     monkeypatch.setattr(prefill_gemms, "EXPERT_PAIRS", 1)  # the tiny checkpoint's few pairs too
     rows = prefill_gemms.ROWS
     vocab = Checkpoint(golden_dir).config.vocab_size
@@ -189,7 +193,7 @@ def test_a_prefill_chunk_on_cublas_gives_the_kernels_logits(golden_dir, act_quan
 
     logits = _logits_both_ways(golden_dir, act_quant, prompt, send, "last")
     assert logits[True].argmax() == logits[False].argmax()
-    assert (logits[True] - logits[False]).abs().max() < 1e-3 * logits[False].abs().max()
+    assert (logits[True] - logits[False]).abs().max() < (5e-2 if act_quant else 1e-3) * logits[False].abs().max()
 
 
 def test_the_models_products_through_this_path_give_the_kernels_logits(golden_dir, golden, monkeypatch):
