@@ -6,7 +6,8 @@ Both are exact in their products; they differ only in the order of the fp32 sums
 Dense: the bench preset's FP8 weights, faithful mode (the input on the FP8 grid, one bf16
 part) and exact mode (fp32 input: three bf16 parts), fp8_gemm with prefill_gemms off and on.
 Experts: the tokens routed to 6 of 48 experts, fp4_moe against prefill_gemms.fp4_experts
-(an expert at a time: decode, products, SwiGLU, down, the per-token sum). Each figure next to
+(an expert at a time: decode, products, SwiGLU, down, the per-token sum; the routing weights
+and rounding in the SwiGLU's launch or after it, SWIGLU_EPILOGUE). Each figure next to
 its bf16 FLOP roofline (694 TFLOP/s).
 
     python bench/prefill_gemm_paths.py [--rows 8192,1024] [--sections dense,experts,forms,grouped]
@@ -121,8 +122,11 @@ def experts(tokens: int) -> None:
             lambda: moe.fp4_moe(xin, idx, weights, w13, s13, w2, s2, 10.0, act_quant=act_quant), iters=5), flops)
         run = lambda: prefill_gemms.fp4_experts(xin, idx, weights, w13, s13, w2, s2, 10.0, act_quant)  # noqa: E731
         got = run()
-        report("experts", f"cublas_{mode}", h200.cuda_time(run, iters=5), flops,
-               max_rel_diff=((got - ref).abs().max() / ref.abs().max()).item())
+        diff = ((got - ref).abs().max() / ref.abs().max()).item()
+        for epilogue in (False, True, False, True):  # the SwiGLU's weights and rounding in its launch or after
+            prefill_gemms.SWIGLU_EPILOGUE = epilogue
+            report("experts", f"cublas_{mode}_swiglu_epilogue_{'on' if epilogue else 'off'}",
+                   h200.cuda_time(run, iters=5), flops, max_rel_diff=diff)
 
 
 def expert_forms(tokens: int) -> None:
