@@ -39,14 +39,17 @@ _EXPERT_DEFAULTS = dict(SPLITS=3, SLOTS=4, PIECES=4, PTX=True, SMALL=True, VECTO
                         BLOCK_M=4, **fp4_moe.TILES[4])
 _EXPERT_VARIANTS = ";num_stages=2;BLOCK_KU=32;BLOCK_N=128;num_warps=8;SPLITS=1,SLOTS=1"
 KERNELS = {
-    # one-pass prefill form at the release's shapes: faithful mode's one bf16 part, exact mode's two
+    # one-pass prefill form at the release's shapes as faithful mode launches it (one bf16 part,
+    # BF16_PREFILL_TILES); the parity programs it replaced; exact mode's two parts
     "attention": Kernel(
         sa._prefill_attention_kernel,
         {"q_ptr": "*bf16", "ring16_ptr": "*i16", "win_off": "*i64", "win_soff": "*i64", "page_ptr": "*u8",
          "ent_off": "*i64", "ent_soff": "*i64", "sink_ptr": "*fp32", "o_ptr": "*fp32", "part_ml": "*fp32",
          "part_acc": "*fp32", "scale": "fp32"},
-        dict(D=512, HB=64, KT=32, QP=1, PP=1, PTX=True, GATHERED=True, SPLITS=1, BOTH=0, num_warps=4, num_stages=2),
-        "BOTH=0;BOTH=1,num_warps=8,KT=64;BOTH=1,num_warps=8;QP=2,PP=2;QP=2,PP=2,BOTH=1,num_warps=8"),
+        dict(D=512, QP=1, PP=1, PTX=True, GATHERED=True, SPLITS=1,
+             **{key: {**sa.PREFILL_TILES, **sa.BF16_PREFILL_TILES}[key]
+                for key in ("HB", "KT", "BOTH", "num_warps", "num_stages")}),
+        ";BOTH=0,KT=32,num_warps=4;BOTH=1,KT=32;QP=2,PP=2,BOTH=0,KT=32,num_warps=4;QP=2,PP=2"),
     "skinny": Kernel(
         fp8_gemm._skinny_kernel,
         {"x_ptr": "*fp32", "w_ptr": "*i32", "s_ptr": "*u8", "y_ptr": "*fp32", "out_ptr": "*fp32", "count_ptr": "*i32"},
