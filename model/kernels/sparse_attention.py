@@ -535,8 +535,8 @@ KEY_TILE = 16  # keys per step of the online softmax (decode form)
 # programs), with 64 keys a step **10.1** (1 stage 10.1-10.2; 16 keys 14.5-15.2; 16 warps
 # 19.7-27.3; the parity programs on 8 warps with 64 keys 15.5); a faithful 32K prefill
 # 2.34-2.37 -> 2.17-2.18 s in one process. Exact mode's two parts on 8 warps: 30.2 ms (the
-# two-pass form 13.9). So faithful prefill rows take it (BF16_PREFILL_TILES); decode-sized
-# launches (keys split over programs) keep the parity programs.
+# two-pass form 13.9). So faithful prefill rows take it (BF16_PREFILL_TILES, from
+# PREFILL_QUERIES queries); decode-sized launches keep the parity programs.
 PREFILL_TILES = {"HB": 64, "KT": 32, "QP": 2, "PP": 2, "GATHER": 1, "num_warps": 4, "num_stages": 2,
                  "TWO_PASS": 1, "KT2": 64, "BOTH": 0}
 BF16_TILES = {"TWO_PASS": 0}
@@ -545,7 +545,7 @@ BF16_PREFILL_TILES = {"BOTH": 1, "KT": 64, "num_warps": 8}
 
 class LaunchPlan(NamedTuple):
     head_block: int
-    warps: int
+    warps: int  # decode form; 0 for the tensor-core form, whose tiles set them (PREFILL_TILES)
     # decode form: programs over the entries besides the window's (0: one reads every key);
     # tensor-core form: programs each query's keys are split over (0: one reads them all)
     entry_splits: int
@@ -578,7 +578,7 @@ def launch_plan(n: int, num_entries: int, heads: int, dim: int, head_block: int 
             entry_splits = DECODE_KEY_SPLITS
     if prefill:
         hb = head_block or max(16, min(PREFILL_TILES["HB"], triton.next_power_of_2(heads)))
-        return LaunchPlan(hb, PREFILL_TILES["num_warps"], entry_splits or 0, num_entries, True)
+        return LaunchPlan(hb, 0, entry_splits or 0, num_entries, True)
     hb, warps = HEAD_BLOCKS["decode"]
     hb = head_block or hb
     if entry_splits is None:
@@ -622,7 +622,10 @@ def sparse_attention(q: torch.Tensor | Queries, ring: torch.Tensor, window_offse
     if plan.prefill:
         if n == 0:
             return out
-        bf16_tiles = {**BF16_TILES, **({} if plan.entry_splits else BF16_PREFILL_TILES)} if bf16 else {}
+        # one program for both halves where the queries fill the GPU many times over (a decode
+        # batch's 48-255 rows keep the parity programs: twice the programs on the SMs)
+        whole = not plan.entry_splits and n >= PREFILL_QUERIES
+        bf16_tiles = {**BF16_TILES, **(BF16_PREFILL_TILES if whole else {})} if bf16 else {}
         t = {**PREFILL_TILES, **bf16_tiles, **(tiles or {}), **(dict(QP=1, PP=1) if bf16 else {})}
         ptx = not interpreting()
         # even columns first, then odd: each program reads its own half and the other one (the

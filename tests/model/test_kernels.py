@@ -607,6 +607,37 @@ def test_one_program_for_both_column_halves_attends_as_two(paged, splits, bf16):
         assert (got - want).abs().max() <= REL * want.abs().max()
 
 
+def test_faithful_prefill_rows_launch_one_program_on_its_own_warps(paged, monkeypatch):
+    """bf16 (faithful) queries: a launch of PREFILL_QUERIES rows or more with unsplit keys runs
+    one program for both column halves on BF16_PREFILL_TILES' warps, also where the caller
+    passes its launch plan's warps (the model's _attend_planned does: they had overridden the
+    tiles' 8 with 4); a decode batch's fewer rows keep the parity programs on 4 warps."""
+    from dsflash.model.kernels import sparse_attention as sa
+
+    launches = []
+    real = sa._prefill_attention_kernel
+
+    class Recorder:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                launches.append((kwargs["BOTH"], kwargs["KT"], kwargs["num_warps"]))
+                return real[grid](*args, **kwargs)
+            return launch
+
+    monkeypatch.setattr(sa, "PREFILL_QUERIES", 6)  # few rows stand for a chunk's thousands
+    monkeypatch.setattr(sa, "_prefill_attention_kernel", Recorder())
+    g = _g(11)
+    heads, dim = 16, 64
+    for n in (6, 5):
+        q = torch.randn(n, heads, dim, generator=g).bfloat16()
+        attend, keys = _window_and_entries(paged, n, heads, dim, g)
+        plan = launch_plan(n, 24, heads, dim, prefill=True)  # the batch form's plan: keys not split
+        got = attend(q.to(DEVICE), prefill=True, num_warps=plan.warps)
+        assert (got - sparse_attention_ref(q, *keys)).abs().max() < 1e-2 * got.abs().max()
+    tiles = sa.BF16_PREFILL_TILES
+    assert launches == [(1, tiles["KT"], tiles["num_warps"]), (0, sa.PREFILL_TILES["KT"], 4)], launches
+
+
 def test_queries_take_the_tensor_core_form_where_it_fits():
     assert launch_plan(300, 512, 64, 512) == launch_plan(300, 512, 64, 64)._replace(head_block=64)
     assert launch_plan(300, 512, 64, 512).prefill and launch_plan(300, 512, 64, 512).entry_splits == 0
