@@ -95,13 +95,13 @@ def rotating_graph_time(fn, copies: int, rounds: int = 2) -> float:
     return graph_time(lambda: [fn(i) for i in range(copies)], iters=rounds) / copies
 
 
-# ------------------------------------------------------------------ ceilings
-
-
 def variants(text: str) -> list[dict]:
     """';'-separated launch variants of KEY=VALUE pairs (integers) -> dicts; an empty one is {}."""
     return [{key: int(value) for key, value in (pair.split("=") for pair in filter(None, v.split(",")))}
             for v in text.split(";")]
+
+
+# ------------------------------------------------------------------ ceilings
 
 
 def ceilings() -> None:

@@ -16,6 +16,7 @@ import pathlib
 import subprocess
 import sys
 import tempfile
+from typing import NamedTuple
 
 import triton
 from triton.backends.compiler import GPUTarget
@@ -28,9 +29,12 @@ sys.path.insert(0, str(pathlib.Path(__file__).parent))
 import h200  # noqa: E402
 
 
-class Kernel:
-    def __init__(self, fn, pointers: dict, defaults: dict, variants: str, mma_sync: bool = False):
-        self.fn, self.pointers, self.defaults, self.variants, self.mma_sync = fn, pointers, defaults, variants, mma_sync
+class Kernel(NamedTuple):
+    fn: object  # the @triton.jit function
+    pointers: dict  # argument name -> Triton type where not i32
+    defaults: dict  # the shipped launch's constexprs, num_warps and num_stages
+    variants: str  # the default --variants
+    mma_sync: bool = False  # compiled as common.mma_sync launches it
 
 
 _EXPERT_POINTERS = {"x_ptr": "*bf16", "h_ptr": "*bf16", "tok_ptr": "*i32", "pair_ptr": "*i32", "wt_ptr": "*fp32",

@@ -13,6 +13,7 @@ import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 import h200  # noqa: E402
+from dsflash.model.kernels import sparse_attention as sa  # noqa: E402
 from dsflash.model.kernels.sparse_attention import sparse_attention  # noqa: E402
 
 dev = "cuda"
@@ -38,18 +39,18 @@ def timed(tiles):
     return seconds * 1e3, [((out - r).abs().max() / r.abs().max()).item() for r in (ref, faithful_ref)]
 
 
-# the shipped form is two-pass (the logits once per query, then the weighted sums; eighth
-# session); faithful mode's bf16 queries take the one-pass form in one part (QP=1, PP=1).
-# BOTH (fifteenth session): one program for both column halves, each logit once, on 8 warps,
-# with its key tile and pipeline depth; then exact mode's one-pass form with BOTH.
-# (The pipeline depths, key tiles and 8-warp parity programs were timed in earlier sessions.)
+# Exact mode's shipped form is two-pass (the logits once per query, then the weighted sums;
+# eighth session). Faithful mode's bf16 queries take the one-pass form in one part, as one
+# program for both column halves (BF16_PREFILL_TILES, sixteenth session); its variants here
+# are its key tile and pipeline depth, and the parity programs it replaced. (fp32 queries in
+# one part attend as their bf16 values do.)
 FAITHFUL = "TWO_PASS=0,QP=1,PP=1"
-DEFAULT = ";".join(["", FAITHFUL] + [f"{FAITHFUL},BOTH=1,{v}" for v in (
-    "num_warps=8", "num_warps=8,num_stages=3", "num_warps=8,KT=16,num_stages=3", "num_warps=8,KT=16",
-    "num_warps=8,KT=64")] + ["TWO_PASS=0,BOTH=1,num_warps=8", "TWO_PASS=0,BOTH=1,num_warps=8,KT=16,num_stages=3"])
+SHIPPED_FAITHFUL = FAITHFUL + "".join(f",{k}={v}" for k, v in sa.BF16_PREFILL_TILES.items())
+DEFAULT = ";".join(["", SHIPPED_FAITHFUL, f"{FAITHFUL},BOTH=0,KT=32,num_warps=4"]
+                   + [f"{SHIPPED_FAITHFUL},{v}" for v in ("KT=32", "num_stages=3", "num_stages=1")])
 parser = argparse.ArgumentParser()
 parser.add_argument("--variants", default=DEFAULT, help="';'-separated tiles of KEY=VALUE pairs ('' is shipped)")
-faithful_ref = sparse_attention(*args, prefill=True, tiles=h200.variants(FAITHFUL)[0])
+faithful_ref = sparse_attention(q.bfloat16(), *args[1:], prefill=True)  # the faithful launch as shipped
 variants = h200.variants(parser.parse_args().variants)
 for round_ in range(2):
     for v in variants:

@@ -348,7 +348,7 @@ def _page_tables(runs: list[SeqRun], source: int) -> tuple[torch.Tensor, torch.T
     return built[1], built[2]
 
 
-def _launch(cfg: ModelConfig, layer: int, q: torch.Tensor, runs: list[SeqRun], entries, sink, plan) -> torch.Tensor:
+def _launch(cfg: ModelConfig, layer: int, q: Queries, runs: list[SeqRun], entries, sink, plan) -> torch.Tensor:
     """One sparse_attention over the runs' rows q; keys in the ring, entries (offsets [rows, K])
     in the pages."""
     pool = runs[0].cache.pool
