@@ -2,7 +2,8 @@
 and a writing one, each reading the row) against the filtered form (a floor from a sample of
 each row, one read that keeps the scores above it, the radix select over those), on indexer
 scores of FP4 keys at the shapes a long prefill takes (model/layers/indexer._SCORE_BUDGET:
-128 queries of 1M entries, 256 of 512K) and at decode's (6 rows of 1M entries, the candidate
+128 queries of 1M entries, 256 of 512K, 512 of 256K: a 1M-token prompt's last chunks, whose
+KV sources hold one entry per 4 tokens) and at decode's (6 rows of 1M entries, the candidate
 blocks' 48 rows of 128K). Each next to the time one read of the scores takes at the measured
 HBM rate, and beside the time of the scores themselves (the prefill's tall tiles).
 
@@ -22,8 +23,8 @@ from dsflash.model.quant import fake_quant_fp4  # noqa: E402
 
 dev, heads, dim = "cuda", 32, 128
 torch.manual_seed(0)
-for rows, entries, k, tall in ((128, 1 << 20, 512, True), (256, 1 << 19, 512, True), (6, 1 << 20, 512, False),
-                               (48, 1 << 17, 2048, False)):
+for rows, entries, k, tall in ((128, 1 << 20, 512, True), (256, 1 << 19, 512, True), (512, 1 << 18, 512, True),
+                               (6, 1 << 20, 512, False), (48, 1 << 17, 2048, False)):
     pages, k_off, k_soff = h200.index_key_pages(entries, dev)
     q = fake_quant_fp4(torch.randn(rows, heads, dim, device=dev), 32)
     w = torch.randn(rows, heads, device=dev)
@@ -37,15 +38,18 @@ for rows, entries, k, tall in ((128, 1 << 20, 512, True), (256, 1 << 19, 512, Tr
     want = top_k_ascending_ref(scores, k)
     read = scores.numel() * 4 / h200.HBM_BPS
     line = [f"scores {t_score * 1e6:.0f} us"]
-    defaults = top_k.FILTER_STAGES, top_k.FILTER_WARPS, top_k.FILTER_ATOMIC
+    defaults = top_k.FILTER_STAGES, top_k.FILTER_WARPS, dict(top_k.FILTER_PLANS)
+    switched = {name: plan._replace(atomic=not plan.atomic) for name, plan in defaults[2].items()}
     for label, options, launch in (("radix", dict(filtered=False), defaults),
                                    ("filtered", dict(filtered=True), defaults),
-                                   ("filtered_atomic_places", dict(filtered=True), defaults[:2] + (True,)),
+                                   ("filtered_places_switched", dict(filtered=True), defaults[:2] + (switched,)),
                                    ("filtered_1_stage_8_warps", dict(filtered=True), (1, 8, defaults[2])),
                                    ("filtered_block1024", dict(filtered=True, block=1024), defaults),
-                                   ("filtered_32_chunks", dict(filtered=True, chunks=32), defaults)):
+                                   ("filtered_block2048", dict(filtered=True, block=2048), defaults),
+                                   ("filtered_8_chunks", dict(filtered=True, chunks=8), defaults)):
         def pick():
-            top_k.FILTER_STAGES, top_k.FILTER_WARPS, top_k.FILTER_ATOMIC = launch
+            top_k.FILTER_STAGES, top_k.FILTER_WARPS = launch[:2]
+            top_k.FILTER_PLANS.update(launch[2])
             return top_k_ascending_kernel(scores, k, **options)
 
         t = h200.cuda_time(pick, iters=10)
@@ -54,7 +58,8 @@ for rows, entries, k, tall in ((128, 1 << 20, 512, True), (256, 1 << 19, 512, Tr
         h200.record("top_k_long_rows", f"n{rows}_N{entries}_k{k}_{label}",
                     {"us": t * 1e6, "one_read_us": read * 1e6, "scores_us": t_score * 1e6, "matches_ref": same})
     # the filtered form's launches, each on its own
-    top_k.FILTER_STAGES, top_k.FILTER_WARPS, top_k.FILTER_ATOMIC = defaults
+    top_k.FILTER_STAGES, top_k.FILTER_WARPS = defaults[:2]
+    top_k.FILTER_PLANS.update(defaults[2])
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         for _ in range(5):
             top_k_ascending_kernel(scores, k, filtered=True)

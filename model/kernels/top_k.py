@@ -46,6 +46,8 @@ more bins to clear and sum per step (radix_bits; bench/h200.py times 11, 8 and 6
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
@@ -64,15 +66,30 @@ SAMPLE = 4096
 FLOOR_MARGIN, FLOOR_SLACK = 4, 16
 CAPACITY = 8192  # kept scores a chunk has places for
 # The filtering launch: 4 warps and loads 3 steps ahead (tl.range stages) took 0.59 ms where 8
-# warps and none took 0.86 (128 x 1M). Chunks a row: 8 where rows are many (prefill slices),
-# 64 where few (decode): two plans, so two compiles of the pick (each several seconds, which
-# a long prompt paid mid-way, at each new chunk count, until warm_up ran at start).
+# warps and none took 0.86 (128 x 1M).
 FILTER_STAGES, FILTER_WARPS = 3, 4
-# Kept scores take places from an atomic count instead of a prefix sum per block (_filter_kernel):
-# off until timed on the GPU (bench/top_k_long_rows.py has it as a variant).
-FILTER_ATOMIC = False
-FILTER_CHUNKS = {"many rows": 8, "few rows": 64}
+
+
+class FilterPlan(NamedTuple):
+    """The filtered form's launches for a number of rows."""
+    chunks: int  # programs a row
+    atomic: bool  # kept scores take places from an atomic count (any order), not a prefix sum per block
+    block: int  # scores a step of the filtering and picking programs
+
+
+# Two plans, so two compiles of the pick (each several seconds, which a long prompt paid
+# mid-way, at each new chunk count, until warm_up ran at start): one where rows are many
+# (prefill slices), one where few (decode). H200, 2026-12-02, seventeenth session
+# (bench/top_k_long_rows.py), k = 512, two calls: 256 x 512K, 8 chunks a row, 629 and 616 us
+# with prefix sums, 414 and 416 atomic, 368 atomic in 32 chunks (128 x 1M: 439 and 356); 6 x
+# 1M, 64 chunks, 203 and 128 us in 2,048-score blocks, 123 and 116 in 1,024 (215 and 138
+# atomic).
+FILTER_PLANS = {"many rows": FilterPlan(32, True, _BLOCK), "few rows": FilterPlan(64, False, 1024)}
 MANY_ROWS = 32
+
+
+def filter_plan(n: int) -> FilterPlan:
+    return FILTER_PLANS["many rows" if n >= MANY_ROWS else "few rows"]
 _NEG_INF_KEY = tl.constexpr(0x007FFFFF)  # key of -inf; NaNs with the sign bit set lie below it
 _POS_INF_KEY = tl.constexpr(0xFF800000)  # key of +inf; NaNs without it lie above
 _LOW_KEY = tl.constexpr(0)  # -inf and negative NaNs: ranked last, never returned
@@ -420,7 +437,7 @@ def _pick_kernel(x_ptr, floor_ptr, kept_ptr, id_ptr, count_ptr, out_ptr, k, N, s
         _select_row(x_ptr + row.to(tl.int64) * sxr, out_row, k, N, PASSES, BITS, BLOCK)
 
 
-def top_k_ascending_kernel(scores: torch.Tensor, k: int, chunks: int | None = None, block: int = _BLOCK,
+def top_k_ascending_kernel(scores: torch.Tensor, k: int, chunks: int | None = None, block: int | None = None,
                            radix_bits: int = RADIX_BITS, filtered: bool | None = None, sample: int = SAMPLE,
                            capacity: int = CAPACITY) -> torch.Tensor:
     """top_k_ascending_ref by the kernels, on any device they run on (the CPU interpreter in
@@ -436,7 +453,7 @@ def top_k_ascending_kernel(scores: torch.Tensor, k: int, chunks: int | None = No
     x = scores.float()
     if x.stride(-1) != 1:
         x = x.contiguous()
-    filtered, chunks, chunk_len = launch_plan(n, N, k, chunks, block, filtered)
+    filtered, chunks, chunk_len, block = launch_plan(n, N, k, chunks, block, filtered)
     passes = triton.cdiv(32, radix_bits)
     if chunks == 1:  # one program per row: every pass in one launch
         _select_kernel[(n,)](x, out, k, N, x.stride(0), PASSES=passes, BITS=radix_bits, BLOCK=block, num_warps=8)
@@ -446,11 +463,12 @@ def top_k_ascending_kernel(scores: torch.Tensor, k: int, chunks: int | None = No
         floor = torch.empty(n, dtype=torch.int32, device=x.device)  # uint32 keys, as int32 bits
         kept = torch.empty(n, chunks, capacity, dtype=torch.float32, device=x.device)
         ids = torch.empty(n, chunks, capacity, dtype=torch.int32, device=x.device)
-        counts = (torch.zeros if FILTER_ATOMIC else torch.empty)(n, chunks, dtype=torch.int32, device=x.device)
+        atomic = filter_plan(n).atomic
+        counts = (torch.zeros if atomic else torch.empty)(n, chunks, dtype=torch.int32, device=x.device)
         _sample_floor_kernel[(n,)](x, floor, N, x.stride(0), floor_rank(k, N, sample), SAMPLE=sample, PASSES=passes,
                                    BITS=radix_bits, num_warps=8)
         _filter_kernel[grid](x, floor, kept, ids, counts, N, x.stride(0), chunk_len, CAPACITY=capacity, BLOCK=block,
-                             STAGES=FILTER_STAGES, ATOMIC=FILTER_ATOMIC, num_warps=FILTER_WARPS)
+                             STAGES=FILTER_STAGES, ATOMIC=atomic, num_warps=FILTER_WARPS)
         most = pick_chunks(n, chunks)
         _pick_kernel[(n,)](x, floor, kept, ids, counts, out, k, N, x.stride(0), chunks, CAPACITY=capacity,
                            PASSES=passes, BITS=radix_bits, BLOCK=block, MAX_CHUNKS=most, J=max(block // most, 16),
@@ -466,24 +484,26 @@ def top_k_ascending_kernel(scores: torch.Tensor, k: int, chunks: int | None = No
     return out
 
 
-def launch_plan(n: int, N: int, k: int, chunks: int | None = None, block: int = _BLOCK,
-                filtered: bool | None = None) -> tuple[bool, int, int]:
-    """(filtered, chunks a row, chunk length) for n rows of N scores; chunks and filtered
-    override the choice (tests)."""
+def launch_plan(n: int, N: int, k: int, chunks: int | None = None, block: int | None = None,
+                filtered: bool | None = None) -> tuple[bool, int, int, int]:
+    """(filtered, chunks a row, chunk length, scores a step) for n rows of N scores; chunks,
+    block and filtered override the choice (tests)."""
     filtered = filters(k, N) if filtered is None else filtered
     if chunks is None and filtered:
-        chunks = FILTER_CHUNKS["many rows" if n >= MANY_ROWS else "few rows"]
+        chunks = filter_plan(n).chunks
     elif chunks is None:
         chunks = max(1, min(triton.cdiv(N, _MIN_CHUNK), triton.cdiv(_PROGRAMS, n)))
+    block = block or (filter_plan(n).block if filtered else _BLOCK)
     chunk_len = triton.cdiv(triton.cdiv(N, chunks), block) * block
-    return filtered, triton.cdiv(N, chunk_len), chunk_len  # (rounding the length up may leave fewer chunks)
+    # (rounding the length up may leave fewer chunks)
+    return filtered, triton.cdiv(N, chunk_len), chunk_len, block
 
 
 def pick_chunks(n: int, chunks: int) -> int:
     """The pick kernel's MAX_CHUNKS (a constexpr) for n rows of `chunks` chunks: the plan's own
-    count (FILTER_CHUNKS) even where a short row's rounded chunk length leaves fewer, so that
+    count (FILTER_PLANS) even where a short row's rounded chunk length leaves fewer, so that
     rows of every length take one of its two compiles."""
-    return max(triton.next_power_of_2(chunks), FILTER_CHUNKS["many rows" if n >= MANY_ROWS else "few rows"])
+    return max(triton.next_power_of_2(chunks), filter_plan(n).chunks)
 
 
 def filters(k: int, N: int) -> bool:

@@ -93,11 +93,13 @@ def test_filtered_rows_the_floor_misjudges():
 
 
 def test_filtered_form_with_atomic_places(monkeypatch):
-    """The filtering launch's other way to place kept scores (an atomic count, any order):
-    the same picks, ties to the lower id, and the same whole-row fallback on overflow."""
+    """The filtering launch's other way to place kept scores (each plan's switched: an atomic
+    count in any order where it takes a prefix sum, and the other way round): the same picks,
+    ties to the lower id, and the same whole-row fallback on overflow."""
     from dsflash.model.kernels import top_k
 
-    monkeypatch.setattr(top_k, "FILTER_ATOMIC", True)
+    for name, plan in top_k.FILTER_PLANS.items():
+        monkeypatch.setitem(top_k.FILTER_PLANS, name, plan._replace(atomic=not plan.atomic))
     g = torch.Generator().manual_seed(5)
     rows = torch.tensor([-1.0, 0.0, 1.0, 2.0])[torch.randint(0, 4, (3, 600), generator=g)]  # heavy ties
     rows[1, 100:] = -INF
@@ -121,13 +123,13 @@ def test_long_rows_take_two_filtered_plans_which_the_warm_up_compiles():
     """Prefill slices (many rows) take 8 chunks a row, decode rows 64 (or a few fewer where the
     rounded chunk length leaves them: the same pick kernel, whose integer arguments are not
     specialized); the warm-up's rows take the same two plans, so a worker compiles them at start."""
-    from dsflash.model.kernels.top_k import FILTER_CHUNKS, FILTER_SHARE, MANY_ROWS, launch_plan
+    from dsflash.model.kernels.top_k import FILTER_PLANS, FILTER_SHARE, MANY_ROWS, launch_plan
 
     def plan(n, N):
-        filtered, chunks, _ = launch_plan(n, N, 512)
-        return filtered, triton.next_power_of_2(chunks)
+        filtered, chunks, _, block = launch_plan(n, N, 512)
+        return filtered, triton.next_power_of_2(chunks), block
 
-    many, few = (True, FILTER_CHUNKS["many rows"]), (True, FILTER_CHUNKS["few rows"])
+    many, few = ((True, FILTER_PLANS[rows].chunks, FILTER_PLANS[rows].block) for rows in ("many rows", "few rows"))
     assert plan(128, 1 << 20) == plan(256, 1 << 19) == plan(512, 262144 + 4096) == many
     assert plan(6, 1 << 20) == plan(6, 1_000_001) == plan(1, 250_000) == few
     warm = 2 * FILTER_SHARE * 512  # the warm-up's filtered rows
@@ -144,11 +146,11 @@ def test_the_warm_up_covers_every_plan_prompts_and_decode_steps_meet(longest):
     from dsflash.model.kernels.top_k import launch_plan, pick_chunks, warm_up_rows
 
     def key(n, N, k, chunks=None, filtered=None):
-        filtered, chunks, _ = launch_plan(n, N, k, chunks, filtered=filtered)
+        filtered, chunks, _, block = launch_plan(n, N, k, chunks, filtered=filtered)
         if chunks == 1:
             return ("select", N % 16 == 0)
         if filtered:
-            return ("filtered", pick_chunks(n, chunks), N % 16 == 0)
+            return ("filtered", pick_chunks(n, chunks), block, N % 16 == 0)
         return ("radix", triton.next_power_of_2(chunks), N % 16 == 0)
 
     warmed = {key(*launch) for launch in warm_up_rows(longest)}
