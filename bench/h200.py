@@ -288,12 +288,13 @@ def top_k_timings(scores: torch.Tensor, k: int, label: str, timer=cuda_time) -> 
                 "matches_ref": torch.equal(kernel(), want)})
 
 
-def indexer_kernels() -> None:
+def indexer_kernels(tiles: tuple[tuple[int, int, int], ...] = ()) -> None:
     """A prefill chunk's indexer at long context: the scores of one top-k chunk (the
     _SCORE_BUDGET: 128 queries over 1M entries), in fp32 (three TF32 passes) and with
-    FP4-quantized queries in one bf16 pass, in decode-sized and tall tiles, then the top-k
-    that follows them (torch and kernel); the top-k also at decode shapes, in CUDA graphs:
-    the index top-k at 256K entries and the candidate blocks (N/8 of 512K)."""
+    FP4-quantized queries in one bf16 pass, in decode-sized and tall tiles (and `tiles`:
+    more (queries, entries, warps) a program), then the top-k that follows them (torch and
+    kernel); the top-k also at decode shapes, in CUDA graphs: the index top-k at 256K entries
+    and the candidate blocks (N/8 of 512K)."""
     from dsflash.model.kernels.indexer_score import indexer_scores
     from dsflash.model.quant import fake_quant_fp4
 
@@ -307,7 +308,8 @@ def indexer_kernels() -> None:
         ref = indexer_scores(q, w, visible, page_bytes, k_off, k_soff)
         for label, kw in (("tf32x2", {}), ("bf16", dict(exact_in_bf16=True)),
                           ("bf16_tall", dict(exact_in_bf16=True, tall=True)),
-                          ("bf16_128x128", dict(exact_in_bf16=True, tiles=(128, 128, 8)))):
+                          *((f"bf16_{qb}x{nb}_w{warps}", dict(exact_in_bf16=True, tiles=(qb, nb, warps)))
+                            for qb, nb, warps in ((128, 128, 8),) + tuple(tiles))):
             def score():
                 return indexer_scores(q, w, visible, page_bytes, k_off, k_soff, **kw)
 
@@ -664,10 +666,11 @@ def prefill(model, lengths, label: str = "prefill", warm_first: bool = True, chu
         # once: a full chunk and a part did not cover every shape of the later chunks, and a run
         # on a machine whose Triton cache lacked them timed their compiles (seventh session: a
         # 32K faithful prefill 6.14 s, then 3.47 s on the same machine). Longer prompts warm
-        # on a chunk and a part; their compiles are a small share of their time.
+        # on a chunk and a part, as a prefill worker does at start (PrefillEngine.warm_up: two
+        # prompts, whose last entry counts 16 divides and does not).
         warm = 0
         if warm_first and DEV.startswith("cuda") and (n == lengths[0] or n <= 65536):
-            warm = n if n <= 65536 else chunk + 1000
+            warm = n if n <= 65536 else chunk + 2048
         if warm and n > 65536:  # the long rows' top-k kernels, as a worker compiles them at start
             from dsflash.model.kernels import top_k
             from dsflash.model.layers.indexer import top_k_rows
@@ -680,11 +683,8 @@ def prefill(model, lengths, label: str = "prefill", warm_first: bool = True, chu
         engine = PrefillEngine(model, pool, PrefillEngineConfig(PrefillSchedulerConfig(token_budget=chunk, max_chunk=chunk),
                                                                 ced=True))
         if warm:
-            engine.add(PrefillRequest("warm", torch.randint(3, 100000, (warm,)).tolist(), want_taps=False))
             with torch.inference_mode():
-                while engine.has_work():
-                    for finished in engine.step():
-                        finished.cache.release()
+                engine.warm_up(warm)
         engine.add(PrefillRequest("p", torch.randint(3, 100000, (n,)).tolist(), want_taps=False))
         sync()
         began = time.perf_counter()
@@ -693,12 +693,17 @@ def prefill(model, lengths, label: str = "prefill", warm_first: bool = True, chu
         # top-k grow with the context; the first chunk's profile below does not show them). Its
         # time then includes the profiler's overhead, so the record says so.
         profile_last = PROFILE[0] and n > 65536
+        last_steps = []  # the last steps' seconds: the last one also runs the CED decoder pass
         with torch.inference_mode():
             while engine.has_work():
+                step_began = time.perf_counter()
                 if profile_last and engine.queued_tokens <= chunk:
                     done = profile_steps(engine, f"prefill_last_chunk_T{n}", steps=1)
                 else:
                     done = engine.step()
+                if engine.queued_tokens <= 2 * chunk:
+                    sync()
+                    last_steps.append(round(time.perf_counter() - step_began, 3))
                 if (n - engine.queued_tokens) // 65536 > len(progress) - 1:
                     sync()
                     progress.append((n - engine.queued_tokens, round(time.perf_counter() - began, 2)))
@@ -713,7 +718,7 @@ def prefill(model, lengths, label: str = "prefill", warm_first: bool = True, chu
         flops = prefill_flops(model, n)
         record(label, f"T{n}", {"seconds": seconds, "tokens_per_s": n / seconds, "profiled_last_chunk": profile_last,
                                     "roofline_s_bf16": flops / BF16_FLOPS, "ratio_to_roofline": seconds / (flops / BF16_FLOPS),
-                                    "TFLOP": flops / 1e12, "progress": progress})
+                                    "TFLOP": flops / 1e12, "progress": progress, "last_steps_s": last_steps})
         done[0].cache.release()
         if PROFILE[0] and n == lengths[0]:  # one 8,192-token chunk after a warm one, into a new cache
             engine.add(PrefillRequest("profiled", torch.randint(3, 100000, (16384,)).tolist(), want_taps=False))
@@ -786,6 +791,8 @@ def main() -> None:
     parser.add_argument("--reference-prefill", type=int, default=4096,
                         help="with the reference section: a prefill of this many tokens on both paths (0: none)")
     parser.add_argument("--moe-tokens", default="6,48,8192", help="token counts the moe_tiles section sweeps")
+    parser.add_argument("--indexer-tiles", default="",
+                        help="';'-separated queries,entries,warps a program the indexer section also times")
     parser.add_argument("--act-quant", action="store_true",
                         help="faithful mode: FP8-round every FP8/FP4 GEMM input (sections get an _act_quant suffix)")
     args = parser.parse_args()
@@ -817,7 +824,7 @@ def main() -> None:
     if "attention" in sections and DEV.startswith("cuda"):
         attention_kernels((192, 8192))
     if {"attention", "indexer"} & set(sections) and DEV.startswith("cuda"):
-        indexer_kernels()
+        indexer_kernels(tuple(tuple(int(v) for v in t.split(",")) for t in args.indexer_tiles.split(";") if t))
     if "moe_tiles" in sections and DEV.startswith("cuda"):
         moe_tiles([int(x) for x in args.moe_tokens.split(",")])
     if {"decode", "prefill", "reference"} & set(sections):

@@ -146,12 +146,16 @@ def test_cache_restored_resumes_decoding_identically(tiny_model):
 
 
 def test_warm_up_runs_a_whole_chunk_and_leaves_the_engine_as_it_found_it(golden_model):
-    """The prefill worker's start (GPU): one synthetic prompt of the token budget, chunked as a
-    user's would be; its cache is dropped and the engine is idle after. A pool too small for
-    the budget takes the longest prompt it can hold (halving)."""
+    """The prefill worker's start (GPU): synthetic prompts of the token budget and one token
+    less (entry counts that 16 divides and does not: Triton specializes on it), chunked as a
+    user's would be; their caches are dropped and the engine is idle after. A pool too small
+    for the budget takes the longest prompts it can hold (halving)."""
     pool = make_pool(golden_model)
     engine = PrefillEngine(golden_model, pool, _config(budget=48, chunk=32))
-    assert engine.warm_up(48) == 48
+    prompts = []
+    add = engine.add
+    engine.add = lambda request: prompts.append(len(request.tokens)) or add(request)
+    assert engine.warm_up(48) == 48 and prompts == [48, 47]
     assert not engine.has_work() and pool.is_empty()
     small = make_pool(golden_model, pages=3, slots=2, page_entries=8)
     engine = PrefillEngine(golden_model, small, _config(budget=48, chunk=32))
