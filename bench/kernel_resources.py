@@ -5,8 +5,9 @@ thread); this shows them before device time is spent on timing.
 
 Kernels (--kernel): the prefill attention's tensor-core form (attention, the default), the
 decode GEMM's transposed kernel (skinny: 6 activation rows of an FP8 weight, exact mode's three
-parts cut in the kernel, mma.sync as shipped), and the routed experts' gate/up and down kernels
-at batch 1's 4-pair blocks (gate_up, down: exact mode's three parts as dot columns).
+parts cut in the kernel, mma.sync as shipped), the routed experts' gate/up and down kernels
+at batch 1's 4-pair blocks (gate_up, down: exact mode's three parts as dot columns), and the
+indexer's scores in prefill's tiles (indexer).
 
     python bench/kernel_resources.py [--kernel attention] [--variants "BOTH=1,num_warps=8;QP=2,PP=2"]
 """
@@ -22,7 +23,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from dsflash.model.kernels import fp4_moe, fp8_gemm
+from dsflash.model.kernels import fp4_moe, fp8_gemm, indexer_score
 from dsflash.model.kernels import sparse_attention as sa
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
@@ -63,6 +64,14 @@ KERNELS = {
     "gate_up": Kernel(fp4_moe._gate_up_kernel, _EXPERT_POINTERS, dict(_EXPERT_DEFAULTS, ACT_QUANT=False),
                       _EXPERT_VARIANTS),
     "down": Kernel(fp4_moe._down_kernel, _EXPERT_POINTERS, _EXPERT_DEFAULTS, _EXPERT_VARIANTS),
+    # the indexer's scores in prefill's tall tiles, FP4-quantized queries in one bf16 pass
+    "indexer": Kernel(
+        indexer_score._indexer_kernel,
+        {"q_ptr": "*bf16", "w_ptr": "*fp32", "vis_ptr": "*i64", "page_ptr": "*u8", "k_off": "*i64",
+         "k_soff": "*i64", "o_ptr": "*fp32", "first_ptr": "*i64", "count_ptr": "*i64"},
+        dict(DI=128, RUNS=False, BF16=True, num_stages=3,
+             **dict(zip(("QB", "NB", "num_warps"), indexer_score.TILES["tall"]))),
+        ";NB=64;num_warps=4;QB=128"),
 }
 
 

@@ -137,7 +137,8 @@ def _launch(kernel, x: torch.Tensor, block: int, code_columns: int, values_dtype
             packed: bool = True, **constants):
     """Allocates (values, codes [..., code_columns], scale bytes) shaped as the reference's and
     launches `kernel` over x's blocks (rows flattened: blocks never straddle rows). packed
-    False (kernels with PACKED): the values alone, (None, None) for the rest."""
+    False (kernels with a PACKED constexpr, which it sets): the values alone, (None, None)
+    for the rest."""
     n = x.shape[-1]
     assert n % block == 0, f"last dimension {n} is not a multiple of the block size {block}"
     assert block >= 2 and block & (block - 1) == 0, "the block size must be a power of two"
@@ -148,6 +149,10 @@ def _launch(kernel, x: torch.Tensor, block: int, code_columns: int, values_dtype
     if packed:
         codes = torch.empty(*x.shape[:-1], code_columns, dtype=torch.uint8, device=x.device)
         scales = torch.empty(*x.shape[:-1], n // block, dtype=torch.uint8, device=x.device)
+    if "PACKED" in kernel.arg_names:
+        constants["PACKED"] = packed
+    else:
+        assert packed, "this kernel always writes the codes and scale bytes"
     if num_blocks:
         groups = max(1, _TILE_ELEMENTS // block)
         kernel[(triton.cdiv(num_blocks, groups),)](x, values, values if codes is None else codes,
@@ -159,7 +164,7 @@ def _launch(kernel, x: torch.Tensor, block: int, code_columns: int, values_dtype
 def fp8_round_trip(x: torch.Tensor, block: int = 32) -> tuple[torch.Tensor, quant.Packed]:
     """quant.fp8_round_trip in one launch: x [..., n] -> (values fp32 [..., n],
     (e4m3 codes uint8 [..., n], e8m0 scale bytes uint8 [..., n/block]))."""
-    return _launch(_fp8_round_trip_kernel, x, block, x.shape[-1], PACKED=True)
+    return _launch(_fp8_round_trip_kernel, x, block, x.shape[-1])
 
 
 def fp8_grid_bf16(x: torch.Tensor, block: int = 32) -> torch.Tensor:
@@ -168,8 +173,7 @@ def fp8_grid_bf16(x: torch.Tensor, block: int = 32) -> torch.Tensor:
     x whose width is no multiple of the block comes back as it is."""
     if x.shape[-1] % block:
         return x
-    return _launch(_fp8_round_trip_kernel, x, block, x.shape[-1], values_dtype=torch.bfloat16, packed=False,
-                   PACKED=False)[0]
+    return _launch(_fp8_round_trip_kernel, x, block, x.shape[-1], values_dtype=torch.bfloat16, packed=False)[0]
 
 
 def fp4_round_trip(x: torch.Tensor, block: int, e4m3_scales: bool = False) -> tuple[torch.Tensor, quant.Packed]:
