@@ -80,11 +80,12 @@ class FilterPlan(NamedTuple):
 # Two plans, so two compiles of the pick (each several seconds, which a long prompt paid
 # mid-way, at each new chunk count, until warm_up ran at start): one where rows are many
 # (prefill slices), one where few (decode). H200, 2026-12-02, seventeenth session
-# (bench/top_k_long_rows.py), k = 512, two calls: 256 x 512K, 8 chunks a row, 629 and 616 us
-# with prefix sums, 414 and 416 atomic, 368 atomic in 32 chunks (128 x 1M: 439 and 356); 6 x
-# 1M, 64 chunks, 203 and 128 us in 2,048-score blocks, 123 and 116 in 1,024 (215 and 138
-# atomic).
-FILTER_PLANS = {"many rows": FilterPlan(32, True, _BLOCK), "few rows": FilterPlan(64, False, 1024)}
+# (bench/top_k_long_rows.py, three calls), k = 512. 256 x 512K: 8 chunks a row, 2,048-score
+# blocks, 629 and 616 us with prefix sums, 414 and 416 atomic; atomic in 32 chunks 368 and 367,
+# in 1,024-score blocks 338. 512 x 256K (a 1M prompt's last slices): 8 chunks 624, 32 chunks
+# 459, in 1,024-score blocks 386. 6 x 1M, 64 chunks: 2,048-score blocks 203, 128, 126 us;
+# 1,024-score blocks 123, 116 to 138; atomic 215, 138, 131.
+FILTER_PLANS = {"many rows": FilterPlan(32, True, 1024), "few rows": FilterPlan(64, False, 1024)}
 MANY_ROWS = 32
 
 
