@@ -140,11 +140,10 @@ class PrefillEngine:
         their caches: every kernel of a full chunk compiles, and a GPU that cannot hold a chunk's
         working set beside the pool fails here, at start, not on a user's prompt. Two prompts,
         of n and n - 1 tokens: Triton specializes a kernel's integer arguments on whether 16
-        divides them, and the entry counts a prompt's last chunk and CED tail see take both
-        kinds (at a budget of 8,192, 2,048 and 2,047 entries of the ratio-4 sources). H200,
-        seventeenth session: a 1M-token prefill's last step, after a warm-up whose prompt ended
-        at entry counts 16 does not divide, took ~2 s longer on an empty Triton cache than on a
-        warm one. Returns n (0: nothing ran). The engine must be idle."""
+        divides them, and the entry counts a prompt's last chunk and CED tail meet are of
+        either kind (2,048 and 2,047 entries of a ratio-4 source at n = 8,192). With one kind
+        compiled, the first prompt of the other paid the compiles at its end (H200: ~2 s on a
+        1M-token prefill). Returns n (0: nothing ran). The engine must be idle."""
         assert not self.requests, "warm up an idle engine"
         n = tokens
         while n > 1 and not self.pool.can_hold(n):
@@ -152,7 +151,7 @@ class PrefillEngine:
         if n < 1 or not self.pool.can_hold(n):
             return 0
         g = torch.Generator().manual_seed(0)
-        for length in (n, n - 1)[:2 if n > 1 else 1]:
+        for length in [n, n - 1] if n > 1 else [n]:
             prompt = torch.randint(3, self.model.config.vocab_size, (length,), generator=g).tolist()
             request = self.add(PrefillRequest("warm-up", prompt, want_taps=False))
             try:

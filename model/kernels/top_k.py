@@ -91,6 +91,8 @@ MANY_ROWS = 32
 
 def filter_plan(n: int) -> FilterPlan:
     return FILTER_PLANS["many rows" if n >= MANY_ROWS else "few rows"]
+
+
 _NEG_INF_KEY = tl.constexpr(0x007FFFFF)  # key of -inf; NaNs with the sign bit set lie below it
 _POS_INF_KEY = tl.constexpr(0xFF800000)  # key of +inf; NaNs without it lie above
 _LOW_KEY = tl.constexpr(0)  # -inf and negative NaNs: ranked last, never returned
