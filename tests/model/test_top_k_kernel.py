@@ -120,9 +120,10 @@ def test_filtered_form_by_default_on_long_rows():
 
 
 def test_long_rows_take_two_filtered_plans_which_the_warm_up_compiles():
-    """Prefill slices (many rows) take 8 chunks a row, decode rows 64 (or a few fewer where the
-    rounded chunk length leaves them: the same pick kernel, whose integer arguments are not
-    specialized); the warm-up's rows take the same two plans, so a worker compiles them at start."""
+    """Prefill slices (many rows) and decode rows take their own plans' chunks a row (or a few
+    fewer where the rounded chunk length leaves them: the same pick kernel, whose integer
+    arguments are not specialized) and blocks; the warm-up's rows take the same two plans, so a
+    worker compiles them at start."""
     from dsflash.model.kernels.top_k import FILTER_PLANS, FILTER_SHARE, MANY_ROWS, launch_plan
 
     def plan(n, N):
