@@ -1,7 +1,12 @@
 """A kernel's registers, spills (stack bytes) and shared memory per variant, compiled for sm_90
 on any machine: Triton compiles without a GPU, and its bundled cuobjdump reads the cubin.
 Spills were a recurring cause of slow variants on the H200 (the seventh session's 0.9 KB a
-thread); this shows them before device time is spent on timing.
+thread); this shows them before device time is spent on timing. Each kernel compiles with the integer
+arguments of a release-shape launch (its `sample`), as Triton specializes them: compiled
+without them (every pointer and stride of unknown alignment, as up to the seventeenth
+session) the loads are narrow, the indexer's per-head query loads are not pipelined, and
+registers and spills came out higher (indexer 255 -> 250 with its queries pipelined, 64
+entries a program 179 -> 80; gate/up 480 stack bytes -> none).
 
 Kernels (--kernel): the prefill attention's tensor-core form (attention, the default), the
 decode GEMM's transposed kernel (skinny: 6 activation rows of an FP8 weight, exact mode's three
@@ -32,10 +37,14 @@ import h200  # noqa: E402
 
 class Kernel(NamedTuple):
     fn: object  # the @triton.jit function
-    pointers: dict  # argument name -> Triton type where not i32
+    pointers: dict  # argument name -> Triton type where not i32 (or a function of the launch's options)
     defaults: dict  # the shipped launch's constexprs, num_warps and num_stages
     variants: str  # the default --variants
     mma_sync: bool = False  # compiled as common.mma_sync launches it
+    # integer arguments as a release-shape launch passes them: Triton specializes a launch's
+    # integers that equal 1 (constants) or that 16 divides (known alignment, which decides
+    # vector loads and whether a loop's loads are pipelined), and its pointers as 16-byte aligned
+    sample: dict | None = None
 
 
 _EXPERT_POINTERS = {"x_ptr": "*bf16", "h_ptr": "*bf16", "tok_ptr": "*i32", "pair_ptr": "*i32", "wt_ptr": "*fp32",
@@ -43,6 +52,9 @@ _EXPERT_POINTERS = {"x_ptr": "*bf16", "h_ptr": "*bf16", "tok_ptr": "*i32", "pair
 _EXPERT_DEFAULTS = dict(SPLITS=3, SLOTS=4, PIECES=4, PTX=True, SMALL=True, VECTORS=True, SCALE_WORDS=False,
                         BLOCK_M=4, **fp4_moe.TILES[4])
 _EXPERT_VARIANTS = ";num_stages=2;BLOCK_KU=32;BLOCK_N=128;num_warps=8;SPLITS=1,SLOTS=1"
+# batch 1's 6 tokens over the release's widths (hidden 5,120, 2,304 a routed expert): exact
+# mode's 3 parts of x as [parts, 4 pieces, tokens, 1,280], h as [parts, 4 pieces, 64 rows, 576]
+_EXPERT_SAMPLE = dict(H=5120, INTER=2304, shs=4 * 64 * 576, shq=64 * 576, shp=576)
 KERNELS = {
     # one-pass prefill form at the release's shapes as faithful mode launches it (one bf16 part,
     # BF16_PREFILL_TILES); the parity programs it replaced; exact mode's two parts
@@ -54,33 +66,49 @@ KERNELS = {
         dict(D=512, QP=1, PP=1, PTX=True, GATHERED=True, SPLITS=1,
              **{key: {**sa.PREFILL_TILES, **sa.BF16_PREFILL_TILES}[key]
                 for key in ("HB", "KT", "BOTH", "num_warps", "num_stages")}),
-        ";BOTH=0,KT=32,num_warps=4;BOTH=1,KT=32;QP=2,PP=2,BOTH=0,KT=32,num_warps=4;QP=2,PP=2"),
+        ";BOTH=0,KT=32,num_warps=4;BOTH=1,KT=32;QP=2,PP=2,BOTH=0,KT=32,num_warps=4;QP=2,PP=2",
+        # an 8,192-query chunk, 64 heads of 512, the 128-key window and 512 entries (gathered)
+        sample=dict(H=64, W=128, K=512, TILES_PER_SPLIT=20, sqp=8192 * 64 * 512, sqn=64 * 512, sqh=512, swn=128,
+                    sen=512, son=64 * 512, soh=512)),
     "skinny": Kernel(
         fp8_gemm._skinny_kernel,
         {"x_ptr": "*fp32", "w_ptr": "*i32", "s_ptr": "*u8", "y_ptr": "*fp32", "out_ptr": "*fp32", "count_ptr": "*i32"},
         dict(FP8_WEIGHT=True, SMALL=True, SPLIT=True, PTX=True, EVEN_K=True, GROUP_ROWS=0, SUM_GROUP=1,
              **fp8_gemm.SKINNY_TILES),
-        ";SUM_GROUP=8;num_stages=2;BLOCK_N=128;BLOCK_N=128,num_warps=4;BLOCK_K=64", mma_sync=True),
+        ";SUM_GROUP=8;num_stages=2;BLOCK_N=128;BLOCK_N=128,num_warps=4;BLOCK_K=64", mma_sync=True,
+        sample=dict(M=6, N=32768, K=1280, K_PER_SPLIT=640, SPLITS=2, sxm=1280, sxk=1, swn=320, ssn=40, ssk=1,
+                    sys=6 * 32768, sym=32768, syn=1)),  # wq_b at 6 rows
     "gate_up": Kernel(fp4_moe._gate_up_kernel, _EXPERT_POINTERS, dict(_EXPERT_DEFAULTS, ACT_QUANT=False),
-                      _EXPERT_VARIANTS),
-    "down": Kernel(fp4_moe._down_kernel, _EXPERT_POINTERS, _EXPERT_DEFAULTS, _EXPERT_VARIANTS),
+                      _EXPERT_VARIANTS, sample=dict(_EXPERT_SAMPLE, sxs=6 * 5120, sxq=1280, sxt=5120, swe=4608 * 1280,
+                                                    swr=1280, sse=4608 * 160, ssr=160)),
+    "down": Kernel(fp4_moe._down_kernel, _EXPERT_POINTERS, _EXPERT_DEFAULTS, _EXPERT_VARIANTS,
+                   sample=dict(_EXPERT_SAMPLE, swe=5120 * 576, swr=576, sse=5120 * 72, ssr=72, sop=5120, soh=1)),
     # the indexer's scores in prefill's tall tiles, FP4-quantized queries in one bf16 pass
     "indexer": Kernel(
         indexer_score._indexer_kernel,
-        {"q_ptr": "*bf16", "w_ptr": "*fp32", "vis_ptr": "*i64", "page_ptr": "*u8", "k_off": "*i64",
-         "k_soff": "*i64", "o_ptr": "*fp32", "first_ptr": "*i64", "count_ptr": "*i64"},
-        dict(DI=128, RUNS=False, BF16=True, num_stages=3,
+        {"q_ptr": lambda o: f"tensordesc<bf16[{o['QB']},{o['DI']}]>" if o["TMA"] else "*bf16", "w_ptr": "*fp32",
+         "vis_ptr": "*i64", "page_ptr": "*u8", "k_off": "*i64", "k_soff": "*i64", "o_ptr": "*fp32",
+         "first_ptr": "*i64", "count_ptr": "*i64"},
+        dict(DI=128, RUNS=False, BF16=True, TMA=indexer_score.QUERY_TILES_BY_TMA, num_stages=3,
              **dict(zip(("QB", "NB", "num_warps"), indexer_score.TILES["tall"]))),
-        ";NB=64;num_warps=4;QB=128"),
+        ";NB=64;num_warps=4;QB=128",
+        # an 8,192-token chunk's queries, 32 heads of 128 (the release), against 131,071 entries
+        sample=dict(n=8192, N=131071, HI=32, sqn=32 * 128, sqh=128, swn=32, son=131071, skr=131071)),
 }
 
 
 def resources(kernel: Kernel, options: dict) -> str:
     fn = kernel.fn
     constexprs = {k: v for k, v in options.items() if k not in ("num_warps", "num_stages")}
-    signature = {n: "constexpr" if n in constexprs else kernel.pointers.get(n, "i32") for n in fn.arg_names}
+    ones = {n: 1 for n, v in (kernel.sample or {}).items() if v == 1}
+    constexprs.update(ones)
+    types = {n: ty(options) if callable(ty) else ty for n, ty in kernel.pointers.items()}
+    signature = {n: "constexpr" if n in constexprs else types.get(n, "i32") for n in fn.arg_names}
+    aligned = [n for n in fn.arg_names if n not in constexprs and (signature[n][0] == "*" or (
+        kernel.sample is not None and kernel.sample.get(n, 1) % 16 == 0))]
     source = ASTSource(fn=fn, signature=signature,
-                       constexprs={(fn.arg_names.index(n),): v for n, v in constexprs.items()})
+                       constexprs={(fn.arg_names.index(n),): v for n, v in constexprs.items()},
+                       attrs={(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in aligned})
     if kernel.mma_sync:  # as common.mma_sync compiles the shipped launch
         os.environ["DISABLE_MMA_V3"] = "1"
     try:
