@@ -16,9 +16,10 @@ if not torch.cuda.is_available():
     # Triton kernels run on the CPU interpreter (set before anything imports triton).
     os.environ.setdefault("TRITON_INTERPRET", "1")
 if os.environ.get("TRITON_INTERPRET") == "1":
-    from tests.support.interpreter_speed import patch_once_per_launch
+    from tests.support.interpreter_speed import patch_once_per_launch, skip_overflow_checks
 
     patch_once_per_launch()
+    skip_overflow_checks()
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
