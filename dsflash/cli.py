@@ -12,6 +12,8 @@ import logging
 import os
 import sys
 
+from .prefill_worker.scheduler import PREFILL_WORKER_TOKEN_BUDGET
+
 
 def _env(flag: str) -> str:
     return "DSFLASH_" + flag.lstrip("-").replace("-", "_").upper()
@@ -97,7 +99,10 @@ def build_parser() -> argparse.ArgumentParser:
                   "staged through a host copy the transports use, so pool-bytes of each; host = the "
                   "transports' host memory only; auto = device with --gpus, else host")
         _add(p, "--max-requests", type=int, default=32, help="requests held at once (pool slots)")
-        _add(p, "--prefill-token-budget", type=int, default=8192, help="prompt tokens per engine step")
+        _add(p, "--prefill-token-budget", type=int,
+             default=PREFILL_WORKER_TOKEN_BUDGET if role == "prefill" else 8192,
+             help="prompt tokens per engine step, %(default)s by default (a decode worker's recomputed prompts "
+                  "hold its batch that long)")
         _add(p, "--inject-kv-fault", help="testing only: corrupt:BYTE | delay:SECONDS | drop:BYTES[,count:N] "
                                            "applied to this worker's KV transfers")
         if role == "prefill":

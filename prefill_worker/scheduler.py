@@ -17,6 +17,14 @@ class Chunk:
     num_tokens: int
 
 
+# A prefill worker's tokens per step. On the H200 (2026-12-02, bench/h200.py --chunk, faithful
+# mode, one machine back to back) a 1M-token prompt took 80.2 s in 16,384-token chunks and
+# 84.9 s in 8,192: a longer chunk decodes each expert's weights once for twice the tokens.
+# A decode worker keeps 8,192 for the prompts it recomputes (WorkerSettings): its decode
+# batch waits on each chunk.
+PREFILL_WORKER_TOKEN_BUDGET = 16384
+
+
 @dataclass
 class PrefillSchedulerConfig:
     token_budget: int = 8192  # tokens per step, over all requests
