@@ -295,6 +295,7 @@ def indexer_kernels(tiles: tuple[tuple[int, int, int], ...] = ()) -> None:
     more (queries, entries, warps) a program), then the top-k that follows them (torch and
     kernel); the top-k also at decode shapes, in CUDA graphs: the index top-k at 256K entries
     and the candidate blocks (N/8 of 512K)."""
+    from dsflash.model.kernels import indexer_score
     from dsflash.model.kernels.indexer_score import indexer_scores
     from dsflash.model.quant import fake_quant_fp4
 
@@ -308,12 +309,16 @@ def indexer_kernels(tiles: tuple[tuple[int, int, int], ...] = ()) -> None:
         ref = indexer_scores(q, w, visible, page_bytes, k_off, k_soff)
         for label, kw in (("tf32x2", {}), ("bf16", dict(exact_in_bf16=True)),
                           ("bf16_tall", dict(exact_in_bf16=True, tall=True)),
+                          ("bf16_tall_query_pointers", dict(exact_in_bf16=True, tall=True, tma=False)),
                           *((f"bf16_{qb}x{nb}_w{warps}", dict(exact_in_bf16=True, tiles=(qb, nb, warps)))
                             for qb, nb, warps in ((128, 128, 8),) + tuple(tiles))):
-            def score():
+            def score(kw=kw):
+                kw = dict(kw)
+                indexer_score.QUERY_TILES_BY_TMA = kw.pop("tma", True)
                 return indexer_scores(q, w, visible, page_bytes, k_off, k_soff, **kw)
 
             t, got = cuda_time(score, iters=5), score()
+            indexer_score.QUERY_TILES_BY_TMA = True
             record("kernel_indexer_prefill", f"N{entries}_n{n}_{label}",
                    {"us": t * 1e6, "TFLOPs": flops / t / 1e12, "ratio_to_bf16_roofline": t / (flops / BF16_FLOPS),
                     "max_rel_diff": ((got - ref).abs().max() / ref.abs().max()).item()})
@@ -671,14 +676,13 @@ def prefill(model, lengths, label: str = "prefill", warm_first: bool = True, chu
         warm = 0
         if warm_first and DEV.startswith("cuda") and (n == lengths[0] or n <= 65536):
             warm = n if n <= 65536 else chunk + 2048
-        if warm and n > 65536:  # the long rows' top-k kernels, as a worker compiles them at start
-            from dsflash.model.kernels import top_k
-            from dsflash.model.layers.indexer import top_k_rows
+        if warm and n > 65536:  # the long prompts' indexer kernels, as a worker compiles them at start
+            from dsflash.model.layers import indexer
 
             began = time.perf_counter()
-            top_k.warm_up(torch.device(DEV), top_k_rows(config))
+            indexer.warm_up(torch.device(DEV), config)
             sync()
-            record(label, f"T{n}_top_k_warm_up", {"seconds": time.perf_counter() - began})
+            record(label, f"T{n}_indexer_warm_up", {"seconds": time.perf_counter() - began})
         pool = CachePool(layout, layout.pages_for(max(n, warm)) + 8, 2, plain_allocator(DEV))
         engine = PrefillEngine(model, pool, PrefillEngineConfig(PrefillSchedulerConfig(token_budget=chunk, max_chunk=chunk),
                                                                 ced=True))
@@ -687,6 +691,7 @@ def prefill(model, lengths, label: str = "prefill", warm_first: bool = True, chu
                 engine.warm_up(warm)
         engine.add(PrefillRequest("p", torch.randint(3, 100000, (n,)).tolist(), want_taps=False))
         sync()
+        print(f"[{label}] T{n}: the timed run begins", flush=True)  # compiles after this line missed the warm-up
         began = time.perf_counter()
         progress = []  # (tokens done, seconds) every ~64K tokens: how a chunk's cost grows with the context
         # --profile and a prompt past 64K: its last chunk is profiled in the run (the indexer and
@@ -781,7 +786,9 @@ def main() -> None:
     parser.add_argument("--sections", default="kernels,decode,reference,prefill")
     parser.add_argument("--budget-s", type=float, default=540.0)
     parser.add_argument("--prefill", default="32768")
-    parser.add_argument("--chunk", type=int, default=8192, help="tokens a prefill step takes")
+    parser.add_argument("--chunk", type=int, default=8192,
+                        help="tokens a prefill step takes (a prefill worker's default is 16384: "
+                             "scheduler.PREFILL_WORKER_TOKEN_BUDGET)")
     parser.add_argument("--contexts", default="4096,1048576")
     parser.add_argument("--batches", default="1,8,32")
     parser.add_argument("--device", default="cuda")

@@ -25,8 +25,7 @@ from ..kvcache.directory import DirectoryUnavailable, OwnershipDirectory, Worker
 from ..kvcache.pool import PoolExhausted
 from ..logs import log_event
 from ..metrics import RequestTimer
-from ..model.kernels import top_k
-from ..model.layers.indexer import top_k_rows
+from ..model.layers import indexer
 from ..model.prefill import PrefillOutput
 from ..prefill_worker.engine import PrefillEngineConfig
 from ..prefill_worker.scheduler import PrefillSchedulerConfig
@@ -79,7 +78,7 @@ class DecodeWorker:
         self._prefill_cache: tuple[float, list[str]] = (0.0, [])
 
     def _warm_up(self) -> None:
-        """Compile the long contexts' indexer top-k and capture the decode step's CUDA graphs
+        """Compile the long contexts' indexer kernels and capture the decode step's CUDA graphs
         now, before the worker registers (warmup.py). Several ranks replay the same graphs only
         if they captured them on the same calls, and the synthetic caches live on rank 0 alone:
         those workers capture as they serve."""
@@ -87,7 +86,7 @@ class DecodeWorker:
         if model.device.type != "cuda":
             return
         with torch.cuda.device(model.device):
-            top_k.warm_up(model.device, top_k_rows(model.config))
+            indexer.warm_up(model.device, model.config)
             if model.graphs is not None and self.runtime.ranks is None:
                 warm_up(self.engine)
 

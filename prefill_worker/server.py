@@ -13,8 +13,7 @@ from ..kvcache import handoff
 from ..kvcache.directory import OwnershipDirectory, WorkerLoad
 from ..kvcache.pool import PoolExhausted
 from ..logs import log_event
-from ..model.kernels import top_k
-from ..model.layers.indexer import top_k_rows
+from ..model.layers import indexer
 from ..serving.engine_loop import EngineLoop
 from ..serving.peers import PeerChannels
 from ..serving.worker import GRPC_OPTIONS, WorkerRuntime, WorkerSettings, serve_until_signal
@@ -39,7 +38,7 @@ class PrefillWorker:
         model = self.runtime.model
         if model.device.type == "cuda":  # before the worker registers: no long prompt waits on these compiles
             with torch.cuda.device(model.device):
-                top_k.warm_up(model.device, top_k_rows(model.config))
+                indexer.warm_up(model.device, model.config)
                 self._warm_up_chunk(budget)
         self.loop = EngineLoop("prefill", self._step, self.engine.has_work, self._crash,
                                device=model.device, lock=model.step_lock)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .common import dot_exact_rhs, e2m1_to_float, interpreting
 
@@ -24,12 +25,14 @@ def indexer_scores_ref(q: torch.Tensor, keys: torch.Tensor, w: torch.Tensor, vis
 @triton.jit
 def _indexer_kernel(q_ptr, w_ptr, vis_ptr, page_ptr, k_off, k_soff, o_ptr, first_ptr, count_ptr, n, N, HI,
                     sqn, sqh, swn, son, skr, DI: tl.constexpr, QB: tl.constexpr, NB: tl.constexpr,
-                    RUNS: tl.constexpr, BF16: tl.constexpr):
+                    RUNS: tl.constexpr, BF16: tl.constexpr, TMA: tl.constexpr):
     """Program (query block, entry block, run): with RUNS, run r's queries are rows
     first[r] .. first[r] + count[r] and its entries row r of the offset tables. BF16: the
     queries come as bf16 holding them exactly (FP4-quantized ones do), so one bf16 dot per
     head is exact (the keys are e2m1 times a power of two); otherwise fp32 queries dot at
-    three-pass accuracy (dot_exact_rhs)."""
+    three-pass accuracy (dot_exact_rhs). TMA: q_ptr is a descriptor of the queries as
+    [n, HI * DI] in [QB, DI] blocks, so a head's tile costs no registers of addresses (rows
+    past n read as zeros, rows of the next run are read and never stored)."""
     pid_q = tl.program_id(0)
     pid_n = tl.program_id(1)
     if RUNS:
@@ -57,7 +60,10 @@ def _indexer_kernel(q_ptr, w_ptr, vis_ptr, page_ptr, k_off, k_soff, o_ptr, first
         keys = keys.to(tl.bfloat16)
     acc = tl.zeros((QB, NB), tl.float32)
     for h in range(0, HI):
-        q = tl.load(q_ptr + rq[:, None] * sqn + h * sqh + d[None, :], mask=in_run[:, None], other=0.0)
+        if TMA:
+            q = q_ptr.load([(first + pid_q * QB).to(tl.int32), h * DI])
+        else:
+            q = tl.load(q_ptr + rq[:, None] * sqn + h * sqh + d[None, :], mask=in_run[:, None], other=0.0)
         w = tl.load(w_ptr + rq * swn + h, mask=in_run, other=0.0)
         if BF16:
             logits = tl.dot(q, tl.trans(keys))
@@ -70,9 +76,13 @@ def _indexer_kernel(q_ptr, w_ptr, vis_ptr, page_ptr, k_off, k_soff, o_ptr, first
 
 
 # (queries, entries, warps) per program: decode-sized runs, and runs of TALL_RUN rows and more
-# (prefill), whose 64-query blocks take the Hopper tensor-core instructions (wgmma).
-TILES = {"short": (16, 64, 4), "tall": (64, 128, 8)}
+# (prefill), whose 64-query blocks take the Hopper tensor-core instructions (wgmma). Tall
+# tiles on the H200 (2026-12-02, bench/h200.py --indexer-tiles, 32 heads of 128, 128 queries
+# x 1M entries): one warpgroup 2,021 us (544 TFLOP/s), two 2,363; 128 x 128 on two 2,353,
+# 64 x 64 on one 2,363, on two 3,322.
+TILES = {"short": (16, 64, 4), "tall": (64, 128, 4)}
 TALL_RUN = 256
+QUERY_TILES_BY_TMA = True  # off: tall tiles read the queries by pointers (bench/h200.py times both)
 
 
 def indexer_scores(q: torch.Tensor, w: torch.Tensor, visible: torch.Tensor, pages: torch.Tensor,
@@ -103,8 +113,35 @@ def indexer_scores(q: torch.Tensor, w: torch.Tensor, visible: torch.Tensor, page
     else:
         first, count, most = runs
         grid = (triton.cdiv(most, qb), triton.cdiv(N, nb), key_offsets.shape[0])
-    _indexer_kernel[grid](q, w, visible.to(torch.int64).contiguous(), pages, key_offsets, key_scale_offsets, out,
-                          first, count, n, N, heads, q.stride(0), q.stride(1), w.stride(0), out.stride(0),
-                          key_offsets.stride(0), DI=dim, QB=qb, NB=nb, RUNS=runs is not None, BF16=bf16,
+    # tall tiles (prefill); TMA wants 16-byte aligned rows
+    tma = QUERY_TILES_BY_TMA and qb >= 64 and (q.data_ptr() | q.stride(0) * q.element_size()) % 16 == 0
+    queries = TensorDescriptor.from_tensor(q.view(n, heads * dim), [qb, dim]) if tma else q
+    _indexer_kernel[grid](queries, w, visible.to(torch.int64).contiguous(), pages, key_offsets, key_scale_offsets,
+                          out, first, count, n, N, heads, q.stride(0), q.stride(1), w.stride(0), out.stride(0),
+                          key_offsets.stride(0), DI=dim, QB=qb, NB=nb, RUNS=runs is not None, BF16=bf16, TMA=tma,
                           num_warps=warps)
     return out
+
+
+def tall_warm_up_counts() -> list[tuple[int, int]]:
+    """(queries, entries) of the launches tall_warm_up makes: queries 1, a multiple of 16 and
+    neither, entries of both kinds, as Triton specializes integer arguments (a tall run of
+    TALL_RUN rows sees at least TALL_RUN / 2 entries: the sources' ratios are 1 and 2). A long prompt's score slices
+    are 2^27 / entries rows (indexer._SCORE_BUDGET): at 24,576 entries a 16,384-row run is cut
+    into slices of 5,461 rows and a last one of 1."""
+    return [(n, N) for n in (1, 16, 17) for N in (16, 17)]
+
+
+def tall_warm_up(device: torch.device, heads: int, dim: int) -> None:
+    """Compile the tall tiles (prefill, FP4-quantized queries) for every specialization a long
+    prompt's slices meet, before a worker serves. H200, 2026-12-02: after the two-prompt
+    warm-up, a 1M-token prefill on an empty Triton cache still compiled this kernel four
+    times, ~5 s, three of them in its first 64K tokens."""
+    most = max(n for n, _ in tall_warm_up_counts())
+    q = torch.zeros(most, heads, dim, dtype=torch.bfloat16, device=device)
+    w = torch.zeros(most, heads, device=device)
+    pages = torch.zeros(dim, dtype=torch.uint8, device=device)  # every entry reads one zero key
+    for n, N in tall_warm_up_counts():
+        offsets = torch.zeros(N, dtype=torch.long, device=device)
+        indexer_scores(q[:n], w[:n], torch.full((n,), N, device=device), pages, offsets, offsets,
+                       exact_in_bf16=True, tall=True)

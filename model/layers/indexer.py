@@ -17,7 +17,8 @@ from ..batch import SeqRun, end_to_end, offsets, rows_positions, run_rows
 from ..config import LayerRole, ModelConfig
 from ..device import to_device
 from ..ops import ReferenceOps
-from ..kernels.indexer_score import TALL_RUN, indexer_scores
+from ..kernels import top_k
+from ..kernels.indexer_score import TALL_RUN, indexer_scores, tall_warm_up
 from ..kernels.top_k import top_k_ascending
 from ..rope import Rope
 
@@ -35,6 +36,13 @@ def top_k_rows(cfg: ModelConfig) -> dict[int, int]:
         blocks = -(-cfg.max_position_embeddings // cfg.candidate_block_size)
         longest[cfg.candidate_topk_blocks] = max(longest.get(cfg.candidate_topk_blocks, 0), blocks)
     return longest
+
+
+def warm_up(device: torch.device, cfg: ModelConfig) -> None:
+    """Compile the indexer's kernels for long prompts before a worker serves: the top-k for
+    every plan its rows meet and the tall scoring tiles at every specialization."""
+    top_k.warm_up(device, top_k_rows(cfg))
+    tall_warm_up(device, cfg.index_n_heads, cfg.index_head_dim)
 
 
 def select_candidate_blocks(scores: torch.Tensor, visible: torch.Tensor, topk_blocks: int, block: int) -> torch.Tensor:

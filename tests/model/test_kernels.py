@@ -669,10 +669,11 @@ def test_indexer_scores_on_a_paged_cache(paged, quantized, tall):
     assert (got[finite] - ref[finite]).abs().max() < REL * ref[finite].abs().max() + 1e-5
 
 
-@pytest.mark.parametrize("quantized", [False, True])
-def test_indexer_scores_of_several_runs_in_one_launch_equal_each_alone(paged, quantized):
+@pytest.mark.parametrize("quantized, tall", [(False, False), (True, False), (True, True)])
+def test_indexer_scores_of_several_runs_in_one_launch_equal_each_alone(paged, quantized, tall):
     """Run r's queries score row r of the key tables (its own entries, padded): the same
-    values, bit for bit, as a launch for that run alone; -inf past what it sees."""
+    values, bit for bit, as a launch for that run alone; -inf past what it sees. Tall tiles
+    read a query block by TMA, past the run's rows into the next run's."""
     g = _g(4)
     cache, source = paged, 7
     total = cache.num_entries(source)
@@ -687,13 +688,41 @@ def test_indexer_scores_of_several_runs_in_one_launch_equal_each_alone(paged, qu
     dev = lambda t: t.to(DEVICE)  # noqa: E731
     pages = dev(cache.pool.pages_buffer)
     got = indexer_scores(dev(q), dev(w), dev(visible), pages, dev(k_off), dev(k_soff),
-                         (dev(first), dev(torch.tensor(counts)), max(counts)), exact_in_bf16=quantized).cpu()
+                         (dev(first), dev(torch.tensor(counts)), max(counts)), exact_in_bf16=quantized,
+                         tall=tall).cpu()
     for r, (a, c, t) in enumerate(zip(first.tolist(), counts, totals)):
         rows = slice(a, a + c)
         alone = indexer_scores(dev(q[rows]), dev(w[rows]), dev(visible[rows]), pages, dev(k_off[r, :t]),
-                               dev(k_soff[r, :t]), exact_in_bf16=quantized).cpu()
+                               dev(k_soff[r, :t]), exact_in_bf16=quantized, tall=tall).cpu()
         assert torch.equal(got[rows, :t], alone)
         assert torch.isneginf(got[rows, t:]).all()
+
+
+def test_the_tall_warm_up_meets_every_specialization_of_its_counts():
+    """The tall tiles' warm-up launches with query counts of 1, of a multiple of 16 and of
+    neither, each with entry counts of both kinds (what Triton specializes a launch on), and
+    every launch scores: all entries visible, zero queries, zero scores."""
+    from dsflash.model.kernels import indexer_score
+
+    def kind(count: int) -> str:
+        return "one" if count == 1 else "sixteens" if count % 16 == 0 else "other"
+
+    counts = indexer_score.tall_warm_up_counts()
+    assert {(kind(n), kind(N)) for n, N in counts} == {(a, b) for a in ("one", "sixteens", "other")
+                                                        for b in ("sixteens", "other")}
+    launched = []
+    real = indexer_score.indexer_scores
+
+    def scores(q, w, visible, *args, **kw):
+        out = real(q, w, visible, *args, **kw)
+        launched.append((q.shape[0], out.shape[1], kw["tall"]))
+        assert torch.equal(out.cpu(), torch.zeros(out.shape))
+        return out
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(indexer_score, "indexer_scores", scores)
+        indexer_score.tall_warm_up(torch.device(DEVICE), 4, 32)
+    assert launched == [(n, N, True) for n, N in counts]
 
 
 @pytest.mark.parametrize("batch_form_rows", [48, 12])

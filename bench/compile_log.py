@@ -1,0 +1,37 @@
+"""Run a bench script with every Triton compile logged: when it ended, how long it took, the
+kernel and the integer specializations its launch asked for. Compiles inside a timed run are
+what a warm-up missed (a 1M-token prefill spent ~3.6 s in its first 64K on an empty cache).
+
+    python bench/compile_log.py bench/h200.py --sections prefill --prefill 1048576 ...
+
+Writes one line per compile to stderr as `[compile] +SECONDS took SECONDS NAME ARGS`.
+"""
+import runpy
+import sys
+import time
+
+import triton
+
+
+def main() -> None:
+    start = time.monotonic()
+    began: dict[object, float] = {}
+
+    def before(*, key, **_):  # jit_cache_hook: returning a falsy value lets the compile go on
+        began[key] = time.monotonic()
+        return None
+
+    def after(*, key, repr, **_):
+        now = time.monotonic()
+        took = now - began.pop(key, now)
+        text = " ".join(repr.split())  # one line
+        print(f"[compile] +{now - start:.2f} took {took:.2f} {text[:1200]}", file=sys.stderr, flush=True)
+
+    triton.knobs.runtime.jit_cache_hook = before
+    triton.knobs.runtime.jit_post_compile_hook = after
+    script, sys.argv = sys.argv[1], sys.argv[1:]
+    runpy.run_path(script, run_name="__main__")
+
+
+if __name__ == "__main__":
+    main()
