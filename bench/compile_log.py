@@ -13,6 +13,20 @@ import time
 import triton
 
 
+def specialized(compile: dict) -> str:
+    """The launch's specializations: arguments passed as constants (integers equal to 1 among
+    them) and those known 16-byte aligned or divisible by 16."""
+    names = list(compile["signature"])
+    try:
+        constants = {names[i[0]]: v for i, v in compile["constants"].items()}
+        aligned = [names[i[0]] for i, attrs in compile["configs"][0].items()
+                   if ["tt.divisibility", 16] in [list(a) for a in attrs]]
+    except (KeyError, IndexError, TypeError):  # another triton's hook arguments
+        return str(compile.get("configs"))[:600]
+    ones = sorted(n for n, v in constants.items() if v == 1 and not isinstance(v, bool))
+    return f"ones={ones} aligned={aligned}"
+
+
 def main() -> None:
     start = time.monotonic()
     began: dict[object, float] = {}
@@ -21,11 +35,11 @@ def main() -> None:
         began[key] = time.monotonic()
         return None
 
-    def after(*, key, repr, **_):
+    def after(*, key, repr, compile, **_):
         now = time.monotonic()
         took = now - began.pop(key, now)
-        text = " ".join(repr.split())  # one line
-        print(f"[compile] +{now - start:.2f} took {took:.2f} {text[:1200]}", file=sys.stderr, flush=True)
+        print(f"[compile] +{now - start:.2f} took {took:.2f} {repr.split('(')[0]} {specialized(compile)}",
+              file=sys.stderr, flush=True)
 
     triton.knobs.runtime.jit_cache_hook = before
     triton.knobs.runtime.jit_post_compile_hook = after

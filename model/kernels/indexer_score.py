@@ -85,6 +85,13 @@ TALL_RUN = 256
 QUERY_TILES_BY_TMA = True  # off: tall tiles read the queries by pointers (bench/h200.py times both)
 
 
+def _on_16_bytes(t: torch.Tensor) -> torch.Tensor:
+    """t, or a copy of it where it does not start on 16 bytes: a caller's row slices start
+    anywhere, and Triton compiles a kernel again for pointers that do not (H200, 2026-12-02:
+    3 compiles, ~3.7 s, inside a 1M-token prefill whose warm-up had compiled the rest)."""
+    return t if t.data_ptr() % 16 == 0 else t.clone()
+
+
 def indexer_scores(q: torch.Tensor, w: torch.Tensor, visible: torch.Tensor, pages: torch.Tensor,
                    key_offsets: torch.Tensor, key_scale_offsets: torch.Tensor,
                    runs: tuple[torch.Tensor, torch.Tensor, int] | None = None,
@@ -104,7 +111,8 @@ def indexer_scores(q: torch.Tensor, w: torch.Tensor, visible: torch.Tensor, page
     if N == 0 or n == 0:
         return out
     bf16 = exact_in_bf16 and not interpreting()  # the interpreter dots fp32 exactly anyway
-    q, w = (q.to(torch.bfloat16) if bf16 else q).contiguous(), w.float().contiguous()
+    q = (q.to(torch.bfloat16) if bf16 else q).contiguous()
+    w, visible = _on_16_bytes(w.float().contiguous()), _on_16_bytes(visible.to(torch.int64).contiguous())
     key_offsets, key_scale_offsets = key_offsets.contiguous(), key_scale_offsets.contiguous()
     qb, nb, warps = tiles or TILES["tall" if tall else "short"]
     if runs is None:
@@ -116,7 +124,7 @@ def indexer_scores(q: torch.Tensor, w: torch.Tensor, visible: torch.Tensor, page
     # tall tiles (prefill); TMA wants 16-byte aligned rows
     tma = QUERY_TILES_BY_TMA and qb >= 64 and (q.data_ptr() | q.stride(0) * q.element_size()) % 16 == 0
     queries = TensorDescriptor.from_tensor(q.view(n, heads * dim), [qb, dim]) if tma else q
-    _indexer_kernel[grid](queries, w, visible.to(torch.int64).contiguous(), pages, key_offsets, key_scale_offsets,
+    _indexer_kernel[grid](queries, w, visible, pages, key_offsets, key_scale_offsets,
                           out, first, count, n, N, heads, q.stride(0), q.stride(1), w.stride(0), out.stride(0),
                           key_offsets.stride(0), DI=dim, QB=qb, NB=nb, RUNS=runs is not None, BF16=bf16, TMA=tma,
                           num_warps=warps)

@@ -698,6 +698,41 @@ def test_indexer_scores_of_several_runs_in_one_launch_equal_each_alone(paged, qu
         assert torch.isneginf(got[rows, t:]).all()
 
 
+def test_indexer_scores_launch_on_16_byte_pointers_from_any_row_slice(monkeypatch):
+    """A slice of a long run's rows (w and visible start at any row) reaches the kernel on
+    16-byte aligned pointers, as the warm-up's launches do: Triton specializes on it, so
+    other pointers would compile the kernel again inside a prompt. The same scores."""
+    from dsflash.model.kernels import indexer_score
+
+    g = _g(11)
+    n, heads, dim, N = 9, 3, 32, 20
+    q, w = torch.randn(n, heads, dim, generator=g), torch.randn(n, heads, generator=g)
+    visible = torch.randint(1, N + 1, (n,), generator=g)
+    keys = torch.randint(0, 256, (N, dim // 2 + dim // 32), generator=g, dtype=torch.uint8)
+    keys[:, dim // 2:] = torch.randint(120, 130, (N, dim // 32), generator=g, dtype=torch.uint8)
+    pages = keys.flatten().to(DEVICE)
+    k_off = torch.arange(N) * keys.shape[1]
+    k_soff = k_off + dim // 2
+    pointers = []
+    kernel = indexer_score._indexer_kernel
+
+    class Recording:
+        def __getitem__(self, grid):
+            def launch(*args, **kw):
+                pointers.extend(a.data_ptr() for a in args if isinstance(a, torch.Tensor))
+                return kernel[grid](*args, **kw)
+            return launch
+
+    want = indexer_score.indexer_scores(*(t.to(DEVICE) for t in (q, w, visible)), pages, k_off.to(DEVICE),
+                                        k_soff.to(DEVICE)).cpu()
+    monkeypatch.setattr(indexer_score, "_indexer_kernel", Recording())
+    lo = 1  # w's rows of 3 fp32 and visible's int64 start off 16 bytes here
+    got = indexer_score.indexer_scores(*(t.to(DEVICE)[lo:] for t in (q, w, visible)), pages, k_off.to(DEVICE),
+                                       k_soff.to(DEVICE)).cpu()
+    assert pointers and all(p % 16 == 0 for p in pointers)
+    torch.testing.assert_close(got, want[lo:])  # (the interpreter's matmul may round per shape)
+
+
 def test_the_tall_warm_up_meets_every_specialization_of_its_counts():
     """The tall tiles' warm-up launches with query counts of 1, of a multiple of 16 and of
     neither, each with entry counts of both kinds (what Triton specializes a launch on), and
