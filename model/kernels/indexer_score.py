@@ -78,8 +78,8 @@ def _indexer_kernel(q_ptr, w_ptr, vis_ptr, page_ptr, k_off, k_soff, o_ptr, first
 # (queries, entries, warps) per program: decode-sized runs, and runs of TALL_RUN rows and more
 # (prefill), whose 64-query blocks take the Hopper tensor-core instructions (wgmma). Tall
 # tiles on the H200 (2026-12-02, bench/h200.py --indexer-tiles, 32 heads of 128, 128 queries
-# x 1M entries): one warpgroup 2,021 us (544 TFLOP/s), two 2,363; 128 x 128 on two 2,353,
-# 64 x 64 on one 2,363, on two 3,322.
+# x 1M entries): one warpgroup 2,021-2,038 us with the queries by pointers, 1,896 by TMA
+# (580 TFLOP/s); two warpgroups 2,363; 128 x 128 on two 2,353-2,455, 64 x 64 on one 2,363.
 TILES = {"short": (16, 64, 4), "tall": (64, 128, 4)}
 TALL_RUN = 256
 QUERY_TILES_BY_TMA = True  # off: tall tiles read the queries by pointers (bench/h200.py times both)
@@ -134,9 +134,9 @@ def indexer_scores(q: torch.Tensor, w: torch.Tensor, visible: torch.Tensor, page
 def tall_warm_up_counts() -> list[tuple[int, int]]:
     """(queries, entries) of the launches tall_warm_up makes: queries 1, a multiple of 16 and
     neither, entries of both kinds, as Triton specializes integer arguments (a tall run of
-    TALL_RUN rows sees at least TALL_RUN / 2 entries: the sources' ratios are 1 and 2). A long prompt's score slices
-    are 2^27 / entries rows (indexer._SCORE_BUDGET): at 24,576 entries a 16,384-row run is cut
-    into slices of 5,461 rows and a last one of 1."""
+    TALL_RUN rows sees at least TALL_RUN / 2 entries, never 1: the sources' ratios are 1 and
+    2). A long prompt's score slices are 2^27 / entries rows (indexer._SCORE_BUDGET): at
+    24,576 entries a 16,384-row run is cut into slices of 5,461 rows and a last one of 1."""
     return [(n, N) for n in (1, 16, 17) for N in (16, 17)]
 
 
