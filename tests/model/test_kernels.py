@@ -760,36 +760,39 @@ def test_the_tall_warm_up_meets_every_specialization_of_its_counts():
     assert launched == [(n, N, True) for n, N in counts]
 
 
-@pytest.mark.parametrize("batch_form_rows", [48, 12])
-def test_a_batch_on_the_kernel_path_matches_its_runs_alone(golden_dir, golden, batch_form_rows, monkeypatch):
+def test_a_batch_on_the_kernel_path_matches_its_runs_alone(golden_dir, golden, monkeypatch):
     """A decode step of 6 rows for caches of different lengths (different entry counts, open
-    groups), batched (the compressor and indexer run once for both) and alone; at 12 rows the
-    batch attends in the tensor-core form, each run alone in the decode form."""
+    groups), batched (the compressor and indexer run once for both) and alone: batched in the
+    decode form (BATCH_FORM_ROWS 48) and in the tensor-core form (at 12 rows), each run alone
+    in the decode form either way (so its step runs once)."""
     from dsflash.model.deepseek_v41 import DeepseekV41
     from dsflash.model.layers import attention_kernel
 
-    monkeypatch.setattr(attention_kernel, "BATCH_FORM_ROWS", batch_form_rows)
-
     model = DeepseekV41.from_checkpoint(golden_dir, device=DEVICE)
-    pool = CachePool(CacheLayout.for_model(model.config, page_entries=16), 200, 4, plain_allocator(DEVICE))
+    pool = CachePool(CacheLayout.for_model(model.config, page_entries=16), 200, 6, plain_allocator(DEVICE))
     prompts = [golden[1]["input_ids"][:35], golden[2]["input_ids"][:58]]
+    forms = (48, 12)
     with torch.inference_mode():
-        alone, batch = [], []
+        alone, batches = [], {rows: [] for rows in forms}
         for prompt in prompts:  # prefilled on the reference path (quick under the interpreter)
             cache = PagedCache(pool, model.config)
             step(model, [cache], [prompt[:-6]])
             alone.append(cache)
-            batch.append(cache.copy_to(pool))
+            for rows in forms:
+                batches[rows].append(cache.copy_to(pool))
         model.ops = TritonOps(model.ops.weights, device=DEVICE)
-        together = step(model, batch, [p[-6:] for p in prompts], logits="all").logits
-        for cache, prompt, got in zip(alone, prompts, together):
-            want = step(model, [cache], [prompt[-6:]], logits="all").logits[0]
-            assert torch.equal(got.argmax(-1), want.argmax(-1))
-            assert (got - want).abs().max() < 1e-3 * want.abs().max()
-        for a, b in zip(alone, batch):
-            assert a.counts == b.counts and a.tail_lengths == b.tail_lengths
+        wants = [step(model, [cache], [prompt[-6:]], logits="all").logits[0] for cache, prompt in zip(alone, prompts)]
+        for rows in forms:
+            monkeypatch.setattr(attention_kernel, "BATCH_FORM_ROWS", rows)
+            together = step(model, batches[rows], [p[-6:] for p in prompts], logits="all").logits
+            for got, want in zip(together, wants):
+                assert torch.equal(got.argmax(-1), want.argmax(-1)), rows
+                assert (got - want).abs().max() < 1e-3 * want.abs().max(), rows
+            for a, b in zip(alone, batches[rows]):
+                assert a.counts == b.counts and a.tail_lengths == b.tail_lengths
+                b.release()
+        for a in alone:
             a.release()
-            b.release()
 
 
 def test_dspark_blocks_on_the_kernel_path(golden_dir, golden):
