@@ -698,21 +698,19 @@ def test_indexer_scores_of_several_runs_in_one_launch_equal_each_alone(paged, qu
         assert torch.isneginf(got[rows, t:]).all()
 
 
-def test_indexer_scores_launch_on_16_byte_pointers_from_any_row_slice(monkeypatch):
+def test_indexer_scores_launch_on_16_byte_pointers_from_any_row_slice(paged, monkeypatch):
     """A slice of a long run's rows (w and visible start at any row) reaches the kernel on
     16-byte aligned pointers, as the warm-up's launches do: Triton specializes on it, so
     other pointers would compile the kernel again inside a prompt. The same scores."""
     from dsflash.model.kernels import indexer_score
 
     g = _g(11)
-    n, heads, dim, N = 9, 3, 32, 20
-    q, w = torch.randn(n, heads, dim, generator=g), torch.randn(n, heads, generator=g)
-    visible = torch.randint(1, N + 1, (n,), generator=g)
-    keys = torch.randint(0, 256, (N, dim // 2 + dim // 32), generator=g, dtype=torch.uint8)
-    keys[:, dim // 2:] = torch.randint(120, 130, (N, dim // 32), generator=g, dtype=torch.uint8)
-    pages = keys.flatten().to(DEVICE)
-    k_off = torch.arange(N) * keys.shape[1]
-    k_soff = k_off + dim // 2
+    cache, source = paged, 7
+    N = cache.num_entries(source)
+    q, w = torch.randn(9, 3, 32, generator=g), torch.randn(9, 3, generator=g)  # w's rows: 12 bytes
+    visible = torch.randint(1, N + 1, (9,), generator=g)
+    k_off, k_soff = cache.entry_offsets(source, torch.arange(N), kind="key")
+    pages = cache.pool.pages_buffer.to(DEVICE)
     pointers = []
     kernel = indexer_score._indexer_kernel
 
