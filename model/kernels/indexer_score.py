@@ -131,8 +131,8 @@ def indexer_scores(q: torch.Tensor, w: torch.Tensor, visible: torch.Tensor, page
     return out
 
 
-def tall_warm_up_counts() -> list[tuple[int, int]]:
-    """(queries, entries) of the launches tall_warm_up makes: queries 1, a multiple of 16 and
+def warm_up_counts() -> list[tuple[int, int]]:
+    """(queries, entries) of the launches scores_warm_up makes: queries 1, a multiple of 16 and
     neither, entries of both kinds, as Triton specializes integer arguments (a tall run of
     TALL_RUN rows sees at least TALL_RUN / 2 entries, never 1: the sources' ratios are 1 and
     2). A long prompt's score slices are 2^27 / entries rows (indexer._SCORE_BUDGET): at
@@ -140,16 +140,18 @@ def tall_warm_up_counts() -> list[tuple[int, int]]:
     return [(n, N) for n in (1, 16, 17) for N in (16, 17)]
 
 
-def tall_warm_up(device: torch.device, heads: int, dim: int) -> None:
-    """Compile the tall tiles (prefill, FP4-quantized queries) for every specialization a long
-    prompt's slices meet, before a worker serves. H200, 2026-12-02: after the two-prompt
-    warm-up, a 1M-token prefill on an empty Triton cache still compiled this kernel four
-    times, ~5 s, three of them in its first 64K tokens."""
-    most = max(n for n, _ in tall_warm_up_counts())
+def scores_warm_up(device: torch.device, heads: int, dim: int) -> None:
+    """Compile the scoring tiles (FP4-quantized queries), tall (prefill) and short, for every
+    specialization of warm_up_counts, before a worker serves. H200, 2026-12-02: after the
+    two-prompt warm-up, a 1M-token prefill on an empty Triton cache still compiled the tall
+    tiles four times, ~5 s, three of them in its first 64K tokens; with them warmed, the short
+    tiles once (0.7 s, 16 queries of 16 entries, in its last step)."""
+    most = max(n for n, _ in warm_up_counts())
     q = torch.zeros(most, heads, dim, dtype=torch.bfloat16, device=device)
     w = torch.zeros(most, heads, device=device)
     pages = torch.zeros(dim, dtype=torch.uint8, device=device)  # every entry reads one zero key
-    for n, N in tall_warm_up_counts():
-        offsets = torch.zeros(N, dtype=torch.long, device=device)
-        indexer_scores(q[:n], w[:n], torch.full((n,), N, device=device), pages, offsets, offsets,
-                       exact_in_bf16=True, tall=True)
+    for tall in (True, False):
+        for n, N in warm_up_counts():
+            offsets = torch.zeros(N, dtype=torch.long, device=device)
+            indexer_scores(q[:n], w[:n], torch.full((n,), N, device=device), pages, offsets, offsets,
+                           exact_in_bf16=True, tall=tall)

@@ -18,7 +18,7 @@ from ..config import LayerRole, ModelConfig
 from ..device import to_device
 from ..ops import ReferenceOps
 from ..kernels import top_k
-from ..kernels.indexer_score import TALL_RUN, indexer_scores, tall_warm_up
+from ..kernels.indexer_score import TALL_RUN, indexer_scores, scores_warm_up
 from ..kernels.top_k import top_k_ascending
 from ..rope import Rope
 
@@ -40,9 +40,9 @@ def top_k_rows(cfg: ModelConfig) -> dict[int, int]:
 
 def warm_up(device: torch.device, cfg: ModelConfig) -> None:
     """Compile the indexer's kernels for long prompts before a worker serves: the top-k for
-    every plan its rows meet and the tall scoring tiles at every specialization."""
+    every plan its rows meet and the scoring tiles at every specialization."""
     top_k.warm_up(device, top_k_rows(cfg))
-    tall_warm_up(device, cfg.index_n_heads, cfg.index_head_dim)
+    scores_warm_up(device, cfg.index_n_heads, cfg.index_head_dim)
 
 
 def select_candidate_blocks(scores: torch.Tensor, visible: torch.Tensor, topk_blocks: int, block: int) -> torch.Tensor:

@@ -731,16 +731,17 @@ def test_indexer_scores_launch_on_16_byte_pointers_from_any_row_slice(paged, mon
     torch.testing.assert_close(got, want[lo:])  # (the interpreter's matmul may round per shape)
 
 
-def test_the_tall_warm_up_meets_every_specialization_of_its_counts():
-    """The tall tiles' warm-up launches with query counts of 1, of a multiple of 16 and of
-    neither, each with entry counts of both kinds (what Triton specializes a launch on), and
-    every launch scores: all entries visible, zero queries, zero scores."""
+def test_the_scores_warm_up_meets_every_specialization_of_its_counts():
+    """The scoring tiles' warm-up launches, tall and short, with query counts of 1, of a
+    multiple of 16 and of neither, each with entry counts of both kinds (what Triton
+    specializes a launch on), and every launch scores: all entries visible, zero queries,
+    zero scores."""
     from dsflash.model.kernels import indexer_score
 
     def kind(count: int) -> str:
         return "one" if count == 1 else "sixteens" if count % 16 == 0 else "other"
 
-    counts = indexer_score.tall_warm_up_counts()
+    counts = indexer_score.warm_up_counts()
     assert {(kind(n), kind(N)) for n, N in counts} == {(a, b) for a in ("one", "sixteens", "other")
                                                         for b in ("sixteens", "other")}
     launched = []
@@ -754,8 +755,8 @@ def test_the_tall_warm_up_meets_every_specialization_of_its_counts():
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(indexer_score, "indexer_scores", scores)
-        indexer_score.tall_warm_up(torch.device(DEVICE), 4, 32)
-    assert launched == [(n, N, True) for n, N in counts]
+        indexer_score.scores_warm_up(torch.device(DEVICE), 4, 32)
+    assert launched == [(n, N, tall) for tall in (True, False) for n, N in counts]
 
 
 def test_a_batch_on_the_kernel_path_matches_its_runs_alone(golden_dir, golden, monkeypatch):
