@@ -12,7 +12,8 @@ Kernels (--kernel): the prefill attention's tensor-core form (attention, the def
 decode GEMM's transposed kernel (skinny: 6 activation rows of an FP8 weight, exact mode's three
 parts cut in the kernel, mma.sync as shipped), the routed experts' gate/up and down kernels
 at batch 1's 4-pair blocks (gate_up, down: exact mode's three parts as dot columns), and the
-indexer's scores in prefill's tiles (indexer).
+indexer's scores in prefill's tiles (indexer), and faithful prefill attention's Gluon form
+(attention_gluon).
 
     python bench/kernel_resources.py [--kernel attention] [--variants "BOTH=1,num_warps=8;QP=2,PP=2"]
 """
@@ -28,7 +29,9 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from dsflash.model.kernels import fp4_moe, fp8_gemm, indexer_score
+from triton.experimental.gluon._runtime import GluonASTSource
+
+from dsflash.model.kernels import fp4_moe, fp8_gemm, indexer_score, sparse_attention_gluon
 from dsflash.model.kernels import sparse_attention as sa
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
@@ -36,7 +39,7 @@ import h200  # noqa: E402
 
 
 class Kernel(NamedTuple):
-    fn: object  # the @triton.jit function
+    fn: object  # the @triton.jit (or @gluon.jit) function
     pointers: dict  # argument name -> Triton type where not i32 (or a function of the launch's options)
     defaults: dict  # the shipped launch's constexprs, num_warps and num_stages
     variants: str  # the default --variants
@@ -70,6 +73,15 @@ KERNELS = {
         # an 8,192-query chunk, 64 heads of 512, the 128-key window and 512 entries (gathered)
         sample=dict(H=64, W=128, K=512, TILES_PER_SPLIT=20, sqp=8192 * 64 * 512, sqn=64 * 512, sqh=512, swn=128,
                     sen=512, son=64 * 512, soh=512)),
+    # faithful prefill's Gluon form (sparse_attention_gluon), same launch
+    "attention_gluon": Kernel(
+        sparse_attention_gluon._attention_kernel,
+        {"q_ptr": "*bf16", "ring_ptr": "*u8", "win_off": "*i64", "page_ptr": "*u8", "ent_off": "*i64",
+         "sink_ptr": "*fp32", "o_ptr": "*fp32", "scale": "fp32"},
+        dict(D=sparse_attention_gluon.D_MODEL, HB=sparse_attention_gluon.HEADS, KT=sparse_attention_gluon.KEY_TILE,
+             SUB=sparse_attention_gluon.DECODE_ROWS, num_warps=sparse_attention_gluon.WARPS, num_stages=1),
+        ";SUB=16;SUB=64",
+        sample=dict(H=64, W=128, K=512, sqn=64 * 512, sqh=512, swn=128, sen=512, son=64 * 512, soh=512)),
     "skinny": Kernel(
         fp8_gemm._skinny_kernel,
         {"x_ptr": "*fp32", "w_ptr": "*i32", "s_ptr": "*u8", "y_ptr": "*fp32", "out_ptr": "*fp32", "count_ptr": "*i32"},
@@ -99,14 +111,16 @@ KERNELS = {
 
 def resources(kernel: Kernel, options: dict) -> str:
     fn = kernel.fn
-    constexprs = {k: v for k, v in options.items() if k not in ("num_warps", "num_stages")}
+    gluon = fn.is_gluon()  # a Gluon kernel takes num_warps as a constexpr argument too
+    constexprs = {k: v for k, v in options.items() if k not in ("num_warps", "num_stages") or (
+        gluon and k in fn.arg_names)}
     ones = {n: 1 for n, v in (kernel.sample or {}).items() if v == 1}
     constexprs.update(ones)
     types = {n: ty(options) if callable(ty) else ty for n, ty in kernel.pointers.items()}
     signature = {n: "constexpr" if n in constexprs else types.get(n, "i32") for n in fn.arg_names}
     aligned = [n for n in fn.arg_names if n not in constexprs and (signature[n][0] == "*" or (
         kernel.sample is not None and kernel.sample.get(n, 1) % 16 == 0))]
-    source = ASTSource(fn=fn, signature=signature,
+    source = (GluonASTSource if gluon else ASTSource)(fn=fn, signature=signature,
                        constexprs={(fn.arg_names.index(n),): v for n, v in constexprs.items()},
                        attrs={(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in aligned})
     if kernel.mma_sync:  # as common.mma_sync compiles the shipped launch

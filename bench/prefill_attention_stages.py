@@ -2,8 +2,11 @@
 depth (num_stages), key tile, the two-pass form and one bf16 part, against the shipped tiles
 (PREFILL_TILES), alternated, each with its FLOP rate (the bf16 limit is 694 TFLOP/s), and
 its largest difference from the exact form and from faithful mode's shipped one-part form.
+With --bf16-queries every variant takes faithful mode's bf16 queries, as the model passes
+them, and GLUON=0/1 switches between the Triton form and sparse_attention_gluon.
 
     python bench/prefill_attention_stages.py [--variants "BOTH=1,num_warps=8,KT=64;TWO_PASS=0"]
+    python bench/prefill_attention_stages.py --bf16-queries --variants "GLUON=0;GLUON=1"
 """
 import argparse
 import pathlib
@@ -33,9 +36,10 @@ ref = sparse_attention(*args, prefill=True)
 flops = 4 * n * heads * (W + K) * D
 
 
-def timed(tiles):
-    seconds = h200.cuda_time(lambda: sparse_attention(*args, prefill=True, tiles=tiles), iters=5, warmup=2)
-    out = sparse_attention(*args, prefill=True, tiles=tiles)
+def timed(tiles, query):
+    call = (query,) + args[1:]
+    seconds = h200.cuda_time(lambda: sparse_attention(*call, prefill=True, tiles=tiles), iters=5, warmup=2)
+    out = sparse_attention(*call, prefill=True, tiles=tiles)
     return seconds * 1e3, [((out - r).abs().max() / r.abs().max()).item() for r in (ref, faithful_ref)]
 
 
@@ -50,13 +54,37 @@ DEFAULT = ";".join(["", SHIPPED_FAITHFUL, f"{FAITHFUL},BOTH=0,KT=32,num_warps=4"
                    + [f"{SHIPPED_FAITHFUL},{v}" for v in ("KT=32", "num_stages=3", "num_stages=1")])
 parser = argparse.ArgumentParser()
 parser.add_argument("--variants", default=DEFAULT, help="';'-separated tiles of KEY=VALUE pairs ('' is shipped)")
+parser.add_argument("--bf16-queries", action="store_true",
+                    help="every variant takes faithful mode's bf16 queries (the Gluon form takes only those)")
+parser.add_argument("--whole", type=int, default=0,
+                    help="then whole faithful prefills of this many tokens on the bench preset, the Gluon form off"
+                         " and on in turn in one process (lent machines differ by more than the change)")
+parser.add_argument("--chunk", type=int, default=16384, help="the whole prefills' chunk (token budget)")
+parser.add_argument("--budget-s", type=float, default=300.0)
+options = parser.parse_args()
 faithful_ref = sparse_attention(q.bfloat16(), *args[1:], prefill=True)  # the faithful launch as shipped
-variants = h200.variants(parser.parse_args().variants)
+variants = h200.variants(options.variants)
+query = q.bfloat16() if options.bf16_queries else q
 for round_ in range(2):
     for v in variants:
         try:
-            ms, (diff, faithful_diff) = timed(v)
+            ms, (diff, faithful_diff) = timed(v, query)
             print(f"[attn] round {round_} {v or 'shipped'}: {ms:.2f} ms ({flops / ms / 1e9:.0f} TFLOP/s), max rel diff"
                   f" {diff:.1e} (to faithful shipped {faithful_diff:.1e})", flush=True)
         except Exception as exc:
             print(f"[attn] {v}: {type(exc).__name__}: {str(exc)[:150]}", flush=True)
+
+
+if options.whole:
+    import time
+
+    h200.DEADLINE[0] = time.monotonic() + options.budget_s
+    del q, args, ref, faithful_ref, query, ring, pages
+    torch.cuda.empty_cache()
+    model, _ = h200.build_model(fast=True, preset="bench", act_quant=True)
+    for round_ in range(3):  # round 0 compiles both forms' kernels (its figures include that)
+        for gluon in (0, 1):
+            sa.BF16_PREFILL_TILES["GLUON"] = gluon
+            h200.prefill(model, [options.whole], f"whole_faithful_gluon{gluon}_round{round_}",
+                         warm_first=round_ == 0, chunk=options.chunk)
+    sa.BF16_PREFILL_TILES["GLUON"] = 1

@@ -15,7 +15,7 @@ import triton.language as tl
 
 from .common import (bf16_parts, bf16_rne, dot_exact_rhs, e2m1_to_float, e4m3_to_float, group_columns,
                      interpreting, pow2)
-from . import attention_queries
+from . import attention_queries, sparse_attention_gluon
 from .attention_queries import Queries, query_parts
 
 
@@ -537,10 +537,12 @@ KEY_TILE = 16  # keys per step of the online softmax (decode form)
 # 2.34-2.37 -> 2.17-2.18 s in one process. Exact mode's two parts on 8 warps: 30.2 ms (the
 # two-pass form 13.9). So faithful prefill rows take it (BF16_PREFILL_TILES, from
 # PREFILL_QUERIES queries); decode-sized launches keep the parity programs.
+# GLUON: those faithful prefill rows go to sparse_attention_gluon on a Hopper GPU at the
+# release's head dim (the BOTH form's math with our own layouts: no spills).
 PREFILL_TILES = {"HB": 64, "KT": 32, "QP": 2, "PP": 2, "GATHER": 1, "num_warps": 4, "num_stages": 2,
-                 "TWO_PASS": 1, "KT2": 64, "BOTH": 0}
+                 "TWO_PASS": 1, "KT2": 64, "BOTH": 0, "GLUON": 0}
 BF16_TILES = {"TWO_PASS": 0}
-BF16_PREFILL_TILES = {"BOTH": 1, "KT": 64, "num_warps": 8}
+BF16_PREFILL_TILES = {"BOTH": 1, "KT": 64, "num_warps": 8, "GLUON": 1}
 
 
 class LaunchPlan(NamedTuple):
@@ -628,6 +630,12 @@ def sparse_attention(q: torch.Tensor | Queries, ring: torch.Tensor, window_offse
         bf16_tiles = {**BF16_TILES, **(BF16_PREFILL_TILES if whole else {})} if bf16 else {}
         t = {**PREFILL_TILES, **bf16_tiles, **(tiles or {}), **(dict(QP=1, PP=1) if bf16 else {})}
         ptx = not interpreting()
+        if bf16 and whole and t["GLUON"] and ptx and sparse_attention_gluon.usable(first, dim):
+            queries = query_parts(q, 1, interleave=1)[0] if isinstance(q, Queries) else q.contiguous()
+            return sparse_attention_gluon.prefill_attention(
+                queries, gather_keys(ring, w_off, w_soff, dim, dim // 32, window_base), w_off,
+                gather_keys(pages, e_off, e_soff, dim // 2, dim // 16), e_off, sink, scale, out,
+                t.get("GLUON_ROWS", sparse_attention_gluon.DECODE_ROWS))
         # even columns first, then odd: each program reads its own half and the other one (the
         # interpreter dots in fp32: q itself is the one part)
         if isinstance(q, Queries):

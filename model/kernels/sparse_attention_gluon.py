@@ -1,0 +1,241 @@
+"""Faithful mode's prefill attention on Hopper, written in Gluon (Triton's explicit-layout
+language): bf16 queries over FP8 window keys and FP4 selected entries, as gather_keys
+copies them, with the sink.
+
+Why Gluon: Triton's form (sparse_attention._prefill_attention_kernel with BOTH) holds a
+query's 64 heads x 512 fp32 outputs and every key tile's decoded fp32 values in registers at
+once, and spills (255 registers, 480 stack bytes a thread, sm_90): it runs at ~68 TFLOP/s
+against the 694 of bf16. Here the layouts and shared memory are ours:
+- a program is one query's head block on two warpgroups; each holds half the output's
+  columns (128 fp32 registers a thread) and half of a key tile's logits;
+- the queries sit in shared memory once, the A operand of the logits' wgmma;
+- a key tile's gathered bytes and offsets are copied to shared memory by cp.async one tile
+  ahead, so no thread waits on a global load; each tile is decoded from there into bf16
+  shared memory, the B operand of both products (K = V), and its probabilities go to shared
+  memory as the A operand of the weighted sum, which leaves them out of the registers.
+Both wgmmas are waited for where they are issued: ptxas serializes every wgmma of a kernel
+(one wait after each instruction, C7514/C7515) when an in-flight one's accumulator or
+register operands meet other instructions, which is what a weighted sum left in flight over
+the loop's back edge did here (the first form, 5.5 ms at 8,192 queries on an H100).
+The numbers are those of the Triton form: keys decoded exactly (an e4m3 or e2m1 value times its
+power-of-two or e4m3 scale fits bf16), logits and running softmax in fp32, probabilities
+rounded to bf16 for the weighted sum (sparse_attention_ref's bf16 branch).
+
+Gluon does not run in Triton's interpreter: this form is tested on the GPU only
+(tests/model/test_sparse_attention_gluon.py); sparse_attention takes it where `usable` says.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma
+
+D_MODEL = 512  # the head dim this form is laid out for (the release's)
+HEADS = 64  # heads a program: the wgmma's M
+KEY_TILE = 64  # keys a step: the queries, a bf16 [64, 512] tile and its staged bytes take 188 KB of shared memory
+DECODE_ROWS = 32  # keys decoded at a time: each store to a slice of `keys` costs a CTA barrier (64 spill)
+WARPS = 8
+# a CTA-wide barrier: gl.thread_barrier in Triton 3.6 (the GPU machines' torch 2.11), gl.barrier in 3.9
+_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
+# cp.async of a pointer tensor into shared memory: async_copy_global_to_shared in 3.6, async_load in 3.9
+_copy = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
+
+
+@functools.cache
+def _hopper(device_index: int) -> bool:
+    return torch.cuda.get_device_capability(device_index) == (9, 0)
+
+
+def usable(q: torch.Tensor, dim: int) -> bool:
+    """Whether this form can take a launch: a Hopper GPU and the head dim it is laid out for."""
+    return q.is_cuda and dim == D_MODEL and _hopper(q.device.index if q.device.index is not None else 0)
+
+
+@gluon.jit
+def _stage_keys(src_ptr, off_ptr, i, first, count, codes, scales, raw_off, B: gl.constexpr, G: gl.constexpr,
+                KT: gl.constexpr, num_warps: gl.constexpr):
+    """Keys first .. first + KT (of count) of query i, gathered as rows of B blocks of G code
+    bytes then B scale bytes, and their offsets -> codes [KT, B, G], scales [KT, B], raw_off."""
+    VEC: gl.constexpr = G if G < 16 else 16  # bytes a cp.async
+    L3: gl.constexpr = gl.BlockedLayout([1, 1, VEC], [1, 32 * VEC // G, G // VEC], [num_warps, 1, 1], [2, 1, 0])
+    LS: gl.constexpr = gl.BlockedLayout([1, B // 4], [8, 4], [num_warps, 1], [1, 0])
+    r = first + gl.arange(0, KT, layout=gl.SliceLayout(1, gl.SliceLayout(2, L3)))
+    b = gl.arange(0, B, layout=gl.SliceLayout(0, gl.SliceLayout(2, L3)))
+    u = gl.arange(0, G, layout=gl.SliceLayout(0, gl.SliceLayout(1, L3)))
+    at = gl.expand_dims((i * count + r).to(gl.int64) * (B * G + B), 1) + gl.expand_dims(b, 0) * G
+    _copy(codes, src_ptr + gl.expand_dims(at, 2) + gl.expand_dims(gl.expand_dims(u, 0), 1),
+          mask=gl.expand_dims(gl.expand_dims(r < count, 1), 2))
+    rs = first + gl.arange(0, KT, layout=gl.SliceLayout(1, LS))
+    bs = gl.arange(0, B, layout=gl.SliceLayout(0, LS))
+    _copy(scales, src_ptr + gl.expand_dims((i * count + rs).to(gl.int64) * (B * G + B) + B * G, 1)
+          + gl.expand_dims(bs, 0), mask=gl.expand_dims(rs < count, 1))
+    j = first + gl.arange(0, KT, layout=gl.BlockedLayout([1], [32], [num_warps], [0]))
+    _copy(raw_off, off_ptr + j, mask=j < count)
+
+
+@gluon.jit
+def _stage(ring_ptr, page_ptr, win_off, ent_off, i, t, window_tiles, W, K, swn, sen,
+           raw_w, raw_ws, raw_e, raw_es, raw_off, KT: gl.constexpr, D: gl.constexpr, num_warps: gl.constexpr):
+    """Start copying key tile t of query i (the window's tiles, then the entries') as gathered,
+    with its offsets, into the staging buffers: cp.async, so the bytes fly while the tensor
+    cores work on tile t - 1 (rows past the tile's end come as zeros). A window key is e4m3
+    codes with an e8m0 exponent a 32; an entry, packed e2m1 pairs with an e4m3 scale a 16."""
+    if t < window_tiles:
+        _stage_keys(ring_ptr, win_off + i * swn, i, t * KT, W, raw_w, raw_ws, raw_off, D // 32, 32, KT, num_warps)
+    else:
+        _stage_keys(page_ptr, ent_off + i * sen, i, (t - window_tiles) * KT, K, raw_e, raw_es, raw_off, D // 16, 8, KT,
+                    num_warps)
+    async_copy.commit_group()
+
+
+@gluon.jit
+def _e2m1(nibbles):
+    """4-bit e2m1 codes (int32) -> fp32 by their bit patterns (common.e2m1_to_float)."""
+    m = nibbles & 0x7
+    magnitude = gl.where(m >= 2, 0x3F000000 + (m << 22), gl.where(m == 1, 0x3F000000, 0))
+    return (magnitude | ((nibbles & 0x8) << 28)).to(gl.float32, bitcast=True)
+
+
+@gluon.jit
+def _decode_window(raw_w, raw_ws, keys, KT: gl.constexpr, SUB: gl.constexpr, D: gl.constexpr,
+                   num_warps: gl.constexpr):
+    """A staged window tile -> keys: e4m3 codes times 2^(e - 127) a 32 columns (e = 0 decodes
+    to 0, as the Triton form does)."""
+    B: gl.constexpr = D // 32
+    L3: gl.constexpr = gl.BlockedLayout([1, 1, 16], [1, B, 32 // B], [num_warps, 1, 1], [2, 1, 0])
+    for r0 in gl.static_range(0, KT, SUB):
+        codes = raw_w.slice(r0, SUB).load(L3)
+        exps = raw_ws.slice(r0, SUB).load(gl.SliceLayout(2, L3))
+        scale = gl.expand_dims((exps.to(gl.int32) << 23).to(gl.float32, bitcast=True), 2)
+        values = codes.to(gl.float8e4nv, bitcast=True).to(gl.float32) * scale
+        keys.slice(r0, SUB).store(gl.reshape(values.to(gl.bfloat16), [SUB, D]))
+
+
+@gluon.jit
+def _decode_entries(raw_e, raw_es, keys, KT: gl.constexpr, SUB: gl.constexpr, D: gl.constexpr,
+                    num_warps: gl.constexpr):
+    """A staged entry tile -> keys: a byte's low nibble is column 2c, its high one 2c + 1,
+    times one e4m3 scale a 16 columns."""
+    B: gl.constexpr = D // 16
+    L3: gl.constexpr = gl.BlockedLayout([1, 1, 8], [1, 32, 1], [num_warps, 1, 1], [2, 1, 0])
+    for r0 in gl.static_range(0, KT, SUB):
+        packed = raw_e.slice(r0, SUB).load(L3).to(gl.int32)
+        sbytes = raw_es.slice(r0, SUB).load(gl.SliceLayout(2, L3))
+        scale = gl.expand_dims(sbytes.to(gl.float8e4nv, bitcast=True).to(gl.float32), 2)
+        low = (_e2m1(packed & 0xF) * scale).to(gl.bfloat16)
+        high = (_e2m1((packed >> 4) & 0xF) * scale).to(gl.bfloat16)
+        keys.slice(r0, SUB).store(gl.reshape(gl.join(low, high), [SUB, D]))
+
+
+@gluon.jit
+def _attention_kernel(q_ptr, ring_ptr, win_off, page_ptr, ent_off, sink_ptr, o_ptr, H, W, K, scale,
+                      sqn, sqh, swn, sen, son, soh,
+                      D: gl.constexpr, HB: gl.constexpr, KT: gl.constexpr, SUB: gl.constexpr,
+                      num_warps: gl.constexpr):
+    """Program (query i, head block): every key of the query, window tiles then entry tiles.
+    A tile's step: its staged bytes decoded into `keys`, the next tile's copies started, the
+    logits' wgmma, the softmax, the probabilities into shared memory, and the weighted sum's
+    wgmma left in flight until the next tile's decode needs `keys` again."""
+    i = gl.program_id(0)
+    h0 = gl.program_id(1) * HB
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
+                                                       instr_shape=[16, D // 2, 16])
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
+                                                       instr_shape=[16, KT // 2, 16])
+    rows_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
+    q_blocked: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [num_warps, 1], [1, 0])
+    plain2: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
+    plain3: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0])
+
+    raw_w = gl.allocate_shared_memory(gl.uint8, [KT, D // 32, 32], plain3)
+    raw_ws = gl.allocate_shared_memory(gl.uint8, [KT, D // 32], plain2)
+    raw_e = gl.allocate_shared_memory(gl.uint8, [KT, D // 16, 8], plain3)
+    raw_es = gl.allocate_shared_memory(gl.uint8, [KT, D // 16], plain2)
+    raw_off = gl.allocate_shared_memory(gl.int64, [KT], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    window_tiles = gl.cdiv(W, KT)
+    tiles = window_tiles + gl.cdiv(K, KT)
+    _stage(ring_ptr, page_ptr, win_off, ent_off, i, 0, window_tiles, W, K, swn, sen, raw_w, raw_ws, raw_e, raw_es,
+           raw_off, KT, D, num_warps)
+
+    # the queries, once, into shared memory (the logits' A operand)
+    qh = h0 + gl.arange(0, HB, layout=gl.SliceLayout(1, q_blocked))
+    qd = gl.arange(0, D, layout=gl.SliceLayout(0, q_blocked))
+    q = gl.load(q_ptr + i.to(gl.int64) * sqn + gl.expand_dims(qh, 1) * sqh + gl.expand_dims(qd, 0),
+                mask=gl.expand_dims(qh < H, 1), other=0.0)
+    q_smem = gl.allocate_shared_memory(gl.bfloat16, [HB, D], gl.NVMMASharedLayout.get_default_for([HB, D], gl.bfloat16),
+                                       q)
+    keys = gl.allocate_shared_memory(gl.bfloat16, [KT, D], gl.NVMMASharedLayout.get_default_for([KT, D], gl.bfloat16))
+    probs = gl.allocate_shared_memory(gl.bfloat16, [HB, KT], gl.NVMMASharedLayout.get_default_for([HB, KT],
+                                                                                                   gl.bfloat16))
+    m_i = gl.full([HB], float("-inf"), gl.float32, layout=rows_layout)
+    l_i = gl.zeros([HB], gl.float32, layout=rows_layout)
+    o = gl.zeros([HB, D], gl.float32, layout=o_layout)
+    s_init = gl.zeros([HB, KT], gl.float32, layout=s_layout)
+    j = gl.arange(0, KT, layout=gl.SliceLayout(0, s_layout))
+    for t in range(tiles):
+        async_copy.wait_group(0)
+        # every thread's copies have landed, and tile t - 1's weighted sum (both warpgroups')
+        # no longer reads `keys` and `probs`
+        _barrier()
+        if t < window_tiles:
+            _decode_window(raw_w, raw_ws, keys, KT, SUB, D, num_warps)
+        else:
+            _decode_entries(raw_e, raw_es, keys, KT, SUB, D, num_warps)
+        offsets = raw_off.load(gl.SliceLayout(0, s_layout))
+        limit = gl.where(t < window_tiles, W - t * KT, K - (t - window_tiles) * KT)
+        valid = (offsets >= 0) & (j < limit)
+        fence_async_shared()  # the decoded keys, before the wgmmas read them
+        _barrier()  # and every thread is done with the staged bytes
+        if t + 1 < tiles:
+            _stage(ring_ptr, page_ptr, win_off, ent_off, i, t + 1, window_tiles, W, K, swn, sen, raw_w, raw_ws,
+                   raw_e, raw_es, raw_off, KT, D, num_warps)
+        s = warpgroup_mma(q_smem, keys.permute((1, 0)), s_init, use_acc=False)
+        logits = gl.where(gl.expand_dims(valid, 0), s * scale, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(logits, axis=1))
+        m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+        p = gl.exp(logits - gl.expand_dims(m_safe, 1))
+        alpha = gl.exp(m_i - m_safe)
+        l_i = l_i * alpha + gl.sum(p, axis=1)
+        m_i = m_new
+        o = o * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
+        probs.store(p.to(gl.bfloat16))
+        fence_async_shared()
+        _barrier()
+        o = warpgroup_mma(probs, keys, o)
+
+    # the sink joins the denominator only; a query that saw nothing returns zeros (_finish)
+    heads = h0 + gl.arange(0, HB, layout=gl.SliceLayout(1, o_layout))
+    m_o = gl.convert_layout(m_i, gl.SliceLayout(1, o_layout))
+    l_o = gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))
+    sink = gl.load(sink_ptr + heads, mask=heads < H, other=0.0)
+    m_fin = gl.maximum(m_o, sink)
+    denominator = l_o * gl.exp(m_o - m_fin) + gl.exp(sink - m_fin)
+    out = o * gl.expand_dims(gl.exp(m_o - m_fin) / denominator, 1)
+    d = gl.arange(0, D, layout=gl.SliceLayout(0, o_layout))
+    gl.store(o_ptr + i.to(gl.int64) * son + gl.expand_dims(heads, 1) * soh + gl.expand_dims(d, 0), out,
+             mask=gl.expand_dims(heads < H, 1))
+
+
+def prefill_attention(q: torch.Tensor, window_rows: torch.Tensor, window_offsets: torch.Tensor,
+                      entry_rows: torch.Tensor, entry_offsets: torch.Tensor, sink: torch.Tensor, scale: float,
+                      out: torch.Tensor, decode_rows: int = DECODE_ROWS) -> torch.Tensor:
+    """q [n, h, D] bf16 (rotated); window_rows / entry_rows: gather_keys' copies of the keys of
+    window_offsets [n, W] and entry_offsets [n, k] (-1: masked); sink [h] fp32. Writes and
+    returns out [n, h, D] fp32."""
+    n, heads, dim = q.shape
+    assert dim == D_MODEL and q.dtype == torch.bfloat16 and q.stride(-1) == 1
+    assert window_offsets.stride(-1) == 1 and entry_offsets.stride(-1) == 1 and out.stride(-1) == 1
+    if n == 0:
+        return out
+    W, K = window_offsets.shape[1], entry_offsets.shape[1]
+    _attention_kernel[(n, triton.cdiv(heads, HEADS))](
+        q, window_rows, window_offsets, entry_rows, entry_offsets, sink, out, heads, W, K, scale,
+        q.stride(0), q.stride(1), window_offsets.stride(0), entry_offsets.stride(0), out.stride(0), out.stride(1),
+        D=dim, HB=HEADS, KT=KEY_TILE, SUB=decode_rows, num_warps=WARPS)
+    return out

@@ -1,0 +1,78 @@
+"""Faithful prefill attention's Gluon form (model/kernels/sparse_attention_gluon.py) against
+the reference and against the Triton form it replaces. GPU only: Gluon does not run in
+Triton's interpreter, and the form is for Hopper."""
+import pytest
+import torch
+
+from dsflash.model.kernels import sparse_attention_gluon
+from dsflash.model.kernels.sparse_attention import sparse_attention, sparse_attention_ref
+
+pytestmark = pytest.mark.gpu
+D = 512
+E2M1 = torch.tensor([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6])
+
+
+def _keys(rows: int, g: torch.Generator):
+    """`rows` FP8 window keys (codes, then e8m0 scales 2^-9 .. 2^-5) and `rows` FP4 entries
+    (packed e2m1, then e4m3 scales 0.25 .. 1.9) as a pool's byte buffers, and both decoded."""
+    codes = torch.randint(0, 0x7F, (rows, D), generator=g, dtype=torch.uint8)
+    codes[codes == 0x7F] = 0  # e4m3 NaN
+    codes |= torch.randint(0, 2, (rows, D), generator=g, dtype=torch.uint8) << 7
+    exps = torch.randint(118, 123, (rows, D // 32), generator=g, dtype=torch.uint8)
+    ring = torch.cat([codes.flatten(), exps.flatten()])
+    window = codes.view(torch.float8_e4m3fn).float() * torch.exp2(exps.float() - 127).repeat_interleave(32, 1)
+    packed = torch.randint(0, 256, (rows, D // 2), generator=g, dtype=torch.uint8)
+    sbytes = torch.randint(0x28, 0x3F, (rows, D // 16), generator=g, dtype=torch.uint8)
+    pages = torch.cat([packed.flatten(), sbytes.flatten()])
+    nibbles = torch.stack([packed & 0xF, packed >> 4], -1).flatten(1).long()
+    entries = E2M1[nibbles] * sbytes.view(torch.float8_e4m3fn).float().repeat_interleave(16, 1)
+    return ring, window, pages, entries
+
+
+def _attend_both_ways(n: int, heads: int, W: int, K: int, seed: int, monkeypatch):
+    g = torch.Generator().manual_seed(seed)
+    rows = 4096
+    ring, window, pages, entries = _keys(rows, g)
+    q = (torch.randn(n, heads, D, generator=g) * 0.5).bfloat16()
+    w_rows = torch.randint(0, rows, (n, W), generator=g)
+    e_rows = torch.randint(0, rows, (n, K), generator=g)
+    w_valid = torch.rand(n, W, generator=g) > 0.1
+    e_valid = torch.rand(n, K, generator=g) > 0.2
+    w_valid[0], e_valid[0] = False, False  # a query that sees nothing: zeros
+    w_off = torch.where(w_valid, w_rows * D, -1)
+    w_soff = rows * D + w_rows * (D // 32)
+    e_off = torch.where(e_valid, e_rows * (D // 2), -1)
+    e_soff = rows * (D // 2) + e_rows * (D // 16)
+    sink = torch.randn(heads, generator=g)
+    cuda = lambda t: t.cuda()  # noqa: E731
+    args = [cuda(t) for t in (q, ring, w_off, w_soff, pages, e_off, e_soff, sink)] + [D**-0.5]
+
+    launches = []
+    real = sparse_attention_gluon.prefill_attention
+    monkeypatch.setattr(sparse_attention_gluon, "prefill_attention", lambda *a: launches.append(1) or real(*a))
+    got = sparse_attention(*args, prefill=True).cpu()
+    triton_form = sparse_attention(*args, prefill=True, tiles=dict(GLUON=0)).cpu()
+    assert launches == [1]  # the first launch took the Gluon form, the second did not
+
+    # every key as a selected one of its query: the reference's softmax over them all
+    keys = torch.cat([window[w_rows], entries[e_rows]], 1)
+    ref = sparse_attention_ref(q, torch.zeros(0, D), torch.zeros(n, 0, dtype=torch.bool), keys,
+                               torch.cat([w_valid, e_valid], 1), sink, D**-0.5)
+    return got, triton_form, ref
+
+
+@pytest.mark.parametrize("n, heads, W, K", [(300, 64, 128, 512), (257, 40, 100, 37), (256, 128, 64, 0)])
+def test_gluon_form_attends_as_the_reference(n, heads, W, K, monkeypatch):
+    """Release shapes; a partly masked head block with partial key tiles; two head blocks with
+    no entries. Masked keys drop out, and query 0, which sees nothing, gets zeros. The one-pass
+    forms round e^(s - m) to bf16 at their running maximum, so they meet the reference within
+    bf16's rounding of the probabilities, as the Triton form does."""
+    if not sparse_attention_gluon.usable(torch.empty(1, device="cuda"), D):
+        pytest.skip("the Gluon form is for Hopper GPUs")
+    got, triton_form, ref = _attend_both_ways(n, heads, W, K, n + K, monkeypatch)
+    top = ref.abs().max()
+    assert torch.isfinite(got).all()
+    assert (got - ref).abs().max() < 1e-2 * top
+    assert (got - triton_form).abs().max() < 1e-2 * top
+    assert got[0].abs().max() == 0
+    assert (got - ref).abs().mean() < 1e-3 * ref.abs().mean()
