@@ -725,11 +725,13 @@ def prefill(model, lengths, label: str = "prefill", warm_first: bool = True, chu
                                     "roofline_s_bf16": flops / BF16_FLOPS, "ratio_to_roofline": seconds / (flops / BF16_FLOPS),
                                     "TFLOP": flops / 1e12, "progress": progress, "last_steps_s": last_steps})
         done[0].cache.release()
-        if PROFILE[0] and n == lengths[0]:  # one 8,192-token chunk after a warm one, into a new cache
-            engine.add(PrefillRequest("profiled", torch.randint(3, 100000, (16384,)).tolist(), want_taps=False))
+        if PROFILE[0] and n == lengths[0]:  # one chunk after a warm one, into a new cache
+            # two chunks: the first warms, the second is profiled (a prompt of one chunk left
+            # the profiled step nothing to do: 16,384-token chunks, nineteenth session)
+            engine.add(PrefillRequest("profiled", torch.randint(3, 100000, (2 * chunk,)).tolist(), want_taps=False))
             with torch.inference_mode():
                 engine.step()
-            profile_steps(engine, "prefill_chunk8192", steps=1, stacks=True)
+            profile_steps(engine, f"prefill_chunk{chunk}", steps=1, stacks=True)
         del engine, pool
         if DEV.startswith("cuda"):
             torch.cuda.empty_cache()

@@ -3,10 +3,11 @@ depth (num_stages), key tile, the two-pass form and one bf16 part, against the s
 (PREFILL_TILES), alternated, each with its FLOP rate (the bf16 limit is 694 TFLOP/s), and
 its largest difference from the exact form and from faithful mode's shipped one-part form.
 With --bf16-queries every variant takes faithful mode's bf16 queries, as the model passes
-them, and GLUON=0/1 switches between the Triton form and sparse_attention_gluon.
+them, GLUON=0/1 switches between the Triton form and sparse_attention_gluon, and
+GLUON_GATHER=0 has the latter read the keys in place (no gather_keys copies).
 
     python bench/prefill_attention_stages.py [--variants "BOTH=1,num_warps=8,KT=64;TWO_PASS=0"]
-    python bench/prefill_attention_stages.py --bf16-queries --variants "GLUON=0;GLUON=1"
+    python bench/prefill_attention_stages.py --bf16-queries --variants "GLUON=0;GLUON=1;GLUON=1,GLUON_GATHER=0"
 """
 import argparse
 import pathlib

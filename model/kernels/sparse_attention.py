@@ -538,9 +538,13 @@ KEY_TILE = 16  # keys per step of the online softmax (decode form)
 # two-pass form 13.9). So faithful prefill rows take it (BF16_PREFILL_TILES, from
 # PREFILL_QUERIES queries); decode-sized launches keep the parity programs.
 # GLUON: those faithful prefill rows go to sparse_attention_gluon on a Hopper GPU at the
-# release's head dim (the BOTH form's math with our own layouts: no spills).
+# release's head dim (the BOTH form's math with our own layouts: no spills; H200, nineteenth
+# session, 8,192 queries: 10.0 -> 4.52 ms). GLUON_GATHER: it reads gather_keys' copies (as
+# measured); 0 reads the keys in place where the pool's offsets allow (`in_place`: no
+# copies, ~4.8% of a 16K chunk's GPU time; tested on the GPU without a window base, not yet
+# timed).
 PREFILL_TILES = {"HB": 64, "KT": 32, "QP": 2, "PP": 2, "GATHER": 1, "num_warps": 4, "num_stages": 2,
-                 "TWO_PASS": 1, "KT2": 64, "BOTH": 0, "GLUON": 0}
+                 "TWO_PASS": 1, "KT2": 64, "BOTH": 0, "GLUON": 0, "GLUON_GATHER": 1}
 BF16_TILES = {"TWO_PASS": 0}
 BF16_PREFILL_TILES = {"BOTH": 1, "KT": 64, "num_warps": 8, "GLUON": 1}
 
@@ -632,10 +636,14 @@ def sparse_attention(q: torch.Tensor | Queries, ring: torch.Tensor, window_offse
         ptx = not interpreting()
         if bf16 and whole and t["GLUON"] and ptx and sparse_attention_gluon.usable(first, dim):
             queries = query_parts(q, 1, interleave=1)[0] if isinstance(q, Queries) else q.contiguous()
-            return sparse_attention_gluon.prefill_attention(
-                queries, gather_keys(ring, w_off, w_soff, dim, dim // 32, window_base), w_off,
-                gather_keys(pages, e_off, e_soff, dim // 2, dim // 16), e_off, sink, scale, out,
-                t.get("GLUON_ROWS", sparse_attention_gluon.DECODE_ROWS))
+            rows = t.get("GLUON_ROWS", sparse_attention_gluon.DECODE_ROWS)
+            gather = t["GLUON_GATHER"] or not sparse_attention_gluon.in_place(ring, pages, w_off, w_soff, e_off,
+                                                                                e_soff, window_base)
+            if gather:
+                ring = gather_keys(ring, w_off, w_soff, dim, dim // 32, window_base)
+                pages = gather_keys(pages, e_off, e_soff, dim // 2, dim // 16)
+            return sparse_attention_gluon.prefill_attention(queries, ring, w_off, w_soff, pages, e_off, e_soff, sink,
+                                                            scale, out, rows, bool(gather), window_base)
         # even columns first, then odd: each program reads its own half and the other one (the
         # interpreter dots in fp32: q itself is the one part)
         if isinstance(q, Queries):

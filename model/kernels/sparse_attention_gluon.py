@@ -1,6 +1,7 @@
 """Faithful mode's prefill attention on Hopper, written in Gluon (Triton's explicit-layout
-language): bf16 queries over FP8 window keys and FP4 selected entries, as gather_keys
-copies them, with the sink.
+language): bf16 queries over FP8 window keys and FP4 selected entries, with the sink. The
+GPU machines' torch 2.11 carries Triton 3.6 and the project pins 3.9: the kernel compiles on
+both (`_barrier` and `_copy` take either's name).
 
 Why Gluon: Triton's form (sparse_attention._prefill_attention_kernel with BOTH) holds a
 query's 64 heads x 512 fp32 outputs and every key tile's decoded fp32 values in registers at
@@ -9,10 +10,13 @@ against the 694 of bf16. Here the layouts and shared memory are ours:
 - a program is one query's head block on two warpgroups; each holds half the output's
   columns (128 fp32 registers a thread) and half of a key tile's logits;
 - the queries sit in shared memory once, the A operand of the logits' wgmma;
-- a key tile's gathered bytes and offsets are copied to shared memory by cp.async one tile
-  ahead, so no thread waits on a global load; each tile is decoded from there into bf16
-  shared memory, the B operand of both products (K = V), and its probabilities go to shared
-  memory as the A operand of the weighted sum, which leaves them out of the registers.
+- a key tile's bytes are copied to shared memory by cp.async one tile ahead (its offsets two
+  ahead, since the copies' addresses come from them), so no thread waits on a global load;
+  they come from gather_keys' copies, or in place from the pool's buffers where its offsets
+  are on 16 bytes (`in_place`), which saves the copies;
+- each tile is decoded from there into bf16 shared memory, the B operand of both products
+  (K = V), and its probabilities go to shared memory as the A operand of the weighted sum,
+  which leaves them out of the registers.
 Both wgmmas are waited for where they are issued: ptxas serializes every wgmma of a kernel
 (one wait after each instruction, C7514/C7515) when an in-flight one's accumulator or
 register operands meet other instructions, which is what a weighted sum left in flight over
@@ -39,7 +43,7 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 D_MODEL = 512  # the head dim this form is laid out for (the release's)
 HEADS = 64  # heads a program: the wgmma's M
 KEY_TILE = 64  # keys a step: the queries, a bf16 [64, 512] tile and its staged bytes take 188 KB of shared memory
-DECODE_ROWS = 32  # keys decoded at a time: each store to a slice of `keys` costs a CTA barrier (64 spill)
+DECODE_ROWS = 8  # keys decoded at a time (H200: 4.50 ms at 8,192 queries, 16: 4.67, 32: 4.52 and spills)
 WARPS = 8
 # a CTA-wide barrier: gl.thread_barrier in Triton 3.6 (the GPU machines' torch 2.11), gl.barrier in 3.9
 _barrier = getattr(gl, "thread_barrier", None) or gl.barrier
@@ -58,48 +62,72 @@ def usable(q: torch.Tensor, dim: int) -> bool:
 
 
 @gluon.jit
-def _stage_keys(src_ptr, off_ptr, i, first, count, codes, scales, raw_off, B: gl.constexpr, G: gl.constexpr,
-                KT: gl.constexpr, num_warps: gl.constexpr):
-    """Keys first .. first + KT (of count) of query i, gathered as rows of B blocks of G code
-    bytes then B scale bytes, and their offsets -> codes [KT, B, G], scales [KT, B], raw_off."""
+def _stage_keys(src_ptr, i, first, count, code_at, scale_at, base_code, base_scale, codes, scales,
+                B: gl.constexpr, G: gl.constexpr, KT: gl.constexpr, GATHERED: gl.constexpr, num_warps: gl.constexpr):
+    """Keys first .. first + KT (of count) of query i, each B blocks of G code bytes and B scale
+    bytes -> codes [KT, B, G], scales [KT, B]. In place, their bytes are where the staged
+    offsets code_at and scale_at [KT] say (plus the bases; -1: masked), every offset on 16
+    bytes (a pool's layout: `usable_in_place`); GATHERED, key after key in gather_keys' copy."""
     VEC: gl.constexpr = G if G < 16 else 16  # bytes a cp.async
     L3: gl.constexpr = gl.BlockedLayout([1, 1, VEC], [1, 32 * VEC // G, G // VEC], [num_warps, 1, 1], [2, 1, 0])
     LS: gl.constexpr = gl.BlockedLayout([1, B // 4], [8, 4], [num_warps, 1], [1, 0])
-    r = first + gl.arange(0, KT, layout=gl.SliceLayout(1, gl.SliceLayout(2, L3)))
+    ROWS: gl.constexpr = gl.SliceLayout(1, gl.SliceLayout(2, L3))
+    r = first + gl.arange(0, KT, layout=ROWS)
+    rs = first + gl.arange(0, KT, layout=gl.SliceLayout(1, LS))
     b = gl.arange(0, B, layout=gl.SliceLayout(0, gl.SliceLayout(2, L3)))
     u = gl.arange(0, G, layout=gl.SliceLayout(0, gl.SliceLayout(1, L3)))
-    at = gl.expand_dims((i * count + r).to(gl.int64) * (B * G + B), 1) + gl.expand_dims(b, 0) * G
-    _copy(codes, src_ptr + gl.expand_dims(at, 2) + gl.expand_dims(gl.expand_dims(u, 0), 1),
-          mask=gl.expand_dims(gl.expand_dims(r < count, 1), 2))
-    rs = first + gl.arange(0, KT, layout=gl.SliceLayout(1, LS))
     bs = gl.arange(0, B, layout=gl.SliceLayout(0, LS))
-    _copy(scales, src_ptr + gl.expand_dims((i * count + rs).to(gl.int64) * (B * G + B) + B * G, 1)
-          + gl.expand_dims(bs, 0), mask=gl.expand_dims(rs < count, 1))
-    j = first + gl.arange(0, KT, layout=gl.BlockedLayout([1], [32], [num_warps], [0]))
-    _copy(raw_off, off_ptr + j, mask=j < count)
-
-
-@gluon.jit
-def _stage(ring_ptr, page_ptr, win_off, ent_off, i, t, window_tiles, W, K, swn, sen,
-           raw_w, raw_ws, raw_e, raw_es, raw_off, KT: gl.constexpr, D: gl.constexpr, num_warps: gl.constexpr):
-    """Start copying key tile t of query i (the window's tiles, then the entries') as gathered,
-    with its offsets, into the staging buffers: cp.async, so the bytes fly while the tensor
-    cores work on tile t - 1 (rows past the tile's end come as zeros). A window key is e4m3
-    codes with an e8m0 exponent a 32; an entry, packed e2m1 pairs with an e4m3 scale a 16."""
-    if t < window_tiles:
-        _stage_keys(ring_ptr, win_off + i * swn, i, t * KT, W, raw_w, raw_ws, raw_off, D // 32, 32, KT, num_warps)
+    if GATHERED:
+        live = r < count
+        live_s = rs < count
+        code_first = (i * count + r).to(gl.int64) * (B * G + B)
+        scale_first = (i * count + rs).to(gl.int64) * (B * G + B) + B * G
     else:
-        _stage_keys(page_ptr, ent_off + i * sen, i, (t - window_tiles) * KT, K, raw_e, raw_es, raw_off, D // 16, 8, KT,
-                    num_warps)
-    async_copy.commit_group()
+        code_off = code_at.load(ROWS)
+        live = (r < count) & (code_off >= 0)
+        live_s = (rs < count) & (code_at.load(gl.SliceLayout(1, LS)) >= 0)
+        code_first = code_off + base_code
+        scale_first = scale_at.load(gl.SliceLayout(1, LS)) + base_scale
+    at = gl.expand_dims(code_first, 1) + gl.expand_dims(b, 0) * G
+    code_ptr = src_ptr + gl.expand_dims(at, 2) + gl.expand_dims(gl.expand_dims(u, 0), 1)
+    scale_ptr = src_ptr + gl.expand_dims(scale_first, 1) + gl.expand_dims(bs, 0)
+    if not GATHERED:  # the offsets' alignment, which the compiler cannot see
+        code_ptr = gl.max_contiguous(gl.multiple_of(code_ptr, [1, 1, VEC]), [1, 1, VEC])
+        scale_ptr = gl.max_contiguous(gl.multiple_of(scale_ptr, [1, B // 4]), [1, B // 4])
+    _copy(codes, code_ptr, mask=gl.expand_dims(gl.expand_dims(live, 1), 2))
+    _copy(scales, scale_ptr, mask=gl.expand_dims(live_s, 1))
 
 
 @gluon.jit
-def _e2m1(nibbles):
-    """4-bit e2m1 codes (int32) -> fp32 by their bit patterns (common.e2m1_to_float)."""
-    m = nibbles & 0x7
-    magnitude = gl.where(m >= 2, 0x3F000000 + (m << 22), gl.where(m == 1, 0x3F000000, 0))
-    return (magnitude | ((nibbles & 0x8) << 28)).to(gl.float32, bitcast=True)
+def _stage_offsets(win_off, win_soff, ent_off, ent_soff, i, t, window_tiles, W, K, swn, sen, code_at, scale_at,
+                   KT: gl.constexpr, num_warps: gl.constexpr):
+    """Start copying key tile t's code and scale offsets into code_at and scale_at."""
+    j = gl.arange(0, KT, layout=gl.BlockedLayout([1], [32], [num_warps], [0]))
+    if t < window_tiles:
+        jw = t * KT + j
+        _copy(code_at, win_off + i * swn + jw, mask=jw < W)
+        _copy(scale_at, win_soff + i * swn + jw, mask=jw < W)
+    else:
+        je = (t - window_tiles) * KT + j
+        _copy(code_at, ent_off + i * sen + je, mask=je < K)
+        _copy(scale_at, ent_soff + i * sen + je, mask=je < K)
+
+
+@gluon.jit
+def _stage(ring_ptr, page_ptr, i, t, window_tiles, W, K, base_code, base_scale, code_at, scale_at,
+           raw_w, raw_ws, raw_e, raw_es, KT: gl.constexpr, D: gl.constexpr, GATHERED: gl.constexpr,
+           num_warps: gl.constexpr):
+    """Start copying key tile t of query i (the window's tiles, then the entries') into the
+    staging buffers: cp.async, so the bytes fly while the tensor cores work on tile t - 1
+    (rows past the tile's end come as zeros). A window key is e4m3 codes with an e8m0
+    exponent a 32 (its offsets plus the layer's bases); an entry, packed e2m1 pairs with an
+    e4m3 scale a 16."""
+    if t < window_tiles:
+        _stage_keys(ring_ptr, i, t * KT, W, code_at, scale_at, base_code, base_scale, raw_w, raw_ws, D // 32, 32, KT,
+                    GATHERED, num_warps)
+    else:
+        _stage_keys(page_ptr, i, (t - window_tiles) * KT, K, code_at, scale_at, 0, 0, raw_e, raw_es, D // 16, 8, KT,
+                    GATHERED, num_warps)
 
 
 @gluon.jit
@@ -117,31 +145,50 @@ def _decode_window(raw_w, raw_ws, keys, KT: gl.constexpr, SUB: gl.constexpr, D: 
         keys.slice(r0, SUB).store(gl.reshape(values.to(gl.bfloat16), [SUB, D]))
 
 
+# four packed e2m1 pairs (a 32-bit word) -> the e4m3 codes of their low (high) nibbles times
+# 2^-6: magnitude bits moved to bits 2..4 of each byte, the sign to bit 7, four bytes at once
+# (per byte, the compiler's shifts and masks and the repacking for the conversion took ~12
+# instructions)
+_LOW_NIBBLES = gl.constexpr("{ .reg .b32 a, b; shl.b32 a, $1, 2; and.b32 a, a, 0x1C1C1C1C; shl.b32 b, $1, 4; "
+                            "and.b32 b, b, 0x80808080; or.b32 $0, a, b; }")
+_HIGH_NIBBLES = gl.constexpr("{ .reg .b32 a, b; shr.b32 a, $1, 2; and.b32 a, a, 0x1C1C1C1C; "
+                             "and.b32 b, $1, 0x80808080; or.b32 $0, a, b; }")
+
+
+@gluon.jit
+def _e4m3_codes(packed, ASM: gl.constexpr):
+    return gl.inline_asm_elementwise(ASM, "=r,r", [packed], dtype=gl.uint8, is_pure=True, pack=4)
+
+
 @gluon.jit
 def _decode_entries(raw_e, raw_es, keys, KT: gl.constexpr, SUB: gl.constexpr, D: gl.constexpr,
                     num_warps: gl.constexpr):
     """A staged entry tile -> keys: a byte's low nibble is column 2c, its high one 2c + 1,
-    times one e4m3 scale a 16 columns."""
+    times one e4m3 scale a 16 columns. An e2m1 code's three magnitude bits shifted left by two
+    are the e4m3 code of its value times 2^-6, subnormal 0.5 included, and its sign goes to
+    bit 7: so the hardware's e4m3 conversion decodes it, and the scale carries the 2^6."""
     B: gl.constexpr = D // 16
     L3: gl.constexpr = gl.BlockedLayout([1, 1, 8], [1, 32, 1], [num_warps, 1, 1], [2, 1, 0])
     for r0 in gl.static_range(0, KT, SUB):
-        packed = raw_e.slice(r0, SUB).load(L3).to(gl.int32)
+        packed = raw_e.slice(r0, SUB).load(L3)
         sbytes = raw_es.slice(r0, SUB).load(gl.SliceLayout(2, L3))
-        scale = gl.expand_dims(sbytes.to(gl.float8e4nv, bitcast=True).to(gl.float32), 2)
-        low = (_e2m1(packed & 0xF) * scale).to(gl.bfloat16)
-        high = (_e2m1((packed >> 4) & 0xF) * scale).to(gl.bfloat16)
+        scale = gl.expand_dims(sbytes.to(gl.float8e4nv, bitcast=True).to(gl.float32) * 64.0, 2)
+        low = _e4m3_codes(packed, _LOW_NIBBLES)
+        high = _e4m3_codes(packed, _HIGH_NIBBLES)
+        low = (low.to(gl.float8e4nv, bitcast=True).to(gl.float32) * scale).to(gl.bfloat16)
+        high = (high.to(gl.float8e4nv, bitcast=True).to(gl.float32) * scale).to(gl.bfloat16)
         keys.slice(r0, SUB).store(gl.reshape(gl.join(low, high), [SUB, D]))
 
 
 @gluon.jit
-def _attention_kernel(q_ptr, ring_ptr, win_off, page_ptr, ent_off, sink_ptr, o_ptr, H, W, K, scale,
-                      sqn, sqh, swn, sen, son, soh,
+def _attention_kernel(q_ptr, ring_ptr, win_off, win_soff, page_ptr, ent_off, ent_soff, sink_ptr, o_ptr, H, W, K,
+                      scale, base_code, base_scale, sqn, sqh, swn, sen, son, soh,
                       D: gl.constexpr, HB: gl.constexpr, KT: gl.constexpr, SUB: gl.constexpr,
-                      num_warps: gl.constexpr):
+                      GATHERED: gl.constexpr, num_warps: gl.constexpr):
     """Program (query i, head block): every key of the query, window tiles then entry tiles.
-    A tile's step: its staged bytes decoded into `keys`, the next tile's copies started, the
-    logits' wgmma, the softmax, the probabilities into shared memory, and the weighted sum's
-    wgmma left in flight until the next tile's decode needs `keys` again."""
+    A tile's step: its staged bytes decoded into `keys`, the next tile's bytes and the tile
+    after's offsets started, the logits' wgmma, the softmax, the probabilities into shared
+    memory, the weighted sum's wgmma."""
     i = gl.program_id(0)
     h0 = gl.program_id(1) * HB
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
@@ -150,18 +197,30 @@ def _attention_kernel(q_ptr, ring_ptr, win_off, page_ptr, ent_off, sink_ptr, o_p
                                                        instr_shape=[16, KT // 2, 16])
     rows_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
     q_blocked: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [num_warps, 1], [1, 0])
-    plain2: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
+    plain: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
     plain3: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0])
 
     raw_w = gl.allocate_shared_memory(gl.uint8, [KT, D // 32, 32], plain3)
-    raw_ws = gl.allocate_shared_memory(gl.uint8, [KT, D // 32], plain2)
+    raw_ws = gl.allocate_shared_memory(gl.uint8, [KT, D // 32], plain)
     raw_e = gl.allocate_shared_memory(gl.uint8, [KT, D // 16, 8], plain3)
-    raw_es = gl.allocate_shared_memory(gl.uint8, [KT, D // 16], plain2)
-    raw_off = gl.allocate_shared_memory(gl.int64, [KT], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    raw_es = gl.allocate_shared_memory(gl.uint8, [KT, D // 16], plain)
+    # tile x's code and scale offsets in buffer x % 2: staged two tiles ahead, since the bytes'
+    # copies one tile ahead need them
+    plain1: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
+    code_at = gl.allocate_shared_memory(gl.int64, [2, KT], plain1)
+    scale_at = gl.allocate_shared_memory(gl.int64, [2, KT], plain1)
     window_tiles = gl.cdiv(W, KT)
     tiles = window_tiles + gl.cdiv(K, KT)
-    _stage(ring_ptr, page_ptr, win_off, ent_off, i, 0, window_tiles, W, K, swn, sen, raw_w, raw_ws, raw_e, raw_es,
-           raw_off, KT, D, num_warps)
+    for x in gl.static_range(2):
+        if x < tiles:
+            _stage_offsets(win_off, win_soff, ent_off, ent_soff, i, x, window_tiles, W, K, swn, sen,
+                           code_at.index(x), scale_at.index(x), KT, num_warps)
+    async_copy.commit_group()
+    async_copy.wait_group(0)
+    _barrier()
+    _stage(ring_ptr, page_ptr, i, 0, window_tiles, W, K, base_code, base_scale, code_at.index(0), scale_at.index(0),
+           raw_w, raw_ws, raw_e, raw_es, KT, D, GATHERED, num_warps)
+    async_copy.commit_group()
 
     # the queries, once, into shared memory (the logits' A operand)
     qh = h0 + gl.arange(0, HB, layout=gl.SliceLayout(1, q_blocked))
@@ -187,14 +246,19 @@ def _attention_kernel(q_ptr, ring_ptr, win_off, page_ptr, ent_off, sink_ptr, o_p
             _decode_window(raw_w, raw_ws, keys, KT, SUB, D, num_warps)
         else:
             _decode_entries(raw_e, raw_es, keys, KT, SUB, D, num_warps)
-        offsets = raw_off.load(gl.SliceLayout(0, s_layout))
+        offsets = code_at.index(t % 2).load(gl.SliceLayout(0, s_layout))
         limit = gl.where(t < window_tiles, W - t * KT, K - (t - window_tiles) * KT)
         valid = (offsets >= 0) & (j < limit)
         fence_async_shared()  # the decoded keys, before the wgmmas read them
-        _barrier()  # and every thread is done with the staged bytes
+        _barrier()  # and every thread is done with the staged bytes and tile t's offsets
         if t + 1 < tiles:
-            _stage(ring_ptr, page_ptr, win_off, ent_off, i, t + 1, window_tiles, W, K, swn, sen, raw_w, raw_ws,
-                   raw_e, raw_es, raw_off, KT, D, num_warps)
+            nxt = (t + 1) % 2
+            _stage(ring_ptr, page_ptr, i, t + 1, window_tiles, W, K, base_code, base_scale, code_at.index(nxt),
+                   scale_at.index(nxt), raw_w, raw_ws, raw_e, raw_es, KT, D, GATHERED, num_warps)
+        if t + 2 < tiles:
+            _stage_offsets(win_off, win_soff, ent_off, ent_soff, i, t + 2, window_tiles, W, K, swn, sen,
+                           code_at.index(t % 2), scale_at.index(t % 2), KT, num_warps)
+        async_copy.commit_group()
         s = warpgroup_mma(q_smem, keys.permute((1, 0)), s_init, use_acc=False)
         logits = gl.where(gl.expand_dims(valid, 0), s * scale, float("-inf"))
         m_new = gl.maximum(m_i, gl.max(logits, axis=1))
@@ -222,20 +286,53 @@ def _attention_kernel(q_ptr, ring_ptr, win_off, page_ptr, ent_off, sink_ptr, o_p
              mask=gl.expand_dims(heads < H, 1))
 
 
-def prefill_attention(q: torch.Tensor, window_rows: torch.Tensor, window_offsets: torch.Tensor,
-                      entry_rows: torch.Tensor, entry_offsets: torch.Tensor, sink: torch.Tensor, scale: float,
-                      out: torch.Tensor, decode_rows: int = DECODE_ROWS) -> torch.Tensor:
-    """q [n, h, D] bf16 (rotated); window_rows / entry_rows: gather_keys' copies of the keys of
-    window_offsets [n, W] and entry_offsets [n, k] (-1: masked); sink [h] fp32. Writes and
+def offsets_on_16_bytes(codes: torch.Tensor, scales: torch.Tensor, base: tuple[int, int] = (0, 0)) -> bool:
+    """Whether every valid key's code and scale offsets (codes >= 0), plus `base`, are multiples
+    of 16, as the in-place form's copies assume. A pool's layout makes them so (64-byte slots,
+    rings of 512-byte rows and 16-byte scales, pages of a multiple of 4 entries)."""
+    bad = ((codes + base[0]) % 16 != 0) | ((scales + base[1]) % 16 != 0)
+    return not bool((bad & (codes >= 0)).any())
+
+
+_IN_PLACE: dict[tuple[int, int], bool] = {}
+
+
+def in_place(ring: torch.Tensor, pages: torch.Tensor, window_offsets: torch.Tensor,
+             window_scale_offsets: torch.Tensor, entry_offsets: torch.Tensor, entry_scale_offsets: torch.Tensor,
+             window_base: tuple[int, int] = (0, 0)) -> bool:
+    """Whether launches over these pool buffers can read their keys in place: the buffers and
+    the first launch's offsets on 16 bytes. The pool's layout places every key alike, so the
+    answer is kept per pair of buffers (it costs a device sync)."""
+    key = (ring.data_ptr(), pages.data_ptr())
+    if key not in _IN_PLACE:
+        _IN_PLACE[key] = (ring.data_ptr() % 16 == 0 and pages.data_ptr() % 16 == 0
+                          and offsets_on_16_bytes(window_offsets, window_scale_offsets, window_base)
+                          and offsets_on_16_bytes(entry_offsets, entry_scale_offsets))
+    return _IN_PLACE[key]
+
+
+def prefill_attention(q: torch.Tensor, ring: torch.Tensor, window_offsets: torch.Tensor,
+                      window_scale_offsets: torch.Tensor, pages: torch.Tensor, entry_offsets: torch.Tensor,
+                      entry_scale_offsets: torch.Tensor, sink: torch.Tensor, scale: float, out: torch.Tensor,
+                      decode_rows: int = DECODE_ROWS, gathered: bool = False,
+                      window_base: tuple[int, int] = (0, 0)) -> torch.Tensor:
+    """q [n, h, D] bf16 (rotated); ring / pages: the pool's byte buffers, read in place at the
+    offsets [n, W] / [n, k] (-1: masked; window_base added to the valid window ones), or with
+    `gathered` gather_keys' copies of those keys (base included); sink [h] fp32. Writes and
     returns out [n, h, D] fp32."""
     n, heads, dim = q.shape
-    assert dim == D_MODEL and q.dtype == torch.bfloat16 and q.stride(-1) == 1
-    assert window_offsets.stride(-1) == 1 and entry_offsets.stride(-1) == 1 and out.stride(-1) == 1
+    assert dim == D_MODEL and q.dtype == torch.bfloat16 and q.stride(-1) == 1 and out.stride(-1) == 1
+    offsets = (window_offsets, window_scale_offsets, entry_offsets, entry_scale_offsets)
+    assert all(o.stride(-1) == 1 for o in offsets)
+    assert window_offsets.stride(0) == window_scale_offsets.stride(0)
+    assert entry_offsets.stride(0) == entry_scale_offsets.stride(0)
     if n == 0:
         return out
     W, K = window_offsets.shape[1], entry_offsets.shape[1]
+    base = (0, 0) if gathered else window_base
     _attention_kernel[(n, triton.cdiv(heads, HEADS))](
-        q, window_rows, window_offsets, entry_rows, entry_offsets, sink, out, heads, W, K, scale,
-        q.stride(0), q.stride(1), window_offsets.stride(0), entry_offsets.stride(0), out.stride(0), out.stride(1),
-        D=dim, HB=HEADS, KT=KEY_TILE, SUB=decode_rows, num_warps=WARPS)
+        q, ring, window_offsets, window_scale_offsets, pages, entry_offsets, entry_scale_offsets, sink, out, heads, W,
+        K, scale, base[0], base[1], q.stride(0), q.stride(1), window_offsets.stride(0), entry_offsets.stride(0),
+        out.stride(0), out.stride(1), D=dim, HB=HEADS, KT=KEY_TILE, SUB=decode_rows, GATHERED=gathered,
+        num_warps=WARPS)
     return out

@@ -7,7 +7,6 @@ import torch
 from dsflash.model.kernels import sparse_attention_gluon
 from dsflash.model.kernels.sparse_attention import sparse_attention, sparse_attention_ref
 
-pytestmark = pytest.mark.gpu
 D = 512
 E2M1 = torch.tensor([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6])
 
@@ -29,7 +28,7 @@ def _keys(rows: int, g: torch.Generator):
     return ring, window, pages, entries
 
 
-def _attend_both_ways(n: int, heads: int, W: int, K: int, seed: int, monkeypatch):
+def _attend_both_ways(n: int, heads: int, W: int, K: int, seed: int, monkeypatch, gather: int, base: tuple[int, int]):
     g = torch.Generator().manual_seed(seed)
     rows = 4096
     ring, window, pages, entries = _keys(rows, g)
@@ -39,6 +38,11 @@ def _attend_both_ways(n: int, heads: int, W: int, K: int, seed: int, monkeypatch
     w_valid = torch.rand(n, W, generator=g) > 0.1
     e_valid = torch.rand(n, K, generator=g) > 0.2
     w_valid[0], e_valid[0] = False, False  # a query that sees nothing: zeros
+    # the window's bytes `base` further on than its offsets say (a layer's ring read through
+    # layer 0's offsets): the ring shifted by base[0], its scales by base[1] more (valid
+    # offsets stay >= 0, as a pool's are)
+    ring = torch.cat([torch.zeros(base[0], dtype=torch.uint8), ring[: rows * D],
+                      torch.zeros(base[1] - base[0], dtype=torch.uint8), ring[rows * D:]])
     w_off = torch.where(w_valid, w_rows * D, -1)
     w_soff = rows * D + w_rows * (D // 32)
     e_off = torch.where(e_valid, e_rows * (D // 2), -1)
@@ -49,10 +53,10 @@ def _attend_both_ways(n: int, heads: int, W: int, K: int, seed: int, monkeypatch
 
     launches = []
     real = sparse_attention_gluon.prefill_attention
-    monkeypatch.setattr(sparse_attention_gluon, "prefill_attention", lambda *a: launches.append(1) or real(*a))
-    got = sparse_attention(*args, prefill=True).cpu()
-    triton_form = sparse_attention(*args, prefill=True, tiles=dict(GLUON=0)).cpu()
-    assert launches == [1]  # the first launch took the Gluon form, the second did not
+    monkeypatch.setattr(sparse_attention_gluon, "prefill_attention", lambda *a: launches.append(a[11]) or real(*a))
+    got = sparse_attention(*args, prefill=True, tiles=dict(GLUON_GATHER=gather), window_base=base).cpu()
+    triton_form = sparse_attention(*args, prefill=True, tiles=dict(GLUON=0), window_base=base).cpu()
+    assert launches == [bool(gather)]  # the first launch took the Gluon form as asked, the second did not
 
     # every key as a selected one of its query: the reference's softmax over them all
     keys = torch.cat([window[w_rows], entries[e_rows]], 1)
@@ -61,18 +65,37 @@ def _attend_both_ways(n: int, heads: int, W: int, K: int, seed: int, monkeypatch
     return got, triton_form, ref
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("gather, base", [(0, (0, 0)), (1, (0, 0)), (0, (1024, 1056)), (1, (1024, 1056))])
 @pytest.mark.parametrize("n, heads, W, K", [(300, 64, 128, 512), (257, 40, 100, 37), (256, 128, 64, 0)])
-def test_gluon_form_attends_as_the_reference(n, heads, W, K, monkeypatch):
+def test_gluon_form_attends_as_the_reference(n, heads, W, K, gather, base, monkeypatch):
     """Release shapes; a partly masked head block with partial key tiles; two head blocks with
-    no entries. Masked keys drop out, and query 0, which sees nothing, gets zeros. The one-pass
-    forms round e^(s - m) to bf16 at their running maximum, so they meet the reference within
-    bf16's rounding of the probabilities, as the Triton form does."""
+    no entries; keys read in place from the pool's buffers (with a layer's window base) or
+    from gather_keys' copies. Masked keys drop out, and query 0, which sees nothing, gets
+    zeros. The one-pass forms round e^(s - m) to bf16 at their running maximum, so they meet
+    the reference within bf16's rounding of the probabilities, as the Triton form does."""
     if not sparse_attention_gluon.usable(torch.empty(1, device="cuda"), D):
         pytest.skip("the Gluon form is for Hopper GPUs")
-    got, triton_form, ref = _attend_both_ways(n, heads, W, K, n + K, monkeypatch)
+    got, triton_form, ref = _attend_both_ways(n, heads, W, K, n + K, monkeypatch, gather, base)
     top = ref.abs().max()
     assert torch.isfinite(got).all()
     assert (got - ref).abs().max() < 1e-2 * top
     assert (got - triton_form).abs().max() < 1e-2 * top
     assert got[0].abs().max() == 0
     assert (got - ref).abs().mean() < 1e-3 * ref.abs().mean()
+
+
+def test_keys_are_read_in_place_only_from_offsets_on_16_bytes(monkeypatch):
+    """The in-place form's copies take every valid key's offsets (plus the window's base) as
+    multiples of 16, a pool's layout: a pool whose first launch breaks that gathers its keys
+    instead, and the answer is kept per pair of buffers (one device sync each). Masked keys'
+    scale offsets do not count."""
+    monkeypatch.setattr(sparse_attention_gluon, "_IN_PLACE", {})
+    ring, pages, other, third = (torch.zeros(64, dtype=torch.uint8) for _ in range(4))
+    codes = torch.tensor([[0, 16, -1], [32, -1, 48]])
+    scales = torch.tensor([[512, 528, 3], [544, 7, 560]])
+    assert sparse_attention_gluon.in_place(ring, pages, codes, scales, codes, scales, (1024, 32))
+    assert not sparse_attention_gluon.in_place(ring, other, codes, scales, codes, scales, (1024, 8))
+    assert not sparse_attention_gluon.in_place(ring, third, codes, scales, codes + 8, scales)
+    assert sparse_attention_gluon.in_place(ring, pages, codes + 1, scales, codes, scales)  # kept for this pair
+    assert len(sparse_attention_gluon._IN_PLACE) == 3
