@@ -99,3 +99,31 @@ def test_keys_are_read_in_place_only_from_offsets_on_16_bytes(monkeypatch):
     assert not sparse_attention_gluon.in_place(ring, third, codes, scales, codes + 8, scales)
     assert sparse_attention_gluon.in_place(ring, pages, codes + 1, scales, codes, scales)  # kept for this pair
     assert len(sparse_attention_gluon._IN_PLACE) == 3
+
+
+@pytest.mark.gpu
+def test_gluon_form_takes_queries_before_rope(monkeypatch):
+    """The model hands prefill queries over before RoPE (attention_queries.Queries): the Gluon
+    form gets them rotated and rounded to bf16 in one pass (query_parts, columns in order)
+    and attends bit for bit as with the rotated bf16 queries themselves."""
+    from dsflash.model.kernels.attention_queries import Queries
+    from dsflash.model.rope import apply_rope
+
+    if not sparse_attention_gluon.usable(torch.empty(1, device="cuda"), D):
+        pytest.skip("the Gluon form is for Hopper GPUs")
+    g = torch.Generator().manual_seed(3)
+    n, heads, W, K, rows, half = 260, 64, 128, 64, 1024, 32
+    ring, _, pages, _ = _keys(rows, g)
+    raw = torch.randn(n, heads, D, generator=g) * 0.5
+    angles = torch.rand(n, half, generator=g) * 100
+    cos, sin = angles.cos(), angles.sin()
+    w_rows, e_rows = torch.randint(0, rows, (n, W), generator=g), torch.randint(0, rows, (n, K), generator=g)
+    keys = [t.cuda() for t in (ring, w_rows * D, rows * D + w_rows * (D // 32), pages, e_rows * (D // 2),
+                               rows * (D // 2) + e_rows * (D // 16), torch.randn(heads, generator=g))]
+    launches = []
+    real = sparse_attention_gluon.prefill_attention
+    monkeypatch.setattr(sparse_attention_gluon, "prefill_attention", lambda *a: launches.append(1) or real(*a))
+    want = sparse_attention(apply_rope(raw, cos, sin).bfloat16().cuda(), *keys, D**-0.5, prefill=True)
+    got = sparse_attention(Queries(raw.cuda(), cos.cuda(), sin.cuda(), True), *keys, D**-0.5, prefill=True)
+    assert launches == [1, 1]
+    assert torch.equal(got, want)
