@@ -67,7 +67,7 @@ def _stage_keys(src_ptr, i, first, count, code_at, scale_at, base_code, base_sca
     """Keys first .. first + KT (of count) of query i, each B blocks of G code bytes and B scale
     bytes -> codes [KT, B, G], scales [KT, B]. In place, their bytes are where the staged
     offsets code_at and scale_at [KT] say (plus the bases; -1: masked), every offset on 16
-    bytes (a pool's layout: `usable_in_place`); GATHERED, key after key in gather_keys' copy."""
+    bytes (a pool's layout: `in_place`); GATHERED, key after key in gather_keys' copy."""
     VEC: gl.constexpr = G if G < 16 else 16  # bytes a cp.async
     L3: gl.constexpr = gl.BlockedLayout([1, 1, VEC], [1, 32 * VEC // G, G // VEC], [num_warps, 1, 1], [2, 1, 0])
     LS: gl.constexpr = gl.BlockedLayout([1, B // 4], [8, 4], [num_warps, 1], [1, 0])
