@@ -1,6 +1,6 @@
 """Faithful prefill attention's Gluon form (model/kernels/sparse_attention_gluon.py) against
-the reference and against the Triton form it replaces. GPU only: Gluon does not run in
-Triton's interpreter, and the form is for Hopper."""
+the reference and against the Triton form it replaces, on a Hopper GPU: Gluon does not run in
+Triton's interpreter. On any machine: its in-place rule, and a compile for sm_90."""
 import os
 import subprocess
 import sys
