@@ -640,8 +640,7 @@ def sparse_attention(q: torch.Tensor | Queries, ring: torch.Tensor, window_offse
             gather = t["GLUON_GATHER"] or not sparse_attention_gluon.in_place(ring, pages, w_off, w_soff, e_off,
                                                                                 e_soff, window_base)
             if gather:
-                ring = gather_keys(ring, w_off, w_soff, dim, dim // 32, window_base)
-                pages = gather_keys(pages, e_off, e_soff, dim // 2, dim // 16)
+                ring, pages = _gathered(ring, pages, w_off, w_soff, e_off, e_soff, dim, window_base)
             return sparse_attention_gluon.prefill_attention(queries, ring, w_off, w_soff, pages, e_off, e_soff, sink,
                                                             scale, out, rows, bool(gather), window_base)
         # even columns first, then odd: each program reads its own half and the other one (the
@@ -653,8 +652,7 @@ def sparse_attention(q: torch.Tensor | Queries, ring: torch.Tensor, window_offse
         else:
             parts = group_columns(q.float(), 2)[None]
         if t["GATHER"]:
-            ring = gather_keys(ring, w_off, w_soff, dim, dim // 32, window_base)
-            pages = gather_keys(pages, e_off, e_soff, dim // 2, dim // 16)
+            ring, pages = _gathered(ring, pages, w_off, w_soff, e_off, e_soff, dim, window_base)
         else:
             w_off, w_soff = _shifted(w_off, w_soff, window_base)
             if ring.numel() % 2:  # read as 16-bit words (a pool's slots are 64-byte aligned)
@@ -690,6 +688,15 @@ def sparse_attention(q: torch.Tensor | Queries, ring: torch.Tensor, window_offse
                                    D=dim, HB=hb, KT=KEY_TILE, HW_FP8=not interpreting(), SPLITS=splits,
                                    BF16_P=bf16, num_warps=num_warps)
     return _merge_splits(part_ml, part_acc, sink, out, splits, hb, num_warps)
+
+
+def _gathered(ring: torch.Tensor, pages: torch.Tensor, w_off: torch.Tensor, w_soff: torch.Tensor,
+              e_off: torch.Tensor, e_soff: torch.Tensor, dim: int, window_base: tuple[int, int]
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+    """gather_keys' copies of the window's FP8 keys (base added) and of the entries' FP4 ones,
+    for the forms that read keys at addresses that follow from their place."""
+    return (gather_keys(ring, w_off, w_soff, dim, dim // 32, window_base),
+            gather_keys(pages, e_off, e_soff, dim // 2, dim // 16))
 
 
 def _shifted(w_off: torch.Tensor, w_soff: torch.Tensor, base: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
