@@ -689,7 +689,9 @@ def prefill(model, lengths, label: str = "prefill", warm_first: bool = True, chu
         if warm:
             with torch.inference_mode():
                 engine.warm_up(warm)
-        engine.add(PrefillRequest("p", torch.randint(3, 100000, (n,)).tolist(), want_taps=False))
+        # one prompt a length: variants of a run prefill the same tokens, so their last logits compare
+        prompt = torch.randint(3, 100000, (n,), generator=torch.Generator().manual_seed(n)).tolist()
+        engine.add(PrefillRequest("p", prompt, want_taps=False))
         sync()
         print(f"[{label}] T{n}: the timed run begins", flush=True)  # compiles after this line missed the warm-up
         began = time.perf_counter()
@@ -721,7 +723,10 @@ def prefill(model, lengths, label: str = "prefill", warm_first: bool = True, chu
                                         "progress": progress})
             continue
         flops = prefill_flops(model, n)
+        logits = done[0].output.logits if done and done[0].output is not None else torch.zeros(1)
         record(label, f"T{n}", {"seconds": seconds, "tokens_per_s": n / seconds, "profiled_last_chunk": profile_last,
+                                    "last_logits_sum": repr(logits.double().sum().item()),
+                                    "last_argmax": int(logits.argmax()),
                                     "roofline_s_bf16": flops / BF16_FLOPS, "ratio_to_roofline": seconds / (flops / BF16_FLOPS),
                                     "TFLOP": flops / 1e12, "progress": progress, "last_steps_s": last_steps})
         done[0].cache.release()

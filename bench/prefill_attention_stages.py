@@ -4,7 +4,10 @@ depth (num_stages), key tile, the two-pass form and one bf16 part, against the s
 its largest difference from the exact form and from faithful mode's shipped one-part form.
 With --bf16-queries every variant takes faithful mode's bf16 queries, as the model passes
 them, GLUON=0/1 switches between the Triton form and sparse_attention_gluon, and
-GLUON_GATHER=0 has the latter read the keys in place (no gather_keys copies).
+GLUON_GATHER=0 has the latter read the keys in place (no gather_keys copies), and GLUON_SKIP
+leaves phases of its step out (an ablation: sparse_attention_gluon's SKIP); the decoded form
+(attend_decoded: keys decoded once, read as bf16 rows) is timed beside them, and
+--whole-variants "GLUON_DECODED=0;GLUON_DECODED=1" A/Bs it in whole prefills.
 
     python bench/prefill_attention_stages.py [--variants "BOTH=1,num_warps=8,KT=64;TWO_PASS=0"]
     python bench/prefill_attention_stages.py --bf16-queries --variants "GLUON=0;GLUON=1;GLUON=1,GLUON_GATHER=0"
@@ -58,8 +61,10 @@ parser.add_argument("--variants", default=DEFAULT, help="';'-separated tiles of 
 parser.add_argument("--bf16-queries", action="store_true",
                     help="every variant takes faithful mode's bf16 queries (the Gluon form takes only those)")
 parser.add_argument("--whole", type=int, default=0,
-                    help="then whole faithful prefills of this many tokens on the bench preset, the Gluon form off"
-                         " and on in turn in one process (lent machines differ by more than the change)")
+                    help="then whole faithful prefills of this many tokens on the bench preset, --whole-variants in"
+                         " turn in one process (lent machines differ by more than the change)")
+parser.add_argument("--whole-variants", default="GLUON=0;GLUON=1",
+                    help="';'-separated tiles the whole prefills take in turn (over BF16_PREFILL_TILES)")
 parser.add_argument("--chunk", type=int, default=16384, help="the whole prefills' chunk (token budget)")
 parser.add_argument("--budget-s", type=float, default=300.0)
 options = parser.parse_args()
@@ -75,6 +80,20 @@ for round_ in range(2):
         except Exception as exc:
             print(f"[attn] {v}: {type(exc).__name__}: {str(exc)[:150]}", flush=True)
 
+if options.bf16_queries:  # the decoded form: the keys decoded once (timed with it), then read as bf16 rows
+    every = torch.arange(rows, device=dev)
+
+    def decoded():
+        window_keys = sa.decode_keys(ring, every * D, rows * D + every * (D // 32), D, fp4=False)
+        entry_keys = sa.decode_keys(pages, every * 256, rows * 256 + every * 32, D, fp4=True)
+        return sa.attend_decoded(query, window_keys, torch.where(w_off >= 0, w_off // D, -1), entry_keys, pick,
+                                 sink, D**-0.5)
+
+    for round_ in range(2):
+        ms = h200.cuda_time(decoded, iters=5, warmup=2) * 1e3
+        diff = ((decoded() - faithful_ref).abs().max() / faithful_ref.abs().max()).item()
+        print(f"[attn] round {round_} decoded (keys decoded once, {2 * rows} keys, timed with it): {ms:.2f} ms "
+              f"({flops / ms / 1e9:.0f} TFLOP/s), max rel diff to faithful shipped {diff:.1e}", flush=True)
 
 if options.whole:
     import time
@@ -83,9 +102,12 @@ if options.whole:
     del q, args, ref, faithful_ref, query, ring, pages
     torch.cuda.empty_cache()
     model, _ = h200.build_model(fast=True, preset="bench", act_quant=True)
-    for round_ in range(3):  # round 0 compiles both forms' kernels (its figures include that)
-        for gluon in (0, 1):
-            sa.BF16_PREFILL_TILES["GLUON"] = gluon
-            h200.prefill(model, [options.whole], f"whole_faithful_gluon{gluon}_round{round_}",
-                         warm_first=round_ == 0, chunk=options.chunk)
-    sa.BF16_PREFILL_TILES["GLUON"] = 1
+    shipped = dict(sa.BF16_PREFILL_TILES)
+    for round_ in range(3):  # round 0 compiles every variant's kernels (its figures include that)
+        for v in h200.variants(options.whole_variants):
+            sa.BF16_PREFILL_TILES.update(v)
+            name = "_".join(f"{k}{x}" for k, x in v.items()) or "shipped"
+            h200.prefill(model, [options.whole], f"whole_faithful_{name}_round{round_}", warm_first=round_ == 0,
+                         chunk=options.chunk)
+            sa.BF16_PREFILL_TILES.clear()
+            sa.BF16_PREFILL_TILES.update(shipped)

@@ -238,6 +238,33 @@ def gather_keys(src: torch.Tensor, offsets: torch.Tensor, scale_offsets: torch.T
 
 
 @triton.jit
+def _decode_keys_kernel(src_ptr, off_ptr, soff_ptr, out_ptr, total, D: tl.constexpr, FP4: tl.constexpr,
+                        R: tl.constexpr, HW_FP8: tl.constexpr):
+    """Keys k of an offset list, decoded into rows of out [total, D] bf16 (zeros where masked)."""
+    k = tl.program_id(0) * R + tl.arange(0, R)
+    d = tl.arange(0, D)
+    if FP4:
+        keys, _ = _entry_keys(src_ptr, off_ptr, soff_ptr, 0, k, total, d, HW_FP8)
+    else:
+        keys, _ = _window_keys(src_ptr, off_ptr, soff_ptr, 0, k, total, d, HW_FP8)
+    tl.store(out_ptr + k.to(tl.int64)[:, None] * D + d[None, :], keys.to(tl.bfloat16), mask=(k < total)[:, None])
+
+
+def decode_keys(src: torch.Tensor, offsets: torch.Tensor, scale_offsets: torch.Tensor, dim: int,
+                fp4: bool) -> torch.Tensor:
+    """The keys at byte offsets [R] of src (-1: masked, decoded as zeros), decoded: [R, dim]
+    bf16. FP8 window keys (e4m3, an e8m0 scale a 32 columns) or, with fp4, FP4 entries (e2m1
+    pairs, an e4m3 scale a 16). Exact: a value times its scale has at most 6 significant bits."""
+    offsets, scale_offsets = offsets.reshape(-1).contiguous(), scale_offsets.reshape(-1).contiguous()
+    out = torch.empty(offsets.numel(), dim, dtype=torch.bfloat16, device=src.device)
+    if offsets.numel():
+        r = 8
+        _decode_keys_kernel[(triton.cdiv(offsets.numel(), r),)](src, offsets, scale_offsets, out, offsets.numel(),
+                                                               D=dim, FP4=fp4, R=r, HW_FP8=not interpreting())
+    return out
+
+
+@triton.jit
 def _query_half(at, live, sqp, QP: tl.constexpr):
     """The QP bf16 parts of one column half of a query's heads, loaded once per program: in the
     loop they were reloaded at every key tile and held registers the accumulator needed (the
@@ -539,12 +566,15 @@ KEY_TILE = 16  # keys per step of the online softmax (decode form)
 # PREFILL_QUERIES queries); decode-sized launches keep the parity programs.
 # GLUON: those faithful prefill rows go to sparse_attention_gluon on a Hopper GPU at the
 # release's head dim (the BOTH form's math with our own layouts: no spills; H200, nineteenth
-# session, 8,192 queries: 10.0 -> 4.52 ms). GLUON_GATHER: it reads gather_keys' copies (as
-# measured); 0 reads the keys in place where the pool's offsets allow (`in_place`: no
-# copies, ~4.8% of a 16K chunk's GPU time; tested on the GPU without a window base, not yet
-# timed).
+# session, 8,192 queries: 10.0 -> 4.52 ms). GLUON_GATHER=0: it reads the keys in place where
+# the pool's offsets allow (`in_place`), without gather_keys' copies (H200, twentieth session,
+# 8,192 queries: 4.16 -> 3.15 ms; a faithful 32K prefill 1.63-1.69 -> 1.54-1.55 s alternated).
+# GLUON_SKIP: a bench's ablation (sparse_attention_gluon's SKIP). GLUON_DECODED: a prefill
+# chunk's attention (layers/attention_kernel.scratch_attention) decodes its window and its
+# entries once each into bf16 rows and the Gluon form reads those (attend_decoded): no decode
+# per query, the next tile's keys copied while the tensor cores work.
 PREFILL_TILES = {"HB": 64, "KT": 32, "QP": 2, "PP": 2, "GATHER": 1, "num_warps": 4, "num_stages": 2,
-                 "TWO_PASS": 1, "KT2": 64, "BOTH": 0, "GLUON": 0, "GLUON_GATHER": 1}
+                 "TWO_PASS": 1, "KT2": 64, "BOTH": 0, "GLUON": 0, "GLUON_GATHER": 0, "GLUON_DECODED": 1}
 BF16_TILES = {"TWO_PASS": 0}
 BF16_PREFILL_TILES = {"BOTH": 1, "KT": 64, "num_warps": 8, "GLUON": 1}
 
@@ -642,7 +672,8 @@ def sparse_attention(q: torch.Tensor | Queries, ring: torch.Tensor, window_offse
             if gather:
                 ring, pages = _gathered(ring, pages, w_off, w_soff, e_off, e_soff, dim, window_base)
             return sparse_attention_gluon.prefill_attention(queries, ring, w_off, w_soff, pages, e_off, e_soff, sink,
-                                                            scale, out, rows, bool(gather), window_base)
+                                                            scale, out, rows, bool(gather), window_base,
+                                                            t.get("GLUON_SKIP", 0))
         # even columns first, then odd: each program reads its own half and the other one (the
         # interpreter dots in fp32: q itself is the one part)
         if isinstance(q, Queries):
@@ -688,6 +719,32 @@ def sparse_attention(q: torch.Tensor | Queries, ring: torch.Tensor, window_offse
                                    D=dim, HB=hb, KT=KEY_TILE, HW_FP8=not interpreting(), SPLITS=splits,
                                    BF16_P=bf16, num_warps=num_warps)
     return _merge_splits(part_ml, part_acc, sink, out, splits, hb, num_warps)
+
+
+def decoded_form(q: torch.Tensor | Queries, dim: int) -> bool:
+    """Whether a faithful prefill launch of these queries takes the decoded Gluon form
+    (attend_decoded): bf16 queries filling the GPU, on a Hopper GPU at the head dim the form
+    is laid out for, GLUON and GLUON_DECODED set."""
+    first = q.raw if isinstance(q, Queries) else q
+    bf16 = q.bf16 if isinstance(q, Queries) else q.dtype == torch.bfloat16
+    t = {**PREFILL_TILES, **BF16_PREFILL_TILES}
+    return (bf16 and first.shape[0] >= PREFILL_QUERIES and bool(t["GLUON"]) and bool(t["GLUON_DECODED"])
+            and not interpreting() and sparse_attention_gluon.usable(first, dim))
+
+
+def attend_decoded(q: torch.Tensor | Queries, window_keys: torch.Tensor, window_rows: torch.Tensor,
+                   entry_keys: torch.Tensor, entry_rows: torch.Tensor, sink: torch.Tensor, scale: float
+                   ) -> torch.Tensor:
+    """sparse_attention over keys decoded once (decode_keys): window_keys / entry_keys [*, D]
+    bf16, and each query's rows of them, window_rows [n, W] and entry_rows [n, k] (< 0:
+    masked). What sparse_attention computes over the same keys in their FP8 and FP4 bytes, bit
+    for bit, where decoded_form says."""
+    first = q.raw if isinstance(q, Queries) else q
+    queries = query_parts(q, 1, interleave=1)[0] if isinstance(q, Queries) else q.contiguous()
+    out = torch.empty(first.shape, dtype=torch.float32, device=first.device)
+    return sparse_attention_gluon.prefill_attention_decoded(queries, window_keys, window_rows.contiguous(),
+                                                            entry_keys, entry_rows.contiguous(),
+                                                            sink.float().contiguous(), scale, out)
 
 
 def _gathered(ring: torch.Tensor, pages: torch.Tensor, w_off: torch.Tensor, w_soff: torch.Tensor,

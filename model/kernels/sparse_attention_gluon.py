@@ -25,8 +25,16 @@ The numbers are those of the Triton form: keys decoded exactly (an e4m3 or e2m1 
 power-of-two or e4m3 scale fits bf16), logits and running softmax in fp32, probabilities
 rounded to bf16 for the weighted sum (sparse_attention_ref's bf16 branch).
 
-Gluon does not run in Triton's interpreter: this form is tested on the GPU only
-(tests/model/test_sparse_attention_gluon.py); sparse_attention takes it where `usable` says.
+The decoded form (_attention_rows_kernel, prefill_attention_decoded) takes the keys decoded
+once into bf16 rows (sparse_attention.decode_keys: a prefill chunk's window and its entries,
+each key once, not once per query that reads it) and each query's rows of them: a tile's keys
+come by cp.async into one of two buffers while the tensor cores work on the tile before, and
+the steps hold no decode. Same keys, tiles and order of sums: the same outputs bit for bit
+(H200, twentieth session, 8,192 queries: 3.12 ms in place -> 2.42 ms, decoding included).
+
+Gluon does not run in Triton's interpreter: these forms are tested on the GPU only
+(tests/model/test_sparse_attention_gluon.py); sparse_attention takes the first where `usable`
+says, a prefill chunk's attention the decoded one where `sparse_attention.decoded_form` does.
 """
 
 from __future__ import annotations
@@ -45,6 +53,12 @@ HEADS = 64  # heads a program: the wgmma's M
 KEY_TILE = 64  # keys a step: the queries, a bf16 [64, 512] tile and its staged bytes take 190 KB of shared memory
 DECODE_ROWS = 8  # keys decoded at a time (H200: 4.50 ms at 8,192 queries, 16: 4.67, 32: 4.52 and spills)
 WARPS = 8
+# the wgmma accumulators' layouts: a query's head block [HB, D] of outputs and [HB, KT] of a
+# tile's logits, each warpgroup holding half the columns
+O_LAYOUT = gl.constexpr(gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
+                                                  instr_shape=[16, D_MODEL // 2, 16]))
+S_LAYOUT = gl.constexpr(gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
+                                                  instr_shape=[16, KEY_TILE // 2, 16]))
 # a CTA-wide barrier: gl.thread_barrier in Triton 3.6 (the GPU machines' torch 2.11), gl.barrier in 3.9
 _barrier = getattr(gl, "thread_barrier", None) or gl.barrier
 # cp.async of a pointer tensor into shared memory: async_copy_global_to_shared in 3.6, async_load in 3.9
@@ -181,22 +195,75 @@ def _decode_entries(raw_e, raw_es, keys, KT: gl.constexpr, SUB: gl.constexpr, D:
 
 
 @gluon.jit
+def _queries(q_ptr, i, h0, H, sqn, sqh, HB: gl.constexpr, D: gl.constexpr, num_warps: gl.constexpr):
+    """Query i's heads h0 .. h0 + HB (zeros past H), once, into shared memory: the logits' A operand."""
+    blocked: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [num_warps, 1], [1, 0])
+    qh = h0 + gl.arange(0, HB, layout=gl.SliceLayout(1, blocked))
+    qd = gl.arange(0, D, layout=gl.SliceLayout(0, blocked))
+    q = gl.load(q_ptr + i.to(gl.int64) * sqn + gl.expand_dims(qh, 1) * sqh + gl.expand_dims(qd, 0),
+                mask=gl.expand_dims(qh < H, 1), other=0.0)
+    return gl.allocate_shared_memory(gl.bfloat16, [HB, D], gl.NVMMASharedLayout.get_default_for([HB, D], gl.bfloat16),
+                                     q)
+
+
+@gluon.jit
+def _softmax_start(HB: gl.constexpr, KT: gl.constexpr, D: gl.constexpr):
+    """The probabilities' shared memory (the weighted sum's A operand), the running max and
+    denominator, the output and the logits' zero accumulator, before a query's first tile."""
+    probs = gl.allocate_shared_memory(gl.bfloat16, [HB, KT], gl.NVMMASharedLayout.get_default_for([HB, KT],
+                                                                                                   gl.bfloat16))
+    m_i = gl.full([HB], float("-inf"), gl.float32, layout=gl.SliceLayout(1, S_LAYOUT))
+    l_i = gl.zeros([HB], gl.float32, layout=gl.SliceLayout(1, S_LAYOUT))
+    return probs, m_i, l_i, gl.zeros([HB, D], gl.float32, layout=O_LAYOUT), gl.zeros([HB, KT], gl.float32,
+                                                                                     layout=S_LAYOUT)
+
+
+@gluon.jit
+def _softmax_step(s, valid, scale, m_i, l_i, o, o_layout: gl.constexpr):
+    """A key tile's raw logits s [HB, KT] (valid keys [KT]) into the running max m_i and
+    denominator l_i (fp32); the output rescaled. Returns the tile's probabilities, m_i, l_i, o."""
+    logits = gl.where(gl.expand_dims(valid, 0), s * scale, float("-inf"))
+    m_new = gl.maximum(m_i, gl.max(logits, axis=1))
+    m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+    p = gl.exp(logits - gl.expand_dims(m_safe, 1))
+    alpha = gl.exp(m_i - m_safe)
+    l_i = l_i * alpha + gl.sum(p, axis=1)
+    o = o * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
+    return p, m_new, l_i, o
+
+
+@gluon.jit
+def _finish(o, m_i, l_i, sink_ptr, o_ptr, i, h0, H, son, soh, HB: gl.constexpr, D: gl.constexpr,
+            o_layout: gl.constexpr):
+    """Query i's output rows: the sink joins the denominator only; a query that saw nothing
+    returns zeros (sparse_attention._finish)."""
+    heads = h0 + gl.arange(0, HB, layout=gl.SliceLayout(1, o_layout))
+    m_o = gl.convert_layout(m_i, gl.SliceLayout(1, o_layout))
+    l_o = gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))
+    sink = gl.load(sink_ptr + heads, mask=heads < H, other=0.0)
+    m_fin = gl.maximum(m_o, sink)
+    denominator = l_o * gl.exp(m_o - m_fin) + gl.exp(sink - m_fin)
+    out = o * gl.expand_dims(gl.exp(m_o - m_fin) / denominator, 1)
+    d = gl.arange(0, D, layout=gl.SliceLayout(0, o_layout))
+    gl.store(o_ptr + i.to(gl.int64) * son + gl.expand_dims(heads, 1) * soh + gl.expand_dims(d, 0), out,
+             mask=gl.expand_dims(heads < H, 1))
+
+
+@gluon.jit
 def _attention_kernel(q_ptr, ring_ptr, win_off, win_soff, page_ptr, ent_off, ent_soff, sink_ptr, o_ptr, H, W, K,
                       scale, base_code, base_scale, sqn, sqh, swn, sen, son, soh,
                       D: gl.constexpr, HB: gl.constexpr, KT: gl.constexpr, SUB: gl.constexpr,
-                      GATHERED: gl.constexpr, num_warps: gl.constexpr):
+                      GATHERED: gl.constexpr, SKIP: gl.constexpr, num_warps: gl.constexpr):
     """Program (query i, head block): every key of the query, window tiles then entry tiles.
     A tile's step: its staged bytes decoded into `keys`, the next tile's bytes and the tile
     after's offsets started, the logits' wgmma, the softmax, the probabilities into shared
-    memory, the weighted sum's wgmma."""
+    memory, the weighted sum's wgmma. SKIP (a bench's ablation; its outputs are wrong) leaves
+    phases out: 1 the decode, 2 the logits' wgmma, 4 the softmax, 8 the weighted sum's wgmma,
+    16 the key bytes' copies."""
     i = gl.program_id(0)
     h0 = gl.program_id(1) * HB
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
-                                                       instr_shape=[16, D // 2, 16])
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
-                                                       instr_shape=[16, KT // 2, 16])
-    rows_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
-    q_blocked: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [num_warps, 1], [1, 0])
+    o_layout: gl.constexpr = O_LAYOUT
+    s_layout: gl.constexpr = S_LAYOUT
     plain: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
     plain3: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0])
 
@@ -222,27 +289,18 @@ def _attention_kernel(q_ptr, ring_ptr, win_off, win_soff, page_ptr, ent_off, ent
            raw_w, raw_ws, raw_e, raw_es, KT, D, GATHERED, num_warps)
     async_copy.commit_group()
 
-    # the queries, once, into shared memory (the logits' A operand)
-    qh = h0 + gl.arange(0, HB, layout=gl.SliceLayout(1, q_blocked))
-    qd = gl.arange(0, D, layout=gl.SliceLayout(0, q_blocked))
-    q = gl.load(q_ptr + i.to(gl.int64) * sqn + gl.expand_dims(qh, 1) * sqh + gl.expand_dims(qd, 0),
-                mask=gl.expand_dims(qh < H, 1), other=0.0)
-    q_smem = gl.allocate_shared_memory(gl.bfloat16, [HB, D], gl.NVMMASharedLayout.get_default_for([HB, D], gl.bfloat16),
-                                       q)
+    q_smem = _queries(q_ptr, i, h0, H, sqn, sqh, HB, D, num_warps)
     keys = gl.allocate_shared_memory(gl.bfloat16, [KT, D], gl.NVMMASharedLayout.get_default_for([KT, D], gl.bfloat16))
-    probs = gl.allocate_shared_memory(gl.bfloat16, [HB, KT], gl.NVMMASharedLayout.get_default_for([HB, KT],
-                                                                                                   gl.bfloat16))
-    m_i = gl.full([HB], float("-inf"), gl.float32, layout=rows_layout)
-    l_i = gl.zeros([HB], gl.float32, layout=rows_layout)
-    o = gl.zeros([HB, D], gl.float32, layout=o_layout)
-    s_init = gl.zeros([HB, KT], gl.float32, layout=s_layout)
+    probs, m_i, l_i, o, s_init = _softmax_start(HB, KT, D)
     j = gl.arange(0, KT, layout=gl.SliceLayout(0, s_layout))
     for t in range(tiles):
         async_copy.wait_group(0)
         # every thread's copies have landed, and tile t - 1's weighted sum (both warpgroups')
         # no longer reads `keys` and `probs`
         _barrier()
-        if t < window_tiles:
+        if SKIP & 1:
+            pass
+        elif t < window_tiles:
             _decode_window(raw_w, raw_ws, keys, KT, SUB, D, num_warps)
         else:
             _decode_entries(raw_e, raw_es, keys, KT, SUB, D, num_warps)
@@ -252,38 +310,122 @@ def _attention_kernel(q_ptr, ring_ptr, win_off, win_soff, page_ptr, ent_off, ent
         fence_async_shared()  # the decoded keys, before the wgmmas read them
         _barrier()  # and every thread is done with the staged bytes and tile t's offsets
         if t + 1 < tiles:
-            nxt = (t + 1) % 2
-            _stage(ring_ptr, page_ptr, i, t + 1, window_tiles, W, K, base_code, base_scale, code_at.index(nxt),
-                   scale_at.index(nxt), raw_w, raw_ws, raw_e, raw_es, KT, D, GATHERED, num_warps)
+            if not SKIP & 16:
+                nxt = (t + 1) % 2
+                _stage(ring_ptr, page_ptr, i, t + 1, window_tiles, W, K, base_code, base_scale, code_at.index(nxt),
+                       scale_at.index(nxt), raw_w, raw_ws, raw_e, raw_es, KT, D, GATHERED, num_warps)
         if t + 2 < tiles:
             _stage_offsets(win_off, win_soff, ent_off, ent_soff, i, t + 2, window_tiles, W, K, swn, sen,
                            code_at.index(t % 2), scale_at.index(t % 2), KT, num_warps)
         async_copy.commit_group()
-        s = warpgroup_mma(q_smem, keys.permute((1, 0)), s_init, use_acc=False)
-        logits = gl.where(gl.expand_dims(valid, 0), s * scale, float("-inf"))
-        m_new = gl.maximum(m_i, gl.max(logits, axis=1))
-        m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
-        p = gl.exp(logits - gl.expand_dims(m_safe, 1))
-        alpha = gl.exp(m_i - m_safe)
-        l_i = l_i * alpha + gl.sum(p, axis=1)
-        m_i = m_new
-        o = o * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
+        if SKIP & 2:
+            s = s_init
+        else:
+            s = warpgroup_mma(q_smem, keys.permute((1, 0)), s_init, use_acc=False)
+        if SKIP & 4:
+            p = s
+        else:
+            p, m_i, l_i, o = _softmax_step(s, valid, scale, m_i, l_i, o, o_layout)
         probs.store(p.to(gl.bfloat16))
         fence_async_shared()
         _barrier()
-        o = warpgroup_mma(probs, keys, o)
+        if not SKIP & 8:
+            o = warpgroup_mma(probs, keys, o)
 
-    # the sink joins the denominator only; a query that saw nothing returns zeros (_finish)
-    heads = h0 + gl.arange(0, HB, layout=gl.SliceLayout(1, o_layout))
-    m_o = gl.convert_layout(m_i, gl.SliceLayout(1, o_layout))
-    l_o = gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))
-    sink = gl.load(sink_ptr + heads, mask=heads < H, other=0.0)
-    m_fin = gl.maximum(m_o, sink)
-    denominator = l_o * gl.exp(m_o - m_fin) + gl.exp(sink - m_fin)
-    out = o * gl.expand_dims(gl.exp(m_o - m_fin) / denominator, 1)
-    d = gl.arange(0, D, layout=gl.SliceLayout(0, o_layout))
-    gl.store(o_ptr + i.to(gl.int64) * son + gl.expand_dims(heads, 1) * soh + gl.expand_dims(d, 0), out,
-             mask=gl.expand_dims(heads < H, 1))
+    _finish(o, m_i, l_i, sink_ptr, o_ptr, i, h0, H, son, soh, HB, D, o_layout)
+
+
+@gluon.jit
+def _stage_rows(win_rows, ent_rows, i, t, window_tiles, W, K, swn, sen, rows_at, KT: gl.constexpr,
+                num_warps: gl.constexpr):
+    """Start copying key tile t's rows (the window's, then the entries') into rows_at [KT]."""
+    j = gl.arange(0, KT, layout=gl.BlockedLayout([1], [32], [num_warps], [0]))
+    if t < window_tiles:
+        jw = t * KT + j
+        _copy(rows_at, win_rows + i * swn + jw, mask=jw < W)
+    else:
+        je = (t - window_tiles) * KT + j
+        _copy(rows_at, ent_rows + i * sen + je, mask=je < K)
+
+
+@gluon.jit
+def _tile_rows(rows_at, t, window_tiles, W, K, KT: gl.constexpr, layout: gl.constexpr):
+    """Key tile t's staged rows in `layout` and which of them are keys (not masked, not past the end)."""
+    rows = rows_at.load(layout)
+    j = gl.arange(0, KT, layout=layout)
+    limit = gl.where(t < window_tiles, W - t * KT, K - (t - window_tiles) * KT)
+    return rows, (rows >= 0) & (j < limit)
+
+
+@gluon.jit
+def _stage_keys_bf16(window_keys, entry_keys, rows_at, t, window_tiles, W, K, dst, KT: gl.constexpr,
+                     D: gl.constexpr, num_warps: gl.constexpr):
+    """Start copying key tile t's bf16 keys (rows of window_keys, then of entry_keys) into dst
+    [KT, D] by cp.async, 16 bytes a copy; masked keys come as zeros."""
+    L: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [num_warps, 1], [1, 0])
+    rows, live = _tile_rows(rows_at, t, window_tiles, W, K, KT, gl.SliceLayout(1, L))
+    at = gl.expand_dims(gl.where(live, rows, 0) * D, 1) + gl.expand_dims(gl.arange(0, D, layout=gl.SliceLayout(0, L)), 0)
+    at = gl.max_contiguous(gl.multiple_of(at, [1, 8]), [1, 8])
+    if t < window_tiles:
+        _copy(dst, window_keys + at, mask=gl.expand_dims(live, 1))
+    else:
+        _copy(dst, entry_keys + at, mask=gl.expand_dims(live, 1))
+
+
+@gluon.jit
+def _attention_rows_kernel(q_ptr, window_keys, win_rows, entry_keys, ent_rows, sink_ptr, o_ptr, H, W, K, scale,
+                           sqn, sqh, swn, sen, son, soh, D: gl.constexpr, HB: gl.constexpr, KT: gl.constexpr,
+                           num_warps: gl.constexpr):
+    """The decoded form. Program (query i, head block): every key of the query, window tiles
+    then entry tiles, as bf16 rows already decoded (decode_keys): a tile's keys land in shared
+    memory by cp.async one tile ahead, in one of two buffers, while the tensor cores work on
+    the tile before; its rows are staged two ahead (three buffers: a tile's rows are read in
+    its own step and the one before)."""
+    i = gl.program_id(0)
+    h0 = gl.program_id(1) * HB
+    o_layout: gl.constexpr = O_LAYOUT
+    s_layout: gl.constexpr = S_LAYOUT
+    rows_at = gl.allocate_shared_memory(gl.int64, [3, KT], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    keys = gl.allocate_shared_memory(gl.bfloat16, [2, KT, D],
+                                     gl.NVMMASharedLayout.get_default_for([KT, D], gl.bfloat16))
+    window_tiles = gl.cdiv(W, KT)
+    tiles = window_tiles + gl.cdiv(K, KT)
+    for x in gl.static_range(2):
+        if x < tiles:
+            _stage_rows(win_rows, ent_rows, i, x, window_tiles, W, K, swn, sen, rows_at.index(x), KT, num_warps)
+    async_copy.commit_group()
+    async_copy.wait_group(0)
+    _barrier()
+    if tiles > 0:
+        _stage_keys_bf16(window_keys, entry_keys, rows_at.index(0), 0, window_tiles, W, K, keys.index(0), KT, D,
+                         num_warps)
+    async_copy.commit_group()
+
+    q_smem = _queries(q_ptr, i, h0, H, sqn, sqh, HB, D, num_warps)
+    probs, m_i, l_i, o, s_init = _softmax_start(HB, KT, D)
+    for t in range(tiles):
+        # tile t's keys and tile t + 1's rows have landed, and tile t - 1's weighted sum (both
+        # warpgroups') no longer reads the buffer tile t + 1 goes to, nor `probs`
+        async_copy.wait_group(0)
+        fence_async_shared()
+        _barrier()
+        if t + 1 < tiles:
+            _stage_keys_bf16(window_keys, entry_keys, rows_at.index((t + 1) % 3), t + 1, window_tiles, W, K,
+                             keys.index((t + 1) % 2), KT, D, num_warps)
+        if t + 2 < tiles:
+            _stage_rows(win_rows, ent_rows, i, t + 2, window_tiles, W, K, swn, sen, rows_at.index((t + 2) % 3), KT,
+                        num_warps)
+        async_copy.commit_group()
+        _, valid = _tile_rows(rows_at.index(t % 3), t, window_tiles, W, K, KT, gl.SliceLayout(0, s_layout))
+        current = keys.index(t % 2)
+        s = warpgroup_mma(q_smem, current.permute((1, 0)), s_init, use_acc=False)
+        p, m_i, l_i, o = _softmax_step(s, valid, scale, m_i, l_i, o, o_layout)
+        probs.store(p.to(gl.bfloat16))
+        fence_async_shared()
+        _barrier()
+        o = warpgroup_mma(probs, current, o)
+
+    _finish(o, m_i, l_i, sink_ptr, o_ptr, i, h0, H, son, soh, HB, D, o_layout)
 
 
 def offsets_on_16_bytes(codes: torch.Tensor, scales: torch.Tensor, base: tuple[int, int] = (0, 0)) -> bool:
@@ -315,11 +457,11 @@ def prefill_attention(q: torch.Tensor, ring: torch.Tensor, window_offsets: torch
                       window_scale_offsets: torch.Tensor, pages: torch.Tensor, entry_offsets: torch.Tensor,
                       entry_scale_offsets: torch.Tensor, sink: torch.Tensor, scale: float, out: torch.Tensor,
                       decode_rows: int = DECODE_ROWS, gathered: bool = False,
-                      window_base: tuple[int, int] = (0, 0)) -> torch.Tensor:
+                      window_base: tuple[int, int] = (0, 0), skip: int = 0) -> torch.Tensor:
     """q [n, h, D] bf16 (rotated); ring / pages: the pool's byte buffers, read in place at the
     offsets [n, W] / [n, k] (-1: masked; window_base added to the valid window ones), or with
     `gathered` gather_keys' copies of those keys (base included); sink [h] fp32. Writes and
-    returns out [n, h, D] fp32."""
+    returns out [n, h, D] fp32. `skip`: the kernel's SKIP (a bench's ablation only)."""
     n, heads, dim = q.shape
     assert dim == D_MODEL and q.dtype == torch.bfloat16 and q.stride(-1) == 1 and out.stride(-1) == 1
     offsets = (window_offsets, window_scale_offsets, entry_offsets, entry_scale_offsets)
@@ -334,5 +476,26 @@ def prefill_attention(q: torch.Tensor, ring: torch.Tensor, window_offsets: torch
         q, ring, window_offsets, window_scale_offsets, pages, entry_offsets, entry_scale_offsets, sink, out, heads, W,
         K, scale, base[0], base[1], q.stride(0), q.stride(1), window_offsets.stride(0), entry_offsets.stride(0),
         out.stride(0), out.stride(1), D=dim, HB=HEADS, KT=KEY_TILE, SUB=decode_rows, GATHERED=gathered,
-        num_warps=WARPS)
+        SKIP=skip, num_warps=WARPS)
+    return out
+
+
+def prefill_attention_decoded(q: torch.Tensor, window_keys: torch.Tensor, window_rows: torch.Tensor,
+                              entry_keys: torch.Tensor, entry_rows: torch.Tensor, sink: torch.Tensor, scale: float,
+                              out: torch.Tensor) -> torch.Tensor:
+    """q [n, h, D] bf16 (rotated); window_keys / entry_keys [*, D] bf16, the keys decoded
+    (sparse_attention.decode_keys); window_rows [n, W] / entry_rows [n, k] int64 rows of them
+    (< 0: masked); sink [h] fp32. Writes and returns out [n, h, D] fp32: what prefill_attention
+    computes over those keys in their FP8 and FP4 forms, bit for bit."""
+    n, heads, dim = q.shape
+    assert dim == D_MODEL and q.dtype == torch.bfloat16 and q.stride(-1) == 1 and out.stride(-1) == 1
+    for keys in (window_keys, entry_keys):
+        assert keys.dtype == torch.bfloat16 and keys.is_contiguous() and keys.shape[-1] == dim
+    assert window_rows.stride(-1) == 1 and entry_rows.stride(-1) == 1
+    if n == 0:
+        return out
+    _attention_rows_kernel[(n, triton.cdiv(heads, HEADS))](
+        q, window_keys, window_rows, entry_keys, entry_rows, sink, out, heads, window_rows.shape[1],
+        entry_rows.shape[1], scale, q.stride(0), q.stride(1), window_rows.stride(0), entry_rows.stride(0),
+        out.stride(0), out.stride(1), D=dim, HB=HEADS, KT=KEY_TILE, num_warps=WARPS)
     return out

@@ -28,7 +28,8 @@ from ..config import LayerRole, ModelConfig
 from ..device import to_device
 from ..kernels.attention_queries import Queries
 from ..kernels.ring_write import write_rows
-from ..kernels.sparse_attention import LaunchPlan, launch_plan, prefill_form_fits, sparse_attention
+from ..kernels.sparse_attention import (LaunchPlan, attend_decoded, decode_keys, decoded_form, launch_plan,
+                                        prefill_form_fits, sparse_attention)
 from ..ops import ReferenceOps
 from ..rope import Rope
 from .compressor import compress
@@ -304,8 +305,7 @@ def _entry_offsets(role: LayerRole, runs: list[SeqRun], device) -> tuple[tuple[t
     every run in one lookup, and each run's own K (-1 for both past it). The layers after an
     index source read its top-k lists of the same source: they reuse its offsets (pages only
     grow, so an entry's offsets never move)."""
-    topks = [run.shared.get("topk") if role.ratio else None for run in runs]
-    topks = [None if t is None or t.shape[1] == 0 else t for t in topks]
+    topks = [_run_topk(role, run) for run in runs]
     key = ("entry offsets", offsets(runs))
     last = runs[0].shared.get(key)
     if last is not None and last[0] == role.kv_source and all(a is b for a, b in zip(last[1], topks)):
@@ -409,7 +409,32 @@ def scratch_attention(cfg: ModelConfig, run: SeqRun, role: LayerRole, q: Queries
     m = cached_pos.shape[0]
     rows = (m + torch.arange(run.n, device=device))[:, None] - torch.arange(window - 1, -1, -1, device=device)
     valid = (rows >= 0) & (key_pos[rows.clamp_min(0)] > q_pos[:, None] - window)
+    cache.ring_store(layer, run.start, kv, packed)
+    if decoded_form(q, D):  # every key decoded once, not once per query that reads it
+        key_rows = torch.arange(codes.shape[0], device=device)
+        window_keys = decode_keys(scratch, key_rows * D, codes.numel() + key_rows * (D // 32), D, fp4=False)
+        entry_keys, entry_rows = _decoded_entries(role, run, device)
+        return attend_decoded(q, window_keys, torch.where(valid, rows, -1), entry_keys, entry_rows, sink, D**-0.5)
     win_off = torch.where(valid, rows * D, -1)
     win_soff = codes.numel() + rows.clamp_min(0) * (D // 32)
-    cache.ring_store(layer, run.start, kv, packed)
     return sparse_attention(q, scratch, win_off, win_soff, cache.pool.pages_buffer, *entries, sink, D**-0.5)
+
+
+def _decoded_entries(role: LayerRole, run: SeqRun, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every entry of the run's source decoded [E, D] bf16 (its table's pages, entry by entry)
+    and each query's selected ones as rows of it [n, k] (< 0: none): what _entry_offsets
+    points at in the pages."""
+    topk = _run_topk(role, run)
+    D = run.cache.layout.head_dim
+    if topk is None:
+        return torch.zeros(1, D, dtype=torch.bfloat16, device=device), _no_entries([run], device, 1)[0]
+    table = run.cache.device_table(role.kv_source)
+    ids = torch.arange(table.shape[0] * run.cache.layout.page_entries, device=device)
+    codes, scales = page_offsets(run.cache.layout, table, ids, mask=True)
+    return decode_keys(run.cache.pool.pages_buffer, codes, scales, D, fp4=True), topk
+
+
+def _run_topk(role: LayerRole, run: SeqRun) -> torch.Tensor | None:
+    """The run's top-k entry lists of role's source [n, k] (-1: none), or None where it has none."""
+    topk = run.shared.get("topk") if role.ratio else None
+    return None if topk is None or topk.shape[1] == 0 else topk

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from dsflash.model.kernels import sparse_attention_gluon
-from dsflash.model.kernels.sparse_attention import sparse_attention, sparse_attention_ref
+from dsflash.model.kernels.sparse_attention import attend_decoded, decode_keys, sparse_attention, sparse_attention_ref
 
 D = 512
 E2M1 = torch.tensor([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6])
@@ -133,35 +133,68 @@ def test_gluon_form_takes_queries_before_rope(monkeypatch):
     assert torch.equal(got, want)
 
 
-# run apart from the test process: under TRITON_INTERPRET (CI) the language's own helpers that
-# Gluon calls (gl.max, gl.sum) are interpreter objects, which the compiler cannot take. The
-# pointers are 16-byte aligned, as torch's allocations are and a launch specializes them.
-_COMPILE_BOTH_FORMS = """
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.experimental.gluon._runtime import GluonASTSource
-from dsflash.model.kernels import sparse_attention_gluon as g
-
-fn = g._attention_kernel
-types = {"q_ptr": "*bf16", "ring_ptr": "*u8", "page_ptr": "*u8", "sink_ptr": "*fp32", "o_ptr": "*fp32",
-         "scale": "fp32", **{name: "*i64" for name in ("win_off", "win_soff", "ent_off", "ent_soff")}}
-for gathered in (True, False):
-    constants = dict(D=g.D_MODEL, HB=g.HEADS, KT=g.KEY_TILE, SUB=g.DECODE_ROWS, GATHERED=gathered, num_warps=g.WARPS)
-    signature = {n: "constexpr" if n in constants else types.get(n, "i32") for n in fn.arg_names}
-    aligned = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n, ty in signature.items() if ty[0] == "*"}
-    source = GluonASTSource(fn, signature, {(fn.arg_names.index(n),): v for n, v in constants.items()}, aligned)
-    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=g.WARPS))
-    assert compiled.asm["cubin"] and "wgmma.mma_async" in compiled.asm["ptx"]
-    print("compiled", gathered)
-"""
+# run apart from the test process, as the bench's compile-only tool: under TRITON_INTERPRET (CI)
+# the language's own helpers that Gluon calls (gl.max, gl.sum) are interpreter objects, which
+# the compiler cannot take. It compiles a launch's specialization (pointers on 16 bytes).
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def test_the_kernel_compiles_for_hopper_anywhere():
-    """Gluon does not run in the interpreter, so CI compiles the kernel, both forms, for sm_90
-    instead (no GPU needed): the pinned Triton's Gluon API and the kernel's layouts stay in
-    step. The GPU tests above check what it computes."""
+@pytest.mark.parametrize("kernel, variants", [("attention_gluon", ";GATHERED=0"), ("attention_rows", "")])
+def test_the_kernels_compile_for_hopper_anywhere(kernel, variants):
+    """Gluon does not run in the interpreter, so CI compiles the kernels, every form, for sm_90
+    instead (no GPU needed): the pinned Triton's Gluon API and the kernels' layouts stay in
+    step. The GPU tests above check what they compute."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    done = subprocess.run([sys.executable, "-c", _COMPILE_BOTH_FORMS], env=env, capture_output=True, text=True,
-                          timeout=600)
-    assert done.returncode == 0 and done.stdout.split() == ["compiled", "True", "compiled", "False"], \
-        done.stderr[-3000:]
+    done = subprocess.run([sys.executable, "bench/kernel_resources.py", "--kernel", kernel, "--variants", variants],
+                          env=env, cwd=_ROOT, capture_output=True, text=True, timeout=600)
+    compiled = [line for line in done.stdout.splitlines() if line.startswith(f"[resources] {kernel} ")]
+    assert done.returncode == 0 and len(compiled) == len(variants.split(";")), done.stderr[-3000:]
+    assert all("REG:" in line for line in compiled), compiled
+
+
+def test_decode_keys_decodes_both_kinds_exactly():
+    """decode_keys (the decoded form's keys, one decode a key): FP8 window keys and FP4 entries
+    at their byte offsets -> bf16 rows equal to their exact values; masked keys -> zeros. Runs
+    in the interpreter too."""
+    g = torch.Generator().manual_seed(5)
+    rows = 64
+    ring, window, pages, entries = _keys(rows, g)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    pick = torch.tensor([3, -1, 0, 63, 17, 17])
+    live = (pick >= 0)[:, None]
+    at = pick.clamp_min(0)
+    got = decode_keys(ring.to(device), torch.where(pick >= 0, at * D, -1).to(device),
+                      (rows * D + at * (D // 32)).to(device), D, fp4=False).cpu()
+    assert got.dtype == torch.bfloat16 and torch.equal(got.float(), torch.where(live, window[at], 0.0))
+    got = decode_keys(pages.to(device), torch.where(pick >= 0, at * (D // 2), -1).to(device),
+                      (rows * (D // 2) + at * (D // 16)).to(device), D, fp4=True).cpu()
+    assert torch.equal(got.float(), torch.where(live, entries[at], 0.0))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n, heads, W, K", [(300, 64, 128, 512), (257, 40, 100, 37), (256, 128, 64, 0)])
+def test_decoded_form_attends_as_the_byte_form(n, heads, W, K):
+    """The decoded form (keys decoded once into bf16 rows, attend_decoded) against the form
+    that decodes each query's keys from their bytes: the same keys, the same tiles and order
+    of sums, so the same outputs bit for bit; masked keys and a query that sees nothing too."""
+    if not sparse_attention_gluon.usable(torch.empty(1, device="cuda"), D):
+        pytest.skip("the Gluon form is for Hopper GPUs")
+    g = torch.Generator().manual_seed(n + K)
+    rows = 4096
+    ring, window, pages, entries = _keys(rows, g)
+    q = (torch.randn(n, heads, D, generator=g) * 0.5).bfloat16().cuda()
+    w_rows = torch.where(torch.rand(n, W, generator=g) > 0.1, torch.randint(0, rows, (n, W), generator=g), -1)
+    e_rows = torch.where(torch.rand(n, K, generator=g) > 0.2, torch.randint(0, rows, (n, K), generator=g), -1)
+    w_rows[0], e_rows[0] = -1, -1
+    sink = torch.randn(heads, generator=g).cuda()
+    w_off, w_soff = torch.where(w_rows >= 0, w_rows * D, -1), rows * D + w_rows.clamp_min(0) * (D // 32)
+    e_off, e_soff = torch.where(e_rows >= 0, e_rows * (D // 2), -1), rows * (D // 2) + e_rows.clamp_min(0) * (D // 16)
+    byte_form = sparse_attention(q, ring.cuda(), w_off.cuda(), w_soff.cuda(), pages.cuda(), e_off.cuda(),
+                                 e_soff.cuda(), sink, D**-0.5, prefill=True)
+    every = torch.arange(rows)
+    window_keys = decode_keys(ring.cuda(), (every * D).cuda(), (rows * D + every * (D // 32)).cuda(), D, fp4=False)
+    entry_keys = decode_keys(pages.cuda(), (every * (D // 2)).cuda(), (rows * (D // 2) + every * (D // 16)).cuda(),
+                             D, fp4=True)
+    got = attend_decoded(q, window_keys, w_rows.cuda(), entry_keys, e_rows.cuda(), sink, D**-0.5)
+    assert torch.equal(got, byte_form)
+    assert got[0].abs().max() == 0
