@@ -6,8 +6,9 @@ With --bf16-queries every variant takes faithful mode's bf16 queries, as the mod
 them, GLUON=0/1 switches between the Triton form and sparse_attention_gluon, and
 GLUON_GATHER=0 has the latter read the keys in place (no gather_keys copies), and GLUON_SKIP
 leaves phases of its step out (an ablation: sparse_attention_gluon's SKIP); the decoded form
-(attend_decoded: keys decoded once, read as bf16 rows) is timed beside them, and
---whole-variants "GLUON_DECODED=0;GLUON_DECODED=1" A/Bs it in whole prefills.
+(attend_decoded: keys decoded once, read as bf16 rows; the Gluon form for bf16 queries, the
+two-pass form for fp32 ones) is timed beside them, and --whole-variants "DECODED=0;DECODED=1"
+A/Bs it in whole prefills (--whole-exact: in exact mode).
 
     python bench/prefill_attention_stages.py [--variants "BOTH=1,num_warps=8,KT=64;TWO_PASS=0"]
     python bench/prefill_attention_stages.py --bf16-queries --variants "GLUON=0;GLUON=1;GLUON=1,GLUON_GATHER=0"
@@ -64,7 +65,9 @@ parser.add_argument("--whole", type=int, default=0,
                     help="then whole faithful prefills of this many tokens on the bench preset, --whole-variants in"
                          " turn in one process (lent machines differ by more than the change)")
 parser.add_argument("--whole-variants", default="GLUON=0;GLUON=1",
-                    help="';'-separated tiles the whole prefills take in turn (over BF16_PREFILL_TILES)")
+                    help="';'-separated tiles the whole prefills take in turn (over BF16_PREFILL_TILES, or with"
+                         " --whole-exact over PREFILL_TILES)")
+parser.add_argument("--whole-exact", action="store_true", help="the whole prefills in exact mode (not faithful)")
 parser.add_argument("--chunk", type=int, default=16384, help="the whole prefills' chunk (token budget)")
 parser.add_argument("--budget-s", type=float, default=300.0)
 options = parser.parse_args()
@@ -80,8 +83,9 @@ for round_ in range(2):
         except Exception as exc:
             print(f"[attn] {v}: {type(exc).__name__}: {str(exc)[:150]}", flush=True)
 
-if options.bf16_queries:  # the decoded form: the keys decoded once (timed with it), then read as bf16 rows
+if True:  # the decoded form: the keys decoded once (timed with it), then read as bf16 rows
     every = torch.arange(rows, device=dev)
+    shipped = faithful_ref if options.bf16_queries else ref
 
     def decoded():
         window_keys = sa.decode_keys(ring, every * D, rows * D + every * (D // 32), D, fp4=False)
@@ -91,23 +95,25 @@ if options.bf16_queries:  # the decoded form: the keys decoded once (timed with 
 
     for round_ in range(2):
         ms = h200.cuda_time(decoded, iters=5, warmup=2) * 1e3
-        diff = ((decoded() - faithful_ref).abs().max() / faithful_ref.abs().max()).item()
+        diff = ((decoded() - shipped).abs().max() / shipped.abs().max()).item()
         print(f"[attn] round {round_} decoded (keys decoded once, {2 * rows} keys, timed with it): {ms:.2f} ms "
-              f"({flops / ms / 1e9:.0f} TFLOP/s), max rel diff to faithful shipped {diff:.1e}", flush=True)
+              f"({flops / ms / 1e9:.0f} TFLOP/s), max rel diff to the shipped byte form {diff:.1e}", flush=True)
 
 if options.whole:
     import time
 
     h200.DEADLINE[0] = time.monotonic() + options.budget_s
-    del q, args, ref, faithful_ref, query, ring, pages
+    del q, args, ref, faithful_ref, query, ring, pages, shipped
     torch.cuda.empty_cache()
-    model, _ = h200.build_model(fast=True, preset="bench", act_quant=True)
-    shipped = dict(sa.BF16_PREFILL_TILES)
+    model, _ = h200.build_model(fast=True, preset="bench", act_quant=not options.whole_exact)
+    tiles = sa.PREFILL_TILES if options.whole_exact else sa.BF16_PREFILL_TILES
+    mode = "exact" if options.whole_exact else "faithful"
+    shipped_tiles = dict(tiles)
     for round_ in range(3):  # round 0 compiles every variant's kernels (its figures include that)
         for v in h200.variants(options.whole_variants):
-            sa.BF16_PREFILL_TILES.update(v)
+            tiles.update(v)
             name = "_".join(f"{k}{x}" for k, x in v.items()) or "shipped"
-            h200.prefill(model, [options.whole], f"whole_faithful_{name}_round{round_}", warm_first=round_ == 0,
+            h200.prefill(model, [options.whole], f"whole_{mode}_{name}_round{round_}", warm_first=round_ == 0,
                          chunk=options.chunk)
-            sa.BF16_PREFILL_TILES.clear()
-            sa.BF16_PREFILL_TILES.update(shipped)
+            tiles.clear()
+            tiles.update(shipped_tiles)

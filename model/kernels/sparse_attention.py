@@ -203,6 +203,39 @@ def _entry_halves(packed, sbytes, parity, KT: tl.constexpr, C: tl.constexpr, PTX
 
 
 @triton.jit
+def _decoded_half(keys_ptr, rows_ptr, row, j, last, half, C: tl.constexpr):
+    """Keys j (< last) of the query whose rows start at `row`, from decode_keys' bf16 rows [*, 2C]:
+    their columns half * C .. half * C + C as fp32 [KT, C], and which keys are valid (rows >= 0)."""
+    r = tl.load(rows_ptr + row + j, mask=j < last, other=-1)
+    valid = r >= 0
+    keys = tl.load(keys_ptr + r.to(tl.int64)[:, None] * (2 * C) + half * C + tl.arange(0, C)[None, :],
+                   mask=valid[:, None], other=0.0)
+    return keys.to(tl.float32), valid
+
+@triton.jit
+def _tile_halves(ring16_ptr, win_off, win_soff, page_ptr, ent_off, ent_soff, row, j, last, parity,
+                 KT: tl.constexpr, C: tl.constexpr, PTX: tl.constexpr, GATHERED: tl.constexpr, DECODED: tl.constexpr,
+                 ENTRIES: tl.constexpr, OTHER: tl.constexpr):
+    """Key tile j (< last) of the query whose offsets start at `row`, window keys or with ENTRIES
+    selected entries, as its column halves: (own, other, valid), own the columns of `parity`.
+    Halves are even and odd columns as stored; DECODED (decode_keys' rows, the offsets rows of
+    them), the first and last C columns, `other` loaded only where OTHER asks (else own again)."""
+    if DECODED:
+        keys_ptr = page_ptr if ENTRIES else ring16_ptr
+        rows_ptr = ent_off if ENTRIES else win_off
+        own, valid = _decoded_half(keys_ptr, rows_ptr, row, j, last, parity, C)
+        other = own
+        if OTHER:
+            other, _ = _decoded_half(keys_ptr, rows_ptr, row, j, last, 1 - parity, C)
+    elif ENTRIES:
+        packed, sbytes, valid = _entry_bytes(page_ptr, ent_off, ent_soff, row, j, last, KT, C, GATHERED)
+        own, other = _entry_halves(packed, sbytes, parity, KT, C, PTX)
+    else:
+        words, exps, valid = _window_bytes(ring16_ptr, win_off, win_soff, row, j, last, KT, C, GATHERED)
+        own, other = _window_halves(words, exps, parity, KT, C, PTX)
+    return own, other, valid
+
+@triton.jit
 def _gather_keys_kernel(src_ptr, off_ptr, soff_ptr, dst_ptr, total, base, sbase, CB: tl.constexpr,
                         SB: tl.constexpr, R: tl.constexpr):
     """Keys k of a flattened offset table: their CB code bytes, then SB scale bytes, copied to
@@ -428,12 +461,14 @@ def _prefill_attention_kernel(q_ptr, ring16_ptr, win_off, win_soff, page_ptr, en
 def _prefill_logits_kernel(q_ptr, ring16_ptr, win_off, win_soff, page_ptr, ent_off, ent_soff, s_ptr, ml_ptr,
                            H, W, K, scale, sqp, sqn, sqh, swn, sen, ssn, ssh,
                            D: tl.constexpr, HB: tl.constexpr, KT: tl.constexpr, QP: tl.constexpr, PTX: tl.constexpr,
-                           GATHERED: tl.constexpr):
+                           GATHERED: tl.constexpr, DECODED: tl.constexpr):
     """Two-pass prefill form, pass 1, program (query i, head block): the logits of every key,
     window tiles then entry tiles (columns from tile t at t * KT), stored to s, and their max
     and sum of e^(logit - max) per head to ml. No [heads, D] accumulator here: the keys are
     decoded once per query, and the logits computed once (the one-pass form's two programs of
-    a query each compute them all)."""
+    a query each compute them all). DECODED: ring16_ptr and page_ptr are decode_keys' bf16
+    rows and win_off and ent_off each query's rows of them; the query's halves are its first
+    and last D / 2 columns (not its even and odd ones)."""
     i = tl.program_id(0)
     heads = tl.program_id(1) * HB + tl.arange(0, HB)
     c = tl.arange(0, D // 2)
@@ -446,15 +481,15 @@ def _prefill_logits_kernel(q_ptr, ring16_ptr, win_off, win_soff, page_ptr, ent_o
     kt = tl.arange(0, KT)
     row = s_ptr + i * ssn + heads[:, None] * ssh
     for t0 in range(0, W, KT):
-        words, exps, valid = _window_bytes(ring16_ptr, win_off, win_soff, i * swn, t0 + kt, W, KT, D // 2, GATHERED)
-        k_even, k_odd = _window_halves(words, exps, 0, KT, D // 2, PTX)
+        k_even, k_odd, valid = _tile_halves(ring16_ptr, win_off, win_soff, page_ptr, ent_off, ent_soff, i * swn, t0 + kt, W, 0,
+                                            KT, D // 2, PTX, GATHERED, DECODED, False, True)
         logits = _logits(q_even, q_odd, k_even, k_odd, valid, scale, HB, KT, QP, PTX)
         tl.store(row + (t0 + kt)[None, :], logits, mask=live[:, None])
         m_i, l_i, _, _ = _softmax_step(logits, m_i, l_i)
     first = tl.cdiv(W, KT) * KT
     for t0 in range(0, K, KT):
-        packed, sbytes, valid = _entry_bytes(page_ptr, ent_off, ent_soff, i * sen, t0 + kt, K, KT, D // 2, GATHERED)
-        k_even, k_odd = _entry_halves(packed, sbytes, 0, KT, D // 2, PTX)
+        k_even, k_odd, valid = _tile_halves(ring16_ptr, win_off, win_soff, page_ptr, ent_off, ent_soff, i * sen, t0 + kt, K, 0,
+                                            KT, D // 2, PTX, GATHERED, DECODED, True, True)
         logits = _logits(q_even, q_odd, k_even, k_odd, valid, scale, HB, KT, QP, PTX)
         tl.store(row + (first + t0 + kt)[None, :], logits, mask=live[:, None])
         m_i, l_i, _, _ = _softmax_step(logits, m_i, l_i)
@@ -466,9 +501,10 @@ def _prefill_logits_kernel(q_ptr, ring16_ptr, win_off, win_soff, page_ptr, ent_o
 def _prefill_values_kernel(ring16_ptr, win_off, win_soff, page_ptr, ent_off, ent_soff, s_ptr, ml_ptr, sink_ptr, o_ptr,
                            H, W, K, swn, sen, ssn, ssh, son, soh,
                            D: tl.constexpr, HB: tl.constexpr, KT: tl.constexpr, PP: tl.constexpr, PTX: tl.constexpr,
-                           GATHERED: tl.constexpr):
+                           GATHERED: tl.constexpr, DECODED: tl.constexpr):
     """Two-pass prefill form, pass 2, program (query i, head block, column parity): e^(logit -
-    max) of pass 1's logits, weighted sum of the keys' columns 2c + parity, and the sink."""
+    max) of pass 1's logits, weighted sum of the keys' columns 2c + parity, and the sink.
+    DECODED (as pass 1): the program's columns are half `parity` of the row, parity * D / 2 + c."""
     i = tl.program_id(0)
     heads = tl.program_id(1) * HB + tl.arange(0, HB)
     parity = tl.program_id(2)
@@ -481,17 +517,18 @@ def _prefill_values_kernel(ring16_ptr, win_off, win_soff, page_ptr, ent_off, ent
     kt = tl.arange(0, KT)
     row = s_ptr + i * ssn + heads[:, None] * ssh
     for t0 in range(0, W, KT):
-        words, exps, valid = _window_bytes(ring16_ptr, win_off, win_soff, i * swn, t0 + kt, W, KT, D // 2, GATHERED)
-        k_own, _ = _window_halves(words, exps, parity, KT, D // 2, PTX)
+        k_own, _, _ = _tile_halves(ring16_ptr, win_off, win_soff, page_ptr, ent_off, ent_soff, i * swn, t0 + kt, W, parity,
+                                   KT, D // 2, PTX, GATHERED, DECODED, False, False)
         logits = tl.load(row + (t0 + kt)[None, :], mask=live[:, None], other=float("-inf"))
         acc = _add_weighted(tl.exp(logits - m_safe), k_own, acc, PP, PTX)
     first = tl.cdiv(W, KT) * KT
     for t0 in range(0, K, KT):
-        packed, sbytes, valid = _entry_bytes(page_ptr, ent_off, ent_soff, i * sen, t0 + kt, K, KT, D // 2, GATHERED)
-        k_own, _ = _entry_halves(packed, sbytes, parity, KT, D // 2, PTX)
+        k_own, _, _ = _tile_halves(ring16_ptr, win_off, win_soff, page_ptr, ent_off, ent_soff, i * sen, t0 + kt, K, parity,
+                                   KT, D // 2, PTX, GATHERED, DECODED, True, False)
         logits = tl.load(row + (first + t0 + kt)[None, :], mask=live[:, None], other=float("-inf"))
         acc = _add_weighted(tl.exp(logits - m_safe), k_own, acc, PP, PTX)
-    _finish(sink_ptr, heads, H, m_i, l_i, acc, o_ptr + i * son + heads[:, None] * soh + (2 * c + parity)[None, :])
+    columns = parity * (D // 2) + c if DECODED else 2 * c + parity
+    _finish(sink_ptr, heads, H, m_i, l_i, acc, o_ptr + i * son + heads[:, None] * soh + columns[None, :])
 
 
 @triton.jit
@@ -569,12 +606,15 @@ KEY_TILE = 16  # keys per step of the online softmax (decode form)
 # session, 8,192 queries: 10.0 -> 4.52 ms). GLUON_GATHER=0: it reads the keys in place where
 # the pool's offsets allow (`in_place`), without gather_keys' copies (H200, twentieth session,
 # 8,192 queries: 4.16 -> 3.15 ms; a faithful 32K prefill 1.63-1.69 -> 1.54-1.55 s alternated).
-# GLUON_SKIP: a bench's ablation (sparse_attention_gluon's SKIP). GLUON_DECODED: a prefill
-# chunk's attention (layers/attention_kernel.scratch_attention) decodes its window and its
-# entries once each into bf16 rows and the Gluon form reads those (attend_decoded): no decode
-# per query, the next tile's keys copied while the tensor cores work.
+# GLUON_SKIP: a bench's ablation (sparse_attention_gluon's SKIP). DECODED: a prefill chunk's
+# attention (layers/attention_kernel.scratch_attention) decodes its window and its entries
+# once each into bf16 rows, and the Gluon form (faithful mode) or the two-pass form (exact
+# mode) reads those (attend_decoded, decoded_form): no decode per query (H200, twentieth
+# session, 8,192 queries: the Gluon form 3.12 -> 2.42 ms, decode included). DECODED_EXACT:
+# exact mode's two-pass form too; off until timed (GPU-tested at the golden model's shapes,
+# where it agrees with the byte form to ~1e-6 a layer; not yet run at the release's).
 PREFILL_TILES = {"HB": 64, "KT": 32, "QP": 2, "PP": 2, "GATHER": 1, "num_warps": 4, "num_stages": 2,
-                 "TWO_PASS": 1, "KT2": 64, "BOTH": 0, "GLUON": 0, "GLUON_GATHER": 0, "GLUON_DECODED": 1}
+                 "TWO_PASS": 1, "KT2": 64, "BOTH": 0, "GLUON": 0, "GLUON_GATHER": 0, "DECODED": 1, "DECODED_EXACT": 0}
 BF16_TILES = {"TWO_PASS": 0}
 BF16_PREFILL_TILES = {"BOTH": 1, "KT": 64, "num_warps": 8, "GLUON": 1}
 
@@ -722,14 +762,18 @@ def sparse_attention(q: torch.Tensor | Queries, ring: torch.Tensor, window_offse
 
 
 def decoded_form(q: torch.Tensor | Queries, dim: int) -> bool:
-    """Whether a faithful prefill launch of these queries takes the decoded Gluon form
-    (attend_decoded): bf16 queries filling the GPU, on a Hopper GPU at the head dim the form
-    is laid out for, GLUON and GLUON_DECODED set."""
+    """Whether a prefill chunk's launch over these queries takes keys decoded once
+    (attend_decoded) where DECODED is set: from PREFILL_QUERIES queries, faithful mode's bf16
+    ones on a Hopper GPU at the head dim the Gluon form is laid out for (GLUON set), exact
+    mode's fp32 ones in the two-pass form where DECODED_EXACT is set too (the interpreter too)."""
     first = q.raw if isinstance(q, Queries) else q
     bf16 = q.bf16 if isinstance(q, Queries) else q.dtype == torch.bfloat16
-    t = {**PREFILL_TILES, **BF16_PREFILL_TILES}
-    return (bf16 and first.shape[0] >= PREFILL_QUERIES and bool(t["GLUON"]) and bool(t["GLUON_DECODED"])
-            and not interpreting() and sparse_attention_gluon.usable(first, dim))
+    t = {**PREFILL_TILES, **BF16_PREFILL_TILES} if bf16 else PREFILL_TILES
+    if first.shape[0] < PREFILL_QUERIES or not t["DECODED"] or not prefill_form_fits(dim):
+        return False
+    if bf16:
+        return bool(t["GLUON"]) and not interpreting() and sparse_attention_gluon.usable(first, dim)
+    return bool(t["TWO_PASS"] and t["DECODED_EXACT"])
 
 
 def attend_decoded(q: torch.Tensor | Queries, window_keys: torch.Tensor, window_rows: torch.Tensor,
@@ -737,15 +781,27 @@ def attend_decoded(q: torch.Tensor | Queries, window_keys: torch.Tensor, window_
                    ) -> torch.Tensor:
     """sparse_attention over keys decoded once (decode_keys): window_keys / entry_keys [*, D]
     bf16, and each query's rows of them, window_rows [n, W] and entry_rows [n, k] (< 0:
-    masked). What sparse_attention computes over the same keys in their FP8 and FP4 bytes, bit
-    for bit, where decoded_form says."""
+    masked), where decoded_form says. bf16 queries: the Gluon form, what sparse_attention
+    computes over the same keys in their FP8 and FP4 bytes bit for bit; fp32 ones: the two-pass
+    form with the queries' halves as their first and last columns (the same products, summed
+    in another order than the byte form's even and odd columns)."""
     first = q.raw if isinstance(q, Queries) else q
-    queries = query_parts(q, 1, interleave=1)[0] if isinstance(q, Queries) else q.contiguous()
+    n, heads, dim = first.shape
     out = torch.empty(first.shape, dtype=torch.float32, device=first.device)
-    return sparse_attention_gluon.prefill_attention_decoded(queries, window_keys, window_rows.contiguous(),
-                                                            entry_keys, entry_rows.contiguous(),
-                                                            sink.float().contiguous(), scale, out)
-
+    window_rows, entry_rows, sink = window_rows.contiguous(), entry_rows.contiguous(), sink.float().contiguous()
+    if q.bf16 if isinstance(q, Queries) else q.dtype == torch.bfloat16:
+        queries = query_parts(q, 1, interleave=1)[0] if isinstance(q, Queries) else q.contiguous()
+        return sparse_attention_gluon.prefill_attention_decoded(queries, window_keys, window_rows, entry_keys,
+                                                                entry_rows, sink, scale, out)
+    t, ptx = PREFILL_TILES, not interpreting()
+    if isinstance(q, Queries) and ptx and attention_queries.ONE_PASS:
+        parts = query_parts(q, t["QP"], interleave=1)
+    else:  # the interpreter dots in fp32: the rotated queries are the one part
+        rotated = q.rotated() if isinstance(q, Queries) else q
+        parts = bf16_parts(rotated, t["QP"]) if ptx else rotated.float()[None]
+    plan = launch_plan(n, entry_rows.shape[1], heads, dim, prefill=True)
+    return _two_pass(parts, window_keys, window_rows, window_rows, entry_keys, entry_rows, entry_rows, sink, out,
+                     scale, plan.head_block, t, ptx, None, decoded=True)
 
 def _gathered(ring: torch.Tensor, pages: torch.Tensor, w_off: torch.Tensor, w_soff: torch.Tensor,
               e_off: torch.Tensor, e_soff: torch.Tensor, dim: int, window_base: tuple[int, int]
@@ -765,18 +821,21 @@ def _shifted(w_off: torch.Tensor, w_soff: torch.Tensor, base: tuple[int, int]) -
 
 
 def _two_pass(parts, ring, w_off, w_soff, pages, e_off, e_soff, sink, out, scale: float, head_block: int, t: dict,
-              ptx: bool, num_warps: int | None) -> torch.Tensor:
+              ptx: bool, num_warps: int | None, decoded: bool = False) -> torch.Tensor:
     """The prefill form in two launches (_prefill_logits_kernel, _prefill_values_kernel): the
-    logits once per query, through a [n, heads, keys] fp32 buffer, then the weighted sums."""
+    logits once per query, through a [n, heads, keys] fp32 buffer, then the weighted sums.
+    `decoded`: ring and pages are decode_keys' rows, w_off and e_off each query's rows of them."""
     n, heads, dim = out.shape
     W, K, KT = w_off.shape[1], e_off.shape[1], t["KT2"]
     width = triton.cdiv(W, KT) * KT + triton.cdiv(K, KT) * KT
     logits = torch.empty(n, heads, width, dtype=torch.float32, device=out.device)
     ml = torch.empty(n, heads, 2, dtype=torch.float32, device=out.device)
     grid = (n, triton.cdiv(heads, head_block))
-    common = dict(D=dim, HB=head_block, KT=KT, PTX=ptx, GATHERED=bool(t["GATHER"]),
-                  num_warps=num_warps or t["num_warps"], num_stages=t["num_stages"])
-    ring16 = ring.view(torch.int16)
+    # decoded: one stage, as two would stage both bf16 halves of a 64-key tile twice (278 KB of
+    # shared memory at the release's shapes; one 196 KB, and fewer spills than the byte form's)
+    common = dict(D=dim, HB=head_block, KT=KT, PTX=ptx, GATHERED=bool(t["GATHER"]) and not decoded, DECODED=decoded,
+                  num_warps=num_warps or t["num_warps"], num_stages=1 if decoded else t["num_stages"])
+    ring16 = ring if decoded else ring.view(torch.int16)
     _prefill_logits_kernel[grid](parts, ring16, w_off, w_soff, pages, e_off, e_soff, logits, ml, heads, W, K, scale,
                                  parts.stride(0), parts.stride(1), parts.stride(2), w_off.stride(0), e_off.stride(0),
                                  logits.stride(0), logits.stride(1), QP=parts.shape[0], **common)
