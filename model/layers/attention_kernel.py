@@ -394,7 +394,9 @@ def scratch_attention(cfg: ModelConfig, run: SeqRun, role: LayerRole, q: Queries
                       sink) -> torch.Tensor:
     """A run too long for the ring (or after a gap in it): old window rows and this run's rows go
     into one small scratch buffer (a long chunk would overwrite its own early rows in the ring);
-    entries are read where they live in the pages."""
+    entries are read where they live in the pages. Where decoded_form says (a prefill chunk),
+    the scratch's keys and the source's entries are decoded once into bf16 rows instead, and
+    each query reads its rows of them (attend_decoded)."""
     cache, layer, window, D = run.cache, role.index, cfg.sliding_window, cfg.head_dim
     device = q.raw.device  # the pool's device too (ops.reads_cache_in_place): every index is built here
     cached_pos = cache.window_positions(layer, run.start - window + 1, run.start, device=device)
