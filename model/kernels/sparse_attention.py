@@ -481,14 +481,16 @@ def _prefill_logits_kernel(q_ptr, ring16_ptr, win_off, win_soff, page_ptr, ent_o
     kt = tl.arange(0, KT)
     row = s_ptr + i * ssn + heads[:, None] * ssh
     for t0 in range(0, W, KT):
-        k_even, k_odd, valid = _tile_halves(ring16_ptr, win_off, win_soff, page_ptr, ent_off, ent_soff, i * swn, t0 + kt, W, 0,
+        k_even, k_odd, valid = _tile_halves(ring16_ptr, win_off, win_soff, page_ptr, ent_off, ent_soff,
+                                            i * swn, t0 + kt, W, 0,
                                             KT, D // 2, PTX, GATHERED, DECODED, False, True)
         logits = _logits(q_even, q_odd, k_even, k_odd, valid, scale, HB, KT, QP, PTX)
         tl.store(row + (t0 + kt)[None, :], logits, mask=live[:, None])
         m_i, l_i, _, _ = _softmax_step(logits, m_i, l_i)
     first = tl.cdiv(W, KT) * KT
     for t0 in range(0, K, KT):
-        k_even, k_odd, valid = _tile_halves(ring16_ptr, win_off, win_soff, page_ptr, ent_off, ent_soff, i * sen, t0 + kt, K, 0,
+        k_even, k_odd, valid = _tile_halves(ring16_ptr, win_off, win_soff, page_ptr, ent_off, ent_soff,
+                                            i * sen, t0 + kt, K, 0,
                                             KT, D // 2, PTX, GATHERED, DECODED, True, True)
         logits = _logits(q_even, q_odd, k_even, k_odd, valid, scale, HB, KT, QP, PTX)
         tl.store(row + (first + t0 + kt)[None, :], logits, mask=live[:, None])
@@ -517,13 +519,15 @@ def _prefill_values_kernel(ring16_ptr, win_off, win_soff, page_ptr, ent_off, ent
     kt = tl.arange(0, KT)
     row = s_ptr + i * ssn + heads[:, None] * ssh
     for t0 in range(0, W, KT):
-        k_own, _, _ = _tile_halves(ring16_ptr, win_off, win_soff, page_ptr, ent_off, ent_soff, i * swn, t0 + kt, W, parity,
+        k_own, _, _ = _tile_halves(ring16_ptr, win_off, win_soff, page_ptr, ent_off, ent_soff,
+                                   i * swn, t0 + kt, W, parity,
                                    KT, D // 2, PTX, GATHERED, DECODED, False, False)
         logits = tl.load(row + (t0 + kt)[None, :], mask=live[:, None], other=float("-inf"))
         acc = _add_weighted(tl.exp(logits - m_safe), k_own, acc, PP, PTX)
     first = tl.cdiv(W, KT) * KT
     for t0 in range(0, K, KT):
-        k_own, _, _ = _tile_halves(ring16_ptr, win_off, win_soff, page_ptr, ent_off, ent_soff, i * sen, t0 + kt, K, parity,
+        k_own, _, _ = _tile_halves(ring16_ptr, win_off, win_soff, page_ptr, ent_off, ent_soff,
+                                   i * sen, t0 + kt, K, parity,
                                    KT, D // 2, PTX, GATHERED, DECODED, True, False)
         logits = tl.load(row + (first + t0 + kt)[None, :], mask=live[:, None], other=float("-inf"))
         acc = _add_weighted(tl.exp(logits - m_safe), k_own, acc, PP, PTX)

@@ -364,7 +364,8 @@ def _stage_keys_bf16(window_keys, entry_keys, rows_at, t, window_tiles, W, K, ds
     [KT, D] by cp.async, 16 bytes a copy; masked keys come as zeros."""
     L: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [num_warps, 1], [1, 0])
     rows, live = _tile_rows(rows_at, t, window_tiles, W, K, KT, gl.SliceLayout(1, L))
-    at = gl.expand_dims(gl.where(live, rows, 0) * D, 1) + gl.expand_dims(gl.arange(0, D, layout=gl.SliceLayout(0, L)), 0)
+    columns = gl.arange(0, D, layout=gl.SliceLayout(0, L))
+    at = gl.expand_dims(gl.where(live, rows, 0) * D, 1) + gl.expand_dims(columns, 0)
     at = gl.max_contiguous(gl.multiple_of(at, [1, 8]), [1, 8])
     if t < window_tiles:
         _copy(dst, window_keys + at, mask=gl.expand_dims(live, 1))
