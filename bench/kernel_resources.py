@@ -89,7 +89,7 @@ KERNELS = {
         {"q_ptr": "*bf16", "window_keys": "*bf16", "win_rows": "*i64", "entry_keys": "*bf16", "ent_rows": "*i64",
          "sink_ptr": "*fp32", "o_ptr": "*fp32", "scale": "fp32"},
         dict(D=sparse_attention_gluon.D_MODEL, HB=sparse_attention_gluon.HEADS, KT=sparse_attention_gluon.KEY_TILE,
-             num_warps=sparse_attention_gluon.WARPS, num_stages=1),
+             SKIP=0, num_warps=sparse_attention_gluon.WARPS, num_stages=1),
         "",
         sample=dict(H=64, W=128, K=512, sqn=64 * 512, sqh=512, swn=128, sen=512, son=64 * 512, soh=512)),
     "skinny": Kernel(

@@ -68,6 +68,9 @@ parser.add_argument("--whole-variants", default="GLUON=0;GLUON=1",
                     help="';'-separated tiles the whole prefills take in turn (over BF16_PREFILL_TILES, or with"
                          " --whole-exact over PREFILL_TILES)")
 parser.add_argument("--whole-exact", action="store_true", help="the whole prefills in exact mode (not faithful)")
+parser.add_argument("--decoded-skips", default="",
+                    help="with --bf16-queries, the decoded Gluon form's ablations timed too (its SKIP values, e.g."
+                         " 2,4,8,16,10,14)")
 parser.add_argument("--chunk", type=int, default=16384, help="the whole prefills' chunk (token budget)")
 parser.add_argument("--budget-s", type=float, default=300.0)
 options = parser.parse_args()
@@ -94,10 +97,14 @@ if True:  # the decoded form: the keys decoded once (timed with it), then read a
                                  sink, D**-0.5)
 
     for round_ in range(2):
-        ms = h200.cuda_time(decoded, iters=5, warmup=2) * 1e3
-        diff = ((decoded() - shipped).abs().max() / shipped.abs().max()).item()
-        print(f"[attn] round {round_} decoded (keys decoded once, {2 * rows} keys, timed with it): {ms:.2f} ms "
-              f"({flops / ms / 1e9:.0f} TFLOP/s), max rel diff to the shipped byte form {diff:.1e}", flush=True)
+        for skip in [0] + ([int(x) for x in options.decoded_skips.split(",") if x] if options.bf16_queries else []):
+            sa.BF16_PREFILL_TILES["GLUON_SKIP"] = skip  # the Gluon form's ablation (bf16 queries)
+            ms = h200.cuda_time(decoded, iters=5, warmup=2) * 1e3
+            diff = ((decoded() - shipped).abs().max() / shipped.abs().max()).item()
+            print(f"[attn] round {round_} decoded{f' SKIP={skip}' if skip else ''} (keys decoded once, {2 * rows} "
+                  f"keys, timed with it): {ms:.2f} ms ({flops / ms / 1e9:.0f} TFLOP/s), max rel diff to the shipped "
+                  f"byte form {diff:.1e}", flush=True)
+        sa.BF16_PREFILL_TILES.pop("GLUON_SKIP", None)
 
 if options.whole:
     import time

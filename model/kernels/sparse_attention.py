@@ -796,7 +796,8 @@ def attend_decoded(q: torch.Tensor | Queries, window_keys: torch.Tensor, window_
     if q.bf16 if isinstance(q, Queries) else q.dtype == torch.bfloat16:
         queries = query_parts(q, 1, interleave=1)[0] if isinstance(q, Queries) else q.contiguous()
         return sparse_attention_gluon.prefill_attention_decoded(queries, window_keys, window_rows, entry_keys,
-                                                                entry_rows, sink, scale, out)
+                                                                entry_rows, sink, scale, out,
+                                                                BF16_PREFILL_TILES.get("GLUON_SKIP", 0))
     t, ptx = PREFILL_TILES, not interpreting()
     if isinstance(q, Queries) and ptx and attention_queries.ONE_PASS:
         parts = query_parts(q, t["QP"], interleave=1)

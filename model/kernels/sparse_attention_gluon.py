@@ -233,6 +233,29 @@ def _softmax_step(s, valid, scale, m_i, l_i, o, o_layout: gl.constexpr):
 
 
 @gluon.jit
+def _tile_products(q_smem, keys, probs, s_init, valid, scale, m_i, l_i, o, o_layout: gl.constexpr,
+                   SKIP: gl.constexpr):
+    """A key tile's step once its bf16 keys [KT, D] are in shared memory: the logits' wgmma,
+    the softmax, the probabilities through shared memory, the weighted sum's wgmma (both
+    waited where issued). SKIP 2, 4, 8 leave the logits' wgmma, the softmax, the weighted
+    sum's wgmma out (a bench's ablation). Returns m_i, l_i, o."""
+    if SKIP & 2:
+        s = s_init
+    else:
+        s = warpgroup_mma(q_smem, keys.permute((1, 0)), s_init, use_acc=False)
+    if SKIP & 4:
+        p = s
+    else:
+        p, m_i, l_i, o = _softmax_step(s, valid, scale, m_i, l_i, o, o_layout)
+    probs.store(p.to(gl.bfloat16))
+    fence_async_shared()
+    _barrier()
+    if not SKIP & 8:
+        o = warpgroup_mma(probs, keys, o)
+    return m_i, l_i, o
+
+
+@gluon.jit
 def _finish(o, m_i, l_i, sink_ptr, o_ptr, i, h0, H, son, soh, HB: gl.constexpr, D: gl.constexpr,
             o_layout: gl.constexpr):
     """Query i's output rows: the sink joins the denominator only; a query that saw nothing
@@ -318,19 +341,7 @@ def _attention_kernel(q_ptr, ring_ptr, win_off, win_soff, page_ptr, ent_off, ent
             _stage_offsets(win_off, win_soff, ent_off, ent_soff, i, t + 2, window_tiles, W, K, swn, sen,
                            code_at.index(t % 2), scale_at.index(t % 2), KT, num_warps)
         async_copy.commit_group()
-        if SKIP & 2:
-            s = s_init
-        else:
-            s = warpgroup_mma(q_smem, keys.permute((1, 0)), s_init, use_acc=False)
-        if SKIP & 4:
-            p = s
-        else:
-            p, m_i, l_i, o = _softmax_step(s, valid, scale, m_i, l_i, o, o_layout)
-        probs.store(p.to(gl.bfloat16))
-        fence_async_shared()
-        _barrier()
-        if not SKIP & 8:
-            o = warpgroup_mma(probs, keys, o)
+        m_i, l_i, o = _tile_products(q_smem, keys, probs, s_init, valid, scale, m_i, l_i, o, o_layout, SKIP)
 
     _finish(o, m_i, l_i, sink_ptr, o_ptr, i, h0, H, son, soh, HB, D, o_layout)
 
@@ -376,12 +387,13 @@ def _stage_keys_bf16(window_keys, entry_keys, rows_at, t, window_tiles, W, K, ds
 @gluon.jit
 def _attention_rows_kernel(q_ptr, window_keys, win_rows, entry_keys, ent_rows, sink_ptr, o_ptr, H, W, K, scale,
                            sqn, sqh, swn, sen, son, soh, D: gl.constexpr, HB: gl.constexpr, KT: gl.constexpr,
-                           num_warps: gl.constexpr):
+                           SKIP: gl.constexpr, num_warps: gl.constexpr):
     """The decoded form. Program (query i, head block): every key of the query, window tiles
     then entry tiles, as bf16 rows already decoded (decode_keys): a tile's keys land in shared
     memory by cp.async one tile ahead, in one of two buffers, while the tensor cores work on
     the tile before; its rows are staged two ahead (three buffers: a tile's rows are read in
-    its own step and the one before)."""
+    its own step and the one before). SKIP: as _attention_kernel's (2, 4, 8, and 16 the keys'
+    copies), a bench's ablation."""
     i = gl.program_id(0)
     h0 = gl.program_id(1) * HB
     o_layout: gl.constexpr = O_LAYOUT
@@ -411,20 +423,16 @@ def _attention_rows_kernel(q_ptr, window_keys, win_rows, entry_keys, ent_rows, s
         fence_async_shared()
         _barrier()
         if t + 1 < tiles:
-            _stage_keys_bf16(window_keys, entry_keys, rows_at.index((t + 1) % 3), t + 1, window_tiles, W, K,
-                             keys.index((t + 1) % 2), KT, D, num_warps)
+            if not SKIP & 16:
+                _stage_keys_bf16(window_keys, entry_keys, rows_at.index((t + 1) % 3), t + 1, window_tiles, W, K,
+                                 keys.index((t + 1) % 2), KT, D, num_warps)
         if t + 2 < tiles:
             _stage_rows(win_rows, ent_rows, i, t + 2, window_tiles, W, K, swn, sen, rows_at.index((t + 2) % 3), KT,
                         num_warps)
         async_copy.commit_group()
         _, valid = _tile_rows(rows_at.index(t % 3), t, window_tiles, W, K, KT, gl.SliceLayout(0, s_layout))
         current = keys.index(t % 2)
-        s = warpgroup_mma(q_smem, current.permute((1, 0)), s_init, use_acc=False)
-        p, m_i, l_i, o = _softmax_step(s, valid, scale, m_i, l_i, o, o_layout)
-        probs.store(p.to(gl.bfloat16))
-        fence_async_shared()
-        _barrier()
-        o = warpgroup_mma(probs, current, o)
+        m_i, l_i, o = _tile_products(q_smem, current, probs, s_init, valid, scale, m_i, l_i, o, o_layout, SKIP)
 
     _finish(o, m_i, l_i, sink_ptr, o_ptr, i, h0, H, son, soh, HB, D, o_layout)
 
@@ -483,11 +491,12 @@ def prefill_attention(q: torch.Tensor, ring: torch.Tensor, window_offsets: torch
 
 def prefill_attention_decoded(q: torch.Tensor, window_keys: torch.Tensor, window_rows: torch.Tensor,
                               entry_keys: torch.Tensor, entry_rows: torch.Tensor, sink: torch.Tensor, scale: float,
-                              out: torch.Tensor) -> torch.Tensor:
+                              out: torch.Tensor, skip: int = 0) -> torch.Tensor:
     """q [n, h, D] bf16 (rotated); window_keys / entry_keys [*, D] bf16, the keys decoded
     (sparse_attention.decode_keys); window_rows [n, W] / entry_rows [n, k] int64 rows of them
     (< 0: masked); sink [h] fp32. Writes and returns out [n, h, D] fp32: what prefill_attention
-    computes over those keys in their FP8 and FP4 forms, bit for bit."""
+    computes over those keys in their FP8 and FP4 forms, bit for bit. `skip`: the kernel's SKIP
+    (a bench's ablation only)."""
     n, heads, dim = q.shape
     assert dim == D_MODEL and q.dtype == torch.bfloat16 and q.stride(-1) == 1 and out.stride(-1) == 1
     for keys in (window_keys, entry_keys):
@@ -498,5 +507,5 @@ def prefill_attention_decoded(q: torch.Tensor, window_keys: torch.Tensor, window
     _attention_rows_kernel[(n, triton.cdiv(heads, HEADS))](
         q, window_keys, window_rows, entry_keys, entry_rows, sink, out, heads, window_rows.shape[1],
         entry_rows.shape[1], scale, q.stride(0), q.stride(1), window_rows.stride(0), entry_rows.stride(0),
-        out.stride(0), out.stride(1), D=dim, HB=HEADS, KT=KEY_TILE, num_warps=WARPS)
+        out.stride(0), out.stride(1), D=dim, HB=HEADS, KT=KEY_TILE, SKIP=skip, num_warps=WARPS)
     return out
