@@ -3,6 +3,8 @@ TRITON_INTERPRET=1 (tests/conftest.py sets it); with a GPU the same tests run on
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 import triton
@@ -1034,8 +1036,9 @@ def test_keys_decoded_once_attend_as_their_bytes(paged):
 def test_a_prefill_chunk_attends_over_keys_decoded_once(golden_dir, golden, monkeypatch):
     """A prefill chunk's attention on the kernel path in exact mode (scratch_attention with
     DECODED_EXACT: its window and its source's entries decoded once, attend_decoded) gives
-    every layer the byte form's output within fp32's rounding, and on the CPU the golden
-    logits. PREFILL_QUERIES made small: a golden prompt stands for a chunk's thousands of rows."""
+    every layer the byte form's output within fp32's rounding, in a first chunk and in one
+    after it, and on the CPU the golden logits. PREFILL_QUERIES made small: a golden prompt
+    stands for a chunk's thousands of rows."""
     from dsflash.model.deepseek_v41 import DeepseekV41
     from dsflash.model.kernels import sparse_attention as sa
     from dsflash.model.layers import attention_kernel
@@ -1045,22 +1048,28 @@ def test_a_prefill_chunk_attends_over_keys_decoded_once(golden_dir, golden, monk
     monkeypatch.setattr(sa, "PREFILL_QUERIES", 8)
     real, decoded = attention_kernel.scratch_attention, []
 
-    def both_forms(*args):
+    def both_forms(cfg, run, *args):
+        # each call writes the chunk's keys over the ring's old window, which the other reads
+        slots, spans = run.cache.pool.slots_buffer.clone(), copy.deepcopy(run.cache.ring_spans)
         monkeypatch.setitem(sa.PREFILL_TILES, "DECODED_EXACT", 0)
-        byte_form = real(*args)  # its ring writes are the decoded call's again
+        byte_form = real(cfg, run, *args)
+        run.cache.pool.slots_buffer.copy_(slots)
+        run.cache.ring_spans[:] = spans
         monkeypatch.setitem(sa.PREFILL_TILES, "DECODED_EXACT", 1)
-        got = real(*args)
+        got = real(cfg, run, *args)
         decoded.append(float((got - byte_form).abs().max() / byte_form.abs().max()))
         return got
 
     monkeypatch.setattr(attention_kernel, "scratch_attention", both_forms)
-    n = 14  # past what the golden model's ring takes in place (13 rows): the chunk goes to scratch_attention
+    # chunks past what the golden model's ring takes in place (13 rows) go to scratch_attention;
+    # the second one's window starts in the ring, its entries in the first one's pages
+    n, chunk = 28, 14
     pool = CachePool(CacheLayout.for_model(model.config, page_entries=16), 60, 1, plain_allocator(DEVICE))
     cache = PagedCache(pool, model.config)
     with torch.inference_mode():
-        logits = prompt_logits(model, golden[1]["input_ids"][:n], f"chunked:{n}", cache=cache).cpu()
+        logits = prompt_logits(model, golden[1]["input_ids"][:n], f"chunked:{chunk}", cache=cache).cpu()
     cache.release()
-    assert len(decoded) == model.config.num_layers and max(decoded) < 1e-5, decoded
+    assert len(decoded) == 2 * model.config.num_layers and max(decoded) < 1e-5, decoded
     if DEVICE == "cpu":  # (the GPU's prefill forms at 8 rows a launch are further off the golden logits, either form)
         ref = golden[1]["logits"][:n]
         d = (logits - ref).abs().amax(-1)
