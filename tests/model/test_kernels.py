@@ -1036,8 +1036,9 @@ def test_keys_decoded_once_attend_as_their_bytes(paged):
 def test_a_prefill_chunk_attends_over_keys_decoded_once(golden_dir, golden, monkeypatch):
     """A prefill chunk's attention on the kernel path in exact mode (scratch_attention with
     DECODED_EXACT: its window and its source's entries decoded once, attend_decoded) gives
-    every layer the byte form's output within fp32's rounding, in a first chunk and in one
-    after it, and on the CPU the golden logits. PREFILL_QUERIES made small: a golden prompt
+    every layer the byte form's output within fp32's rounding in a chunk after the first (its
+    window partly in the ring, its entries in the first one's pages), and on the CPU the
+    golden logits. PREFILL_QUERIES made small: a golden prompt
     stands for a chunk's thousands of rows."""
     from dsflash.model.deepseek_v41 import DeepseekV41
     from dsflash.model.kernels import sparse_attention as sa
@@ -1049,6 +1050,8 @@ def test_a_prefill_chunk_attends_over_keys_decoded_once(golden_dir, golden, monk
     real, decoded = attention_kernel.scratch_attention, []
 
     def both_forms(cfg, run, *args):
+        if run.start == 0:  # the second chunk's launches hold every case of the first's, and more
+            return real(cfg, run, *args)
         # each call writes the chunk's keys over the ring's old window, which the other reads
         slots, spans = run.cache.pool.slots_buffer.clone(), copy.deepcopy(run.cache.ring_spans)
         monkeypatch.setitem(sa.PREFILL_TILES, "DECODED_EXACT", 0)
@@ -1069,7 +1072,7 @@ def test_a_prefill_chunk_attends_over_keys_decoded_once(golden_dir, golden, monk
     with torch.inference_mode():
         logits = prompt_logits(model, golden[1]["input_ids"][:n], f"chunked:{chunk}", cache=cache).cpu()
     cache.release()
-    assert len(decoded) == 2 * model.config.num_layers and max(decoded) < 1e-5, decoded
+    assert len(decoded) == model.config.num_layers and max(decoded) < 1e-5, decoded
     if DEVICE == "cpu":  # (the GPU's prefill forms at 8 rows a launch are further off the golden logits, either form)
         ref = golden[1]["logits"][:n]
         d = (logits - ref).abs().amax(-1)
