@@ -719,14 +719,8 @@ def sparse_attention(q: torch.Tensor | Queries, ring: torch.Tensor, window_offse
             return sparse_attention_gluon.prefill_attention(queries, ring, w_off, w_soff, pages, e_off, e_soff, sink,
                                                             scale, out, rows, bool(gather), window_base,
                                                             t.get("GLUON_SKIP", 0))
-        # even columns first, then odd: each program reads its own half and the other one (the
-        # interpreter dots in fp32: q itself is the one part)
-        if isinstance(q, Queries):
-            parts = query_parts(q, t["QP"], interleave=2)
-        elif ptx:
-            parts = bf16_parts(q, t["QP"], interleave=2)
-        else:
-            parts = group_columns(q.float(), 2)[None]
+        # even columns first, then odd: each program reads its own half and the other one
+        parts = _query_parts(q, t["QP"], ptx, interleave=2)
         if t["GATHER"]:
             ring, pages = _gathered(ring, pages, w_off, w_soff, e_off, e_soff, dim, window_base)
         else:
@@ -800,14 +794,23 @@ def attend_decoded(q: torch.Tensor | Queries, window_keys: torch.Tensor, window_
                                                                 entry_rows, sink, scale, out,
                                                                 BF16_PREFILL_TILES.get("GLUON_SKIP", 0))
     t, ptx = PREFILL_TILES, not interpreting()
-    if isinstance(q, Queries) and ptx and attention_queries.ONE_PASS:
-        parts = query_parts(q, t["QP"], interleave=1)
-    else:  # the interpreter dots in fp32: the rotated queries are the one part
-        rotated = q.rotated() if isinstance(q, Queries) else q
-        parts = bf16_parts(rotated, t["QP"]) if ptx else rotated.float()[None]
+    parts = _query_parts(q, t["QP"], ptx, interleave=1)
     plan = launch_plan(n, entry_rows.shape[1], heads, dim, prefill=True)
     return _two_pass(parts, window_keys, window_rows, window_rows, entry_keys, entry_rows, entry_rows, sink, out,
                      scale, plan.head_block, t, ptx, None, decoded=True)
+
+def _query_parts(q: torch.Tensor | Queries, parts: int, ptx: bool, interleave: int) -> torch.Tensor:
+    """The prefill forms' fp32 queries as `parts` bf16 parts [parts, n, h, D], each row's
+    columns grouped by their remainder mod `interleave` (bf16_parts); RoPE and the parts in
+    one launch where the queries come before RoPE. The interpreter dots in fp32: the rotated
+    queries are the one part."""
+    if isinstance(q, Queries) and ptx and attention_queries.ONE_PASS:
+        return query_parts(q, parts, interleave=interleave)
+    rotated = q.rotated() if isinstance(q, Queries) else q
+    if ptx:
+        return bf16_parts(rotated, parts, interleave=interleave)
+    return group_columns(rotated.float(), interleave)[None]
+
 
 def _gathered(ring: torch.Tensor, pages: torch.Tensor, w_off: torch.Tensor, w_soff: torch.Tensor,
               e_off: torch.Tensor, e_soff: torch.Tensor, dim: int, window_base: tuple[int, int]
