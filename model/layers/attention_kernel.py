@@ -425,15 +425,22 @@ def scratch_attention(cfg: ModelConfig, run: SeqRun, role: LayerRole, q: Queries
 def _decoded_entries(role: LayerRole, run: SeqRun, device) -> tuple[torch.Tensor, torch.Tensor]:
     """Every entry of the run's source decoded [E, D] bf16 (its table's pages, entry by entry)
     and each query's selected ones as rows of it [n, k] (< 0: none): what _entry_offsets
-    points at in the pages."""
+    points at in the pages. The layers that read one source find the same entries (only its
+    own layer's compressor adds them): the last source's stay for the forward's next layers,
+    one source's at a time (at 1M tokens, 512 MB of rows)."""
     topk = _run_topk(role, run)
     D = run.cache.layout.head_dim
     if topk is None:
         return torch.zeros(1, D, dtype=torch.bfloat16, device=device), _no_entries([run], device, 1)[0]
-    table = run.cache.device_table(role.kv_source)
-    ids = torch.arange(table.shape[0] * run.cache.layout.page_entries, device=device)
-    codes, scales = page_offsets(run.cache.layout, table, ids, mask=True)
-    return decode_keys(run.cache.pool.pages_buffer, codes, scales, D, fp4=True), topk
+    source = (role.kv_source, run.cache.num_entries(role.kv_source))
+    kept = run.shared.get("decoded entries")
+    if kept is None or kept[0] != source:
+        table = run.cache.device_table(role.kv_source)
+        ids = torch.arange(table.shape[0] * run.cache.layout.page_entries, device=device)
+        codes, scales = page_offsets(run.cache.layout, table, ids, mask=True)
+        kept = run.shared["decoded entries"] = source, decode_keys(run.cache.pool.pages_buffer, codes, scales, D,
+                                                                   fp4=True)
+    return kept[1], topk
 
 
 def _run_topk(role: LayerRole, run: SeqRun) -> torch.Tensor | None:
