@@ -1038,8 +1038,8 @@ def test_a_prefill_chunk_attends_over_keys_decoded_once(golden_dir, golden, monk
     DECODED_EXACT: its window and its source's entries decoded once, attend_decoded) gives
     every layer the byte form's output within fp32's rounding in a chunk after the first (its
     window partly in the ring, its entries in the first one's pages), and on the CPU the
-    golden logits. PREFILL_QUERIES made small: a golden prompt
-    stands for a chunk's thousands of rows."""
+    golden logits. PREFILL_QUERIES made small: a golden prompt stands for a chunk's thousands
+    of rows."""
     from dsflash.model.deepseek_v41 import DeepseekV41
     from dsflash.model.kernels import sparse_attention as sa
     from dsflash.model.layers import attention_kernel
