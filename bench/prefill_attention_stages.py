@@ -86,25 +86,27 @@ for round_ in range(2):
         except Exception as exc:
             print(f"[attn] {v}: {type(exc).__name__}: {str(exc)[:150]}", flush=True)
 
-if True:  # the decoded form: the keys decoded once (timed with it), then read as bf16 rows
-    every = torch.arange(rows, device=dev)
-    shipped = faithful_ref if options.bf16_queries else ref
+# the decoded form: the keys decoded once (timed with it), then read as bf16 rows
+every = torch.arange(rows, device=dev)
+shipped = faithful_ref if options.bf16_queries else ref
 
-    def decoded():
-        window_keys = sa.decode_keys(ring, every * D, rows * D + every * (D // 32), D, fp4=False)
-        entry_keys = sa.decode_keys(pages, every * 256, rows * 256 + every * 32, D, fp4=True)
-        return sa.attend_decoded(query, window_keys, torch.where(w_off >= 0, w_off // D, -1), entry_keys, pick,
-                                 sink, D**-0.5)
 
-    for round_ in range(2):
-        for skip in [0] + ([int(x) for x in options.decoded_skips.split(",") if x] if options.bf16_queries else []):
-            sa.BF16_PREFILL_TILES["GLUON_SKIP"] = skip  # the Gluon form's ablation (bf16 queries)
-            ms = h200.cuda_time(decoded, iters=5, warmup=2) * 1e3
-            diff = ((decoded() - shipped).abs().max() / shipped.abs().max()).item()
-            print(f"[attn] round {round_} decoded{f' SKIP={skip}' if skip else ''} (keys decoded once, {2 * rows} "
-                  f"keys, timed with it): {ms:.2f} ms ({flops / ms / 1e9:.0f} TFLOP/s), max rel diff to the shipped "
-                  f"byte form {diff:.1e}", flush=True)
-        sa.BF16_PREFILL_TILES.pop("GLUON_SKIP", None)
+def decoded():
+    window_keys = sa.decode_keys(ring, every * D, rows * D + every * (D // 32), D, fp4=False)
+    entry_keys = sa.decode_keys(pages, every * 256, rows * 256 + every * 32, D, fp4=True)
+    return sa.attend_decoded(query, window_keys, torch.where(w_off >= 0, w_off // D, -1), entry_keys, pick,
+                             sink, D**-0.5)
+
+
+for round_ in range(2):
+    for skip in [0] + ([int(x) for x in options.decoded_skips.split(",") if x] if options.bf16_queries else []):
+        sa.BF16_PREFILL_TILES["GLUON_SKIP"] = skip  # the Gluon form's ablation (bf16 queries)
+        ms = h200.cuda_time(decoded, iters=5, warmup=2) * 1e3
+        diff = ((decoded() - shipped).abs().max() / shipped.abs().max()).item()
+        print(f"[attn] round {round_} decoded{f' SKIP={skip}' if skip else ''} (keys decoded once, {2 * rows} "
+              f"keys, timed with it): {ms:.2f} ms ({flops / ms / 1e9:.0f} TFLOP/s), max rel diff to the shipped "
+              f"byte form {diff:.1e}", flush=True)
+    sa.BF16_PREFILL_TILES.pop("GLUON_SKIP", None)
 
 if options.whole:
     import time
