@@ -49,16 +49,23 @@ def rope_values(row_ptr, d, cos_row, sin_row, live, D: tl.constexpr, HALF: tl.co
 
 
 @triton.jit
-def _rope_kernel(x_ptr, cos_ptr, sin_ptr, o_ptr, H, sxn, sxh, son, soh, scn,
+def _rope_kernel(x_ptr, cos_ptr, sin_ptr, o_ptr, n, H, sxn, sxh, son, soh, scn,
                  D: tl.constexpr, HALF: tl.constexpr, FIRST: tl.constexpr, BLOCK_D: tl.constexpr,
-                 BLOCK_H: tl.constexpr, INVERSE: tl.constexpr, PTX: tl.constexpr):
+                 BLOCK_H: tl.constexpr, INVERSE: tl.constexpr, PTX: tl.constexpr, FLAT: tl.constexpr):
     """Program (row, BLOCK_H heads) over channels FIRST..D-1: those before D - 2*HALF are
     copied, the rest rotate in pairs. FIRST = D - 2*HALF writes the rotated channels alone (in
-    place: each program loads a pair's both channels before it stores them)."""
-    row = tl.program_id(0)
-    head = (tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H))[:, None]
+    place: each program loads a pair's both channels before it stores them). FLAT (the
+    interpreter): program p takes the BLOCK_H (row, head) pairs from p * BLOCK_H on, row-major."""
+    if FLAT:
+        pair = (tl.program_id(0) * BLOCK_H + tl.arange(0, BLOCK_H))[:, None]
+        row, head = pair // H, pair % H
+        in_range = pair < n * H
+    else:
+        row = tl.program_id(0)
+        head = (tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H))[:, None]
+        in_range = head < H
     d = FIRST + tl.arange(0, BLOCK_D)[None, :]
-    live = (d < D) & (head < H)
+    live = (d < D) & in_range
     angles = row.to(tl.int64) * scn
     out = rope_values(x_ptr + row.to(tl.int64) * sxn + head * sxh, d, cos_ptr + angles, sin_ptr + angles, live,
                       D, HALF, INVERSE, PTX)
@@ -81,14 +88,17 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inverse: bool = 
     if out.numel() and half:
         heads = flat.shape[1]
         first = D - 2 * half if in_place else 0
-        # one head a program on the GPU (8 when only the rotated channels are written); every
-        # head of a row in the interpreter, which runs each program in Python
-        block_h = triton.next_power_of_2(heads) if interpreting() else (min(8, triton.next_power_of_2(heads))
-                                                                         if in_place else 1)
-        _rope_kernel[(n, triton.cdiv(heads, block_h))](flat, cos, sin, out, heads, flat.stride(0), flat.stride(1),
-                                                        out.stride(0), out.stride(1), cos.stride(0), D=D, HALF=half,
-                                                        FIRST=first, BLOCK_D=triton.next_power_of_2(D - first),
-                                                        BLOCK_H=block_h, INVERSE=inverse, PTX=_PTX)
+        # one head a program on the GPU (8 when only the rotated channels are written); in the
+        # interpreter, which runs each program in Python, 256 (row, head) pairs of any rows
+        if interpreting():
+            block_h = 256
+            grid = (triton.cdiv(n * heads, block_h),)
+        else:
+            block_h = min(8, triton.next_power_of_2(heads)) if in_place else 1
+            grid = (n, triton.cdiv(heads, block_h))
+        _rope_kernel[grid](flat, cos, sin, out, n, heads, flat.stride(0), flat.stride(1), out.stride(0), out.stride(1),
+                           cos.stride(0), D=D, HALF=half, FIRST=first, BLOCK_D=triton.next_power_of_2(D - first),
+                           BLOCK_H=block_h, INVERSE=inverse, PTX=_PTX, FLAT=interpreting())
     elif out.numel() and not in_place:
         out.copy_(flat)
     return out.view(x.shape)

@@ -581,6 +581,12 @@ PREFILL_QUERIES = 256
 # number of queries, so a request's attention is the same in any decode batch. 0: the decode
 # form instead (as before 2026-12-01; bench A/B).
 DECODE_KEY_SPLITS = 4
+# The interpreter runs each program in Python, its time going by programs and their steps, not
+# by the SMs they fill: there decode-sized launches take one program a query, both column
+# halves and every key (CI's golden-model tests on the kernel path: 85 -> 64 s for a 37-token
+# prompt). Tests of the GPU's forms ask for them (entry_splits, tiles, or INTERPRETER_DECODE off).
+INTERPRETER_DECODE = True
+INTERPRETER_DECODE_TILES = {"BOTH": 1, "TWO_PASS": 0}
 KEY_TILE = 16  # keys per step of the online softmax (decode form)
 # The prefill form (tensor cores): heads per program, keys per step, bf16 parts of the queries
 # and of the probabilities, keys gathered first (gather_keys), warps. H200, 2026-11-30, 8,192
@@ -656,7 +662,7 @@ def launch_plan(n: int, num_entries: int, heads: int, dim: int, head_block: int 
         prefill = fits and (not entry_splits if n >= PREFILL_QUERIES
                             else entry_splits is None and DECODE_KEY_SPLITS > 0)
         if prefill and n < PREFILL_QUERIES:
-            entry_splits = DECODE_KEY_SPLITS
+            entry_splits = 1 if INTERPRETER_DECODE and interpreting() else DECODE_KEY_SPLITS
     if prefill:
         hb = head_block or max(16, min(PREFILL_TILES["HB"], triton.next_power_of_2(heads)))
         return LaunchPlan(hb, 0, entry_splits or 0, num_entries, True)
@@ -707,8 +713,9 @@ def sparse_attention(q: torch.Tensor | Queries, ring: torch.Tensor, window_offse
         # batch's 48-255 rows keep the parity programs: twice the programs on the SMs)
         whole = not plan.entry_splits and n >= PREFILL_QUERIES
         bf16_tiles = {**BF16_TILES, **(BF16_PREFILL_TILES if whole else {})} if bf16 else {}
-        t = {**PREFILL_TILES, **bf16_tiles, **(tiles or {}), **(dict(QP=1, PP=1) if bf16 else {})}
         ptx = not interpreting()
+        decode_tiles = INTERPRETER_DECODE_TILES if INTERPRETER_DECODE and not (ptx or whole or tiles) else {}
+        t = {**PREFILL_TILES, **bf16_tiles, **decode_tiles, **(tiles or {}), **(dict(QP=1, PP=1) if bf16 else {})}
         if bf16 and whole and t["GLUON"] and ptx and sparse_attention_gluon.usable(first, dim):
             queries = query_parts(q, 1, interleave=1)[0] if isinstance(q, Queries) else q.contiguous()
             rows = t.get("GLUON_ROWS", sparse_attention_gluon.DECODE_ROWS)

@@ -116,15 +116,8 @@ def _stage_keys(src_ptr, i, first, count, code_at, scale_at, base_code, base_sca
 def _stage_offsets(win_off, win_soff, ent_off, ent_soff, i, t, window_tiles, W, K, swn, sen, code_at, scale_at,
                    KT: gl.constexpr, num_warps: gl.constexpr):
     """Start copying key tile t's code and scale offsets into code_at and scale_at."""
-    j = gl.arange(0, KT, layout=gl.BlockedLayout([1], [32], [num_warps], [0]))
-    if t < window_tiles:
-        jw = t * KT + j
-        _copy(code_at, win_off + i * swn + jw, mask=jw < W)
-        _copy(scale_at, win_soff + i * swn + jw, mask=jw < W)
-    else:
-        je = (t - window_tiles) * KT + j
-        _copy(code_at, ent_off + i * sen + je, mask=je < K)
-        _copy(scale_at, ent_soff + i * sen + je, mask=je < K)
+    _stage_rows(win_off, ent_off, i, t, window_tiles, W, K, swn, sen, code_at, KT, num_warps)
+    _stage_rows(win_soff, ent_soff, i, t, window_tiles, W, K, swn, sen, scale_at, KT, num_warps)
 
 
 @gluon.jit
