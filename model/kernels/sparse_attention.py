@@ -212,6 +212,7 @@ def _decoded_half(keys_ptr, rows_ptr, row, j, last, half, C: tl.constexpr):
                    mask=valid[:, None], other=0.0)
     return keys.to(tl.float32), valid
 
+
 @triton.jit
 def _tile_halves(ring16_ptr, win_off, win_soff, page_ptr, ent_off, ent_soff, row, j, last, parity,
                  KT: tl.constexpr, C: tl.constexpr, PTX: tl.constexpr, GATHERED: tl.constexpr, DECODED: tl.constexpr,
@@ -234,6 +235,7 @@ def _tile_halves(ring16_ptr, win_off, win_soff, page_ptr, ent_off, ent_soff, row
         words, exps, valid = _window_bytes(ring16_ptr, win_off, win_soff, row, j, last, KT, C, GATHERED)
         own, other = _window_halves(words, exps, parity, KT, C, PTX)
     return own, other, valid
+
 
 @triton.jit
 def _gather_keys_kernel(src_ptr, off_ptr, soff_ptr, dst_ptr, total, base, sbase, CB: tl.constexpr,
@@ -805,6 +807,7 @@ def attend_decoded(q: torch.Tensor | Queries, window_keys: torch.Tensor, window_
     plan = launch_plan(n, entry_rows.shape[1], heads, dim, prefill=True)
     return _two_pass(parts, window_keys, window_rows, window_rows, entry_keys, entry_rows, entry_rows, sink, out,
                      scale, plan.head_block, t, ptx, None, decoded=True)
+
 
 def _query_parts(q: torch.Tensor | Queries, parts: int, ptx: bool, interleave: int) -> torch.Tensor:
     """The prefill forms' fp32 queries as `parts` bf16 parts [parts, n, h, D], each row's
