@@ -13,8 +13,14 @@ parts one load at a time) was most of the gap at 20-40 splits: reading 8 parts a
 (fp8_gemm._sum_group) cut wkv from 17.3 to 11.6 us and wq_a from 17.3 to 14.8. The rest is the
 dots (twelve dependent MMAs per K step in exact mode: 4 code places times 3 parts).
 
-    python bench/decode_gemm_floor.py
+--switch MODULE.ATTR V1 V2 .. times the shipped kernel once per value of a module switch
+(alternated in one process), e.g. fp8_gemm.NARROW_ROWS 0 8; --rows sets the activation rows.
+
+    python bench/decode_gemm_floor.py [--rows 6] [--switch dsflash.model.kernels.fp8_gemm.NARROW_ROWS 0 8]
 """
+import argparse
+import ast
+import importlib
 import math
 import pathlib
 import sys
@@ -60,18 +66,28 @@ def _floor_kernel(w_ptr, s_ptr, out_ptr, N, K, K_PER_SPLIT, swn, ssn, STAGE: tl.
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=6, help="activation rows (a batch-1 verify block: 6)")
+    parser.add_argument("--switch", nargs="+", metavar="MODULE.ATTR V",
+                        help="a module switch and the values to time the shipped kernel at")
+    parser.add_argument("--weights", default="wkv,wq_a,shared_w2,shared_w1,wq_b,wo_b,main_proj")
+    args = parser.parse_args()
+    switch = None
+    if args.switch:
+        module_name, attribute = args.switch[0].rsplit(".", 1)
+        switch = importlib.import_module(module_name), attribute, [ast.literal_eval(v) for v in args.switch[1:]]
     dev = "cuda"
-    for name in ("wkv", "wq_a", "shared_w2", "shared_w1", "wq_b", "wo_b"):
+    for name in args.weights.split(","):
         n, k = h200.DECODE_GEMMS[name]
         nbytes = n * k + (n // 32) * (k // 32)
         copies = max(2, math.ceil(320e6 / nbytes))
         codes = [torch.randint(0, 0x77, (n, k), dtype=torch.uint8, device=dev) for _ in range(copies)]
         scales = [torch.full((n // 32, k // 32), 120, dtype=torch.uint8, device=dev) for _ in range(copies)]
-        tiles = gemm._skinny_tiles(n)
+        tiles = gemm._skinny_tiles(n, args.rows)
         out_tiles = triton.cdiv(n, tiles["BLOCK_N"])
         splits, per_split = gemm._split_k(k, tiles["BLOCK_K"], out_tiles, torch.device(dev), nbytes)
         out = torch.empty(out_tiles * splits, device=dev)
-        x = torch.randn(6, k, device=dev)
+        x = torch.randn(args.rows, k, device=dev)
         line = []
         for stage, label in ((0, "empty"), (1, "read"), (2, "read + decode")):
             def run(i, stage=stage):
@@ -81,11 +97,16 @@ def main() -> None:
                                                    BLOCK_K=tiles["BLOCK_K"], num_warps=tiles["num_warps"],
                                                    num_stages=tiles["num_stages"])
             line.append(f"{label} {h200.rotating_graph_time(run, copies) * 1e6:.1f} us")
-        shipped = h200.rotating_graph_time(lambda i: gemm.fp8_gemm(x, codes[i], scales[i], small=True), copies)
-        line.append(f"shipped {shipped * 1e6:.1f} us")
         on_grid = fp8_grid_bf16(x)  # faithful mode's input: one bf16 part, no split
-        shipped = h200.rotating_graph_time(lambda i: gemm.fp8_gemm(on_grid, codes[i], scales[i], small=True), copies)
-        line.append(f"faithful input {shipped * 1e6:.1f} us")
+        for round_ in range(2 if switch else 1):
+            for value in switch[2] if switch else [None]:
+                label = "" if switch is None else f" {switch[1]}={value}"
+                if switch:
+                    setattr(switch[0], switch[1], value)
+                for inputs, kind in ((x, "shipped"), (on_grid, "faithful input")):
+                    t = h200.rotating_graph_time(lambda i, x=inputs: gemm.fp8_gemm(x, codes[i], scales[i], small=True),
+                                                 copies)
+                    line.append(f"{kind}{label} {t * 1e6:.1f} us")
         print(f"[gemm floor] {name} [{n}, {k}], grid {out_tiles} x {splits}: " + " | ".join(line)
               + f" || bytes {nbytes / h200.HBM_BPS * 1e6:.1f} us", flush=True)
         del codes, scales

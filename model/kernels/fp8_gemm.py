@@ -244,7 +244,7 @@ def grouped_fp8_gemm(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor,
         return None
     if prefill_gemms.takes(x):
         return prefill_gemms.grouped_fp8_product(x, codes, scales, groups)
-    block_n = min(_skinny_tiles(N)["BLOCK_N"], rows)  # as _skinny picks it: a power of two dividing R
+    block_n = min(_skinny_tiles(N, M)["BLOCK_N"], rows)  # as _skinny picks it: a power of two dividing R
     if M <= 16 and K % 4 == 0 and rows % block_n == 0 and block_n >= 16 and block_n & (block_n - 1) == 0:
         return _skinny(x, codes, scales, small_fp8_scales(scales) if small is None else small, group_rows=rows)
     if rows % tiles_for(M)["BLOCK_N"]:
@@ -276,15 +276,24 @@ def fp32_gemm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 SKINNY_FP8 = True
 
 
-def _skinny_tiles(n: int) -> dict:
+def _skinny_tiles(n: int, m: int) -> dict:
     """256-row weight tiles (two 64-row MMAs per warpgroup) were the fastest of six shapes on
-    4-42 MB FP8 weights; narrow outputs (the router's 48 rows) take 64."""
+    4-42 MB FP8 weights; narrow outputs (the router's 48 rows) take 64. Up to NARROW_ROWS
+    activation rows take 8 columns (one m16n8k16 MMA a part), not 16."""
+    block_m = 8 if m <= NARROW_ROWS else 16
     if n <= 64:
-        return dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=3)
-    return dict(SKINNY_TILES)
+        return dict(BLOCK_M=block_m, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=3)
+    return dict(SKINNY_TILES, BLOCK_M=block_m)
 
 
-SKINNY_TILES = dict(BLOCK_M=16, BLOCK_N=256, BLOCK_K=128, num_warps=8, num_stages=3)
+SKINNY_TILES = dict(BLOCK_N=256, BLOCK_K=128, num_warps=8, num_stages=3)
+# A batch-1 step's rows (the 6-token verify block, the 5-row draft) fit 8 columns. Compiled for
+# sm_90 (bench/kernel_resources.py) with 6 rows of wq_b, 8 columns against 16 halve the MMAs
+# and the activations' cutting: the K loop falls from 1,100 to 808 instructions a thread and
+# the registers from 166 to 128, which lets two 8-warp programs share an SM. H200, 2026-12-03
+# (bench/decode_gemm_floor.py, 6 rows): wq_b 35.8 -> 22.4 us, wo_b 38.0 -> 23.6, main_proj
+# 64.9 -> 38.8, wkv 9.8 -> 8.2; a batch-1 step at 4K 32.2 -> 29.0 ms (bench/decode_ab.py). 0: always 16.
+NARROW_ROWS = 8
 
 
 # Split-K in the interpreter (CI): 1, or more where a test exercises the in-kernel sum.
@@ -362,7 +371,7 @@ def _skinny(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor | None, 
     M = x.shape[0]
     N, K = weight.shape
     fp8 = scales is not None
-    tiles = _skinny_tiles(N)
+    tiles = _skinny_tiles(N, M)
     if interpreting():  # its time goes by K steps, not bytes: the tiny checkpoint's 64 columns in one
         tiles.update(BLOCK_K=64)
     if group_rows:

@@ -83,6 +83,22 @@ def test_split_k_parts_are_summed_inside_the_launch(m, n, k, monkeypatch):
     assert not gemm.tile_counts(xd.device).any()
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_rows_product_does_not_depend_on_the_rows_beside_it(dtype):
+    """Up to 8 rows take 8-column tiles in the decode kernel, up to 16 take 16 (fp8_gemm.NARROW_ROWS):
+    a request's verify block alone (6 rows) and in a batch of two (12) must give the same sums,
+    bit for bit on the GPU (each column's MMAs run the same K order)."""
+    g = _g(5)
+    codes, scales = quantize_fp8_weight(torch.randn(320, 256, generator=g))
+    codes, scales = codes.to(DEVICE), scales.to(DEVICE)
+    x = torch.randn(12, 256, generator=g).to(DEVICE, dtype)
+    alone, batch = fp8_gemm(x[:6], codes, scales).cpu(), fp8_gemm(x, codes, scales).cpu()
+    if DEVICE == "cuda":
+        assert torch.equal(alone, batch[:6])
+    else:  # the interpreter's dots are numpy's, whose order may follow the shape
+        assert (alone - batch[:6]).abs().max() <= 1e-6 * alone.abs().max()
+
+
 @pytest.mark.parametrize("act_quant", [False, True])
 def test_weights_of_one_input_run_as_one_gemm(act_quant):
     """TritonOps.linear_many: FP8 weights of one input width as one GEMM whose output splits
