@@ -219,6 +219,7 @@ PIECES = 4
 # 4: the best of 8 quad-unit shapes, H200 2026-12-02: 215.8 us at 6 tokens (3 stages; 225.6
 # with 2, 276.8-678.8 the others), 318.5 at 12 (329.0 with 2).
 TILES = {
+    2: dict(BLOCK_N=64, BLOCK_KU=64, num_warps=4, num_stages=3),
     4: dict(BLOCK_N=64, BLOCK_KU=64, num_warps=4, num_stages=3),
     16: dict(BLOCK_N=64, BLOCK_KU=16, num_warps=4, num_stages=2),
     64: dict(BLOCK_N=128, BLOCK_KU=16, num_warps=4, num_stages=2),
@@ -247,7 +248,17 @@ def block_height(pairs: int, experts: int, parts: int = SPLITS) -> int:
     against 659 (one); 6 pairs, 932 against 912 (three), 910 against 702 (one)."""
     per_expert = pairs / experts
     tall_from = 32 if parts > 1 else 16
-    return 4 if per_expert < 4 else 16 if per_expert < tall_from else 64 if per_expert < 256 else 128
+    short = 2 if per_expert < TWO_PAIRS_BELOW else 4
+    return short if per_expert < 4 else 16 if per_expert < tall_from else 64 if per_expert < 256 else 128
+
+
+# Short blocks: 4 pairs x 4 slots fill a 16-column dot; 2 pairs make 8 columns, an m16n8k16 MMA a
+# weight tile (sm_90: 784 against 829 loop instructions a gate/up step), at the cost of a second
+# block for an expert's third and fourth pairs. H200, 2026-12-03 (a CUDA graph, 48 experts of the
+# release's widths): 6 tokens (batch 1's verify block, 0.75 pairs an expert) 256-261 -> 226 us;
+# 12 tokens 299-337 either way; a batch-1 step at 4K 26.1-27.6 -> 25.3-26.7 ms, alternated
+# (bench/decode_ab.py). Below this many pairs an expert, blocks of 2 (0: never).
+TWO_PAIRS_BELOW = 1.0
 
 
 @triton.jit

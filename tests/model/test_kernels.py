@@ -271,7 +271,8 @@ def _device_experts(stack):
 
 # Block heights: 4 pairs (their parts as columns), 16 (chosen for 11 x 3 pairs over 5 experts),
 # 64; small: the one-multiply decoder (these scales allow it) or the general one.
-@pytest.mark.parametrize("T, block_m, small", [(1, None, None), (11, 4, True), (11, None, False), (30, 64, None)])
+@pytest.mark.parametrize("T, block_m, small", [(1, None, None), (11, 4, True), (11, 2, True), (11, None, False),
+                                               (30, 64, None)])
 def test_fp4_moe(T, block_m, small):
     stack, x, idx, weights = _moe_case(_g(1), T, E=5, H=64, inter=96, k=3)
     ref = fp4_moe_ref(x, idx, weights, *stack, 0.7)
@@ -338,11 +339,11 @@ def test_mma_sync_sets_the_compile_switch_only_for_the_kernels_named(monkeypatch
 
 
 def test_expert_blocks_grow_later_where_every_dot_runs_three_times():
-    """4-row blocks below 4 pairs an expert; then three activation parts (exact mode) keep
-    16-row blocks up to 32 pairs an expert, one part (faithful mode's FP8-grid inputs) takes
-    64 rows from 16."""
-    assert [fp4_moe_block_height(pairs, 48, 3) for pairs in (36, 144, 192, 1152, 1536)] == [4, 4, 16, 16, 64]
-    assert [fp4_moe_block_height(pairs, 48, 1) for pairs in (36, 144, 192, 288, 768, 2304)] == [4, 4, 16, 16, 64, 64]
+    """2-row blocks below 1 pair an expert (batch 1), 4-row ones below 4; then three activation
+    parts (exact mode) keep 16-row blocks up to 32 pairs an expert, one part (faithful mode's
+    FP8-grid inputs) takes 64 rows from 16."""
+    assert [fp4_moe_block_height(pairs, 48, 3) for pairs in (36, 72, 144, 192, 1152, 1536)] == [2, 4, 4, 16, 16, 64]
+    assert [fp4_moe_block_height(pairs, 48, 1) for pairs in (36, 144, 192, 288, 768, 2304)] == [2, 4, 16, 16, 64, 64]
 
 
 @pytest.mark.parametrize("on_grid", [False, True])
@@ -904,8 +905,8 @@ def test_fast_path_reproduces_golden_logits(golden_dir, golden):
     cache.release()
 
 
-@pytest.mark.parametrize("T, k, E, block_m", [(1, 6, 48, 4), (6, 6, 48, 4), (11, 3, 5, 16), (40, 6, 48, 16),
-                                               (192, 6, 48, 64), (300, 6, 48, 16)])  # several chunks
+@pytest.mark.parametrize("T, k, E, block_m", [(1, 6, 48, 4), (6, 6, 48, 4), (6, 6, 48, 2), (11, 3, 5, 16),
+                                               (40, 6, 48, 16), (192, 6, 48, 64), (300, 6, 48, 16)])  # several chunks
 def test_route_plan_kernel_equals_the_torch_plan(T, k, E, block_m):
     """The one-program plan (decode) and the torch one (any size) give the same rows, with
     another rank's experts (id E) left out."""
