@@ -1,6 +1,6 @@
 """Routed experts at decode batch sizes with each block height (pairs per program) forced:
-fp4_moe.block_height picks 4 below 4 pairs an expert, 16 below 16 (32 in the exact mode) and
-64 below 256; this measures decode batch sizes (batch 1, 4, 8, 16, 32 and
+fp4_moe.block_height picks 2 below 1 pair an expert, 4 below 4, 16 below 16 (32 in the exact
+mode) and 64 below 256; this measures decode batch sizes (batch 1, 4, 8, 16, 32 and
 64 of 6-row verify blocks: 0.75 to 48 pairs an expert), in the exact mode (fp32 activations, 3 bf16 parts) and
 the faithful one (FP8-grid activations, one part), each in a CUDA graph, next to the bytes of
 the experts touched at the measured HBM read and to the FLOPs of one part at bf16 peak.
@@ -32,7 +32,7 @@ for tokens in (6, 24, 48, 96, 192, 384):
         chosen = moe.block_height(tokens * k, E, 1 if act_quant else moe.SPLITS)
         ref = moe.fp4_moe(x, idx, weights, w13, s13, w2, s2, 10.0, small=True, act_quant=act_quant)
         line = []
-        for block_m in (4, 16, 64, 128):
+        for block_m in (2, 4, 16, 64, 128):
             run = lambda: moe.fp4_moe(x, idx, weights, w13, s13, w2, s2, 10.0, block_m, small=True,  # noqa: E731
                                       act_quant=act_quant)
             t = h200.graph_time(run, iters=10)
