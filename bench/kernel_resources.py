@@ -9,17 +9,22 @@ registers and spills came out higher (indexer 255 -> 250 with its queries pipeli
 entries a program 179 -> 80; gate/up 480 stack bytes -> none).
 
 Kernels (--kernel): the prefill attention's tensor-core form (attention, the default), the
-decode GEMM's transposed kernel (skinny: 6 activation rows of an FP8 weight, exact mode's three
-parts cut in the kernel, mma.sync as shipped), the routed experts' gate/up and down kernels
-at batch 1's 4-pair blocks (gate_up, down: exact mode's three parts as dot columns), and the
-indexer's scores in prefill's tiles (indexer), and faithful prefill attention's Gluon form
-(attention_gluon).
+decode GEMM's transposed kernel (skinny: 6 activation rows of an FP8 weight in 8 columns, exact
+mode's three parts cut in the kernel, mma.sync as shipped), the routed experts' gate/up and
+down kernels at batch 1's 2-pair blocks (gate_up, down: exact mode's three parts as dot
+columns), and the indexer's scores in prefill's tiles (indexer), and faithful prefill
+attention's Gluon form (attention_gluon). --loop adds the main loop's SASS instructions a
+thread by opcode (the twelfth to twenty-fourth sessions' counts came from it or its throwaway
+forms). The H200 machines run Triton 3.6: for their code, put a Triton 3.6 wheel's contents
+first on PYTHONPATH.
 
-    python bench/kernel_resources.py [--kernel attention] [--variants "BOTH=1,num_warps=8;QP=2,PP=2"]
+    python bench/kernel_resources.py [--kernel attention] [--variants "BOTH=1,num_warps=8;QP=2,PP=2"] [--loop]
 """
 import argparse
+import collections
 import os
 import pathlib
+import re
 import subprocess
 import sys
 import tempfile
@@ -53,8 +58,8 @@ class Kernel(NamedTuple):
 _EXPERT_POINTERS = {"x_ptr": "*bf16", "h_ptr": "*bf16", "tok_ptr": "*i32", "pair_ptr": "*i32", "wt_ptr": "*fp32",
                     "blk_ptr": "*i32", "w_ptr": "*i16", "s_ptr": "*u8", "o_ptr": "*fp32", "limit": "fp32"}
 _EXPERT_DEFAULTS = dict(SPLITS=3, SLOTS=4, PIECES=4, PTX=True, SMALL=True, VECTORS=True, SCALE_WORDS=False,
-                        BLOCK_M=4, **fp4_moe.TILES[4])
-_EXPERT_VARIANTS = ";num_stages=2;BLOCK_KU=32;BLOCK_N=128;num_warps=8;SPLITS=1,SLOTS=1"
+                        BLOCK_M=2, **fp4_moe.TILES[2])
+_EXPERT_VARIANTS = ";BLOCK_M=4;num_stages=2;BLOCK_KU=32;BLOCK_N=128;num_warps=8;SPLITS=1,SLOTS=1"
 # batch 1's 6 tokens over the release's widths (hidden 5,120, 2,304 a routed expert): exact
 # mode's 3 parts of x as [parts, 4 pieces, tokens, 1,280], h as [parts, 4 pieces, 64 rows, 576]
 _EXPERT_SAMPLE = dict(H=5120, INTER=2304, shs=4 * 64 * 576, shq=64 * 576, shp=576)
@@ -119,7 +124,7 @@ KERNELS = {
 }
 
 
-def resources(kernel: Kernel, options: dict) -> str:
+def compile_for_sm90(kernel: Kernel, options: dict):
     fn = kernel.fn
     gluon = fn.is_gluon()  # a Gluon kernel takes num_warps as a constexpr argument too
     constexprs = {k: v for k, v in options.items() if k not in ("num_warps", "num_stages") or (
@@ -136,30 +141,59 @@ def resources(kernel: Kernel, options: dict) -> str:
     if kernel.mma_sync:  # as common.mma_sync compiles the shipped launch
         os.environ["DISABLE_MMA_V3"] = "1"
     try:
-        compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32),
-                                  options=dict(num_warps=options["num_warps"], num_stages=options["num_stages"]))
+        return triton.compile(source, target=GPUTarget("cuda", 90, 32),
+                              options=dict(num_warps=options["num_warps"], num_stages=options["num_stages"]))
     finally:
         os.environ.pop("DISABLE_MMA_V3", None)
+
+
+def cuobjdump(compiled, flag: str) -> str:
+    """Triton's bundled cuobjdump run on the compiled cubin (no GPU needed)."""
     with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
         cubin.write(compiled.asm["cubin"])
         cubin.flush()
         tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
-        usage = subprocess.run([tool, "--dump-resource-usage", cubin.name], capture_output=True, text=True).stdout
+        return subprocess.run([tool, flag, cubin.name], capture_output=True, text=True).stdout
+
+
+def resources(compiled) -> str:
+    usage = cuobjdump(compiled, "--dump-resource-usage")
     line = next((part.strip() for part in usage.splitlines() if "REG:" in part), usage[-200:])
     return f"{line.split(' SHARED')[0]} dynamic_shared={compiled.metadata.shared}"
+
+
+def main_loop(compiled, top: int = 12) -> str:
+    """The kernel's longest loop in SASS (a backward branch and its target): its instruction
+    count, a thread's per trip, and the opcodes it spends them on. In a decode kernel that loop
+    is the K step, and its count against the bytes a step reads says whether issuing
+    instructions can keep up with HBM."""
+    lines = [line for line in cuobjdump(compiled, "-sass").splitlines() if re.match(r"\s+/\*[0-9a-f]{4}\*/", line)]
+    index = {int(re.match(r"\s+/\*([0-9a-f]{4})\*/", line).group(1), 16): i for i, line in enumerate(lines)}
+    loops = [(index[target], i) for i, line in enumerate(lines)
+             if (m := re.search(r"BRA\s+0x([0-9a-f]+)", line)) and (target := int(m.group(1), 16)) in index
+             and index[target] < i]
+    if not loops:
+        return "no loop"
+    first, last = max(loops, key=lambda loop: loop[1] - loop[0])
+    ops = collections.Counter(re.search(r"\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_]+)", line).group(1)
+                              for line in lines[first:last + 1])
+    return f"loop {last - first + 1} instructions: " + ", ".join(f"{op} {n}" for op, n in ops.most_common(top))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--kernel", default="attention", choices=sorted(KERNELS))
     parser.add_argument("--variants", help="';'-separated variants of KEY=VALUE pairs ('' is the shipped launch)")
+    parser.add_argument("--loop", action="store_true", help="also the main loop's SASS instructions by opcode")
     args = parser.parse_args()
     kernel = KERNELS[args.kernel]
     text = kernel.variants if args.variants is None else args.variants
     os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
     for label, variant in zip(text.split(";"), h200.variants(text)):
-        print(f"[resources] {args.kernel} {label or 'shipped'}: {resources(kernel, {**kernel.defaults, **variant})}",
-              flush=True)
+        compiled = compile_for_sm90(kernel, {**kernel.defaults, **variant})
+        print(f"[resources] {args.kernel} {label or 'shipped'}: {resources(compiled)}", flush=True)
+        if args.loop:
+            print(f"[resources]   {main_loop(compiled)}", flush=True)
 
 
 if __name__ == "__main__":
