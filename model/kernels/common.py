@@ -64,6 +64,14 @@ def _tf32_head(x):
 
 
 @triton.jit
+def bf16_head(x):
+    """x with its low 16 bits cleared: its top 8 significant bits, exact in bf16. x - head is
+    exact in fp32 and holds the 16 below, so two heads and what is left (8 bits: exact in bf16
+    too) cut an fp32 value into three bf16 parts with masks and subtractions, no rounding."""
+    return (x.to(tl.int32, bitcast=True) & -65536).to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def dot_exact_rhs(a, b, acc):
     """acc + a @ b where every value of b is exact in TF32 (see above)."""
     if _SPLIT_ONE:
@@ -114,18 +122,39 @@ _E4M3_WORDS_PTX = tl.constexpr("\n".join([
     "add.u32 s, $6, 120; shl.b32 s, s, 7; prmt.b32 s, s, 0, 0x1010;",
     *[f"prmt.b32 c, $4, $5, {(4 + t) * 0x1100 + t * 0x11:#06x}; " + _e4m3_to_bf16_ptx("c", f"${t}")
       + f" mul.rn.bf16x2 ${t}, ${t}, s;" for t in range(4)], "}"]))
+# The same decode in 3 instructions a pair where the above takes 6 (LEAN; the same bits, not yet
+# timed on a GPU: fp8_gemm.LEAN_DECODE): prmt's sign-replicating selector (8 | byte) puts each
+# code's sign in all 8 bits of its half's high byte, a left shift by 4 places the magnitude at
+# bits 4..10 with a sign copy at bit 15, and one mask keeps those. $6 is the scale already as
+# its bf16 pair (word_scales with PAIR), made once a scale, not once a word pair.
+_E4M3_WORDS_LEAN_PTX = tl.constexpr("\n".join([
+    "{", ".reg .b32 c;",
+    *[f"prmt.b32 c, $4, $5, {(12 + t) << 12 | (4 + t) << 8 | (8 + t) << 4 | t:#06x}; shl.b32 c, c, 4; "
+      f"and.b32 ${t}, c, 0x87F087F0; mul.rn.bf16x2 ${t}, ${t}, $6;" for t in range(4)], "}"]))
 
 
 @triton.jit
-def e4m3_words(words, exponents, PTX: tl.constexpr, SMALL: tl.constexpr):
+def word_scales(scale_bytes, PAIR: tl.constexpr):
+    """e8m0 scale bytes as e4m3_words takes them, worked out once a scale before they spread
+    over the words each covers: the biased exponent e (int32), or with PAIR (the lean PTX
+    decode) the bf16 pair 2^(e-7) it multiplies by (exponent field e + 120)."""
+    e = scale_bytes.to(tl.int32)
+    if PAIR:
+        return ((e + 120) << 7) * 0x10001
+    return e
+
+
+@triton.jit
+def e4m3_words(words, exponents, PTX: tl.constexpr, SMALL: tl.constexpr, LEAN: tl.constexpr = False):
     """int32 words of four e4m3 codes (code t in byte t: column 4c + t of a row) and each word's
-    int32 e8m0 scale exponent e -> four tiles, tile t holding code t of every word times
-    2^(e-127): bf16 on the GPU (by integer ops and one multiply when SMALL, every e <= 134; by
-    the hardware conversion otherwise), fp32 by arithmetic in the interpreter. A thread's two
-    neighbouring words are decoded together and must share their scale."""
+    e8m0 scale, as word_scales(..., PAIR=PTX and SMALL and LEAN) gives it -> four tiles, tile t
+    holding code t of every word times 2^(e-127): bf16 on the GPU (by integer ops and one
+    multiply when SMALL, every e <= 134; by the hardware conversion otherwise), fp32 by
+    arithmetic in the interpreter. A thread's two neighbouring words are decoded together and
+    must share their scale."""
     if PTX and SMALL:
-        values = tl.inline_asm_elementwise(_E4M3_WORDS_PTX, "=r,=r,=r,=r,r,r,r,r", [words, exponents],
-                                           dtype=(tl.bfloat16,) * 4, is_pure=True, pack=2)
+        values = tl.inline_asm_elementwise(_E4M3_WORDS_LEAN_PTX if LEAN else _E4M3_WORDS_PTX, "=r,=r,=r,=r,r,r,r,r",
+                                           [words, exponents], dtype=(tl.bfloat16,) * 4, is_pure=True, pack=2)
     else:
         scale = pow2(exponents)
         values = (e4m3_to_float((words & 0xFF).to(tl.uint8), PTX) * scale,
