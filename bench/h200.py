@@ -239,14 +239,18 @@ def attention_kernels(sizes=(6, 48, 192, 2048, 8192)) -> None:
         shapes = [("decode", dict(num_warps=4, head_block=16, prefill=False))]
         if n < 1000:
             shapes.append(("decode", dict(num_warps=8, head_block=16, prefill=False)))
+            # the tensor-core form decode takes (DECODE_KEY_SPLITS), at other key splits: at 6
+            # queries 4 splits are 48 programs on 132 SMs (twenty-fourth session's profile)
+            shapes += [("tensor_cores", dict(prefill=True, entry_splits=s)) for s in (4, 8, 12)]
         else:
             shapes += [("prefill", dict(prefill=True, tiles=dict(KT=kt, QP=qp, PP=pp, num_warps=w, GATHER=g)))
                        for kt, qp, pp, w, g in PREFILL_ATTENTION_TILES]
         for form, kw in shapes:
             label = f"n{n}_{form}_" + "_".join(f"{k}{v}" for k, v in (kw.get("tiles") or kw).items())
             try:
-                t = cuda_time(lambda: sparse_attention(*args, **kw), iters=iters)
-                got = sparse_attention(*args, **kw)
+                run = lambda: sparse_attention(*args, **kw)  # noqa: E731
+                t = graph_time(run) if n < 1000 else cuda_time(run, iters=iters)  # decode sizes as a step runs them
+                got = run()
             except Exception as exc:  # registers or shared memory the compiler cannot fit
                 record("kernel_sparse_attention", label, {"error": f"{type(exc).__name__}: {str(exc)[:200]}"})
                 continue
