@@ -292,10 +292,14 @@ def _skinny_tiles(n: int, m: int) -> dict:
     block_m = 8 if m <= NARROW_ROWS else 16
     if n <= 64:
         return dict(BLOCK_M=block_m, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=3)
-    return dict(SKINNY_TILES, BLOCK_M=block_m)
+    return dict(SKINNY_TILES, BLOCK_M=block_m, **(WIDE_TILES if block_m == 16 else {}))
 
 
 SKINNY_TILES = dict(BLOCK_N=256, BLOCK_K=128, num_warps=8, num_stages=3)
+# Overrides for 16 columns (9-16 rows: batch 2), a switch to time: there the tile keeps 166
+# registers (one 8-warp program an SM), where 64-code steps on 4 stages (BLOCK_K=64,
+# num_stages=4) compile to 125 at the same instructions a byte (sm_90, twenty-fourth session).
+WIDE_TILES: dict = {}
 # The transposed kernel's leaner K step, not yet timed on a GPU (twenty-fourth session: compiled
 # for sm_90 at 6 rows its loop falls from 808 to 597 instructions, 127 registers): the e4m3 pair
 # decode in 3 instructions where 6 give the same bits (common._E4M3_WORDS_LEAN_PTX), the scale's
