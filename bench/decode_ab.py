@@ -10,8 +10,6 @@ starts new CUDA graphs, so every kernel the switch reaches is compiled and captu
         --prefill 32768 --act-quant --rounds 3
 """
 import argparse
-import ast
-import importlib
 import pathlib
 import sys
 import time
@@ -32,9 +30,7 @@ def main() -> None:
     parser.add_argument("--act-quant", action="store_true")
     parser.add_argument("--budget-s", type=float, default=300.0)
     args = parser.parse_args()
-    module_name, attribute = args.switch.rsplit(".", 1)
-    module = importlib.import_module(module_name)
-    values = [ast.literal_eval(v) for v in args.values]
+    module, attribute, values = h200.module_switch(args.switch, args.values)
     h200.DEADLINE[0] = time.monotonic() + args.budget_s
     model, store = h200.build_model(fast=True, preset="bench", act_quant=args.act_quant)
     graphs = type(model.graphs) if model.graphs is not None else None

@@ -19,8 +19,6 @@ dots (twelve dependent MMAs per K step in exact mode: 4 code places times 3 part
     python bench/decode_gemm_floor.py [--rows 6] [--switch dsflash.model.kernels.fp8_gemm.NARROW_ROWS 0 8]
 """
 import argparse
-import ast
-import importlib
 import math
 import pathlib
 import sys
@@ -55,7 +53,7 @@ def _floor_kernel(w_ptr, s_ptr, out_ptr, N, K, K_PER_SPLIT, swn, ssn, STAGE: tl.
         sk = k0 // 32 + tl.arange(0, BLOCK_K // 32)
         words = tl.load(w_ptr + wn[:, None] * swn + c[None, :])
         sbyte = tl.load(s_ptr + (wn // 32)[:, None] * ssn + sk[None, :])
-        scales = word_scales(sbyte, LEAN)
+        scales = word_scales(sbyte, True, True, LEAN)
         exps = tl.reshape(tl.broadcast_to(scales[:, :, None], (BLOCK_N, BLOCK_K // 32, 8)), (BLOCK_N, BLOCK_K // 4))
         if STAGE == 1:
             acc += (words ^ exps).to(tl.float32)
@@ -72,10 +70,7 @@ def main() -> None:
                         help="a module switch and the values to time the shipped kernel at")
     parser.add_argument("--weights", default="wkv,wq_a,shared_w2,shared_w1,wq_b,wo_b,main_proj")
     args = parser.parse_args()
-    switch = None
-    if args.switch:
-        module_name, attribute = args.switch[0].rsplit(".", 1)
-        switch = importlib.import_module(module_name), attribute, [ast.literal_eval(v) for v in args.switch[1:]]
+    switch = h200.module_switch(args.switch[0], args.switch[1:]) if args.switch else None
     dev = "cuda"
     for name in args.weights.split(","):
         n, k = h200.DECODE_GEMMS[name]

@@ -17,6 +17,8 @@ formats (model/checkpoint_writer.random_weight_store).
 from __future__ import annotations
 
 import argparse
+import ast
+import importlib
 import json
 import math
 import os
@@ -99,6 +101,13 @@ def variants(text: str) -> list[dict]:
     """';'-separated launch variants of KEY=VALUE pairs (integers) -> dicts; an empty one is {}."""
     return [{key: int(value) for key, value in (pair.split("=") for pair in filter(None, v.split(",")))}
             for v in text.split(";")]
+
+
+def module_switch(path: str, values: list[str]) -> tuple:
+    """'package.module.ATTR' and Python literals -> (module, 'ATTR', values): a switch a bench
+    sets to each value in turn (decode_ab.py, decode_gemm_floor.py --switch)."""
+    module_name, attribute = path.rsplit(".", 1)
+    return importlib.import_module(module_name), attribute, [ast.literal_eval(v) for v in values]
 
 
 # ------------------------------------------------------------------ ceilings

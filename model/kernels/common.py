@@ -126,7 +126,7 @@ _E4M3_WORDS_PTX = tl.constexpr("\n".join([
 # timed on a GPU: fp8_gemm.LEAN_DECODE): prmt's sign-replicating selector (8 | byte) puts each
 # code's sign in all 8 bits of its half's high byte, a left shift by 4 places the magnitude at
 # bits 4..10 with a sign copy at bit 15, and one mask keeps those. $6 is the scale already as
-# its bf16 pair (word_scales with PAIR), made once a scale, not once a word pair.
+# its bf16 pair (word_scales), made once a scale, not once a word pair.
 _E4M3_WORDS_LEAN_PTX = tl.constexpr("\n".join([
     "{", ".reg .b32 c;",
     *[f"prmt.b32 c, $4, $5, {(12 + t) << 12 | (4 + t) << 8 | (8 + t) << 4 | t:#06x}; shl.b32 c, c, 4; "
@@ -134,12 +134,12 @@ _E4M3_WORDS_LEAN_PTX = tl.constexpr("\n".join([
 
 
 @triton.jit
-def word_scales(scale_bytes, PAIR: tl.constexpr):
-    """e8m0 scale bytes as e4m3_words takes them, worked out once a scale before they spread
-    over the words each covers: the biased exponent e (int32), or with PAIR (the lean PTX
-    decode) the bf16 pair 2^(e-7) it multiplies by (exponent field e + 120)."""
+def word_scales(scale_bytes, PTX: tl.constexpr, SMALL: tl.constexpr, LEAN: tl.constexpr):
+    """e8m0 scale bytes as e4m3_words (with the same flags) takes them, worked out once a scale
+    before they spread over the words each covers: the biased exponent e (int32), or for the
+    lean PTX decode the bf16 pair 2^(e-7) it multiplies by (exponent field e + 120)."""
     e = scale_bytes.to(tl.int32)
-    if PAIR:
+    if PTX and SMALL and LEAN:
         return ((e + 120) << 7) * 0x10001
     return e
 
@@ -147,7 +147,7 @@ def word_scales(scale_bytes, PAIR: tl.constexpr):
 @triton.jit
 def e4m3_words(words, exponents, PTX: tl.constexpr, SMALL: tl.constexpr, LEAN: tl.constexpr = False):
     """int32 words of four e4m3 codes (code t in byte t: column 4c + t of a row) and each word's
-    e8m0 scale, as word_scales(..., PAIR=PTX and SMALL and LEAN) gives it -> four tiles, tile t
+    e8m0 scale, as word_scales with the same flags gives it -> four tiles, tile t
     holding code t of every word times 2^(e-127): bf16 on the GPU (by integer ops and one
     multiply when SMALL, every e <= 134; by the hardware conversion otherwise), fp32 by
     arithmetic in the interpreter. A thread's two neighbouring words are decoded together and

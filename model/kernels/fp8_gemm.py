@@ -124,23 +124,29 @@ def _dot_columns(w, x_ptr, rm, kk, K, sxm, sxk, acc, SPLIT: tl.constexpr, PTX: t
         acc = dot_exact_lhs(w, xt.to(tl.float32), acc)
     elif w.dtype == tl.float32:
         acc = tl.dot(w, xt.to(tl.float32), acc, input_precision=DOT)
-    elif SPLIT and LEAN:
-        head = bf16_head(xt)
-        rest = xt - head
-        middle = bf16_head(rest)
-        acc = tl.dot(w, head.to(tl.bfloat16), acc)
-        acc = tl.dot(w, middle.to(tl.bfloat16), acc)
-        acc = tl.dot(w, (rest - middle).to(tl.bfloat16), acc)
     elif SPLIT:
-        head = xt.to(tl.bfloat16)
-        rest = xt - head.to(tl.float32)
-        middle = rest.to(tl.bfloat16)
+        head, middle, low = _three_bf16_parts(xt, LEAN)
         acc = tl.dot(w, head, acc)
         acc = tl.dot(w, middle, acc)
-        acc = tl.dot(w, (rest - middle.to(tl.float32)).to(tl.bfloat16), acc)
+        acc = tl.dot(w, low, acc)
     else:
         acc = tl.dot(w, xt, acc)
     return acc
+
+
+@triton.jit
+def _three_bf16_parts(x, LEAN: tl.constexpr):
+    """fp32 x as three bf16 parts that sum to it: each rounding what the ones before left, or
+    with LEAN cut by masks (bf16_head), exact with no rounding."""
+    if LEAN:
+        head = bf16_head(x)
+        rest = x - head
+        middle = bf16_head(rest)
+        return head.to(tl.bfloat16), middle.to(tl.bfloat16), (rest - middle).to(tl.bfloat16)
+    head = x.to(tl.bfloat16)
+    rest = x - head.to(tl.float32)
+    middle = rest.to(tl.bfloat16)
+    return head, middle, (rest - middle.to(tl.float32)).to(tl.bfloat16)
 
 
 @triton.jit
@@ -178,7 +184,7 @@ def _skinny_kernel(x_ptr, w_ptr, s_ptr, y_ptr, out_ptr, count_ptr, M, N, K, K_PE
             else:
                 words = tl.load(w_at, mask=(c * 4 < K)[None, :], other=0)
                 sbyte = tl.load(s_at, mask=(sk * 32 < K)[None, :], other=127)
-            scales = word_scales(sbyte, PTX and SMALL and LEAN)  # once a scale, before it spreads over its words
+            scales = word_scales(sbyte, PTX, SMALL, LEAN)  # once a scale, before it spreads over its words
             exps = tl.reshape(tl.broadcast_to(scales[:, :, None], (BLOCK_N, BLOCK_K // 32, 8)), (BLOCK_N, BLOCK_K // 4))
             w = e4m3_words(words, exps, PTX, SMALL, LEAN)
             for t in tl.static_range(4):
