@@ -33,13 +33,11 @@ def main() -> None:
     module, attribute, values = h200.module_switch(args.switch, args.values)
     h200.DEADLINE[0] = time.monotonic() + args.budget_s
     model, store = h200.build_model(fast=True, preset="bench", act_quant=args.act_quant)
-    graphs = type(model.graphs) if model.graphs is not None else None
     batches = [int(b) for b in args.batches.split(",")]
     for round_ in range(args.rounds):
         for value in values:
             setattr(module, attribute, value)
-            if graphs is not None:
-                model.graphs = graphs()
+            h200.new_graphs(model)
             if args.prefill:
                 h200.prefill(model, [args.prefill], f"prefill_{attribute}={value}_round{round_}",
                              warm_first=round_ == 0, chunk=args.chunk)

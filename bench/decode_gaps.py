@@ -15,10 +15,8 @@ from __future__ import annotations
 
 import argparse
 import bisect
-import json
 import pathlib
 import sys
-import tempfile
 from collections import defaultdict
 
 import torch
@@ -89,11 +87,7 @@ def main() -> None:
             for _ in range(args.steps):
                 engine.step()
             h200.sync()
-    with tempfile.TemporaryDirectory() as tmp:
-        path = pathlib.Path(tmp) / "trace.json"
-        prof.export_chrome_trace(str(path))
-        trace = json.loads(path.read_text())
-    busy, span, found = gaps(trace)
+    busy, span, found = gaps(h200.chrome_trace(prof))
     by_place = defaultdict(lambda: [0.0, 0])
     for us, place in found:
         by_place[place][0] += us

@@ -35,7 +35,7 @@ from dsflash.model.kernels.quantize import fp8_grid_bf16  # noqa: E402
 
 
 @triton.jit
-def _floor_kernel(w_ptr, s_ptr, out_ptr, N, K, K_PER_SPLIT, swn, ssn, STAGE: tl.constexpr, LEAN: tl.constexpr,
+def _floor_kernel(w_ptr, s_ptr, out_ptr, N, K, K_PER_SPLIT, swn, ssn, STAGE: tl.constexpr,
                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """Program (N tile, K split), as _skinny_kernel lays them out. STAGE 0: nothing; 1: read
     the weight words and scales; 2: read and decode them. One value per program is stored,
@@ -53,12 +53,12 @@ def _floor_kernel(w_ptr, s_ptr, out_ptr, N, K, K_PER_SPLIT, swn, ssn, STAGE: tl.
         sk = k0 // 32 + tl.arange(0, BLOCK_K // 32)
         words = tl.load(w_ptr + wn[:, None] * swn + c[None, :])
         sbyte = tl.load(s_ptr + (wn // 32)[:, None] * ssn + sk[None, :])
-        scales = word_scales(sbyte, True, True, LEAN)
+        scales = word_scales(sbyte, True, True)
         exps = tl.reshape(tl.broadcast_to(scales[:, :, None], (BLOCK_N, BLOCK_K // 32, 8)), (BLOCK_N, BLOCK_K // 4))
         if STAGE == 1:
             acc += (words ^ exps).to(tl.float32)
         else:
-            w = e4m3_words(words, exps, True, True, LEAN)
+            w = e4m3_words(words, exps, True, True)
             acc += w[0].to(tl.float32) + w[1].to(tl.float32) + w[2].to(tl.float32) + w[3].to(tl.float32)
     tl.store(out_ptr + pid_n * tl.num_programs(1) + pid_k, tl.sum(tl.sum(acc, axis=1), axis=0))
 
@@ -88,7 +88,7 @@ def main() -> None:
             def run(i, stage=stage):
                 words = codes[i].view(torch.int32)
                 _floor_kernel[(out_tiles, splits)](words, scales[i], out, n, k, per_split, words.stride(0),
-                                                   scales[i].stride(0), STAGE=stage, LEAN=gemm.LEAN_DECODE,
+                                                   scales[i].stride(0), STAGE=stage,
                                                    BLOCK_N=tiles["BLOCK_N"], BLOCK_K=tiles["BLOCK_K"],
                                                    num_warps=tiles["num_warps"], num_stages=tiles["num_stages"])
             line.append(f"{label} {h200.rotating_graph_time(run, copies) * 1e6:.1f} us")

@@ -23,6 +23,7 @@ import json
 import math
 import os
 import pathlib
+import tempfile
 import time
 
 import torch
@@ -575,6 +576,23 @@ def warm_engine(args):
     model, _ = build_model(fast=True, preset=args.preset, act_quant=args.act_quant)
     engine = decode_engine(model, args.batch, args.context, torch.Generator(device=DEV).manual_seed(0))
     return engine, timed_steps(engine, 4, args.steps)  # admission, then capture and warm the graphs
+
+
+def new_graphs(model) -> None:
+    """Give the model an empty CUDA graph cache (a switch's new value is captured afresh), the
+    old one's graphs freed first: left to the collector they stayed alive beside the new ones."""
+    if model.graphs is not None:
+        model.graphs.release()
+        model.graphs = type(model.graphs)()
+
+
+def chrome_trace(prof) -> dict:
+    """A finished torch.profiler run as its Chrome trace (the events with their args: a
+    kernel's grid, block and registers, its launch's correlation id)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = pathlib.Path(tmp) / "trace.json"
+        prof.export_chrome_trace(str(path))
+        return json.loads(path.read_text())
 
 
 def timed_steps(engine, warm: int, steps: int) -> float:

@@ -101,8 +101,8 @@ KERNELS = {
         fp8_gemm._skinny_kernel,
         {"x_ptr": "*fp32", "w_ptr": "*i32", "s_ptr": "*u8", "y_ptr": "*fp32", "out_ptr": "*fp32", "count_ptr": "*i32"},
         dict(FP8_WEIGHT=True, SMALL=True, SPLIT=True, PTX=True, EVEN_K=True, GROUP_ROWS=0, SUM_GROUP=1,
-             LEAN=fp8_gemm.LEAN_DECODE, **fp8_gemm._skinny_tiles(32768, 6)),
-        ";LEAN=1;BLOCK_M=16;SUM_GROUP=8;num_stages=2;BLOCK_N=128;BLOCK_N=128,num_warps=4;BLOCK_K=64", mma_sync=True,
+             **fp8_gemm._skinny_tiles(32768, 6)),
+        ";BLOCK_M=16;SUM_GROUP=8;num_stages=2;BLOCK_N=128;BLOCK_N=128,num_warps=4;BLOCK_K=64", mma_sync=True,
         sample=dict(M=6, N=32768, K=1280, K_PER_SPLIT=640, SPLITS=2, sxm=1280, sxk=1, swn=320, ssn=40, ssk=1,
                     sys=6 * 32768, sym=32768, syn=1)),  # wq_b at 6 rows
     "gate_up": Kernel(fp4_moe._gate_up_kernel, _EXPERT_POINTERS, dict(_EXPERT_DEFAULTS, ACT_QUANT=False),

@@ -108,44 +108,31 @@ def e4m3_to_float(codes, HW_FP8: tl.constexpr):
 # starts with the 3 e4m3 bits: the value times 2^-120, subnormals included; the sign goes to
 # bit 15. One multiply by the bf16 2^(e-7) (exponent field e + 120, so e <= 134) then gives the
 # value times its scale 2^(e-127) exactly.
-def _e4m3_to_bf16_ptx(src: str, dst: str) -> str:
-    """A register with one code in the low byte of each half -> the bf16 pair times 2^-120."""
-    return (f"and.b32 m, {src}, 0x007F007F; and.b32 g, {src}, 0x00800080; shl.b32 m, m, 4; shl.b32 g, g, 8; "
-            f"or.b32 {dst}, m, g;")
-
-
-# Two int32 words $4 $5 of four codes each (columns 4c..4c+3) and their (shared) scale exponent
-# $6 -> four bf16 pairs $0..$3, pair t = (code t of word 0, code t of word 1). prmt puts byte t
-# of each word in the low byte of a half; the high bytes it fills are masked off by the decode.
+# Two int32 words $4 $5 of four codes each (columns 4c..4c+3) and their (shared) scale as its
+# bf16 pair $6 (word_scales) -> four bf16 pairs $0..$3, pair t = (code t of word 0, code t of
+# word 1), in 3 integer instructions a pair: prmt's sign-replicating selector (8 | byte) puts
+# code t's sign in all 8 bits of its half's high byte, a left shift by 4 places the magnitude
+# at bits 4..10 with a sign copy at bit 15, and one mask keeps those. (Twenty-fifth session,
+# H200: 6-13% faster GEMMs than the 6-instruction form with the scale made once a word pair.)
 _E4M3_WORDS_PTX = tl.constexpr("\n".join([
-    "{", ".reg .b32 c, s, m, g;",
-    "add.u32 s, $6, 120; shl.b32 s, s, 7; prmt.b32 s, s, 0, 0x1010;",
-    *[f"prmt.b32 c, $4, $5, {(4 + t) * 0x1100 + t * 0x11:#06x}; " + _e4m3_to_bf16_ptx("c", f"${t}")
-      + f" mul.rn.bf16x2 ${t}, ${t}, s;" for t in range(4)], "}"]))
-# The same decode in 3 instructions a pair where the above takes 6 (LEAN; the same bits, not yet
-# timed on a GPU: fp8_gemm.LEAN_DECODE): prmt's sign-replicating selector (8 | byte) puts each
-# code's sign in all 8 bits of its half's high byte, a left shift by 4 places the magnitude at
-# bits 4..10 with a sign copy at bit 15, and one mask keeps those. $6 is the scale already as
-# its bf16 pair (word_scales), made once a scale, not once a word pair.
-_E4M3_WORDS_LEAN_PTX = tl.constexpr("\n".join([
     "{", ".reg .b32 c;",
     *[f"prmt.b32 c, $4, $5, {(12 + t) << 12 | (4 + t) << 8 | (8 + t) << 4 | t:#06x}; shl.b32 c, c, 4; "
       f"and.b32 ${t}, c, 0x87F087F0; mul.rn.bf16x2 ${t}, ${t}, $6;" for t in range(4)], "}"]))
 
 
 @triton.jit
-def word_scales(scale_bytes, PTX: tl.constexpr, SMALL: tl.constexpr, LEAN: tl.constexpr):
+def word_scales(scale_bytes, PTX: tl.constexpr, SMALL: tl.constexpr):
     """e8m0 scale bytes as e4m3_words (with the same flags) takes them, worked out once a scale
-    before they spread over the words each covers: the biased exponent e (int32), or for the
-    lean PTX decode the bf16 pair 2^(e-7) it multiplies by (exponent field e + 120)."""
+    before they spread over the words each covers: for the PTX decode the bf16 pair 2^(e-7) it
+    multiplies by (exponent field e + 120), else the biased exponent e (int32)."""
     e = scale_bytes.to(tl.int32)
-    if PTX and SMALL and LEAN:
+    if PTX and SMALL:
         return ((e + 120) << 7) * 0x10001
     return e
 
 
 @triton.jit
-def e4m3_words(words, exponents, PTX: tl.constexpr, SMALL: tl.constexpr, LEAN: tl.constexpr = False):
+def e4m3_words(words, exponents, PTX: tl.constexpr, SMALL: tl.constexpr):
     """int32 words of four e4m3 codes (code t in byte t: column 4c + t of a row) and each word's
     e8m0 scale, as word_scales with the same flags gives it -> four tiles, tile t
     holding code t of every word times 2^(e-127): bf16 on the GPU (by integer ops and one
@@ -153,7 +140,7 @@ def e4m3_words(words, exponents, PTX: tl.constexpr, SMALL: tl.constexpr, LEAN: t
     arithmetic in the interpreter. A thread's two neighbouring words are decoded together and
     must share their scale."""
     if PTX and SMALL:
-        values = tl.inline_asm_elementwise(_E4M3_WORDS_LEAN_PTX if LEAN else _E4M3_WORDS_PTX, "=r,=r,=r,=r,r,r,r,r",
+        values = tl.inline_asm_elementwise(_E4M3_WORDS_PTX, "=r,=r,=r,=r,r,r,r,r",
                                            [words, exponents], dtype=(tl.bfloat16,) * 4, is_pure=True, pack=2)
     else:
         scale = pow2(exponents)

@@ -105,12 +105,11 @@ def _finish(acc, offsets, mask, y_ptr, out_ptr, count_ptr, pid_k, SPLITS, sys, G
 
 
 @triton.jit
-def _dot_columns(w, x_ptr, rm, kk, K, sxm, sxk, acc, SPLIT: tl.constexpr, PTX: tl.constexpr, EVEN_K: tl.constexpr,
-                 LEAN: tl.constexpr):
+def _dot_columns(w, x_ptr, rm, kk, K, sxm, sxk, acc, SPLIT: tl.constexpr, PTX: tl.constexpr, EVEN_K: tl.constexpr):
     """acc + w . x^T[kk, rm]: x's rows rm at columns kk, read transposed. With SPLIT the fp32
     values are cut into the 3 bf16 parts that sum to them, one dot each (bf16 products are
     exact in the fp32 accumulator); the cut happens once per value, before the tile is shared,
-    by rounding each part, or with LEAN by masks (bf16_head: 2 fewer instructions a value).
+    by masks (_three_bf16_parts).
     An fp32 w (no PTX decode, or an fp32 weight) dots at DOT precision (three-pass TF32).
     (Each row's parts as columns of one dot, as fp4_moe does, measured slower on the H200 at
     6 rows: 32 columns, 72.7 against 47.7 us for wq_b. A sum of its own per part does not let
@@ -125,7 +124,7 @@ def _dot_columns(w, x_ptr, rm, kk, K, sxm, sxk, acc, SPLIT: tl.constexpr, PTX: t
     elif w.dtype == tl.float32:
         acc = tl.dot(w, xt.to(tl.float32), acc, input_precision=DOT)
     elif SPLIT:
-        head, middle, low = _three_bf16_parts(xt, LEAN)
+        head, middle, low = _three_bf16_parts(xt)
         acc = tl.dot(w, head, acc)
         acc = tl.dot(w, middle, acc)
         acc = tl.dot(w, low, acc)
@@ -135,25 +134,20 @@ def _dot_columns(w, x_ptr, rm, kk, K, sxm, sxk, acc, SPLIT: tl.constexpr, PTX: t
 
 
 @triton.jit
-def _three_bf16_parts(x, LEAN: tl.constexpr):
-    """fp32 x as three bf16 parts that sum to it: each rounding what the ones before left, or
-    with LEAN cut by masks (bf16_head), exact with no rounding."""
-    if LEAN:
-        head = bf16_head(x)
-        rest = x - head
-        middle = bf16_head(rest)
-        return head.to(tl.bfloat16), middle.to(tl.bfloat16), (rest - middle).to(tl.bfloat16)
-    head = x.to(tl.bfloat16)
-    rest = x - head.to(tl.float32)
-    middle = rest.to(tl.bfloat16)
-    return head, middle, (rest - middle.to(tl.float32)).to(tl.bfloat16)
+def _three_bf16_parts(x):
+    """fp32 x as three bf16 parts that sum to it, cut by masks (bf16_head), exact with no
+    rounding: 2 instructions a value fewer than rounding each part."""
+    head = bf16_head(x)
+    rest = x - head
+    middle = bf16_head(rest)
+    return head.to(tl.bfloat16), middle.to(tl.bfloat16), (rest - middle).to(tl.bfloat16)
 
 
 @triton.jit
 def _skinny_kernel(x_ptr, w_ptr, s_ptr, y_ptr, out_ptr, count_ptr, M, N, K, K_PER_SPLIT, SPLITS,
                    sxm, sxk, swn, ssn, ssk, sys, sym, syn,
                    FP8_WEIGHT: tl.constexpr, SMALL: tl.constexpr, SPLIT: tl.constexpr, PTX: tl.constexpr,
-                   EVEN_K: tl.constexpr, GROUP_ROWS: tl.constexpr, SUM_GROUP: tl.constexpr, LEAN: tl.constexpr,
+                   EVEN_K: tl.constexpr, GROUP_ROWS: tl.constexpr, SUM_GROUP: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """y^T[rows, :M] = W[rows] x^T over one K range, for at most BLOCK_M rows of x (decode):
     the weight tile is the left operand as decoded (64 rows fill a Hopper warpgroup MMA) and
@@ -184,11 +178,11 @@ def _skinny_kernel(x_ptr, w_ptr, s_ptr, y_ptr, out_ptr, count_ptr, M, N, K, K_PE
             else:
                 words = tl.load(w_at, mask=(c * 4 < K)[None, :], other=0)
                 sbyte = tl.load(s_at, mask=(sk * 32 < K)[None, :], other=127)
-            scales = word_scales(sbyte, PTX, SMALL, LEAN)  # once a scale, before it spreads over its words
+            scales = word_scales(sbyte, PTX, SMALL)  # once a scale, before it spreads over its words
             exps = tl.reshape(tl.broadcast_to(scales[:, :, None], (BLOCK_N, BLOCK_K // 32, 8)), (BLOCK_N, BLOCK_K // 4))
-            w = e4m3_words(words, exps, PTX, SMALL, LEAN)
+            w = e4m3_words(words, exps, PTX, SMALL)
             for t in tl.static_range(4):
-                acc = _dot_columns(w[t], x_ptr, xm, 4 * c + t, K, sxm, sxk, acc, SPLIT, PTX, EVEN_K, LEAN)
+                acc = _dot_columns(w[t], x_ptr, xm, 4 * c + t, K, sxm, sxk, acc, SPLIT, PTX, EVEN_K)
         else:
             kk = k0 + tl.arange(0, BLOCK_K)
             w_at = w_ptr + wn[:, None] * swn + kk[None, :]
@@ -198,7 +192,7 @@ def _skinny_kernel(x_ptr, w_ptr, s_ptr, y_ptr, out_ptr, count_ptr, M, N, K, K_PE
                 w = tl.load(w_at, mask=(kk < K)[None, :], other=0.0)
             if not PTX:
                 w = w.to(tl.float32)
-            acc = _dot_columns(w, x_ptr, xm, kk, K, sxm, sxk, acc, SPLIT, PTX, EVEN_K, LEAN)
+            acc = _dot_columns(w, x_ptr, xm, kk, K, sxm, sxk, acc, SPLIT, PTX, EVEN_K)
     _finish(acc, rm[None, :] * sym + rn[:, None] * syn, (rm[None, :] < M) & (rn[:, None] < N), y_ptr, out_ptr,
             count_ptr + pid_n, pid_k, SPLITS, sys, SUM_GROUP)
 
@@ -298,25 +292,27 @@ def _skinny_tiles(n: int, m: int) -> dict:
     block_m = 8 if m <= NARROW_ROWS else 16
     if n <= 64:
         return dict(BLOCK_M=block_m, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=3)
-    return dict(SKINNY_TILES, BLOCK_M=block_m, **(WIDE_TILES if block_m == 16 else {}))
+    return dict(SKINNY_TILES, BLOCK_M=block_m)
 
 
 SKINNY_TILES = dict(BLOCK_N=256, BLOCK_K=128, num_warps=8, num_stages=3)
-# Overrides for 16 columns (9-16 rows: batch 2), a switch to time: there the tile keeps 166
-# registers (one 8-warp program an SM), where 64-code steps on 4 stages (BLOCK_K=64,
-# num_stages=4) compile to 125 at the same instructions a byte (sm_90, twenty-fourth session).
-WIDE_TILES: dict = {}
-# The transposed kernel's leaner K step, not yet timed on a GPU (twenty-fourth session: compiled
-# for sm_90 at 6 rows its loop falls from 808 to 597 instructions, 127 registers): the e4m3 pair
-# decode in 3 instructions where 6 give the same bits (common._E4M3_WORDS_LEAN_PTX), the scale's
-# bf16 pair made once a scale, and x cut into its bf16 parts by masks (exact, no rounding).
-LEAN_DECODE = False
+# At 16 columns (9-16 rows: batch 2) this tile keeps 166 registers, one 8-warp program an SM.
+# 64-code K steps on 4 stages compile to 125 (two programs an SM) and were faster there on the
+# H200 (2026-12-03, 12 rows: wq_b 35.8 -> 31.3 us, main_proj 66.1 -> 55.7; a batch-2 step
+# ~1.5 ms), but slower at 8 columns (wq_b 22.9 -> 24.8, main_proj 38.6 -> 42.9): and a K step
+# that differs by columns sums K in another order, so a row's product would change with the
+# rows beside it. Not taken.
 # A batch-1 step's rows (the 6-token verify block, the 5-row draft) fit 8 columns. Compiled for
 # sm_90 (bench/kernel_resources.py) with 6 rows of wq_b, 8 columns against 16 halve the MMAs
 # and the activations' cutting: the K loop falls from 1,100 to 808 instructions a thread and
 # the registers from 166 to 128, which lets two 8-warp programs share an SM. H200, 2026-12-03
 # (bench/decode_gemm_floor.py, 6 rows): wq_b 35.8 -> 22.4 us, wo_b 38.0 -> 23.6, main_proj
 # 64.9 -> 38.8, wkv 9.8 -> 8.2; a batch-1 step at 4K 32.2 -> 29.0 ms (bench/decode_ab.py). 0: always 16.
+# Since the twenty-fifth session the loop is 597 instructions at 127 registers: the e4m3 pair
+# decode in 3 (common._E4M3_WORDS_PTX), the scale's bf16 pair made once a scale, x cut by
+# masks. H200: wq_b 23.1 -> 20.2 us, wo_b 23.6 -> 20.9, main_proj 38.8 -> 33.5, shared_w1
+# 12.2 -> 11.3; in a batch-1 step's profile the GEMMs took 0.53-0.55 ms less (21.5 -> 21.0 ms
+# of kernels). The step's wall time did not separate from noise in 5 alternated rounds.
 NARROW_ROWS = 8
 
 
@@ -409,8 +405,7 @@ def _skinny(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor | None, 
         _skinny_kernel[(out_tiles, splits)](
             x, w, scale_ptr, y, out, counts, M, N, K, per_split, splits, x.stride(0), x.stride(1), w.stride(0), ssn,
             ssk, *y.stride(), FP8_WEIGHT=fp8, SMALL=small, SPLIT=x.dtype != torch.bfloat16, PTX=not interpreting(),
-            EVEN_K=K % tiles["BLOCK_K"] == 0, GROUP_ROWS=group_rows, SUM_GROUP=_sum_group(splits), LEAN=LEAN_DECODE,
-            **tiles)
+            EVEN_K=K % tiles["BLOCK_K"] == 0, GROUP_ROWS=group_rows, SUM_GROUP=_sum_group(splits), **tiles)
     return out
 
 

@@ -48,11 +48,7 @@ def _g(seed=0):
 
 @pytest.mark.parametrize("m, n, k", [(1, 96, 64), (6, 64, 96), (16, 80, 160), (37, 128, 64)])
 @pytest.mark.parametrize("act_quant", [False, True])
-@pytest.mark.parametrize("lean", [False, True])  # fp8_gemm.LEAN_DECODE: the decode kernel's other K step (GPU)
-def test_fp8_gemm(m, n, k, act_quant, lean, monkeypatch):
-    from dsflash.model.kernels import fp8_gemm as gemm
-
-    monkeypatch.setattr(gemm, "LEAN_DECODE", lean)
+def test_fp8_gemm(m, n, k, act_quant):
     g = _g(m)
     codes, scales = quantize_fp8_weight(torch.randn(n, k, generator=g))
     # each block of 32 columns at its own magnitude, so that faithful mode's block scales differ
@@ -182,11 +178,7 @@ def test_fp8_gemm_of_no_rows_is_empty():
 
 @pytest.mark.parametrize("scale", [130, 140])  # 140: past the one-multiply decoder's range
 @pytest.mark.parametrize("rows", [32, 16, 8])  # 16, 8: the transposed decode kernel
-@pytest.mark.parametrize("lean", [False, True])
-def test_fp8_gemm_decodes_every_code_exactly(scale, rows, lean, monkeypatch):
-    from dsflash.model.kernels import fp8_gemm as gemm
-
-    monkeypatch.setattr(gemm, "LEAN_DECODE", lean)
+def test_fp8_gemm_decodes_every_code_exactly(scale, rows):
     codes = torch.arange(256, dtype=torch.uint8).view(8, 32).repeat_interleave(4, 0)
     codes[(codes == 0x7F) | (codes == 0xFF)] = 0  # the two NaN codes
     scales = torch.tensor([[scale]], dtype=torch.uint8)
@@ -254,12 +246,13 @@ def _bf16_heads_kernel(x_ptr, out_ptr, N: tl.constexpr):
     x = tl.load(x_ptr + tl.arange(0, N))
     head = common.bf16_head(x)
     middle = common.bf16_head(x - head)
-    for p, part in enumerate((head, middle, x - head - middle)):
-        tl.store(out_ptr + p * N + tl.arange(0, N), part)
+    tl.store(out_ptr + tl.arange(0, N), head)  # three stores: Triton's compiler has no enumerate
+    tl.store(out_ptr + N + tl.arange(0, N), middle)
+    tl.store(out_ptr + 2 * N + tl.arange(0, N), x - head - middle)
 
 
 def test_bf16_heads_cut_fp32_values_into_three_exact_bf16_parts():
-    """The lean decode kernel's cut of its activations (fp8_gemm._dot_columns): two bf16_heads
+    """The decode kernel's cut of its activations (fp8_gemm._three_bf16_parts): two bf16_heads
     and the rest, each exact in bf16, summing to the value exactly, at any magnitude and sign."""
     x = torch.randn(256, generator=_g(4)) * torch.logspace(-30, 30, 256)
     x[:4] = torch.tensor([0.0, -0.0, 1.0 + 2.0 ** -23, -(2.0 - 2.0 ** -23)])
