@@ -142,10 +142,14 @@ def warm_up_counts() -> list[tuple[int, int]]:
 
 def scores_warm_up(device: torch.device, heads: int, dim: int) -> None:
     """Compile the scoring tiles (FP4-quantized queries), tall (prefill) and short, for every
-    specialization of warm_up_counts, before a worker serves. H200, 2026-12-02: after the
-    two-prompt warm-up, a 1M-token prefill on an empty Triton cache still compiled the tall
-    tiles four times, ~5 s, three of them in its first 64K tokens; with them warmed, the short
-    tiles once (0.7 s, 16 queries of 16 entries, in its last step)."""
+    specialization of warm_up_counts, before a worker serves; and the short tiles' batched
+    form (a decode batch's runs in one launch, index_runs), whose rows are never 1. H200,
+    2026-12-02: after the two-prompt warm-up, a 1M-token prefill on an empty Triton cache still
+    compiled the tall tiles four times, ~5 s, three of them in its first 64K tokens; with them
+    warmed, the short tiles once (0.7 s, 16 queries of 16 entries, in its last step). The
+    batched form was not warmed: a decode batch compiled it when its widest entry count first
+    changed kind, as a batch-1 step without this warm-up compiled the single-run form
+    (2026-12-03, 1.9 s in one step with two other kernels: bench/decode_compiles.py)."""
     most = max(n for n, _ in warm_up_counts())
     q = torch.zeros(most, heads, dim, dtype=torch.bfloat16, device=device)
     w = torch.zeros(most, heads, device=device)
@@ -155,3 +159,10 @@ def scores_warm_up(device: torch.device, heads: int, dim: int) -> None:
             offsets = torch.zeros(N, dtype=torch.long, device=device)
             indexer_scores(q[:n], w[:n], torch.full((n,), N, device=device), pages, offsets, offsets,
                            exact_in_bf16=True, tall=tall)
+    for n, N in warm_up_counts():
+        if n > 1:  # two runs, the second from row n // 2
+            offsets = torch.zeros(2, N, dtype=torch.long, device=device)
+            first = torch.tensor([0, n // 2], device=device)
+            count = torch.tensor([n // 2, n - n // 2], device=device)
+            indexer_scores(q[:n], w[:n], torch.full((n,), N, device=device), pages, offsets, offsets,
+                           (first, count, n - n // 2), exact_in_bf16=True)

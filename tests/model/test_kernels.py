@@ -781,8 +781,8 @@ def test_indexer_scores_launch_on_16_byte_pointers_from_any_row_slice(paged, mon
 def test_the_scores_warm_up_meets_every_specialization_of_its_counts():
     """The scoring tiles' warm-up launches, tall and short, with query counts of 1, of a
     multiple of 16 and of neither, each with entry counts of both kinds (what Triton
-    specializes a launch on), and every launch scores: all entries visible, zero queries,
-    zero scores."""
+    specializes a launch on), then the short tiles' batched form (two runs) at the counts
+    above 1, and every launch scores: all entries visible, zero queries, zero scores."""
     from dsflash.model.kernels import indexer_score
 
     def kind(count: int) -> str:
@@ -796,14 +796,15 @@ def test_the_scores_warm_up_meets_every_specialization_of_its_counts():
 
     def scores(q, w, visible, *args, **kw):
         out = real(q, w, visible, *args, **kw)
-        launched.append((q.shape[0], out.shape[1], kw["tall"]))
+        launched.append((q.shape[0], out.shape[1], kw.get("tall", False), len(args) > 3))  # runs: args[3]
         assert torch.equal(out.cpu(), torch.zeros(out.shape))
         return out
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(indexer_score, "indexer_scores", scores)
         indexer_score.scores_warm_up(torch.device(DEVICE), 4, 32)
-    assert launched == [(n, N, tall) for tall in (True, False) for n, N in counts]
+    assert launched == ([(n, N, tall, False) for tall in (True, False) for n, N in counts]
+                        + [(n, N, False, True) for n, N in counts if n > 1])
 
 
 def test_a_batch_on_the_kernel_path_matches_its_runs_alone(golden_dir, golden, monkeypatch):
