@@ -127,12 +127,20 @@ def word_scales(scale_bytes, PTX: tl.constexpr, SMALL: tl.constexpr):
     multiplies by (exponent field e + 120), else the biased exponent e (int32)."""
     e = scale_bytes.to(tl.int32)
     if PTX and SMALL:
-        return ((e + 120) << 7) * 0x10001
+        return bf16_pair(e + 120)
     return e
 
 
 @triton.jit
-def e4m3_words(words, exponents, PTX: tl.constexpr, SMALL: tl.constexpr):
+def bf16_pair(field):
+    """int32 biased exponent fields (0..255) -> the bf16 pair of that power of two in both
+    halves: a decode's scale, multiplied in by one mul.rn.bf16x2 a pair."""
+    bits = field << 7
+    return bits | (bits << 16)
+
+
+@triton.jit
+def e4m3_words(words, scales, PTX: tl.constexpr, SMALL: tl.constexpr):
     """int32 words of four e4m3 codes (code t in byte t: column 4c + t of a row) and each word's
     e8m0 scale, as word_scales with the same flags gives it -> four tiles, tile t
     holding code t of every word times 2^(e-127): bf16 on the GPU (by integer ops and one
@@ -141,9 +149,9 @@ def e4m3_words(words, exponents, PTX: tl.constexpr, SMALL: tl.constexpr):
     must share their scale."""
     if PTX and SMALL:
         values = tl.inline_asm_elementwise(_E4M3_WORDS_PTX, "=r,=r,=r,=r,r,r,r,r",
-                                           [words, exponents], dtype=(tl.bfloat16,) * 4, is_pure=True, pack=2)
+                                           [words, scales], dtype=(tl.bfloat16,) * 4, is_pure=True, pack=2)
     else:
-        scale = pow2(exponents)
+        scale = pow2(scales)
         values = (e4m3_to_float((words & 0xFF).to(tl.uint8), PTX) * scale,
                   e4m3_to_float(((words >> 8) & 0xFF).to(tl.uint8), PTX) * scale,
                   e4m3_to_float(((words >> 16) & 0xFF).to(tl.uint8), PTX) * scale,
@@ -240,10 +248,10 @@ def quad_scales(exponents, PTX: tl.constexpr, SMALL: tl.constexpr):
     once per scale before it is spread over the scale's 8 units; the exponents elsewhere."""
     if PTX:
         if SMALL:  # no test for e = 0 (2^-1 it would give): it cost a compare and a select a scale
-            bits = (exponents + 126) << 7
+            field = exponents + 126
         else:
-            bits = exponents << 7
-        return bits | (bits << 16)
+            field = exponents
+        return bf16_pair(field)
     return exponents
 
 
