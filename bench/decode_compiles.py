@@ -47,23 +47,22 @@ def main() -> None:
     parser.add_argument("--indexer-warm-up", action="store_true",
                         help="first compile what a worker's warm-up does (indexer.warm_up), as a server would")
     args = parser.parse_args()
-    step, reporting = [0], [False]
-    lines: list[str] = []
-
-    def hook(*_, **kw) -> bool:
-        fn = kw.get("fn")
-        line = f"step {step[0]}: compile {getattr(fn, 'name', fn)} {kw.get('repr', '')} | {caller()}"
-        if reporting[0]:
-            lines.append(line)
-            print(line, flush=True)
-        return False  # compile as usual
-
-    triton.knobs.runtime.jit_cache_hook = hook
     engine, _ = h200.warm_engine(argparse.Namespace(**dict(vars(args), steps=args.first)))
     if args.indexer_warm_up:
         from dsflash.model.layers import indexer
         indexer.warm_up(engine.model.device, engine.model.config)
-    step[0], reporting[0] = 4 + args.first, True  # warm_engine ran 4 steps, then `first` timed ones
+    step = [4 + args.first]  # warm_engine ran 4 steps, then `first` timed ones
+    compiles, slow, lines = 0, 0, []
+
+    def hook(*_, **kw) -> bool:  # installed now: the warm-up's own compiles are not reported
+        nonlocal compiles
+        fn = kw.get("fn")
+        lines.append(f"step {step[0]}: compile {getattr(fn, 'name', fn)} {kw.get('repr', '')} | {caller()}")
+        compiles += 1
+        print(lines[-1], flush=True)
+        return False  # compile as usual
+
+    triton.knobs.runtime.jit_cache_hook = hook
     with torch.inference_mode():
         for _ in range(args.steps):
             step[0] += 1
@@ -73,10 +72,10 @@ def main() -> None:
             ms = (time.perf_counter() - began) * 1e3
             if ms > args.slow_ms:
                 lines.append(f"step {step[0]}: {ms:.0f} ms")
+                slow += 1
                 print(lines[-1], flush=True)
-    summary = (f"batch {args.batch}, context {args.context}: {len([x for x in lines if 'compile' in x])} compiles "
-               f"and {len([x for x in lines if x.endswith(' ms')])} steps over {args.slow_ms:g} ms in steps "
-               f"{args.first + 5}-{step[0]}")
+    summary = (f"batch {args.batch}, context {args.context}: {compiles} compiles and {slow} steps over "
+               f"{args.slow_ms:g} ms in steps {args.first + 5}-{step[0]}")
     print(summary, flush=True)
     (h200.out_dir() / f"decode_compiles_B{args.batch}.txt").write_text("\n".join([summary] + lines) + "\n")
 
