@@ -80,7 +80,9 @@ class Marks:
 def instrument(marks: Marks, engine, fine: bool = False) -> None:
     import dsflash.decode_worker.engine as engine_module
     import dsflash.model.deepseek_v41 as model_module
+    import dsflash.model.device as device_module
     import dsflash.model.dspark as dspark_module
+    import dsflash.model.engram_hash as engram_hash_module
     from dsflash.model.graphs import GraphCache
 
     model_cls = model_module.DeepseekV41
@@ -88,7 +90,8 @@ def instrument(marks: Marks, engine, fine: bool = False) -> None:
     marks.wrap(dspark_module.DSparkDrafter, "absorb_many", "absorb")
     marks.wrap(model_cls, "forward", "forward")
     marks.wrap(model_cls, "draft_streams", "stages")
-    marks.wrap(model_cls, "_hash", "hash")
+    marks.wrap(engram_hash_module.EngramHasher, "many", "hash")
+    marks.wrap(device_module.HostCopy, "get", "host copy")  # the drafts' wait, where the forward needs them
     marks.wrap(model_cls, "_outputs", "head")
     marks.wrap(model_cls, "_engram", "engram")
     marks.wrap(model_cls, "block", lambda a: ("source" if (a[1].is_kv_source or a[1].is_index_source)

@@ -26,6 +26,7 @@ import torch
 from ..kvcache.pool import CachePool, PoolExhausted
 from ..model.batch import SeqRun
 from ..model.deepseek_v41 import DeepseekV41
+from ..model.device import HostCopy, to_device
 from ..model.dspark import DSparkDrafter, greedy_chooser
 from ..prefill_worker.engine import PrefillEngine, PrefillEngineConfig, PrefillRequest
 from .request import DecodeRequest, DecodeStatus, FinishReason, TokenEvent
@@ -253,10 +254,13 @@ class DecodeEngine:
         drafts: list[list[int]] = [[] for _ in batch]
         dists: list[list[torch.Tensor]] = [[] for _ in batch]
         with torch.inference_mode():
+            block = None  # greedy: the verify blocks [R, k+1] on the device
             if k and all(r.sampler.params.plain_greedy for r in batch):
-                # argmax on the device row by row; the host waits once, for the whole block
+                # argmax on the device row by row; the host waits once, for the whole block, and
+                # only when the forward needs the drafts (its first layers are enqueued by then)
                 proposal = self.drafter.propose([(r.cache, r.pending) for r in batch], greedy_chooser)
-                drafts = proposal.drafts[:, :k].tolist()
+                pending = to_device(torch.tensor([[r.pending] for r in batch]), proposal.drafts.device)
+                block = torch.cat([pending, proposal.drafts[:, :k]], 1)
             elif k:
                 def choose(i: int, rows: torch.Tensor) -> list[int]:
                     plain = greedy_targets([r.sampler for r in batch], list(rows[:, None]))
@@ -273,13 +277,14 @@ class DecodeEngine:
                     return tokens
 
                 self.drafter.propose([(r.cache, r.pending) for r in batch], choose)
-            runs = [SeqRun(cache=r.cache, tokens=torch.tensor([r.pending] + drafts[j]), start=r.cache.num_tokens,
-                           history=list(r.cache.history)) for j, r in enumerate(batch)]
+            runs = _verify_runs(batch, drafts, block)
             result = self.model.forward(runs, logits="all", taps=self.drafter is not None)
+            if block is not None:
+                drafts = runs[0].host.get()[:, 1:].tolist()
             targets = greedy_targets([r.sampler for r in batch], result.logits)
             outcomes = []
             for j, (request, run) in enumerate(zip(batch, runs)):
-                request.cache.commit(run.tokens.tolist())
+                request.cache.commit(run.host_tokens().tolist())
                 logits = result.logits[j]
                 if j in targets:
                     emitted = accept_greedy(targets[j], drafts[j])
@@ -299,3 +304,14 @@ class DecodeEngine:
         for request in batch:
             request.stats.step_ms.append(elapsed_ms)
         self.last_step = (elapsed_ms, [r.stats.accepted[-1] for r in batch])
+
+
+def _verify_runs(batch: list[DecodeRequest], drafts: list[list[int]], block: torch.Tensor | None) -> list[SeqRun]:
+    """Each request's verify block [pending, drafts..]: from the host's lists, or the rows of
+    `block` on the device, their host copy started now (SeqRun.host)."""
+    if block is None:
+        return [SeqRun(cache=r.cache, tokens=torch.tensor([r.pending] + drafts[j]), start=r.cache.num_tokens,
+                       history=list(r.cache.history)) for j, r in enumerate(batch)]
+    host = HostCopy(block)
+    return [SeqRun(cache=r.cache, tokens=block[j], start=r.cache.num_tokens, history=list(r.cache.history), host=host,
+                   host_row=j) for j, r in enumerate(batch)]

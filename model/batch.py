@@ -13,6 +13,7 @@ from typing import TypeVar
 import torch
 
 from ..kvcache.state import SequenceCache
+from .device import HostCopy
 
 T = TypeVar("T")
 
@@ -20,12 +21,16 @@ T = TypeVar("T")
 @dataclass
 class SeqRun:
     cache: SequenceCache
-    tokens: torch.Tensor  # [n] int64 token ids of this forward
+    tokens: torch.Tensor  # [n] int64 token ids of this forward (on the device: see host)
     start: int  # absolute position of tokens[0]
     history: list[int]  # token ids right before `start` (Engram look-back)
     offset: int = 0  # first row in the flat batch
     skip_compressor: bool = False  # CED decoder pass: the encoder pass already built the entries
     shared: dict = field(default_factory=dict)  # per-forward state: top-k lists, candidate pool, positions, RoPE
+    # tokens on the device: their host copy in flight (a decode step's drafts), so that the
+    # forward's first layers are enqueued before the host waits for them (host_tokens)
+    host: HostCopy | None = None
+    host_row: int = 0  # this run's row of host
 
     @property
     def n(self) -> int:
@@ -34,6 +39,12 @@ class SeqRun:
     @property
     def rows(self) -> slice:
         return slice(self.offset, self.offset + self.n)
+
+    def host_tokens(self) -> torch.Tensor:
+        """The token ids on the host, waiting for their copy where they are on the device."""
+        if self.tokens.device.type == "cpu":
+            return self.tokens
+        return self.tokens.cpu() if self.host is None else self.host.get()[self.host_row]
 
     def once(self, key, build: Callable[[], T]) -> T:
         """build(), computed once per forward under `key` (every layer asks for the same)."""

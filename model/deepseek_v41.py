@@ -15,8 +15,10 @@ Three entry points share one layer loop:
 
 from __future__ import annotations
 
+import functools
 import pathlib
 import threading
+from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass
 
@@ -31,7 +33,7 @@ from .graphs import GraphCache
 from .layers.attention import attend, grouped_output, project
 from .layers.attention_kernel import (Prepared, attend_prepared, attend_updated, note_ring_writes, prepare,
                                       prepare_block, update_sources)
-from .layers.compressor import compress
+from .layers.compressor import compress, compressor_projections
 from .layers.engram import engram, engram_mix, engram_rows
 from .layers.indexer import index_queries
 from .layers.moe import moe
@@ -180,12 +182,18 @@ class DeepseekV41:
                 note_ring_writes(runs, role.index)
             return out
         yarn = self._index_rope(role, runs, block_mode)
-        a_pre, a_post, a_comb, xa, q_res, q_all, kv_all, *queries = self._dense("attn_in", role, self._attn_in, X,
-                                                                                pre, *yarn, shared=len(yarn), unit=unit)
-        if self.graphs is not None and not block_mode and self._sources_in_place(role, runs):
+        graphed_sources = self.graphs is not None and not block_mode and self._sources_in_place(role, runs)
+        # there the compressor's projections join the site's graph as the indexer's queries do
+        compressor = graphed_sources and role.is_kv_source and not any(run.skip_compressor for run in runs)
+        a_pre, a_post, a_comb, xa, q_res, q_all, kv_all, *extra = self._dense(
+            "attn_in", role, functools.partial(self._attn_in, compressor=compressor), X, pre, *yarn,
+            shared=len(yarn), unit=unit, variant=("compressor",) if compressor else ())
+        queries, projected = extra[:2 if yarn else 0], extra[2 if yarn else 0:]
+        if graphed_sources:
             # the compressor and indexer eagerly (their shapes follow the caches), then the
             # attention and the FFN in one graph where the attention is one fixed launch
-            update_sources(self.ops, self.config, role, xa, q_res, runs, self.rope, tuple(queries) or None)
+            update_sources(self.ops, self.config, role, xa, q_res, runs, self.rope, tuple(queries) or None,
+                           tuple(projected) or None)
             prepared = self._graphable_attention(role, runs, X.shape[0], unit, sources_updated=True)
             if prepared is not None:
                 key = ("attn_ffn", role.index, prepared.plan, id(prepared.pool))
@@ -251,17 +259,19 @@ class DeepseekV41:
         o = attend_prepared(self.ops, self.config, role, prepared, q_all, kv_all, *tensors)
         return self._attn_out_ffn(role, o, X, a_pre, a_post, a_comb)
 
-    def _attn_in(self, role: LayerRole, X: torch.Tensor, pre: torch.Tensor, *yarn: torch.Tensor
-                 ) -> tuple[torch.Tensor, ...]:
+    def _attn_in(self, role: LayerRole, X: torch.Tensor, pre: torch.Tensor, *yarn: torch.Tensor,
+                 compressor: bool = False) -> tuple[torch.Tensor, ...]:
         """The attention site's gates and its input, projected (dense: one graph per T); with
-        the indexer's RoPE tables also its queries and head weights."""
+        the indexer's RoPE tables also its queries and head weights; with `compressor` then
+        the compressor's projections (compressor_projections)."""
         c, w, p = self.config, self.ops.w, role.prefix
         a_pre, a_post, a_comb = self.ops.hc_mix(X, w(f"{p}.hc_attn_fn"), w(f"{p}.hc_attn_base"), w(f"{p}.hc_attn_scale"),
                                                 c.hc_sinkhorn_iters, c.hc_eps, c.rms_norm_eps)
         xa = self.ops.hc_collapse_norm(X, pre, w(f"{p}.attn_norm.weight"), c.rms_norm_eps)
         q_res, q_all, kv_all = project(self.ops, c, role, xa)
         queries = index_queries(self.ops, c, role, xa, q_res, *yarn, self.qat) if yarn else ()
-        return (a_pre, a_post, a_comb, xa, q_res, q_all, kv_all) + tuple(queries)
+        projected = compressor_projections(self.ops, role, xa) if compressor else ()
+        return (a_pre, a_post, a_comb, xa, q_res, q_all, kv_all) + tuple(queries) + projected
 
     def _attn_out_ffn(self, role: LayerRole, o: torch.Tensor, X: torch.Tensor, a_pre: torch.Tensor,
                       a_post: torch.Tensor, a_comb: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -275,10 +285,12 @@ class DeepseekV41:
         return X, f_pre
 
     def _dense(self, part: str, role: LayerRole, fn, *inputs: torch.Tensor, shared: int = 0,
-               unit: int = 0) -> tuple[torch.Tensor, ...]:
+               unit: int = 0, variant: tuple = ()) -> tuple[torch.Tensor, ...]:
+        """fn(role, *inputs), from a graph per (part, layer, variant) and rows where graphs are on."""
         if self.graphs is None:
             return fn(role, *inputs)
-        return self.graphs.run((part, role.index), lambda *t: fn(role, *t), inputs, shared=shared, unit=unit)
+        return self.graphs.run((part, role.index) + variant, lambda *t: fn(role, *t), inputs, shared=shared,
+                               unit=unit)
 
     def head(self, X: torch.Tensor, pre: torch.Tensor, norm: str = "norm.weight") -> torch.Tensor:
         h = self.ops.hc_collapse_norm(X, pre, self.ops.w(norm), self.config.rms_norm_eps)
@@ -296,22 +308,25 @@ class DeepseekV41:
             X, pre = self.block(role, X, pre, runs)
         return X, pre, (torch.cat(taps, dim=-1) if want_taps and taps and all(t is not None for t in taps) else None)
 
-    def _engram(self, role: LayerRole, X: torch.Tensor, hashes: torch.Tensor | None, runs: list[SeqRun]
+    def _engram(self, role: LayerRole, X: torch.Tensor, hashes: Callable[[], torch.Tensor], runs: list[SeqRun]
                 ) -> torch.Tensor:
         """The Engram site: its table lookup eagerly (the table may live on the host), the rest
         in one CUDA graph: eagerly ~20 launches, 1.2 ms of the host a call at batch 1, and the
         GPU waited (H200, 2026-12-02)."""
-        ids = hashes[:, role.engram_slot]
+        ids = hashes()[:, role.engram_slot]
         if self.graphs is None or not graph_module.HOST_BOUND_PARTS:
             return engram(self.ops, self.config, role, X, ids)
         rows = engram_rows(self.ops, role, ids, X.device)
         return self.graphs.run(("engram", role.index), lambda *t: (engram_mix(self.ops, self.config, role, *t),),
                                (X, rows), unit=_rows_per_request(runs))[0]
 
-    def _hash(self, runs: list[SeqRun]) -> torch.Tensor | None:
+    def _hash(self, runs: list[SeqRun]) -> Callable[[], torch.Tensor | None]:
+        """The runs' Engram hash ids, computed when the first Engram site asks for them: a
+        decode step's drafts may still be on their way to the host (SeqRun.host), and the
+        layers before that site are on the GPU's queue meanwhile."""
         if self.hasher is None:
-            return None
-        return self.hasher.many([(run.tokens, run.history) for run in runs])
+            return lambda: None
+        return functools.cache(lambda: self.hasher.many([(run.host_tokens(), run.history) for run in runs]))
 
     def _outputs(self, X, pre, runs, which: str, tap_rows) -> ForwardResult:
         logits: list[torch.Tensor | None] = []

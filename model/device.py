@@ -18,3 +18,26 @@ def to_device(t: torch.Tensor, device: str | torch.device) -> torch.Tensor:
     if t.device.type == "cpu" and device.type == "cuda":
         return t.to(device, non_blocking=True)
     return t.to(device)
+
+
+class HostCopy:
+    """A device tensor's copy to the host, started now and waited for only when the host reads
+    it: the GPU's queue keeps the work enqueued after it (`.cpu()` would drain the whole
+    stream first). On the host the tensor itself."""
+
+    def __init__(self, t: torch.Tensor):
+        self._event = None
+        if t.device.type != "cuda":
+            self._host = t
+            return
+        self._host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+        self._host.copy_(t, non_blocking=True)
+        self._event = torch.cuda.Event()
+        self._event.record()
+
+    def get(self) -> torch.Tensor:
+        """The host copy, once the GPU has written it."""
+        if self._event is not None:
+            self._event.synchronize()
+            self._event = None
+        return self._host

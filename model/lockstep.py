@@ -75,7 +75,7 @@ class Leader:
             if id(cache) not in index:
                 index[id(cache)] = len(views)
                 views.append(self.views.view(cache))
-            specs.append((index[id(cache)], run.tokens.tolist(), run.start, list(run.history)))
+            specs.append((index[id(cache)], run.host_tokens().tolist(), run.start, list(run.history)))
         zeroed, written = self.pool.writes.take()
         call = _Call(kind, views, specs, options, [(tuple(t.shape), t.dtype) for t in tensors], zeroed, written)
         if self.check:

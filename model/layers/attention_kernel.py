@@ -55,11 +55,13 @@ def attend_in_place(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, xa: to
 
 
 def update_sources(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, xa: torch.Tensor, q_res: torch.Tensor,
-                   runs: list[SeqRun], rope: Rope, queries: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
+                   runs: list[SeqRun], rope: Rope, queries: tuple[torch.Tensor, torch.Tensor] | None = None,
+                   projected: tuple[torch.Tensor, ...] | None = None) -> None:
     """The kernel path's compressor (new entries into the pages) and indexer (each run's top-k)
-    of a KV or index source layer; nothing for other layers."""
+    of a KV or index source layer; nothing for other layers. `queries` and `projected`: the
+    indexer's queries and the compressor's projections of every row, where computed already."""
     if role.is_kv_source:
-        compress(ops, cfg, role, xa, [run for run in runs if not run.skip_compressor], rope, True)
+        compress(ops, cfg, role, xa, [run for run in runs if not run.skip_compressor], rope, True, projected)
     if role.is_index_source:
         index_runs(ops, cfg, role, xa, q_res, runs, rope, queries)
 
