@@ -249,10 +249,13 @@ class PagedCache(SequenceCache):
 
     # ------------------------------------------------------------ byte offsets (kernels read the pool)
 
-    def ring_offsets(self, layer: int, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Byte offsets in pool.slots_buffer of the FP8 codes and the e8m0 scales of ring rows."""
+    def ring_offsets(self, layer: int, positions):
+        """Byte offsets in pool.slots_buffer of the FP8 codes and the e8m0 scales of ring rows
+        at `positions`: a tensor, or an int64 numpy array (tables built on the host)."""
         L, D = self.layout, self.layout.head_dim
-        row = layer * L.ring_capacity + positions.to(torch.long) % L.ring_capacity
+        if isinstance(positions, torch.Tensor):
+            positions = positions.to(torch.long)
+        row = layer * L.ring_capacity + positions % L.ring_capacity
         base = self.slot * L.slot_bytes
         return base + row * D, base + L.ring_scales_offset + row * (D // 32)
 

@@ -9,6 +9,7 @@ are better built on the device directly (torch.arange(a, b, device=...)).
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 
@@ -18,6 +19,23 @@ def to_device(t: torch.Tensor, device: str | torch.device) -> torch.Tensor:
     if t.device.type == "cpu" and device.type == "cuda":
         return t.to(device, non_blocking=True)
     return t.to(device)
+
+
+def tables_to_device(device: str | torch.device, *tables: np.ndarray) -> tuple[torch.Tensor, ...]:
+    """Index tables built on the host, on `device` in one copy. A decode step builds a few
+    dozen a forward from host ints (positions, ring slots): built on the device, each torch op
+    is a launch costing the host ~10 us while the GPU may wait; a numpy op costs ~1 us."""
+    blobs = [np.ascontiguousarray(t).reshape(-1).view(np.uint8) for t in tables]
+    starts = np.cumsum([0] + [-(-b.size // 8) * 8 for b in blobs])  # 8-byte aligned: int64 views
+    packed = np.zeros(int(starts[-1]), dtype=np.uint8)
+    for blob, at in zip(blobs, starts):
+        packed[at:at + blob.size] = blob
+    flat = to_device(torch.from_numpy(packed), device)
+    return tuple(flat[at:at + blob.size].view(_TORCH_DTYPES[t.dtype.type]).view(t.shape)
+                 for t, blob, at in zip(tables, blobs, starts))
+
+
+_TORCH_DTYPES = {np.int64: torch.int64, np.int32: torch.int32, np.bool_: torch.bool}
 
 
 class HostCopy:

@@ -20,12 +20,13 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+import numpy as np
 import torch
 
 from ...kvcache.paged import page_offsets, tables_end_to_end
 from ..batch import SeqRun, cat, end_to_end, offsets, run_rows
 from ..config import LayerRole, ModelConfig
-from ..device import to_device
+from ..device import tables_to_device, to_device
 from ..kernels.attention_queries import Queries
 from ..kernels.ring_write import write_rows
 from ..kernels.sparse_attention import (LaunchPlan, attend_decoded, decode_keys, decoded_form, launch_plan,
@@ -190,15 +191,13 @@ def _block_window(cfg: ModelConfig, layer: int, runs: list[SeqRun]) -> tuple[tor
     W, B = cfg.sliding_window, runs[0].n
     bounds = tuple(run.cache.window_bounds(layer, run.start - W, run.start) for run in runs)
 
-    def build():
-        device = runs[0].cache.pool.device
-        grid = torch.arange(-W, 0, device=device)
-        ring = [run.cache.ring_offsets(0, grid + run.start) for run in runs]
-        lo_hi = to_device(torch.tensor([[lo - run.start, hi - run.start] for (lo, hi), run in zip(bounds, runs)]),
-                          device)
-        valid = (grid >= lo_hi[:, :1]) & (grid < lo_hi[:, 1:])
-        per_row = lambda t: t.repeat_interleave(B, dim=0)  # noqa: E731
-        return per_row(torch.stack([c for c, _ in ring])), per_row(torch.stack([s for _, s in ring])), per_row(valid)
+    def build():  # on the host, one copy
+        positions = np.arange(-W, 0) + np.array([[run.start] for run in runs])  # [R, W]
+        ring = [run.cache.ring_offsets(0, row) for run, row in zip(runs, positions)]
+        valid = np.stack([(row >= lo) & (row < hi) for (lo, hi), row in zip(bounds, positions)])
+        per_row = lambda t: np.repeat(t, B, axis=0)  # noqa: E731
+        return tables_to_device(runs[0].cache.pool.device, per_row(np.stack([c for c, _ in ring])),
+                                per_row(np.stack([s for _, s in ring])), per_row(valid))
 
     return runs[0].once(("block window", offsets(runs), bounds), build)
 
@@ -285,20 +284,19 @@ def _layer_bases(layer: int, strides: tuple[int, int]) -> tuple[int, int]:
 
 def _ring_rows(runs: list[SeqRun]) -> tuple[torch.Tensor, torch.Tensor]:
     """Layer-0 byte offsets [rows, D] and [rows, D/32] in the slots of the runs' rows' codes and
-    scales (positions start.., each in its own ring), built once per forward."""
+    scales (positions start.., each in its own ring), built once per forward on the host."""
     def build():
-        device, D = runs[0].cache.pool.device, runs[0].cache.layout.head_dim
-        parts = [run.cache.ring_offsets(0, run.positions_on(device)) for run in runs]
-        codes, scales = (cat(list(t)) for t in zip(*parts))
-        return _key_bytes(codes, scales, D)
+        parts = [run.cache.ring_offsets(0, np.arange(run.start, run.start + run.n)) for run in runs]
+        codes, scales = (np.concatenate(t) for t in zip(*parts))
+        return tables_to_device(runs[0].cache.pool.device, *_key_bytes(codes, scales, runs[0].cache.layout.head_dim))
 
     return runs[0].once(("ring rows", offsets(runs)), build)
 
 
-def _key_bytes(codes: torch.Tensor, scales: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _key_bytes(codes, scales, dim: int):
     """The offsets of every byte [..., dim] and [..., dim / 32] of keys whose FP8 codes and
-    scales start at `codes` and `scales`."""
-    columns = torch.arange(dim, device=codes.device)
+    scales start at `codes` and `scales` (tensors, or numpy arrays on the host)."""
+    columns = np.arange(dim) if isinstance(codes, np.ndarray) else torch.arange(dim, device=codes.device)
     return codes[..., None] + columns, scales[..., None] + columns[:dim // 32]
 
 
@@ -374,14 +372,13 @@ def _window_grid(cfg: ModelConfig, layer: int, runs: list[SeqRun]) -> tuple[torc
     build per forward."""
     valid_from = tuple(run.cache.ring_spans[layer].valid_from for run in runs)
 
-    def build():
+    def build():  # on the host, one copy
         parts = []
         for run, first in zip(runs, valid_from):
-            device = run.cache.pool.device
-            grid = run.positions_on(device)[:, None] - torch.arange(cfg.sliding_window - 1, -1, -1, device=device)
+            grid = np.arange(run.start, run.start + run.n)[:, None] - np.arange(cfg.sliding_window - 1, -1, -1)
             codes, scales = run.cache.ring_offsets(0, grid)
-            parts.append((torch.where(grid >= first, codes, -1), scales))
-        return tuple(cat(list(t)) for t in zip(*parts))
+            parts.append((np.where(grid >= first, codes, -1), scales))
+        return tables_to_device(runs[0].cache.pool.device, *(np.concatenate(t) for t in zip(*parts)))
 
     return runs[0].once(("window grid", offsets(runs), valid_from), build)
 
