@@ -3,8 +3,10 @@
 `cpu_tensor.to("cuda")` waits for the whole stream to drain before it returns; a decode step
 makes hundreds of such small copies, so the GPU idles between them. With non_blocking=True
 CUDA stages pageable host memory into its own buffer before the call returns, so the source
-may be freed or changed at once and nothing waits. Index tensors whose values the host knows
-are better built on the device directly (torch.arange(a, b, device=...)).
+may be freed or changed at once and nothing waits. An index tensor whose values the host
+knows is better built on the device directly (torch.arange(a, b, device=...)) where one op
+makes it; a table that takes several ops is better built on the host and moved in one copy
+(tables_to_device). Device -> host: HostCopy waits for its own copy, not for the stream.
 """
 
 from __future__ import annotations
@@ -31,11 +33,8 @@ def tables_to_device(device: str | torch.device, *tables: np.ndarray) -> tuple[t
     for blob, at in zip(blobs, starts):
         packed[at:at + blob.size] = blob
     flat = to_device(torch.from_numpy(packed), device)
-    return tuple(flat[at:at + blob.size].view(_TORCH_DTYPES[t.dtype.type]).view(t.shape)
+    return tuple(flat[at:at + blob.size].view(torch.from_numpy(np.empty(0, t.dtype)).dtype).view(t.shape)
                  for t, blob, at in zip(tables, blobs, starts))
-
-
-_TORCH_DTYPES = {np.int64: torch.int64, np.int32: torch.int32, np.bool_: torch.bool}
 
 
 class HostCopy:
