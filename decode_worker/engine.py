@@ -282,7 +282,7 @@ class DecodeEngine:
             if block is not None:
                 drafts = runs[0].host.get()[:, 1:].tolist()
             targets = greedy_targets([r.sampler for r in batch], result.logits)
-            outcomes = []
+            outcomes, cuts = [], []
             for j, (request, run) in enumerate(zip(batch, runs)):
                 request.cache.commit(run.host_tokens().tolist())
                 logits = result.logits[j]
@@ -293,9 +293,10 @@ class DecodeEngine:
                                            None if request.params.greedy else dists[j])
                 kept, logprobs, reason = self._append(request, emitted, logits)
                 # The cache keeps y and the accepted drafts before the last kept token.
-                request.cache.truncate(run.start + len(kept))
+                cuts.append((request.cache, run.start + len(kept)))
                 request.stats.accepted.append(len(kept))
                 outcomes.append((request, kept, logprobs, reason))
+            type(batch[0].cache).truncate_many(cuts)
             if self.drafter is not None:  # one absorb for the batch, before a finish releases a cache
                 self.drafter.absorb_many([(request.cache, run.start, result.taps[j][:len(kept)])
                                           for j, ((request, kept, _, _), run) in enumerate(zip(outcomes, runs))])

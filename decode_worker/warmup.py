@@ -90,7 +90,7 @@ def warm_up(engine: DecodeEngine, context: int | None = None, sizes: list[int] |
                 engine.abort(request_id)
         warmed.append(batch)
     if engine.drafter is not None and model.graphs is not None:  # its absorb's row counts vary by step
-        engine.drafter.warm_up(engine.config.max_running * (engine.spec_tokens + 1))
+        engine.drafter.warm_up(engine.config.max_running * (engine.spec_tokens + 1), pool)
     log.info("decode warmed up for batches of %s in %.1f s (%d CUDA graphs)", warmed, time.monotonic() - began,
              model.graphs.captured() if model.graphs is not None else 0)
     return warmed

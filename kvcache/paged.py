@@ -12,10 +12,11 @@ import itertools
 import threading
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from ..model.config import ModelConfig
-from ..model.device import to_device
+from ..model.device import tables_to_device, to_device
 from ..model.kernels.page_offsets import page_offsets_kernel
 from ..model.quant import fp4_dequantize, fp8_dequantize
 from .layout import CacheLayout
@@ -56,6 +57,7 @@ class PagedCache(SequenceCache):
         self.counts = {s: 0 for s in layout.sources}
         self._sealed = {s: 0 for s in layout.sources}  # leading pages whose checksums are sealed
         self.tail_lengths = {s: 0 for s in layout.tail_offsets()}
+        self._tail_regions: dict[int, torch.Tensor] = {}  # _tail_region's views
         self._keys: dict[int, torch.Tensor] = {}  # dequantized index keys, extended as entries arrive
         self.released = False
         self._staging = threading.Lock()  # a staging copy and release() never overlap
@@ -91,18 +93,41 @@ class PagedCache(SequenceCache):
         if not cls._write_together(caches, packed):
             return super().ring_store_runs(layer, parts, values, packed)
         cap = caches[0].layout.ring_capacity
-        slots, rows, taken, at = [], [], [], 0  # on the host, then one copy: no lookup per cache
+        kept, taken, at = [], [], 0  # the rows each ring keeps, and where they are in values
         for cache, start, n in parts:
             keep = min(n, cap)
-            slots += [cache.slot] * keep
-            rows += [p % cap for p in range(start + n - keep, start + n)]
+            kept.append((cache, start + n - keep, keep))
             taken += range(at + n - keep, at + n)
             at += n
         pool = caches[0].pool
-        where = to_device(torch.tensor([slots, rows, taken], dtype=torch.long), pool.device)
-        codes, scales = (t if len(taken) == at else t[where[2]] for t in packed)
+        where, taken = tables_to_device(pool.device, cls.ring_targets(kept), np.array(taken, dtype=np.int64))
+        cls.ring_scatter(pool, layer, where, *(t if len(taken) == at else t[taken] for t in packed))
+        cls.note_ring_stores(layer, parts)
+
+    @classmethod
+    def ring_targets(cls, parts: list[tuple[PagedCache, int, int]]) -> np.ndarray | None:
+        """Where the rows of parts [(cache, start, n)] (n within the ring's capacity) go in the
+        pool's rings, [rows, 2] (slot, row in the ring) for ring_scatter; None unless every cache
+        is paged in one pool. Built on the host: the rows' ring bytes can then be written in a
+        CUDA graph (the drafter's absorb)."""
+        caches = [cache for cache, _, _ in parts]
+        if not all(type(c) is cls and c.pool is caches[0].pool for c in caches):
+            return None
+        cap = caches[0].layout.ring_capacity
+        return np.concatenate([np.stack([np.full(n, cache.slot), np.arange(start, start + n) % cap], 1)
+                               for cache, start, n in parts]).astype(np.int64)
+
+    @staticmethod
+    def ring_scatter(pool: CachePool, layer: int, where: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor
+                     ) -> None:
+        """Write ring rows' FP8 codes and e8m0 scales at ring_targets' `where` (on the device) of
+        `layer`, in torch ops alone (a CUDA graph may hold them); note_ring_stores then."""
         for ring, data in zip(_pool_rings(pool), (codes, scales)):
-            ring[where[0], layer, where[1]] = data.to(pool.device)
+            ring[where[:, 0], layer, where[:, 1]] = data.to(pool.device)
+
+    @classmethod
+    def note_ring_stores(cls, layer: int, parts: list[tuple[PagedCache, int, int]]) -> None:
+        """The bookkeeping of ring rows written for parts [(cache, start, n)] (ring_scatter)."""
         for cache, start, n in parts:
             cache.note_ring_write(layer, start, n)
             cache._note_ring_bytes(layer, start, n)
@@ -273,31 +298,42 @@ class PagedCache(SequenceCache):
 
     # ------------------------------------------------------------ open groups
 
-    def _tail_views(self, source: int) -> tuple[torch.Tensor, torch.Tensor]:
-        D, r = self.layout.head_dim, self.layout.max_tail_tokens(source)
-        off = self.layout.tail_offsets()[source]
-        region = self.pool.slots[self.slot][off: off + 2 * r * D * 4].view(torch.float32).view(2, r, D)
-        return region[0], region[1]
+    def _tail_region(self, source: int) -> torch.Tensor:
+        """The open group's kv and gate [2, ratio - 1, D] fp32 in the slot, viewed once (a decode
+        step rebuilds every open group, and views cost the host time)."""
+        region = self._tail_regions.get(source)
+        if region is None:
+            D, r = self.layout.head_dim, self.layout.max_tail_tokens(source)
+            off = self.layout.tail_offsets()[source]
+            region = self.pool.slots[self.slot][off: off + 2 * r * D * 4].view(torch.float32).view(2, r, D)
+            self._tail_regions[source] = region
+        return region
 
     def tail(self, source):
         if source not in self.tail_lengths:
             return None
-        kv, gate = self._tail_views(source)
+        region = self._tail_region(source)
         n = self.tail_lengths[source]
-        return kv[:n].clone(), gate[:n].clone()
+        return region[0, :n].clone(), region[1, :n].clone()
 
-    def _set_tail(self, source, kv, gate):
-        n = kv.shape[0]
-        if n > self.layout.max_tail_tokens(source):
-            raise ValueError(f"open group of {n} tokens exceeds ratio - 1")
-        kv_view, gate_view = self._tail_views(source)
-        kv_view[:n] = kv.to(self.pool.device, torch.float32)
-        gate_view[:n] = gate.to(self.pool.device, torch.float32)
-        self.tail_lengths[source] = n
-        if self.pool.writes is not None and n:  # a rollback rebuilds it outside a forward
-            base = self.pool.slots_buffer.data_ptr()
-            self.pool.note_written([(self.pool.slots_segment, view.data_ptr() - base, view[:n].nbytes)
-                                    for view in (kv_view, gate_view)])
+    @classmethod
+    def _set_tails(cls, tails):
+        targets, values = [], []
+        for cache, source, rows in tails:
+            n = rows.shape[1]
+            if n > cache.layout.max_tail_tokens(source):
+                raise ValueError(f"open group of {n} tokens exceeds ratio - 1")
+            cache.tail_lengths[source] = n
+            if not n:
+                continue
+            targets.append(cache._tail_region(source)[:, :n])
+            values.append(rows)
+            if cache.pool.writes is not None:  # a rollback rebuilds it outside a forward
+                base = cache.pool.slots_buffer.data_ptr()
+                cache.pool.note_written([(cache.pool.slots_segment, row.data_ptr() - base, row.nbytes)
+                                         for row in targets[-1]])
+        if targets:
+            torch._foreach_copy_(targets, values)  # one launch on the GPU for the whole step
 
     # ------------------------------------------------------------ life cycle and transfer
 

@@ -31,8 +31,7 @@ class _TailJournal:
     rollback to any position inside that forward can rebuild the open group exactly."""
 
     first_position: int
-    kv: torch.Tensor  # [n, D] fp32
-    gate: torch.Tensor  # [n, D] fp32
+    rows: torch.Tensor  # [2, n, D] fp32: kv, then gate (a rollback's rebuild is one slice)
 
 
 @dataclass
@@ -103,7 +102,8 @@ class SequenceCache:
     def tail(self, source: int) -> tuple[torch.Tensor, torch.Tensor] | None:
         raise NotImplementedError
 
-    def _set_tail(self, source: int, kv: torch.Tensor, gate: torch.Tensor) -> None:
+    def _set_tail(self, source: int, rows: torch.Tensor) -> None:
+        """Keep the open group's kv and gate, rows [2, n, D]."""
         raise NotImplementedError
 
     # ------------------------------------------------------------ shared bookkeeping
@@ -149,9 +149,9 @@ class SequenceCache:
     def set_tail(self, source: int, first_position: int, kv: torch.Tensor, gate: torch.Tensor, keep_from: int) -> None:
         """Record kv/gate of tokens [first_position, ...) of the running group stream and keep
         the ones from keep_from on as the open group."""
-        self._journal[source] = _TailJournal(first_position, kv, gate)
-        offset = keep_from - first_position
-        self._set_tail(source, kv[offset:], gate[offset:])
+        rows = torch.stack([kv, gate])
+        self._journal[source] = _TailJournal(first_position, rows)
+        type(self)._set_tails([(self, source, rows[:, keep_from - first_position:])])
 
     def commit(self, tokens: list[int]) -> None:
         """The model has processed these tokens at positions num_tokens.."""
@@ -165,11 +165,24 @@ class SequenceCache:
         the open groups rebuilt from the journal, the rings need nothing (their capacity
         leaves room for a whole speculative block past the window).
         """
+        SequenceCache.truncate_many([(self, num_tokens)])
+
+    @staticmethod
+    def truncate_many(cuts: list[tuple[SequenceCache, int]]) -> None:
+        """truncate of each (cache, num_tokens), their open groups rebuilt together (_set_tails:
+        a paged pool's in one launch, where a decode step's requests took ~8 each)."""
+        tails = [tail for cache, num_tokens in cuts for tail in cache._roll_back(num_tokens)]
+        for kind in {type(cache) for cache, _, _ in tails}:  # (one kind in a decode step)
+            kind._set_tails([tail for tail in tails if type(tail[0]) is kind])
+
+    def _roll_back(self, num_tokens: int) -> list[tuple[SequenceCache, int, torch.Tensor]]:
+        """truncate's bookkeeping; returns the open groups to rebuild, (cache, source, rows)."""
         dropped = self.num_tokens - num_tokens
         if dropped < 0 or dropped > len(self.history):
             raise ValueError(f"cannot roll back from {self.num_tokens} to {num_tokens}")
         if dropped == 0:
-            return
+            return []
+        tails = []
         for role in self.config.roles:
             if not role.is_kv_source:
                 continue
@@ -181,12 +194,19 @@ class SequenceCache:
                 if journal is None or journal.first_position > group_start:
                     raise ValueError("rollback reaches before the last forward")
                 lo, hi = group_start - journal.first_position, num_tokens - journal.first_position
-                self._set_tail(role.index, journal.kv[lo:hi], journal.gate[lo:hi])
+                tails.append((self, role.index, journal.rows[:, lo:hi]))
         for span in self.ring_spans:
             span.valid_to = min(span.valid_to, num_tokens)
             span.valid_from = min(span.valid_from, span.valid_to)
         self.history = self.history[: len(self.history) - dropped]
         self.num_tokens = num_tokens
+        return tails
+
+    @classmethod
+    def _set_tails(cls, tails: list[tuple[SequenceCache, int, torch.Tensor]]) -> None:
+        """_set_tail of each (cache, source, rows)."""
+        for cache, source, rows in tails:
+            cache._set_tail(source, rows)
 
 
 class DenseCache(SequenceCache):
@@ -239,5 +259,5 @@ class DenseCache(SequenceCache):
     def tail(self, source):
         return self._tails.get(source)
 
-    def _set_tail(self, source, kv, gate):
-        self._tails[source] = (kv.to(self.device, torch.float32), gate.to(self.device, torch.float32))
+    def _set_tail(self, source, rows):
+        self._tails[source] = (rows[0].to(self.device, torch.float32), rows[1].to(self.device, torch.float32))

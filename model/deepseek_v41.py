@@ -18,7 +18,6 @@ from __future__ import annotations
 import functools
 import pathlib
 import threading
-from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass
 
@@ -27,7 +26,7 @@ import torch
 from .batch import SeqRun, pack
 from .config import LayerRole, ModelConfig
 from .device import to_device
-from .engram_hash import EngramHasher, compressed_map
+from .engram_hash import EngramHasher, RunHashes, compressed_map
 from . import graphs as graph_module
 from .graphs import GraphCache
 from .layers.attention import attend, grouped_output, project
@@ -41,6 +40,14 @@ from .ops import ReferenceOps
 from .parallel import SINGLE, Parallel, check_divisible, keeps_spec, shard_attention
 from .rope import Rope
 from .weights import Checkpoint, WeightStore, select_for_tier
+
+
+# Engram tables up to this size go to the GPU with the fast path (WeightStore.engram_tables_to):
+# the bench preset's take 2.3 GiB; the release's 190 GiB stay in host memory.
+ENGRAM_ON_DEVICE_BYTES = 4 << 30
+# A table on the GPU is hashed there too, in the site's graph (False: on the host, as for a
+# table in host memory; bench/decode_ab.py compares the two in one process).
+HASH_ON_DEVICE = True
 
 
 @dataclass
@@ -95,6 +102,8 @@ class DeepseekV41:
         from .fast_ops import TritonOps
 
         old = self.ops
+        if self.device.type == "cuda":
+            old.weights.engram_tables_to(self.device, ENGRAM_ON_DEVICE_BYTES)
         self.ops = TritonOps(old.weights, act_quant=old.act_quant, device=self.device, parallel=old.parallel)
         if not keep_unpacked:
             self.ops.stack_all_experts(self.config)
@@ -157,6 +166,25 @@ class DeepseekV41:
             for role in self.config.roles[self.config.num_layers:]:
                 X, pre = self.block(role, X, pre, runs, block_mode=True)
             return X, pre
+
+    def prepare_draft_stages(self, runs: list[SeqRun]) -> Prepared | None:
+        """The DSpark stages' block attention prepared for draft_stages (the drafter's proposal
+        in one CUDA graph), or None where a stage's attention is not one fixed launch or other
+        ranks must follow each call (they run draft_streams)."""
+        if self.leader is not None or self.ops.parallel.world > 1:
+            return None
+        pack(runs)
+        stage = self.config.roles[self.config.num_layers]
+        return self._graphable_block_attention(stage, runs, sum(run.n for run in runs))
+
+    def draft_stages(self, prepared: Prepared, tokens: torch.Tensor, *tables: torch.Tensor
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+        """draft_streams of the block tokens [T] with the attention prepared once for every stage
+        (prepare_draft_stages; its tensors as `tables`): (X, pre) after the last stage."""
+        X, pre = self.embed(tokens)
+        for role in self.config.roles[self.config.num_layers:]:
+            X, pre = self._whole_block(role, prepared, X, pre, *tables)
+        return X, pre
 
     # ------------------------------------------------------------ pieces
 
@@ -308,25 +336,28 @@ class DeepseekV41:
             X, pre = self.block(role, X, pre, runs)
         return X, pre, (torch.cat(taps, dim=-1) if want_taps and taps and all(t is not None for t in taps) else None)
 
-    def _engram(self, role: LayerRole, X: torch.Tensor, hashes: Callable[[], torch.Tensor], runs: list[SeqRun]
+    def _engram(self, role: LayerRole, X: torch.Tensor, hashes: RunHashes | None, runs: list[SeqRun]
                 ) -> torch.Tensor:
-        """The Engram site: its table lookup eagerly (the table may live on the host), the rest
-        in one CUDA graph: eagerly ~20 launches, 1.2 ms of the host a call at batch 1, and the
-        GPU waited (H200, 2026-12-02)."""
-        ids = hashes()[:, role.engram_slot]
+        """The Engram site in one CUDA graph: eagerly ~20 launches, 1.2 ms of the host a call at
+        batch 1, and the GPU waited (H200, 2026-12-02). A table on the GPU is hashed and read in
+        the graph; one on the host (the release's, ~92 GiB a layer) is read eagerly there."""
         if self.graphs is None or not graph_module.HOST_BOUND_PARTS:
-            return engram(self.ops, self.config, role, X, ids)
-        rows = engram_rows(self.ops, role, ids, X.device)
+            return engram(self.ops, self.config, role, X, hashes.ids[:, role.engram_slot])
+        if HASH_ON_DEVICE and self.ops.weights[f"{role.prefix}.engram.embed"].weight.device == X.device:
+            def hashed(X, *inputs):
+                return (engram(self.ops, self.config, role, X, self.hasher.on_device(*inputs, role.engram_slot)),)
+
+            return self.graphs.run(("engram", role.index, "hashed"), hashed, (X,) + hashes.device_inputs(X.device),
+                                   shared=3, unit=_rows_per_request(runs))[0]
+        rows = engram_rows(self.ops, role, hashes.ids[:, role.engram_slot], X.device)
         return self.graphs.run(("engram", role.index), lambda *t: (engram_mix(self.ops, self.config, role, *t),),
                                (X, rows), unit=_rows_per_request(runs))[0]
 
-    def _hash(self, runs: list[SeqRun]) -> Callable[[], torch.Tensor | None]:
-        """The runs' Engram hash ids, computed when the first Engram site asks for them: a
-        decode step's drafts may still be on their way to the host (SeqRun.host), and the
-        layers before that site are on the GPU's queue meanwhile."""
-        if self.hasher is None:
-            return lambda: None
-        return functools.cache(lambda: self.hasher.many([(run.host_tokens(), run.history) for run in runs]))
+    def _hash(self, runs: list[SeqRun]) -> RunHashes | None:
+        """The runs' Engram hash ids, made when an Engram site asks for them: a decode step's
+        drafts may still be on their way to the host (SeqRun.host), and the layers before that
+        site are on the GPU's queue meanwhile."""
+        return None if self.hasher is None else RunHashes(self.hasher, runs)
 
     def _outputs(self, X, pre, runs, which: str, tap_rows) -> ForwardResult:
         logits: list[torch.Tensor | None] = []

@@ -19,13 +19,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
+from ..kvcache.paged import PagedCache
 from ..kvcache.state import SequenceCache
 from . import graphs as graph_module
 from .batch import SeqRun
 from .deepseek_v41 import DeepseekV41
-from .device import to_device
+from .device import tables_to_device, to_device
 from .layers.mhc import hc_collapse
 
 # (block row, logits [R, V]) -> a token per request: host ints, or a tensor left where the
@@ -71,32 +73,56 @@ class DSparkDrafter:
         if not rows:
             return
         taps = rows[0][2] if len(rows) == 1 else torch.cat([t for _, _, t in rows])
-        if len(rows) == 1:
-            positions = torch.arange(rows[0][1], rows[0][1] + taps.shape[0], device=taps.device)
-        else:  # one copy, not an arange per cache
-            positions = to_device(torch.tensor([first + i for _, first, t in rows for i in range(t.shape[0])]),
-                                  taps.device)
-        written = self._absorb_rows(taps, positions)
+        parts = [(cache, first, t.shape[0]) for cache, first, t in rows]
+        positions = np.concatenate([np.arange(first, first + n) for _, first, n in parts])
+        where = PagedCache.ring_targets(parts) if self._graphs() is not None and self.model.qat else None
+        if where is not None:  # the ring writes too in absorb's graph: the host launches nothing after it
+            self._absorb_stored(parts[0][0].pool, taps, positions, where)
+            for role in self.stages:
+                PagedCache.note_ring_stores(role.index, parts)
+            return
+        written = self._absorb_rows(taps, tables_to_device(taps.device, positions)[0])
         for i, role in enumerate(self.stages):
             kv, packed = written[3 * i], (written[3 * i + 1], written[3 * i + 2]) if self.model.qat else None
-            type(rows[0][0]).ring_store_runs(role.index, [(cache, first, t.shape[0]) for cache, first, t in rows], kv,
-                                             packed)
+            type(parts[0][0]).ring_store_runs(role.index, parts, kv, packed)
 
-    def warm_up(self, rows: int) -> None:
+    def _absorb_stored(self, pool, taps: torch.Tensor, positions: np.ndarray, where: np.ndarray) -> None:
+        """_stage_rows of the taps at `positions`, written into the pool's stage rings at `where`
+        (PagedCache.ring_targets), from one graph per bucket of row counts."""
+        def stored(taps, positions, where):
+            written = self._stage_rows(taps, positions)
+            for i, role in enumerate(self.stages):
+                PagedCache.ring_scatter(pool, role.index, where, written[3 * i + 1], written[3 * i + 2])
+            return ()
+
+        self._graphs().run(("absorb", "stored", id(pool)), stored,
+                           (taps,) + tables_to_device(taps.device, positions, where), unit=1)
+
+    def warm_up(self, rows: int, pool=None) -> None:
         """Capture absorb's graphs for every bucket of up to `rows` rows now, not in front of a
         user: a step absorbs each request's accepted tokens, so its row count varies from step
-        to step (the rows are zeros; absorb's graph writes no cache)."""
+        to step. The rows are zeros; with a paged `pool` the graphs that also write the rings
+        are captured, writing into a slot taken for the while."""
         graphs = self._graphs()
         if graphs is None or not self.model.qat:
             return
         rows = min(rows, graphs.max_rows)
         width = len(self.config.dspark_target_layers) * self.config.hidden_size
-        with torch.inference_mode():  # the steps that replay them run in it (the buffers are its tensors)
-            taps = torch.zeros(rows, width, device=self.model.device)
-            positions = torch.zeros(rows, dtype=torch.long, device=self.model.device)
-            for bucket in sorted({graphs.padded_rows(n, 1) for n in range(1, rows + 1)}):
-                for _ in range(2):  # the eager run, then the capture
-                    self._absorb_rows(taps[:bucket], positions[:bucket])
+        slot = pool.allocate_slot() if pool is not None and pool.free_slot_count else None
+        try:
+            with torch.inference_mode():  # the steps that replay them run in it (the buffers are its tensors)
+                taps = torch.zeros(rows, width, device=self.model.device)
+                for bucket in sorted({graphs.padded_rows(n, 1) for n in range(1, rows + 1)}):
+                    positions = np.arange(bucket)
+                    for _ in range(2):  # the eager run, then the capture
+                        if slot is None:
+                            self._absorb_rows(taps[:bucket], tables_to_device(taps.device, positions)[0])
+                            continue
+                        where = np.stack([np.full(bucket, slot), positions % pool.layout.ring_capacity], 1)
+                        self._absorb_stored(pool, taps[:bucket], positions, where)
+        finally:
+            if slot is not None:
+                pool.free_slot(slot)
 
     def _absorb_rows(self, taps: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """_stage_rows, replayed from a graph per bucket of row counts where the graphs are on
@@ -129,14 +155,26 @@ class DSparkDrafter:
         B = c.dspark_block_size
         runs = [SeqRun(cache=cache, tokens=torch.tensor([y] + [c.dspark_noise_token_id] * (B - 1)),
                        start=cache.num_tokens, history=[]) for cache, y in requests]
-        X, pre = model.draft_streams(runs)
         R = len(runs)
         graphs = self._graphs()
         if choose is greedy_chooser and graphs is not None:
-            # every row's argmax stays on the device: the block's head is one graph per bucket
-            tokens = to_device(torch.cat([run.tokens for run in runs]), X.device)
-            drafts, logits, confidence = graphs.run(("draft_head",), self._greedy_head, (X, pre, tokens), unit=B)
+            # every row's argmax stays on the device: the block's head is one graph per bucket,
+            # and where the stages' attention is one fixed launch, the stages too: the host then
+            # only prepares their tables while the GPU waits after the targets' sync
+            tokens = to_device(torch.cat([run.tokens for run in runs]), model.device)
+            prepared = model.prepare_draft_stages(runs)
+            if prepared is not None:
+                def stages_and_head(tokens, *tables):
+                    return self._greedy_head(*model.draft_stages(prepared, tokens, *tables), tokens)
+
+                out = graphs.run(("propose", prepared.plan, id(prepared.pool)), stages_and_head,
+                                 (tokens,) + prepared.tensors, shared=len(prepared.tensors), unit=B)
+            else:
+                X, pre = model.draft_streams(runs)
+                out = graphs.run(("draft_head",), self._greedy_head, (X, pre, tokens), unit=B)
+            drafts, logits, confidence = out
             return Proposal(drafts.view(R, B), logits.view(R, B, -1), confidence.view(R, B))
+        X, pre = model.draft_streams(runs)
         return self._head(X, pre, torch.tensor([y for _, y in requests], dtype=torch.long), choose)
 
     def _graphs(self):

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from .config import ModelConfig
+from .device import tables_to_device, to_device
 
 log = logging.getLogger(__name__)
 
@@ -176,6 +177,7 @@ class EngramHasher:
         self.primes = np.array(layout.primes, dtype=np.int64)  # [L, N-1, heads]
         self.offsets = np.array(layout.offsets, dtype=np.int64)  # [L, cols]
         self.multipliers = hash_multipliers(c.engram_layers, self.max_ngram, c.engram_compressed_vocab_size).numpy()
+        self._tables: dict[torch.device, dict[str, torch.Tensor]] = {}
 
     def __call__(self, tokens: torch.Tensor, history: list[int]) -> torch.Tensor:
         """tokens [S] (new ids), history = the ids right before them (may be shorter than N-1
@@ -209,6 +211,44 @@ class EngramHasher:
         hashed = np.concatenate(hashes, axis=-1) + self.offsets  # [R, S, L, cols]
         return torch.from_numpy(hashed.reshape(len(runs) * n, *self.offsets.shape))
 
+    def look_back(self, runs) -> tuple[np.ndarray, np.ndarray]:
+        """For hashing on the device (on_device): per row of the runs' flat batch and per shift s
+        (the token s places back) [T, N], the batch row that holds that token, or -1 with its id
+        in `known` (the history's; DEAD before the sequence start). Built from the runs' lengths
+        and histories alone: their tokens may still be on the device (a decode step's drafts)."""
+        total = sum(run.n for run in runs)
+        rows = np.full((total, self.max_ngram), -1, dtype=np.int64)
+        known = np.full((total, self.max_ngram), DEAD, dtype=np.int64)
+        for run in runs:
+            before = list(run.history)[-self.context:] if self.context else []
+            lead = np.array([DEAD] * (self.context - len(before)) + before, dtype=np.int64)
+            at = np.arange(run.n)[:, None] - np.arange(self.max_ngram)  # [n, N] index in the run; < 0: look-back
+            rows[run.rows] = np.where(at >= 0, run.offset + at, -1)
+            known[run.rows] = np.where(at >= 0, DEAD, lead[(at + self.context).clip(0, self.context - 1)])
+        return rows, known
+
+    def on_device(self, tokens: torch.Tensor, rows: torch.Tensor, known: torch.Tensor, slot: int) -> torch.Tensor:
+        """Engram layer `slot`'s hash ids [T, cols] from the flat token ids [T] and look_back's
+        tables, in torch ops on their device (a CUDA graph's at decode): many's ids bit for bit
+        (int64 products wrap alike; torch's remainder takes the divisor's sign as numpy's %)."""
+        t = self._on(tokens.device)
+        raw = torch.where(rows >= 0, tokens[rows.clamp(min=0)], known)  # [T, N]
+        blocked = (raw == DEAD).cumsum(-1) > 0  # a dead id blocks every longer n-gram
+        grams = torch.where(blocked, self.pad, t["token_map"][raw.clamp(min=0)])
+        products = grams * t["multipliers"][slot]
+        rolling, hashes = products[:, 0], []
+        for i in range(1, self.max_ngram):
+            rolling = rolling ^ products[:, i]
+            hashes.append(torch.remainder(rolling[:, None], t["primes"][slot, i - 1]))
+        return torch.cat(hashes, -1) + t["offsets"][slot]
+
+    def _on(self, device: torch.device) -> dict[str, torch.Tensor]:
+        """The hashing's tables on `device`, moved once."""
+        if device not in self._tables:
+            self._tables[device] = {name: torch.from_numpy(getattr(self, name)).to(device)
+                                    for name in ("token_map", "multipliers", "primes", "offsets")}
+        return self._tables[device]
+
 
 def engram_table_rows(config_like: dict) -> list[int]:
     """Rows per engram layer for a text_config dict (used when writing checkpoints)."""
@@ -216,3 +256,27 @@ def engram_table_rows(config_like: dict) -> list[int]:
                                 config_like["engram_n_heads"], config_like["engram_vocab_size"])
     return list(layout.table_rows)
 
+
+class RunHashes:
+    """A forward's Engram hash ids, made where a site needs them: on the host (`ids`, numpy) for
+    a table whose rows are looked up on the host, or on the device from `device_inputs` for a
+    table on the GPU (then the host never waits for a decode step's drafts: SeqRun.host)."""
+
+    def __init__(self, hasher: EngramHasher, runs):
+        self.hasher, self.runs = hasher, runs
+        self._ids: torch.Tensor | None = None
+        self._inputs: dict[torch.device, tuple[torch.Tensor, ...]] = {}
+
+    @property
+    def ids(self) -> torch.Tensor:
+        """[T, layers, cols] on the host, computed at the first call."""
+        if self._ids is None:
+            self._ids = self.hasher.many([(run.host_tokens(), run.history) for run in self.runs])
+        return self._ids
+
+    def device_inputs(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(flat token ids [T], look_back's rows and known [T, N]) on `device`, for on_device."""
+        if device not in self._inputs:
+            tokens = to_device(torch.cat([run.tokens for run in self.runs]), device)
+            self._inputs[device] = (tokens.long(),) + tables_to_device(device, *self.hasher.look_back(self.runs))
+        return self._inputs[device]

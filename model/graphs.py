@@ -191,7 +191,7 @@ class GraphCache:
 
     def captured(self, part: str | None = None) -> int:
         """How many graphs were captured (of one part: "attn_in", "attn_out_ffn", "attn_ffn", "block",
-        "engram", and the drafter's "absorb" and "draft_head")."""
+        "engram", and the drafter's "absorb", "propose" and "draft_head")."""
         return sum(isinstance(entry, _Captured) and part in (None, key[0]) for key, entry in self._entries.items())
 
 

@@ -8,10 +8,12 @@ Adjacent channel pairs (2i, 2i+1) rotate as one complex number.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from .batch import SeqRun, offsets
 from .config import ModelConfig, yarn_inv_freq_bounds
+from .device import tables_to_device
 
 
 def inverse_frequencies(config: ModelConfig, kind: str) -> torch.Tensor:
@@ -53,9 +55,9 @@ class Rope:
         if len(runs) == 1:
             return self.for_run(kind, runs[0])
 
-        def build():
-            tables = [self.for_run(kind, run) for run in runs]
-            return torch.cat([c for c, _ in tables]), torch.cat([s for _, s in tables])
+        def build():  # positions built on the host, one copy: ~5 launches a run fewer (elementwise: the same rows)
+            positions = np.concatenate([np.arange(run.start, run.start + run.n) for run in runs])
+            return self.cos_sin(kind, tables_to_device(self.device, positions)[0])
 
         return runs[0].once(("rope rows", kind, offsets(runs)), build)
 

@@ -126,6 +126,19 @@ class WeightStore:
             self._tensors.pop(name, None)
             self._dequantized.pop(name, None)
 
+    def engram_tables_to(self, device: str | torch.device, limit_bytes: int) -> bool:
+        """Move the Engram tables to `device` when together they take at most `limit_bytes`:
+        there a decode step hashes and reads them inside its CUDA graphs, and the host never
+        waits for the drafts (DeepseekV41._engram). The release's (~92 GiB each) stay mapped
+        in host memory. Returns whether they moved."""
+        names = [name for name, w in self._tensors.items() if isinstance(w, RowsFp8)]
+        size = sum(self._tensors[name].weight.nbytes + self._tensors[name].scale.nbytes for name in names)
+        if not names or size > limit_bytes:
+            return False
+        for name in names:
+            self._tensors[name] = self._tensors[name].to(device)
+        return True
+
     def dense(self, name: str) -> torch.Tensor:
         """Exact fp32 value of any tensor, cached: the reference path's view of the weights."""
         cached = self._dequantized.get(name)

@@ -44,9 +44,13 @@ def test_serialize_copy_and_rollback_are_exact(golden_model, golden):
         restored = PagedCache.deserialize(pool, golden_model.config, desc, payload)
         for c in (cache, moved, restored):
             step(golden_model, [c], [ids[77:78]])
-        # a speculative block that is then rejected leaves no trace (wrong tokens on purpose)
+        # a speculative block that is then rejected leaves no trace (wrong tokens on purpose),
+        # rolled back alone or with another cache's (a decode step's truncate_many)
         step(golden_model, [restored], [torch.tensor([5, 6, 7, 8, 9, 10])])
         restored.truncate(78)
+        for c in (moved, restored):
+            step(golden_model, [c], [torch.tensor([11, 12, 13])])
+        PagedCache.truncate_many([(moved, 78), (restored, 78)])
         outs = [step(golden_model, [c], [ids[78:90]], logits="all").logits[0] for c in (cache, moved, restored)]
     assert torch.equal(outs[0], outs[1])
     assert torch.equal(outs[0], outs[2])

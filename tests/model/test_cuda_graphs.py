@@ -72,11 +72,16 @@ def test_a_padded_batch_replays_its_buckets_graphs(golden_dir, golden):
 
 
 @gpu
+@pytest.mark.parametrize("tables", ["host", "device"])
 @pytest.mark.parametrize("requests", [1, 2])
-def test_replayed_steps_equal_eager_steps(golden_dir, golden, requests):
+def test_replayed_steps_equal_eager_steps(golden_dir, golden, requests, tables):
+    """Graphs against eager steps, bit for bit. With the Engram tables on the GPU the graphs
+    also hash on the GPU, where the eager steps hash on the host."""
     from dsflash.model.deepseek_v41 import DeepseekV41
 
     model = DeepseekV41.from_checkpoint(golden_dir, device="cuda")
+    if tables == "device":
+        assert model.ops.weights.engram_tables_to("cuda", 1 << 30)
     model.ops = TritonOps(model.ops.weights, device="cuda")
     pool = CachePool(CacheLayout.for_model(model.config, page_entries=16), 200, 4, plain_allocator("cuda"))
     prompts = [golden[1]["input_ids"][:30], golden[2]["input_ids"][:23]][:requests]
@@ -100,13 +105,14 @@ def test_replayed_steps_equal_eager_steps(golden_dir, golden, requests):
     # the others as two, the attention in the second
     assert graphs.captured("block") > 0 and graphs.captured("attn_in") > 0 and graphs.captured("attn_ffn") > 0
     assert graphs.captured("engram") > 0
+    assert any(key[0] == "engram" and (key[2] == "hashed") == (tables == "device") for key in graphs._entries)
     graphs.release()  # frees them at once (a process group's teardown waits on live ones)
     assert graphs.captured() == 0
 
 
 @gpu
 def test_the_drafters_graphs_equal_its_eager_runs(golden_dir, golden):
-    """DSpark's absorb and its greedy head (the Markov loop included) replay from graphs: the
+    """DSpark's absorb and its stages and greedy head (the Markov loop included) replay from graphs: the
     drafts, their logits and confidences are the eager ones, bit for bit, step after step."""
     from dsflash.model.dspark import DSparkDrafter
 
@@ -128,5 +134,6 @@ def test_the_drafters_graphs_equal_its_eager_runs(golden_dir, golden):
             for eager, replayed in zip(got["eager"], got["graphs"]):
                 assert torch.equal(eager, replayed)
     model.graphs = None
-    assert graphs.captured("draft_head") > 0 and graphs.captured("absorb") > 0
+    # the stages and the head in one graph (their attention is one fixed launch here)
+    assert graphs.captured("propose") > 0 and graphs.captured("absorb") > 0
     graphs.release()

@@ -37,3 +37,22 @@ def test_chunks_with_their_history_equal_the_whole_run(golden_dir):
     # an n-gram reaching before the sequence start is blocked: the first rows differ from a
     # run that had history before it
     assert not torch.equal(hasher(ids[3:6], []), whole[3:6])
+
+
+def test_device_form_equals_the_host_form(golden_dir):
+    """RunHashes' device inputs hashed by on_device (torch ops, as in a decode step's CUDA graph)
+    give many's ids bit for bit, for runs of mixed lengths at and away from the sequence start."""
+    from dsflash.model.batch import SeqRun, pack
+    from dsflash.model.engram_hash import RunHashes
+
+    hasher = _hasher(golden_dir)
+    devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+    for lengths, history in (([6, 6, 6], [0, 1, 2]), ([1, 13, 4, 40], [0, 5, 1, 2])):
+        runs = [SeqRun(cache=None, tokens=_ids(n, seed), start=h, history=_ids(h, 50 + seed).tolist())
+                for seed, (n, h) in enumerate(zip(lengths, history))]
+        pack(runs)
+        hashes = RunHashes(hasher, runs)
+        for device in devices:
+            inputs = hashes.device_inputs(torch.device(device))
+            for slot in range(hasher.num_layers):
+                assert torch.equal(hasher.on_device(*inputs, slot).cpu(), hashes.ids[:, slot])
