@@ -85,9 +85,8 @@ class RequestSampler:
         self.generator.manual_seed(params.seed if params.seed is not None else int(torch.randint(0, 2**62, ()).item()))
         # The penalties' state, kept only where a penalty reads it: recording a token costs the
         # host ~13 us (CPU tensor ops), after the targets' sync while the GPU waits.
-        self.penalized = params.penalized
         self.counts = self.seen = None
-        if self.penalized:
+        if params.penalized:
             self.counts = torch.zeros(vocab_size, dtype=torch.float32)  # generated-token counts
             self.seen = torch.zeros(vocab_size, dtype=torch.bool)  # prompt or generated (repetition penalty)
             ids = torch.tensor([t for t in prompt_tokens if 0 <= t < vocab_size], dtype=torch.long)
@@ -96,7 +95,7 @@ class RequestSampler:
 
     def record(self, tokens: list[int]) -> None:
         """Tokens are now part of the output (counted by the penalties)."""
-        if not self.penalized:
+        if not self.params.penalized:
             return
         for t in tokens:
             self.counts[t] += 1
@@ -106,7 +105,7 @@ class RequestSampler:
         """Logits after penalties, temperature and the top-k/top-p/min-p masks (masked = -inf)."""
         p = self.params
         x = logits.float().clone()
-        if self.penalized:
+        if p.penalized:
             if self.counts.device != x.device:  # once: the penalty state follows the logits' device
                 self.counts, self.seen = self.counts.to(x.device), self.seen.to(x.device)
             counts, seen = self.counts, self.seen

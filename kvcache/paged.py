@@ -111,11 +111,15 @@ class PagedCache(SequenceCache):
         is paged in one pool. Built on the host: the rows' ring bytes can then be written in a
         CUDA graph (the drafter's absorb)."""
         caches = [cache for cache, _, _ in parts]
-        if not all(type(c) is cls and c.pool is caches[0].pool for c in caches):
+        if not cls._in_one_pool(caches):
             return None
-        cap = caches[0].layout.ring_capacity
-        return np.concatenate([np.stack([np.full(n, cache.slot), np.arange(start, start + n) % cap], 1)
-                               for cache, start, n in parts]).astype(np.int64)
+        return np.concatenate([cls.slot_targets(cache.pool, cache.slot, start, n) for cache, start, n in parts])
+
+    @staticmethod
+    def slot_targets(pool: CachePool, slot: int, start: int, n: int) -> np.ndarray:
+        """ring_targets of positions start .. start + n in `slot`'s rings."""
+        rows = np.arange(start, start + n, dtype=np.int64) % pool.layout.ring_capacity
+        return np.stack([np.full(n, slot, dtype=np.int64), rows], 1)
 
     @staticmethod
     def ring_scatter(pool: CachePool, layer: int, where: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor
@@ -135,8 +139,12 @@ class PagedCache(SequenceCache):
     @classmethod
     def _write_together(cls, caches: list, packed) -> bool:
         """Whether several caches' rows go in one write: all paged in one pool, bytes given."""
-        return packed is not None and len(caches) > 1 and all(
-            type(c) is cls and c.pool is caches[0].pool for c in caches)
+        return packed is not None and len(caches) > 1 and cls._in_one_pool(caches)
+
+    @classmethod
+    def _in_one_pool(cls, caches: list) -> bool:
+        """All paged caches of one pool (their rows can be written together)."""
+        return all(type(c) is cls and c.pool is caches[0].pool for c in caches)
 
     def _note_ring_bytes(self, layer: int, start: int, n: int) -> None:
         if self.pool.writes is not None:  # the drafter's rings are written outside a forward

@@ -10,10 +10,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+import numpy as np
 import torch
 
 from ..kvcache.state import SequenceCache
-from .device import HostCopy
+from .device import HostCopy, tables_to_device
 
 T = TypeVar("T")
 
@@ -86,8 +87,9 @@ def rows_positions(runs: list[SeqRun], device: str | torch.device) -> torch.Tens
     """Absolute positions [T] of every row of the runs, once per forward."""
     if len(runs) == 1:
         return runs[0].positions_on(device)
-    return runs[0].once(("row positions", torch.device(device), offsets(runs)),
-                        lambda: torch.cat([run.positions_on(device) for run in runs]))
+    # several runs: built on the host and moved in one copy (an arange a run cost a launch each)
+    return runs[0].once(("row positions", torch.device(device), offsets(runs)), lambda: tables_to_device(
+        device, np.concatenate([np.arange(run.start, run.start + run.n) for run in runs]))[0])
 
 
 def pack(runs: list[SeqRun]) -> torch.Tensor:

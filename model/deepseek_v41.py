@@ -122,7 +122,8 @@ class DeepseekV41:
         with self._lockstep("forward", runs, logits=logits, taps=taps):
             tokens = pack(runs)
             X, pre = self.embed(tokens)
-            X, pre, tap_rows = self._layers(X, pre, runs, range(self.config.num_layers), self._hash(runs), taps)
+            X, pre, tap_rows = self._layers(X, pre, runs, range(self.config.num_layers), self._hash(runs, tokens),
+                                            taps)
             return self._outputs(X, pre, runs, logits, tap_rows)
 
     def _lockstep(self, kind: str, runs: list[SeqRun], tensors: tuple[torch.Tensor, ...] = (), **options):
@@ -138,7 +139,7 @@ class DeepseekV41:
         split = self.config.ced_split
         tokens = pack(runs)
         X, pre = self.embed(tokens)
-        hashes = self._hash(runs)
+        hashes = self._hash(runs, tokens)
         X, pre, _ = self._layers(X, pre, runs, range(split), hashes, False)
         role = self.config.roles[split]
         Xs = self._engram(role, X, hashes, runs) if role.engram_slot is not None else X
@@ -151,12 +152,12 @@ class DeepseekV41:
                     taps: bool = False) -> ForwardResult:
         """CED decoder pass over given rows (X, pre from `encode`), skipping the rebuilt entries."""
         with self._lockstep("decode_rows", runs, (X, pre), logits=logits, taps=taps):
-            pack(runs)
+            tokens = pack(runs)
             for run in runs:
                 run.skip_compressor = True
             split = self.config.ced_split
-            X, pre, tap_rows = self._layers(X, pre, runs, range(split, self.config.num_layers), self._hash(runs),
-                                            taps)
+            X, pre, tap_rows = self._layers(X, pre, runs, range(split, self.config.num_layers),
+                                            self._hash(runs, tokens), taps)
             return self._outputs(X, pre, runs, logits, tap_rows)
 
     def draft_streams(self, runs: list[SeqRun]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -169,11 +170,10 @@ class DeepseekV41:
 
     def prepare_draft_stages(self, runs: list[SeqRun]) -> Prepared | None:
         """The DSpark stages' block attention prepared for draft_stages (the drafter's proposal
-        in one CUDA graph), or None where a stage's attention is not one fixed launch or other
-        ranks must follow each call (they run draft_streams)."""
+        in one CUDA graph) over packed runs (batch.pack), or None where a stage's attention is
+        not one fixed launch or other ranks must follow each call (they run draft_streams)."""
         if self.leader is not None or self.ops.parallel.world > 1:
             return None
-        pack(runs)
         stage = self.config.roles[self.config.num_layers]
         return self._graphable_block_attention(stage, runs, sum(run.n for run in runs))
 
@@ -353,11 +353,11 @@ class DeepseekV41:
         return self.graphs.run(("engram", role.index), lambda *t: (engram_mix(self.ops, self.config, role, *t),),
                                (X, rows), unit=_rows_per_request(runs))[0]
 
-    def _hash(self, runs: list[SeqRun]) -> RunHashes | None:
+    def _hash(self, runs: list[SeqRun], tokens: torch.Tensor) -> RunHashes | None:
         """The runs' Engram hash ids, made when an Engram site asks for them: a decode step's
         drafts may still be on their way to the host (SeqRun.host), and the layers before that
         site are on the GPU's queue meanwhile."""
-        return None if self.hasher is None else RunHashes(self.hasher, runs)
+        return None if self.hasher is None else RunHashes(self.hasher, runs, tokens)
 
     def _outputs(self, X, pre, runs, which: str, tap_rows) -> ForwardResult:
         logits: list[torch.Tensor | None] = []

@@ -25,7 +25,7 @@ import torch
 from ..kvcache.paged import PagedCache
 from ..kvcache.state import SequenceCache
 from . import graphs as graph_module
-from .batch import SeqRun
+from .batch import SeqRun, pack
 from .deepseek_v41 import DeepseekV41
 from .device import tables_to_device, to_device
 from .layers.mhc import hc_collapse
@@ -118,7 +118,7 @@ class DSparkDrafter:
                         if slot is None:
                             self._absorb_rows(taps[:bucket], tables_to_device(taps.device, positions)[0])
                             continue
-                        where = np.stack([np.full(bucket, slot), positions % pool.layout.ring_capacity], 1)
+                        where = PagedCache.slot_targets(pool, slot, 0, bucket)
                         self._absorb_stored(pool, taps[:bucket], positions, where)
         finally:
             if slot is not None:
@@ -161,7 +161,7 @@ class DSparkDrafter:
             # every row's argmax stays on the device: the block's head is one graph per bucket,
             # and where the stages' attention is one fixed launch, the stages too: the host then
             # only prepares their tables while the GPU waits after the targets' sync
-            tokens = to_device(torch.cat([run.tokens for run in runs]), model.device)
+            tokens = to_device(pack(runs), model.device)
             prepared = model.prepare_draft_stages(runs)
             if prepared is not None:
                 def stages_and_head(tokens, *tables):

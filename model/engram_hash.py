@@ -262,8 +262,8 @@ class RunHashes:
     a table whose rows are looked up on the host, or on the device from `device_inputs` for a
     table on the GPU (then the host never waits for a decode step's drafts: SeqRun.host)."""
 
-    def __init__(self, hasher: EngramHasher, runs):
-        self.hasher, self.runs = hasher, runs
+    def __init__(self, hasher: EngramHasher, runs, tokens: torch.Tensor):
+        self.hasher, self.runs, self.tokens = hasher, runs, tokens  # tokens: batch.pack's flat ids
         self._ids: torch.Tensor | None = None
         self._inputs: dict[torch.device, tuple[torch.Tensor, ...]] = {}
 
@@ -277,6 +277,6 @@ class RunHashes:
     def device_inputs(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(flat token ids [T], look_back's rows and known [T, N]) on `device`, for on_device."""
         if device not in self._inputs:
-            tokens = to_device(torch.cat([run.tokens for run in self.runs]), device)
-            self._inputs[device] = (tokens.long(),) + tables_to_device(device, *self.hasher.look_back(self.runs))
+            self._inputs[device] = ((to_device(self.tokens, device).long(),)
+                                    + tables_to_device(device, *self.hasher.look_back(self.runs)))
         return self._inputs[device]

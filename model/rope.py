@@ -8,12 +8,10 @@ Adjacent channel pairs (2i, 2i+1) rotate as one complex number.
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 
-from .batch import SeqRun, offsets
+from .batch import SeqRun, offsets, rows_positions
 from .config import ModelConfig, yarn_inv_freq_bounds
-from .device import tables_to_device
 
 
 def inverse_frequencies(config: ModelConfig, kind: str) -> torch.Tensor:
@@ -55,11 +53,9 @@ class Rope:
         if len(runs) == 1:
             return self.for_run(kind, runs[0])
 
-        def build():  # positions built on the host, one copy: ~5 launches a run fewer (elementwise: the same rows)
-            positions = np.concatenate([np.arange(run.start, run.start + run.n) for run in runs])
-            return self.cos_sin(kind, tables_to_device(self.device, positions)[0])
-
-        return runs[0].once(("rope rows", kind, offsets(runs)), build)
+        # one cos/sin over every row, not one a run (elementwise: the same rows)
+        return runs[0].once(("rope rows", kind, offsets(runs)),
+                            lambda: self.cos_sin(kind, rows_positions(runs, self.device)))
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inverse: bool = False) -> torch.Tensor:

@@ -50,8 +50,7 @@ def test_device_form_equals_the_host_form(golden_dir):
     for lengths, history in (([6, 6, 6], [0, 1, 2]), ([1, 13, 4, 40], [0, 5, 1, 2])):
         runs = [SeqRun(cache=None, tokens=_ids(n, seed), start=h, history=_ids(h, 50 + seed).tolist())
                 for seed, (n, h) in enumerate(zip(lengths, history))]
-        pack(runs)
-        hashes = RunHashes(hasher, runs)
+        hashes = RunHashes(hasher, runs, pack(runs))
         for device in devices:
             inputs = hashes.device_inputs(torch.device(device))
             for slot in range(hasher.num_layers):
