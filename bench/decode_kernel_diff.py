@@ -5,7 +5,8 @@ registers a thread. For a switch whose step times do not settle (decode_ab.py): 
 sum does. Twenty-fifth session, H200: the lean GEMM K step took 21.55 -> 21.02 ms of kernels
 a batch-1 step, in either order, while the step's wall time (host-paced in part, from another
 engine each value) read 27.3 against 31.7 ms once and 26.5 against 32.7 with the order turned:
-the second value was the slower both times.
+the second value was the slower both times. With one value it profiles the step alone,
+its kernels largest first.
 
     python bench/decode_kernel_diff.py dsflash.model.kernels.fp4_moe.TWO_PAIRS_BELOW 0.0 1.0 \\
         [--batch 1] [--context 4096] [--steps 3] [--act-quant] [--rows 30]
@@ -75,7 +76,10 @@ def main() -> None:
     lines = [f"batch {args.batch}, context {args.context}: step ms " + " | ".join(f"{ms:.2f}" for ms in steps_ms)
              + "; kernel us a step " + " | ".join(f"{sum(e[0] for e in t.values()):.0f}" for t in tables),
              f"kernel, grid: us a step ({heads}), launches a step, registers a thread"]
-    for key in sorted(keys, key=change, reverse=True)[:args.rows]:
+    def largest(key):  # with one value (a profile of the step alone) change is 0: by time
+        return change(key), max(t.get(key, (0.0,))[0] for t in tables)
+
+    for key in sorted(keys, key=largest, reverse=True)[:args.rows]:
         cells = [t.get(key, (0.0, 0, 0)) for t in tables]
         lines.append(f"{key[0]:48s} {key[1]:>12s}: " + " | ".join(f"{c[0]:8.1f}" for c in cells)
                      + f"  x{max(c[1] for c in cells):.0f}  regs " + "/".join(str(c[2]) for c in cells))
