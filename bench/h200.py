@@ -433,6 +433,7 @@ def moe_tiles(token_counts=(6, 48, 8192)) -> None:
     dev, E, H, k = "cuda", MOE_SHAPE["E"], MOE_SHAPE["H"], MOE_SHAPE["k"]
     (w13, s13, w2, s2), per_expert = random_experts(dev)
     default = {key: dict(value) for key, value in moe.TILES.items()}
+    default_short = {key: dict(value) for key, value in moe.SHORT_TILES.items()}
     shapes = {  # (BLOCK_N, BLOCK_KU, warps, stages), BLOCK_KU in quad units (4 codes)
         "short": [(64, 64, 4, 2), (64, 32, 4, 2), (64, 128, 4, 2), (64, 64, 4, 3), (32, 64, 4, 2), (64, 64, 8, 2),
                   (128, 64, 8, 2), (128, 32, 4, 2)],
@@ -440,8 +441,10 @@ def moe_tiles(token_counts=(6, 48, 8192)) -> None:
     }
     for tokens in token_counts:
         block_m = moe.block_height(tokens * k, E)
+        short = moe.parts_as_columns(block_m, moe.SPLITS)
+        table = moe.SHORT_TILES if short and block_m in moe.SHORT_TILES else moe.TILES  # the one fp4_moe reads
         candidates = [dict(BLOCK_N=n, BLOCK_KU=ku, num_warps=w, num_stages=st)
-                      for n, ku, w, st in shapes["short" if block_m <= moe.PARTS_AS_COLUMNS else "tall"]]
+                      for n, ku, w, st in shapes["short" if short else "tall"]]
         x = torch.randn(tokens, H, device=dev)
         idx = torch.stack([torch.randperm(E, device=dev)[:k] for _ in range(tokens)])
         weights = torch.rand(tokens, k, device=dev)
@@ -451,7 +454,7 @@ def moe_tiles(token_counts=(6, 48, 8192)) -> None:
         for tiles in candidates:
             if time_left() < 60:
                 break
-            moe.TILES[block_m] = tiles
+            table[block_m] = tiles
             try:
                 got = moe.fp4_moe(x, idx, weights, w13, s13, w2, s2, 10.0, block_m, small=True)
                 run = lambda: moe.fp4_moe(x, idx, weights, w13, s13, w2, s2, 10.0, block_m, small=True)  # noqa: E731
@@ -465,6 +468,7 @@ def moe_tiles(token_counts=(6, 48, 8192)) -> None:
             if same and (best is None or t < best[0]):
                 best = (t, tiles)
         moe.TILES.update({key: dict(value) for key, value in default.items()})
+        moe.SHORT_TILES.update({key: dict(value) for key, value in default_short.items()})
         if best:
             record("moe_tiles", f"T{tokens}_M{block_m}_best", {"us": best[0] * 1e6, **best[1]})
         splits, moe.SPLITS = moe.SPLITS, 2  # activations in 2 bf16 parts instead of 3: 16 significant bits

@@ -207,6 +207,18 @@ SPLITS = int(os.environ.get("DSFLASH_MOE_SPLITS", "3"))
 # (4 pairs x 4 slots = the 16 columns a dot needs at least): one dot per weight tile where
 # looping over the parts took three. Decode steps route 1-2 pairs to most experts.
 PARTS_AS_COLUMNS = 4
+# With three parts (exact mode) up to this many: 8 or 16 pairs x 4 slots, one dot of 32 or 64
+# columns against three of 16 rows each. H200, 2026-12-04 (bench/moe_block_heights.py, a layer
+# of the release's widths, 48 experts, in a CUDA graph): 6 pairs an expert (batch 8) 900 us in
+# 16 tall rows -> 567 in 8 short ones (644 in 16 short); 12 pairs (batch 16) 999 -> 734 in 16
+# short (842 in 8); 24 pairs (batch 32) 1,807 -> 1,310 (1,417 in 32 tall rows). One part fills
+# only one slot of four: faithful mode keeps its tall blocks.
+PARTS_AS_COLUMNS_SPLIT = 16
+
+
+def parts_as_columns(block_m: int, splits: int) -> bool:
+    """Whether a block of block_m pairs puts its pairs' `splits` parts side by side as columns."""
+    return block_m <= (PARTS_AS_COLUMNS if splits == 1 else PARTS_AS_COLUMNS_SPLIT)
 
 # Codes a weight unit holds (common.quad_units), and so the pieces the activations come in.
 PIECES = 4
@@ -226,6 +238,11 @@ TILES = {
     "interpreter": dict(BLOCK_N=64, BLOCK_KU=16),  # a 64-wide hidden in one K step (CI's time goes by steps)
 }
 TILES[2] = TILES[4]  # 2-pair blocks (TWO_PAIRS_BELOW) run the 4-pair shape, not swept on their own
+# Three parts as columns in 8- and 16-pair blocks (PARTS_AS_COLUMNS_SPLIT): the best of the shapes
+# tried (H200, 2026-12-04): 8, 567 us at 6 pairs an expert (605.6 with BLOCK_KU 64); 16, 644-734
+# (707.8-753.5 with BLOCK_KU 32 and 2 stages).
+SHORT_TILES = {8: dict(BLOCK_N=64, BLOCK_KU=32, num_warps=4, num_stages=3),
+               16: dict(BLOCK_N=64, BLOCK_KU=16, num_warps=4, num_stages=3)}
 # Faithful mode's one part leaves shared memory for a deeper pipeline. H200, 2026-12-01, 8,192
 # tokens: 13.3-13.5 ms with 3 stages against 14.9-15.1 with TILES' 2 (the same bytes out);
 # three parts do not fit 3 stages (out of resources). Its scales as words (tenth session):
@@ -245,11 +262,15 @@ def block_height(pairs: int, experts: int, parts: int = SPLITS) -> int:
     Short blocks put each pair's parts side by side as columns of one dot; below 4 pairs an
     expert they win with any number of parts: 0.8 pairs an expert, 4 rows 298 us against 522
     for 16 (three parts), 295 against 405 (one); 3 pairs, 563 against 849 (three), 552
-    against 659 (one); 6 pairs, 932 against 912 (three), 910 against 702 (one)."""
+    against 659 (one); 6 pairs, 932 against 912 (three), 910 against 702 (one). With three
+    parts, short blocks of 8 pairs from 4 an expert and of 16 from 8 (PARTS_AS_COLUMNS_SPLIT)."""
     per_expert = pairs / experts
-    tall_from = 32 if parts > 1 else 16
-    short = 2 if per_expert < TWO_PAIRS_BELOW else 4
-    return short if per_expert < 4 else 16 if per_expert < tall_from else 64 if per_expert < 256 else 128
+    if per_expert < 4:
+        return 2 if per_expert < TWO_PAIRS_BELOW else 4
+    if parts > 1:  # (PARTS_AS_COLUMNS_SPLIT 4: 16 tall rows there, as before the short ones)
+        short_eight = per_expert < 8 and PARTS_AS_COLUMNS_SPLIT >= 8
+        return 8 if short_eight else 16 if per_expert < 32 else 64 if per_expert < 256 else 128
+    return 16 if per_expert < 16 else 64 if per_expert < 256 else 128
 
 
 # Short blocks: 4 pairs x 4 slots fill a 16-column dot; 2 pairs make 8 columns, an m16n8k16 MMA a
@@ -424,9 +445,12 @@ def fp4_moe(x, idx, weights, w13, s13, w2, s2, limit: float, block_m: int | None
     rounds_h = act_quant and inter % 32 == 0  # (fake_quant_fp8 leaves other widths as they are)
     splits = 1 if rounds_h and x.dtype == torch.bfloat16 else SPLITS
     block_m = block_m or block_height(pairs, E, splits)
-    slots = 4 if block_m <= PARTS_AS_COLUMNS else 1
+    short = parts_as_columns(block_m, splits)
+    slots = 4 if short else 1
     if interpreting():
         tiles = TILES["interpreter"]
+    elif short and block_m in SHORT_TILES:
+        tiles = SHORT_TILES[block_m]
     else:
         tiles = (ONE_PART_TILES.get(block_m) if splits == 1 else None) or TILES[block_m]
     plan = RoutePlan(idx, weights, E, block_m)
@@ -440,7 +464,7 @@ def fp4_moe(x, idx, weights, w13, s13, w2, s2, limit: float, block_m: int | None
     sc13, sc2 = _scale_operands(s13, s2, tiles.pop("SCALE_WORDS", False))
     options = dict(SPLITS=splits, SLOTS=slots, PIECES=PIECES, PTX=not interpreting(), SMALL=small, BLOCK_M=block_m,
                    SCALE_WORDS=sc13.dtype == torch.int32, **tiles)
-    with mma_sync("short_experts" if block_m <= PARTS_AS_COLUMNS else "tall_experts"):
+    with mma_sync("short_experts" if short else "tall_experts"):
         _gate_up_kernel[(blocks, triton.cdiv(inter, tiles["BLOCK_N"]))](
             parts, plan.tokens, plan.routed, plan.block_expert, w13, sc13, h, H, inter, float(limit),
             *parts.stride()[:3], w13.stride(0), w13.stride(1), sc13.stride(0), sc13.stride(1),

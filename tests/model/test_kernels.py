@@ -291,10 +291,10 @@ def _device_experts(stack):
     return quad_experts(*[t.to(DEVICE) for t in stack])
 
 
-# Block heights: 4 pairs (their parts as columns), 16 (chosen for 11 x 3 pairs over 5 experts),
-# 64; small: the one-multiply decoder (these scales allow it) or the general one.
+# Block heights: 2, 4, 8 and 16 pairs (their parts as columns; 8 chosen for 11 x 3 pairs over
+# 5 experts), 64 tall rows; small: the one-multiply decoder (these scales allow it) or the general one.
 @pytest.mark.parametrize("T, block_m, small", [(1, None, None), (11, 4, True), (11, 2, True), (11, None, False),
-                                               (30, 64, None)])
+                                               (11, 16, True), (30, 64, None)])
 def test_fp4_moe(T, block_m, small):
     stack, x, idx, weights = _moe_case(_g(1), T, E=5, H=64, inter=96, k=3)
     ref = fp4_moe_ref(x, idx, weights, *stack, 0.7)
@@ -303,7 +303,7 @@ def test_fp4_moe(T, block_m, small):
     assert (got - ref).abs().max() < REL * ref.abs().max() + 1e-6
 
 
-@pytest.mark.parametrize("T, block_m, step", [(11, 16, 8), (30, 64, 32)])
+@pytest.mark.parametrize("T, block_m, step", [(11, 64, 8), (30, 64, 32)])
 def test_tall_expert_blocks_read_their_scales_as_words_or_bytes_alike(T, block_m, step, monkeypatch):
     """Tile shapes marked SCALE_WORDS (faithful prefill's) read their scales as int32 words
     (loads the pipeliner prefetches): one word holds a step's scale (8 units a step) or four
@@ -362,10 +362,15 @@ def test_mma_sync_sets_the_compile_switch_only_for_the_kernels_named(monkeypatch
 
 def test_expert_blocks_grow_later_where_every_dot_runs_three_times():
     """2-row blocks below 1 pair an expert (batch 1), 4-row ones below 4; then three activation
-    parts (exact mode) keep 16-row blocks up to 32 pairs an expert, one part (faithful mode's
-    FP8-grid inputs) takes 64 rows from 16."""
-    assert [fp4_moe_block_height(pairs, 48, 3) for pairs in (36, 72, 144, 192, 1152, 1536)] == [2, 4, 4, 16, 16, 64]
-    assert [fp4_moe_block_height(pairs, 48, 1) for pairs in (36, 144, 192, 288, 768, 2304)] == [2, 4, 16, 16, 64, 64]
+    parts (exact mode) take short blocks of 8 pairs, of 16 from 8 pairs an expert and 64 tall
+    rows from 32, one part (faithful mode's FP8-grid inputs) 16 tall rows, then 64 from 16."""
+    from dsflash.model.kernels.fp4_moe import parts_as_columns
+
+    pairs = (36, 72, 144, 192, 288, 384, 1152, 1536)
+    assert [fp4_moe_block_height(p, 48, 3) for p in pairs] == [2, 4, 4, 8, 8, 16, 16, 64]
+    assert [fp4_moe_block_height(p, 48, 1) for p in (36, 144, 192, 288, 768, 2304)] == [2, 4, 16, 16, 64, 64]
+    assert [parts_as_columns(m, 3) for m in (2, 4, 8, 16, 64)] == [True] * 4 + [False]
+    assert [parts_as_columns(m, 1) for m in (2, 4, 8, 16, 64)] == [True, True, False, False, False]
 
 
 @pytest.mark.parametrize("on_grid", [False, True])
