@@ -442,7 +442,7 @@ def moe_tiles(token_counts=(6, 48, 8192)) -> None:
     for tokens in token_counts:
         block_m = moe.block_height(tokens * k, E)
         short = moe.parts_as_columns(block_m, moe.SPLITS)
-        table = moe.SHORT_TILES if short and block_m in moe.SHORT_TILES else moe.TILES  # the one fp4_moe reads
+        table = moe.tile_table(block_m, moe.SPLITS)
         candidates = [dict(BLOCK_N=n, BLOCK_KU=ku, num_warps=w, num_stages=st)
                       for n, ku, w, st in shapes["short" if short else "tall"]]
         x = torch.randn(tokens, H, device=dev)

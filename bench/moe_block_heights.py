@@ -6,9 +6,9 @@ blocks: 0.75 to 48 pairs an expert), in the exact mode (fp32 activations, 3 bf16
 the faithful one (FP8-grid activations, one part), each in a CUDA graph, next to the bytes of
 the experts touched at the measured HBM read and to the FLOPs of one part at bf16 peak.
 
---tile sets a height's shape (SHORT_TILES where its pairs' parts go side by side as columns,
-else TILES); heights without one take the next lower height's. --short-up-to moves the bound
-up to which three parts go as columns (PARTS_AS_COLUMNS_SPLIT).
+--tile sets a height's shape in the table fp4_moe reads for it (fp4_moe.tile_table); heights
+without one take the next lower height's. --short-up-to moves the bound up to which three
+parts go as columns (PARTS_AS_COLUMNS_SPLIT).
 
     python bench/moe_block_heights.py [--tokens 6,24,48,96,192,384] [--heights 2,4,16,64,128]
         [--short-up-to 4] [--tile 8:64,64,4,3 (height:BLOCK_N,BLOCK_KU,num_warps,num_stages)]
@@ -36,8 +36,8 @@ heights = [int(h) for h in args.heights.split(",")]
 moe.PARTS_AS_COLUMNS_SPLIT = args.short_up_to
 for spec in args.tile:
     height, shape = spec.split(":")
-    table = moe.SHORT_TILES if moe.parts_as_columns(int(height), moe.SPLITS) else moe.TILES
-    table[int(height)] = dict(zip(("BLOCK_N", "BLOCK_KU", "num_warps", "num_stages"), map(int, shape.split(","))))
+    shape = dict(zip(("BLOCK_N", "BLOCK_KU", "num_warps", "num_stages"), map(int, shape.split(","))))
+    moe.tile_table(int(height), moe.SPLITS)[int(height)] = shape
 for height in heights:
     if height not in moe.TILES:
         moe.TILES[height] = moe.TILES[max(h for h in moe.TILES if isinstance(h, int) and h < height)]

@@ -252,6 +252,13 @@ SHORT_TILES = {8: dict(BLOCK_N=64, BLOCK_KU=32, num_warps=4, num_stages=3),
 ONE_PART_TILES = {128: dict(BLOCK_N=128, BLOCK_KU=32, num_warps=8, num_stages=3, SCALE_WORDS=True)}
 
 
+def tile_table(block_m: int, splits: int) -> dict:
+    """The table whose block_m entry fp4_moe launches with on the GPU (benchmarks sweep it in place)."""
+    if parts_as_columns(block_m, splits) and block_m in SHORT_TILES:
+        return SHORT_TILES
+    return ONE_PART_TILES if splits == 1 and block_m in ONE_PART_TILES else TILES
+
+
 def block_height(pairs: int, experts: int, parts: int = SPLITS) -> int:
     """Rows of pairs per program: decode has a few pairs per expert, so short blocks; prefill
     has many, and a taller block decodes each weight tile once for more of them. A block's
@@ -447,12 +454,7 @@ def fp4_moe(x, idx, weights, w13, s13, w2, s2, limit: float, block_m: int | None
     block_m = block_m or block_height(pairs, E, splits)
     short = parts_as_columns(block_m, splits)
     slots = 4 if short else 1
-    if interpreting():
-        tiles = TILES["interpreter"]
-    elif short and block_m in SHORT_TILES:
-        tiles = SHORT_TILES[block_m]
-    else:
-        tiles = (ONE_PART_TILES.get(block_m) if splits == 1 else None) or TILES[block_m]
+    tiles = TILES["interpreter"] if interpreting() else tile_table(block_m, splits)[block_m]
     plan = RoutePlan(idx, weights, E, block_m)
     # [SPLITS, 4, T, H/4] (a strided view): piece t holds columns 4c + t, as the weight units' code t
     parts = bf16_parts(x, splits, interleave=PIECES).view(splits, T, PIECES, H // PIECES).transpose(1, 2)
