@@ -11,6 +11,7 @@ ranges between the two, and do nothing for a pool whose model reads the storage 
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections import deque
 from collections.abc import Callable
@@ -49,6 +50,8 @@ class _FreeList:
 
 Allocator = Callable[[str, int], torch.Tensor]  # (name, nbytes) -> uint8 tensor
 
+_SERIALS = itertools.count()
+
 
 def plain_allocator(device: str | torch.device = "cpu", pin: bool = False) -> Allocator:
     def allocate(_name: str, nbytes: int) -> torch.Tensor:
@@ -67,6 +70,10 @@ class CachePool:
         staging copy (a GPU worker; "cpu" gives tests the same arrangement); without, the
         model reads and writes the storage itself."""
         self.layout = layout
+        # What CUDA graphs that write this pool's buffers are keyed by: never reused, where id()
+        # is as soon as a pool is freed, and a graph captured against a freed pool's buffers
+        # would replay its writes into whatever took their memory.
+        self.serial = next(_SERIALS)
         # Checksums of full pages, taken as they fill (a transfer then sends them without a
         # second read): only for host memory that a transfer engine sends from.
         self.sealed = sealed

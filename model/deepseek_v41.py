@@ -203,7 +203,7 @@ class DeepseekV41:
         prepared = (self._graphable_block_attention(role, runs, X.shape[0]) if block_mode
                     else self._graphable_attention(role, runs, X.shape[0], unit))
         if prepared is not None:  # the whole block in one graph
-            key = ("block", role.index, prepared.plan, id(prepared.pool))
+            key = ("block", role.index, prepared.plan, prepared.pool.serial)
             out = self.graphs.run(key, lambda *t: self._whole_block(role, prepared, *t), (X, pre) + prepared.tensors,
                                   shared=len(prepared.tensors), unit=unit)
             if not block_mode:  # (a DSpark block writes no ring)
@@ -224,7 +224,7 @@ class DeepseekV41:
                            tuple(projected) or None)
             prepared = self._graphable_attention(role, runs, X.shape[0], unit, sources_updated=True)
             if prepared is not None:
-                key = ("attn_ffn", role.index, prepared.plan, id(prepared.pool))
+                key = ("attn_ffn", role.index, prepared.plan, prepared.pool.serial)
                 out = self.graphs.run(key, lambda *t: self._attention_and_ffn(role, prepared, *t),
                                       (q_all, kv_all, X, a_pre, a_post, a_comb) + prepared.tensors,
                                       shared=len(prepared.tensors), unit=unit)

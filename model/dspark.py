@@ -95,7 +95,7 @@ class DSparkDrafter:
                 PagedCache.ring_scatter(pool, role.index, where, written[3 * i + 1], written[3 * i + 2])
             return ()
 
-        self._graphs().run(("absorb", "stored", id(pool)), stored,
+        self._graphs().run(("absorb", "stored", pool.serial), stored,
                            (taps,) + tables_to_device(taps.device, positions, where), unit=1)
 
     def warm_up(self, rows: int, pool=None) -> None:
@@ -167,7 +167,7 @@ class DSparkDrafter:
                 def stages_and_head(tokens, *tables):
                     return self._greedy_head(*model.draft_stages(prepared, tokens, *tables), tokens)
 
-                out = graphs.run(("propose", prepared.plan, id(prepared.pool)), stages_and_head,
+                out = graphs.run(("propose", prepared.plan, prepared.pool.serial), stages_and_head,
                                  (tokens,) + prepared.tensors, shared=len(prepared.tensors), unit=B)
             else:
                 X, pre = model.draft_streams(runs)

@@ -115,6 +115,19 @@ def test_pool_exhaustion_is_an_error_not_a_crash(golden_model, golden):
     assert pool.is_empty()
 
 
+def test_a_new_pool_never_takes_a_freed_pools_serial():
+    """CUDA graphs that write a pool's buffers are keyed by its serial. id() comes back for the
+    next pool as soon as one is freed (CPython reuses the memory): a graph keyed by it would
+    replay a freed pool's writes into whatever took that pool's memory."""
+    config = ModelConfig.from_dict(preset_config("tiny"))
+    seen = []
+    for _ in range(8):
+        pool = _pool(config, pages=4, slots=1)
+        seen.append((id(pool), pool.serial))
+        del pool
+    assert len({serial for _, serial in seen}) == len(seen)
+
+
 def test_bytes_per_token_of_a_100k_token_request():
     """The release layout, filled with 100k tokens of entries: 356 B per entry, 890 B/token."""
     config = ModelConfig.from_dict(preset_config("bench"))

@@ -20,13 +20,15 @@ def test_batch_buckets():
     assert [batch_bucket(b) for b in (1, 2, 3, 4, 5, 8, 9, 16, 17, 33)] == [1, 2, 4, 4, 8, 8, 16, 16, 24, 40]
 
 
-def _twins(golden_dir, golden, requests: int):
-    """A kernel-path model and eager/graph twins of `requests` prefilled caches."""
+def _twins(golden_dir, golden, requests: int, model=None, pages: int = 300):
+    """A kernel-path model (or `model`) and eager/graph twins of `requests` prefilled caches in
+    a new pool of `pages` pages."""
     from dsflash.model.deepseek_v41 import DeepseekV41
 
-    model = DeepseekV41.from_checkpoint(golden_dir, device="cuda")
-    model.ops = TritonOps(model.ops.weights, device="cuda")
-    pool = CachePool(CacheLayout.for_model(model.config, page_entries=16), 300, 10, plain_allocator("cuda"))
+    if model is None:
+        model = DeepseekV41.from_checkpoint(golden_dir, device="cuda")
+        model.ops = TritonOps(model.ops.weights, device="cuda")
+    pool = CachePool(CacheLayout.for_model(model.config, page_entries=16), pages, 10, plain_allocator("cuda"))
     prompts = [golden[i % 4]["input_ids"][:20 + 3 * i] for i in range(requests)]
     twins = {mode: [PagedCache(pool, model.config) for _ in prompts] for mode in ("eager", "graphs")}
     with torch.inference_mode():
@@ -68,6 +70,29 @@ def test_a_padded_batch_replays_its_buckets_graphs(golden_dir, golden):
     for eager, replayed in zip(got["eager"], got["graphs"]):
         assert torch.equal(eager.argmax(-1), replayed.argmax(-1))
         assert (eager - replayed).abs().max() <= 1e-3 * eager.abs().max()
+    graphs.release()
+
+
+@gpu
+def test_a_new_pool_captures_its_own_graphs(golden_dir, golden):
+    """Graphs that write a pool's buffers are keyed by the pool's serial: after one pool is
+    freed, the next one (of another size, so at other addresses, perhaps with the freed one's
+    id) captures its own graphs, and its steps are the eager ones."""
+    import gc
+
+    model, twins = _twins(golden_dir, golden, 2, pages=200)
+    graphs = GraphCache()
+    g = torch.Generator().manual_seed(3)
+    _verify_steps(model, twins, graphs, 3, g)
+    first = graphs.captured()
+    del twins
+    gc.collect()
+    torch.cuda.empty_cache()
+    model, twins = _twins(golden_dir, golden, 2, model=model, pages=400)
+    got = _verify_steps(model, twins, graphs, 3, g)
+    assert graphs.captured() > first
+    for eager, replayed in zip(got["eager"], got["graphs"]):
+        assert torch.equal(eager, replayed)
     graphs.release()
 
 
