@@ -13,13 +13,64 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from .common import dot_exact_rhs, e2m1_to_float, interpreting
+from .common import dot_exact_lhs, dot_exact_rhs, interpreting
 
 
 def indexer_scores_ref(q: torch.Tensor, keys: torch.Tensor, w: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
     """q [n, Hi, Di], keys [N, Di] (dequantized), w [n, Hi], visible [n] -> [n, N] fp32."""
     scores = (torch.einsum("nhd,td->nht", q.float(), keys.float()).relu() * w.float().unsqueeze(-1)).sum(1)
     return scores.masked_fill(torch.arange(keys.shape[0], device=q.device) >= visible[:, None], float("-inf"))
+
+
+@triton.jit
+def _e2m1_times(codes, scale):
+    """e2m1 codes (int32, sign in bit 3; higher bits ignored) times `scale`, a power of two, in
+    fp32: the code's 3 magnitude bits at fp32 bits 22-24 (the mantissa's top bit and the
+    exponent field's two low ones) make an fp32 worth its e2m1 value times 2^-126 (code 1, 0.5,
+    a subnormal), the sign goes to bit 31, and two exact multiplies finish it: 4 operations a
+    code, where e2m1_to_float's selects took about twice that."""
+    bits = ((codes & 0x7) << 22) | ((codes & 0x8) << 28)
+    return bits.to(tl.float32, bitcast=True) * 8.507059173023462e37 * scale  # 2^126
+
+
+@triton.jit
+def _entry_block(page_ptr, k_off, k_soff, block, N, NB: tl.constexpr, DI: tl.constexpr, BF16: tl.constexpr):
+    """(entries rj of block `block` of NB, whether each is one of the N, their index keys
+    [NB, DI] decoded from their pages, zeros past N): the keys bf16 with BF16 (exact: e2m1 codes times a power of two), else fp32. Each block's scale is
+    made once ([NB, DI / 32]), not once a column as before (H200, 6 queries against 1M keys:
+    1,764 -> 837 us in the short tiles). Byte loads, though keys start on 16 bytes in the
+    pools' layouts: 16-byte loads (tl.multiple_of on the offsets) took 1,676 us there."""
+    SB: tl.constexpr = DI // 32
+    rj = block * NB + tl.arange(0, NB)
+    live = rj < N
+    b = tl.arange(0, SB)
+    c = tl.arange(0, 16)
+    off = tl.load(k_off + rj, mask=live, other=0)
+    soff = tl.load(k_soff + rj, mask=live, other=0)
+    at = page_ptr + off[:, None, None] + (b * 16)[None, :, None] + c[None, None, :]
+    packed = tl.load(at, mask=live[:, None, None], other=0).to(tl.int32)  # [NB, SB, 16]: byte i, codes 2i, 2i + 1
+    e = tl.load(page_ptr + soff[:, None] + b[None, :], mask=live[:, None], other=127).to(tl.int32)
+    scale = tl.where(e == 0, 1 << 22, e << 23).to(tl.float32, bitcast=True)[:, :, None]  # 2^(e - 127), exactly
+    keys = tl.reshape(tl.join(_e2m1_times(packed, scale), _e2m1_times(packed >> 4, scale)), (NB, DI))
+    if BF16:
+        keys = keys.to(tl.bfloat16)
+    return rj, live, keys
+
+
+@triton.jit
+def _run_rows(first_ptr, count_ptr, n, block, QB: tl.constexpr, AXIS: tl.constexpr, RUNS: tl.constexpr):
+    """(run, its first query row, the rows of its query block `block` of QB, whether each is
+    one of the run's): with RUNS the run of program axis AXIS, else the one run of all n rows."""
+    if RUNS:
+        run = tl.program_id(AXIS)
+        first = tl.load(first_ptr + run)
+        count = tl.load(count_ptr + run)
+    else:
+        run = 0
+        first = 0
+        count = n
+    local = block * QB + tl.arange(0, QB)
+    return run, first, first + local, local < count
 
 
 @triton.jit
@@ -35,29 +86,9 @@ def _indexer_kernel(q_ptr, w_ptr, vis_ptr, page_ptr, k_off, k_soff, o_ptr, first
     past n read as zeros, rows of the next run are read and never stored)."""
     pid_q = tl.program_id(0)
     pid_n = tl.program_id(1)
-    if RUNS:
-        run = tl.program_id(2)
-        first = tl.load(first_ptr + run)
-        count = tl.load(count_ptr + run)
-    else:
-        run = 0
-        first = 0
-        count = n
-    local = pid_q * QB + tl.arange(0, QB)
-    rq = first + local
-    in_run = local < count
-    rj = pid_n * NB + tl.arange(0, NB)
+    run, first, rq, in_run = _run_rows(first_ptr, count_ptr, n, pid_q, QB, 2, RUNS)
     d = tl.arange(0, DI)
-    half = tl.arange(0, DI // 2)
-    live = rj < N
-    off = tl.load(k_off + run * skr + rj, mask=live, other=0)
-    soff = tl.load(k_soff + run * skr + rj, mask=live, other=0)
-    packed = tl.load(page_ptr + off[:, None] + half[None, :], mask=live[:, None], other=0).to(tl.int32)
-    keys = tl.reshape(tl.join(e2m1_to_float(packed & 0xF), e2m1_to_float((packed >> 4) & 0xF)), (NB, DI))
-    sbytes = tl.load(page_ptr + soff[:, None] + (d // 32)[None, :], mask=live[:, None], other=127)
-    keys = keys * tl.exp2(sbytes.to(tl.float32) - 127.0)
-    if BF16:
-        keys = keys.to(tl.bfloat16)
+    rj, live, keys = _entry_block(page_ptr, k_off + run * skr, k_soff + run * skr, pid_n, N, NB, DI, BF16)
     acc = tl.zeros((QB, NB), tl.float32)
     for h in range(0, HI):
         if TMA:
@@ -75,6 +106,33 @@ def _indexer_kernel(q_ptr, w_ptr, vis_ptr, page_ptr, k_off, k_soff, o_ptr, first
     tl.store(o_ptr + rq[:, None] * son + rj[None, :], acc, mask=in_run[:, None] & live[None, :])
 
 
+@triton.jit(do_not_specialize=["n", "N", "son", "skr"])  # one compile for every count (fewer to warm)
+def _indexer_few_kernel(q_ptr, w_ptr, vis_ptr, page_ptr, k_off, k_soff, o_ptr, first_ptr, count_ptr, n, N, HI,
+                        sqn, sqh, swn, son, skr, DI: tl.constexpr, QN: tl.constexpr, NB: tl.constexpr,
+                        RUNS: tl.constexpr, BF16: tl.constexpr):
+    """_indexer_kernel for runs of at most QN queries (a decode step's verify blocks), with the
+    entries as the dot's rows: program (entry block, run) scores NB entries for all of the
+    run's queries. With the queries as the dot's rows (the short tiles) a verify block's 6
+    pad to 16; here they pad to 8, half the tensor cores' work. The sum over heads runs in
+    the same order, so a score is the short tiles' bit for bit where the dots are exact."""
+    pid_n = tl.program_id(0)
+    run, _, rq, in_run = _run_rows(first_ptr, count_ptr, n, 0, QN, 1, RUNS)
+    d = tl.arange(0, DI)
+    rj, live, keys = _entry_block(page_ptr, k_off + run * skr, k_soff + run * skr, pid_n, N, NB, DI, BF16)
+    acc = tl.zeros((NB, QN), tl.float32)
+    for h in range(0, HI):
+        q = tl.load(q_ptr + rq[:, None] * sqn + h * sqh + d[None, :], mask=in_run[:, None], other=0.0)
+        w = tl.load(w_ptr + rq * swn + h, mask=in_run, other=0.0)
+        if BF16:
+            logits = tl.dot(keys, tl.trans(q))
+        else:
+            logits = dot_exact_lhs(keys, tl.trans(q.to(tl.float32)), tl.zeros((NB, QN), tl.float32))
+        acc += tl.maximum(logits, 0.0) * w[None, :]
+    visible = tl.load(vis_ptr + rq, mask=in_run, other=0)
+    acc = tl.where(rj[:, None] < visible[None, :], acc, float("-inf"))
+    tl.store(o_ptr + rq[None, :] * son + rj[:, None], acc, mask=live[:, None] & in_run[None, :])
+
+
 # (queries, entries, warps) per program: decode-sized runs, and runs of TALL_RUN rows and more
 # (prefill), whose 64-query blocks take the Hopper tensor-core instructions (wgmma). Tall
 # tiles on the H200 (2026-12-02, bench/h200.py --indexer-tiles, 32 heads of 128, 128 queries
@@ -82,6 +140,14 @@ def _indexer_kernel(q_ptr, w_ptr, vis_ptr, page_ptr, k_off, k_soff, o_ptr, first
 # (580 TFLOP/s); two warpgroups 2,363; 128 x 128 on two 2,353-2,455, 64 x 64 on one 2,363.
 TILES = {"short": (16, 64, 4), "tall": (64, 128, 4)}
 TALL_RUN = 256
+# Runs of at most FEW_QUERIES rows (decode) take _indexer_few_kernel, in (entries, warps) a
+# program of FEW_TILES: "wide" where that gives every SM a program (FEW_WIDE_PROGRAMS, the
+# H200's 132), else "narrow". H200, 6 queries a run (bench/indexer_decode.py): 1M entries
+# 500 us at 128 a program, 607 at 64, 1,162 at 32; 4,096 entries 15.7, 13.0, 11.8 us alone
+# and 23.5, 24.4, 42.7 us for 8 runs.
+FEW_QUERIES = 16
+FEW_TILES = {"wide": (128, 4), "narrow": (32, 4)}
+FEW_WIDE_PROGRAMS = 132
 QUERY_TILES_BY_TMA = True  # off: tall tiles read the queries by pointers (bench/h200.py times both)
 
 
@@ -100,7 +166,10 @@ def indexer_scores(q: torch.Tensor, w: torch.Tensor, visible: torch.Tensor, page
     for several: each run's queries score its own row of entries (one launch for a batch). A
     query's score of an entry is computed the same way in either form, bit for bit, and in
     any slice of a run's rows: the tiles depend on `tall` (the run has TALL_RUN rows or more,
-    whichever of them are scored now) and `tiles` only.
+    whichever of them are scored now), `tiles`, and whether the runs have FEW_QUERIES rows at
+    most; the last two give the same scores bit for bit where a dot is exact (FP4-quantized
+    queries: a dot's products have 4 significant bits, and their sum fits fp32 unless a
+    query's and a key's block scales together span more than 11 binades).
     exact_in_bf16: the caller knows every query value is a bf16 value (FP4-quantized, with
     power-of-two scales): the GPU then dots them in one bf16 pass, not three TF32 ones."""
     n, heads, dim = q.shape
@@ -114,6 +183,10 @@ def indexer_scores(q: torch.Tensor, w: torch.Tensor, visible: torch.Tensor, page
     q = (q.to(torch.bfloat16) if bf16 else q).contiguous()
     w, visible = _on_16_bytes(w.float().contiguous()), _on_16_bytes(visible.to(torch.int64).contiguous())
     key_offsets, key_scale_offsets = key_offsets.contiguous(), key_scale_offsets.contiguous()
+    most = n if runs is None else runs[2]
+    if tiles is None and not tall and most <= FEW_QUERIES:
+        _few_queries(q, w, visible, pages, key_offsets, key_scale_offsets, out, runs, most, bf16)
+        return out
     qb, nb, warps = tiles or TILES["tall" if tall else "short"]
     if runs is None:
         first = count = visible  # unused
@@ -131,19 +204,43 @@ def indexer_scores(q: torch.Tensor, w: torch.Tensor, visible: torch.Tensor, page
     return out
 
 
+def _few_queries(q, w, visible, pages, key_offsets, key_scale_offsets, out, runs, most: int, bf16: bool) -> None:
+    """indexer_scores' launch for runs of at most FEW_QUERIES rows (_indexer_few_kernel)."""
+    n, heads, dim = q.shape
+    N = key_offsets.shape[-1]
+    first, count = (visible, visible) if runs is None else runs[:2]  # (unused without runs)
+    launches = 1 if runs is None else key_offsets.shape[0]
+    nb, warps = few_tiles(N, launches)
+    grid = (triton.cdiv(N, nb), launches)
+    _indexer_few_kernel[grid](q, w, visible, pages, key_offsets, key_scale_offsets, out, first, count, n, N, heads,
+                              q.stride(0), q.stride(1), w.stride(0), out.stride(0), key_offsets.stride(0), DI=dim,
+                              QN=max(8, triton.next_power_of_2(most)), NB=nb, RUNS=runs is not None, BF16=bf16,
+                              num_warps=warps)
+
+
+def few_tiles(entries: int, runs: int) -> tuple[int, int]:
+    """The few-query form's (entries, warps) a program for `runs` runs of `entries` entries."""
+    wide = FEW_TILES["wide"]
+    return wide if triton.cdiv(entries, wide[0]) * runs >= FEW_WIDE_PROGRAMS else FEW_TILES["narrow"]
+
+
 def warm_up_counts() -> list[tuple[int, int]]:
     """(queries, entries) of the launches scores_warm_up makes: queries 1, a multiple of 16 and
     neither, entries of both kinds, as Triton specializes integer arguments (a tall run of
     TALL_RUN rows sees at least TALL_RUN / 2 entries, never 1: the sources' ratios are 1 and
     2). A long prompt's score slices are 2^27 / entries rows (indexer._SCORE_BUDGET): at
-    24,576 entries a 16,384-row run is cut into slices of 5,461 rows and a last one of 1."""
-    return [(n, N) for n in (1, 16, 17) for N in (16, 17)]
+    24,576 entries a 16,384-row run is cut into slices of 5,461 rows and a last one of 1.
+    Up to FEW_QUERIES rows a run the few-query form takes them (at 8 and 16 query columns:
+    1 and 9 rows, and two runs of 8 and of 8 and 9; scores_warm_up adds launches wide
+    enough for its wide tiles), the short tiles from 17 (alone 17 and 32, two runs of 17 and
+    of 24)."""
+    return [(n, N) for n in (1, 9, 16, 17, 32, 34, 48) for N in (16, 17)]
 
 
 def scores_warm_up(device: torch.device, heads: int, dim: int) -> None:
-    """Compile the scoring tiles (FP4-quantized queries), tall (prefill) and short, for every
-    specialization of warm_up_counts, before a worker serves; and the short tiles' batched
-    form (a decode batch's runs in one launch, index_runs), whose rows are never 1. H200,
+    """Compile the scoring tiles (FP4-quantized queries), tall (prefill), short and few-query,
+    for every specialization of warm_up_counts, before a worker serves; and the batched forms
+    (a decode batch's runs in one launch, index_runs), whose rows are never 1. H200,
     2026-12-02: after the two-prompt warm-up, a 1M-token prefill on an empty Triton cache still
     compiled the tall tiles four times, ~5 s, three of them in its first 64K tokens; with them
     warmed, the short tiles once (0.7 s, 16 queries of 16 entries, in its last step). The
@@ -159,7 +256,12 @@ def scores_warm_up(device: torch.device, heads: int, dim: int) -> None:
             offsets = torch.zeros(N, dtype=torch.long, device=device)
             indexer_scores(q[:n], w[:n], torch.full((n,), N, device=device), pages, offsets, offsets,
                            exact_in_bf16=True, tall=tall)
-    for n, N in warm_up_counts():
+    wide = FEW_TILES["wide"][0] * FEW_WIDE_PROGRAMS  # the few-query form's wide tiles (one run)
+    for n in (1, 9):  # 8 and 16 query columns
+        offsets = torch.zeros(wide, dtype=torch.long, device=device)
+        indexer_scores(q[:n], w[:n], torch.full((n,), wide, device=device), pages, offsets, offsets,
+                       exact_in_bf16=True)
+    for n, N in warm_up_counts() + [(16, wide), (17, wide)]:
         if n > 1:  # two runs, the second from row n // 2
             offsets = torch.zeros(2, N, dtype=torch.long, device=device)
             first = torch.tensor([0, n // 2], device=device)

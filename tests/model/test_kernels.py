@@ -750,6 +750,41 @@ def test_indexer_scores_of_several_runs_in_one_launch_equal_each_alone(paged, qu
         assert torch.isneginf(got[rows, t:]).all()
 
 
+@pytest.mark.parametrize("wide", [False, True])
+@pytest.mark.parametrize("rows", [1, 6, 9, 16])
+def test_few_query_runs_score_as_the_short_tiles_do(paged, rows, wide, monkeypatch):
+    """Runs of up to FEW_QUERIES rows (decode) take the few-query form, the entries as the
+    dot's rows: with FP4-quantized queries (the model's) its scores are the short tiles' bit
+    for bit, alone and batched, in its narrow and wide tiles, as it sums the heads in their
+    order and the dots are exact."""
+    from dsflash.model.kernels import indexer_score
+    from dsflash.model.kernels.indexer_score import TILES
+
+    monkeypatch.setattr(indexer_score, "FEW_WIDE_PROGRAMS", 1 if wide else 1 << 30)
+
+    g = _g(12)
+    cache, source = paged, 7
+    total = cache.num_entries(source)
+    q = fake_quant_fp4(torch.randn(2 * rows, 16, 32, generator=g), 32)
+    w, visible = torch.randn(2 * rows, 16, generator=g), torch.randint(0, total + 1, (2 * rows,), generator=g)
+    k_off, k_soff = cache.entry_offsets(source, torch.arange(total), kind="key")
+    dev = lambda t: t.to(DEVICE)  # noqa: E731
+    pages = dev(cache.pool.pages_buffer)
+    for tiles in (None, TILES["short"]):
+        got = indexer_scores(dev(q[:rows]), dev(w[:rows]), dev(visible[:rows]), pages, dev(k_off), dev(k_soff),
+                             exact_in_bf16=True, tiles=tiles).cpu()
+        runs = (dev(torch.tensor([0, rows])), dev(torch.tensor([rows, rows])), rows)
+        both = indexer_scores(dev(q), dev(w), dev(visible), pages, dev(k_off.expand(2, -1)),
+                              dev(k_soff.expand(2, -1)), runs, exact_in_bf16=True, tiles=tiles).cpu()
+        if tiles is None:
+            few, few_both = got, both
+    assert torch.equal(few, got) and torch.equal(few_both, both) and torch.equal(few, both[:rows])
+    ref = indexer_scores_ref(q[:rows], cache.index_keys(source), w[:rows], visible[:rows])
+    finite = torch.isfinite(ref)
+    assert torch.equal(finite, torch.isfinite(few))
+    assert (few[finite] - ref[finite]).abs().max() < REL * ref[finite].abs().max() + 1e-5
+
+
 def test_indexer_scores_launch_on_16_byte_pointers_from_any_row_slice(paged, monkeypatch):
     """A slice of a long run's rows (w and visible start at any row) reaches the kernel on
     16-byte aligned pointers, as the warm-up's launches do: Triton specializes on it, so
@@ -764,23 +799,28 @@ def test_indexer_scores_launch_on_16_byte_pointers_from_any_row_slice(paged, mon
     k_off, k_soff = cache.entry_offsets(source, torch.arange(N), kind="key")
     pages = cache.pool.pages_buffer.to(DEVICE)
     pointers = []
-    kernel = indexer_score._indexer_kernel
 
     class Recording:
+        def __init__(self, kernel):
+            self.kernel = kernel
+
         def __getitem__(self, grid):
             def launch(*args, **kw):
                 pointers.extend(a.data_ptr() for a in args if isinstance(a, torch.Tensor))
-                return kernel[grid](*args, **kw)
+                return self.kernel[grid](*args, **kw)
             return launch
 
     want = indexer_score.indexer_scores(*(t.to(DEVICE) for t in (q, w, visible)), pages, k_off.to(DEVICE),
                                         k_soff.to(DEVICE)).cpu()
-    monkeypatch.setattr(indexer_score, "_indexer_kernel", Recording())
+    for name in ("_indexer_kernel", "_indexer_few_kernel"):
+        monkeypatch.setattr(indexer_score, name, Recording(getattr(indexer_score, name)))
     lo = 1  # w's rows of 3 fp32 and visible's int64 start off 16 bytes here
-    got = indexer_score.indexer_scores(*(t.to(DEVICE)[lo:] for t in (q, w, visible)), pages, k_off.to(DEVICE),
-                                       k_soff.to(DEVICE)).cpu()
-    assert pointers and all(p % 16 == 0 for p in pointers)
-    torch.testing.assert_close(got, want[lo:])  # (the interpreter's matmul may round per shape)
+    for tiles in (None, indexer_score.TILES["short"]):  # the few-query form (8 rows), the short tiles
+        pointers.clear()
+        got = indexer_score.indexer_scores(*(t.to(DEVICE)[lo:] for t in (q, w, visible)), pages, k_off.to(DEVICE),
+                                           k_soff.to(DEVICE), tiles=tiles).cpu()
+        assert pointers and all(p % 16 == 0 for p in pointers)
+        torch.testing.assert_close(got, want[lo:])  # (the interpreter's matmul may round per shape)
 
 
 def test_the_scores_warm_up_meets_every_specialization_of_its_counts():
@@ -808,8 +848,37 @@ def test_the_scores_warm_up_meets_every_specialization_of_its_counts():
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(indexer_score, "indexer_scores", scores)
         indexer_score.scores_warm_up(torch.device(DEVICE), 4, 32)
+    wide = indexer_score.FEW_TILES["wide"][0] * indexer_score.FEW_WIDE_PROGRAMS
     assert launched == ([(n, N, tall, False) for tall in (True, False) for n, N in counts]
-                        + [(n, N, False, True) for n, N in counts if n > 1])
+                        + [(n, wide, False, False) for n in (1, 9)]
+                        + [(n, N, False, True) for n, N in counts + [(16, wide), (17, wide)] if n > 1])
+
+
+def test_the_scores_warm_up_compiles_every_form(monkeypatch):
+    """The warm-up reaches each form a worker launches, alone and batched: the few-query form
+    at 8 and 16 query columns in its wide and narrow tiles, the short tiles and the tall ones."""
+    from dsflash.model.kernels import indexer_score
+
+    forms = set()
+
+    class Recording:
+        def __init__(self, name, kernel):
+            self.name, self.kernel = name, kernel
+
+        def __getitem__(self, grid):
+            def launch(*args, **kw):
+                forms.add((self.name, kw.get("QN", kw.get("QB")), kw["NB"], kw["RUNS"]))
+                return self.kernel[grid](*args, **kw)
+            return launch
+
+    for name in ("_indexer_kernel", "_indexer_few_kernel"):
+        monkeypatch.setattr(indexer_score, name, Recording(name, getattr(indexer_score, name)))
+    indexer_score.scores_warm_up(torch.device(DEVICE), 4, 32)
+    short, tall = indexer_score.TILES["short"], indexer_score.TILES["tall"]
+    few = {tiles[0] for tiles in indexer_score.FEW_TILES.values()}
+    few_forms = {("_indexer_few_kernel", qn, nb, runs) for qn in (8, 16) for nb in few for runs in (False, True)}
+    assert forms == few_forms | {("_indexer_kernel", *short[:2], False), ("_indexer_kernel", *short[:2], True),
+        ("_indexer_kernel", *tall[:2], False)}
 
 
 def test_a_batch_on_the_kernel_path_matches_its_runs_alone(golden_dir, golden, monkeypatch):

@@ -1,0 +1,98 @@
+"""The indexer's scores at decode shapes (a verify block of 6 queries a request against a long
+context's index keys): the few-query form (entries as the dot's rows) in its shipped tiles
+(indexer_score.few_tiles) and in each tile asked for, against the short tiles the decode rows
+took before, each next to its limits (the keys' bytes at HBM speed, the FLOPs at bf16's). Queries are
+FP4-quantized as the model's are (one bf16 pass), so every form's scores must match the short
+tiles' bit for bit; the table says so per row. With --tall, a prefill slice's tall tiles too
+(128 queries).
+
+    python bench/indexer_decode.py [--entries 1048576,524288] [--requests 1,8] [--rows 6] \\
+        [--few-tiles 64,4;128,4;32,4] [--tall]
+"""
+from __future__ import annotations
+
+import argparse
+import pathlib
+import sys
+
+import torch
+
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+import h200  # noqa: E402
+
+HEADS, DIM = 32, 128  # the bench preset's (and the release's) indexer heads
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--entries", default="1048576,524288,4096")
+    parser.add_argument("--requests", default="1,8")
+    parser.add_argument("--rows", type=int, default=6, help="queries a request (a verify block)")
+    parser.add_argument("--few-tiles", default="64,4;128,4;32,4", help="';'-separated entries,warps a program")
+    parser.add_argument("--tall", action="store_true", help="also 128 queries in prefill's tall tiles")
+    args = parser.parse_args()
+    from dsflash.model.kernels import indexer_score
+    from dsflash.model.kernels.indexer_score import TILES, indexer_scores
+    from dsflash.model.quant import fake_quant_fp4
+
+    dev = "cuda"
+    g = torch.Generator(device=dev).manual_seed(0)
+    few_tiles = [tuple(int(v) for v in t.split(",")) for t in args.few_tiles.split(";") if t]
+    for entries in (int(e) for e in args.entries.split(",")):
+        pages, k_off, k_soff = h200.index_key_pages(entries, dev)
+        for requests in (int(r) for r in args.requests.split(",")):
+            n = requests * args.rows
+            q = fake_quant_fp4(torch.randn(n, HEADS, DIM, device=dev, generator=g), 32)
+            w = torch.randn(n, HEADS, device=dev, generator=g)
+            visible = torch.full((n,), entries, device=dev)
+            if requests == 1:
+                tables = (k_off, k_soff)
+                runs = None
+            else:  # every request its own row of the tables (the same keys here)
+                tables = (k_off.expand(requests, -1).contiguous(), k_soff.expand(requests, -1).contiguous())
+                first = torch.arange(requests, device=dev) * args.rows
+                runs = (first, torch.full((requests,), args.rows, device=dev), args.rows)
+            nbytes = requests * entries * 68 + n * entries * 4  # keys a request, scores out
+            flops = 2 * n * HEADS * DIM * entries
+            limit = max(nbytes / h200.HBM_BPS, flops / h200.BF16_FLOPS)
+
+            def scores(tiles=None):
+                return indexer_scores(q, w, visible, pages, *tables, runs, exact_in_bf16=True, tiles=tiles)
+
+            want = scores(TILES["short"])
+            forms = [("short", lambda: scores(TILES["short"]))]
+            forms.append(("few", scores))  # the shipped choice (indexer_score.few_tiles)
+            for nb, warps in few_tiles:
+                def few(nb=nb, warps=warps):
+                    shipped = indexer_score.FEW_TILES
+                    indexer_score.FEW_TILES = {"wide": (nb, warps), "narrow": (nb, warps)}
+                    try:
+                        return scores()
+                    finally:
+                        indexer_score.FEW_TILES = shipped
+                forms.append((f"few_{nb}x{warps}", few))
+            for label, fn in forms:
+                t = h200.graph_time(fn)
+                same = torch.equal(fn(), want)
+                h200.record("indexer_decode", f"N{entries}_R{requests}x{args.rows}_{label}",
+                            {"us": t * 1e6, "limit_us": limit * 1e6, "ratio": t / limit, "bitwise_short": same})
+        if args.tall:
+            tall_rows(pages, k_off, k_soff, entries, g)
+
+
+def tall_rows(pages, k_off, k_soff, entries: int, g: torch.Generator, n: int = 128) -> None:
+    """A prefill slice's 128 queries in the tall tiles."""
+    from dsflash.model.kernels.indexer_score import indexer_scores
+    from dsflash.model.quant import fake_quant_fp4
+
+    q = fake_quant_fp4(torch.randn(n, HEADS, DIM, device="cuda", generator=g), 32)
+    w = torch.randn(n, HEADS, device="cuda", generator=g)
+    visible = torch.full((n,), entries, device="cuda")
+    flops = 2 * n * HEADS * DIM * entries
+    t = h200.cuda_time(lambda: indexer_scores(q, w, visible, pages, k_off, k_soff, exact_in_bf16=True, tall=True),
+                       iters=5)
+    h200.record("indexer_decode", f"N{entries}_n{n}_tall",
+                {"us": t * 1e6, "TFLOPs": flops / t / 1e12, "ratio_to_bf16": t / (flops / h200.BF16_FLOPS)})
+
+if __name__ == "__main__":
+    main()
