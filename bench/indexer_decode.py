@@ -62,6 +62,15 @@ def main() -> None:
             want = scores(TILES["short"])
             forms = [("short", lambda: scores(TILES["short"]))]
             forms.append(("few", scores))  # the shipped choice (indexer_score.few_tiles)
+
+            def sixteen_columns():
+                shipped = indexer_score.FEW_MIN_COLUMNS
+                indexer_score.FEW_MIN_COLUMNS = 16
+                try:
+                    return scores()
+                finally:
+                    indexer_score.FEW_MIN_COLUMNS = shipped
+            forms.append(("few_16_columns", sixteen_columns))
             for nb, warps in few_tiles:
                 def few(nb=nb, warps=warps):
                     shipped = indexer_score.FEW_TILES

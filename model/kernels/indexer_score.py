@@ -148,6 +148,11 @@ TALL_RUN = 256
 FEW_QUERIES = 16
 FEW_TILES = {"wide": (128, 4), "narrow": (32, 4)}
 FEW_WIDE_PROGRAMS = 132
+# The fewest query columns a dot takes (a run's rows pad up to a power of two at least this).
+# At 8, Triton 3.6 compiles the dot to mma.sync with ~90 register moves a head; at 16, to
+# wgmma with none (bench/kernel_resources.py --kernel indexer_few --variants ";QN=16"): not
+# yet timed against each other (a switch for bench/decode_ab.py and bench/indexer_decode.py).
+FEW_MIN_COLUMNS = 8
 QUERY_TILES_BY_TMA = True  # off: tall tiles read the queries by pointers (bench/h200.py times both)
 
 
@@ -214,8 +219,8 @@ def _few_queries(q, w, visible, pages, key_offsets, key_scale_offsets, out, runs
     grid = (triton.cdiv(N, nb), launches)
     _indexer_few_kernel[grid](q, w, visible, pages, key_offsets, key_scale_offsets, out, first, count, n, N, heads,
                               q.stride(0), q.stride(1), w.stride(0), out.stride(0), key_offsets.stride(0), DI=dim,
-                              QN=max(8, triton.next_power_of_2(most)), NB=nb, RUNS=runs is not None, BF16=bf16,
-                              num_warps=warps)
+                              QN=max(FEW_MIN_COLUMNS, triton.next_power_of_2(most)), NB=nb, RUNS=runs is not None,
+                              BF16=bf16, num_warps=warps)
 
 
 def few_tiles(entries: int, runs: int) -> tuple[int, int]:

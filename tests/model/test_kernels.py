@@ -750,17 +750,18 @@ def test_indexer_scores_of_several_runs_in_one_launch_equal_each_alone(paged, qu
         assert torch.isneginf(got[rows, t:]).all()
 
 
-@pytest.mark.parametrize("wide", [False, True])
+@pytest.mark.parametrize("wide, columns", [(False, 8), (True, 8), (True, 16)])
 @pytest.mark.parametrize("rows", [1, 6, 9, 16])
-def test_few_query_runs_score_as_the_short_tiles_do(paged, rows, wide, monkeypatch):
+def test_few_query_runs_score_as_the_short_tiles_do(paged, rows, wide, columns, monkeypatch):
     """Runs of up to FEW_QUERIES rows (decode) take the few-query form, the entries as the
     dot's rows: with FP4-quantized queries (the model's) its scores are the short tiles' bit
-    for bit, alone and batched, in its narrow and wide tiles, as it sums the heads in their
-    order and the dots are exact."""
+    for bit, alone and batched, in its narrow and wide tiles and at 8 or 16 query columns at
+    least, as it sums the heads in their order and the dots are exact."""
     from dsflash.model.kernels import indexer_score
     from dsflash.model.kernels.indexer_score import TILES
 
     monkeypatch.setattr(indexer_score, "FEW_WIDE_PROGRAMS", 1 if wide else 1 << 30)
+    monkeypatch.setattr(indexer_score, "FEW_MIN_COLUMNS", columns)
 
     g = _g(12)
     cache, source = paged, 7
@@ -876,7 +877,8 @@ def test_the_scores_warm_up_compiles_every_form(monkeypatch):
     indexer_score.scores_warm_up(torch.device(DEVICE), 4, 32)
     short, tall = indexer_score.TILES["short"], indexer_score.TILES["tall"]
     few = {tiles[0] for tiles in indexer_score.FEW_TILES.values()}
-    few_forms = {("_indexer_few_kernel", qn, nb, runs) for qn in (8, 16) for nb in few for runs in (False, True)}
+    columns = {max(indexer_score.FEW_MIN_COLUMNS, 8), 16}
+    few_forms = {("_indexer_few_kernel", qn, nb, runs) for qn in columns for nb in few for runs in (False, True)}
     assert forms == few_forms | {("_indexer_kernel", *short[:2], False), ("_indexer_kernel", *short[:2], True),
         ("_indexer_kernel", *tall[:2], False)}
 
