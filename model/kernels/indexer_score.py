@@ -188,6 +188,8 @@ def indexer_scores(q: torch.Tensor, w: torch.Tensor, visible: torch.Tensor, page
     q = (q.to(torch.bfloat16) if bf16 else q).contiguous()
     w, visible = _on_16_bytes(w.float().contiguous()), _on_16_bytes(visible.to(torch.int64).contiguous())
     key_offsets, key_scale_offsets = key_offsets.contiguous(), key_scale_offsets.contiguous()
+    if runs is not None:  # rows of one small table (index_runs): with an odd run count, one starts off 16 bytes
+        runs = (_on_16_bytes(runs[0].contiguous()), _on_16_bytes(runs[1].contiguous()), runs[2])
     most = n if runs is None else runs[2]
     if tiles is None and not tall and most <= FEW_QUERIES:
         _few_queries(q, w, visible, pages, key_offsets, key_scale_offsets, out, runs, most, bf16)

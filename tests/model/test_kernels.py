@@ -787,9 +787,10 @@ def test_few_query_runs_score_as_the_short_tiles_do(paged, rows, wide, columns, 
 
 
 def test_indexer_scores_launch_on_16_byte_pointers_from_any_row_slice(paged, monkeypatch):
-    """A slice of a long run's rows (w and visible start at any row) reaches the kernel on
-    16-byte aligned pointers, as the warm-up's launches do: Triton specializes on it, so
-    other pointers would compile the kernel again inside a prompt. The same scores."""
+    """A slice of a long run's rows (w and visible start at any row), and a batch's run table
+    of an odd count of runs, reach the kernel on 16-byte aligned pointers, as the warm-up's
+    launches do: Triton specializes on it, so other pointers would compile the kernel again
+    inside a prompt or a decode step. The same scores."""
     from dsflash.model.kernels import indexer_score
 
     g = _g(11)
@@ -822,6 +823,15 @@ def test_indexer_scores_launch_on_16_byte_pointers_from_any_row_slice(paged, mon
                                            k_soff.to(DEVICE), tiles=tiles).cpu()
         assert pointers and all(p % 16 == 0 for p in pointers)
         torch.testing.assert_close(got, want[lo:])  # (the interpreter's matmul may round per shape)
+        # three runs, their first rows and counts rows of one int64 table as index_runs makes
+        # it: the counts' row starts 72 bytes in
+        table = torch.tensor([[0, 0, 0], [0, 0, 0], [0, 3, 6], [3, 3, 2]], device=DEVICE)
+        pointers.clear()
+        batched = indexer_score.indexer_scores(*(t.to(DEVICE)[lo:] for t in (q, w, visible)), pages,
+                                               k_off.to(DEVICE).expand(3, -1), k_soff.to(DEVICE).expand(3, -1),
+                                               (table[2], table[3], 3), tiles=tiles).cpu()
+        assert table[3].data_ptr() % 16 and pointers and all(p % 16 == 0 for p in pointers)
+        torch.testing.assert_close(batched, want[lo:])
 
 
 def test_the_scores_warm_up_meets_every_specialization_of_its_counts():
