@@ -36,10 +36,11 @@ def _e2m1_times(codes, scale):
 @triton.jit
 def _entry_block(page_ptr, k_off, k_soff, block, N, NB: tl.constexpr, DI: tl.constexpr, BF16: tl.constexpr):
     """(entries rj of block `block` of NB, whether each is one of the N, their index keys
-    [NB, DI] decoded from their pages, zeros past N): the keys bf16 with BF16 (exact: e2m1 codes times a power of two), else fp32. Each block's scale is
-    made once ([NB, DI / 32]), not once a column as before (H200, 6 queries against 1M keys:
-    1,764 -> 837 us in the short tiles). Byte loads, though keys start on 16 bytes in the
-    pools' layouts: 16-byte loads (tl.multiple_of on the offsets) took 1,676 us there."""
+    [NB, DI] decoded from their pages, zeros past N): the keys bf16 with BF16 (exact: e2m1
+    codes times a power of two), else fp32. Each block's scale is made once ([NB, DI / 32]),
+    not once a column as before (H200, 6 queries against 1M keys: 1,764 -> 837 us in the
+    short tiles). Byte loads: 16-byte loads of a block's codes (tl.multiple_of on the
+    offsets, which the release's layout allows) took 1,676 us there."""
     SB: tl.constexpr = DI // 32
     rj = block * NB + tl.arange(0, NB)
     live = rj < N
