@@ -188,6 +188,35 @@ def test_a_batch_of_caches_appends_entries_as_each_alone(golden_model):
     assert torch.equal(together[1]._keys[source], alone[1]._keys[source])
 
 
+@pytest.mark.parametrize("requests", [2, 3])
+def test_a_batchs_index_key_tables_start_each_row_on_16_bytes(golden_model, requests):
+    """The indexer's tables of a batch (model/layers/indexer.py, _key_tables): every run's key
+    offsets, first row and row count, with each row of the run table on 16 bytes for an odd
+    count of runs too (the scoring kernels are compiled for aligned pointers at warm-up)."""
+    from dsflash.model.batch import SeqRun
+    from dsflash.model.layers.indexer import _key_tables
+
+    g = torch.Generator().manual_seed(7)
+    pool = _pool(golden_model.config, pages=60, page_entries=4)
+    source = pool.layout.sources[0]
+    caches = [PagedCache(pool, golden_model.config) for _ in range(requests)]
+    totals = [3 + 4 * i for i in range(requests)]
+    kv, keys, packed = _random_entries(pool.layout, sum(totals), g)
+    PagedCache.entries_append_runs(source, list(zip(caches, totals)), kv, keys, packed)
+    runs, offset = [], 0
+    for i, cache in enumerate(caches):
+        runs.append(SeqRun(cache, torch.zeros(6, dtype=torch.long), 100, [], offset=offset))
+        offset += 6
+    off, soff, first, count = _key_tables(runs, source, totals, torch.device("cpu"))
+    assert first.tolist() == [6 * i for i in range(requests)] and count.tolist() == [6] * requests
+    assert first.data_ptr() % 16 == 0 and count.data_ptr() % 16 == 0
+    for r, (cache, total) in enumerate(zip(caches, totals)):
+        own = cache.entry_offsets(source, torch.arange(total), kind="key")
+        assert torch.equal(off[r, :total], own[0]) and torch.equal(soff[r, :total], own[1])
+    for cache in caches:
+        cache.release()
+
+
 def test_a_batch_of_caches_stores_ring_rows_as_each_alone(golden_model):
     """The drafter's rings of a whole decode batch are written at once: slots and ring spans
     come out as with one ring_store per cache, also for more rows than the ring holds."""
