@@ -7,7 +7,7 @@ tiles' bit for bit; the table says so per row. With --tall, a prefill slice's ta
 (128 queries).
 
     python bench/indexer_decode.py [--entries 1048576,524288] [--requests 1,8] [--rows 6] \\
-        [--few-tiles 64,4;128,4;32,4] [--tall]
+        [--few-tiles 64,4;128,4;32,4] [--tall] [--device cpu]
 """
 from __future__ import annotations
 
@@ -30,12 +30,15 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=6, help="queries a request (a verify block)")
     parser.add_argument("--few-tiles", default="64,4;128,4;32,4", help="';'-separated entries,warps a program")
     parser.add_argument("--tall", action="store_true", help="also 128 queries in prefill's tall tiles")
+    parser.add_argument("--device", default="cuda", help="cpu (TRITON_INTERPRET=1): a smoke test, no timings")
     args = parser.parse_args()
     from dsflash.model.kernels import indexer_score
     from dsflash.model.kernels.indexer_score import TILES, indexer_scores
     from dsflash.model.quant import fake_quant_fp4
 
-    dev = "cuda"
+    dev = args.device
+    if dev == "cpu":  # the interpreter: run every form once, time nothing
+        h200.graph_time = h200.cuda_time = lambda fn, **_: (fn(), float("nan"))[1]
     g = torch.Generator(device=dev).manual_seed(0)
     few_tiles = [tuple(int(v) for v in t.split(",")) for t in args.few_tiles.split(";") if t]
     for entries in (int(e) for e in args.entries.split(",")):
@@ -86,17 +89,17 @@ def main() -> None:
                 h200.record("indexer_decode", f"N{entries}_R{requests}x{args.rows}_{label}",
                             {"us": t * 1e6, "limit_us": limit * 1e6, "ratio": t / limit, "bitwise_short": same})
         if args.tall:
-            tall_rows(pages, k_off, k_soff, entries, g)
+            tall_rows(pages, k_off, k_soff, entries, g, dev)
 
 
-def tall_rows(pages, k_off, k_soff, entries: int, g: torch.Generator, n: int = 128) -> None:
+def tall_rows(pages, k_off, k_soff, entries: int, g: torch.Generator, dev: str, n: int = 128) -> None:
     """A prefill slice's 128 queries in the tall tiles."""
     from dsflash.model.kernels.indexer_score import indexer_scores
     from dsflash.model.quant import fake_quant_fp4
 
-    q = fake_quant_fp4(torch.randn(n, HEADS, DIM, device="cuda", generator=g), 32)
-    w = torch.randn(n, HEADS, device="cuda", generator=g)
-    visible = torch.full((n,), entries, device="cuda")
+    q = fake_quant_fp4(torch.randn(n, HEADS, DIM, device=dev, generator=g), 32)
+    w = torch.randn(n, HEADS, device=dev, generator=g)
+    visible = torch.full((n,), entries, device=dev)
     flops = 2 * n * HEADS * DIM * entries
     t = h200.cuda_time(lambda: indexer_scores(q, w, visible, pages, k_off, k_soff, exact_in_bf16=True, tall=True),
                        iters=5)
