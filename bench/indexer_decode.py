@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import pathlib
 import sys
+from unittest import mock
 
 import torch
 
@@ -66,23 +67,14 @@ def main() -> None:
             forms = [("short", lambda: scores(TILES["short"]))]
             forms.append(("few", scores))  # the shipped choice (indexer_score.few_tiles)
 
-            def sixteen_columns():
-                shipped = indexer_score.FEW_MIN_COLUMNS
-                indexer_score.FEW_MIN_COLUMNS = 16
-                try:
-                    return scores()
-                finally:
-                    indexer_score.FEW_MIN_COLUMNS = shipped
-            forms.append(("few_16_columns", sixteen_columns))
-            for nb, warps in few_tiles:
-                def few(nb=nb, warps=warps):
-                    shipped = indexer_score.FEW_TILES
-                    indexer_score.FEW_TILES = {"wide": (nb, warps), "narrow": (nb, warps)}
-                    try:
+            def patched(attribute, value):  # the shipped form with one of its settings changed
+                def run():
+                    with mock.patch.object(indexer_score, attribute, value):
                         return scores()
-                    finally:
-                        indexer_score.FEW_TILES = shipped
-                forms.append((f"few_{nb}x{warps}", few))
+                return run
+            forms.append(("few_16_columns", patched("FEW_MIN_COLUMNS", 16)))
+            forms += [(f"few_{nb}x{warps}", patched("FEW_TILES", {"wide": (nb, warps), "narrow": (nb, warps)}))
+                      for nb, warps in few_tiles]
             for label, fn in forms:
                 t = h200.graph_time(fn)
                 same = torch.equal(fn(), want)

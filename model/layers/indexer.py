@@ -190,10 +190,9 @@ def _key_tables(runs: list[SeqRun], source: int, totals: list[int], device
     never scored), and each run's first row and rows; built once per forward and entry count."""
     def build():
         table, firsts = tables_end_to_end([run.cache.device_table(source) for run in runs])
-        R = len(runs)
-        pad = [0] * (R % 2)  # rows of an even count of int64: each starts on 16 bytes, as the kernels were warmed
-        meta = to_device(torch.tensor([firsts + pad, [t - 1 for t in totals] + pad, [run.offset for run in runs] + pad,
-                                       [run.n for run in runs] + pad]), device)[:, :R]
+        rows = [firsts, [t - 1 for t in totals], [run.offset for run in runs], [run.n for run in runs]]
+        pad = [0] * (len(runs) % 2)  # even rows of int64: each starts on 16 bytes, as the kernels were warmed
+        meta = to_device(torch.tensor([row + pad for row in rows]), device)[:, :len(runs)]
         ids = torch.minimum(torch.arange(max(totals), device=device)[None, :], meta[1][:, None])
         off, soff = page_offsets(runs[0].cache.layout, table, ids, kind="key", first_page=meta[0][:, None])
         return off, soff, meta[2], meta[3]
