@@ -71,7 +71,7 @@ class CachePool:
         model reads and writes the storage itself."""
         self.layout = layout
         # What CUDA graphs that write this pool's buffers are keyed by: never reused, where id()
-        # is as soon as a pool is freed, and a graph captured against a freed pool's buffers
+        # can be once a pool is freed, and a graph captured against a freed pool's buffers
         # would replay its writes into whatever took their memory.
         self.serial = next(_SERIALS)
         # Checksums of full pages, taken as they fill (a transfer then sends them without a
