@@ -87,6 +87,15 @@ class FilterPlan(NamedTuple):
 # 1,024-score blocks 123, 116 to 138; atomic 215, 138, 131.
 FILTER_PLANS = {"many rows": FilterPlan(32, True, 1024), "few rows": FilterPlan(64, False, 1024)}
 MANY_ROWS = 32
+# The pick reads its row's kept scores as tiles of PICK_TILE places (every chunk's next
+# PICK_TILE / chunks), once for each counting pass, the ties' count and the writing pass: a
+# decode row keeps ~3K scores, ~5 tiles of 1,024 a pass, each one a wait on L2.
+PICK_TILE, PICK_WARPS = 1024, 8
+# The pick skips the counting passes whose digits every kept key shares: kept keys lie between
+# the row's floor and the highest one kept, so where those two agree in a pass's digit (and in
+# every digit above it) that digit is the threshold's, with no keys above it; its histogram
+# would put every key in one bin (one shared-memory address: the atomics queue up).
+PICK_SKIPS_SHARED_DIGITS = True
 
 
 def filter_plan(n: int) -> FilterPlan:
@@ -132,6 +141,12 @@ def _digit_shift(pass_: int, bits: int) -> int:
 @triton.constexpr_function
 def _digit_mask(pass_: int, bits: int) -> int:
     return (1 << (32 - bits * pass_ - _digit_shift(pass_, bits))) - 1
+
+
+@triton.constexpr_function
+def _fixed_through(pass_: int, bits: int) -> int:
+    """The bits that passes up to and including `pass_` fix (uint32)."""
+    return (0xFFFFFFFF << _digit_shift(pass_, bits)) & 0xFFFFFFFF
 
 
 @triton.constexpr_function
@@ -334,11 +349,12 @@ def _floor(floor_ptr, row):
 
 
 @triton.jit
-def _filter_kernel(x_ptr, floor_ptr, kept_ptr, id_ptr, count_ptr, N, sxr, chunk_len, CAPACITY: tl.constexpr,
-                   BLOCK: tl.constexpr, STAGES: tl.constexpr, ATOMIC: tl.constexpr):
+def _filter_kernel(x_ptr, floor_ptr, kept_ptr, id_ptr, count_ptr, top_ptr, N, sxr, chunk_len,
+                   CAPACITY: tl.constexpr, BLOCK: tl.constexpr, STAGES: tl.constexpr, ATOMIC: tl.constexpr):
     """Program (row, chunk): the chunk's scores whose keys reach the row's floor (and are not
     -inf or a negative NaN, which are never returned), with their ids, into the chunk's
-    CAPACITY places; how many there are (all of them, also past CAPACITY). Their places come
+    CAPACITY places; how many there are (all of them, also past CAPACITY) and the highest
+    key among them (0 where none; as int32 bits). Their places come
     from a prefix sum over each block (in id order), or with ATOMIC from an atomic count the
     kept scores take places from one by one (in any order; the count starts at 0): a few in a
     block of thousands, where the prefix sum costs every score."""
@@ -349,12 +365,15 @@ def _filter_kernel(x_ptr, floor_ptr, kept_ptr, id_ptr, count_ptr, N, sxr, chunk_
     x_row = x_ptr + row.to(tl.int64) * sxr
     kept_at, id_at = kept_ptr + at.to(tl.int64) * CAPACITY, id_ptr + at.to(tl.int64) * CAPACITY
     kept = tl.zeros((), tl.int32)
+    top = tl.zeros((), tl.uint32)
     lo = chunk * chunk_len
     hi = tl.minimum(lo + chunk_len, N)
     for start in tl.range(lo, hi, BLOCK, num_stages=STAGES):
         cols = start + tl.arange(0, BLOCK)
         score = tl.load(x_row + cols, mask=cols < hi, other=float("-inf"))
-        keep = (_keys(score) >= floor).to(tl.int32)
+        key = _keys(score)
+        keep = (key >= floor).to(tl.int32)
+        top = tl.maximum(top, tl.max(tl.where(keep != 0, key, 0)))
         if ATOMIC:
             place = tl.atomic_add(count_ptr + at + tl.zeros_like(cols), 1, mask=keep != 0, sem="relaxed")
         else:
@@ -365,6 +384,7 @@ def _filter_kernel(x_ptr, floor_ptr, kept_ptr, id_ptr, count_ptr, N, sxr, chunk_
         tl.store(id_at + place, cols, mask=room)
     if not ATOMIC:
         tl.store(count_ptr + at, kept)
+    tl.store(top_ptr + at, top.to(tl.int32, bitcast=True))
 
 
 @triton.jit
@@ -383,31 +403,40 @@ def _kept_tile(kept_ptr, id_ptr, count_ptr, row, chunks, j0, CHUNKS: tl.constexp
 
 
 @triton.jit(do_not_specialize=["k", "N", "sxr", "chunks"])
-def _pick_kernel(x_ptr, floor_ptr, kept_ptr, id_ptr, count_ptr, out_ptr, k, N, sxr, chunks,
+def _pick_kernel(x_ptr, floor_ptr, kept_ptr, id_ptr, count_ptr, top_ptr, out_ptr, k, N, sxr, chunks,
                  CAPACITY: tl.constexpr, PASSES: tl.constexpr, BITS: tl.constexpr, BLOCK: tl.constexpr,
-                 MAX_CHUNKS: tl.constexpr, J: tl.constexpr, K_POW2: tl.constexpr):
+                 MAX_CHUNKS: tl.constexpr, J: tl.constexpr, K_POW2: tl.constexpr, SKIP_SHARED: tl.constexpr):
     """Program (row): the radix select over the row's kept scores. They hold the row's k best
     when every chunk's fit its places and there are at least k of them, or when the floor let
     every returnable score through; otherwise (the sample misjudged the row) the whole row is
     selected in this program instead. The kept scores are read as tiles of every chunk's next
     J places (a row of many chunks, decode's, takes few steps), so they come out of id order:
     ties at the threshold are taken by a second radix select, over their ids (the lowest
-    `take`), and the picks, written in any order, are sorted in registers at the end."""
+    `take`), and the picks, written in any order, are sorted in registers at the end. With
+    SKIP_SHARED, a counting pass whose digit the floor and the highest kept key share (and
+    every digit above it) takes that digit without reading the kept scores."""
     row = tl.program_id(0)
     out_row = out_ptr + row.to(tl.int64) * k
     chunk_ids = tl.arange(0, MAX_CHUNKS)
     counts = tl.load(count_ptr + row * chunks + chunk_ids, mask=chunk_ids < chunks, other=0)
-    everything = _floor(floor_ptr, row) <= _LOW_KEY + 1
+    floor = tl.maximum(_floor(floor_ptr, row), _LOW_KEY + 1)  # every kept key is at least this
+    everything = floor == _LOW_KEY + 1
+    top = tl.max(tl.load(top_ptr + row * chunks + chunk_ids, mask=chunk_ids < chunks, other=0).to(
+        tl.uint32, bitcast=True))
     longest = tl.max(counts)
     if (longest <= CAPACITY) & ((tl.sum(counts) >= k) | everything):
         threshold = tl.zeros((), tl.uint32)
         take = k
         for p in tl.static_range(PASSES):
-            bins = tl.zeros((1 << BITS,), tl.int32)
-            for j0 in range(0, longest, J):
-                key, live, _ = _kept_tile(kept_ptr, id_ptr, count_ptr, row, chunks, j0, MAX_CHUNKS, J, CAPACITY)
-                bins += _digit_histogram(key, live, threshold, p, BITS)
-            threshold, take = _take_digit(bins, threshold, take, p, BITS)
+            if SKIP_SHARED and ((floor ^ top) & _fixed_through(p, BITS)) == 0:
+                threshold = threshold | (top & (_digit_mask(p, BITS) << _digit_shift(p, BITS)))
+            else:
+                bins = tl.zeros((1 << BITS,), tl.int32)
+                for j0 in range(0, longest, J):
+                    key, live, _ = _kept_tile(kept_ptr, id_ptr, count_ptr, row, chunks, j0, MAX_CHUNKS, J,
+                                              CAPACITY)
+                    bins += _digit_histogram(key, live, threshold, p, BITS)
+                threshold, take = _take_digit(bins, threshold, take, p, BITS)
         take = _taken_threshold(threshold, take)
         ties = tl.zeros((), tl.int32)
         for j0 in range(0, longest, J):
@@ -468,14 +497,16 @@ def top_k_ascending_kernel(scores: torch.Tensor, k: int, chunks: int | None = No
         ids = torch.empty(n, chunks, capacity, dtype=torch.int32, device=x.device)
         atomic = filter_plan(n).atomic
         counts = (torch.zeros if atomic else torch.empty)(n, chunks, dtype=torch.int32, device=x.device)
+        tops = torch.empty(n, chunks, dtype=torch.int32, device=x.device)  # uint32 keys, as int32 bits
         _sample_floor_kernel[(n,)](x, floor, N, x.stride(0), floor_rank(k, N, sample), SAMPLE=sample, PASSES=passes,
                                    BITS=radix_bits, num_warps=8)
-        _filter_kernel[grid](x, floor, kept, ids, counts, N, x.stride(0), chunk_len, CAPACITY=capacity, BLOCK=block,
-                             STAGES=FILTER_STAGES, ATOMIC=atomic, num_warps=FILTER_WARPS)
+        _filter_kernel[grid](x, floor, kept, ids, counts, tops, N, x.stride(0), chunk_len, CAPACITY=capacity,
+                             BLOCK=block, STAGES=FILTER_STAGES, ATOMIC=atomic, num_warps=FILTER_WARPS)
         most = pick_chunks(n, chunks)
-        _pick_kernel[(n,)](x, floor, kept, ids, counts, out, k, N, x.stride(0), chunks, CAPACITY=capacity,
-                           PASSES=passes, BITS=radix_bits, BLOCK=block, MAX_CHUNKS=most, J=max(block // most, 16),
-                           K_POW2=triton.next_power_of_2(k), num_warps=8)
+        _pick_kernel[(n,)](x, floor, kept, ids, counts, tops, out, k, N, x.stride(0), chunks, CAPACITY=capacity,
+                           PASSES=passes, BITS=radix_bits, BLOCK=block, MAX_CHUNKS=most, J=max(PICK_TILE // most, 16),
+                           K_POW2=triton.next_power_of_2(k), SKIP_SHARED=PICK_SKIPS_SHARED_DIGITS,
+                           num_warps=PICK_WARPS)
         return out
     hist = torch.zeros(passes, n, 1 << radix_bits, dtype=torch.int32, device=x.device)
     chunk_counts = torch.empty(n, chunks, (1 << radix_bits) + 1, dtype=torch.int32, device=x.device)

@@ -92,6 +92,25 @@ def test_filtered_rows_the_floor_misjudges():
         _check(rows, k, dict(sample=sample, capacity=capacity), **SMALL_PLAN)
 
 
+@pytest.mark.parametrize("skips", [True, False])
+def test_filtered_rows_whose_kept_keys_share_their_leading_digits(monkeypatch, skips):
+    """Kept scores in a narrow range share their keys' leading digits with the floor, so the
+    pick takes those digits without counting (PICK_SKIPS_SHARED_DIGITS): one pass (1 + 2^-10
+    spread), two (a spread of ulps), every pass (all equal: the ties settle by id), or a
+    negative range; the same picks with the skips off."""
+    from dsflash.model.kernels import top_k
+
+    monkeypatch.setattr(top_k, "PICK_SKIPS_SHARED_DIGITS", skips)
+    g = torch.Generator().manual_seed(6)
+    N = 600
+    rows = torch.stack([1.0 + torch.rand(N, generator=g) * 2**-10,
+                        1.0 + torch.randint(0, 300, (N,), generator=g) * 2**-23,
+                        torch.full((N,), 0.75),
+                        -2.0 - torch.rand(N, generator=g) * 2**-6])
+    for k in (1, 77, 450):
+        _check(rows, k, **SMALL_PLAN)
+
+
 def test_filtered_form_with_atomic_places(monkeypatch):
     """The filtering launch's other way to place kept scores (each plan's switched: an atomic
     count in any order where it takes a prefix sum, and the other way round): the same picks,
