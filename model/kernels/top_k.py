@@ -88,8 +88,10 @@ class FilterPlan(NamedTuple):
 FILTER_PLANS = {"many rows": FilterPlan(32, True, 1024), "few rows": FilterPlan(64, False, 1024)}
 MANY_ROWS = 32
 # The pick reads its row's kept scores as tiles of PICK_TILE places (every chunk's next
-# PICK_TILE / chunks), once for each counting pass, the ties' count and the writing pass: a
-# decode row keeps ~3K scores, ~5 tiles of 1,024 a pass, each one a wait on L2.
+# PICK_TILE / chunks), once for each counting pass, the ties' count and the writing pass (a
+# decode row keeps ~3K scores). H200, 2026-12-04 (bench/top_k_decode.py, 6 x 262,144): the
+# whole top-k 62 us at 1,024 places, 60 at 4,096, 67 at 8,192 (58 on 16 warps); 48 rows 85,
+# 89, 132: the tiles' loads are not what a pick waits on.
 PICK_TILE, PICK_WARPS = 1024, 8
 # The pick skips the counting passes whose digits every kept key shares: kept keys lie between
 # the row's floor and the highest one kept, so where those two agree in a pass's digit (and in
