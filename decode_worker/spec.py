@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from ..model.ops import argmax_rows
 from .sampling import RequestSampler
 
 
@@ -21,7 +22,7 @@ def greedy_targets(samplers: list[RequestSampler], logits: list[torch.Tensor]) -
     plain = [j for j, sampler in enumerate(samplers) if sampler.params.plain_greedy]
     if not plain:
         return {}
-    tokens = torch.cat([logits[j] for j in plain]).float().argmax(-1).tolist()
+    tokens = argmax_rows(torch.cat([logits[j] for j in plain]).float()).tolist()
     out, at = {}, 0
     for j in plain:
         out[j], at = tokens[at:at + logits[j].shape[0]], at + logits[j].shape[0]

@@ -29,6 +29,7 @@ from .batch import SeqRun, pack
 from .deepseek_v41 import DeepseekV41
 from .device import tables_to_device, to_device
 from .layers.mhc import hc_collapse
+from .ops import argmax_rows
 
 # (block row, logits [R, V]) -> a token per request: host ints, or a tensor left where the
 # logits are (then the drafts never leave the device inside the block)
@@ -45,7 +46,7 @@ class Proposal:
 def greedy_chooser(_row: int, logits: torch.Tensor) -> torch.Tensor:
     """On the device: the next row's Markov term reads it there, so the block is drafted
     without the host waiting on the GPU once per row."""
-    return logits.float().argmax(-1)
+    return argmax_rows(logits.float())
 
 
 class DSparkDrafter:
@@ -194,12 +195,12 @@ class DSparkDrafter:
         x = hc_collapse(X, pre).view(-1, B, X.shape[-1])  # [R, B, H]
         base = ops.linear(ops.rms_norm(x, ops.w(f"{self.last}.norm.weight"), c.rms_norm_eps), "head.weight")
         markov_embed = ops.w(f"{self.last}.markov_head.embed.weight")
-        markov_head = ops.w(f"{self.last}.markov_head.head.weight")
         out = first
         drafts, logits, embeds = [], [], []
         for i in range(B):
             e = markov_embed[to_device(out, markov_embed.device)]  # [R, r]
-            row = base[:, i] + e @ markov_head.T  # [R, V]
+            # (ops.linear: the bf16 weight as stored, half the bytes of e @ its fp32 copy)
+            row = base[:, i] + ops.linear(e, f"{self.last}.markov_head.head.weight")  # [R, V]
             out = choose(i, row)
             if not isinstance(out, torch.Tensor):
                 out = torch.tensor(out, dtype=torch.long)  # host ints
