@@ -42,3 +42,33 @@ def test_random_rows_match_the_oracle():
             scores = pool[torch.randint(0, len(pool), (6, width), generator=g)]
             want = [_oracle(row, k) for row in scores.tolist()]
             assert top_k_ascending(scores, k).tolist() == want
+
+
+def test_candidate_blocks_are_the_best_block_maxima_and_the_newest_block():
+    """select_candidate_blocks keeps, per row, the blocks of the topk best maxima (a block's
+    maximum is -inf where all of it is, NaN where it holds one: a NaN takes a place of the
+    top-k and is not returned) and always the block of the newest visible entry; the last
+    block may be short."""
+    from dsflash.model.layers.indexer import select_candidate_blocks
+
+    g = torch.Generator().manual_seed(0)
+    n, width, block, topk = 3, 45, 4, 3  # 12 blocks, the last one of 1 entry
+    scores = torch.randn(n, width, generator=g)
+    scores[0, 8:12] = 50.0  # block 2 best
+    scores[1, 20:24] = -INF  # block 5 all -inf
+    scores[1, 30] = float("nan")  # block 7 holds a NaN: it ranks first
+    scores[2, 44] = 60.0  # the short last block
+    visible = torch.tensor([45, 13, 45])
+    keep = select_candidate_blocks(scores, visible, topk, block)
+    maxima = torch.nn.functional.pad(scores, (0, -width % block), value=-INF).view(n, -1, block)
+    for r in range(n):
+        nan = maxima[r].isnan().any(-1)
+        row = maxima[r].nan_to_num(nan=INF).amax(-1)
+        row[(visible[r] - 1) // block] = INF
+        ranked = sorted(range(row.shape[0]), key=lambda b: (not nan[b], -row[b].item(), b))  # NaN first
+        want = {b for b in ranked[:topk] if not nan[b]}
+        got = {b for b in range(row.shape[0]) if keep[r, b * block]}
+        assert got == want, (r, got, want)
+        assert torch.equal(keep[r], torch.tensor([b in want for b in range(row.shape[0])]).repeat_interleave(
+            block)[:width])
+    assert keep[0, 8] and not keep[1, 28] and keep[1, 12] and keep[2, 44]
