@@ -91,6 +91,22 @@ def graph_time(fn, iters: int = 20) -> float:
     return cuda_time(graph.replay, iters=5, warmup=1) / iters
 
 
+def time_nothing() -> None:
+    """A --device cpu smoke run (the Triton interpreter): the timers run their function once
+    and report nan."""
+    global cuda_time, graph_time
+    cuda_time = graph_time = lambda fn, **_: (fn(), float("nan"))[1]
+
+
+def launch_times(fn, calls: int = 5) -> dict[str, float]:
+    """us a call of each Triton kernel fn launches (torch profiler, eager launches), by name."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    return {e.key: e.self_device_time_total / calls for e in prof.key_averages() if e.key.startswith("_")}
+
+
 def rotating_graph_time(fn, copies: int, rounds: int = 2) -> float:
     """GPU time per call of fn(i) (i picks one of `copies` weights), replayed in a CUDA graph:
     cycling through copies larger together than the 50 MB L2 makes every call read HBM, as a

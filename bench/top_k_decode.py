@@ -13,6 +13,7 @@ scores, checked against the reference, and profiled by launch.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import pathlib
 import sys
 from unittest import mock
@@ -41,7 +42,7 @@ def main() -> None:
 
     dev, entries = args.device, args.entries
     if dev == "cpu":
-        h200.graph_time = lambda fn, **_: (fn(), float("nan"))[1]
+        h200.time_nothing()
     g = torch.Generator(device=dev).manual_seed(0)
     pages, k_off, k_soff = h200.index_key_pages(entries, dev)
     variants = [dict((kv.split("=")[0], int(kv.split("=")[1])) for kv in v.split(",") if kv)
@@ -61,28 +62,17 @@ def main() -> None:
             for variant in variants:
                 settings = {name: value for name, value in variant.items() if name != "bits"}
                 bits = variant.get("bits", top_k.RADIX_BITS)
-                with mock.patch.multiple(top_k, **settings, RADIX_BITS=bits):  # (a keyword at least)
+                with mock.patch.multiple(top_k, **settings) if settings else contextlib.nullcontext():
                     def run():
                         return top_k.top_k_ascending_kernel(rows, K, radix_bits=bits)
                     t = h200.graph_time(run)
                     same = torch.equal(run(), want)
-                    launches = launch_times(run, dev)
+                    launches = {} if dev == "cpu" else {f"{name.strip('_')}_us": us
+                                                        for name, us in h200.launch_times(run).items()}
                 label = "_".join(f"{name}{value}" for name, value in variant.items()) or "shipped"
                 h200.record("top_k_decode", f"N{entries}_R{requests}x{ROWS}_{kind}_{label}",
                             {"us": t * 1e6, "one_read_us": read_us, "matches_ref": same, **launches})
 
-
-def launch_times(run, dev: str, calls: int = 5) -> dict[str, float]:
-    """us a call of each of the top-k's kernels (torch profiler, eager launches)."""
-    if dev == "cpu":
-        return {}
-    activities = [torch.profiler.ProfilerActivity.CUDA]
-    with torch.profiler.profile(activities=activities) as prof:
-        for _ in range(calls):
-            run()
-        torch.cuda.synchronize()
-    return {f"{e.key.strip('_')}_us": e.self_device_time_total / calls
-            for e in prof.key_averages() if e.key.startswith("_")}
 
 
 if __name__ == "__main__":

@@ -60,11 +60,7 @@ for rows, entries, k, tall in ((128, 1 << 20, 512, True), (256, 1 << 19, 512, Tr
     # the filtered form's launches, each on its own
     top_k.FILTER_STAGES, top_k.FILTER_WARPS = defaults[:2]
     top_k.FILTER_PLANS.update(defaults[2])
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for _ in range(5):
-            top_k_ascending_kernel(scores, k, filtered=True)
-        torch.cuda.synchronize()
-    launches = [f"{e.key} {getattr(e, 'self_device_time_total', None) or e.self_cuda_time_total:.0f} us / 5"
-                for e in prof.key_averages() if e.key.startswith("_")]
+    launches = [f"{name} {us:.0f} us" for name, us in
+                h200.launch_times(lambda: top_k_ascending_kernel(scores, k, filtered=True)).items()]
     print(f"[top_k] {rows} x {entries}, k {k}: " + ", ".join(line) + f"; one read {read * 1e6:.0f} us"
           + f"; filtered by launch: {', '.join(launches)}", flush=True)
