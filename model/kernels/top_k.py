@@ -155,7 +155,7 @@ def _fixed_through(pass_: int, bits: int) -> int:
 @triton.constexpr_function
 def _found_mask(pass_: int, bits: int) -> int:
     """The bits that passes before `pass_` have fixed (uint32)."""
-    return (0xFFFFFFFF << (32 - bits * pass_)) & 0xFFFFFFFF
+    return _fixed_through(pass_ - 1, bits) if pass_ else 0
 
 
 @triton.jit
