@@ -1,17 +1,19 @@
 """The indexer's scores at decode shapes (a verify block of 6 queries a request against a long
-context's index keys): the few-query form (entries as the dot's rows) in its shipped tiles
-(indexer_score.few_tiles) and in each tile asked for, against the short tiles the decode rows
-took before, each next to its limits (the keys' bytes at HBM speed, the FLOPs at bf16's). Queries are
-FP4-quantized as the model's are (one bf16 pass), so every form's scores must match the short
-tiles' bit for bit; the table says so per row. With --tall, a prefill slice's tall tiles too
-(128 queries).
+context's index keys): the few-query form (entries as the dot's rows, heads and queries as
+its columns) as shipped and with each of --settings (indexer_score's settings, one
+NAME=literal a variant: FEW_TILES, FEW_HEADS_COLUMNS, FEW_PROGRAMS), against the short
+tiles the decode rows took before, each next to its limits (the keys' bytes at HBM speed,
+the FLOPs at bf16's). Queries are FP4-quantized as the model's are (one bf16 pass), so every
+form's scores must match the short tiles' bit for bit; the table says so per row. With
+--tall, a prefill slice's tall tiles too (128 queries).
 
     python bench/indexer_decode.py [--entries 1048576,524288] [--requests 1,8] [--rows 6] \\
-        [--few-tiles 64,4;128,4;32,4] [--tall] [--device cpu]
+        [--settings 'FEW_TILES=(128, 8);FEW_HEADS_COLUMNS=128'] [--tall] [--device cpu]
 """
 from __future__ import annotations
 
 import argparse
+import ast
 import pathlib
 import sys
 from unittest import mock
@@ -29,7 +31,8 @@ def main() -> None:
     parser.add_argument("--entries", default="1048576,524288,4096")
     parser.add_argument("--requests", default="1,8")
     parser.add_argument("--rows", type=int, default=6, help="queries a request (a verify block)")
-    parser.add_argument("--few-tiles", default="64,4;128,4;32,4", help="';'-separated entries,warps a program")
+    parser.add_argument("--settings", default="FEW_HEADS_COLUMNS=128",
+                        help="';'-separated NAME=literal, each a variant of the shipped form")
     parser.add_argument("--tall", action="store_true", help="also 128 queries in prefill's tall tiles")
     parser.add_argument("--device", default="cuda", help="cpu (TRITON_INTERPRET=1): a smoke test, no timings")
     args = parser.parse_args()
@@ -41,7 +44,8 @@ def main() -> None:
     if dev == "cpu":  # the interpreter: run every form once, time nothing
         h200.time_nothing()
     g = torch.Generator(device=dev).manual_seed(0)
-    few_tiles = [tuple(int(v) for v in t.split(",")) for t in args.few_tiles.split(";") if t]
+    settings = [(name.strip(), ast.literal_eval(value)) for name, value in
+                (v.split("=", 1) for v in args.settings.split(";") if v.strip())]
     for entries in (int(e) for e in args.entries.split(",")):
         pages, k_off, k_soff = h200.index_key_pages(entries, dev)
         for requests in (int(r) for r in args.requests.split(",")):
@@ -65,16 +69,14 @@ def main() -> None:
 
             want = scores(TILES["short"])
             forms = [("short", lambda: scores(TILES["short"]))]
-            forms.append(("few", scores))  # the shipped choice (indexer_score.few_tiles)
+            forms.append(("few", scores))  # as shipped
 
             def patched(attribute, value):  # the shipped form with one of its settings changed
                 def run():
                     with mock.patch.object(indexer_score, attribute, value):
                         return scores()
                 return run
-            forms.append(("few_16_columns", patched("FEW_MIN_COLUMNS", 16)))
-            forms += [(f"few_{nb}x{warps}", patched("FEW_TILES", {"wide": (nb, warps), "narrow": (nb, warps)}))
-                      for nb, warps in few_tiles]
+            forms += [(f"{name}={value}".replace(" ", ""), patched(name, value)) for name, value in settings]
             for label, fn in forms:
                 t = h200.graph_time(fn)
                 same = torch.equal(fn(), want)

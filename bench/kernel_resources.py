@@ -121,15 +121,16 @@ KERNELS = {
         ";NB=64;num_warps=4;QB=128",
         # an 8,192-token chunk's queries, 32 heads of 128 (the release), against 131,071 entries
         sample=dict(n=8192, N=131071, HI=32, sqn=32 * 128, sqh=128, swn=32, son=131071, skr=131071)),
-    # decode's few-query form: a verify block's 6 queries against 1M entries
+    # decode's few-query form: a verify block's 6 queries against 1M entries, the 32 heads in one dot
     "indexer_few": Kernel(
         indexer_score._indexer_few_kernel,
         {"q_ptr": "*bf16", "w_ptr": "*fp32", "vis_ptr": "*i64", "page_ptr": "*u8", "k_off": "*i64", "k_soff": "*i64",
          "o_ptr": "*fp32", "first_ptr": "*i64", "count_ptr": "*i64"},
-        dict(DI=128, RUNS=False, BF16=True, QN=8, num_stages=3,
-             **dict(zip(("NB", "num_warps"), indexer_score.FEW_TILES["wide"]))),
-        ";NB=32;NB=64;num_stages=1",
-        sample=dict(n=6, N=1048575, HI=32, sqn=32 * 128, sqh=128, swn=32, son=1048575, skr=1048575)),
+        dict(DI=128, RUNS=False, BF16=True, QN=8, QC=indexer_score.FEW_QUERY_COLUMNS, GH=32, CHAIN=False,
+             HOIST=True, num_stages=1, **dict(zip(("NB", "num_warps"), indexer_score.FEW_TILES))),
+        ";HOIST=0;num_warps=8;QN=16,HOIST=0;GH=16,CHAIN=1,HOIST=0",
+        sample=dict(n=6, N=1048575, HI=32, sqn=32 * 128, sqh=128, swn=32, son=1048575, skr=1048575,
+                    programs=indexer_score.FEW_PROGRAMS)),
 }
 
 

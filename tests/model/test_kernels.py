@@ -750,24 +750,31 @@ def test_indexer_scores_of_several_runs_in_one_launch_equal_each_alone(paged, qu
         assert torch.isneginf(got[rows, t:]).all()
 
 
-@pytest.mark.parametrize("wide, columns", [(False, 8), (True, 8), (True, 16)])
+@pytest.mark.parametrize("heads, columns, blocks", [(16, 256, None), (16, 64, None), (12, 64, None),
+                                                    (16, 256, ((16, 4), 2))])
 @pytest.mark.parametrize("rows", [1, 6, 9, 16])
-def test_few_query_runs_score_as_the_short_tiles_do(paged, rows, wide, columns, monkeypatch):
+def test_few_query_runs_score_as_the_short_tiles_do(paged, rows, heads, columns, blocks, monkeypatch):
     """Runs of up to FEW_QUERIES rows (decode) take the few-query form, the entries as the
-    dot's rows: with FP4-quantized queries (the model's) its scores are the short tiles' bit
-    for bit, alone and batched, in its narrow and wide tiles and at 8 or 16 query columns at
-    least, as it sums the heads in their order and the dots are exact."""
+    dot's rows and heads and queries as its columns: with FP4-quantized queries (the model's)
+    its scores are the short tiles' bit for bit, alone and batched, at 8 and 16 query columns
+    (one chunk of 8 or two), with every head in one dot, over two groups of 8 (64 columns),
+    and with the last group partly past the heads (12 heads), as it sums the heads in their
+    order and the dots are exact; and with blocks of 16 entries over 2 programs, each then
+    scoring several blocks (the next one's codes loaded ahead)."""
     from dsflash.model.kernels import indexer_score
     from dsflash.model.kernels.indexer_score import TILES
 
-    monkeypatch.setattr(indexer_score, "FEW_WIDE_PROGRAMS", 1 if wide else 1 << 30)
-    monkeypatch.setattr(indexer_score, "FEW_MIN_COLUMNS", columns)
+    monkeypatch.setattr(indexer_score, "FEW_HEADS_COLUMNS", columns)
+    if blocks is not None:
+        monkeypatch.setattr(indexer_score, "FEW_TILES", blocks[0])
+        monkeypatch.setattr(indexer_score, "FEW_PROGRAMS", blocks[1])
 
     g = _g(12)
     cache, source = paged, 7
     total = cache.num_entries(source)
-    q = fake_quant_fp4(torch.randn(2 * rows, 16, 32, generator=g), 32)
-    w, visible = torch.randn(2 * rows, 16, generator=g), torch.randint(0, total + 1, (2 * rows,), generator=g)
+    assert blocks is None or total > 2 * blocks[0][0] * blocks[1]  # 3 blocks or more a program
+    q = fake_quant_fp4(torch.randn(2 * rows, heads, 32, generator=g), 32)
+    w, visible = torch.randn(2 * rows, heads, generator=g), torch.randint(0, total + 1, (2 * rows,), generator=g)
     k_off, k_soff = cache.entry_offsets(source, torch.arange(total), kind="key")
     dev = lambda t: t.to(DEVICE)  # noqa: E731
     pages = dev(cache.pool.pages_buffer)
@@ -859,15 +866,14 @@ def test_the_scores_warm_up_meets_every_specialization_of_its_counts():
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(indexer_score, "indexer_scores", scores)
         indexer_score.scores_warm_up(torch.device(DEVICE), 4, 32)
-    wide = indexer_score.FEW_TILES["wide"][0] * indexer_score.FEW_WIDE_PROGRAMS
     assert launched == ([(n, N, tall, False) for tall in (True, False) for n, N in counts]
-                        + [(n, wide, False, False) for n in (1, 9)]
-                        + [(n, N, False, True) for n, N in counts + [(16, wide), (17, wide)] if n > 1])
+                        + [(n, N, False, True) for n, N in counts if n > 1])
 
 
 def test_the_scores_warm_up_compiles_every_form(monkeypatch):
     """The warm-up reaches each form a worker launches, alone and batched: the few-query form
-    at 8 and 16 query columns in its wide and narrow tiles, the short tiles and the tall ones."""
+    at 8 and 16 query columns (its entry counts are not specialized), the short tiles and the
+    tall ones."""
     from dsflash.model.kernels import indexer_score
 
     forms = set()
@@ -886,9 +892,8 @@ def test_the_scores_warm_up_compiles_every_form(monkeypatch):
         monkeypatch.setattr(indexer_score, name, Recording(name, getattr(indexer_score, name)))
     indexer_score.scores_warm_up(torch.device(DEVICE), 4, 32)
     short, tall = indexer_score.TILES["short"], indexer_score.TILES["tall"]
-    few = {tiles[0] for tiles in indexer_score.FEW_TILES.values()}
-    columns = {max(indexer_score.FEW_MIN_COLUMNS, 8), 16}
-    few_forms = {("_indexer_few_kernel", qn, nb, runs) for qn in columns for nb in few for runs in (False, True)}
+    nb = indexer_score.FEW_TILES[0]
+    few_forms = {("_indexer_few_kernel", qn, nb, runs) for qn in (8, 16) for runs in (False, True)}
     assert forms == few_forms | {("_indexer_kernel", *short[:2], False), ("_indexer_kernel", *short[:2], True),
         ("_indexer_kernel", *tall[:2], False)}
 
