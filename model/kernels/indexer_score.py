@@ -222,6 +222,8 @@ TALL_RUN = 256
 # 2,479 at 128 columns (two groups; 6.1 against 6.7 us at 4,096 entries), 366 and 2,580 at
 # (128, 8) (the heads over two warpgroups: 2 x 4 warps would split them), 542 and 4,065 at 132
 # programs, 312 and 2,043 at 528.
+# A program's warps must split its entries only (64 a warpgroup), never the heads: a sum over
+# heads across warps is not in their order (16 entries on 4 warps differed from the short tiles).
 FEW_QUERIES = 16
 FEW_QUERY_COLUMNS = 8
 FEW_HEADS_COLUMNS = 256

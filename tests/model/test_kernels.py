@@ -751,7 +751,7 @@ def test_indexer_scores_of_several_runs_in_one_launch_equal_each_alone(paged, qu
 
 
 @pytest.mark.parametrize("heads, columns, blocks", [(16, 256, None), (16, 64, None), (12, 64, None),
-                                                    (16, 256, ((16, 4), 2))])
+                                                    (16, 256, ((64, 4), 1))])
 @pytest.mark.parametrize("rows", [1, 6, 9, 16])
 def test_few_query_runs_score_as_the_short_tiles_do(paged, rows, heads, columns, blocks, monkeypatch):
     """Runs of up to FEW_QUERIES rows (decode) take the few-query form, the entries as the
@@ -759,8 +759,9 @@ def test_few_query_runs_score_as_the_short_tiles_do(paged, rows, heads, columns,
     its scores are the short tiles' bit for bit, alone and batched, at 8 and 16 query columns
     (one chunk of 8 or two), with every head in one dot, over two groups of 8 (64 columns),
     and with the last group partly past the heads (12 heads), as it sums the heads in their
-    order and the dots are exact; and with blocks of 16 entries over 2 programs, each then
-    scoring several blocks (the next one's codes loaded ahead)."""
+    order and the dots are exact; and with one program, which then scores two blocks (the
+    next one's codes loaded ahead). (Blocks of 16 entries put the heads over warps on the
+    GPU, whose sum across them is not in the heads' order.)"""
     from dsflash.model.kernels import indexer_score
     from dsflash.model.kernels.indexer_score import TILES
 
@@ -772,7 +773,7 @@ def test_few_query_runs_score_as_the_short_tiles_do(paged, rows, heads, columns,
     g = _g(12)
     cache, source = paged, 7
     total = cache.num_entries(source)
-    assert blocks is None or total > 2 * blocks[0][0] * blocks[1]  # 3 blocks or more a program
+    assert blocks is None or total > blocks[0][0] * blocks[1]  # 2 blocks or more a program
     q = fake_quant_fp4(torch.randn(2 * rows, heads, 32, generator=g), 32)
     w, visible = torch.randn(2 * rows, heads, generator=g), torch.randint(0, total + 1, (2 * rows,), generator=g)
     k_off, k_soff = cache.entry_offsets(source, torch.arange(total), kind="key")
