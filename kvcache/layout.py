@@ -14,6 +14,7 @@ Per request (fixed size, one "slot"): a window ring per layer and DSpark stage o
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from dataclasses import asdict, dataclass
@@ -69,6 +70,14 @@ class CacheLayout:
             out[name] = (offset, width)
             offset += width * self.page_entries
         return out
+
+    @functools.cached_property  # asked by every indexer layer of every step
+    def keys_aligned(self) -> bool:
+        """Whether every entry's index-key codes start on 16 bytes and its key scales on 4 in
+        the pages buffer (whose base torch aligns): kernels may then load them as wide words."""
+        codes, scales = self.page_sections()["key_codes"], self.page_sections()["key_scales"]
+        return (self.page_bytes % 16 == 0 and codes[0] % 16 == 0 and codes[1] % 16 == 0
+                and scales[0] % 4 == 0 and scales[1] % 4 == 0)
 
     @property
     def entries_per_token(self) -> float:

@@ -34,12 +34,13 @@ def _e2m1_times(codes, scale):
 
 
 @triton.jit
-def _entry_codes(page_ptr, k_off, k_soff, block, N, NB: tl.constexpr, DI: tl.constexpr):
+def _entry_codes(page_ptr, k_off, k_soff, block, N, NB: tl.constexpr, DI: tl.constexpr,
+                 ALIGNED: tl.constexpr = False):
     """(entries rj of block `block` of NB, whether each is one of the N, their index keys' code
     bytes [NB, DI / 32, 16] (byte i: codes 2i, 2i + 1) and scale exponents [NB, DI / 32]),
-    zeros past N. Byte loads: 16-byte loads of a block's codes (tl.multiple_of on the offsets,
-    which the release's layout allows) took 1,676 us where these take 837 (H200, 6 queries
-    against 1M keys in the short tiles)."""
+    zeros past N. ALIGNED: the codes' offsets are multiples of 16 and the scales' of 4, so the
+    loads take 16-byte words: twice as fast in the few-query form, slower in the short tiles
+    (1,676 against 837 us for 6 queries x 1M entries, H200, twenty-ninth session)."""
     SB: tl.constexpr = DI // 32
     rj = block * NB + tl.arange(0, NB)
     live = rj < N
@@ -47,6 +48,9 @@ def _entry_codes(page_ptr, k_off, k_soff, block, N, NB: tl.constexpr, DI: tl.con
     c = tl.arange(0, 16)
     off = tl.load(k_off + rj, mask=live, other=0)
     soff = tl.load(k_soff + rj, mask=live, other=0)
+    if ALIGNED:
+        off = tl.multiple_of(off, 16)
+        soff = tl.multiple_of(soff, 4)
     at = page_ptr + off[:, None, None] + (b * 16)[None, :, None] + c[None, None, :]
     packed = tl.load(at, mask=live[:, None, None], other=0)
     exps = tl.load(page_ptr + soff[:, None] + b[None, :], mask=live[:, None], other=127)
@@ -168,7 +172,7 @@ def _weighted_heads(keys, q, w, acc, NB: tl.constexpr, QC: tl.constexpr, GH: tl.
 def _indexer_few_kernel(q_ptr, w_ptr, vis_ptr, page_ptr, k_off, k_soff, o_ptr, first_ptr, count_ptr, n, N, HI,
                         sqn, sqh, swn, son, skr, programs, DI: tl.constexpr, QN: tl.constexpr, QC: tl.constexpr,
                         GH: tl.constexpr, NB: tl.constexpr, RUNS: tl.constexpr, BF16: tl.constexpr,
-                        CHAIN: tl.constexpr, HOIST: tl.constexpr):
+                        CHAIN: tl.constexpr, HOIST: tl.constexpr, ALIGNED: tl.constexpr):
     """_indexer_kernel for runs of at most QN queries (a decode step's verify blocks), the
     entries as the dot's rows and GH heads of QC queries as its columns: program (p, run)
     scores entry blocks p, p + programs, ... of NB, each dot [NB, DI] x [DI, GH * QC] (column
@@ -186,11 +190,11 @@ def _indexer_few_kernel(q_ptr, w_ptr, vis_ptr, page_ptr, k_off, k_soff, o_ptr, f
     if HOIST:
         _, _, rq, in_run = _run_rows(first_ptr, count_ptr, n, 0, QC, 1, RUNS)
         q, w = _head_queries(q_ptr, w_ptr, rq, in_run, 0, HI, sqn, sqh, swn, DI, QC, GH)
-    rj_next, live_next, packed_next, exps_next = _entry_codes(page_ptr, k_off, k_soff, pid, N, NB, DI)
+    rj_next, live_next, packed_next, exps_next = _entry_codes(page_ptr, k_off, k_soff, pid, N, NB, DI, ALIGNED)
     for block in range(pid, blocks, programs):
         rj, live, packed, exps = rj_next, live_next, packed_next, exps_next
         rj_next, live_next, packed_next, exps_next = _entry_codes(page_ptr, k_off, k_soff, block + programs, N,
-                                                                  NB, DI)
+                                                                  NB, DI, ALIGNED)
         keys = _decoded_keys(packed, exps, NB, DI, BF16)
         for chunk in tl.static_range(QN // QC):
             _, _, rq, in_run = _run_rows(first_ptr, count_ptr, n, chunk, QC, 1, RUNS)
@@ -229,6 +233,10 @@ FEW_QUERY_COLUMNS = 8
 FEW_HEADS_COLUMNS = 256
 FEW_TILES = (64, 4)
 FEW_PROGRAMS = 264
+# Keys whose codes start on 16 bytes (CacheLayout.keys_aligned: the release's) loaded as 16-byte
+# words: 155.5 against 310.1 us (1 run), 1,275 against 2,026 (8 runs), 5.1 against 6.7 at 4,096
+# entries; decode at 1M batch 8 67.56 against 73.45 ms (H200, 2026-12-04).
+FEW_ALIGNED_CODES = True
 QUERY_TILES_BY_TMA = True  # off: tall tiles read the queries by pointers (bench/h200.py times both)
 
 
@@ -242,7 +250,8 @@ def _on_16_bytes(t: torch.Tensor) -> torch.Tensor:
 def indexer_scores(q: torch.Tensor, w: torch.Tensor, visible: torch.Tensor, pages: torch.Tensor,
                    key_offsets: torch.Tensor, key_scale_offsets: torch.Tensor,
                    runs: tuple[torch.Tensor, torch.Tensor, int] | None = None,
-                   exact_in_bf16: bool = False, tall: bool = False, tiles: tuple | None = None) -> torch.Tensor:
+                   exact_in_bf16: bool = False, tall: bool = False, tiles: tuple | None = None,
+                   keys_aligned: bool = False) -> torch.Tensor:
     """key_offsets [N] for one run, or [R, N] with `runs` = (first row [R], rows [R], most rows)
     for several: each run's queries score its own row of entries (one launch for a batch). A
     query's score of an entry is computed the same way in either form, bit for bit, and in
@@ -252,7 +261,8 @@ def indexer_scores(q: torch.Tensor, w: torch.Tensor, visible: torch.Tensor, page
     queries: a dot's products have 4 significant bits, and their sum fits fp32 unless a
     query's and a key's block scales together span more than 11 binades).
     exact_in_bf16: the caller knows every query value is a bf16 value (FP4-quantized, with
-    power-of-two scales): the GPU then dots them in one bf16 pass, not three TF32 ones."""
+    power-of-two scales): the GPU then dots them in one bf16 pass, not three TF32 ones.
+    keys_aligned: every key's codes start on 16 bytes and its scales on 4 (CacheLayout.keys_aligned)."""
     n, heads, dim = q.shape
     N = key_offsets.shape[-1]
     assert w.shape == (n, heads) and visible.shape == (n,) and pages.dtype == torch.uint8 and dim % 32 == 0
@@ -268,7 +278,8 @@ def indexer_scores(q: torch.Tensor, w: torch.Tensor, visible: torch.Tensor, page
         runs = (_on_16_bytes(runs[0].contiguous()), _on_16_bytes(runs[1].contiguous()), runs[2])
     most = n if runs is None else runs[2]
     if tiles is None and not tall and most <= FEW_QUERIES:
-        _few_queries(q, w, visible, pages, key_offsets, key_scale_offsets, out, runs, most, bf16)
+        _few_queries(q, w, visible, pages, key_offsets, key_scale_offsets, out, runs, most, bf16,
+                     FEW_ALIGNED_CODES and keys_aligned and pages.data_ptr() % 16 == 0)
         return out
     qb, nb, warps = tiles or TILES["tall" if tall else "short"]
     if runs is None:
@@ -287,7 +298,8 @@ def indexer_scores(q: torch.Tensor, w: torch.Tensor, visible: torch.Tensor, page
     return out
 
 
-def _few_queries(q, w, visible, pages, key_offsets, key_scale_offsets, out, runs, most: int, bf16: bool) -> None:
+def _few_queries(q, w, visible, pages, key_offsets, key_scale_offsets, out, runs, most: int, bf16: bool,
+                 aligned: bool) -> None:
     """indexer_scores' launch for runs of at most FEW_QUERIES rows (_indexer_few_kernel)."""
     n, heads, dim = q.shape
     N = key_offsets.shape[-1]
@@ -302,7 +314,7 @@ def _few_queries(q, w, visible, pages, key_offsets, key_scale_offsets, out, runs
         q, w, visible, pages, key_offsets, key_scale_offsets, out, first, count, n, N, heads, q.stride(0), q.stride(1),
         w.stride(0), out.stride(0), key_offsets.stride(0), programs, DI=dim, QN=columns, QC=chunk, GH=group, NB=nb,
         RUNS=runs is not None, BF16=bf16, CHAIN=group < heads, HOIST=columns == chunk and group >= heads,
-        num_warps=warps, num_stages=1)  # pipelined, the queries reloaded a block took 400 KB of shared memory
+        ALIGNED=aligned, num_warps=warps, num_stages=1)  # pipelined, the queries reloaded a block took 400 KB of shared memory
 
 
 def warm_up_counts() -> list[tuple[int, int]]:

@@ -85,7 +85,7 @@ def _kernel_scores(run, role, q, w, visible, total, qat: bool):
 
     def score(lo: int, hi: int) -> torch.Tensor:
         return indexer_scores(q[lo:hi], w[lo:hi], visible[lo:hi], pages, key_off, key_soff, exact_in_bf16=qat,
-                              tall=run.n >= TALL_RUN)
+                              tall=run.n >= TALL_RUN, keys_aligned=cache.layout.keys_aligned)
 
     return score
 
@@ -168,7 +168,8 @@ def index_runs(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, xa: torch.T
     visible = (rows_positions(runs, q.device) + 1) // role.ratio
     key_off, key_soff, first, count = _key_tables(runs, role.kv_source, totals, q.device)
     scores = indexer_scores(q, w, visible, runs[0].cache.pool.pages_buffer, key_off, key_soff,
-                            (first, count, max(run.n for run in runs)), exact_in_bf16=True)
+                            (first, count, max(run.n for run in runs)), exact_in_bf16=True,
+                            keys_aligned=runs[0].cache.layout.keys_aligned)
     if role.is_candidate_source:
         pool = select_candidate_blocks(scores, visible, cfg.candidate_topk_blocks, cfg.candidate_block_size)
         runs[0].shared[("candidate pool", offsets(runs))] = pool

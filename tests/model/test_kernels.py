@@ -794,6 +794,29 @@ def test_few_query_runs_score_as_the_short_tiles_do(paged, rows, heads, columns,
     assert (few[finite] - ref[finite]).abs().max() < REL * ref[finite].abs().max() + 1e-5
 
 
+def test_few_query_form_reads_aligned_keys_as_wide_words(golden_model, monkeypatch):
+    """Keys whose codes start on 16 bytes and scales on 4 (a pool of 128-dim index keys,
+    CacheLayout.keys_aligned) are read as wide words when the caller says so: the same scores
+    bit for bit, and the short tiles'."""
+    from dsflash.model.kernels import indexer_score
+
+    g = _g(13)
+    N, n, heads, dim = 150, 6, 4, 128
+    pages = torch.randint(0, 255, (N * 68,), dtype=torch.uint8, generator=g)
+    pages[N * 64:] = torch.randint(118, 124, (N * 4,), dtype=torch.uint8, generator=g)
+    k_off, k_soff = torch.arange(N) * 64, N * 64 + torch.arange(N) * 4
+    q = fake_quant_fp4(torch.randn(n, heads, dim, generator=g), 32)
+    w, visible = torch.randn(n, heads, generator=g), torch.randint(1, N + 1, (n,), generator=g)
+    dev = lambda t: t.to(DEVICE)  # noqa: E731
+    monkeypatch.setattr(indexer_score, "FEW_ALIGNED_CODES", True)
+    got = [indexer_score.indexer_scores(dev(q), dev(w), dev(visible), dev(pages), dev(k_off), dev(k_soff),
+                                        exact_in_bf16=True, tiles=tiles, keys_aligned=aligned).cpu()
+           for tiles, aligned in ((None, True), (None, False), (indexer_score.TILES["short"], False))]
+    assert torch.equal(got[0], got[1]) and torch.equal(got[0], got[2])
+    assert torch.isfinite(got[0]).sum() == visible.sum()
+    assert not CacheLayout.for_model(golden_model.config, page_entries=16).keys_aligned  # 32 dims: 1 scale byte
+
+
 def test_indexer_scores_launch_on_16_byte_pointers_from_any_row_slice(paged, monkeypatch):
     """A slice of a long run's rows (w and visible start at any row), and a batch's run table
     of an odd count of runs, reach the kernel on 16-byte aligned pointers, as the warm-up's
