@@ -222,17 +222,16 @@ TALL_RUN = 256
 # Runs of at most FEW_QUERIES rows (decode) take _indexer_few_kernel: FEW_HEADS_COLUMNS a dot
 # (wgmma's widest; the release's 32 heads of 8 query columns), FEW_TILES (entries, warps) a
 # program, at most FEW_PROGRAMS programs over a launch's runs. H200, 6 queries against 1M
-# entries, 1 and 8 runs (bench/indexer_decode.py, 2026-12-04): 311 and 2,026 us as set; 346 and
-# 2,479 at 128 columns (two groups; 6.1 against 6.7 us at 4,096 entries), 366 and 2,580 at
-# (128, 8) (the heads over two warpgroups: 2 x 4 warps would split them), 542 and 4,065 at 132
-# programs, 312 and 2,043 at 528.
+# entries, 1, 8 and 32 runs (bench/indexer_decode.py, 2026-12-04, aligned keys): 158.6, 1,281
+# and 6,942 us as set; 156.7, 1,284, 8,429 at 264 programs, 237, 2,502, 8,401 at 132; 257.8,
+# 2,174, 11,050 at 128 columns (two groups); 204.9, 1,616, 9,119 at (128, 8).
 # A program's warps must split its entries only (64 a warpgroup), never the heads: a sum over
 # heads across warps is not in their order (16 entries on 4 warps differed from the short tiles).
 FEW_QUERIES = 16
 FEW_QUERY_COLUMNS = 8
 FEW_HEADS_COLUMNS = 256
 FEW_TILES = (64, 4)
-FEW_PROGRAMS = 264
+FEW_PROGRAMS = 528
 # Keys whose codes start on 16 bytes (CacheLayout.keys_aligned: the release's) loaded as 16-byte
 # words: 155.5 against 310.1 us (1 run), 1,275 against 2,026 (8 runs), 5.1 against 6.7 at 4,096
 # entries; decode at 1M batch 8 67.56 against 73.45 ms (H200, 2026-12-04).
