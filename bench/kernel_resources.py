@@ -127,8 +127,8 @@ KERNELS = {
         {"q_ptr": "*bf16", "w_ptr": "*fp32", "vis_ptr": "*i64", "page_ptr": "*u8", "k_off": "*i64", "k_soff": "*i64",
          "o_ptr": "*fp32", "first_ptr": "*i64", "count_ptr": "*i64"},
         dict(DI=128, RUNS=False, BF16=True, QN=8, QC=indexer_score.FEW_QUERY_COLUMNS, GH=32, CHAIN=False,
-             HOIST=True, ALIGNED=False, num_stages=1, **dict(zip(("NB", "num_warps"), indexer_score.FEW_TILES))),
-        ";ALIGNED=1;HOIST=0;num_warps=8;QN=16,HOIST=0;GH=16,CHAIN=1,HOIST=0",
+             HOIST=True, ALIGNED=True, PTX=True, num_stages=1, **dict(zip(("NB", "num_warps"), indexer_score.FEW_TILES))),
+        ";PTX=0;ALIGNED=0,PTX=0;QN=16,HOIST=0;GH=16,CHAIN=1,HOIST=0",
         sample=dict(n=6, N=1048575, HI=32, sqn=32 * 128, sqh=128, swn=32, son=1048575, skr=1048575,
                     programs=indexer_score.FEW_PROGRAMS)),
 }

@@ -45,16 +45,56 @@ def _entry_codes(page_ptr, k_off, k_soff, block, N, NB: tl.constexpr, DI: tl.con
     rj = block * NB + tl.arange(0, NB)
     live = rj < N
     b = tl.arange(0, SB)
-    c = tl.arange(0, 16)
     off = tl.load(k_off + rj, mask=live, other=0)
     soff = tl.load(k_soff + rj, mask=live, other=0)
-    if ALIGNED:
-        off = tl.multiple_of(off, 16)
+    if ALIGNED:  # int32 words [NB, SB, 4]: word j holds bytes 4j .. 4j + 3 of a scale block's 16
+        words = (page_ptr + tl.multiple_of(off, 16)).to(tl.pointer_type(tl.int32), bitcast=True)
+        at = words[:, None, None] + (b * 4)[None, :, None] + tl.arange(0, 4)[None, None, :]
         soff = tl.multiple_of(soff, 4)
-    at = page_ptr + off[:, None, None] + (b * 16)[None, :, None] + c[None, None, :]
-    packed = tl.load(at, mask=live[:, None, None], other=0)
+    else:
+        at = page_ptr + off[:, None, None] + (b * 16)[None, :, None] + tl.arange(0, 16)[None, None, :]
+    codes = tl.load(at, mask=live[:, None, None], other=0)
     exps = tl.load(page_ptr + soff[:, None] + b[None, :], mask=live[:, None], other=127)
-    return rj, live, packed, exps
+    return rj, live, codes, exps
+
+
+# e2m1 code pairs to bf16 pairs by integer ops: byte t of word $4 (code 2t in its low nibble,
+# 2t + 1 in its high one) alone in a register; its magnitude bits (& 0x77) times 2^6 + 2^18
+# put the low code's at bits 6-8 and the high code's at 22-24 (the other two copies land at
+# 10-12 and 18-20, clear of them), its sign bits (& 0x88) times 2^12 + 2^24 at bits 15 and 31
+# (the others at 19 and 27), and one mask keeps those four fields: each half is then a bf16
+# worth its code's e2m1 value times 2^-126 (code 1, 0.5, a subnormal). Two multiplies, by
+# 2^126 and by the scale pair $6 (2^(e-127) in both halves), finish it exactly: pair $t holds
+# codes 2t and 2t + 1.
+_E2M1_BYTE_PAIRS_PTX = tl.constexpr("\n".join([
+    "{", ".reg .b32 b, m, s, h;", "mov.b32 h, 0x7E807E80;",
+    *[f"prmt.b32 b, $4, 0, {0x4440 | t:#06x}; and.b32 m, b, 0x77; mul.lo.u32 m, m, 0x40040; "
+      f"and.b32 s, b, 0x88; mul.lo.u32 s, s, 0x1001000; or.b32 m, m, s; and.b32 ${t}, m, 0x81C081C0; "
+      f"mul.rn.bf16x2 ${t}, ${t}, h; mul.rn.bf16x2 ${t}, ${t}, $6;" for t in range(4)], "}"]))
+
+
+@triton.jit
+def _decoded_words(words, exps, NB: tl.constexpr, DI: tl.constexpr, BF16: tl.constexpr, PTX: tl.constexpr):
+    """_entry_codes' words (ALIGNED) and scale exponents as keys [NB, DI], as _decoded_keys:
+    on the GPU (PTX) by _E2M1_BYTE_PAIRS_PTX, each word's pairs then put in column order;
+    elsewhere its bytes, then _decoded_keys."""
+    SB: tl.constexpr = DI // 32
+    if PTX:
+        e = exps.to(tl.int32)
+        half = tl.where(e == 0, 0x40, e << 7)  # the bf16 2^(e - 127); 2^-127 a subnormal
+        pair = tl.broadcast_to((half | (half << 16))[:, :, None, None], (NB, SB, 4, 2))
+        # each word twice: a pack of two elements is one word's asm, whose 4 outputs each hold a pair
+        p0, p1, p2, p3 = tl.inline_asm_elementwise(_E2M1_BYTE_PAIRS_PTX, "=r,=r,=r,=r,r,r,r,r",
+                                                   [tl.join(words, words), pair], dtype=(tl.bfloat16,) * 4,
+                                                   is_pure=True, pack=2)
+        pairs = tl.join(tl.join(p0, p2), tl.join(p1, p3))  # [.., 2 halves, a, b]: code 2 (2a + b) + half
+        keys = tl.reshape(tl.permute(pairs, (0, 1, 2, 4, 5, 3)), (NB, DI))
+        if not BF16:
+            keys = keys.to(tl.float32)
+        return keys
+    b0, b1, b2, b3 = words & 0xFF, (words >> 8) & 0xFF, (words >> 16) & 0xFF, (words >> 24) & 0xFF
+    packed = tl.reshape(tl.join(tl.join(b0, b2), tl.join(b1, b3)), (NB, SB, 16))  # byte 4j + 2a + b
+    return _decoded_keys(packed, exps, NB, DI, BF16)
 
 
 @triton.jit
@@ -75,8 +115,8 @@ def _decoded_keys(packed, exps, NB: tl.constexpr, DI: tl.constexpr, BF16: tl.con
 def _entry_block(page_ptr, k_off, k_soff, block, N, NB: tl.constexpr, DI: tl.constexpr, BF16: tl.constexpr):
     """(entries rj of block `block` of NB, whether each is one of the N, their index keys
     [NB, DI] decoded from their pages, zeros past N): _entry_codes, then _decoded_keys."""
-    rj, live, packed, exps = _entry_codes(page_ptr, k_off, k_soff, block, N, NB, DI)
-    return rj, live, _decoded_keys(packed, exps, NB, DI, BF16)
+    rj, live, codes, exps = _entry_codes(page_ptr, k_off, k_soff, block, N, NB, DI)
+    return rj, live, _decoded_keys(codes, exps, NB, DI, BF16)
 
 
 @triton.jit
@@ -172,7 +212,7 @@ def _weighted_heads(keys, q, w, acc, NB: tl.constexpr, QC: tl.constexpr, GH: tl.
 def _indexer_few_kernel(q_ptr, w_ptr, vis_ptr, page_ptr, k_off, k_soff, o_ptr, first_ptr, count_ptr, n, N, HI,
                         sqn, sqh, swn, son, skr, programs, DI: tl.constexpr, QN: tl.constexpr, QC: tl.constexpr,
                         GH: tl.constexpr, NB: tl.constexpr, RUNS: tl.constexpr, BF16: tl.constexpr,
-                        CHAIN: tl.constexpr, HOIST: tl.constexpr, ALIGNED: tl.constexpr):
+                        CHAIN: tl.constexpr, HOIST: tl.constexpr, ALIGNED: tl.constexpr, PTX: tl.constexpr):
     """_indexer_kernel for runs of at most QN queries (a decode step's verify blocks), the
     entries as the dot's rows and GH heads of QC queries as its columns: program (p, run)
     scores entry blocks p, p + programs, ... of NB, each dot [NB, DI] x [DI, GH * QC] (column
@@ -190,12 +230,15 @@ def _indexer_few_kernel(q_ptr, w_ptr, vis_ptr, page_ptr, k_off, k_soff, o_ptr, f
     if HOIST:
         _, _, rq, in_run = _run_rows(first_ptr, count_ptr, n, 0, QC, 1, RUNS)
         q, w = _head_queries(q_ptr, w_ptr, rq, in_run, 0, HI, sqn, sqh, swn, DI, QC, GH)
-    rj_next, live_next, packed_next, exps_next = _entry_codes(page_ptr, k_off, k_soff, pid, N, NB, DI, ALIGNED)
+    rj_next, live_next, codes_next, exps_next = _entry_codes(page_ptr, k_off, k_soff, pid, N, NB, DI, ALIGNED)
     for block in range(pid, blocks, programs):
-        rj, live, packed, exps = rj_next, live_next, packed_next, exps_next
-        rj_next, live_next, packed_next, exps_next = _entry_codes(page_ptr, k_off, k_soff, block + programs, N,
+        rj, live, codes, exps = rj_next, live_next, codes_next, exps_next
+        rj_next, live_next, codes_next, exps_next = _entry_codes(page_ptr, k_off, k_soff, block + programs, N,
                                                                   NB, DI, ALIGNED)
-        keys = _decoded_keys(packed, exps, NB, DI, BF16)
+        if ALIGNED:
+            keys = _decoded_words(codes, exps, NB, DI, BF16, PTX)
+        else:
+            keys = _decoded_keys(codes, exps, NB, DI, BF16)
         for chunk in tl.static_range(QN // QC):
             _, _, rq, in_run = _run_rows(first_ptr, count_ptr, n, chunk, QC, 1, RUNS)
             if not CHAIN:  # one group: GH >= HI
@@ -236,6 +279,9 @@ FEW_PROGRAMS = 528
 # words: 155.5 against 310.1 us (1 run), 1,275 against 2,026 (8 runs), 5.1 against 6.7 at 4,096
 # entries; decode at 1M batch 8 67.56 against 73.45 ms (H200, 2026-12-04).
 FEW_ALIGNED_CODES = True
+# Aligned keys decoded by _E2M1_BYTE_PAIRS_PTX on the GPU: 154.4 against 161.4 us (1 run), 1,198
+# against 1,302 (8), 6,590 against 6,861 (32); the loop 768 against 923 instructions a thread.
+FEW_PTX_DECODE = True
 QUERY_TILES_BY_TMA = True  # off: tall tiles read the queries by pointers (bench/h200.py times both)
 
 
@@ -309,11 +355,12 @@ def _few_queries(q, w, visible, pages, key_offsets, key_scale_offsets, out, runs
     columns = chunk * triton.cdiv(most, chunk)
     group = min(triton.next_power_of_2(heads), FEW_HEADS_COLUMNS // chunk)
     programs = min(triton.cdiv(N, nb), triton.cdiv(FEW_PROGRAMS, launches))
+    # num_stages=1: pipelined, the queries reloaded a block took 400 KB of shared memory
     _indexer_few_kernel[(programs, launches)](
         q, w, visible, pages, key_offsets, key_scale_offsets, out, first, count, n, N, heads, q.stride(0), q.stride(1),
         w.stride(0), out.stride(0), key_offsets.stride(0), programs, DI=dim, QN=columns, QC=chunk, GH=group, NB=nb,
         RUNS=runs is not None, BF16=bf16, CHAIN=group < heads, HOIST=columns == chunk and group >= heads,
-        ALIGNED=aligned, num_warps=warps, num_stages=1)  # pipelined, the queries reloaded a block took 400 KB of shared memory
+        ALIGNED=aligned, PTX=FEW_PTX_DECODE and not interpreting(), num_warps=warps, num_stages=1)
 
 
 def warm_up_counts() -> list[tuple[int, int]]:
