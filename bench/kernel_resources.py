@@ -12,7 +12,8 @@ Kernels (--kernel): the prefill attention's tensor-core form (attention, the def
 decode GEMM's transposed kernel (skinny: 6 activation rows of an FP8 weight in 8 columns, exact
 mode's three parts cut in the kernel, mma.sync as shipped), the routed experts' gate/up and
 down kernels at batch 1's 2-pair blocks (gate_up, down: exact mode's three parts as dot
-columns), and the indexer's scores in prefill's tiles (indexer), and faithful prefill
+columns), the indexer's scores in prefill's tiles (indexer) and in decode's few-query form
+(indexer_few: 32 heads in one dot, aligned keys decoded in PTX), and faithful prefill
 attention's Gluon form (attention_gluon). --loop adds the main loop's SASS instructions a
 thread by opcode (the twelfth to twenty-fourth sessions' counts came from it or its throwaway
 forms). The H200 machines run Triton 3.6: for their code, put a Triton 3.6 wheel's contents
