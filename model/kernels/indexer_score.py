@@ -375,7 +375,7 @@ def warm_up_counts() -> list[tuple[int, int]]:
     return [(n, N) for n in (1, 9, 16, 17, 32, 34, 48) for N in (16, 17)]
 
 
-def scores_warm_up(device: torch.device, heads: int, dim: int) -> None:
+def scores_warm_up(device: torch.device, heads: int, dim: int, keys_aligned: bool) -> None:
     """Compile the scoring tiles (FP4-quantized queries), tall (prefill), short and few-query,
     for every specialization of warm_up_counts, before a worker serves; and the batched forms
     (a decode batch's runs in one launch, index_runs), whose rows are never 1. H200,
@@ -384,7 +384,9 @@ def scores_warm_up(device: torch.device, heads: int, dim: int) -> None:
     warmed, the short tiles once (0.7 s, 16 queries of 16 entries, in its last step). The
     batched form was not warmed: a decode batch compiled it when its widest entry count first
     changed kind, as a batch-1 step without this warm-up compiled the single-run form
-    (2026-12-03, 1.9 s in one step with two other kernels: bench/decode_compiles.py)."""
+    (2026-12-03, 1.9 s in one step with two other kernels: bench/decode_compiles.py).
+    keys_aligned: the serving pool's (CacheLayout.keys_aligned), which picks the few-query
+    form's loads and decode."""
     most = max(n for n, _ in warm_up_counts())
     q = torch.zeros(most, heads, dim, dtype=torch.bfloat16, device=device)
     w = torch.zeros(most, heads, device=device)
@@ -393,11 +395,11 @@ def scores_warm_up(device: torch.device, heads: int, dim: int) -> None:
         for n, N in warm_up_counts():
             offsets = torch.zeros(N, dtype=torch.long, device=device)
             indexer_scores(q[:n], w[:n], torch.full((n,), N, device=device), pages, offsets, offsets,
-                           exact_in_bf16=True, tall=tall)
+                           exact_in_bf16=True, tall=tall, keys_aligned=keys_aligned)
     for n, N in warm_up_counts():
         if n > 1:  # two runs, the second from row n // 2
             offsets = torch.zeros(2, N, dtype=torch.long, device=device)
             first = torch.tensor([0, n // 2], device=device)
             count = torch.tensor([n // 2, n - n // 2], device=device)
             indexer_scores(q[:n], w[:n], torch.full((n,), N, device=device), pages, offsets, offsets,
-                           (first, count, n - n // 2), exact_in_bf16=True)
+                           (first, count, n - n // 2), exact_in_bf16=True, keys_aligned=keys_aligned)

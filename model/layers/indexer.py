@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from ...kvcache.layout import CacheLayout
 from ...kvcache.paged import page_offsets, tables_end_to_end
 from ..batch import SeqRun, end_to_end, offsets, rows_positions, run_rows
 from ..config import LayerRole, ModelConfig
@@ -38,11 +39,12 @@ def top_k_rows(cfg: ModelConfig) -> dict[int, int]:
     return longest
 
 
-def warm_up(device: torch.device, cfg: ModelConfig) -> None:
+def warm_up(device: torch.device, cfg: ModelConfig, layout: CacheLayout) -> None:
     """Compile the indexer's kernels for long prompts before a worker serves: the top-k for
-    every plan its rows meet and the scoring tiles at every specialization."""
+    every plan its rows meet and the scoring tiles at every specialization, in the forms the
+    pool's layout takes."""
     top_k.warm_up(device, top_k_rows(cfg))
-    scores_warm_up(device, cfg.index_n_heads, cfg.index_head_dim)
+    scores_warm_up(device, cfg.index_n_heads, cfg.index_head_dim, layout.keys_aligned)
 
 
 def select_candidate_blocks(scores: torch.Tensor, visible: torch.Tensor, topk_blocks: int, block: int) -> torch.Tensor:

@@ -889,15 +889,16 @@ def test_the_scores_warm_up_meets_every_specialization_of_its_counts():
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(indexer_score, "indexer_scores", scores)
-        indexer_score.scores_warm_up(torch.device(DEVICE), 4, 32)
+        indexer_score.scores_warm_up(torch.device(DEVICE), 4, 32, False)
     assert launched == ([(n, N, tall, False) for tall in (True, False) for n, N in counts]
                         + [(n, N, False, True) for n, N in counts if n > 1])
 
 
-def test_the_scores_warm_up_compiles_every_form(monkeypatch):
+@pytest.mark.parametrize("keys_aligned", [False, True])
+def test_the_scores_warm_up_compiles_every_form(keys_aligned, monkeypatch):
     """The warm-up reaches each form a worker launches, alone and batched: the few-query form
-    at 8 and 16 query columns (its entry counts are not specialized), the short tiles and the
-    tall ones."""
+    at 8 and 16 query columns (its entry counts are not specialized) with the loads and decode
+    the pool's layout takes (aligned keys as words), the short tiles and the tall ones."""
     from dsflash.model.kernels import indexer_score
 
     forms = set()
@@ -908,18 +909,19 @@ def test_the_scores_warm_up_compiles_every_form(monkeypatch):
 
         def __getitem__(self, grid):
             def launch(*args, **kw):
-                forms.add((self.name, kw.get("QN", kw.get("QB")), kw["NB"], kw["RUNS"]))
+                forms.add((self.name, kw.get("QN", kw.get("QB")), kw["NB"], kw["RUNS"], kw.get("ALIGNED")))
                 return self.kernel[grid](*args, **kw)
             return launch
 
     for name in ("_indexer_kernel", "_indexer_few_kernel"):
         monkeypatch.setattr(indexer_score, name, Recording(name, getattr(indexer_score, name)))
-    indexer_score.scores_warm_up(torch.device(DEVICE), 4, 32)
+    indexer_score.scores_warm_up(torch.device(DEVICE), 4, 32, keys_aligned)
     short, tall = indexer_score.TILES["short"], indexer_score.TILES["tall"]
     nb = indexer_score.FEW_TILES[0]
-    few_forms = {("_indexer_few_kernel", qn, nb, runs) for qn in (8, 16) for runs in (False, True)}
-    assert forms == few_forms | {("_indexer_kernel", *short[:2], False), ("_indexer_kernel", *short[:2], True),
-        ("_indexer_kernel", *tall[:2], False)}
+    few_forms = {("_indexer_few_kernel", qn, nb, runs, keys_aligned) for qn in (8, 16) for runs in (False, True)}
+    tiles = {("_indexer_kernel", *short[:2], False, None), ("_indexer_kernel", *short[:2], True, None),
+             ("_indexer_kernel", *tall[:2], False, None)}
+    assert forms == few_forms | tiles
 
 
 def test_a_batch_on_the_kernel_path_matches_its_runs_alone(golden_dir, golden, monkeypatch):
