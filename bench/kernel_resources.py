@@ -58,7 +58,7 @@ class Kernel(NamedTuple):
 
 _EXPERT_POINTERS = {"x_ptr": "*bf16", "h_ptr": "*bf16", "tok_ptr": "*i32", "pair_ptr": "*i32", "wt_ptr": "*fp32",
                     "blk_ptr": "*i32", "w_ptr": "*i16", "s_ptr": "*u8", "o_ptr": "*fp32", "limit": "fp32"}
-_EXPERT_DEFAULTS = dict(SPLITS=3, SLOTS=4, PIECES=4, PTX=True, SMALL=True, VECTORS=True, SCALE_WORDS=False,
+_EXPERT_DEFAULTS = dict(SPLITS=3, SLOTS=4, PIECES=4, PTX=True, SMALL=True, VECTORS=True, SCALE_WORDS=False, PDL=True,
                         BLOCK_M=2, **fp4_moe.TILES[2])
 _EXPERT_VARIANTS = ";BLOCK_M=4;num_stages=2;BLOCK_KU=32;BLOCK_N=128;num_warps=8;SPLITS=1,SLOTS=1"
 # batch 1's 6 tokens over the release's widths (hidden 5,120, 2,304 a routed expert): exact
@@ -72,7 +72,7 @@ KERNELS = {
         {"q_ptr": "*bf16", "ring16_ptr": "*i16", "win_off": "*i64", "win_soff": "*i64", "page_ptr": "*u8",
          "ent_off": "*i64", "ent_soff": "*i64", "sink_ptr": "*fp32", "o_ptr": "*fp32", "part_ml": "*fp32",
          "part_acc": "*fp32", "scale": "fp32"},
-        dict(D=512, QP=1, PP=1, PTX=True, GATHERED=True, SPLITS=1,
+        dict(D=512, QP=1, PP=1, PTX=True, GATHERED=True, SPLITS=1, PDL=False,
              **{key: {**sa.PREFILL_TILES, **sa.BF16_PREFILL_TILES}[key]
                 for key in ("HB", "KT", "BOTH", "num_warps", "num_stages")}),
         ";BOTH=0,KT=32,num_warps=4;BOTH=1,KT=32;QP=2,PP=2,BOTH=0,KT=32,num_warps=4;QP=2,PP=2",
@@ -102,8 +102,8 @@ KERNELS = {
         fp8_gemm._skinny_kernel,
         {"x_ptr": "*fp32", "w_ptr": "*i32", "s_ptr": "*u8", "y_ptr": "*fp32", "out_ptr": "*fp32", "count_ptr": "*i32"},
         dict(FP8_WEIGHT=True, SMALL=True, SPLIT=True, PTX=True, EVEN_K=True, GROUP_ROWS=0, SUM_GROUP=1,
-             **fp8_gemm._skinny_tiles(32768, 6)),
-        ";BLOCK_M=16;SUM_GROUP=8;num_stages=2;BLOCK_N=128;BLOCK_N=128,num_warps=4;BLOCK_K=64", mma_sync=True,
+             PDL=True, **fp8_gemm._skinny_tiles(32768, 6)),
+        ";PDL=0;BLOCK_M=16;SUM_GROUP=8;num_stages=2;BLOCK_N=128;BLOCK_N=128,num_warps=4;BLOCK_K=64", mma_sync=True,
         sample=dict(M=6, N=32768, K=1280, K_PER_SPLIT=640, SPLITS=2, sxm=1280, sxk=1, swn=320, ssn=40, ssk=1,
                     sys=6 * 32768, sym=32768, syn=1)),  # wq_b at 6 rows
     "gate_up": Kernel(fp4_moe._gate_up_kernel, _EXPERT_POINTERS, dict(_EXPERT_DEFAULTS, ACT_QUANT=False),
@@ -117,7 +117,7 @@ KERNELS = {
         {"q_ptr": lambda o: f"tensordesc<bf16[{o['QB']},{o['DI']}]>" if o["TMA"] else "*bf16", "w_ptr": "*fp32",
          "vis_ptr": "*i64", "page_ptr": "*u8", "k_off": "*i64", "k_soff": "*i64", "o_ptr": "*fp32",
          "first_ptr": "*i64", "count_ptr": "*i64"},
-        dict(DI=128, RUNS=False, BF16=True, TMA=indexer_score.QUERY_TILES_BY_TMA, num_stages=3,
+        dict(DI=128, RUNS=False, BF16=True, TMA=indexer_score.QUERY_TILES_BY_TMA, num_stages=3, PDL=False,
              **dict(zip(("QB", "NB", "num_warps"), indexer_score.TILES["tall"]))),
         ";NB=64;num_warps=4;QB=128",
         # an 8,192-token chunk's queries, 32 heads of 128 (the release), against 131,071 entries
@@ -128,7 +128,7 @@ KERNELS = {
         {"q_ptr": "*bf16", "w_ptr": "*fp32", "vis_ptr": "*i64", "page_ptr": "*u8", "k_off": "*i64", "k_soff": "*i64",
          "o_ptr": "*fp32", "first_ptr": "*i64", "count_ptr": "*i64"},
         dict(DI=128, RUNS=False, BF16=True, QN=8, QC=indexer_score.FEW_QUERY_COLUMNS, GH=32, CHAIN=False,
-             HOIST=True, ALIGNED=True, PTX=True, num_stages=1,
+             HOIST=True, ALIGNED=True, PTX=True, num_stages=1, PDL=False,
              **dict(zip(("NB", "num_warps"), indexer_score.FEW_TILES))),
         ";PTX=0;ALIGNED=0,PTX=0;QN=16,HOIST=0;GH=16,CHAIN=1,HOIST=0",
         sample=dict(n=6, N=1048575, HI=32, sqn=32 * 128, sqh=128, swn=32, son=1048575, skr=1048575,

@@ -16,6 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
+from . import pdl
 from .common import bf16_rne, interpreting
 from .rope import rope, rope_values
 
@@ -46,9 +47,10 @@ class Queries(NamedTuple):
 @triton.jit
 def _rope_parts_kernel(x_ptr, cos_ptr, sin_ptr, out_ptr, total, H, sxn, sxh, scn, sop,
                        D: tl.constexpr, HALF: tl.constexpr, SPLITS: tl.constexpr, G: tl.constexpr,
-                       BLOCK: tl.constexpr, PTX: tl.constexpr):
+                       BLOCK: tl.constexpr, PTX: tl.constexpr, PDL: tl.constexpr):
     """Elements e of x [n, H, D] (flattened) -> RoPE -> their SPLITS bf16 parts at
     out[p, e // D, (col % G) * (D / G) + col // G]."""
+    pdl.wait_for_inputs(PDL)
     e = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     live = e < total
     row = e // D
@@ -76,5 +78,5 @@ def query_parts(q: Queries, splits: int, interleave: int) -> torch.Tensor:
         block = 1024
         _rope_parts_kernel[(triton.cdiv(total, block),)](x, cos, sin, out, total, heads, x.stride(0), x.stride(1),
                                                          cos.stride(0), total, D=D, HALF=half, SPLITS=splits,
-                                                         G=interleave, BLOCK=block, PTX=_PTX)
+                                                         G=interleave, BLOCK=block, PTX=_PTX, **pdl.options(x.device))
     return out

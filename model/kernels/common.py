@@ -15,6 +15,8 @@ import torch
 import triton
 import triton.language as tl
 
+from . import pdl
+
 
 def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
@@ -348,9 +350,11 @@ def bf16_rne(x):
 
 
 @triton.jit
-def _bf16_parts_kernel(x_ptr, out_ptr, n, C, sxr, sop, SPLITS: tl.constexpr, G: tl.constexpr, BLOCK: tl.constexpr):
+def _bf16_parts_kernel(x_ptr, out_ptr, n, C, sxr, sop, SPLITS: tl.constexpr, G: tl.constexpr, BLOCK: tl.constexpr,
+                       PDL: tl.constexpr):
     """Elements e of x (row e // C, column e % C, rows sxr apart) -> their SPLITS parts at
     out[p, row, (col % G) * (C / G) + col // G] (rows C apart)."""
+    pdl.wait_for_inputs(PDL)
     e = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     live = e < n
     row = e // C
@@ -375,5 +379,5 @@ def bf16_parts_kernel(x: torch.Tensor, splits: int, interleave: int = 1) -> torc
     if n:
         block = 1024
         _bf16_parts_kernel[(triton.cdiv(n, block),)](rows, out, n, C, rows.stride(0), out[0].numel(), SPLITS=splits,
-                                                     G=interleave, BLOCK=block)
+                                                     G=interleave, BLOCK=block, **pdl.options(rows.device))
     return out

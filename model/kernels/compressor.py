@@ -24,6 +24,7 @@ import triton.language as tl
 from .. import quant
 from ..layers.norm import rms_norm
 from ..rope import apply_rope
+from . import pdl
 from .common import interpreting
 from .quantize import fp4_round_trip_pairs
 from .rope import mul_rn
@@ -57,8 +58,9 @@ def _rms_inverse(sum_squares, N: tl.constexpr, eps):
 
 @triton.jit
 def _pool_norm_kernel(kv_ptr, gate_ptr, w_ptr, out_ptr, eps, skv, sgate, so,
-                      D: tl.constexpr, RATIO: tl.constexpr, BLOCK_D: tl.constexpr):
+                      D: tl.constexpr, RATIO: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr):
     """Program g: rows g*RATIO .. g*RATIO + RATIO - 1 -> latent row g."""
+    pdl.wait_for_inputs(PDL)
     g = tl.program_id(0).to(tl.int64)
     d = tl.arange(0, BLOCK_D)
     live = d < D
@@ -79,9 +81,10 @@ def _pool_norm_kernel(kv_ptr, gate_ptr, w_ptr, out_ptr, eps, skv, sgate, so,
 def _norm_rope_fp4_kernel(x_ptr, w_ptr, cos_ptr, sin_ptr, values_ptr, packed_ptr, scales_ptr, eps, sx, sc,
                           N: tl.constexpr, HALF: tl.constexpr, BLOCK: tl.constexpr, NUM_BLOCKS: tl.constexpr,
                           BLOCKS_P2: tl.constexpr, NORM: tl.constexpr, E4M3_SCALES: tl.constexpr,
-                          PTX: tl.constexpr):
+                          PTX: tl.constexpr, PDL: tl.constexpr):
     """Program: one row, as its quantizer blocks [BLOCKS_P2, BLOCK/2] of even and odd columns.
     A pair (2p, 2p+1) is both a RoPE pair and the two nibbles of packed byte p."""
+    pdl.wait_for_inputs(PDL)
     row = tl.program_id(0).to(tl.int64)
     b = tl.arange(0, BLOCKS_P2)
     live = (b < NUM_BLOCKS)[:, None]
@@ -119,7 +122,8 @@ def pool_norm(kv: torch.Tensor, gate: torch.Tensor | None, weight: torch.Tensor,
     out = torch.empty(rows // ratio, D, dtype=torch.float32, device=kv.device)
     if rows:
         _pool_norm_kernel[(rows // ratio,)](kv, gate, weight.contiguous(), out, eps, kv.stride(0), gate.stride(0),
-                                            out.stride(0), D=D, RATIO=ratio, BLOCK_D=triton.next_power_of_2(D))
+                                            out.stride(0), D=D, RATIO=ratio, BLOCK_D=triton.next_power_of_2(D),
+                                            **pdl.options(kv.device))
     return out
 
 
@@ -141,5 +145,5 @@ def norm_rope_fp4(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, block: 
         _norm_rope_fp4_kernel[(G,)](x, w, cos, sin, values, packed, scales, eps, x.stride(0), cos.stride(0), N=n,
                                     HALF=half, BLOCK=block, NUM_BLOCKS=n // block,
                                     BLOCKS_P2=triton.next_power_of_2(n // block), NORM=norm_weight is not None,
-                                    E4M3_SCALES=e4m3_scales, PTX=_PTX)
+                                    E4M3_SCALES=e4m3_scales, PTX=_PTX, **pdl.options(x.device))
     return values, (packed, scales)

@@ -40,6 +40,7 @@ import triton
 import triton.language as tl
 
 from ..quant import dequantize_fp4_weight, fake_quant_fp8
+from . import pdl
 from .common import (DOT, bf16_parts, byte_words, e2m1_quads, interpreting, mma_sync, quad_scales, quad_units,
                      scale_bytes_within, step_scales)
 from .quantize import fp8_blocks
@@ -137,10 +138,11 @@ def _gate_up_kernel(x_ptr, tok_ptr, wt_ptr, blk_ptr, w_ptr, s_ptr, h_ptr, H, INT
                     sxs, sxq, sxt, swe, swr, sse, ssr, shs, shq, shp,
                     SPLITS: tl.constexpr, SLOTS: tl.constexpr, PIECES: tl.constexpr, PTX: tl.constexpr,
                     SMALL: tl.constexpr, ACT_QUANT: tl.constexpr, VECTORS: tl.constexpr, SCALE_WORDS: tl.constexpr,
-                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_KU: tl.constexpr):
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_KU: tl.constexpr, PDL: tl.constexpr):
     """Program (block of pairs, N tile): h^T[rows, pairs] of one expert, stored as SPLITS bf16
     parts for the down projection (in PIECES pieces of every PIECES-th column, as x comes).
     ACT_QUANT: h rounded onto the FP8 grid in blocks of 32 of its rows (a tile holds whole blocks)."""
+    pdl.wait_for_inputs(PDL)
     pid_b = tl.program_id(0)
     expert = tl.load(blk_ptr + pid_b)
     if expert < 0:  # past the last real run of this batch
@@ -178,8 +180,9 @@ def _down_kernel(h_ptr, tok_ptr, pair_ptr, blk_ptr, w_ptr, s_ptr, o_ptr, H, INTE
                  shs, shq, shp, swe, swr, sse, ssr, sop, soh,
                  SPLITS: tl.constexpr, SLOTS: tl.constexpr, PIECES: tl.constexpr, PTX: tl.constexpr,
                  SMALL: tl.constexpr, VECTORS: tl.constexpr, SCALE_WORDS: tl.constexpr, BLOCK_M: tl.constexpr,
-                 BLOCK_N: tl.constexpr, BLOCK_KU: tl.constexpr):
+                 BLOCK_N: tl.constexpr, BLOCK_KU: tl.constexpr, PDL: tl.constexpr):
     """Program (block of pairs, N tile): o^T[rows, pairs], stored at each pair's own row."""
+    pdl.wait_for_inputs(PDL)
     pid_b = tl.program_id(0)
     expert = tl.load(blk_ptr + pid_b)
     if expert < 0:
@@ -292,12 +295,13 @@ TWO_PAIRS_BELOW = 1.0
 @triton.jit
 def _route_plan_kernel(idx_ptr, wt_ptr, tok_ptr, pair_ptr, routed_ptr, blk_ptr, P, E, K, ROWS, BLOCKS,
                        BLOCK_M: tl.constexpr, CP: tl.constexpr, EP: tl.constexpr, RP: tl.constexpr,
-                       BP: tl.constexpr):
+                       BP: tl.constexpr, PDL: tl.constexpr):
     """RoutePlan in one program, for decode-sized batches: the ~40 small torch kernels of the
     general path were ~40 graph nodes per MoE layer. A pair's row is its expert's first row
     plus its rank among that expert's pairs, in pair order (the stable sort of the general
     path): a one-hot [experts, CP pairs] matrix and its running sums, chunk by chunk (two
     passes: the experts' counts first, then the rows, each chunk after the pairs before it)."""
+    pdl.wait_for_inputs(PDL)
     experts = tl.arange(0, EP)
     counts = tl.zeros((EP,), tl.int32)
     for first in range(0, P, CP):
@@ -365,7 +369,7 @@ class RoutePlan:
                                      self.pair_ids, self.routed, self.block_expert, P, E, k, self.rows, blocks,
                                      BLOCK_M=block_m, CP=max(16, min(PP, PLAN_TILE // EP)), EP=EP,
                                      RP=triton.next_power_of_2(self.rows),
-                                     BP=triton.next_power_of_2(blocks))
+                                     BP=triton.next_power_of_2(blocks), **pdl.options(idx.device))
             return
         flat = idx.reshape(-1).long()
         order = torch.argsort(flat, stable=True)
@@ -470,9 +474,10 @@ def fp4_moe(x, idx, weights, w13, s13, w2, s2, limit: float, block_m: int | None
         _gate_up_kernel[(blocks, triton.cdiv(inter, tiles["BLOCK_N"]))](
             parts, plan.tokens, plan.routed, plan.block_expert, w13, sc13, h, H, inter, float(limit),
             *parts.stride()[:3], w13.stride(0), w13.stride(1), sc13.stride(0), sc13.stride(1),
-            *h.stride()[:3], ACT_QUANT=rounds_h, VECTORS=_vectors(H // PIECES, ku, *parts.stride()[:3]), **options)
+            *h.stride()[:3], ACT_QUANT=rounds_h, VECTORS=_vectors(H // PIECES, ku, *parts.stride()[:3]),
+            **options, **pdl.options(parts.device))
         _down_kernel[(blocks, triton.cdiv(H, tiles["BLOCK_N"]))](
             h, plan.tokens, plan.pair_ids, plan.block_expert, w2, sc2, out, H, inter, *h.stride()[:3],
             w2.stride(0), w2.stride(1), sc2.stride(0), sc2.stride(1), out.stride(0), out.stride(1),
-            VECTORS=_vectors(inter // PIECES, ku, *h.stride()[:3]), **options)
+            VECTORS=_vectors(inter // PIECES, ku, *h.stride()[:3]), **options, **pdl.options(h.device))
     return out.view(T, idx.shape[1], H).sum(dim=1)

@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 
 from ..quant import dequantize_fp8_weight, fake_quant_fp8
-from . import prefill_gemms
+from . import pdl, prefill_gemms
 from .common import (DOT, bf16_head, bf16_parts, dot_exact_lhs, dot_exact_rhs, e4m3_to_float, e4m3_words,
                      interpreting, mma_sync, scale_bytes_within, word_scales)
 from .quantize import fp8_grid_bf16
@@ -41,11 +41,12 @@ def _fp8_gemm_kernel(x_ptr, w_ptr, s_ptr, y_ptr, out_ptr, count_ptr, M, N, K, K_
                      sxp, sxm, sxk, swn, swk, ssn, ssk, sys, sym, syn,
                      PARTS: tl.constexpr, GROUP_ROWS: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                     HW_FP8: tl.constexpr, FP8_WEIGHT: tl.constexpr):
+                     HW_FP8: tl.constexpr, FP8_WEIGHT: tl.constexpr, PDL: tl.constexpr):
     """One (M, N) tile over one K range (split-K: see _finish).
     The weight is e4m3 codes with e8m0 block scales, or (FP8_WEIGHT off) plain bf16. x comes
     as PARTS slices (stride sxp) that sum to the activations. GROUP_ROWS > 0: a block-diagonal
-    weight, each GROUP_ROWS rows applied to their own K columns of x."""
+    weight, each GROUP_ROWS rows applied to their own K columns of x. PDL: see pdl.py."""
+    pdl.wait_for_inputs(PDL)
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     pid_k = tl.program_id(2)
@@ -148,7 +149,8 @@ def _skinny_kernel(x_ptr, w_ptr, s_ptr, y_ptr, out_ptr, count_ptr, M, N, K, K_PE
                    sxm, sxk, swn, ssn, ssk, sys, sym, syn,
                    FP8_WEIGHT: tl.constexpr, SMALL: tl.constexpr, SPLIT: tl.constexpr, PTX: tl.constexpr,
                    EVEN_K: tl.constexpr, GROUP_ROWS: tl.constexpr, SUM_GROUP: tl.constexpr,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                   PDL: tl.constexpr):
     """y^T[rows, :M] = W[rows] x^T over one K range, for at most BLOCK_M rows of x (decode):
     the weight tile is the left operand as decoded (64 rows fill a Hopper warpgroup MMA) and
     the few activation rows the right one, read transposed and cut into parts once. FP8
@@ -157,7 +159,9 @@ def _skinny_kernel(x_ptr, w_ptr, s_ptr, y_ptr, out_ptr, count_ptr, M, N, K, K_PE
     and fp32 weights are read as they are. Rows past N or M re-read the last real one instead
     of masking every load (their sums are not stored); EVEN_K: K is a multiple of BLOCK_K, no
     column masks either. GROUP_ROWS > 0: a block-diagonal weight, each GROUP_ROWS rows applied
-    to their own K columns of x. SUM_GROUP: split parts the last program reads at once (_finish)."""
+    to their own K columns of x. SUM_GROUP: split parts the last program reads at once (_finish).
+    PDL: see pdl.py."""
+    pdl.wait_for_inputs(PDL)
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -382,7 +386,7 @@ def _gemm(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor | None, ti
     _fp8_gemm_kernel[grid + (splits,)](parts, weight, scale_ptr, y, out, counts, M, N, K, per_split, splits,
                                        *parts.stride(), weight.stride(0), weight.stride(1), ssn, ssk, *y.stride(),
                                        PARTS=parts.shape[0], GROUP_ROWS=group_rows, HW_FP8=not interpreting(),
-                                       FP8_WEIGHT=fp8, **tiles)
+                                       FP8_WEIGHT=fp8, **tiles, **pdl.options(x.device))
     return out
 
 
@@ -405,7 +409,8 @@ def _skinny(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor | None, 
         _skinny_kernel[(out_tiles, splits)](
             x, w, scale_ptr, y, out, counts, M, N, K, per_split, splits, x.stride(0), x.stride(1), w.stride(0), ssn,
             ssk, *y.stride(), FP8_WEIGHT=fp8, SMALL=small, SPLIT=x.dtype != torch.bfloat16, PTX=not interpreting(),
-            EVEN_K=K % tiles["BLOCK_K"] == 0, GROUP_ROWS=group_rows, SUM_GROUP=_sum_group(splits), **tiles)
+            EVEN_K=K % tiles["BLOCK_K"] == 0, GROUP_ROWS=group_rows, SUM_GROUP=_sum_group(splits),
+            **tiles, **pdl.options(x.device))
     return out
 
 

@@ -9,13 +9,15 @@ import torch
 import triton
 import triton.language as tl
 
+from . import pdl
 from .common import interpreting
 
 
 @triton.jit
 def _hc_gates_kernel(mix_ptr, scale_ptr, base_ptr, pre_ptr, post_ptr, comb_ptr, T, smt, iters, hc_eps,
-                     S: tl.constexpr, TOKENS: tl.constexpr):
+                     S: tl.constexpr, TOKENS: tl.constexpr, PDL: tl.constexpr):
     """Program (TOKENS tokens): their gates, each token's SxS in registers."""
+    pdl.wait_for_inputs(PDL)
     t = (tl.program_id(0) * TOKENS + tl.arange(0, TOKENS))[:, None]
     ours = t < T
     s = tl.arange(0, S)[None, :]
@@ -52,5 +54,6 @@ def hc_gates(mixes: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, iters
         # one token a program on the GPU; 16 in the interpreter, which runs each program in Python
         tokens = 16 if interpreting() else 1
         _hc_gates_kernel[(triton.cdiv(T, tokens),)](mixes, scale.float().contiguous(), base.float().contiguous(), pre,
-                                                    post, comb, T, mixes.stride(0), iters, hc_eps, S=S, TOKENS=tokens)
+                                                    post, comb, T, mixes.stride(0), iters, hc_eps, S=S, TOKENS=tokens,
+                                                    **pdl.options(mixes.device))
     return pre, post, comb

@@ -16,13 +16,15 @@ import torch
 import triton
 import triton.language as tl
 
+from . import pdl
 from .common import DOT
 
 
 @triton.jit
 def _hc_expand_kernel(y_ptr, x_ptr, post_ptr, comb_ptr, out_ptr, H, syt, sxt, sxs, sot, sos,
-                      S: tl.constexpr, BLOCK: tl.constexpr):
+                      S: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
     """Program (token t, column block): all S output streams of those columns."""
+    pdl.wait_for_inputs(PDL)
     t = tl.program_id(0)
     d = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     s = tl.arange(0, S)
@@ -38,8 +40,9 @@ def _hc_expand_kernel(y_ptr, x_ptr, post_ptr, comb_ptr, out_ptr, H, syt, sxt, sx
 
 @triton.jit
 def _hc_collapse_norm_kernel(x_ptr, pre_ptr, w_ptr, out_ptr, H, eps, sxt, sxs, sot,
-                             S: tl.constexpr, BLOCK: tl.constexpr):
+                             S: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
     """Program (token t): the collapsed row, normalized (BLOCK >= H: the whole row at once)."""
+    pdl.wait_for_inputs(PDL)
     t = tl.program_id(0)
     d = tl.arange(0, BLOCK)
     s = tl.arange(0, S)
@@ -54,10 +57,12 @@ def _hc_collapse_norm_kernel(x_ptr, pre_ptr, w_ptr, out_ptr, H, eps, sxt, sxs, s
 
 @triton.jit
 def _hc_mixes_kernel(x_ptr, fn_ptr, out_ptr, part_ptr, squares_ptr, T, N, K, K_PER_SPLIT, eps, sxt, sfn, sot,
-                     BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLITS: tl.constexpr):
+                     BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLITS: tl.constexpr,
+                     PDL: tl.constexpr):
     """Program (BLOCK_T rows, K split): their projections and sums of squares in one pass over
     the split's columns (fp32-accurate dots: tf32x3 on the GPU). One split scales and stores
     the mixes; several leave [SPLITS, T, BLOCK_N] projections and [SPLITS, T] sums of squares."""
+    pdl.wait_for_inputs(PDL)
     rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     split = tl.program_id(1)
     n = tl.arange(0, BLOCK_N)
@@ -113,7 +118,7 @@ def hc_mixes(X: torch.Tensor, fn: torch.Tensor, eps: float, tiles: dict | None =
     squares = torch.empty(splits, T, device=X.device) if splits > 1 else out
     _hc_mixes_kernel[(triton.cdiv(T, t["BLOCK_T"]), splits)](flat, fn, out, parts, squares, T, N, K, per_split, eps,
                                                              flat.stride(0), fn.stride(0), out.stride(0),
-                                                             BLOCK_N=block_n, **t)
+                                                             BLOCK_N=block_n, **t, **pdl.options(flat.device))
     if splits > 1:
         inv = 1.0 / torch.sqrt(squares.sum(0) / K + eps)
         torch.mul(parts.sum(0)[:, :N], inv[:, None], out=out)
@@ -134,7 +139,8 @@ def hc_expand(y: torch.Tensor, X: torch.Tensor, post: torch.Tensor, comb: torch.
     if T:
         block = 256
         _hc_expand_kernel[(T, triton.cdiv(H, block))](y, X, post, comb, out, H, y.stride(0), X.stride(0), X.stride(1),
-                                                      out.stride(0), out.stride(1), S=S, BLOCK=block)
+                                                      out.stride(0), out.stride(1), S=S, BLOCK=block,
+                                                      **pdl.options(y.device))
     return out
 
 
@@ -147,5 +153,5 @@ def hc_collapse_norm(X: torch.Tensor, pre: torch.Tensor, weight: torch.Tensor | 
     if T:
         block = triton.next_power_of_2(H)
         _hc_collapse_norm_kernel[(T,)](X, pre, w, out, H, eps, X.stride(0), X.stride(1), out.stride(0), S=S,
-                                       BLOCK=block, num_warps=8 if block >= 4096 else 4)
+                                       BLOCK=block, num_warps=8 if block >= 4096 else 4, **pdl.options(X.device))
     return out

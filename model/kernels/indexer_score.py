@@ -13,6 +13,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from . import pdl
 from .common import dot_exact_lhs, dot_exact_rhs, interpreting
 
 
@@ -138,7 +139,7 @@ def _run_rows(first_ptr, count_ptr, n, block, QB: tl.constexpr, AXIS: tl.constex
 @triton.jit
 def _indexer_kernel(q_ptr, w_ptr, vis_ptr, page_ptr, k_off, k_soff, o_ptr, first_ptr, count_ptr, n, N, HI,
                     sqn, sqh, swn, son, skr, DI: tl.constexpr, QB: tl.constexpr, NB: tl.constexpr,
-                    RUNS: tl.constexpr, BF16: tl.constexpr, TMA: tl.constexpr):
+                    RUNS: tl.constexpr, BF16: tl.constexpr, TMA: tl.constexpr, PDL: tl.constexpr):
     """Program (query block, entry block, run): with RUNS, run r's queries are rows
     first[r] .. first[r] + count[r] and its entries row r of the offset tables. BF16: the
     queries come as bf16 holding them exactly (FP4-quantized ones do), so one bf16 dot per
@@ -146,6 +147,7 @@ def _indexer_kernel(q_ptr, w_ptr, vis_ptr, page_ptr, k_off, k_soff, o_ptr, first
     three-pass accuracy (dot_exact_rhs). TMA: q_ptr is a descriptor of the queries as
     [n, HI * DI] in [QB, DI] blocks, so a head's tile costs no registers of addresses (rows
     past n read as zeros, rows of the next run are read and never stored)."""
+    pdl.wait_for_inputs(PDL)
     pid_q = tl.program_id(0)
     pid_n = tl.program_id(1)
     run, first, rq, in_run = _run_rows(first_ptr, count_ptr, n, pid_q, QB, 2, RUNS)
@@ -212,7 +214,8 @@ def _weighted_heads(keys, q, w, acc, NB: tl.constexpr, QC: tl.constexpr, GH: tl.
 def _indexer_few_kernel(q_ptr, w_ptr, vis_ptr, page_ptr, k_off, k_soff, o_ptr, first_ptr, count_ptr, n, N, HI,
                         sqn, sqh, swn, son, skr, programs, DI: tl.constexpr, QN: tl.constexpr, QC: tl.constexpr,
                         GH: tl.constexpr, NB: tl.constexpr, RUNS: tl.constexpr, BF16: tl.constexpr,
-                        CHAIN: tl.constexpr, HOIST: tl.constexpr, ALIGNED: tl.constexpr, PTX: tl.constexpr):
+                        CHAIN: tl.constexpr, HOIST: tl.constexpr, ALIGNED: tl.constexpr, PTX: tl.constexpr,
+                        PDL: tl.constexpr):
     """_indexer_kernel for runs of at most QN queries (a decode step's verify blocks), the
     entries as the dot's rows and GH heads of QC queries as its columns: program (p, run)
     scores entry blocks p, p + programs, ... of NB, each dot [NB, DI] x [DI, GH * QC] (column
@@ -223,6 +226,7 @@ def _indexer_few_kernel(q_ptr, w_ptr, vis_ptr, page_ptr, k_off, k_soff, o_ptr, f
     over QC: the queries QC at a time; HI over GH (CHAIN): the head groups one after the
     other. HOIST (one of each): the queries load once, before the blocks (869 us reloading
     them a block). The next block's codes load while this one's are scored."""
+    pdl.wait_for_inputs(PDL)
     pid = tl.program_id(0)
     run = tl.program_id(1) if RUNS else 0
     k_off, k_soff = k_off + run * skr, k_soff + run * skr
@@ -339,7 +343,7 @@ def indexer_scores(q: torch.Tensor, w: torch.Tensor, visible: torch.Tensor, page
     _indexer_kernel[grid](queries, w, visible, pages, key_offsets, key_scale_offsets,
                           out, first, count, n, N, heads, q.stride(0), q.stride(1), w.stride(0), out.stride(0),
                           key_offsets.stride(0), DI=dim, QB=qb, NB=nb, RUNS=runs is not None, BF16=bf16, TMA=tma,
-                          num_warps=warps)
+                          num_warps=warps, **pdl.options(q.device))
     return out
 
 
@@ -360,7 +364,8 @@ def _few_queries(q, w, visible, pages, key_offsets, key_scale_offsets, out, runs
         q, w, visible, pages, key_offsets, key_scale_offsets, out, first, count, n, N, heads, q.stride(0), q.stride(1),
         w.stride(0), out.stride(0), key_offsets.stride(0), programs, DI=dim, QN=columns, QC=chunk, GH=group, NB=nb,
         RUNS=runs is not None, BF16=bf16, CHAIN=group < heads, HOIST=columns == chunk and group >= heads,
-        ALIGNED=aligned, PTX=FEW_PTX_DECODE and not interpreting(), num_warps=warps, num_stages=1)
+        ALIGNED=aligned, PTX=FEW_PTX_DECODE and not interpreting(), num_warps=warps, num_stages=1,
+        **pdl.options(q.device))
 
 
 def warm_up_counts() -> list[tuple[int, int]]:

@@ -13,6 +13,8 @@ import torch
 import triton
 import triton.language as tl
 
+from . import pdl
+
 _BLOCK = 1024
 
 
@@ -22,10 +24,11 @@ _BLOCK = 1024
 @triton.jit(do_not_specialize=["n", "cols"])
 def _page_offsets_kernel(ids_ptr, table_ptr, first_ptr, off_ptr, soff_ptr, n, cols, page_entries, page_bytes,
                          codes_at, codes_width, scales_at, scales_width,
-                         FIRST: tl.constexpr, MASK: tl.constexpr, BLOCK: tl.constexpr):
+                         FIRST: tl.constexpr, MASK: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
     """Element e of ids [rows, cols] (row e // cols): its entry's codes and scales offsets. A
     negative id reads entry 0; with MASK the codes offset is -1 for ids below 0 and the scales
     offset -1 for ids below -1 (past a run's own list)."""
+    pdl.wait_for_inputs(PDL)
     e = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     live = e < n
     ids = tl.load(ids_ptr + e, mask=live, other=0).to(tl.int64)
@@ -58,5 +61,5 @@ def page_offsets_kernel(table: torch.Tensor, ids: torch.Tensor, first_page: torc
         first = first_page.contiguous() if first_page is not None else ids
         _page_offsets_kernel[(triton.cdiv(n, _BLOCK),)](ids, table, first, off, soff, n, cols, page_entries,
                                                         page_bytes, *codes, *scales, FIRST=first_page is not None,
-                                                        MASK=mask, BLOCK=_BLOCK)
+                                                        MASK=mask, BLOCK=_BLOCK, **pdl.options(ids.device))
     return off, soff

@@ -11,11 +11,14 @@ import torch
 import triton
 import triton.language as tl
 
+from . import pdl
+
 
 @triton.jit
 def _write_rows_kernel(buf_ptr, codes_at_ptr, scales_at_ptr, codes_ptr, scales_ptr, code_base, scale_base,
-                       CB: tl.constexpr, SB: tl.constexpr):
+                       CB: tl.constexpr, SB: tl.constexpr, PDL: tl.constexpr):
     """Program (row r): its CB code bytes and SB scale bytes at their offsets plus the bases."""
+    pdl.wait_for_inputs(PDL)
     r = tl.program_id(0).to(tl.int64)
     c, s = tl.arange(0, CB), tl.arange(0, SB)
     tl.store(buf_ptr + tl.load(codes_at_ptr + r * CB + c) + code_base, tl.load(codes_ptr + r * CB + c))
@@ -31,4 +34,5 @@ def write_rows(buf: torch.Tensor, codes_at: torch.Tensor, scales_at: torch.Tenso
     assert codes_at.shape == codes.shape and scales_at.shape == scales.shape and buf.dtype == torch.uint8
     if T:
         _write_rows_kernel[(T,)](buf, codes_at.contiguous(), scales_at.contiguous(), codes.contiguous(),
-                                 scales.contiguous(), int(bases[0]), int(bases[1]), CB=CB, SB=SB)
+                                 scales.contiguous(), int(bases[0]), int(bases[1]), CB=CB, SB=SB,
+                                 **pdl.options(buf.device))

@@ -15,12 +15,16 @@ import torch
 import triton
 import triton.language as tl
 
+from . import pdl
+
 MAX_WIDTH = 32768  # wider rows keep the torch form
 
 
 @triton.jit
-def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, H, eps, sxt, sot, WEIGHT: tl.constexpr, BLOCK: tl.constexpr):
+def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, H, eps, sxt, sot, WEIGHT: tl.constexpr, BLOCK: tl.constexpr,
+                     PDL: tl.constexpr):
     """Program (row t): its sum of squares, then every column scaled (and weighted)."""
+    pdl.wait_for_inputs(PDL)
     t = tl.program_id(0)
     d = tl.arange(0, BLOCK)
     live = d < H
@@ -47,5 +51,6 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.
         w = rows if weight is None else weight.contiguous()  # never read without WEIGHT
         _rms_norm_kernel[(rows.shape[0],)](rows, w, out, H, eps, rows.stride(0), out.stride(0),
                                            WEIGHT=weight is not None, BLOCK=block,
-                                           num_warps=16 if block >= 16384 else 8 if block >= 4096 else 4)
+                                           num_warps=16 if block >= 16384 else 8 if block >= 4096 else 4,
+                                           **pdl.options(rows.device))
     return out.view(x.shape)

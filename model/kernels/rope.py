@@ -14,6 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
+from . import pdl
 from .common import interpreting
 
 _PTX = tl.constexpr(not interpreting())
@@ -51,11 +52,13 @@ def rope_values(row_ptr, d, cos_row, sin_row, live, D: tl.constexpr, HALF: tl.co
 @triton.jit
 def _rope_kernel(x_ptr, cos_ptr, sin_ptr, o_ptr, n, H, sxn, sxh, son, soh, scn,
                  D: tl.constexpr, HALF: tl.constexpr, FIRST: tl.constexpr, BLOCK_D: tl.constexpr,
-                 BLOCK_H: tl.constexpr, INVERSE: tl.constexpr, PTX: tl.constexpr, FLAT: tl.constexpr):
+                 BLOCK_H: tl.constexpr, INVERSE: tl.constexpr, PTX: tl.constexpr, FLAT: tl.constexpr,
+                 PDL: tl.constexpr):
     """Program (row, BLOCK_H heads) over channels FIRST..D-1: those before D - 2*HALF are
     copied, the rest rotate in pairs. FIRST = D - 2*HALF writes the rotated channels alone (in
     place: each program loads a pair's both channels before it stores them). FLAT (the
     interpreter): program p takes the BLOCK_H (row, head) pairs from p * BLOCK_H on, row-major."""
+    pdl.wait_for_inputs(PDL)
     if FLAT:
         pair = (tl.program_id(0) * BLOCK_H + tl.arange(0, BLOCK_H))[:, None]
         row, head = pair // H, pair % H
@@ -98,7 +101,7 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inverse: bool = 
             grid = (n, triton.cdiv(heads, block_h))
         _rope_kernel[grid](flat, cos, sin, out, n, heads, flat.stride(0), flat.stride(1), out.stride(0), out.stride(1),
                            cos.stride(0), D=D, HALF=half, FIRST=first, BLOCK_D=triton.next_power_of_2(D - first),
-                           BLOCK_H=block_h, INVERSE=inverse, PTX=_PTX, FLAT=interpreting())
+                           BLOCK_H=block_h, INVERSE=inverse, PTX=_PTX, FLAT=interpreting(), **pdl.options(flat.device))
     elif out.numel() and not in_place:
         out.copy_(flat)
     return out.view(x.shape)

@@ -15,8 +15,9 @@ import triton.language as tl
 
 from .common import (bf16_parts, bf16_rne, dot_exact_rhs, e2m1_to_float, e4m3_to_float, group_columns,
                      interpreting, pow2)
-from . import attention_queries, sparse_attention_gluon
+from . import attention_queries, pdl, sparse_attention_gluon
 from .attention_queries import Queries, query_parts
+from . import pdl
 
 
 def sparse_attention_ref(q: torch.Tensor, window_kv: torch.Tensor, window_mask: torch.Tensor,
@@ -239,9 +240,10 @@ def _tile_halves(ring16_ptr, win_off, win_soff, page_ptr, ent_off, ent_soff, row
 
 @triton.jit
 def _gather_keys_kernel(src_ptr, off_ptr, soff_ptr, dst_ptr, total, base, sbase, CB: tl.constexpr,
-                        SB: tl.constexpr, R: tl.constexpr):
+                        SB: tl.constexpr, R: tl.constexpr, PDL: tl.constexpr):
     """Keys k of a flattened offset table: their CB code bytes, then SB scale bytes, copied to
     row k of dst (zeros for a masked key); valid offsets are base (sbase) bytes short."""
+    pdl.wait_for_inputs(PDL)
     k = tl.program_id(0) * R + tl.arange(0, R)
     live = k < total
     off = tl.load(off_ptr + k, mask=live, other=-1)
@@ -268,14 +270,16 @@ def gather_keys(src: torch.Tensor, offsets: torch.Tensor, scale_offsets: torch.T
     if total:
         r = 16
         _gather_keys_kernel[(triton.cdiv(total, r),)](src, offsets, scale_offsets, out, total, int(base[0]),
-                                                      int(base[1]), CB=code_bytes, SB=scale_bytes, R=r)
+                                                      int(base[1]), CB=code_bytes, SB=scale_bytes, R=r,
+                                                      **pdl.options(src.device))
     return out
 
 
 @triton.jit
 def _decode_keys_kernel(src_ptr, off_ptr, soff_ptr, out_ptr, total, D: tl.constexpr, FP4: tl.constexpr,
-                        R: tl.constexpr, HW_FP8: tl.constexpr):
+                        R: tl.constexpr, HW_FP8: tl.constexpr, PDL: tl.constexpr):
     """Keys k of an offset list, decoded into rows of out [total, D] bf16 (zeros where masked)."""
+    pdl.wait_for_inputs(PDL)
     k = tl.program_id(0) * R + tl.arange(0, R)
     d = tl.arange(0, D)
     if FP4:
@@ -295,7 +299,8 @@ def decode_keys(src: torch.Tensor, offsets: torch.Tensor, scale_offsets: torch.T
     if offsets.numel():
         r = 8
         _decode_keys_kernel[(triton.cdiv(offsets.numel(), r),)](src, offsets, scale_offsets, out, offsets.numel(),
-                                                               D=dim, FP4=fp4, R=r, HW_FP8=not interpreting())
+                                                               D=dim, FP4=fp4, R=r, HW_FP8=not interpreting(),
+                                                               **pdl.options(src.device))
     return out
 
 
@@ -394,7 +399,7 @@ def _prefill_attention_kernel(q_ptr, ring16_ptr, win_off, win_soff, page_ptr, en
                               part_ml, part_acc, H, W, K, TILES_PER_SPLIT, scale, sqp, sqn, sqh, swn, sen, son, soh,
                               D: tl.constexpr, HB: tl.constexpr, KT: tl.constexpr, QP: tl.constexpr,
                               PP: tl.constexpr, PTX: tl.constexpr, GATHERED: tl.constexpr, SPLITS: tl.constexpr,
-                              BOTH: tl.constexpr):
+                              BOTH: tl.constexpr, PDL: tl.constexpr):
     """Program (query i, head block, column parity) over all the query's keys, on tensor cores
     (_online_parts): the prefill form, where every query has its own entries and the heads are
     the dots' rows. Two programs share a query's head block, one accumulating its even
@@ -407,6 +412,7 @@ def _prefill_attention_kernel(q_ptr, ring16_ptr, win_off, win_soff, page_ptr, en
     its running max, sum and accumulator for _combine_kernel. BOTH: one program holds both
     column halves (even in acc, odd in acc_other) and computes each logit once (program
     (query, head block, split); meant for 8 warps, whose registers hold the two halves)."""
+    pdl.wait_for_inputs(PDL)
     i = tl.program_id(0)
     heads = tl.program_id(1) * HB + tl.arange(0, HB)
     if BOTH:
@@ -549,8 +555,9 @@ def _finish(sink_ptr, heads, H, m_i, l_i, acc, out_ptrs):
 
 @triton.jit
 def _combine_kernel(part_ml, part_acc, sink_ptr, o_ptr, H, son, soh,
-                    D: tl.constexpr, HB: tl.constexpr, SPLITS: tl.constexpr):
+                    D: tl.constexpr, HB: tl.constexpr, SPLITS: tl.constexpr, PDL: tl.constexpr):
     """Merge the splits' partial softmaxes of one (query, head block)."""
+    pdl.wait_for_inputs(PDL)
     i = tl.program_id(0)
     heads = tl.program_id(1) * HB + tl.arange(0, HB)
     d = tl.arange(0, D)
@@ -751,7 +758,7 @@ def sparse_attention(q: torch.Tensor | Queries, ring: torch.Tensor, window_offse
             W, K, per_split, scale, parts.stride(0), parts.stride(1), parts.stride(2), w_off.stride(0),
             e_off.stride(0), out.stride(0), out.stride(1), D=dim, HB=plan.head_block, KT=t["KT"],
             QP=parts.shape[0], PP=t["PP"], PTX=ptx, GATHERED=bool(t["GATHER"]), SPLITS=splits, BOTH=both,
-            num_warps=num_warps or t["num_warps"], num_stages=t["num_stages"])
+            num_warps=num_warps or t["num_warps"], num_stages=t["num_stages"], **pdl.options(parts.device))
         return _merge_splits(part_ml, part_acc, sink, out, splits, *HEAD_BLOCKS["decode"])
     q = q.contiguous()
     w_off, w_soff = _shifted(w_off, w_soff, window_base)
@@ -881,5 +888,5 @@ def _merge_splits(part_ml, part_acc, sink: torch.Tensor, out: torch.Tensor, spli
         n, heads, dim = out.shape
         _combine_kernel[(n, triton.cdiv(heads, head_block))](part_ml, part_acc, sink, out, heads, out.stride(0),
                                                              out.stride(1), D=dim, HB=head_block, SPLITS=splits,
-                                                             num_warps=warps)
+                                                             num_warps=warps, **pdl.options(part_ml.device))
     return out

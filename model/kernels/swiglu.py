@@ -16,6 +16,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from . import pdl
 from .quantize import fp8_blocks
 
 
@@ -37,10 +38,11 @@ def clamped_swiglu_tile(gate, up, limit):
 
 @triton.jit
 def _swiglu_kernel(g_ptr, u_ptr, w_ptr, out_ptr, I, limit, sgt, sut, WEIGHTED: tl.constexpr, FP8_GRID: tl.constexpr,
-                   BLOCK: tl.constexpr):
+                   BLOCK: tl.constexpr, PDL: tl.constexpr):
     """Program (row t, column block). WEIGHTED: times the row's weight w[t], as torch's product
     after the SwiGLU rounds it. FP8_GRID: then each 32 columns rounded as fp8_grid_bf16 does
     (I a multiple of 32: masked columns are whole blocks of zeros), stored as bf16."""
+    pdl.wait_for_inputs(PDL)
     t = tl.program_id(0)
     d = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     live = d < I
@@ -73,5 +75,5 @@ def clamped_swiglu(gate: torch.Tensor, up: torch.Tensor, limit: float, row_weigh
         block = 1024
         _swiglu_kernel[(T, triton.cdiv(inter, block))](gate, up, row_weights if weighted else out, out, inter,
                                                        float(limit), gate.stride(0), up.stride(0), WEIGHTED=weighted,
-                                                       FP8_GRID=fp8_grid, BLOCK=block)
+                                                       FP8_GRID=fp8_grid, BLOCK=block, **pdl.options(gate.device))
     return out

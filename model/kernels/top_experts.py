@@ -17,6 +17,8 @@ import torch
 import triton
 import triton.language as tl
 
+from . import pdl
+
 MAX_EXPERTS = 1024
 
 
@@ -33,8 +35,10 @@ def top_experts_ref(logits: torch.Tensor, temp: float, bias: torch.Tensor, k: in
 
 @triton.jit
 def _top_experts_kernel(logit_ptr, bias_ptr, w_ptr, id_ptr, E, temp, scaling, slt,
-                        K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_E: tl.constexpr, NORMALIZE: tl.constexpr):
+                        K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_E: tl.constexpr, NORMALIZE: tl.constexpr,
+                        PDL: tl.constexpr):
     """Program (token t): its scores, then k rounds of max, lowest id among the maxima, mask it out."""
+    pdl.wait_for_inputs(PDL)
     t = tl.program_id(0)
     e = tl.arange(0, BLOCK_E)
     live = e < E
@@ -73,5 +77,6 @@ def top_experts(logits: torch.Tensor, temp: float, bias: torch.Tensor, k: int, n
     if T:
         _top_experts_kernel[(T,)](logits, bias.float().contiguous(), weights, ids, E, float(temp), float(scaling),
                                   logits.stride(0), K=k, BLOCK_K=triton.next_power_of_2(k),
-                                  BLOCK_E=triton.next_power_of_2(E), NORMALIZE=normalize and k > 1)
+                                  BLOCK_E=triton.next_power_of_2(E), NORMALIZE=normalize and k > 1,
+                                  **pdl.options(logits.device))
     return weights, ids

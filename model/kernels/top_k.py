@@ -52,6 +52,8 @@ import torch
 import triton
 import triton.language as tl
 
+from . import pdl
+
 RADIX_BITS = 8  # 4 counting passes of 256 bins (see Cost above)
 _BLOCK = 2048  # elements per step of a program
 _PROGRAMS = 1024  # what a launch aims for: a few per SM, to keep loads in flight
@@ -321,9 +323,11 @@ def _select_row(x_row, out_row, k, N, PASSES: tl.constexpr, BITS: tl.constexpr, 
 
 
 @triton.jit
-def _select_kernel(x_ptr, out_ptr, k, N, sxr, PASSES: tl.constexpr, BITS: tl.constexpr, BLOCK: tl.constexpr):
+def _select_kernel(x_ptr, out_ptr, k, N, sxr, PASSES: tl.constexpr, BITS: tl.constexpr, BLOCK: tl.constexpr,
+                   PDL: tl.constexpr):
     """Program (row): _select_row, one launch where the chunked form takes PASSES + 2 (a
     decode step's rows are short, and each launch costs the host more than the GPU work)."""
+    pdl.wait_for_inputs(PDL)
     row = tl.program_id(0)
     _select_row(x_ptr + row.to(tl.int64) * sxr, out_ptr + row.to(tl.int64) * k, k, N, PASSES, BITS, BLOCK)
 
@@ -332,9 +336,10 @@ def _select_kernel(x_ptr, out_ptr, k, N, sxr, PASSES: tl.constexpr, BITS: tl.con
 # length then takes the kernels warm_up compiled.)
 @triton.jit(do_not_specialize=["N", "sxr", "rank"])
 def _sample_floor_kernel(x_ptr, floor_ptr, N, sxr, rank, SAMPLE: tl.constexpr, PASSES: tl.constexpr,
-                         BITS: tl.constexpr):
+                         BITS: tl.constexpr, PDL: tl.constexpr):
     """Program (row): the rank-th best key of SAMPLE scores spread evenly over the row, by
     the radix select on registers: the row's floor (_filter_kernel)."""
+    pdl.wait_for_inputs(PDL)
     row = tl.program_id(0)
     cols = tl.arange(0, SAMPLE).to(tl.int64) * N // SAMPLE
     key = _keys(tl.load(x_ptr + row.to(tl.int64) * sxr + cols))
@@ -353,7 +358,8 @@ def _floor(floor_ptr, row):
 
 @triton.jit
 def _filter_kernel(x_ptr, floor_ptr, kept_ptr, id_ptr, count_ptr, top_ptr, N, sxr, chunk_len,
-                   CAPACITY: tl.constexpr, BLOCK: tl.constexpr, STAGES: tl.constexpr, ATOMIC: tl.constexpr):
+                   CAPACITY: tl.constexpr, BLOCK: tl.constexpr, STAGES: tl.constexpr, ATOMIC: tl.constexpr,
+                   PDL: tl.constexpr):
     """Program (row, chunk): the chunk's scores whose keys reach the row's floor (and are not
     -inf or a negative NaN, which are never returned), with their ids, into the chunk's
     CAPACITY places; how many there are (all of them, also past CAPACITY) and the highest
@@ -361,6 +367,7 @@ def _filter_kernel(x_ptr, floor_ptr, kept_ptr, id_ptr, count_ptr, top_ptr, N, sx
     from a prefix sum over each block (in id order), or with ATOMIC from an atomic count the
     kept scores take places from one by one (in any order; the count starts at 0): a few in a
     block of thousands, where the prefix sum costs every score."""
+    pdl.wait_for_inputs(PDL)
     row = tl.program_id(0)
     chunk = tl.program_id(1)
     at = row * tl.num_programs(1) + chunk
@@ -408,7 +415,8 @@ def _kept_tile(kept_ptr, id_ptr, count_ptr, row, chunks, j0, CHUNKS: tl.constexp
 @triton.jit(do_not_specialize=["k", "N", "sxr", "chunks"])
 def _pick_kernel(x_ptr, floor_ptr, kept_ptr, id_ptr, count_ptr, top_ptr, out_ptr, k, N, sxr, chunks,
                  CAPACITY: tl.constexpr, PASSES: tl.constexpr, BITS: tl.constexpr, BLOCK: tl.constexpr,
-                 MAX_CHUNKS: tl.constexpr, J: tl.constexpr, K_POW2: tl.constexpr, SKIP_SHARED: tl.constexpr):
+                 MAX_CHUNKS: tl.constexpr, J: tl.constexpr, K_POW2: tl.constexpr, SKIP_SHARED: tl.constexpr,
+                 PDL: tl.constexpr):
     """Program (row): the radix select over the row's kept scores. They hold the row's k best
     when every chunk's fit its places and there are at least k of them, or when the floor let
     every returnable score through; otherwise (the sample misjudged the row) the whole row is
@@ -418,6 +426,7 @@ def _pick_kernel(x_ptr, floor_ptr, kept_ptr, id_ptr, count_ptr, top_ptr, out_ptr
     `take`), and the picks, written in any order, are sorted in registers at the end. With
     SKIP_SHARED, a counting pass whose digit the floor and the highest kept key share (and
     every digit above it) takes that digit without reading the kept scores."""
+    pdl.wait_for_inputs(PDL)
     row = tl.program_id(0)
     out_row = out_ptr + row.to(tl.int64) * k
     chunk_ids = tl.arange(0, MAX_CHUNKS)
@@ -491,7 +500,8 @@ def top_k_ascending_kernel(scores: torch.Tensor, k: int, chunks: int | None = No
     filtered, chunks, chunk_len, block = launch_plan(n, N, k, chunks, block, filtered)
     passes = triton.cdiv(32, radix_bits)
     if chunks == 1:  # one program per row: every pass in one launch
-        _select_kernel[(n,)](x, out, k, N, x.stride(0), PASSES=passes, BITS=radix_bits, BLOCK=block, num_warps=8)
+        _select_kernel[(n,)](x, out, k, N, x.stride(0), PASSES=passes, BITS=radix_bits, BLOCK=block, num_warps=8,
+                             **pdl.options(x.device))
         return out
     grid = (n, chunks)
     if filtered:
@@ -502,14 +512,15 @@ def top_k_ascending_kernel(scores: torch.Tensor, k: int, chunks: int | None = No
         counts = (torch.zeros if atomic else torch.empty)(n, chunks, dtype=torch.int32, device=x.device)
         tops = torch.empty(n, chunks, dtype=torch.int32, device=x.device)  # uint32 keys, as int32 bits
         _sample_floor_kernel[(n,)](x, floor, N, x.stride(0), floor_rank(k, N, sample), SAMPLE=sample, PASSES=passes,
-                                   BITS=radix_bits, num_warps=8)
+                                   BITS=radix_bits, num_warps=8, **pdl.options(x.device))
         _filter_kernel[grid](x, floor, kept, ids, counts, tops, N, x.stride(0), chunk_len, CAPACITY=capacity,
-                             BLOCK=block, STAGES=FILTER_STAGES, ATOMIC=atomic, num_warps=FILTER_WARPS)
+                             BLOCK=block, STAGES=FILTER_STAGES, ATOMIC=atomic, num_warps=FILTER_WARPS,
+                             **pdl.options(x.device))
         most = pick_chunks(n, chunks)
         _pick_kernel[(n,)](x, floor, kept, ids, counts, tops, out, k, N, x.stride(0), chunks, CAPACITY=capacity,
                            PASSES=passes, BITS=radix_bits, BLOCK=block, MAX_CHUNKS=most, J=max(PICK_TILE // most, 16),
                            K_POW2=triton.next_power_of_2(k), SKIP_SHARED=PICK_SKIPS_SHARED_DIGITS,
-                           num_warps=PICK_WARPS)
+                           num_warps=PICK_WARPS, **pdl.options(x.device))
         return out
     hist = torch.zeros(passes, n, 1 << radix_bits, dtype=torch.int32, device=x.device)
     chunk_counts = torch.empty(n, chunks, (1 << radix_bits) + 1, dtype=torch.int32, device=x.device)
