@@ -6,7 +6,9 @@ sum does. Twenty-fifth session, H200: the lean GEMM K step took 21.55 -> 21.02 m
 a batch-1 step, in either order, while the step's wall time (host-paced in part, from another
 engine each value) read 27.3 against 31.7 ms once and 26.5 against 32.7 with the order turned:
 the second value was the slower both times. With one value it profiles the step alone,
-its kernels largest first.
+its kernels largest first. Programmatic dependent launch is off unless --pdl (or the switch
+is pdl.ENABLED): with it a kernel's programs are placed early and wait inside it, so their
+wait counts in its time (thirty-second session: 30.6 ms of "kernels" in a 21.9 ms step).
 
     python bench/decode_kernel_diff.py dsflash.model.kernels.fp4_moe.TWO_PAIRS_BELOW 0.0 1.0 \\
         [--batch 1] [--context 4096] [--steps 3] [--act-quant] [--rows 30]
@@ -44,11 +46,15 @@ def main() -> None:
     parser.add_argument("switch", help="module.attribute, e.g. dsflash.model.kernels.fp4_moe.TWO_PAIRS_BELOW")
     parser.add_argument("values", nargs="+", help="Python literals")
     parser.add_argument("--rows", type=int, default=30, help="kernel groups to print")
+    parser.add_argument("--pdl", action="store_true", help="keep programmatic dependent launch on")
     h200.engine_arguments(parser, steps=3)
     args = parser.parse_args()
     from torch.profiler import ProfilerActivity, profile
 
     module, attribute, values = h200.module_switch(args.switch, args.values)
+    from dsflash.model.kernels import pdl
+
+    pdl.ENABLED = args.pdl
     h200.DEADLINE[0] = time.monotonic() + 3600
     model, _ = h200.build_model(fast=True, preset=args.preset, act_quant=args.act_quant)
     tables, steps_ms = [], []

@@ -864,6 +864,10 @@ def main() -> None:
     DEV = args.device
     DEADLINE[0] = time.monotonic() + args.budget_s
     PROFILE[0] = args.profile
+    if args.profile:  # with PDL a kernel's programs wait inside it: the profile would overstate kernels
+        from dsflash.model.kernels import pdl
+        pdl.ENABLED = False
+        print("[profile] programmatic dependent launch off for this run (model/kernels/pdl.py)", flush=True)
     sections = args.sections.split(",")
     batches = [int(x) for x in args.batches.split(",")]
     contexts = [int(x) for x in args.contexts.split(",")]
