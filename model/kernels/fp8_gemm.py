@@ -414,12 +414,20 @@ def _skinny(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor | None, 
     return out
 
 
+# From this many K splits the last program of a tile reads 8 parts at once (_sum_group).
+GROUPED_SUM_SPLITS = 16
+
+
 def _sum_group(splits: int) -> int:
     """How many split parts the last program of a tile reads at once. H200, 2026-12-01, 6 rows
     (bench/decode_gemm_floor.py): 8 at once cut wkv (40 splits) from 17.3 to 11.6 us and wq_a
     (20) from 17.3 to 14.8, but slowed wo_b (13) and wq_b (2) from 38.8 and 36.2 to 47.6 us
-    (the kernel's registers rose from 202 to 215), so few splits keep reading one at a time."""
-    return 8 if splits >= 16 else 1
+    (the kernel's registers rose from 202 to 215), so few splits keep reading one at a time.
+    Since the 8-column tiles the kernel compiles to 127 registers either way (sm_90,
+    bench/kernel_resources.py --kernel skinny), and the 6-14 splits of wo_b, the shared
+    expert's w1 + w3, wq_a + wkv, wo_a and w2 wait out as many L2 round trips in their tails:
+    GROUPED_SUM_SPLITS 4 is untimed (the order of the sums, and so every bit, is the same)."""
+    return 8 if splits >= GROUPED_SUM_SPLITS else 1
 
 
 def _outputs(M: int, N: int, splits: int, tiles: int, device: torch.device) -> tuple[torch.Tensor, ...]:

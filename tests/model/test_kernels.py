@@ -83,6 +83,24 @@ def test_split_k_parts_are_summed_inside_the_launch(m, n, k, monkeypatch):
     assert not gemm.tile_counts(xd.device).any()
 
 
+def test_split_parts_read_eight_at_once_sum_to_the_same_bits(monkeypatch):
+    """The last program of a tile reads the split parts one at a time or 8 at once
+    (fp8_gemm._sum_group, parts past the count masked): the same additions in the same order."""
+    from dsflash.model.kernels import fp8_gemm as gemm
+
+    monkeypatch.setattr(gemm, "INTERPRETER_SPLITS", 3)
+    g = _g(21)
+    codes, scales = quantize_fp8_weight(torch.randn(300, 256, generator=g))
+    xd = torch.randn(6, 256, generator=g).to(DEVICE)
+    got = {}
+    for from_splits in (16, 2):
+        monkeypatch.setattr(gemm, "GROUPED_SUM_SPLITS", from_splits)
+        assert gemm._sum_group(gemm._split_k(256, 64, 1, xd.device)[0]) == (1 if from_splits == 16 else 8)
+        got[from_splits] = fp8_gemm(xd, codes.to(DEVICE), scales.to(DEVICE)).cpu()
+    assert torch.equal(got[16], got[2])
+    assert not gemm.tile_counts(xd.device).any()
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_a_rows_product_does_not_depend_on_the_rows_beside_it(dtype):
     """Up to 8 rows take 8-column tiles in the decode kernel, up to 16 take 16 (fp8_gemm.NARROW_ROWS):
