@@ -47,8 +47,8 @@ def _hopper_or_newer(index: int | None) -> bool:
 @triton.jit
 def wait_for_inputs(PDL: tl.constexpr):
     """Wait until the kernels ahead have finished and their writes are visible, and let the
-    next kernel's programs be placed. Before this, a program may only read what no kernel
-    writes."""
+    next kernel's programs be placed. Before this, a program touches no memory (index
+    arithmetic only: tests/model/test_pdl.py)."""
     if PDL:
         gdc_wait()
         gdc_launch_dependents()
