@@ -22,6 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
+from . import pdl
 from .common import bf16_parts, interpreting
 from .dequantize import fp4_quads_bf16, fp8_weight_bf16
 from .quantize import fp8_grid_bf16
@@ -166,8 +167,9 @@ def _by_expert(rows: torch.Tensor, counts: list[int], units: torch.Tensor, scale
 
 
 @triton.jit
-def _pair_sums_kernel(rows_ptr, place_ptr, out_ptr, H, K: tl.constexpr, BLOCK: tl.constexpr):
+def _pair_sums_kernel(rows_ptr, place_ptr, out_ptr, H, K: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
     """Program (token, column block): the sum of its K pairs' rows, in pair order (-1: none)."""
+    pdl.wait_for_inputs(PDL)
     t = tl.program_id(0)
     c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     acc = tl.zeros((BLOCK,), tl.float32)
@@ -186,5 +188,6 @@ def pair_sums(rows: torch.Tensor, place: torch.Tensor) -> torch.Tensor:
     out = torch.empty(T, H, dtype=torch.float32, device=rows.device)
     if T:
         block = 1024
-        _pair_sums_kernel[(T, triton.cdiv(H, block))](rows.contiguous(), place.contiguous(), out, H, K=k, BLOCK=block)
+        _pair_sums_kernel[(T, triton.cdiv(H, block))](rows.contiguous(), place.contiguous(), out, H, K=k, BLOCK=block,
+                                                        **pdl.options(rows.device))
     return out

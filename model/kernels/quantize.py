@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 
 from .. import quant
+from . import pdl
 from .common import e2m1_to_float, pow2
 
 _TILE_ELEMENTS = 2048  # elements per program: few programs for the interpreter, ample for decode sizes
@@ -82,9 +83,10 @@ def fp8_blocks(x):
 
 @triton.jit
 def _fp8_round_trip_kernel(x_ptr, values_ptr, codes_ptr, scales_ptr, num_blocks,
-                           BLOCK: tl.constexpr, GROUPS: tl.constexpr, PACKED: tl.constexpr):
+                           BLOCK: tl.constexpr, GROUPS: tl.constexpr, PACKED: tl.constexpr, PDL: tl.constexpr):
     """GROUPS consecutive blocks of BLOCK elements per program; PACKED: the codes and scale
     bytes stored too (a GEMM input's round trip needs only the values)."""
+    pdl.wait_for_inputs(PDL)
     blocks = tl.program_id(0) * GROUPS + tl.arange(0, GROUPS)
     is_block = blocks < num_blocks
     offsets = blocks[:, None] * BLOCK + tl.arange(0, BLOCK)[None, :]
@@ -118,9 +120,11 @@ def fp4_round_trip_pairs(even, odd, E4M3_SCALES: tl.constexpr):
 
 @triton.jit
 def _fp4_round_trip_kernel(x_ptr, values_ptr, packed_ptr, scales_ptr, num_blocks,
-                           BLOCK: tl.constexpr, GROUPS: tl.constexpr, E4M3_SCALES: tl.constexpr):
+                           BLOCK: tl.constexpr, GROUPS: tl.constexpr, E4M3_SCALES: tl.constexpr,
+                           PDL: tl.constexpr):
     """GROUPS consecutive blocks per program, each as its even and odd columns: the low and
     high nibbles of one packed byte."""
+    pdl.wait_for_inputs(PDL)
     blocks = tl.program_id(0) * GROUPS + tl.arange(0, GROUPS)
     is_block = blocks[:, None] < num_blocks
     pairs = blocks[:, None] * (BLOCK // 2) + tl.arange(0, BLOCK // 2)[None, :]
@@ -157,7 +161,7 @@ def _launch(kernel, x: torch.Tensor, block: int, code_columns: int, values_dtype
         groups = max(1, _TILE_ELEMENTS // block)
         kernel[(triton.cdiv(num_blocks, groups),)](x, values, values if codes is None else codes,
                                                    values if scales is None else scales, num_blocks, BLOCK=block,
-                                                   GROUPS=groups, **constants)
+                                                   GROUPS=groups, **constants, **pdl.options(x.device))
     return values, (codes, scales)
 
 

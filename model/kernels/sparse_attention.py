@@ -101,11 +101,12 @@ def _entry_keys(page_ptr, ent_off, ent_soff, row, j, last, d, HW_FP8: tl.constex
 def _sparse_attention_kernel(q_ptr, ring_ptr, win_off, win_soff, page_ptr, ent_off, ent_soff, sink_ptr, o_ptr,
                              part_ml, part_acc, H, W, K, K_PER_SPLIT, scale, sqn, sqh, swn, sen, son, soh,
                              D: tl.constexpr, HB: tl.constexpr, KT: tl.constexpr, HW_FP8: tl.constexpr,
-                             SPLITS: tl.constexpr, BF16_P: tl.constexpr):
+                             SPLITS: tl.constexpr, BF16_P: tl.constexpr, PDL: tl.constexpr):
     """Program (query i, head block, split s). With one split it reads every key and writes the
     output. With more (decode: few queries, so few programs otherwise), split 0 reads the
     window, split s >= 1 the s-th slice of the entries, and each writes its running max, sum
     and accumulator for _combine_kernel."""
+    pdl.wait_for_inputs(PDL)
     i = tl.program_id(0)
     h0 = tl.program_id(1) * HB
     split = tl.program_id(2)
@@ -469,7 +470,7 @@ def _prefill_attention_kernel(q_ptr, ring16_ptr, win_off, win_soff, page_ptr, en
 def _prefill_logits_kernel(q_ptr, ring16_ptr, win_off, win_soff, page_ptr, ent_off, ent_soff, s_ptr, ml_ptr,
                            H, W, K, scale, sqp, sqn, sqh, swn, sen, ssn, ssh,
                            D: tl.constexpr, HB: tl.constexpr, KT: tl.constexpr, QP: tl.constexpr, PTX: tl.constexpr,
-                           GATHERED: tl.constexpr, DECODED: tl.constexpr):
+                           GATHERED: tl.constexpr, DECODED: tl.constexpr, PDL: tl.constexpr):
     """Two-pass prefill form, pass 1, program (query i, head block): the logits of every key,
     window tiles then entry tiles (columns from tile t at t * KT), stored to s, and their max
     and sum of e^(logit - max) per head to ml. No [heads, D] accumulator here: the keys are
@@ -477,6 +478,7 @@ def _prefill_logits_kernel(q_ptr, ring16_ptr, win_off, win_soff, page_ptr, ent_o
     a query each compute them all). DECODED: ring16_ptr and page_ptr are decode_keys' bf16
     rows and win_off and ent_off each query's rows of them; the query's halves are its first
     and last D / 2 columns (not its even and odd ones)."""
+    pdl.wait_for_inputs(PDL)
     i = tl.program_id(0)
     heads = tl.program_id(1) * HB + tl.arange(0, HB)
     c = tl.arange(0, D // 2)
@@ -511,10 +513,11 @@ def _prefill_logits_kernel(q_ptr, ring16_ptr, win_off, win_soff, page_ptr, ent_o
 def _prefill_values_kernel(ring16_ptr, win_off, win_soff, page_ptr, ent_off, ent_soff, s_ptr, ml_ptr, sink_ptr, o_ptr,
                            H, W, K, swn, sen, ssn, ssh, son, soh,
                            D: tl.constexpr, HB: tl.constexpr, KT: tl.constexpr, PP: tl.constexpr, PTX: tl.constexpr,
-                           GATHERED: tl.constexpr, DECODED: tl.constexpr):
+                           GATHERED: tl.constexpr, DECODED: tl.constexpr, PDL: tl.constexpr):
     """Two-pass prefill form, pass 2, program (query i, head block, column parity): e^(logit -
     max) of pass 1's logits, weighted sum of the keys' columns 2c + parity, and the sink.
     DECODED (as pass 1): the program's columns are half `parity` of the row, parity * D / 2 + c."""
+    pdl.wait_for_inputs(PDL)
     i = tl.program_id(0)
     heads = tl.program_id(1) * HB + tl.arange(0, HB)
     parity = tl.program_id(2)
@@ -772,7 +775,7 @@ def sparse_attention(q: torch.Tensor | Queries, ring: torch.Tensor, window_offse
                                    part_ml, part_acc, heads, w_off.shape[1], K, per_split, scale, q.stride(0),
                                    q.stride(1), w_off.stride(0), e_off.stride(0), out.stride(0), out.stride(1),
                                    D=dim, HB=hb, KT=KEY_TILE, HW_FP8=not interpreting(), SPLITS=splits,
-                                   BF16_P=bf16, num_warps=num_warps)
+                                   BF16_P=bf16, num_warps=num_warps, **pdl.options(q.device))
     return _merge_splits(part_ml, part_acc, sink, out, splits, hb, num_warps)
 
 
@@ -864,10 +867,12 @@ def _two_pass(parts, ring, w_off, w_soff, pages, e_off, e_soff, sink, out, scale
     ring16 = ring if decoded else ring.view(torch.int16)
     _prefill_logits_kernel[grid](parts, ring16, w_off, w_soff, pages, e_off, e_soff, logits, ml, heads, W, K, scale,
                                  parts.stride(0), parts.stride(1), parts.stride(2), w_off.stride(0), e_off.stride(0),
-                                 logits.stride(0), logits.stride(1), QP=parts.shape[0], **common)
+                                 logits.stride(0), logits.stride(1), QP=parts.shape[0], **common,
+                                 **pdl.options(parts.device))
     _prefill_values_kernel[grid + (2,)](ring16, w_off, w_soff, pages, e_off, e_soff, logits, ml, sink, out, heads, W, K,
                                         w_off.stride(0), e_off.stride(0), logits.stride(0), logits.stride(1),
-                                        out.stride(0), out.stride(1), PP=t["PP"], **common)
+                                        out.stride(0), out.stride(1), PP=t["PP"], **common,
+                                        **pdl.options(ring16.device))
     return out
 
 

@@ -262,10 +262,11 @@ def _taken_threshold(threshold, take):
 
 @triton.jit
 def _count_kernel(x_ptr, hist_ptr, chunk_ptr, k, N, sxr, chunk_len,
-                  PASS: tl.constexpr, LAST: tl.constexpr, BITS: tl.constexpr, BLOCK: tl.constexpr):
+                  PASS: tl.constexpr, LAST: tl.constexpr, BITS: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
     """Program (row, chunk): counts by digit PASS the chunk's keys that match the digits found
     so far, into hist [passes, n, BINS]. LAST also writes the chunk's counts [n, chunks, BINS + 1]:
     at bin b, the keys above the threshold's other bits plus the matching ones with digit >= b."""
+    pdl.wait_for_inputs(PDL)
     row = tl.program_id(0)
     chunk = tl.program_id(1)
     BINS: tl.constexpr = 1 << BITS
@@ -285,9 +286,10 @@ def _count_kernel(x_ptr, hist_ptr, chunk_ptr, k, N, sxr, chunk_len,
 
 @triton.jit
 def _write_kernel(x_ptr, hist_ptr, chunk_ptr, out_ptr, k, N, sxr, chunk_len, PASSES: tl.constexpr,
-                  BITS: tl.constexpr, BLOCK: tl.constexpr, MAX_CHUNKS: tl.constexpr):
+                  BITS: tl.constexpr, BLOCK: tl.constexpr, MAX_CHUNKS: tl.constexpr, PDL: tl.constexpr):
     """Program (row, chunk): writes the chunk's picks into out [n, k] at their ranks among the
     row's picks; chunk 0 also pads the row with -1."""
+    pdl.wait_for_inputs(PDL)
     row = tl.program_id(0)
     chunk = tl.program_id(1)
     num_chunks = tl.num_programs(1)
@@ -526,9 +528,9 @@ def top_k_ascending_kernel(scores: torch.Tensor, k: int, chunks: int | None = No
     chunk_counts = torch.empty(n, chunks, (1 << radix_bits) + 1, dtype=torch.int32, device=x.device)
     for p in range(passes):
         _count_kernel[grid](x, hist, chunk_counts, k, N, x.stride(0), chunk_len, PASS=p, LAST=p == passes - 1,
-                            BITS=radix_bits, BLOCK=block, num_warps=8)
+                            BITS=radix_bits, BLOCK=block, num_warps=8, **pdl.options(x.device))
     _write_kernel[grid](x, hist, chunk_counts, out, k, N, x.stride(0), chunk_len, PASSES=passes, BITS=radix_bits,
-                        BLOCK=block, MAX_CHUNKS=triton.next_power_of_2(chunks), num_warps=8)
+                        BLOCK=block, MAX_CHUNKS=triton.next_power_of_2(chunks), num_warps=8, **pdl.options(x.device))
     return out
 
 

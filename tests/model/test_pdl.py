@@ -51,9 +51,14 @@ def test_every_pdl_kernel_waits_before_it_touches_memory():
 
 
 def test_every_launch_with_pdl_options_is_of_a_kernel_that_waits():
+    """A launch names its kernel, or (quantize._launch) takes it as an argument: then every
+    kernel its file passes to a call must take PDL."""
     kernels = {key.split(":")[1] for key in _pdl_kernels()}
     launched = set()
     for name, tree in _sources():
+        defined = {fn.name for fn in ast.walk(tree) if isinstance(fn, ast.FunctionDef)}
+        passed = {arg.id for call in ast.walk(tree) if isinstance(call, ast.Call)
+                  for arg in call.args if isinstance(arg, ast.Name) and arg.id.endswith("_kernel")}
         for call in ast.walk(tree):
             if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Subscript)):
                 continue
@@ -61,8 +66,11 @@ def test_every_launch_with_pdl_options_is_of_a_kernel_that_waits():
                            for kw in call.keywords)
             if with_pdl:
                 kernel = ast.unparse(call.func.value)
-                assert kernel in kernels, f"{name}: {kernel} is launched with pdl.options but takes no PDL"
-                launched.add(kernel)
+                named = [kernel] if kernel in defined else sorted(passed)
+                assert named, f"{name}: launches {kernel}, a kernel it neither defines nor is passed"
+                for each in named:
+                    assert each in kernels, f"{name}: {each} is launched with pdl.options but takes no PDL"
+                launched.update(named)
     assert launched == kernels, f"kernels taking PDL that no launch passes it to: {kernels - launched}"
 
 
