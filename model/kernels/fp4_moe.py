@@ -43,6 +43,7 @@ from ..quant import dequantize_fp4_weight, fake_quant_fp8
 from . import pdl
 from .common import (DOT, bf16_parts, byte_words, e2m1_quads, interpreting, mma_sync, quad_scales, quad_units,
                      scale_bytes_within, step_scales)
+from .pair_sums import own_pair_sums
 from .quantize import fp8_blocks
 from .swiglu import clamped_swiglu_tile
 
@@ -463,7 +464,7 @@ def fp4_moe(x, idx, weights, w13, s13, w2, s2, limit: float, block_m: int | None
     # [SPLITS, 4, T, H/4] (a strided view): piece t holds columns 4c + t, as the weight units' code t
     parts = bf16_parts(x, splits, interleave=PIECES).view(splits, T, PIECES, H // PIECES).transpose(1, 2)
     h = torch.empty(splits, PIECES, plan.rows, inter // PIECES, dtype=torch.bfloat16, device=x.device)
-    out = torch.zeros(pairs, H, dtype=torch.float32, device=x.device)  # other ranks' pairs stay 0
+    out = torch.empty(pairs, H, dtype=torch.float32, device=x.device)  # other ranks' pairs: never read
     blocks = plan.rows // block_m
     tiles = dict(tiles)
     ku = tiles["BLOCK_KU"]
@@ -480,4 +481,4 @@ def fp4_moe(x, idx, weights, w13, s13, w2, s2, limit: float, block_m: int | None
             h, plan.tokens, plan.pair_ids, plan.block_expert, w2, sc2, out, H, inter, *h.stride()[:3],
             w2.stride(0), w2.stride(1), sc2.stride(0), sc2.stride(1), out.stride(0), out.stride(1),
             VECTORS=_vectors(inter // PIECES, ku, *h.stride()[:3]), **options, **pdl.options(h.device))
-    return out.view(T, idx.shape[1], H).sum(dim=1)
+    return own_pair_sums(out, idx, E)

@@ -25,6 +25,7 @@ import triton.language as tl
 from . import pdl
 from .common import bf16_parts, interpreting
 from .dequantize import fp4_quads_bf16, fp8_weight_bf16
+from .pair_sums import pair_sums
 from .quantize import fp8_grid_bf16
 from .swiglu import clamped_swiglu
 
@@ -163,31 +164,4 @@ def _by_expert(rows: torch.Tensor, counts: list[int], units: torch.Tensor, scale
                 parts = bf16_parts(run, 3)
                 torch.sum(_product(parts.view(3 * count, -1), decoded[e].T).view(3, count, N), dim=0, out=run_out)
             start += count
-    return out
-
-
-@triton.jit
-def _pair_sums_kernel(rows_ptr, place_ptr, out_ptr, H, K: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
-    """Program (token, column block): the sum of its K pairs' rows, in pair order (-1: none)."""
-    pdl.wait_for_inputs(PDL)
-    t = tl.program_id(0)
-    c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    acc = tl.zeros((BLOCK,), tl.float32)
-    for j in tl.static_range(K):
-        row = tl.load(place_ptr + t * K + j)
-        values = tl.load(rows_ptr + tl.maximum(row, 0) * H + c, mask=c < H, other=0.0)
-        acc += tl.where(row >= 0, values, 0.0)
-    tl.store(out_ptr + t.to(tl.int64) * H + c, acc, mask=c < H)
-
-
-def pair_sums(rows: torch.Tensor, place: torch.Tensor) -> torch.Tensor:
-    """out[t] = sum over j of rows[place[t, j]] (place -1: nothing), [T, H] fp32, one launch:
-    the experts' outputs, left in expert order, summed per token without a scatter back."""
-    T, k = place.shape
-    H = rows.shape[1]
-    out = torch.empty(T, H, dtype=torch.float32, device=rows.device)
-    if T:
-        block = 1024
-        _pair_sums_kernel[(T, triton.cdiv(H, block))](rows.contiguous(), place.contiguous(), out, H, K=k, BLOCK=block,
-                                                        **pdl.options(rows.device))
     return out

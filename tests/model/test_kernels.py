@@ -321,6 +321,38 @@ def test_fp4_moe(T, block_m, small):
     assert (got - ref).abs().max() < REL * ref.abs().max() + 1e-6
 
 
+@pytest.mark.parametrize("block_m", [None, 64])
+def test_fp4_moe_leaves_out_the_pairs_of_another_ranks_experts(block_m):
+    """Ids from E on are another rank's experts (fast_ops.routed_experts): those pairs add
+    nothing, as if their routing weight were 0, though no row of theirs is ever written."""
+    stack, x, idx, weights = _moe_case(_g(8), 11, E=5, H=64, inter=96, k=3)
+    elsewhere = torch.rand(idx.shape, generator=_g(9)) < 0.3
+    ref = fp4_moe_ref(x, idx, torch.where(elsewhere, 0.0, weights), *stack, 0.7)
+    got = fp4_moe(x.to(DEVICE), torch.where(elsewhere, 5, idx).to(DEVICE), weights.to(DEVICE),
+                  *_device_experts(stack), 0.7, block_m=block_m).cpu()
+    assert elsewhere.any() and (got - ref).abs().max() < REL * ref.abs().max() + 1e-6
+
+
+def test_pair_sums_add_a_tokens_rows_in_pair_order_and_skip_the_rest():
+    """own_pair_sums: token t's row t*k + j where its id is below the expert count; the rows of
+    the others (never written: here NaN) are not read into the sum. pair_sums: rows by place."""
+    from dsflash.model.kernels.pair_sums import own_pair_sums, pair_sums
+
+    g = _g(10)
+    T, k, H = 5, 3, 1100  # H past one 1,024-column block
+    rows = torch.randn(T * k, H, generator=g)
+    ids = torch.randint(0, 6, (T, k), generator=g)
+    ids[0] = 7  # a token with every pair elsewhere: zeros
+    kept = ids < 6
+    rows[~kept.reshape(-1)] = float("nan")
+    want = torch.zeros(T, H)
+    for j in range(k):  # in pair order, as the kernel adds them
+        want += torch.where(kept[:, j, None], rows.view(T, k, H)[:, j], 0.0)
+    assert torch.equal(own_pair_sums(rows.to(DEVICE), ids.to(DEVICE), 6).cpu(), want)
+    place = torch.where(kept, torch.arange(T * k).view(T, k), -1)
+    assert torch.equal(pair_sums(rows.to(DEVICE), place.to(DEVICE)).cpu(), want)
+
+
 @pytest.mark.parametrize("T, block_m, step", [(11, 64, 8), (30, 64, 32)])
 def test_tall_expert_blocks_read_their_scales_as_words_or_bytes_alike(T, block_m, step, monkeypatch):
     """Tile shapes marked SCALE_WORDS (faithful prefill's) read their scales as int32 words
