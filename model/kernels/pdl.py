@@ -21,6 +21,7 @@ them as always. CUDA graphs keep the launches' programmatic edges.
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 import triton
@@ -29,7 +30,10 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from . import common  # (the module: common's kernels use this one)
 
-ENABLED = True  # off: every kernel waits for the one before it to end (bench/decode_ab.py switches it)
+# Off: every kernel waits for the one before it to end (bench/decode_ab.py switches it).
+# DSFLASH_PDL=0 turns it off for a run, e.g. where the driver cannot capture the launches'
+# programmatic edges into CUDA graphs (graph edges with data came in CUDA 12.3).
+ENABLED = os.environ.get("DSFLASH_PDL", "1") != "0"
 
 
 def options(device: torch.device) -> dict:

@@ -74,6 +74,19 @@ def test_every_launch_with_pdl_options_is_of_a_kernel_that_waits():
     assert launched == kernels, f"kernels taking PDL that no launch passes it to: {kernels - launched}"
 
 
+def test_dsflash_pdl_0_turns_it_off():
+    """The escape hatch for drivers that cannot capture programmatic edges into graphs."""
+    import os
+    import subprocess
+    import sys
+
+    code = "from dsflash.model.kernels import pdl; print(pdl.ENABLED)"
+    for value, want in (("0", "False"), ("1", "True")):
+        env = dict(os.environ, DSFLASH_PDL=value)
+        assert subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                              check=True).stdout.strip() == want
+
+
 def test_the_interpreter_and_the_cpu_launch_without_pdl(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     assert pdl.options(torch.device("cuda", 0)) == {"PDL": False}
