@@ -75,7 +75,8 @@ class CacheLayout:
     def keys_aligned(self) -> bool:
         """Whether every entry's index-key codes start on 16 bytes and its key scales on 4 in
         the pages buffer (whose base torch aligns): kernels may then load them as wide words."""
-        codes, scales = self.page_sections()["key_codes"], self.page_sections()["key_scales"]
+        sections = self.page_sections()
+        codes, scales = sections["key_codes"], sections["key_scales"]
         return (self.page_bytes % 16 == 0 and codes[0] % 16 == 0 and codes[1] % 16 == 0
                 and scales[0] % 4 == 0 and scales[1] % 4 == 0)
 

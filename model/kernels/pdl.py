@@ -56,4 +56,3 @@ def wait_for_inputs(PDL: tl.constexpr):
     if PDL:
         gdc_wait()
         gdc_launch_dependents()
-

@@ -19,10 +19,7 @@ of the fp32 sums differs from the kernels.
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 
-from . import pdl
 from .common import bf16_parts, interpreting
 from .dequantize import fp4_quads_bf16, fp8_weight_bf16
 from .pair_sums import pair_sums
