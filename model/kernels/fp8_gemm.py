@@ -151,7 +151,8 @@ def _skinny_kernel(x_ptr, w_ptr, s_ptr, y_ptr, out_ptr, count_ptr, M, N, K, K_PE
                    EVEN_K: tl.constexpr, GROUP_ROWS: tl.constexpr, SUM_GROUP: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                    PDL: tl.constexpr):
-    """y^T[rows, :M] = W[rows] x^T over one K range, for at most BLOCK_M rows of x (decode):
+    """y^T[rows, rm] = W[rows] x^T over one K range, for BLOCK_M rows rm of x (decode; grid axis 2
+    takes BLOCK_M rows at a time, each program re-reading its weight tile from L2):
     the weight tile is the left operand as decoded (64 rows fill a Hopper warpgroup MMA) and
     the few activation rows the right one, read transposed and cut into parts once. FP8
     codes are read four at a time (int32 words) and decoded as four tiles, one per place in
@@ -164,8 +165,9 @@ def _skinny_kernel(x_ptr, w_ptr, s_ptr, y_ptr, out_ptr, count_ptr, M, N, K, K_PE
     pdl.wait_for_inputs(PDL)
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
+    pid_m = tl.program_id(2)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    rm = tl.arange(0, BLOCK_M)
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     wn, xm = tl.minimum(rn, N - 1), tl.minimum(rm, M - 1)
     if GROUP_ROWS > 0:  # a tile lies in one group (GROUP_ROWS is a multiple of BLOCK_N)
         x_ptr += (pid_n * BLOCK_N // GROUP_ROWS) * K * sxk
@@ -198,7 +200,7 @@ def _skinny_kernel(x_ptr, w_ptr, s_ptr, y_ptr, out_ptr, count_ptr, M, N, K, K_PE
                 w = w.to(tl.float32)
             acc = _dot_columns(w, x_ptr, xm, kk, K, sxm, sxk, acc, SPLIT, PTX, EVEN_K)
     _finish(acc, rm[None, :] * sym + rn[:, None] * syn, (rm[None, :] < M) & (rn[:, None] < N), y_ptr, out_ptr,
-            count_ptr + pid_n, pid_k, SPLITS, sys, SUM_GROUP)
+            count_ptr + pid_m * tl.num_programs(0) + pid_n, pid_k, SPLITS, sys, SUM_GROUP)
 
 
 def tiles_for(m: int, fp8: bool = True) -> dict:
@@ -258,7 +260,7 @@ def grouped_fp8_gemm(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor,
     if prefill_gemms.takes(x):
         return prefill_gemms.grouped_fp8_product(x, codes, scales, groups)
     block_n = min(_skinny_tiles(N, M)["BLOCK_N"], rows)  # as _skinny picks it: a power of two dividing R
-    if M <= 16 and K % 4 == 0 and rows % block_n == 0 and block_n >= 16 and block_n & (block_n - 1) == 0:
+    if M <= SKINNY_ROWS and K % 4 == 0 and rows % block_n == 0 and block_n >= 16 and block_n & (block_n - 1) == 0:
         return _skinny(x, codes, scales, small_fp8_scales(scales) if small is None else small, group_rows=rows)
     if rows % tiles_for(M)["BLOCK_N"]:
         return None
@@ -274,12 +276,22 @@ def bf16_gemm(x: torch.Tensor, weight: torch.Tensor, tiles: dict | None = None) 
 
 def fp32_gemm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """x [M, K] @ weight^T for an fp32 weight [N, K] -> [M, N] fp32 (three-pass TF32) for up to
-    16 rows; more rows go to torch, whose kernels are good at those shapes. Small-N fp32 GEMMs
-    (the mHC mixes: [6, 20480] x [20480, 24]) got a 65 us split-N kernel from cuBLAS."""
+    FP32_SKINNY_ROWS rows, 16 a program; more rows go to torch, whose kernels are good at those
+    shapes. Small-N fp32 GEMMs (the mHC mixes: [6, 20480] x [20480, 24]) got a 65 us split-N
+    kernel from cuBLAS."""
     assert weight.dtype == torch.float32 and x.shape[1] == weight.shape[1], (x.shape, weight.shape, weight.dtype)
-    if x.shape[0] > 16 or x.shape[1] % 4 or weight.stride(1) != 1:
+    if x.shape[0] > FP32_SKINNY_ROWS or x.shape[1] % 4 or weight.stride(1) != 1:
         return x.float() @ weight.T
     return _skinny(x, weight, None, False)
+
+
+# Up to this many rows (every decode batch: 32 six-row blocks) the mHC mixes stay on the
+# transposed kernel, 16 rows a program: each row then sums as it does at batch 1, and the launch
+# stays in the PDL chain. 16: past 16 rows torch's fp32 GEMM, as before the thirty-third session.
+# H200, 2026-12-04, batch 8 at 4K (bench/decode_kernel_diff.py, PDL off): the mixes' 86
+# launches 1,336 us a step against cuBLAS's sgemm and split-K reduce, 1,444; a step's kernels
+# 51.49 against 51.64 ms (bench/decode_ab.py: within noise at batch 8 and 32).
+FP32_SKINNY_ROWS = 256
 
 
 # Decode shapes (at most 16 rows of x): the transposed kernel, for FP8, bf16 and fp32 weights.
@@ -287,6 +299,12 @@ def fp32_gemm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 # kernel plus the activation-split launches that one needs (16 against 8.9 + 5.6 ms per two
 # steps), with ~1,100 fewer kernels per step. SKINNY_FP8 off sends FP8 weights to the tile kernel.
 SKINNY_FP8 = True
+# Up to this many rows FP8 and bf16 weights take the transposed kernel, 16 rows a program (its
+# grid's third axis), the rest the tile kernel (and bf16_parts' launch before it for fp32 x).
+# 64 (batch 8's 48 rows in three programs, each decoding the weight tile again) lost, H200,
+# 2026-12-04 (bench/decode_kernel_diff.py): a step's kernels 51.60 -> 55.17 ms (wo_b 71.4 ->
+# 90.0 us, wq_b 68.1 -> 86.2), the step 55.39 -> 60.11 in bench/decode_ab.py.
+SKINNY_ROWS = 16
 
 
 def _skinny_tiles(n: int, m: int) -> dict:
@@ -373,7 +391,8 @@ def _gemm(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor | None, ti
     if M == 0:  # e.g. a rank's share of the rows of a one-token step
         return torch.zeros(0, N, dtype=torch.float32, device=x.device)
     fp8 = scales is not None
-    if skinny and M <= 16 and tiles is None and K % 4 == 0 and weight.stride(1) == 1 and (SKINNY_FP8 or not fp8):
+    fits = K % 4 == 0 and weight.stride(1) == 1 and (SKINNY_FP8 or not fp8)
+    if skinny and M <= SKINNY_ROWS and tiles is None and fits:
         return _skinny(x, weight, scales, small)
     tiles = tiles or tiles_for(M, fp8=fp8)
     block_m, block_n, block_k = tiles["BLOCK_M"], tiles["BLOCK_N"], tiles["BLOCK_K"]
@@ -400,13 +419,14 @@ def _skinny(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor | None, 
         tiles.update(BLOCK_K=64)
     if group_rows:
         tiles.update(BLOCK_N=min(tiles["BLOCK_N"], group_rows))
-    out_tiles = triton.cdiv(N, tiles["BLOCK_N"])
+    out_tiles, row_tiles = triton.cdiv(N, tiles["BLOCK_N"]), triton.cdiv(M, tiles["BLOCK_M"])
+    # K splits by the output tiles alone, so that a row's sums keep their order at any row count
     splits, per_split = _split_k(K, tiles["BLOCK_K"], out_tiles, x.device, weight.numel() * weight.element_size())
-    out, y, counts = _outputs(M, N, splits, out_tiles, x.device)
+    out, y, counts = _outputs(M, N, splits, out_tiles * row_tiles, x.device)
     w = weight.view(torch.int32) if fp8 else weight
     scale_ptr, ssn, ssk = _scale_args(weight, scales)
     with mma_sync("decode_gemm"):
-        _skinny_kernel[(out_tiles, splits)](
+        _skinny_kernel[(out_tiles, splits, row_tiles)](
             x, w, scale_ptr, y, out, counts, M, N, K, per_split, splits, x.stride(0), x.stride(1), w.stride(0), ssn,
             ssk, *y.stride(), FP8_WEIGHT=fp8, SMALL=small, SPLIT=x.dtype != torch.bfloat16, PTX=not interpreting(),
             EVEN_K=K % tiles["BLOCK_K"] == 0, GROUP_ROWS=group_rows, SUM_GROUP=_sum_group(splits),
@@ -425,8 +445,10 @@ def _sum_group(splits: int) -> int:
     (the kernel's registers rose from 202 to 215), so few splits keep reading one at a time.
     Since the 8-column tiles the kernel compiles to 127 registers either way (sm_90,
     bench/kernel_resources.py --kernel skinny), and the 6-14 splits of wo_b, the shared
-    expert's w1 + w3, wq_a + wkv, wo_a and w2 wait out as many L2 round trips in their tails:
-    GROUPED_SUM_SPLITS 4 is untimed (the order of the sums, and so every bit, is the same)."""
+    expert's w1 + w3, wq_a + wkv, wo_a and w2 wait out as many L2 round trips in their tails.
+    GROUPED_SUM_SPLITS 4 (the same bits: the sums keep their order) did not pay, H200,
+    2026-12-04 (bench/decode_ab.py, 4K, two rounds): batch 1 23.53 and 25.68 ms against 22.29
+    and 21.92 at 16; batch 8 55.54 and 59.03 against 56.43 and 56.29."""
     return 8 if splits >= GROUPED_SUM_SPLITS else 1
 
 

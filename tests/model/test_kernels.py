@@ -102,14 +102,18 @@ def test_split_parts_read_eight_at_once_sum_to_the_same_bits(monkeypatch):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_a_rows_product_does_not_depend_on_the_rows_beside_it(dtype):
-    """Up to 8 rows take 8-column tiles in the decode kernel, up to 16 take 16 (fp8_gemm.NARROW_ROWS):
-    a request's verify block alone (6 rows) and in a batch of two (12) must give the same sums,
-    bit for bit on the GPU (each column's MMAs run the same K order)."""
+@pytest.mark.parametrize("rows", [12, 40])
+def test_a_rows_product_does_not_depend_on_the_rows_beside_it(dtype, rows, monkeypatch):
+    """Up to 8 rows take 8-column tiles in the decode kernel, up to 16 take 16 (fp8_gemm.NARROW_ROWS),
+    and up to SKINNY_ROWS 16 a program: a request's verify block alone (6 rows) and in a batch
+    (12, 40) must give the same sums, bit for bit on the GPU (each column's MMAs run the same K order)."""
+    from dsflash.model.kernels import fp8_gemm as gemm
+
+    monkeypatch.setattr(gemm, "SKINNY_ROWS", 64)
     g = _g(5)
     codes, scales = quantize_fp8_weight(torch.randn(320, 256, generator=g))
     codes, scales = codes.to(DEVICE), scales.to(DEVICE)
-    x = torch.randn(12, 256, generator=g).to(DEVICE, dtype)
+    x = torch.randn(rows, 256, generator=g).to(DEVICE, dtype)
     alone, batch = fp8_gemm(x[:6], codes, scales).cpu(), fp8_gemm(x, codes, scales).cpu()
     if DEVICE == "cuda":
         assert torch.equal(alone, batch[:6])
@@ -171,13 +175,32 @@ def test_grouped_fp8_gemm_declines_groups_no_tile_fits():
     assert grouped_fp8_gemm(torch.randn(17, 4 * 64).to(DEVICE), codes.to(DEVICE), scales.to(DEVICE), 4) is None
 
 
-@pytest.mark.parametrize("m", [1, 16])
+@pytest.mark.parametrize("m", [1, 16, 40])
 def test_fp32_gemm_matches_the_fp32_product(m):
     g = _g(m)
     weight, x = torch.randn(24, 320, generator=g), torch.randn(m, 320, generator=g)
     got = fp32_gemm(x.to(DEVICE), weight.to(DEVICE)).cpu()
     ref = x.double() @ weight.double().T
     assert (got - ref).abs().max() < REL * ref.abs().max() + 1e-5
+
+
+def test_fp32_gemm_gives_a_row_the_same_bits_at_any_row_count(monkeypatch):
+    """The mHC mixes of a decode batch: 16 rows a program, and each row summed as when alone
+    (a batch equals its requests run alone); past FP32_SKINNY_ROWS torch takes them."""
+    from dsflash.model.kernels import fp8_gemm as gemm
+
+    monkeypatch.setattr(gemm, "INTERPRETER_SPLITS", 3)  # the split parts' sum too
+    g = _g(48)
+    weight, x = torch.randn(24, 640, generator=g).to(DEVICE), torch.randn(40, 640, generator=g).to(DEVICE)
+    together = fp32_gemm(x, weight)
+    alone = torch.cat([fp32_gemm(x[i:i + 6], weight) for i in range(0, 40, 6)])
+    if DEVICE == "cuda":
+        assert torch.equal(together, alone)
+    else:  # the interpreter's dots are numpy's, whose order may follow the shape
+        assert (together - alone).abs().max() <= 1e-6 * alone.abs().max()
+    assert not gemm.tile_counts(x.device).any()
+    monkeypatch.setattr(gemm, "FP32_SKINNY_ROWS", 16)
+    assert torch.equal(fp32_gemm(x, weight), x @ weight.T)
 
 
 def test_byte_words_views_whole_aligned_words_only():
