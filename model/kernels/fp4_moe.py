@@ -338,9 +338,17 @@ def _route_plan_kernel(idx_ptr, wt_ptr, tok_ptr, pair_ptr, routed_ptr, blk_ptr, 
 
 # Pairs up to which one program builds the plan (a decode batch of 56 requests: 6 rows of 6
 # experts each), and the one-hot tile it works through them with (pairs x experts, padded to
-# powers of two). One program walks the pairs alone, so very large batches take torch's kernels.
+# powers of two), on PLAN_WARPS warps. One program walks the pairs alone, so very large batches
+# take torch's kernels. Compiled for sm_90 (Triton 3.6) at batch 8's 288 pairs over 64 experts:
+# 256-pair chunks on 4 warps (PLAN_TILE 16384, as shipped until the thirty-third session) hold
+# 255 registers and spill 576 bytes a thread; 64-pair chunks on 8 warps 123 and none. H200,
+# 2026-12-04 (bench/route_plan.py, a plan in a CUDA graph, us at batch 1 / 8 / 32):
+# 16384 on 4 warps 3.87 / 20.48 / 50.95; 16384 on 8 3.90 / 18.74 / 45.91; 4096 on 8
+# 3.91 / 14.61 / 49.55; 2048 on 8 3.97 / 13.63 / 51.81 (torch's plan 54 / 92 / 101). In a
+# batch-8 step (bench/decode_kernel_diff.py, PDL off): 34.1 us a layer -> 17.7 (8 warps) -> 14.2.
 ONE_PROGRAM_PAIRS = 2048
-PLAN_TILE = 16384
+PLAN_TILE = 4096
+PLAN_WARPS = 8
 
 
 class RoutePlan:
@@ -370,7 +378,8 @@ class RoutePlan:
                                      self.pair_ids, self.routed, self.block_expert, P, E, k, self.rows, blocks,
                                      BLOCK_M=block_m, CP=max(16, min(PP, PLAN_TILE // EP)), EP=EP,
                                      RP=triton.next_power_of_2(self.rows),
-                                     BP=triton.next_power_of_2(blocks), **pdl.options(idx.device))
+                                     BP=triton.next_power_of_2(blocks), num_warps=PLAN_WARPS,
+                                     **pdl.options(idx.device))
             return
         flat = idx.reshape(-1).long()
         order = torch.argsort(flat, stable=True)

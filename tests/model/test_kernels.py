@@ -1120,9 +1120,13 @@ def test_fast_path_reproduces_golden_logits(golden_dir, golden):
 
 @pytest.mark.parametrize("T, k, E, block_m", [(1, 6, 48, 4), (6, 6, 48, 4), (6, 6, 48, 2), (11, 3, 5, 16),
                                                (40, 6, 48, 16), (192, 6, 48, 64), (300, 6, 48, 16)])  # several chunks
-def test_route_plan_kernel_equals_the_torch_plan(T, k, E, block_m):
+@pytest.mark.parametrize("plan_tile", [16384, 2048])
+def test_route_plan_kernel_equals_the_torch_plan(T, k, E, block_m, plan_tile, monkeypatch):
     """The one-program plan (decode) and the torch one (any size) give the same rows, with
-    another rank's experts (id E) left out."""
+    another rank's experts (id E) left out, at any chunk of pairs."""
+    from dsflash.model.kernels import fp4_moe as moe
+
+    monkeypatch.setattr(moe, "PLAN_TILE", plan_tile)
     g = _g(T)
     idx = torch.stack([torch.randperm(E + 1, generator=g)[:k] for _ in range(T)])  # id E: not ours
     weights = torch.rand(T, k, generator=g)
