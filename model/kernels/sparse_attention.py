@@ -396,6 +396,20 @@ def _online_halves(q_own, q_other, k_own, k_other, valid, m_i, l_i, acc, acc_oth
 
 
 @triton.jit
+def _split_keys(split, TILES_PER_SPLIT, W, K, KT: tl.constexpr):
+    """The key ranges of split `split` of a query, TILES_PER_SPLIT tiles of KT keys counted over
+    the window's tiles, then the entries': (window lo, hi, entries lo, hi). A split's keys
+    follow from its number alone, not from the split count or the launch's other queries."""
+    window_tiles = tl.cdiv(W, KT)
+    lo = split * TILES_PER_SPLIT
+    hi = lo + TILES_PER_SPLIT
+    w_lo, w_hi = tl.minimum(lo, window_tiles) * KT, tl.minimum(hi, window_tiles) * KT
+    e_lo = tl.maximum(lo - window_tiles, 0) * KT
+    e_hi = tl.minimum(tl.maximum(hi - window_tiles, 0), tl.cdiv(K, KT)) * KT
+    return w_lo, w_hi, e_lo, e_hi
+
+
+@triton.jit
 def _prefill_attention_kernel(q_ptr, ring16_ptr, win_off, win_soff, page_ptr, ent_off, ent_soff, sink_ptr, o_ptr,
                               part_ml, part_acc, H, W, K, TILES_PER_SPLIT, scale, sqp, sqn, sqh, swn, sen, son, soh,
                               D: tl.constexpr, HB: tl.constexpr, KT: tl.constexpr, QP: tl.constexpr,
@@ -434,13 +448,8 @@ def _prefill_attention_kernel(q_ptr, ring16_ptr, win_off, win_soff, page_ptr, en
     kt = tl.arange(0, KT)
     if SPLITS == 1:
         w_lo, w_hi, e_lo, e_hi = 0, W, 0, K
-    else:  # this split's key tiles, counted over the window's tiles, then the entries'
-        window_tiles = tl.cdiv(W, KT)
-        lo = split * TILES_PER_SPLIT
-        hi = lo + TILES_PER_SPLIT
-        w_lo, w_hi = tl.minimum(lo, window_tiles) * KT, tl.minimum(hi, window_tiles) * KT
-        e_lo = tl.maximum(lo - window_tiles, 0) * KT
-        e_hi = tl.minimum(tl.maximum(hi - window_tiles, 0), tl.cdiv(K, KT)) * KT
+    else:
+        w_lo, w_hi, e_lo, e_hi = _split_keys(split, TILES_PER_SPLIT, W, K, KT)
     for t0 in range(w_lo, w_hi, KT):
         words, exps, valid = _window_bytes(ring16_ptr, win_off, win_soff, i * swn, t0 + kt, W, KT, D // 2, GATHERED)
         k_own, k_other = _window_halves(words, exps, parity, KT, D // 2, PTX)
@@ -468,19 +477,21 @@ def _prefill_attention_kernel(q_ptr, ring16_ptr, win_off, win_soff, page_ptr, en
 
 @triton.jit
 def _prefill_logits_kernel(q_ptr, ring16_ptr, win_off, win_soff, page_ptr, ent_off, ent_soff, s_ptr, ml_ptr,
-                           H, W, K, scale, sqp, sqn, sqh, swn, sen, ssn, ssh,
+                           H, W, K, TILES_PER_SPLIT, scale, sqp, sqn, sqh, swn, sen, ssn, ssh,
                            D: tl.constexpr, HB: tl.constexpr, KT: tl.constexpr, QP: tl.constexpr, PTX: tl.constexpr,
-                           GATHERED: tl.constexpr, DECODED: tl.constexpr, PDL: tl.constexpr):
-    """Two-pass prefill form, pass 1, program (query i, head block): the logits of every key,
-    window tiles then entry tiles (columns from tile t at t * KT), stored to s, and their max
-    and sum of e^(logit - max) per head to ml. No [heads, D] accumulator here: the keys are
-    decoded once per query, and the logits computed once (the one-pass form's two programs of
-    a query each compute them all). DECODED: ring16_ptr and page_ptr are decode_keys' bf16
-    rows and win_off and ent_off each query's rows of them; the query's halves are its first
-    and last D / 2 columns (not its even and odd ones)."""
+                           GATHERED: tl.constexpr, DECODED: tl.constexpr, SPLITS: tl.constexpr, PDL: tl.constexpr):
+    """Two-pass prefill form, pass 1, program (query i, head block, split): the logits of every
+    key, window tiles then entry tiles (columns from tile t at t * KT), stored to s, and their max
+    and sum of e^(logit - max) per head to ml [n, SPLITS, H, 2]. No [heads, D] accumulator here:
+    the keys are decoded once per query, and the logits computed once (the one-pass form's two
+    programs of a query each compute them all). DECODED: ring16_ptr and page_ptr are decode_keys'
+    bf16 rows and win_off and ent_off each query's rows of them; the query's halves are its first
+    and last D / 2 columns (not its even and odd ones). SPLITS > 1 (a decode batch): split s
+    takes TILES_PER_SPLIT of the query's key tiles (_split_keys), the max and sum its own."""
     pdl.wait_for_inputs(PDL)
     i = tl.program_id(0)
     heads = tl.program_id(1) * HB + tl.arange(0, HB)
+    split = tl.program_id(2)
     c = tl.arange(0, D // 2)
     live = heads < H
     q_at = q_ptr + i * sqn + heads[:, None] * sqh
@@ -490,7 +501,11 @@ def _prefill_logits_kernel(q_ptr, ring16_ptr, win_off, win_soff, page_ptr, ent_o
     l_i = tl.zeros((HB,), tl.float32)
     kt = tl.arange(0, KT)
     row = s_ptr + i * ssn + heads[:, None] * ssh
-    for t0 in range(0, W, KT):
+    if SPLITS == 1:
+        w_lo, w_hi, e_lo, e_hi = 0, W, 0, K
+    else:
+        w_lo, w_hi, e_lo, e_hi = _split_keys(split, TILES_PER_SPLIT, W, K, KT)
+    for t0 in range(w_lo, w_hi, KT):
         k_even, k_odd, valid = _tile_halves(ring16_ptr, win_off, win_soff, page_ptr, ent_off, ent_soff,
                                             i * swn, t0 + kt, W, 0,
                                             KT, D // 2, PTX, GATHERED, DECODED, False, True)
@@ -498,33 +513,45 @@ def _prefill_logits_kernel(q_ptr, ring16_ptr, win_off, win_soff, page_ptr, ent_o
         tl.store(row + (t0 + kt)[None, :], logits, mask=live[:, None])
         m_i, l_i, _, _ = _softmax_step(logits, m_i, l_i)
     first = tl.cdiv(W, KT) * KT
-    for t0 in range(0, K, KT):
+    for t0 in range(e_lo, e_hi, KT):
         k_even, k_odd, valid = _tile_halves(ring16_ptr, win_off, win_soff, page_ptr, ent_off, ent_soff,
                                             i * sen, t0 + kt, K, 0,
                                             KT, D // 2, PTX, GATHERED, DECODED, True, True)
         logits = _logits(q_even, q_odd, k_even, k_odd, valid, scale, HB, KT, QP, PTX)
         tl.store(row + (first + t0 + kt)[None, :], logits, mask=live[:, None])
         m_i, l_i, _, _ = _softmax_step(logits, m_i, l_i)
-    tl.store(ml_ptr + 2 * (i * H + heads), m_i, mask=live)
-    tl.store(ml_ptr + 2 * (i * H + heads) + 1, l_i, mask=live)
+    base = (i * SPLITS + split) * H + heads
+    tl.store(ml_ptr + 2 * base, m_i, mask=live)
+    tl.store(ml_ptr + 2 * base + 1, l_i, mask=live)
 
 
 @triton.jit
 def _prefill_values_kernel(ring16_ptr, win_off, win_soff, page_ptr, ent_off, ent_soff, s_ptr, ml_ptr, sink_ptr, o_ptr,
                            H, W, K, swn, sen, ssn, ssh, son, soh,
                            D: tl.constexpr, HB: tl.constexpr, KT: tl.constexpr, PP: tl.constexpr, PTX: tl.constexpr,
-                           GATHERED: tl.constexpr, DECODED: tl.constexpr, PDL: tl.constexpr):
+                           GATHERED: tl.constexpr, DECODED: tl.constexpr, SPLITS: tl.constexpr, PDL: tl.constexpr):
     """Two-pass prefill form, pass 2, program (query i, head block, column parity): e^(logit -
     max) of pass 1's logits, weighted sum of the keys' columns 2c + parity, and the sink.
-    DECODED (as pass 1): the program's columns are half `parity` of the row, parity * D / 2 + c."""
+    DECODED (as pass 1): the program's columns are half `parity` of the row, parity * D / 2 + c.
+    The max and sum are pass 1's SPLITS splits' merged in split order (one split: its own)."""
     pdl.wait_for_inputs(PDL)
     i = tl.program_id(0)
     heads = tl.program_id(1) * HB + tl.arange(0, HB)
     parity = tl.program_id(2)
     c = tl.arange(0, D // 2)
     live = heads < H
-    m_i = tl.load(ml_ptr + 2 * (i * H + heads), mask=live, other=float("-inf"))
-    l_i = tl.load(ml_ptr + 2 * (i * H + heads) + 1, mask=live, other=0.0)
+    if SPLITS == 1:
+        m_i = tl.load(ml_ptr + 2 * (i * H + heads), mask=live, other=float("-inf"))
+        l_i = tl.load(ml_ptr + 2 * (i * H + heads) + 1, mask=live, other=0.0)
+    else:
+        m_i = tl.full((HB,), float("-inf"), tl.float32)
+        l_i = tl.zeros((HB,), tl.float32)
+        for split in tl.static_range(SPLITS):
+            base = (i * SPLITS + split) * H + heads
+            m_s = tl.load(ml_ptr + 2 * base, mask=live, other=float("-inf"))
+            l_s = tl.load(ml_ptr + 2 * base + 1, mask=live, other=0.0)
+            merged = _merged_max_sum(m_i, l_i, m_s, l_s)  # (not `_`: the key loops below assign it)
+            m_i, l_i = merged[0], merged[1]
     m_safe = tl.where(m_i == float("-inf"), 0.0, m_i)[:, None]
     acc = tl.zeros((HB, D // 2), tl.float32)
     kt = tl.arange(0, KT)
@@ -544,6 +571,17 @@ def _prefill_values_kernel(ring16_ptr, win_off, win_soff, page_ptr, ent_off, ent
         acc = _add_weighted(tl.exp(logits - m_safe), k_own, acc, PP, PTX)
     columns = parity * (D // 2) + c if DECODED else 2 * c + parity
     _finish(sink_ptr, heads, H, m_i, l_i, acc, o_ptr + i * son + heads[:, None] * soh + columns[None, :])
+
+
+@triton.jit
+def _merged_max_sum(m_i, l_i, m_s, l_s):
+    """Running (max, sum of e^(x - max)) joined by a part's: -> (max, sum, the factors that
+    rescale the running part and the new one). A part that saw nothing (-inf, 0) leaves every
+    bit as it was; the first real part's come through unchanged."""
+    m_new = tl.maximum(m_i, m_s)
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha, beta = tl.exp(m_i - m_safe), tl.exp(m_s - m_safe)
+    return m_new, l_i * alpha + l_s * beta, alpha, beta
 
 
 @triton.jit
@@ -572,12 +610,8 @@ def _combine_kernel(part_ml, part_acc, sink_ptr, o_ptr, H, son, soh,
         m_s = tl.load(part_ml + 2 * base, mask=heads < H, other=float("-inf"))
         l_s = tl.load(part_ml + 2 * base + 1, mask=heads < H, other=0.0)
         acc_s = tl.load(part_acc + base[:, None] * D + d[None, :], mask=heads[:, None] < H, other=0.0)
-        m_new = tl.maximum(m_i, m_s)
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha, beta = tl.exp(m_i - m_safe), tl.exp(m_s - m_safe)
-        l_i = l_i * alpha + l_s * beta
+        m_i, l_i, alpha, beta = _merged_max_sum(m_i, l_i, m_s, l_s)
         acc = acc * alpha[:, None] + acc_s * beta[:, None]
-        m_i = m_new
     _finish(sink_ptr, heads, H, m_i, l_i, acc, o_ptr + i * son + heads[:, None] * soh + d[None, :])
 
 
@@ -639,6 +673,16 @@ KEY_TILE = 16  # keys per step of the online softmax (decode form)
 PREFILL_TILES = {"HB": 64, "KT": 32, "QP": 2, "PP": 2, "GATHER": 1, "num_warps": 4, "num_stages": 2,
                  "TWO_PASS": 1, "KT2": 64, "BOTH": 0, "GLUON": 0, "GLUON_GATHER": 0, "DECODED": 1, "DECODED_EXACT": 1}
 BF16_TILES = {"TWO_PASS": 0}
+# A decode batch of BATCH_FORM_ROWS (layers/attention_kernel.py) to PREFILL_QUERIES rows in the
+# two-pass form: one program a query (and head block) leaves most SMs idle at batch 8's 48 rows
+# (H200, 2026-12-04, PDL off: the logits 98.4 us a layer, the weighted sums 72.7). SPLIT2: the
+# logits pass takes each query's ~10 key tiles of 64 that many to a program (splits counted from
+# a query's first tile: its sums do not depend on the launch's other queries). Measured with the
+# weighted sums split alike and merged by _combine_kernel (bench/decode_kernel_diff.py, batch 8,
+# SPLIT2 2): the logits 98.4 -> 64.1 us a layer, but the weighted sums 72.7 -> 142.6 and the merge
+# 12.2 (a step's kernels 50.84 -> 52.64 ms), so only the logits pass splits now; that form is
+# not timed yet: {"SPLIT2": 0}, one program a query, until it is.
+BATCH_TILES = {"SPLIT2": 0}
 BF16_PREFILL_TILES = {"BOTH": 1, "KT": 64, "num_warps": 8, "GLUON": 1}
 
 
@@ -725,9 +769,11 @@ def sparse_attention(q: torch.Tensor | Queries, ring: torch.Tensor, window_offse
         # batch's 48-255 rows keep the parity programs: twice the programs on the SMs)
         whole = not plan.entry_splits and n >= PREFILL_QUERIES
         bf16_tiles = {**BF16_TILES, **(BF16_PREFILL_TILES if whole else {})} if bf16 else {}
+        batch_tiles = BATCH_TILES if not plan.entry_splits and not whole else {}
         ptx = not interpreting()
         decode_tiles = INTERPRETER_DECODE_TILES if INTERPRETER_DECODE and not (ptx or whole or tiles) else {}
-        t = {**PREFILL_TILES, **bf16_tiles, **decode_tiles, **(tiles or {}), **(dict(QP=1, PP=1) if bf16 else {})}
+        t = {**PREFILL_TILES, **batch_tiles, **bf16_tiles, **decode_tiles, **(tiles or {}),
+             **(dict(QP=1, PP=1) if bf16 else {})}
         if bf16 and whole and t["GLUON"] and ptx and sparse_attention_gluon.usable(first, dim):
             queries = query_parts(q, 1, interleave=1)[0] if isinstance(q, Queries) else q.contiguous()
             rows = t.get("GLUON_ROWS", sparse_attention_gluon.DECODE_ROWS)
@@ -853,25 +899,29 @@ def _two_pass(parts, ring, w_off, w_soff, pages, e_off, e_soff, sink, out, scale
               ptx: bool, num_warps: int | None, decoded: bool = False) -> torch.Tensor:
     """The prefill form in two launches (_prefill_logits_kernel, _prefill_values_kernel): the
     logits once per query, through a [n, heads, keys] fp32 buffer, then the weighted sums.
-    `decoded`: ring and pages are decode_keys' rows, w_off and e_off each query's rows of them."""
+    `decoded`: ring and pages are decode_keys' rows, w_off and e_off each query's rows of them.
+    t["SPLIT2"] > 0: pass 1 takes each query's keys in splits of that many tiles, each with its
+    own max and sum, which pass 2 merges before its one pass over the keys."""
     n, heads, dim = out.shape
     W, K, KT = w_off.shape[1], e_off.shape[1], t["KT2"]
-    width = triton.cdiv(W, KT) * KT + triton.cdiv(K, KT) * KT
-    logits = torch.empty(n, heads, width, dtype=torch.float32, device=out.device)
-    ml = torch.empty(n, heads, 2, dtype=torch.float32, device=out.device)
+    key_tiles = triton.cdiv(W, KT) + triton.cdiv(K, KT)
+    per_split = t.get("SPLIT2", 0) or max(key_tiles, 1)
+    splits = max(triton.cdiv(key_tiles, per_split), 1)
+    logits = torch.empty(n, heads, key_tiles * KT, dtype=torch.float32, device=out.device)
+    ml = torch.empty(n, splits, heads, 2, dtype=torch.float32, device=out.device)
     grid = (n, triton.cdiv(heads, head_block))
     # decoded: one stage, as two would stage both bf16 halves of a 64-key tile twice (278 KB of
     # shared memory at the release's shapes; one 196 KB, and fewer spills than the byte form's)
     common = dict(D=dim, HB=head_block, KT=KT, PTX=ptx, GATHERED=bool(t["GATHER"]) and not decoded, DECODED=decoded,
                   num_warps=num_warps or t["num_warps"], num_stages=1 if decoded else t["num_stages"])
     ring16 = ring if decoded else ring.view(torch.int16)
-    _prefill_logits_kernel[grid](parts, ring16, w_off, w_soff, pages, e_off, e_soff, logits, ml, heads, W, K, scale,
-                                 parts.stride(0), parts.stride(1), parts.stride(2), w_off.stride(0), e_off.stride(0),
-                                 logits.stride(0), logits.stride(1), QP=parts.shape[0], **common,
-                                 **pdl.options(parts.device))
+    _prefill_logits_kernel[grid + (splits,)](
+        parts, ring16, w_off, w_soff, pages, e_off, e_soff, logits, ml, heads, W, K, per_split, scale,
+        parts.stride(0), parts.stride(1), parts.stride(2), w_off.stride(0), e_off.stride(0), logits.stride(0),
+        logits.stride(1), QP=parts.shape[0], SPLITS=splits, **common, **pdl.options(parts.device))
     _prefill_values_kernel[grid + (2,)](ring16, w_off, w_soff, pages, e_off, e_soff, logits, ml, sink, out, heads, W, K,
                                         w_off.stride(0), e_off.stride(0), logits.stride(0), logits.stride(1),
-                                        out.stride(0), out.stride(1), PP=t["PP"], **common,
+                                        out.stride(0), out.stride(1), PP=t["PP"], SPLITS=splits, **common,
                                         **pdl.options(ring16.device))
     return out
 

@@ -601,11 +601,13 @@ def paged(golden_model, golden):
 # one program per query and head block, or flash decoding, or the tensor-core form (every head
 # in one block; on the GPU the queries and probabilities go in as bf16 parts), whole or with
 # each query's keys split over programs (2 splits of 1 window tile and 2 entry tiles: one split
-# reads both kinds), or in two passes (the logits, then the weighted sums)
+# reads both kinds), or in two passes (the logits, then the weighted sums), whole or in splits
+# of SPLIT2 16-key tiles (1 window tile and 3 entry tiles: 3 a split reads both kinds)
 @pytest.mark.parametrize("entry_splits, head_block, prefill, gather, two_pass",
                          [(0, 16, False, 0, 0), (3, 16, False, 0, 0), (0, 32, False, 0, 0), (0, None, True, 0, 0),
                           (0, None, True, 1, 0), (2, None, True, 1, 0), (3, None, True, 0, 0), (0, None, True, 0, 1),
-                          (0, None, True, 1, 1)])
+                          (0, None, True, 1, 1), (0, None, True, 0, dict(SPLIT2=1, KT2=16)),
+                          (0, None, True, 1, dict(SPLIT2=3, KT2=16))])
 def test_sparse_attention_on_a_paged_cache(paged, entry_splits, head_block, prefill, gather, two_pass):
     g = _g(2)
     cache, layer, source = paged, 8, 7
@@ -625,7 +627,7 @@ def test_sparse_attention_on_a_paged_cache(paged, entry_splits, head_block, pref
         return sparse_attention(dev(q), dev(cache.pool.slots_buffer), dev(torch.where(win >= 0, window_codes, -1)),
                                 dev(window_scales), dev(cache.pool.pages_buffer), dev(torch.where(idx >= 0, e_off, -1)),
                                 dev(e_soff), dev(sink), dim**-0.5, entry_splits=entry_splits, head_block=head_block,
-                                prefill=prefill, tiles=dict(GATHER=gather, TWO_PASS=two_pass),
+                                prefill=prefill, tiles=_two_pass_tiles(gather, two_pass),
                                 window_base=window_base).cpu()
 
     got = attend(w_off, w_soff)
@@ -636,6 +638,40 @@ def test_sparse_attention_on_a_paged_cache(paged, entry_splits, head_block, pref
     codes0, scales0 = cache.ring_offsets(0, win.clamp_min(0))
     strides = cache.ring_layer_stride
     assert torch.equal(attend(codes0, scales0, (layer * strides[0], layer * strides[1])), got)
+
+
+def _two_pass_tiles(gather: int, two_pass: int | dict) -> dict:
+    """tiles for sparse_attention: two_pass 0 or 1, or a dict of the two-pass form's tiles."""
+    if isinstance(two_pass, dict):
+        return dict(GATHER=gather, TWO_PASS=1, **two_pass)
+    return dict(GATHER=gather, TWO_PASS=two_pass)
+
+
+@pytest.mark.parametrize("gather", [0, 1])
+def test_a_querys_two_pass_splits_do_not_follow_the_launchs_width(paged, gather):
+    """A decode batch's two-pass launch is as wide as its widest query's entries: the splits
+    are counted from each query's first key tile, so a query's output has the same bits with
+    its entries padded (masked) to more tiles and more splits."""
+    g = _g(3)
+    cache, layer, source = paged, 8, 7
+    n, heads, dim = 3, 40, 64
+    q = torch.randn(n, heads, dim, generator=g)
+    positions = torch.arange(92, 100)
+    w_off, w_soff = cache.ring_offsets(layer, positions.expand(n, -1))
+    idx = torch.randint(0, cache.num_entries(source), (n, 40), generator=g)
+    e_off, e_soff = cache.entry_offsets(source, idx)
+    sink = torch.randn(heads, generator=g)
+    dev = lambda t: t.to(DEVICE)  # noqa: E731
+
+    def attend(codes, scales):
+        return sparse_attention(dev(q), dev(cache.pool.slots_buffer), dev(w_off), dev(w_soff),
+                                dev(cache.pool.pages_buffer), dev(codes), dev(scales), dev(sink), dim**-0.5,
+                                entry_splits=0, prefill=True, tiles=dict(GATHER=gather, TWO_PASS=1, SPLIT2=1,
+                                                                          KT2=16)).cpu()
+
+    pad = torch.full((n, 50), -1, dtype=e_off.dtype)
+    wide = attend(torch.cat([e_off, pad], 1), torch.cat([e_soff, pad.clamp_min(0)], 1))
+    assert torch.equal(attend(e_off, e_soff), wide)
 
 
 def _window_and_entries(cache, n: int, heads: int, dim: int, g: torch.Generator, window: int = 8):
