@@ -21,7 +21,6 @@ import h200  # noqa: E402
 from dsflash.model.kernels import fp8_gemm, pdl  # noqa: E402
 from dsflash.model.kernels.rms_norm import rms_norm  # noqa: E402
 
-HBM_BYTES_PER_S = 4.2e12
 LAYER_WEIGHTS = {"wq_a+wkv": (1792, 5120), "wq_b": (32768, 1280), "wo_b": (5120, 8192),
                  "shared w1+w3": (4608, 5120), "shared w2": (5120, 2304)}
 
@@ -65,7 +64,7 @@ def main() -> None:
             per_norm = h200.graph_time(norms, iters=1) / args.norms
             per_layer = h200.graph_time(chain, iters=1) / args.layers
             print(f"[pdl_chain round{round_} ENABLED={enabled}] norm_us={per_norm * 1e6:.2f} "
-                  f"layer_us={per_layer * 1e6:.1f} layer_bytes_us={layer_bytes / HBM_BYTES_PER_S * 1e6:.1f} "
+                  f"layer_us={per_layer * 1e6:.1f} layer_bytes_us={layer_bytes / h200.HBM_BPS * 1e6:.1f} "
                   f"launches_per_layer={2 * len(LAYER_WEIGHTS)}", flush=True)
 
 

@@ -17,7 +17,6 @@ from .common import (bf16_parts, bf16_rne, dot_exact_rhs, e2m1_to_float, e4m3_to
                      interpreting, pow2)
 from . import attention_queries, pdl, sparse_attention_gluon
 from .attention_queries import Queries, query_parts
-from . import pdl
 
 
 def sparse_attention_ref(q: torch.Tensor, window_kv: torch.Tensor, window_mask: torch.Tensor,
