@@ -666,8 +666,8 @@ def test_a_querys_two_pass_splits_do_not_follow_the_launchs_width(paged, gather)
     def attend(codes, scales):
         return sparse_attention(dev(q), dev(cache.pool.slots_buffer), dev(w_off), dev(w_soff),
                                 dev(cache.pool.pages_buffer), dev(codes), dev(scales), dev(sink), dim**-0.5,
-                                entry_splits=0, prefill=True, tiles=dict(GATHER=gather, TWO_PASS=1, SPLIT2=1,
-                                                                          KT2=16)).cpu()
+                                entry_splits=0, prefill=True,
+                                tiles=_two_pass_tiles(gather, dict(SPLIT2=1, KT2=16))).cpu()
 
     pad = torch.full((n, 50), -1, dtype=e_off.dtype)
     wide = attend(torch.cat([e_off, pad], 1), torch.cat([e_soff, pad.clamp_min(0)], 1))
