@@ -626,6 +626,14 @@ PREFILL_QUERIES = 256
 # number of queries, so a request's attention is the same in any decode batch. 0: the decode
 # form instead (as before 2026-12-01; bench A/B).
 DECODE_KEY_SPLITS = 4
+# Heads a program of the tensor-core form where each query's keys are split over programs
+# (PREFILL_TILES' HB elsewhere). Compiled for sm_90 (Triton 3.6, bench/kernel_resources.py),
+# exact mode's two parts: 64 heads on 4 warps 255 registers and 640 stack bytes, on 8 warps
+# 816; 32 heads on 4 warps 255 and none, in twice the programs. H200, 2026-12-04, 4K batch 1
+# (bench/decode_kernel_diff.py, PDL off): the attention 2,238 -> 2,122 us a step (38 launches),
+# a step's kernels 20.56 -> 20.40 ms; 22.40 -> 21.75 ms a step in one bench/decode_ab.py round.
+# The batch form's two passes at 32 (batch 8): values 2,876 -> 3,555 us, logits 2,463 -> 2,492.
+DECODE_HEAD_BLOCK = 32
 # The interpreter runs each program in Python, its time going by programs and their steps, not
 # by the SMs they fill: there decode-sized launches take one program a query, both column
 # halves and every key (CI's golden-model tests on the kernel path: 85 -> 64 s for a 37-token
@@ -679,9 +687,10 @@ BF16_TILES = {"TWO_PASS": 0}
 # a query's first tile: its sums do not depend on the launch's other queries). Measured with the
 # weighted sums split alike and merged by _combine_kernel (bench/decode_kernel_diff.py, batch 8,
 # SPLIT2 2): the logits 98.4 -> 64.1 us a layer, but the weighted sums 72.7 -> 142.6 and the merge
-# 12.2 (a step's kernels 50.84 -> 52.64 ms), so only the logits pass splits now; that form is
-# not timed yet: {"SPLIT2": 0}, one program a query, until it is.
-BATCH_TILES = {"SPLIT2": 0}
+# 12.2 (a step's kernels 50.84 -> 52.64 ms), so only the logits pass splits. H200, 2026-12-04,
+# batch 8 (PDL off): the logits 3,961 -> 2,526 us a step, the weighted sums 2,783 -> 2,885, a
+# step's kernels 50.54 -> 49.39 ms; batch 32 128.7 against 129.4 ms a step (bench/decode_ab.py).
+BATCH_TILES = {"SPLIT2": 2}
 BF16_PREFILL_TILES = {"BOTH": 1, "KT": 64, "num_warps": 8, "GLUON": 1}
 
 
@@ -719,7 +728,8 @@ def launch_plan(n: int, num_entries: int, heads: int, dim: int, head_block: int 
         if prefill and n < PREFILL_QUERIES:
             entry_splits = 1 if INTERPRETER_DECODE and interpreting() else DECODE_KEY_SPLITS
     if prefill:
-        hb = head_block or max(16, min(PREFILL_TILES["HB"], triton.next_power_of_2(heads)))
+        most = DECODE_HEAD_BLOCK if entry_splits else PREFILL_TILES["HB"]
+        hb = head_block or max(16, min(most, triton.next_power_of_2(heads)))
         return LaunchPlan(hb, 0, entry_splits or 0, num_entries, True)
     hb, warps = HEAD_BLOCKS["decode"]
     hb = head_block or hb

@@ -602,12 +602,14 @@ def paged(golden_model, golden):
 # in one block; on the GPU the queries and probabilities go in as bf16 parts), whole or with
 # each query's keys split over programs (2 splits of 1 window tile and 2 entry tiles: one split
 # reads both kinds), or in two passes (the logits, then the weighted sums), whole or in splits
-# of SPLIT2 16-key tiles (1 window tile and 3 entry tiles: 3 a split reads both kinds)
+# of SPLIT2 16-key tiles (1 window tile and 3 entry tiles: 3 a split reads both kinds); 32 heads
+# a program (DECODE_HEAD_BLOCK) as two blocks, the second partly masked
 @pytest.mark.parametrize("entry_splits, head_block, prefill, gather, two_pass",
                          [(0, 16, False, 0, 0), (3, 16, False, 0, 0), (0, 32, False, 0, 0), (0, None, True, 0, 0),
                           (0, None, True, 1, 0), (2, None, True, 1, 0), (3, None, True, 0, 0), (0, None, True, 0, 1),
                           (0, None, True, 1, 1), (0, None, True, 0, dict(SPLIT2=1, KT2=16)),
-                          (0, None, True, 1, dict(SPLIT2=3, KT2=16))])
+                          (0, None, True, 1, dict(SPLIT2=3, KT2=16)), (2, 32, True, 1, 0),
+                          (0, 32, True, 0, dict(SPLIT2=1, KT2=16))])
 def test_sparse_attention_on_a_paged_cache(paged, entry_splits, head_block, prefill, gather, two_pass):
     g = _g(2)
     cache, layer, source = paged, 8, 7
