@@ -17,6 +17,7 @@ so the sum is deterministic and no second launch is needed.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import torch
@@ -216,7 +217,14 @@ def tiles_for(m: int, fp8: bool = True) -> dict:
 
 TILES = {  # block_m: launch shape
     16: dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128),
-    64: dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=128),
+    # 17-1023 rows (decode batches from 3). Tiles of rows x weight rows x K step, H200,
+    # 2026-12-04 (bench/decode_kernel_diff.py, 4K, PDL off), a step's kernels at batch 8 / 32:
+    # 64 x 64 x 128 (as before) 49.75 / 123.8 ms; 64 x 128 x 64 44.23 / 105.1-105.6; the same
+    # on 2 stages 45.86 / 109.6, 32-deep K steps
+    # 46.42 / 109.8, 64 x 256 x 64 on 8 warps 57.63 / 144.3 (a 64-row x tile in three bf16
+    # parts is 48 KB a 128-deep step: 64-wide weight tiles read it for few columns, and held
+    # one program an SM)
+    64: dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64),
     # the best of 5 shapes at 8,192 rows on the H200 (2026-11-30): wq_b 3.96 ms (173 TFLOP/s),
     # wo_b 5.10 ms; 128 x 128 tiles took 5.21 and 6.26 ms
     128: dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, num_warps=8, num_stages=3),
@@ -262,9 +270,12 @@ def grouped_fp8_gemm(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor,
     block_n = min(_skinny_tiles(N, M)["BLOCK_N"], rows)  # as _skinny picks it: a power of two dividing R
     if M <= SKINNY_ROWS and K % 4 == 0 and rows % block_n == 0 and block_n >= 16 and block_n & (block_n - 1) == 0:
         return _skinny(x, codes, scales, small_fp8_scales(scales) if small is None else small, group_rows=rows)
-    if rows % tiles_for(M)["BLOCK_N"]:
-        return None
-    return _gemm(x, codes, scales, None, False, group_rows=rows, skinny=False)
+    tiles = tiles_for(M)
+    if rows % tiles["BLOCK_N"]:  # a tile lies in one group: narrower ones where the groups are
+        if rows % 64:
+            return None
+        tiles.update(BLOCK_N=64)
+    return _gemm(x, codes, scales, tiles, False, group_rows=rows, skinny=False)
 
 
 def bf16_gemm(x: torch.Tensor, weight: torch.Tensor, tiles: dict | None = None) -> torch.Tensor:
@@ -362,24 +373,39 @@ def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-_COUNTS: dict[torch.device, torch.Tensor] = {}  # per device: one int32 count per output tile
+# per (device, lane): one int32 count per output tile
+_COUNTS: dict[tuple[torch.device, int], torch.Tensor] = {}
 MAX_SPLIT_TILES = 1024  # K is split only while the output tiles are fewer than twice the SMs
+LANES = 2  # sets of counts a device has: its main stream's and a side stream's (counts_lane)
+_LANE = [0]  # the set the GEMMs enqueued now take
 
 
-def tile_counts(device: torch.device) -> torch.Tensor:
-    """The counts split-K programs take turns on (_finish). Every GEMM of a device shares them:
-    its launches run one after another on one stream, and each leaves its counts at 0. Made
-    once and never replaced (CUDA graphs hold their address), on first use, which must not be
-    inside a graph capture (a capture records the zeroing without running it): TritonOps makes
-    them when it is built."""
+def tile_counts(device: torch.device, lane: int | None = None) -> torch.Tensor:
+    """The counts split-K programs take turns on (_finish). The GEMMs of one lane (a stream)
+    share them: its launches run one after another, and each leaves its counts at 0. GEMMs
+    enqueued on a side stream, which may run beside the main one's, take lane 1 (counts_lane).
+    Made once and never replaced (CUDA graphs hold their address), on first use, which must not
+    be inside a graph capture (a capture records the zeroing without running it): TritonOps
+    makes every lane's when it is built."""
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())  # the key GEMMs look up (x.device)
-    counts = _COUNTS.get(device)
+    key = (device, _LANE[0] if lane is None else lane)
+    counts = _COUNTS.get(key)
     if counts is None:
         if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
             raise RuntimeError("split-K tile counts must be made before a CUDA graph capture (tile_counts)")
-        counts = _COUNTS[device] = torch.zeros(MAX_SPLIT_TILES, dtype=torch.int32, device=device)
+        counts = _COUNTS[key] = torch.zeros(MAX_SPLIT_TILES, dtype=torch.int32, device=device)
     return counts
+
+
+@contextlib.contextmanager
+def counts_lane(lane: int):
+    """GEMMs enqueued inside take lane `lane`'s counts (tile_counts)."""
+    before, _LANE[0] = _LANE[0], lane
+    try:
+        yield
+    finally:
+        _LANE[0] = before
 
 
 def _gemm(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor | None, tiles: dict | None,
