@@ -18,13 +18,16 @@ every kernel is checked against the reference it replaces (tests/model/test_kern
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
 from .kernels import compressor, hc_streams, prefill_gemms, swiglu
 from .kernels import rms_norm as norm_kernel
 from .kernels.common import interpreting, quad_units
 from .kernels.fp4_moe import fp4_moe, small_scales
-from .kernels.fp8_gemm import bf16_gemm, fp32_gemm, fp8_gemm, grouped_fp8_gemm, small_fp8_scales, tile_counts
+from .kernels.fp8_gemm import (LANES, bf16_gemm, counts_lane, fp32_gemm, fp8_gemm, grouped_fp8_gemm, small_fp8_scales,
+                                tile_counts)
 from .kernels.hc_gates import hc_gates
 from .kernels.quantize import fp4_round_trip, fp8_grid_bf16, fp8_round_trip
 from .kernels.rope import rope
@@ -39,6 +42,10 @@ from .weights import Fp4Weight, Fp8Weight, WeightStore
 
 # Output widths from which bf16 GEMMs of any row count take the kernel (the LM heads).
 WIDE_OUTPUT = 32768
+# Rows up to which the shared expert runs on a side stream beside the routed experts
+# (ops.beside): its GEMMs can take the SMs the routed kernels' ramps and tails leave idle, and
+# the sums are the same either way. 0: on the main stream, after them, as before.
+SIDE_STREAM_ROWS = 256
 # One launch each for RMSNorm, the shared expert's SwiGLU and the router after its GEMM, where
 # torch takes four to twelve kernels (False: the torch forms, for comparisons: decode_ab.py).
 FUSED_SMALL_OPS = True
@@ -54,8 +61,11 @@ class TritonOps(ReferenceOps):
         self._bf16: dict[str, torch.Tensor] = {}
         self._experts: dict[str, tuple[tuple[torch.Tensor, ...], bool]] = {}
         self._merged: dict[tuple[str, ...], tuple | bool] = {}  # linear_many's weights end to end
+        self._side = None
         if self.device.type == "cuda":
-            tile_counts(self.device)  # now, before any CUDA graph is captured
+            for lane in range(LANES):
+                tile_counts(self.device, lane)  # now, before any CUDA graph is captured
+            self._side = torch.cuda.Stream(self.device)
 
     def _fp8(self, name: str) -> tuple[Fp8Weight, bool]:
         """An FP8 weight on the device, and whether its scales allow the one-multiply decoder."""
@@ -133,6 +143,23 @@ class TritonOps(ReferenceOps):
             if out is not None:  # decode rows: one launch on the FP8 bytes, not an fp32 copy
                 return out
         return super().grouped_linear(x, name, groups)
+
+    def beside(self, work: Callable[[], torch.Tensor], rows: int) -> Callable[[], torch.Tensor]:
+        """work() on the side stream, its split-K GEMMs on their own counts (counts_lane); the
+        result waits for it. Memory: every side-stream use starts behind the main stream's work
+        so far (wait_stream), so a block the side stream frees is not reused before the main
+        stream is done with what it read; the main stream reuses none before the join."""
+        if self._side is None or not 0 < rows <= SIDE_STREAM_ROWS:
+            return super().beside(work, rows)
+        main = torch.cuda.current_stream(self.device)
+        self._side.wait_stream(main)
+        with torch.cuda.stream(self._side), counts_lane(1):
+            out = work()
+
+        def joined() -> torch.Tensor:
+            main.wait_stream(self._side)
+            return out
+        return joined
 
     def top_experts(self, logits: torch.Tensor, temp: float, bias: torch.Tensor, k: int, normalize: bool,
                     scaling: float) -> tuple[torch.Tensor, torch.Tensor]:

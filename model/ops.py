@@ -9,6 +9,8 @@ reference's kernel does: bf16 queries, and bf16 probabilities in the weighted su
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
 from . import quant
@@ -127,6 +129,12 @@ class ReferenceOps:
         """The router's weights [T, k] and expert ids [T, k] from its logits [T, E] (layers/moe.py,
         kernels/top_experts.py); one launch on the fast path."""
         return top_experts_ref(logits, temp, bias, k, normalize, scaling)
+
+    def beside(self, work: Callable[[], torch.Tensor], rows: int) -> Callable[[], torch.Tensor]:
+        """work(), which the fast path may run beside what is enqueued after it (a side stream):
+        the returned function gives its result, joined to the work after it. Here, at once."""
+        out = work()
+        return lambda: out
 
     def clamped_swiglu(self, gate: torch.Tensor, up: torch.Tensor, limit: float) -> torch.Tensor:
         """silu(min(gate, L)) * clamp(up, -L, L) (layers/moe.py); one launch on the fast path."""

@@ -26,15 +26,17 @@ def route(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, x: torch.Tensor)
 def moe(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, x: torch.Tensor) -> torch.Tensor:
     p, limit = role.prefix, cfg.swiglu_limit
     weights, idx = route(ops, cfg, role, x)
+    s, rows = f"{p}.ffn.shared_experts", ops.parallel.rows(x.shape[0])
+    xs = x[rows]
+    shared = ops.beside(lambda: ops.linear(ops.clamped_swiglu(*ops.linear_many(xs, (f"{s}.w1", f"{s}.w3")), limit),
+                                           f"{s}.w2"), xs.shape[0])
     local = ops.parallel.split(role.n_routed_experts)  # every expert on one rank
     if ops.fast:
         y = ops.routed_experts(f"{p}.ffn.experts", local, x, idx, weights, limit)
     else:
         y = _routed_reference(ops, p, local, x, idx, weights, limit)
-    s, rows = f"{p}.ffn.shared_experts", ops.parallel.rows(x.shape[0])
-    xs = x[rows]
     # in place on the view (`y[rows] +=` would add, then copy the rows onto themselves)
-    y[rows].add_(ops.linear(ops.clamped_swiglu(*ops.linear_many(xs, (f"{s}.w1", f"{s}.w3")), limit), f"{s}.w2"))
+    y[rows].add_(shared())
     return ops.parallel.all_reduce(y)
 
 

@@ -37,13 +37,16 @@ def _twins(golden_dir, golden, requests: int, model=None, pages: int = 300):
     return model, twins
 
 
-def _verify_steps(model, twins, graphs, count: int, g: torch.Generator) -> dict:
-    """`count` verify-shaped steps (6 tokens a request) in both modes: their logits by mode."""
+def _verify_steps(model, twins, graphs, count: int, g: torch.Generator, each_mode=None) -> dict:
+    """`count` verify-shaped steps (6 tokens a request) in both modes: their logits by mode.
+    each_mode(mode), if given, runs before each mode's step (a switch set for one of them)."""
     got = {"eager": [], "graphs": []}
     with torch.inference_mode():
         for _ in range(count):
             blocks = [torch.randint(3, model.config.vocab_size, (6,), generator=g) for _ in twins["eager"]]
             for mode, caches in twins.items():
+                if each_mode:
+                    each_mode(mode)
                 model.graphs = graphs if mode == "graphs" else None
                 got[mode] += [t.cpu() for t in step(model, caches, blocks, logits="all").logits]
     model.graphs = None
@@ -162,3 +165,30 @@ def test_the_drafters_graphs_equal_its_eager_runs(golden_dir, golden):
     # the stages and the head in one graph (their attention is one fixed launch here)
     assert graphs.captured("propose") > 0 and graphs.captured("absorb") > 0
     graphs.release()
+
+
+@gpu
+def test_the_shared_expert_beside_the_routed_ones_changes_no_bit(golden_dir, golden, monkeypatch):
+    """The shared expert on a side stream (TritonOps.beside), replayed from graphs, against it
+    on the main stream after the routed experts, eager: bit for bit."""
+    from dsflash.model import fast_ops
+
+    model, twins = _twins(golden_dir, golden, 2)
+    graphs = GraphCache()
+    rows = {"eager": 0, "graphs": 256}
+    got = _verify_steps(model, twins, graphs, 3, torch.Generator().manual_seed(7),  # eager, capture, replay
+                        lambda mode: monkeypatch.setattr(fast_ops, "SIDE_STREAM_ROWS", rows[mode]))
+    assert graphs.captured() > 0 and model.ops._side is not None
+    for eager, beside in zip(got["eager"], got["graphs"]):
+        assert torch.equal(eager, beside)
+    graphs.release()
+
+
+def test_gemms_on_a_side_stream_take_their_own_split_counts():
+    from dsflash.model.kernels.fp8_gemm import counts_lane, tile_counts
+
+    device = torch.device("cpu")
+    main = tile_counts(device)
+    with counts_lane(1):
+        side = tile_counts(device)
+    assert side is not main and side is tile_counts(device, 1) and tile_counts(device) is main

@@ -13,9 +13,8 @@ import torch
 
 from dsflash.model.graphs import GraphCache
 from dsflash.model.kernels import pdl
-from dsflash.model.runner import step
 
-from .test_cuda_graphs import _twins
+from .test_cuda_graphs import _twins, _verify_steps
 
 KERNELS = pathlib.Path(pdl.__file__).parent
 MEMORY_OPS = {"load", "store", "atomic_add", "atomic_xchg", "atomic_cas", "atomic_max", "atomic_min", "make_block_ptr",
@@ -102,17 +101,11 @@ def test_graph_steps_with_pdl_equal_eager_steps_without(golden_dir, golden, monk
         pytest.skip("programmatic dependent launch needs Hopper or newer")
     model, twins = _twins(golden_dir, golden, 2)
     graphs = GraphCache()
-    g = torch.Generator().manual_seed(5)
-    got = {"eager": [], "graphs": []}
-    with torch.inference_mode():
-        for _ in range(3):  # eager, capture, replay
-            blocks = [torch.randint(3, model.config.vocab_size, (6,), generator=g) for _ in twins["eager"]]
-            for mode, caches in twins.items():
-                monkeypatch.setattr(pdl, "ENABLED", mode == "graphs")
-                assert pdl.options(torch.device("cuda", 0))["PDL"] == (mode == "graphs")
-                model.graphs = graphs if mode == "graphs" else None
-                got[mode] += [t.cpu() for t in step(model, caches, blocks, logits="all").logits]
-    model.graphs = None
+
+    def each_mode(mode):
+        monkeypatch.setattr(pdl, "ENABLED", mode == "graphs")
+        assert pdl.options(torch.device("cuda", 0))["PDL"] == (mode == "graphs")
+    got = _verify_steps(model, twins, graphs, 3, torch.Generator().manual_seed(5), each_mode)  # eager, capture, replay
     assert graphs.captured() > 0
     for eager, replayed in zip(got["eager"], got["graphs"]):
         assert torch.equal(eager, replayed)
