@@ -220,10 +220,10 @@ TILES = {  # block_m: launch shape
     # 17-1023 rows (decode batches from 3). Tiles of rows x weight rows x K step, H200,
     # 2026-12-04 (bench/decode_kernel_diff.py, 4K, PDL off), a step's kernels at batch 8 / 32:
     # 64 x 64 x 128 (as before) 49.75 / 123.8 ms; 64 x 128 x 64 44.23 / 105.1-105.6; the same
-    # on 2 stages 45.86 / 109.6, 32-deep K steps
-    # 46.42 / 109.8, 64 x 256 x 64 on 8 warps 57.63 / 144.3 (a 64-row x tile in three bf16
-    # parts is 48 KB a 128-deep step: 64-wide weight tiles read it for few columns, and held
-    # one program an SM)
+    # on 2 stages 45.86 / 109.6; 32-deep K steps 46.42 / 109.8; 64 x 256 x 64 on 8 warps
+    # 57.63 / 144.3; 32 x 128 x 64 at batch 8 50.89 against 46.27 in another process. A
+    # 64-row x tile in three bf16 parts is 48 KB a 128-deep step: 64-wide weight tiles read it
+    # for few columns, and at 180 KB of shared memory held one program an SM.
     64: dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64),
     # the best of 5 shapes at 8,192 rows on the H200 (2026-11-30): wq_b 3.96 ms (173 TFLOP/s),
     # wo_b 5.10 ms; 128 x 128 tiles took 5.21 and 6.26 ms
