@@ -625,6 +625,8 @@ PREFILL_QUERIES = 256
 # per query 134.6), 24 queries 139.2 (363.5; 141.3). The split count does not follow the
 # number of queries, so a request's attention is the same in any decode batch. 0: the decode
 # form instead (as before 2026-12-01; bench A/B).
+# With 32 heads a program (DECODE_HEAD_BLOCK), H200, 2026-12-04, batch 1: 5 splits 2,067 us a
+# step against 2,096 + 66 at 4, their merge 337 against 285 (bench/decode_kernel_diff.py).
 DECODE_KEY_SPLITS = 4
 # Heads a program of the tensor-core form where each query's keys are split over programs
 # (PREFILL_TILES' HB elsewhere). Compiled for sm_90 (Triton 3.6, bench/kernel_resources.py),
