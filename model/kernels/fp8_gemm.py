@@ -42,11 +42,13 @@ def _fp8_gemm_kernel(x_ptr, w_ptr, s_ptr, y_ptr, out_ptr, count_ptr, M, N, K, K_
                      sxp, sxm, sxk, swn, swk, ssn, ssk, sys, sym, syn,
                      PARTS: tl.constexpr, GROUP_ROWS: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                     HW_FP8: tl.constexpr, FP8_WEIGHT: tl.constexpr, PDL: tl.constexpr):
+                     HW_FP8: tl.constexpr, FP8_WEIGHT: tl.constexpr, CUT: tl.constexpr, PDL: tl.constexpr):
     """One (M, N) tile over one K range (split-K: see _finish).
     The weight is e4m3 codes with e8m0 block scales, or (FP8_WEIGHT off) plain bf16. x comes
-    as PARTS slices (stride sxp) that sum to the activations. GROUP_ROWS > 0: a block-diagonal
-    weight, each GROUP_ROWS rows applied to their own K columns of x. PDL: see pdl.py."""
+    as PARTS slices (stride sxp) that sum to the activations, or with CUT as fp32, cut into
+    three bf16 parts as each tile is loaded (_three_bf16_parts). GROUP_ROWS > 0: a
+    block-diagonal weight, each GROUP_ROWS rows applied to their own K columns of x. PDL: see
+    pdl.py."""
     pdl.wait_for_inputs(PDL)
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -72,13 +74,19 @@ def _fp8_gemm_kernel(x_ptr, w_ptr, s_ptr, y_ptr, out_ptr, count_ptr, M, N, K, K_
             w = w.to(tl.bfloat16)
         else:
             w = w.to(tl.float32)
-        for p in tl.static_range(PARTS):
-            x = tl.load(x_ptr + p * sxp + rm[:, None] * sxm + kk[None, :] * sxk,
-                        mask=(rm[:, None] < M) & (kk[None, :] < K), other=0.0)
-            if HW_FP8:  # bf16 x bf16 products are exact in the fp32 accumulator
-                acc = tl.dot(x, tl.trans(w), acc)
-            else:
-                acc = dot_exact_rhs(x.to(tl.float32), tl.trans(w), acc)
+        if CUT:
+            x = tl.load(x_ptr + rm[:, None] * sxm + kk[None, :] * sxk, mask=(rm[:, None] < M) & (kk[None, :] < K),
+                        other=0.0)
+            head, middle, low = _three_bf16_parts(x)
+            acc = tl.dot(low, tl.trans(w), tl.dot(middle, tl.trans(w), tl.dot(head, tl.trans(w), acc)))
+        else:
+            for p in tl.static_range(PARTS):
+                x = tl.load(x_ptr + p * sxp + rm[:, None] * sxm + kk[None, :] * sxk,
+                            mask=(rm[:, None] < M) & (kk[None, :] < K), other=0.0)
+                if HW_FP8:  # bf16 x bf16 products are exact in the fp32 accumulator
+                    acc = tl.dot(x, tl.trans(w), acc)
+                else:
+                    acc = dot_exact_rhs(x.to(tl.float32), tl.trans(w), acc)
     _finish(acc, rm[:, None] * sym + rn[None, :] * syn, (rm[:, None] < M) & (rn[None, :] < N), y_ptr, out_ptr,
             count_ptr + pid_m * tl.num_programs(1) + pid_n, pid_k, SPLITS, sys, 1)
 
@@ -425,13 +433,14 @@ def _gemm(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor | None, ti
     grid = (triton.cdiv(M, block_m), triton.cdiv(N, block_n))
     splits, per_split = _split_k(K, block_k, grid[0] * grid[1], x.device, weight.numel() * weight.element_size())
     # the interpreter dots in fp32; bf16 activations are their own single part
-    parts = x[None] if interpreting() or x.dtype == torch.bfloat16 else bf16_parts(x, 3)
+    cut = CUT_IN_KERNEL and not interpreting() and x.dtype == torch.float32 and x.stride(1) == 1
+    parts = x[None] if cut or interpreting() or x.dtype == torch.bfloat16 else bf16_parts(x, 3)
     out, y, counts = _outputs(M, N, splits, grid[0] * grid[1], x.device)
     scale_ptr, ssn, ssk = _scale_args(weight, scales)
     _fp8_gemm_kernel[grid + (splits,)](parts, weight, scale_ptr, y, out, counts, M, N, K, per_split, splits,
                                        *parts.stride(), weight.stride(0), weight.stride(1), ssn, ssk, *y.stride(),
                                        PARTS=parts.shape[0], GROUP_ROWS=group_rows, HW_FP8=not interpreting(),
-                                       FP8_WEIGHT=fp8, **tiles, **pdl.options(x.device))
+                                       FP8_WEIGHT=fp8, CUT=cut, **tiles, **pdl.options(x.device))
     return out
 
 
@@ -458,6 +467,12 @@ def _skinny(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor | None, 
             EVEN_K=K % tiles["BLOCK_K"] == 0, GROUP_ROWS=group_rows, SUM_GROUP=_sum_group(splits),
             **tiles, **pdl.options(x.device))
     return out
+
+
+# fp32 activations on the tile kernel (17+ rows) cut into their three bf16 parts in the kernel,
+# as each x tile is loaded, not in a bf16_parts launch before it (half the x bytes a K step in
+# shared memory: 16 KB of fp32 against 24 of parts at 64 x 64). Off: not timed yet.
+CUT_IN_KERNEL = False
 
 
 # From this many K splits the last program of a tile reads 8 parts at once (_sum_group).

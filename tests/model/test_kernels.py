@@ -146,6 +146,27 @@ def test_weights_of_one_input_run_as_one_gemm(act_quant):
     assert ops._merged[("a", "d")] is False and torch.equal(mixed[1].cpu(), ops.linear(x, "d").cpu())
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [37, 200])
+def test_the_tile_kernel_cuts_fp32_rows_into_parts_itself(m, monkeypatch):
+    """CUT_IN_KERNEL: fp32 activations cut into three bf16 parts as the tile kernel loads them
+    (only the GPU takes that path), FP8 and bf16 weights, against the fp32 products."""
+    from dsflash.model.kernels import fp8_gemm as gemm
+
+    monkeypatch.setattr(gemm, "CUT_IN_KERNEL", True)
+    g = _g(m)
+    w = torch.randn(256, 320, generator=g)
+    codes, scales = quantize_fp8_weight(w)
+    x = torch.randn(m, 320, generator=g) * torch.logspace(-3, 3, 320)  # parts of very different size
+    got = gemm.fp8_gemm(x.to(DEVICE), codes.to(DEVICE), scales.to(DEVICE)).cpu()
+    ref = fp8_gemm_ref(x, codes, scales, False)
+    assert (got - ref).abs().max() < REL * ref.abs().max() + 1e-5
+    weight = w.to(torch.bfloat16)
+    got = gemm.bf16_gemm(x.to(DEVICE), weight.to(DEVICE)).cpu()
+    ref = x @ weight.float().T
+    assert (got - ref).abs().max() < REL * ref.abs().max() + 1e-5
+
+
 @pytest.mark.parametrize("m", [1, 6, 37])
 def test_bf16_gemm_matches_the_fp32_product_of_the_upcast_weight(m):
     g = _g(m)
