@@ -395,10 +395,13 @@ def _online_halves(q_own, q_other, k_own, k_other, valid, m_i, l_i, acc, acc_oth
 
 
 @triton.jit
-def _split_keys(split, TILES_PER_SPLIT, W, K, KT: tl.constexpr):
+def _split_keys(split, TILES_PER_SPLIT, W, K, KT: tl.constexpr, SPLITS: tl.constexpr):
     """The key ranges of split `split` of a query, TILES_PER_SPLIT tiles of KT keys counted over
-    the window's tiles, then the entries': (window lo, hi, entries lo, hi). A split's keys
-    follow from its number alone, not from the split count or the launch's other queries."""
+    the window's tiles, then the entries': (window lo, hi, entries lo, hi); one split reads
+    them all. A split's keys follow from its number alone, not from the split count or the
+    launch's other queries."""
+    if SPLITS == 1:
+        return 0, W, 0, K
     window_tiles = tl.cdiv(W, KT)
     lo = split * TILES_PER_SPLIT
     hi = lo + TILES_PER_SPLIT
@@ -445,10 +448,7 @@ def _prefill_attention_kernel(q_ptr, ring16_ptr, win_off, win_soff, page_ptr, en
     acc = tl.zeros((HB, D // 2), tl.float32)
     acc_other = tl.zeros((HB, D // 2), tl.float32)  # BOTH: the odd columns
     kt = tl.arange(0, KT)
-    if SPLITS == 1:
-        w_lo, w_hi, e_lo, e_hi = 0, W, 0, K
-    else:
-        w_lo, w_hi, e_lo, e_hi = _split_keys(split, TILES_PER_SPLIT, W, K, KT)
+    w_lo, w_hi, e_lo, e_hi = _split_keys(split, TILES_PER_SPLIT, W, K, KT, SPLITS)
     for t0 in range(w_lo, w_hi, KT):
         words, exps, valid = _window_bytes(ring16_ptr, win_off, win_soff, i * swn, t0 + kt, W, KT, D // 2, GATHERED)
         k_own, k_other = _window_halves(words, exps, parity, KT, D // 2, PTX)
@@ -500,10 +500,7 @@ def _prefill_logits_kernel(q_ptr, ring16_ptr, win_off, win_soff, page_ptr, ent_o
     l_i = tl.zeros((HB,), tl.float32)
     kt = tl.arange(0, KT)
     row = s_ptr + i * ssn + heads[:, None] * ssh
-    if SPLITS == 1:
-        w_lo, w_hi, e_lo, e_hi = 0, W, 0, K
-    else:
-        w_lo, w_hi, e_lo, e_hi = _split_keys(split, TILES_PER_SPLIT, W, K, KT)
+    w_lo, w_hi, e_lo, e_hi = _split_keys(split, TILES_PER_SPLIT, W, K, KT, SPLITS)
     for t0 in range(w_lo, w_hi, KT):
         k_even, k_odd, valid = _tile_halves(ring16_ptr, win_off, win_soff, page_ptr, ent_off, ent_soff,
                                             i * swn, t0 + kt, W, 0,
@@ -539,18 +536,14 @@ def _prefill_values_kernel(ring16_ptr, win_off, win_soff, page_ptr, ent_off, ent
     parity = tl.program_id(2)
     c = tl.arange(0, D // 2)
     live = heads < H
-    if SPLITS == 1:
-        m_i = tl.load(ml_ptr + 2 * (i * H + heads), mask=live, other=float("-inf"))
-        l_i = tl.load(ml_ptr + 2 * (i * H + heads) + 1, mask=live, other=0.0)
-    else:
-        m_i = tl.full((HB,), float("-inf"), tl.float32)
-        l_i = tl.zeros((HB,), tl.float32)
-        for split in tl.static_range(SPLITS):
-            base = (i * SPLITS + split) * H + heads
-            m_s = tl.load(ml_ptr + 2 * base, mask=live, other=float("-inf"))
-            l_s = tl.load(ml_ptr + 2 * base + 1, mask=live, other=0.0)
-            merged = _merged_max_sum(m_i, l_i, m_s, l_s)  # (not `_`: the key loops below assign it)
-            m_i, l_i = merged[0], merged[1]
+    m_i = tl.full((HB,), float("-inf"), tl.float32)
+    l_i = tl.zeros((HB,), tl.float32)
+    for split in tl.static_range(SPLITS):  # one split: its own, bit for bit (_merged_max_sum)
+        base = (i * SPLITS + split) * H + heads
+        m_s = tl.load(ml_ptr + 2 * base, mask=live, other=float("-inf"))
+        l_s = tl.load(ml_ptr + 2 * base + 1, mask=live, other=0.0)
+        merged = _merged_max_sum(m_i, l_i, m_s, l_s)  # (not `_`: the key loops below assign it)
+        m_i, l_i = merged[0], merged[1]
     m_safe = tl.where(m_i == float("-inf"), 0.0, m_i)[:, None]
     acc = tl.zeros((HB, D // 2), tl.float32)
     kt = tl.arange(0, KT)
