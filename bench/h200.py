@@ -91,6 +91,15 @@ def graph_time(fn, iters: int = 20) -> float:
     return cuda_time(graph.replay, iters=5, warmup=1) / iters
 
 
+def random_fp8(n: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A random FP8 weight on the GPU as a checkpoint holds one: e4m3 codes (no NaN) and e8m0
+    scales of 32 x 32 blocks small enough for the GEMMs' one-multiply decoder (small=True)."""
+    codes = torch.randint(0, 255, (n, k), dtype=torch.uint8, device="cuda")
+    codes[(codes & 0x7F) == 0x7F] = 0x30  # no NaN codes
+    scales = torch.randint(115, 125, (-(-n // 32), -(-k // 32)), dtype=torch.uint8, device="cuda")
+    return codes, scales
+
+
 def time_nothing() -> None:
     """A --device cpu smoke run (the Triton interpreter): the timers run their function once
     and report nan."""

@@ -25,24 +25,16 @@ LAYER_WEIGHTS = {"wq_a+wkv": (1792, 5120), "wq_b": (32768, 1280), "wo_b": (5120,
                  "shared w1+w3": (4608, 5120), "shared w2": (5120, 2304)}
 
 
-def fp8_weight(n: int, k: int, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    """Random e4m3 codes (no NaN bytes) and small e8m0 scales, as a checkpoint's FP8 weight."""
-    codes = torch.randint(0, 126, (n, k), generator=g, dtype=torch.uint8)
-    codes |= torch.randint(0, 2, (n, k), generator=g, dtype=torch.uint8) << 7
-    scales = torch.randint(120, 128, (-(-n // 32), -(-k // 32)), generator=g, dtype=torch.uint8)
-    return codes.cuda(), scales.cuda()
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--norms", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
-    g = torch.Generator().manual_seed(0)
+    torch.manual_seed(0)
     x = torch.randn(6, 5120, device="cuda")
     norm_w = torch.randn(5120, device="cuda")
-    layers = [{name: fp8_weight(n, k, g) for name, (n, k) in LAYER_WEIGHTS.items()} for _ in range(args.layers)]
+    layers = [{name: h200.random_fp8(n, k) for name, (n, k) in LAYER_WEIGHTS.items()} for _ in range(args.layers)]
     layer_bytes = sum(n * k for n, k in LAYER_WEIGHTS.values())
     inputs = {name: torch.randn(6, k, device="cuda") for name, (_, k) in LAYER_WEIGHTS.items()}
 

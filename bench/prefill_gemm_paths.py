@@ -37,17 +37,10 @@ def report(section: str, key: str, seconds: float, flops: float, **extra) -> Non
                                "ratio_to_bf16_roofline": seconds / (flops / h200.BF16_FLOPS), **extra})
 
 
-def random_fp8(n: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    codes = torch.randint(0, 255, (n, k), dtype=torch.uint8, device="cuda")
-    codes[(codes & 0x7F) == 0x7F] = 0x30  # no NaN codes
-    scales = torch.randint(115, 125, (-(-n // 32), -(-k // 32)), dtype=torch.uint8, device="cuda")
-    return codes, scales
-
-
 def dense(rows: int) -> None:
     x = torch.randn(rows, 8192, device="cuda")
     for name, (n, k) in DENSE.items():
-        codes, scales = random_fp8(n, k)
+        codes, scales = h200.random_fp8(n, k)
         xk = x[:, :k].contiguous()
         flops = 2 * rows * n * k
         w = fp8_weight_bf16(codes, scales)
@@ -75,7 +68,7 @@ def grouped(rows: int) -> None:
     prefill_gemms.grouped_fp8_product, which writes each group's product to its columns, against
     the form before it (a [G, M, R] product, then copied over as [M, G * R])."""
     G, R, K = 8, 1024, 4096
-    codes, scales = random_fp8(G * R, K)
+    codes, scales = h200.random_fp8(G * R, K)
     x = fp8_grid_bf16(torch.randn(rows, G * K, device="cuda"))
     flops = 2 * rows * G * R * K
 
