@@ -296,10 +296,11 @@ class DeepseekV41:
         a_pre, a_post, a_comb = self.ops.hc_mix(X, w(f"{p}.hc_attn_fn"), w(f"{p}.hc_attn_base"), w(f"{p}.hc_attn_scale"),
                                                 c.hc_sinkhorn_iters, c.hc_eps, c.rms_norm_eps)
         xa = self.ops.hc_collapse_norm(X, pre, w(f"{p}.attn_norm.weight"), c.rms_norm_eps)
-        q_res, q_all, kv_all = project(self.ops, c, role, xa)
-        queries = index_queries(self.ops, c, role, xa, q_res, *yarn, self.qat) if yarn else ()
-        projected = compressor_projections(self.ops, role, xa) if compressor else ()
-        return (a_pre, a_post, a_comb, xa, q_res, q_all, kv_all) + tuple(queries) + projected
+        def sources(q_res: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            queries = index_queries(self.ops, c, role, xa, q_res, *yarn, self.qat) if yarn else ()
+            return tuple(queries) + (compressor_projections(self.ops, role, xa) if compressor else ())
+        q_res, q_all, kv_all, extra = project(self.ops, c, role, xa, sources if yarn or compressor else None)
+        return (a_pre, a_post, a_comb, xa, q_res, q_all, kv_all) + extra
 
     def _attn_out_ffn(self, role: LayerRole, o: torch.Tensor, X: torch.Tensor, a_pre: torch.Tensor,
                       a_post: torch.Tensor, a_comb: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

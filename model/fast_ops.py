@@ -26,15 +26,15 @@ from .kernels import compressor, hc_streams, prefill_gemms, swiglu
 from .kernels import rms_norm as norm_kernel
 from .kernels.common import interpreting, quad_units
 from .kernels.fp4_moe import fp4_moe, small_scales
-from .kernels.fp8_gemm import (LANES, bf16_gemm, counts_lane, fp32_gemm, fp8_gemm, grouped_fp8_gemm, small_fp8_scales,
-                                tile_counts)
+from .kernels.fp8_gemm import (LANES, bf16_decode_rows, bf16_gemm, counts_lane, fp32_gemm, fp8_gemm, grouped_fp8_gemm,
+                                small_fp8_scales, tile_counts)
 from .kernels.hc_gates import hc_gates
 from .kernels.quantize import fp4_round_trip, fp8_grid_bf16, fp8_round_trip
 from .kernels.rope import rope
 from .kernels.top_experts import supported as top_experts_fits
 from .kernels.top_experts import top_experts
 from .layers.mhc import hc_mixes
-from .ops import ReferenceOps
+from .ops import ReferenceOps, T
 from .parallel import SINGLE, Parallel
 from .quant import Packed
 from .weights import Fp4Weight, Fp8Weight, WeightStore
@@ -83,9 +83,10 @@ class TritonOps(ReferenceOps):
         rows = x.reshape(-1, x.shape[-1])
         bf16 = isinstance(weight, torch.Tensor) and weight.dtype == torch.bfloat16 and _kernels_run_on(x)
         prefill = bf16 and _wide_prefill(rows, weight)
-        if bf16 and (rows.shape[0] <= 16 or weight.shape[0] >= WIDE_OUTPUT or prefill):
+        if bf16 and (bf16_decode_rows(rows.shape[0], weight) or weight.shape[0] >= WIDE_OUTPUT or prefill):
             # bf16 tensor cores at fp32 accuracy on the weight as stored (half the bytes of an
-            # fp32 copy): decode rows (one launch, the parts cut in the kernel), the LM heads
+            # fp32 copy): decode rows (one launch, the parts cut in the kernel; up to 256 rows
+            # of the small weights, fp8_gemm.BF16_SKINNY_ROWS), the LM heads
             # (2.6x faster than the fp32 matmul at 48 rows), and a prefill chunk's rows against
             # the compressor's weights (cuBLAS on three bf16 parts: the fp32 product ran at the
             # CUDA cores' rate). Other shapes keep torch's fp32 product.
@@ -144,7 +145,7 @@ class TritonOps(ReferenceOps):
                 return out
         return super().grouped_linear(x, name, groups)
 
-    def beside(self, work: Callable[[], torch.Tensor], rows: int) -> Callable[[], torch.Tensor]:
+    def beside(self, work: Callable[[], T], rows: int) -> Callable[[], T]:
         """work() on the side stream, its split-K GEMMs on their own counts (counts_lane); the
         result waits for it. Memory: every side-stream use starts behind the main stream's work
         so far (wait_stream), so a block the side stream frees is not reused before the main
@@ -156,7 +157,7 @@ class TritonOps(ReferenceOps):
         with torch.cuda.stream(self._side), counts_lane(1):
             out = work()
 
-        def joined() -> torch.Tensor:
+        def joined() -> T:
             main.wait_stream(self._side)
             return out
         return joined

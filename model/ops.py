@@ -9,7 +9,7 @@ reference's kernel does: bf16 queries, and bf16 probabilities in the weighted su
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, TypeVar
 
 import torch
 
@@ -22,6 +22,8 @@ from .layers.norm import rms_norm
 from .parallel import SINGLE, Parallel
 from .rope import apply_rope
 from .weights import Fp4Weight, Fp8Weight, WeightStore
+
+T = TypeVar("T")  # what ops.beside's work returns
 
 
 class ReferenceOps:
@@ -130,7 +132,7 @@ class ReferenceOps:
         kernels/top_experts.py); one launch on the fast path."""
         return top_experts_ref(logits, temp, bias, k, normalize, scaling)
 
-    def beside(self, work: Callable[[], torch.Tensor], rows: int) -> Callable[[], torch.Tensor]:
+    def beside(self, work: Callable[[], T], rows: int) -> Callable[[], T]:
         """work(), which the fast path may run beside what is enqueued after it (a side stream):
         the returned function gives its result, joined to the work after it. Here, at once."""
         out = work()

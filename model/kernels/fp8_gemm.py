@@ -42,13 +42,11 @@ def _fp8_gemm_kernel(x_ptr, w_ptr, s_ptr, y_ptr, out_ptr, count_ptr, M, N, K, K_
                      sxp, sxm, sxk, swn, swk, ssn, ssk, sys, sym, syn,
                      PARTS: tl.constexpr, GROUP_ROWS: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                     HW_FP8: tl.constexpr, FP8_WEIGHT: tl.constexpr, CUT: tl.constexpr, PDL: tl.constexpr):
+                     HW_FP8: tl.constexpr, FP8_WEIGHT: tl.constexpr, PDL: tl.constexpr):
     """One (M, N) tile over one K range (split-K: see _finish).
     The weight is e4m3 codes with e8m0 block scales, or (FP8_WEIGHT off) plain bf16. x comes
-    as PARTS slices (stride sxp) that sum to the activations, or with CUT as fp32, cut into
-    three bf16 parts as each tile is loaded (_three_bf16_parts). GROUP_ROWS > 0: a
-    block-diagonal weight, each GROUP_ROWS rows applied to their own K columns of x. PDL: see
-    pdl.py."""
+    as PARTS slices (stride sxp) that sum to the activations. GROUP_ROWS > 0: a block-diagonal
+    weight, each GROUP_ROWS rows applied to their own K columns of x. PDL: see pdl.py."""
     pdl.wait_for_inputs(PDL)
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -74,19 +72,13 @@ def _fp8_gemm_kernel(x_ptr, w_ptr, s_ptr, y_ptr, out_ptr, count_ptr, M, N, K, K_
             w = w.to(tl.bfloat16)
         else:
             w = w.to(tl.float32)
-        if CUT:
-            x = tl.load(x_ptr + rm[:, None] * sxm + kk[None, :] * sxk, mask=(rm[:, None] < M) & (kk[None, :] < K),
-                        other=0.0)
-            head, middle, low = _three_bf16_parts(x)
-            acc = tl.dot(low, tl.trans(w), tl.dot(middle, tl.trans(w), tl.dot(head, tl.trans(w), acc)))
-        else:
-            for p in tl.static_range(PARTS):
-                x = tl.load(x_ptr + p * sxp + rm[:, None] * sxm + kk[None, :] * sxk,
-                            mask=(rm[:, None] < M) & (kk[None, :] < K), other=0.0)
-                if HW_FP8:  # bf16 x bf16 products are exact in the fp32 accumulator
-                    acc = tl.dot(x, tl.trans(w), acc)
-                else:
-                    acc = dot_exact_rhs(x.to(tl.float32), tl.trans(w), acc)
+        for p in tl.static_range(PARTS):
+            x = tl.load(x_ptr + p * sxp + rm[:, None] * sxm + kk[None, :] * sxk,
+                        mask=(rm[:, None] < M) & (kk[None, :] < K), other=0.0)
+            if HW_FP8:  # bf16 x bf16 products are exact in the fp32 accumulator
+                acc = tl.dot(x, tl.trans(w), acc)
+            else:
+                acc = dot_exact_rhs(x.to(tl.float32), tl.trans(w), acc)
     _finish(acc, rm[:, None] * sym + rn[None, :] * syn, (rm[:, None] < M) & (rn[None, :] < N), y_ptr, out_ptr,
             count_ptr + pid_m * tl.num_programs(1) + pid_n, pid_k, SPLITS, sys, 1)
 
@@ -290,18 +282,34 @@ def bf16_gemm(x: torch.Tensor, weight: torch.Tensor, tiles: dict | None = None) 
     """x [M, K] @ weight^T for a bf16 weight [N, K] -> [M, N] fp32, as accurate as the fp32
     product of the upcast weight: bf16 tensor cores and 3-part activations."""
     assert weight.dtype == torch.bfloat16 and x.shape[1] == weight.shape[1], (x.shape, weight.shape, weight.dtype)
+    if tiles is None and small_weight_skinny(x.shape[0], weight, BF16_SKINNY_ROWS):
+        return _skinny(x, weight, None, False)
     return _gemm(x, weight, None, tiles, False)
+
+
+def bf16_decode_rows(rows: int, weight: torch.Tensor) -> bool:
+    """Whether bf16_gemm takes `rows` of x against this weight on the transposed kernel."""
+    return rows <= SKINNY_ROWS or small_weight_skinny(rows, weight, BF16_SKINNY_ROWS)
+
+
+def small_weight_skinny(rows: int, weight: torch.Tensor, most_rows: int) -> bool:
+    """Whether `rows` of x against this bf16 or fp32 weight take the transposed kernel past
+    SKINNY_ROWS, 16 rows a program: up to most_rows, for a weight small enough that the
+    programs' repeated reads of it come from L2."""
+    return (SKINNY_ROWS < rows <= most_rows and weight.numel() * weight.element_size() <= SKINNY_REREAD_BYTES
+            and weight.shape[1] % 4 == 0 and weight.stride(1) == 1)
 
 
 def fp32_gemm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """x [M, K] @ weight^T for an fp32 weight [N, K] -> [M, N] fp32 (three-pass TF32) for up to
-    FP32_SKINNY_ROWS rows, 16 a program; more rows go to torch, whose kernels are good at those
-    shapes. Small-N fp32 GEMMs (the mHC mixes: [6, 20480] x [20480, 24]) got a 65 us split-N
-    kernel from cuBLAS."""
+    FP32_SKINNY_ROWS rows, 16 a program (past 16 rows a weight of SKINNY_REREAD_BYTES at most);
+    more go to torch, whose kernels are good at those shapes. Small-N fp32 GEMMs (the mHC
+    mixes: [6, 20480] x [20480, 24]) got a 65 us split-N kernel from cuBLAS."""
     assert weight.dtype == torch.float32 and x.shape[1] == weight.shape[1], (x.shape, weight.shape, weight.dtype)
-    if x.shape[0] > FP32_SKINNY_ROWS or x.shape[1] % 4 or weight.stride(1) != 1:
-        return x.float() @ weight.T
-    return _skinny(x, weight, None, False)
+    if x.shape[0] <= SKINNY_ROWS and x.shape[1] % 4 == 0 and weight.stride(1) == 1 or small_weight_skinny(
+            x.shape[0], weight, FP32_SKINNY_ROWS):
+        return _skinny(x, weight, None, False)
+    return x.float() @ weight.T
 
 
 # Up to this many rows (every decode batch: 32 six-row blocks) the mHC mixes stay on the
@@ -311,6 +319,16 @@ def fp32_gemm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 # launches 1,336 us a step against cuBLAS's sgemm and split-K reduce, 1,444; a step's kernels
 # 51.49 against 51.64 ms (bench/decode_ab.py: within noise at batch 8 and 32).
 FP32_SKINNY_ROWS = 256
+# The same for bf16 weights (the routers', the indexer's head weights, the compressor's) past
+# SKINNY_ROWS, where torch's fp32 product of an fp32 copy took them (cuBLAS's SIMT sgemm, 25 us
+# a router at batch 8's 48 rows, 49 at batch 32's 192): each row then also sums as at batch 1.
+# H200, 2026-12-04 (bench/decode_ab.py, 4K, two rounds alternated, ms a step): batch 8 47.36,
+# 47.09 -> 46.55, 46.64; batch 32 115.7, 114.0 -> 112.6, 112.3. Batch 8's 51 routers and
+# head weights, PDL off: 1,402 us a step on the sgemm -> 392 here (bench/decode_kernel_diff.py).
+BF16_SKINNY_ROWS = 256
+# Weights up to this size re-read by each 16-row program (L2 holds 50 MB); bigger ones (the
+# LM heads) take the tile kernel, which reads each weight tile once for 64 rows.
+SKINNY_REREAD_BYTES = 8 << 20
 
 
 # Decode shapes (at most 16 rows of x): the transposed kernel, for FP8, bf16 and fp32 weights.
@@ -432,15 +450,17 @@ def _gemm(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor | None, ti
     block_m, block_n, block_k = tiles["BLOCK_M"], tiles["BLOCK_N"], tiles["BLOCK_K"]
     grid = (triton.cdiv(M, block_m), triton.cdiv(N, block_n))
     splits, per_split = _split_k(K, block_k, grid[0] * grid[1], x.device, weight.numel() * weight.element_size())
-    # the interpreter dots in fp32; bf16 activations are their own single part
-    cut = CUT_IN_KERNEL and not interpreting() and x.dtype == torch.float32 and x.stride(1) == 1
-    parts = x[None] if cut or interpreting() or x.dtype == torch.bfloat16 else bf16_parts(x, 3)
+    # the interpreter dots in fp32; bf16 activations are their own single part. Cutting fp32 x
+    # into its parts in the kernel as each tile loads (no bf16_parts launch; 183 registers and
+    # 64 KB of shared memory against 178 and 106 KB) made every tile GEMM 5-20% slower: H200,
+    # 2026-12-04, a step's kernels 46.41 -> 46.16 ms at batch 8, 109.1 -> 113.2 at batch 32. Not kept.
+    parts = x[None] if interpreting() or x.dtype == torch.bfloat16 else bf16_parts(x, 3)
     out, y, counts = _outputs(M, N, splits, grid[0] * grid[1], x.device)
     scale_ptr, ssn, ssk = _scale_args(weight, scales)
     _fp8_gemm_kernel[grid + (splits,)](parts, weight, scale_ptr, y, out, counts, M, N, K, per_split, splits,
                                        *parts.stride(), weight.stride(0), weight.stride(1), ssn, ssk, *y.stride(),
                                        PARTS=parts.shape[0], GROUP_ROWS=group_rows, HW_FP8=not interpreting(),
-                                       FP8_WEIGHT=fp8, CUT=cut, **tiles, **pdl.options(x.device))
+                                       FP8_WEIGHT=fp8, **tiles, **pdl.options(x.device))
     return out
 
 
@@ -467,12 +487,6 @@ def _skinny(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor | None, 
             EVEN_K=K % tiles["BLOCK_K"] == 0, GROUP_ROWS=group_rows, SUM_GROUP=_sum_group(splits),
             **tiles, **pdl.options(x.device))
     return out
-
-
-# fp32 activations on the tile kernel (17+ rows) cut into their three bf16 parts in the kernel,
-# as each x tile is loaded, not in a bf16_parts launch before it (half the x bytes a K step in
-# shared memory: 16 KB of fp32 against 24 of parts at 64 x 64). Off: not timed yet.
-CUT_IN_KERNEL = False
 
 
 # From this many K splits the last program of a tile reads 8 parts at once (_sum_group).

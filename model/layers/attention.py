@@ -13,6 +13,8 @@ anchor position and all block rows.
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
 from ..batch import SeqRun
@@ -23,18 +25,30 @@ from ..rope import Rope
 from .attention_kernel import attend_block_in_place, attend_in_place, update_entries
 
 
-def project(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, xa: torch.Tensor
-            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """xa [T, H] -> q_res [T, q_lora], q [T, h, D], kv [T, D]: before RoPE and quantization.
-    This and `grouped_output` have shapes set by T alone, so a CUDA graph can replay them
-    (model/graphs.py); `attend` between them follows each request's cache."""
+# `project`'s side work (an index source's queries, a KV source's compressor projections)
+# enqueued before wq_b, which the fast path then runs beside it on a side stream (False: after
+# the projections, on the main stream, as before the thirty-fifth session). H200, 2026-12-04
+# (bench/decode_ab.py, 4K, two rounds alternated, ms a step): batch 1 21.92, 23.57 -> 21.85,
+# 22.04; batch 8 47.73, 47.19 -> 47.42, 46.92.
+SIDE_BESIDE_WQ_B = True
+
+
+def project(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, xa: torch.Tensor,
+            side: Callable[[torch.Tensor], tuple] | None = None
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, tuple]:
+    """xa [T, H] -> q_res [T, q_lora], q [T, h, D], kv [T, D]: before RoPE and quantization,
+    and side(q_res) (or ()), which the fast path runs beside wq_b, the largest GEMM here
+    (ops.beside). This and `grouped_output` have shapes set by T alone, so a CUDA graph can
+    replay them (model/graphs.py); `attend` between them follows each request's cache."""
     p, eps, hd = role.prefix, cfg.rms_norm_eps, cfg.head_dim
     heads = cfg.num_heads // ops.parallel.world  # this rank's heads (model/parallel.py)
     q_lora, kv = ops.linear_many(xa, (f"{p}.attn.wq_a", f"{p}.attn.wkv"))
     q_res = ops.rms_norm(q_lora, ops.w(f"{p}.attn.q_norm.weight"), eps)
+    early = side is not None and SIDE_BESIDE_WQ_B
+    joined = ops.beside(lambda: side(q_res), xa.shape[0]) if early else None
     q_all = ops.linear(q_res, f"{p}.attn.wq_b").view(-1, heads, hd)
     kv_all = ops.rms_norm(kv, ops.w(f"{p}.attn.kv_norm.weight"), eps)
-    return q_res, q_all, kv_all
+    return q_res, q_all, kv_all, joined() if early else () if side is None else side(q_res)
 
 
 def attend(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, xa: torch.Tensor, q_res: torch.Tensor,

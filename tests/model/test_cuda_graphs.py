@@ -168,9 +168,10 @@ def test_the_drafters_graphs_equal_its_eager_runs(golden_dir, golden):
 
 
 @gpu
-def test_the_shared_expert_beside_the_routed_ones_changes_no_bit(golden_dir, golden, monkeypatch):
-    """The shared expert on a side stream (TritonOps.beside), replayed from graphs, against it
-    on the main stream after the routed experts, eager: bit for bit."""
+def test_work_on_the_side_stream_changes_no_bit(golden_dir, golden, monkeypatch):
+    """The shared expert and the index and KV sources' projections on a side stream
+    (TritonOps.beside: beside the routed experts and wq_b), replayed from graphs, against them
+    on the main stream, eager: bit for bit."""
     from dsflash.model import fast_ops
 
     model, twins = _twins(golden_dir, golden, 2)

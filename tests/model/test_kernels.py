@@ -146,27 +146,6 @@ def test_weights_of_one_input_run_as_one_gemm(act_quant):
     assert ops._merged[("a", "d")] is False and torch.equal(mixed[1].cpu(), ops.linear(x, "d").cpu())
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("m", [37, 200])
-def test_the_tile_kernel_cuts_fp32_rows_into_parts_itself(m, monkeypatch):
-    """CUT_IN_KERNEL: fp32 activations cut into three bf16 parts as the tile kernel loads them
-    (only the GPU takes that path), FP8 and bf16 weights, against the fp32 products."""
-    from dsflash.model.kernels import fp8_gemm as gemm
-
-    monkeypatch.setattr(gemm, "CUT_IN_KERNEL", True)
-    g = _g(m)
-    w = torch.randn(256, 320, generator=g)
-    codes, scales = quantize_fp8_weight(w)
-    x = torch.randn(m, 320, generator=g) * torch.logspace(-3, 3, 320)  # parts of very different size
-    got = gemm.fp8_gemm(x.to(DEVICE), codes.to(DEVICE), scales.to(DEVICE)).cpu()
-    ref = fp8_gemm_ref(x, codes, scales, False)
-    assert (got - ref).abs().max() < REL * ref.abs().max() + 1e-5
-    weight = w.to(torch.bfloat16)
-    got = gemm.bf16_gemm(x.to(DEVICE), weight.to(DEVICE)).cpu()
-    ref = x @ weight.float().T
-    assert (got - ref).abs().max() < REL * ref.abs().max() + 1e-5
-
-
 @pytest.mark.parametrize("m", [1, 6, 37])
 def test_bf16_gemm_matches_the_fp32_product_of_the_upcast_weight(m):
     g = _g(m)
@@ -205,23 +184,31 @@ def test_fp32_gemm_matches_the_fp32_product(m):
     assert (got - ref).abs().max() < REL * ref.abs().max() + 1e-5
 
 
-def test_fp32_gemm_gives_a_row_the_same_bits_at_any_row_count(monkeypatch):
-    """The mHC mixes of a decode batch: 16 rows a program, and each row summed as when alone
-    (a batch equals its requests run alone); past FP32_SKINNY_ROWS torch takes them."""
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_small_weight_gemms_give_a_row_the_same_bits_at_any_row_count(monkeypatch, dtype):
+    """The mHC mixes (fp32 weights) and the routers (bf16) of a decode batch: 16 rows a
+    program, and each row summed as when alone (a batch equals its requests run alone); past
+    FP32_SKINNY_ROWS torch takes the fp32 ones, past BF16_SKINNY_ROWS the tile kernel the bf16."""
     from dsflash.model.kernels import fp8_gemm as gemm
 
     monkeypatch.setattr(gemm, "INTERPRETER_SPLITS", 3)  # the split parts' sum too
     g = _g(48)
-    weight, x = torch.randn(24, 640, generator=g).to(DEVICE), torch.randn(40, 640, generator=g).to(DEVICE)
-    together = fp32_gemm(x, weight)
-    alone = torch.cat([fp32_gemm(x[i:i + 6], weight) for i in range(0, 40, 6)])
+    weight, x = torch.randn(24, 640, generator=g).to(DEVICE, dtype), torch.randn(40, 640, generator=g).to(DEVICE)
+    product = gemm.fp32_gemm if dtype == torch.float32 else gemm.bf16_gemm
+    together = product(x, weight)
+    alone = torch.cat([product(x[i:i + 6], weight) for i in range(0, 40, 6)])
     if DEVICE == "cuda":
         assert torch.equal(together, alone)
     else:  # the interpreter's dots are numpy's, whose order may follow the shape
         assert (together - alone).abs().max() <= 1e-6 * alone.abs().max()
     assert not gemm.tile_counts(x.device).any()
     monkeypatch.setattr(gemm, "FP32_SKINNY_ROWS", 16)
-    assert torch.equal(fp32_gemm(x, weight), x @ weight.T)
+    monkeypatch.setattr(gemm, "BF16_SKINNY_ROWS", 16)
+    ref = x @ weight.float().T
+    if dtype == torch.float32:
+        assert torch.equal(product(x, weight), ref)
+    else:
+        assert (product(x, weight) - ref).abs().max() < REL * ref.abs().max() + 1e-5
 
 
 def test_byte_words_views_whole_aligned_words_only():
