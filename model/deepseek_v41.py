@@ -306,9 +306,9 @@ class DeepseekV41:
                       a_post: torch.Tensor, a_comb: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Attention output into the streams, then the whole FFN site (dense: one graph per T)."""
         c, w, p = self.config, self.ops.w, role.prefix
-        X = self.ops.hc_expand(grouped_output(self.ops, c, role, o), X, a_post, a_comb)
-        f_pre, f_post, f_comb = self.ops.hc_mix(X, w(f"{p}.hc_ffn_fn"), w(f"{p}.hc_ffn_base"), w(f"{p}.hc_ffn_scale"),
-                                                c.hc_sinkhorn_iters, c.hc_eps, c.rms_norm_eps)
+        X, (f_pre, f_post, f_comb) = self.ops.hc_expand_mix(
+            grouped_output(self.ops, c, role, o), X, a_post, a_comb, w(f"{p}.hc_ffn_fn"), w(f"{p}.hc_ffn_base"),
+            w(f"{p}.hc_ffn_scale"), c.hc_sinkhorn_iters, c.hc_eps, c.rms_norm_eps)
         xf = self.ops.hc_collapse_norm(X, a_pre, w(f"{p}.ffn_norm.weight"), c.rms_norm_eps)
         X = self.ops.hc_expand(moe(self.ops, c, role, xf), X, f_post, f_comb)
         return X, f_pre

@@ -28,7 +28,7 @@ from .kernels.common import interpreting, quad_units
 from .kernels.fp4_moe import fp4_moe, small_scales
 from .kernels.fp8_gemm import (LANES, bf16_decode_rows, bf16_gemm, counts_lane, fp32_gemm, fp8_gemm, grouped_fp8_gemm,
                                 small_fp8_scales, tile_counts)
-from .kernels.hc_gates import hc_gates
+from .kernels.hc_gates import hc_gates, hc_gates_from_parts
 from .kernels.quantize import fp4_round_trip, fp8_grid_bf16, fp8_round_trip
 from .kernels.rope import rope
 from .kernels.top_experts import supported as top_experts_fits
@@ -191,6 +191,15 @@ class TritonOps(ReferenceOps):
         if not (_kernels_run_on(X) and hc_streams.supported(X)):
             return super().hc_expand(y, X, post, comb)
         return hc_streams.hc_expand(y, X, post, comb)
+
+    def hc_expand_mix(self, y: torch.Tensor, X: torch.Tensor, post: torch.Tensor, comb: torch.Tensor,
+                      fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, iters: int, hc_eps: float,
+                      norm_eps: float) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        if not (_kernels_run_on(X) and hc_streams.supported(X) and fn.dtype == torch.float32
+                and 0 < X.shape[0] <= hc_streams.EXPAND_MIX_ROWS):
+            return super().hc_expand_mix(y, X, post, comb, fn, base, scale, iters, hc_eps, norm_eps)
+        X, parts, squares = hc_streams.hc_expand_mix_parts(y, X, post, comb, fn)
+        return X, hc_gates_from_parts(parts, squares, fn.shape[0], fn.shape[1], base, scale, iters, hc_eps, norm_eps)
 
     def hc_collapse_norm(self, X: torch.Tensor, pre: torch.Tensor, weight: torch.Tensor | None,
                          eps: float) -> torch.Tensor:

@@ -155,6 +155,14 @@ class ReferenceOps:
         """A sublayer's output into the streams (layers/mhc.py); one launch on the fast path."""
         return hc_expand(y, X, post, comb)
 
+    def hc_expand_mix(self, y: torch.Tensor, X: torch.Tensor, post: torch.Tensor, comb: torch.Tensor,
+                      fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, iters: int, hc_eps: float,
+                      norm_eps: float) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """hc_expand, then the next site's hc_mix of the new streams: (streams, (pre, post, comb));
+        the fast path's decode rows take both in two launches (hc_streams.hc_expand_mix_parts)."""
+        X = self.hc_expand(y, X, post, comb)
+        return X, self.hc_mix(X, fn, base, scale, iters, hc_eps, norm_eps)
+
     def hc_collapse_norm(self, X: torch.Tensor, pre: torch.Tensor, weight: torch.Tensor | None,
                          eps: float) -> torch.Tensor:
         """A sublayer's input: the streams collapsed by `pre`, RMS-normalized; one launch on the fast path."""

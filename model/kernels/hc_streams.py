@@ -7,7 +7,9 @@ sum), which at a prefill chunk's 8,192 rows is 670 MB per tensor.
 - hc_collapse_norm: RMSNorm(sum_j pre_j X_j) * weight, as rms_norm(hc_collapse(X, pre), ...);
 - hc_mixes: the site's mixes (flat(X) @ fn^T) * rsqrt(mean(flat(X)^2) + eps), the spec's order:
   the normalized streams are never written (at prefill rows they were, and read back by an
-  fp32 GEMM: 0.49 ms a site at 8,192 rows).
+  fp32 GEMM: 0.49 ms a site at 8,192 rows);
+- hc_expand_mix_parts (decode rows): hc_expand, and the next site's mixes in parts per column
+  block, summed and scaled by hc_gates.hc_gates_from_parts.
 """
 
 from __future__ import annotations
@@ -36,6 +38,41 @@ def _hc_expand_kernel(y_ptr, x_ptr, post_ptr, comb_ptr, out_ptr, H, syt, sxt, sx
     mixed = tl.sum(comb[:, :, None] * x[:, None, :], axis=0)  # [k, d]
     out = post[:, None] * y[None, :] + mixed
     tl.store(out_ptr + t * sot + s[:, None] * sos + d[None, :], out, mask=live[None, :])
+
+
+@triton.jit
+def _hc_expand_mix_parts_kernel(y_ptr, x_ptr, post_ptr, comb_ptr, out_ptr, fn_ptr, part_ptr, sq_ptr, T, H, N,
+                                syt, sxt, sxs, sot, sos, sfn, S: tl.constexpr, TB: tl.constexpr,
+                                BLOCK: tl.constexpr, NP: tl.constexpr, PDL: tl.constexpr):
+    """Program (TB tokens, column block): the hc_expand of those columns, and their part of the
+    next site's mixes while the new streams are in registers: the projections onto fn's rows
+    (flat column k * H + d) [TB, NP] at part_ptr[t, block] and the sums of squares at
+    sq_ptr[t, block] (hc_gates sums the blocks' parts in order). fp32-accurate dots: tf32x3."""
+    pdl.wait_for_inputs(PDL)
+    t = tl.program_id(0) * TB + tl.arange(0, TB)
+    block = tl.program_id(1)
+    d = block * BLOCK + tl.arange(0, BLOCK)
+    j = tl.arange(0, S)
+    n = tl.arange(0, NP)
+    tok = t < T
+    live = tok[:, None] & (d < H)[None, :]
+    x = tl.load(x_ptr + t[:, None, None] * sxt + j[None, :, None] * sxs + d[None, None, :],
+                mask=live[:, None, :], other=0.0)  # [t, j, d]
+    y = tl.load(y_ptr + t[:, None] * syt + d[None, :], mask=live, other=0.0).to(tl.float32)
+    proj = tl.zeros((TB, NP), tl.float32)
+    squares = tl.zeros((TB, BLOCK), tl.float32)
+    for k in tl.static_range(S):
+        comb = tl.load(comb_ptr + t[:, None] * S * S + j[None, :] * S + k, mask=tok[:, None], other=0.0)  # [t, j]
+        post = tl.load(post_ptr + t * S + k, mask=tok, other=0.0)
+        out = post[:, None] * y + tl.sum(comb[:, :, None] * x, axis=1)
+        tl.store(out_ptr + t[:, None] * sot + k * sos + d[None, :], out, mask=live)
+        squares += out * out
+        w = tl.load(fn_ptr + n[:, None] * sfn + (k * H + d)[None, :], mask=(n < N)[:, None] & (d < H)[None, :],
+                    other=0.0)
+        proj = tl.dot(out, tl.trans(w), proj, input_precision=DOT)
+    at = t * tl.num_programs(1) + block
+    tl.store(part_ptr + at[:, None] * NP + n[None, :], proj, mask=tok[:, None])
+    tl.store(sq_ptr + at, tl.sum(squares, axis=1), mask=tok)
 
 
 @triton.jit
@@ -142,6 +179,38 @@ def hc_expand(y: torch.Tensor, X: torch.Tensor, post: torch.Tensor, comb: torch.
                                                       out.stride(0), out.stride(1), S=S, BLOCK=block,
                                                       **pdl.options(y.device))
     return out
+
+
+# Rows up to which hc_expand_mix_parts takes a sublayer's output into the streams and the next
+# site's mixes in one launch (a decode batch; prefill rows keep hc_expand, then hc_mixes). 0: never.
+# Used where the two follow each other in one graph: the attention's output, then the FFN
+# site's mixes. H200, 2026-12-04 (bench/decode_kernel_diff.py, PDL off, us a step): batch 1
+# 21,238 -> 20,997 (the FFN sites' mixes 416 us and 43 RMSNorms gone, this kernel 260, the
+# gates 82 more); batch 8 45,826 -> 45,298. Step times within noise (bench/decode_ab.py).
+EXPAND_MIX_ROWS = 256
+EXPAND_MIX_TILES = dict(TB=16, BLOCK=64, num_warps=4)
+
+
+def hc_expand_mix_parts(y: torch.Tensor, X: torch.Tensor, post: torch.Tensor, comb: torch.Tensor, fn: torch.Tensor
+                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """hc_expand(y, X, post, comb) -> the new streams [T, S, H], with the next site's mixes in
+    parts: projections [T, B, NP] onto fn's [N, S*H] fp32 rows and sums of squares [T, B] of
+    each of B column blocks (hc_gates.hc_gates_from_parts joins them). Saves the next site an
+    RMSNorm and a split-K GEMM launch (~12 us at batch 1) and a read of the streams."""
+    T, S, H = X.shape
+    N = fn.shape[0]
+    assert fn.shape[1] == S * H and fn.dtype == torch.float32, (fn.shape, X.shape)
+    y, post, comb, fn = y.contiguous(), post.float().contiguous(), comb.float().contiguous(), fn.contiguous()
+    t = EXPAND_MIX_TILES
+    blocks, np_ = triton.cdiv(H, t["BLOCK"]), max(16, triton.next_power_of_2(N))
+    out = torch.empty(T, S, H, dtype=torch.float32, device=X.device)
+    parts = torch.empty(T, blocks, np_, dtype=torch.float32, device=X.device)
+    squares = torch.empty(T, blocks, dtype=torch.float32, device=X.device)
+    if T:
+        _hc_expand_mix_parts_kernel[(triton.cdiv(T, t["TB"]), blocks)](
+            y, X, post, comb, out, fn, parts, squares, T, H, N, y.stride(0), X.stride(0), X.stride(1), out.stride(0),
+            out.stride(1), fn.stride(0), S=S, NP=np_, **t, **pdl.options(y.device))
+    return out, parts, squares
 
 
 def hc_collapse_norm(X: torch.Tensor, pre: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:

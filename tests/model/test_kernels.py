@@ -521,6 +521,38 @@ def test_hc_mixes_kernel_projects_the_streams_then_scales(T, H):
                           atol=1e-5)
 
 
+@pytest.mark.parametrize("T, H", [(6, 64), (20, 300)])  # 20 rows: a partly masked second token block
+def test_an_expand_with_the_next_sites_mixes_matches_expand_then_mix(T, H):
+    """hc_streams.hc_expand_mix_parts then hc_gates_from_parts (a decode row's FFN site: two
+    launches) against hc_expand, then RMSNorm, the projection and the gates (layers/mhc.py);
+    each token's gates do not depend on the other tokens of the launch."""
+    from dsflash.model.kernels.hc_gates import hc_gates_from_parts
+
+    g = _g(10)
+    S, N = 4, 24
+    X = torch.randn(T, S, H, generator=g) * 3
+    y = torch.randn(T, H, generator=g)
+    post = 2 * torch.rand(T, S, generator=g)
+    comb = torch.softmax(torch.randn(T, S, S, generator=g), dim=-1)
+    fn = torch.randn(N, S * H, generator=g) / (S * H) ** 0.5
+    base, scale = torch.randn(N, generator=g), torch.rand(3, generator=g) + 0.5
+    want_X = mhc.hc_expand(y, X, post, comb)
+    want = mhc.hc_mix(want_X, fn, base, scale, 20, 1e-6, 1e-6)
+    dev = lambda t: t.to(DEVICE)  # noqa: E731
+
+    def fused(rows):
+        streams, parts, squares = hc_streams.hc_expand_mix_parts(dev(y[rows]), dev(X[rows]), dev(post[rows]),
+                                                                 dev(comb[rows]), dev(fn))
+        gates = hc_gates_from_parts(parts, squares, N, S * H, dev(base), dev(scale), 20, 1e-6, 1e-6)
+        return streams.cpu(), [g.cpu() for g in gates]
+    got_X, got = fused(slice(None))
+    assert torch.allclose(got_X, want_X, rtol=1e-5, atol=1e-5)
+    for r, o in zip(want, got):
+        assert torch.allclose(o, r, rtol=1e-5, atol=1e-6)
+    alone_X, alone = fused(slice(2, 3))
+    assert torch.equal(alone_X, got_X[2:3]) and all(torch.equal(a, o[2:3]) for a, o in zip(alone, got))
+
+
 @pytest.mark.parametrize("H", [64, 300, 20480])  # 20480: an mHC mix's S*H row in the release
 def test_rms_norm_kernel_matches_the_torch_form(H):
     g = _g(6)
