@@ -306,8 +306,8 @@ def fp32_gemm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     more go to torch, whose kernels are good at those shapes. Small-N fp32 GEMMs (the mHC
     mixes: [6, 20480] x [20480, 24]) got a 65 us split-N kernel from cuBLAS."""
     assert weight.dtype == torch.float32 and x.shape[1] == weight.shape[1], (x.shape, weight.shape, weight.dtype)
-    if x.shape[0] <= SKINNY_ROWS and x.shape[1] % 4 == 0 and weight.stride(1) == 1 or small_weight_skinny(
-            x.shape[0], weight, FP32_SKINNY_ROWS):
+    decode = x.shape[0] <= SKINNY_ROWS and x.shape[1] % 4 == 0 and weight.stride(1) == 1
+    if decode or small_weight_skinny(x.shape[0], weight, FP32_SKINNY_ROWS):
         return _skinny(x, weight, None, False)
     return x.float() @ weight.T
 

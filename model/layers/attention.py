@@ -44,11 +44,11 @@ def project(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, xa: torch.Tens
     heads = cfg.num_heads // ops.parallel.world  # this rank's heads (model/parallel.py)
     q_lora, kv = ops.linear_many(xa, (f"{p}.attn.wq_a", f"{p}.attn.wkv"))
     q_res = ops.rms_norm(q_lora, ops.w(f"{p}.attn.q_norm.weight"), eps)
-    early = side is not None and SIDE_BESIDE_WQ_B
-    joined = ops.beside(lambda: side(q_res), xa.shape[0]) if early else None
+    work = (lambda: side(q_res)) if side is not None else (lambda: ())
+    joined = ops.beside(work, xa.shape[0]) if side is not None and SIDE_BESIDE_WQ_B else None
     q_all = ops.linear(q_res, f"{p}.attn.wq_b").view(-1, heads, hd)
     kv_all = ops.rms_norm(kv, ops.w(f"{p}.attn.kv_norm.weight"), eps)
-    return q_res, q_all, kv_all, joined() if early else () if side is None else side(q_res)
+    return q_res, q_all, kv_all, joined() if joined is not None else work()
 
 
 def attend(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, xa: torch.Tensor, q_res: torch.Tensor,
