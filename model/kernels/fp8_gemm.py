@@ -268,7 +268,8 @@ def grouped_fp8_gemm(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor,
     if prefill_gemms.takes(x):
         return prefill_gemms.grouped_fp8_product(x, codes, scales, groups)
     block_n = min(_skinny_tiles(N, M)["BLOCK_N"], rows)  # as _skinny picks it: a power of two dividing R
-    if M <= SKINNY_ROWS and K % 4 == 0 and rows % block_n == 0 and block_n >= 16 and block_n & (block_n - 1) == 0:
+    if (M <= SKINNY_ROWS and _skinny_layout(codes) and rows % block_n == 0 and block_n >= 16
+            and block_n & (block_n - 1) == 0):
         return _skinny(x, codes, scales, small_fp8_scales(scales) if small is None else small, group_rows=rows)
     tiles = tiles_for(M)
     if rows % tiles["BLOCK_N"]:  # a tile lies in one group: narrower ones where the groups are
@@ -297,7 +298,13 @@ def small_weight_skinny(rows: int, weight: torch.Tensor, most_rows: int) -> bool
     SKINNY_ROWS, 16 rows a program: up to most_rows, for a weight small enough that the
     programs' repeated reads of it come from L2."""
     return (SKINNY_ROWS < rows <= most_rows and weight.numel() * weight.element_size() <= SKINNY_REREAD_BYTES
-            and weight.shape[1] % 4 == 0 and weight.stride(1) == 1)
+            and _skinny_layout(weight))
+
+
+def _skinny_layout(weight: torch.Tensor) -> bool:
+    """Whether the transposed kernel can read this weight: rows contiguous along K, K a
+    multiple of 4 (FP8 codes as int32 words)."""
+    return weight.shape[1] % 4 == 0 and weight.stride(1) == 1
 
 
 def fp32_gemm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -306,7 +313,7 @@ def fp32_gemm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     more go to torch, whose kernels are good at those shapes. Small-N fp32 GEMMs (the mHC
     mixes: [6, 20480] x [20480, 24]) got a 65 us split-N kernel from cuBLAS."""
     assert weight.dtype == torch.float32 and x.shape[1] == weight.shape[1], (x.shape, weight.shape, weight.dtype)
-    decode = x.shape[0] <= SKINNY_ROWS and x.shape[1] % 4 == 0 and weight.stride(1) == 1
+    decode = x.shape[0] <= SKINNY_ROWS and _skinny_layout(weight)
     if decode or small_weight_skinny(x.shape[0], weight, FP32_SKINNY_ROWS):
         return _skinny(x, weight, None, False)
     return x.float() @ weight.T
@@ -443,7 +450,7 @@ def _gemm(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor | None, ti
     if M == 0:  # e.g. a rank's share of the rows of a one-token step
         return torch.zeros(0, N, dtype=torch.float32, device=x.device)
     fp8 = scales is not None
-    fits = K % 4 == 0 and weight.stride(1) == 1 and (SKINNY_FP8 or not fp8)
+    fits = _skinny_layout(weight) and (SKINNY_FP8 or not fp8)
     if skinny and M <= SKINNY_ROWS and tiles is None and fits:
         return _skinny(x, weight, scales, small)
     tiles = tiles or tiles_for(M, fp8=fp8)
