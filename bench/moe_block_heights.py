@@ -1,12 +1,12 @@
 """Routed experts at decode batch sizes with each block height (pairs per program) forced:
-fp4_moe.block_height picks 2 below 1 pair an expert, 4 below 4, then in the exact mode short
-blocks of 8 below 8 and of 16 below 32, in the faithful one 16 tall rows below 16; then 64
-below 256. This measures decode batch sizes (batch 1, 4, 8, 16, 32 and 64 of 6-row verify
+fp4_moe.block_height picks 2 below 1 pair an expert; then in the exact mode 4 below 4 and
+short blocks of 8 below 8 and of 16 below 32, in the faithful one tall blocks of 8 below 8
+and of 16 below 32; then 64 below 256. This measures decode batch sizes (batch 1, 4, 8, 16, 32 and 64 of 6-row verify
 blocks: 0.75 to 48 pairs an expert), in the exact mode (fp32 activations, 3 bf16 parts) and
 the faithful one (FP8-grid activations, one part), each in a CUDA graph, next to the bytes of
 the experts touched at the measured HBM read and to the FLOPs of one part at bf16 peak.
 
---tile sets a height's shape in the table fp4_moe reads for it (fp4_moe.tile_table); heights
+--tile sets a height's shape in the tables fp4_moe reads for it in the modes run (fp4_moe.tile_table); heights
 without one take the next lower height's. --short-up-to moves the bound up to which three
 parts go as columns (PARTS_AS_COLUMNS_SPLIT).
 
@@ -34,10 +34,12 @@ parser.add_argument("--modes", default="exact,faithful")
 args = parser.parse_args()
 heights = [int(h) for h in args.heights.split(",")]
 moe.PARTS_AS_COLUMNS_SPLIT = args.short_up_to
+parts_of = {"exact": moe.SPLITS, "faithful": 1}
 for spec in args.tile:
     height, shape = spec.split(":")
     shape = dict(zip(("BLOCK_N", "BLOCK_KU", "num_warps", "num_stages"), map(int, shape.split(","))))
-    moe.tile_table(int(height), moe.SPLITS)[int(height)] = shape
+    for mode in args.modes.split(","):  # the table each mode launches that height from
+        moe.tile_table(int(height), parts_of[mode])[int(height)] = shape
 for height in heights:
     if height not in moe.TILES:
         moe.TILES[height] = moe.TILES[max(h for h in moe.TILES if isinstance(h, int) and h < height)]

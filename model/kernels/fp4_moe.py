@@ -253,7 +253,16 @@ SHORT_TILES = {8: dict(BLOCK_N=64, BLOCK_KU=32, num_warps=4, num_stages=3),
 # 11.38-11.47 ms against 12.99-13.04 (bytes). Elsewhere words did not pay or fit: batch 1's
 # 4-row blocks 370 us a layer against 283 (twice the shared memory held), and three parts in
 # 128-row blocks need 241 KB.
-ONE_PART_TILES = {128: dict(BLOCK_N=128, BLOCK_KU=32, num_warps=8, num_stages=3, SCALE_WORDS=True)}
+# Its decode blocks (tall: one part fills one column a pair) read 256 codes a K step, where
+# TILES' 16 and 64 read 64 (chosen before quad units). H200, 2026-12-04 (bench/moe_block_heights.py
+# --modes faithful, a layer of the release's widths, 48 experts, in a CUDA graph), us at 6 / 12 /
+# 24 / 48 pairs an expert: 8 rows 368 / 602 / 1,013 / 1,890; 16 rows 402 / 447 / 734 / 1,289
+# (TILES' shape 510 at 6; 2 stages 413, 4 stages 491, 512-code steps 522, 128 x 64 on 8 warps
+# 523); 64 rows 808 / 826 / 875 / 997 on TILES' shape, 729 / 746 / 790 / 883 on this one.
+ONE_PART_TILES = {8: dict(BLOCK_N=64, BLOCK_KU=64, num_warps=4, num_stages=3),
+                  16: dict(BLOCK_N=64, BLOCK_KU=64, num_warps=4, num_stages=3),
+                  64: dict(BLOCK_N=128, BLOCK_KU=64, num_warps=8, num_stages=3),
+                  128: dict(BLOCK_N=128, BLOCK_KU=32, num_warps=8, num_stages=3, SCALE_WORDS=True)}
 
 
 def tile_table(block_m: int, splits: int) -> dict:
@@ -274,14 +283,17 @@ def block_height(pairs: int, experts: int, parts: int = SPLITS) -> int:
     expert they win with any number of parts: 0.8 pairs an expert, 4 rows 298 us against 522
     for 16 (three parts), 295 against 405 (one); 3 pairs, 563 against 849 (three), 552
     against 659 (one); 6 pairs, 932 against 912 (three), 910 against 702 (one). With three
-    parts, short blocks of 8 pairs from 4 an expert and of 16 from 8 (PARTS_AS_COLUMNS_SPLIT)."""
+    parts, short blocks of 8 pairs from 4 an expert and of 16 from 8 (PARTS_AS_COLUMNS_SPLIT).
+    One part takes the same heights from TWO_PAIRS_BELOW on, tall blocks of 8 where three take
+    4 (one part's 4-pair block fills one slot of four), on ONE_PART_TILES' 256-code steps."""
     per_expert = pairs / experts
-    if per_expert < 4:
-        return 2 if per_expert < TWO_PAIRS_BELOW else 4
-    if parts > 1:  # (PARTS_AS_COLUMNS_SPLIT 4: 16 tall rows there, as before the short ones)
-        short_eight = per_expert < 8 and PARTS_AS_COLUMNS_SPLIT >= 8
-        return 8 if short_eight else 16 if per_expert < 32 else 64 if per_expert < 256 else 128
-    return 16 if per_expert < 16 else 64 if per_expert < 256 else 128
+    if per_expert < TWO_PAIRS_BELOW:
+        return 2
+    if per_expert < 4 and parts > 1:
+        return 4
+    if per_expert < 8 and (parts == 1 or PARTS_AS_COLUMNS_SPLIT >= 8):  # (4: three parts' 16 tall rows)
+        return 8
+    return 16 if per_expert < 32 else 64 if per_expert < 256 else 128
 
 
 # Short blocks: 4 pairs x 4 slots fill a 16-column dot; 2 pairs make 8 columns, an m16n8k16 MMA a

@@ -442,14 +442,15 @@ def test_mma_sync_sets_the_compile_switch_only_for_the_kernels_named(monkeypatch
 
 
 def test_expert_blocks_grow_later_where_every_dot_runs_three_times():
-    """2-row blocks below 1 pair an expert (batch 1), 4-row ones below 4; then three activation
-    parts (exact mode) take short blocks of 8 pairs, of 16 from 8 pairs an expert and 64 tall
-    rows from 32, one part (faithful mode's FP8-grid inputs) 16 tall rows, then 64 from 16."""
+    """2-row blocks below 1 pair an expert (batch 1); three activation parts (exact mode) take
+    4-row ones below 4, short blocks of 8 pairs, of 16 from 8 pairs an expert and 64 tall rows
+    from 32; one part (faithful mode's FP8-grid inputs) the same heights from 1 pair an expert
+    but tall blocks of 8 where three take 4."""
     from dsflash.model.kernels.fp4_moe import parts_as_columns
 
     pairs = (36, 72, 144, 192, 288, 384, 1152, 1536)
     assert [fp4_moe_block_height(p, 48, 3) for p in pairs] == [2, 4, 4, 8, 8, 16, 16, 64]
-    assert [fp4_moe_block_height(p, 48, 1) for p in (36, 144, 192, 288, 768, 2304)] == [2, 4, 16, 16, 64, 64]
+    assert [fp4_moe_block_height(p, 48, 1) for p in (36, 144, 192, 288, 768, 1536, 2304)] == [2, 8, 8, 8, 16, 64, 64]
     assert [parts_as_columns(m, 3) for m in (2, 4, 8, 16, 64)] == [True] * 4 + [False]
     assert [parts_as_columns(m, 1) for m in (2, 4, 8, 16, 64)] == [True, True, False, False, False]
 
