@@ -243,10 +243,11 @@ TILES = {
 }
 TILES[2] = TILES[4]  # 2-pair blocks (TWO_PAIRS_BELOW) run the 4-pair shape, not swept on their own
 # Three parts as columns in 8- and 16-pair blocks (PARTS_AS_COLUMNS_SPLIT): the best of the shapes
-# tried (H200, 2026-12-04): 8, 567 us at 6 pairs an expert (605.6 with BLOCK_KU 64); 16, 644-734
-# (707.8-753.5 with BLOCK_KU 32 and 2 stages).
+# tried (H200, 2026-12-04): 8, 567 us at 6 pairs an expert (605.6 with BLOCK_KU 64; 636 on
+# 128 x 32 x 8 warps); 16, 128 x 32 on 8 warps (thirty-sixth session: 701 / 1,166 us at 12 / 24
+# pairs an expert against 726 / 1,278 on 64 x 16 x 4 warps; 64 x 32 1,240 at 24, 64 x 64 1,553).
 SHORT_TILES = {8: dict(BLOCK_N=64, BLOCK_KU=32, num_warps=4, num_stages=3),
-               16: dict(BLOCK_N=64, BLOCK_KU=16, num_warps=4, num_stages=3)}
+               16: dict(BLOCK_N=128, BLOCK_KU=32, num_warps=8, num_stages=3)}
 # Faithful mode's one part leaves shared memory for a deeper pipeline. H200, 2026-12-01, 8,192
 # tokens: 13.3-13.5 ms with 3 stages against 14.9-15.1 with TILES' 2 (the same bytes out);
 # three parts do not fit 3 stages (out of resources). Its scales as words (tenth session):
