@@ -347,7 +347,10 @@ SKINNY_FP8 = True
 # grid's third axis), the rest the tile kernel (and bf16_parts' launch before it for fp32 x).
 # 64 (batch 8's 48 rows in three programs, each decoding the weight tile again) lost, H200,
 # 2026-12-04 (bench/decode_kernel_diff.py): a step's kernels 51.60 -> 55.17 ms (wo_b 71.4 ->
-# 90.0 us, wq_b 68.1 -> 86.2), the step 55.39 -> 60.11 in bench/decode_ab.py.
+# 90.0 us, wq_b 68.1 -> 86.2), the step 55.39 -> 60.11 in bench/decode_ab.py. Faithful mode's
+# bf16 rows (one part) past 16 in one program of 32-64 columns (248 registers at 64 on 8 warps,
+# no spills) lost too, H200, 2026-12-04, batch 8: wq_b 1,190 -> 1,912 us a step, wo_b 1,338 ->
+# 2,098, a step's kernels 35.36 -> 38.07 ms; steps 38.33 / 39.04 -> 41.74 / 40.70 ms alternated.
 SKINNY_ROWS = 16
 
 
