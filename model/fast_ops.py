@@ -240,11 +240,15 @@ class TritonOps(ReferenceOps):
                        weights: torch.Tensor, limit: float) -> torch.Tensor:
         """Pairs routed to this rank's experts `local`; the others are left to their ranks."""
         tensors, small = self._stacked(prefix, local)
-        x = self.gemm_input(x)
         own = idx  # one rank holds every expert: ids are its own (five kernels fewer a layer)
         if self.parallel.world > 1:  # len(local): not ours, dropped
             own = idx - local.start
             own = torch.where((own >= 0) & (own < len(local)), own, len(local))
+        if self.act_quant and _kernels_run_on(x) and not prefill_gemms.takes(x):
+            # decode rows: fp4_moe rounds x in the launch that lays out its pieces
+            return fp4_moe(x.contiguous(), own, weights, *tensors, limit, small=small, act_quant=True,
+                           round_input=True)
+        x = self.gemm_input(x)
         if prefill_gemms.takes_experts(x, idx.numel(), len(local)):  # a prefill chunk's pairs: cuBLAS
             return prefill_gemms.fp4_experts(x.contiguous(), own, weights, *tensors, limit, act_quant=self.act_quant)
         return fp4_moe(x.contiguous(), own, weights, *tensors, limit, small=small, act_quant=self.act_quant)

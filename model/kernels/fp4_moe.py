@@ -44,7 +44,7 @@ from . import pdl
 from .common import (DOT, bf16_parts, byte_words, e2m1_quads, interpreting, mma_sync, quad_scales, quad_units,
                      scale_bytes_within, step_scales)
 from .pair_sums import own_pair_sums
-from .quantize import fp8_blocks
+from .quantize import fp8_blocks, fp8_grid_bf16
 from .swiglu import clamped_swiglu_tile
 
 
@@ -458,13 +458,16 @@ def quad_experts(w13, s13, w2, s2) -> tuple[torch.Tensor, ...]:
 
 
 def fp4_moe(x, idx, weights, w13, s13, w2, s2, limit: float, block_m: int | None = None,
-            small: bool | None = None, act_quant: bool = False) -> torch.Tensor:
+            small: bool | None = None, act_quant: bool = False, round_input: bool = False) -> torch.Tensor:
     """x [T, H], idx/weights [T, k]; stacked experts, their codes as quad units
     (common.quad_units; fp4_moe_ref takes the bytes). Returns [T, H] fp32. block_m
     overrides the block height (a benchmark's choice); small is small_scales(s13, s2), worked
     out here when not given. act_quant: as fp4_moe_ref's (x is taken as it comes). A bf16 x in
     faithful mode (FP8 values, as TritonOps.gemm_input gives it) and its FP8-rounded down
-    projection input are both exact in bf16: they go in as one part each, not three."""
+    projection input are both exact in bf16: they go in as one part each, not three.
+    round_input (faithful mode): x is rounded onto the FP8 grid here, in the launch that lays
+    it out in the pieces the kernels read (fp8_grid_bf16's pieces), one launch where
+    gemm_input's rounding and bf16_parts' copy took two; the same values either way."""
     T, H = x.shape
     E, two_i, _ = w13.shape
     inter = two_i // 2
@@ -477,14 +480,18 @@ def fp4_moe(x, idx, weights, w13, s13, w2, s2, limit: float, block_m: int | None
         return torch.zeros(T, H, dtype=torch.float32, device=x.device)
     small = small_scales(s13, s2) if small is None else small
     rounds_h = act_quant and inter % 32 == 0  # (fake_quant_fp8 leaves other widths as they are)
-    splits = 1 if rounds_h and x.dtype == torch.bfloat16 else SPLITS
+    grouped = round_input and rounds_h and H % 32 == 0
+    if round_input and not grouped:
+        x = fp8_grid_bf16(x)
+    splits = 1 if rounds_h and (grouped or x.dtype == torch.bfloat16) else SPLITS
     block_m = block_m or block_height(pairs, E, splits)
     short = parts_as_columns(block_m, splits)
     slots = 4 if short else 1
     tiles = TILES["interpreter"] if interpreting() else tile_table(block_m, splits)[block_m]
     plan = RoutePlan(idx, weights, E, block_m)
     # [SPLITS, 4, T, H/4] (a strided view): piece t holds columns 4c + t, as the weight units' code t
-    parts = bf16_parts(x, splits, interleave=PIECES).view(splits, T, PIECES, H // PIECES).transpose(1, 2)
+    pieces = fp8_grid_bf16(x, pieces=PIECES)[None] if grouped else bf16_parts(x, splits, interleave=PIECES)
+    parts = pieces.view(splits, T, PIECES, H // PIECES).transpose(1, 2)
     h = torch.empty(splits, PIECES, plan.rows, inter // PIECES, dtype=torch.bfloat16, device=x.device)
     out = torch.empty(pairs, H, dtype=torch.float32, device=x.device)  # other ranks' pairs: never read
     blocks = plan.rows // block_m

@@ -82,17 +82,25 @@ def fp8_blocks(x):
 
 
 @triton.jit
-def _fp8_round_trip_kernel(x_ptr, values_ptr, codes_ptr, scales_ptr, num_blocks,
-                           BLOCK: tl.constexpr, GROUPS: tl.constexpr, PACKED: tl.constexpr, PDL: tl.constexpr):
+def _fp8_round_trip_kernel(x_ptr, values_ptr, codes_ptr, scales_ptr, num_blocks, row_width,
+                           BLOCK: tl.constexpr, GROUPS: tl.constexpr, PACKED: tl.constexpr, PIECES: tl.constexpr,
+                           PDL: tl.constexpr):
     """GROUPS consecutive blocks of BLOCK elements per program; PACKED: the codes and scale
-    bytes stored too (a GEMM input's round trip needs only the values)."""
+    bytes stored too (a GEMM input's round trip needs only the values). PIECES > 1: each row's
+    values stored with its columns grouped by their remainder mod PIECES (column c of a row of
+    row_width at (c % PIECES) * (row_width / PIECES) + c // PIECES: common.group_columns)."""
     pdl.wait_for_inputs(PDL)
     blocks = tl.program_id(0) * GROUPS + tl.arange(0, GROUPS)
     is_block = blocks < num_blocks
     offsets = blocks[:, None] * BLOCK + tl.arange(0, BLOCK)[None, :]
     x = tl.load(x_ptr + offsets, mask=is_block[:, None], other=0.0).to(tl.float32)
     code, value, exponent = fp8_blocks(x)
-    tl.store(values_ptr + offsets, value, mask=is_block[:, None])
+    if PIECES > 1:
+        column = offsets % row_width
+        at = offsets - column + column % PIECES * (row_width // PIECES) + column // PIECES
+    else:
+        at = offsets
+    tl.store(values_ptr + at, value, mask=is_block[:, None])
     if PACKED:
         tl.store(codes_ptr + offsets, code.to(tl.uint8), mask=is_block[:, None])
         tl.store(scales_ptr + blocks, exponent.to(tl.uint8), mask=is_block)
@@ -160,24 +168,28 @@ def _launch(kernel, x: torch.Tensor, block: int, code_columns: int, values_dtype
     if num_blocks:
         groups = max(1, _TILE_ELEMENTS // block)
         kernel[(triton.cdiv(num_blocks, groups),)](x, values, values if codes is None else codes,
-                                                   values if scales is None else scales, num_blocks, BLOCK=block,
-                                                   GROUPS=groups, **constants, **pdl.options(x.device))
+                                                   values if scales is None else scales, num_blocks,
+                                                   BLOCK=block, GROUPS=groups, **constants, **pdl.options(x.device))
     return values, (codes, scales)
 
 
 def fp8_round_trip(x: torch.Tensor, block: int = 32) -> tuple[torch.Tensor, quant.Packed]:
     """quant.fp8_round_trip in one launch: x [..., n] -> (values fp32 [..., n],
     (e4m3 codes uint8 [..., n], e8m0 scale bytes uint8 [..., n/block]))."""
-    return _launch(_fp8_round_trip_kernel, x, block, x.shape[-1])
+    return _launch(_fp8_round_trip_kernel, x, block, x.shape[-1], row_width=x.shape[-1], PIECES=1)
 
 
-def fp8_grid_bf16(x: torch.Tensor, block: int = 32) -> torch.Tensor:
+def fp8_grid_bf16(x: torch.Tensor, block: int = 32, pieces: int = 1) -> torch.Tensor:
     """quant.fake_quant_fp8's values in one launch, as bf16: an FP8 value times a power of two
     is exact there (faithful mode's GEMM inputs, which then dot as one bf16 part). Like it,
-    x whose width is no multiple of the block comes back as it is."""
+    x whose width is no multiple of the block comes back as it is. pieces > 1 (dividing the
+    block): each row's columns come grouped by their remainder mod pieces, the layout
+    fp4_moe reads its activations in (common.group_columns), in the same launch."""
     if x.shape[-1] % block:
         return x
-    return _launch(_fp8_round_trip_kernel, x, block, x.shape[-1], values_dtype=torch.bfloat16, packed=False)[0]
+    assert block % pieces == 0
+    return _launch(_fp8_round_trip_kernel, x, block, x.shape[-1], values_dtype=torch.bfloat16, packed=False,
+                   row_width=x.shape[-1], PIECES=pieces)[0]
 
 
 def fp4_round_trip(x: torch.Tensor, block: int, e4m3_scales: bool = False) -> tuple[torch.Tensor, quant.Packed]:

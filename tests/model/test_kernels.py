@@ -475,6 +475,21 @@ def test_fp4_moe_rounds_the_down_projections_input_in_faithful_mode(T, on_grid):
     assert off.sum() <= 1 and (got - faithful).abs().max() < 2e-3 * scale
 
 
+@pytest.mark.parametrize("T", [1, 11])
+def test_fp4_moe_rounding_its_own_input_gives_the_same_bits(T):
+    """round_input (faithful mode's decode rows): fp4_moe rounds fp32 x onto the FP8 grid in the
+    launch that lays out its pieces (fp8_grid_bf16 with pieces), where TritonOps took
+    gemm_input's launch and then bf16_parts' copy: the same values, so the same bits."""
+    from dsflash.model.kernels.common import group_columns
+
+    stack, x, idx, weights = _moe_case(_g(3), T, E=4, H=64, inter=64, k=2)
+    xd, experts = x.to(DEVICE), _device_experts(stack)
+    assert torch.equal(fp8_grid_bf16(xd, pieces=4), group_columns(fp8_grid_bf16(xd), 4))
+    args = (idx.to(DEVICE), weights.to(DEVICE), *experts, 0.7)
+    assert torch.equal(fp4_moe(xd, *args, act_quant=True, round_input=True),
+                       fp4_moe(fp8_grid_bf16(xd), *args, act_quant=True))
+
+
 def test_hc_gates_match_the_sinkhorn_reference():
     g = _g(4)
     S, T = 4, 9
