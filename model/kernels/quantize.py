@@ -168,8 +168,8 @@ def _launch(kernel, x: torch.Tensor, block: int, code_columns: int, values_dtype
     if num_blocks:
         groups = max(1, _TILE_ELEMENTS // block)
         kernel[(triton.cdiv(num_blocks, groups),)](x, values, values if codes is None else codes,
-                                                   values if scales is None else scales, num_blocks,
-                                                   BLOCK=block, GROUPS=groups, **constants, **pdl.options(x.device))
+                                                   values if scales is None else scales, num_blocks, BLOCK=block,
+                                                   GROUPS=groups, **constants, **pdl.options(x.device))
     return values, (codes, scales)
 
 
