@@ -350,6 +350,13 @@ def bf16_rne(x):
 
 
 @triton.jit
+def grouped_column(col, C, G: tl.constexpr):
+    """Where column col of a C-wide row goes when the row's columns are grouped by their
+    remainder mod G (group_columns' layout, as fp4_moe reads its activations)."""
+    return (col % G) * (C // G) + col // G
+
+
+@triton.jit
 def _bf16_parts_kernel(x_ptr, out_ptr, n, C, sxr, sop, SPLITS: tl.constexpr, G: tl.constexpr, BLOCK: tl.constexpr,
                        PDL: tl.constexpr):
     """Elements e of x (row e // C, column e % C, rows sxr apart) -> their SPLITS parts at
@@ -360,7 +367,7 @@ def _bf16_parts_kernel(x_ptr, out_ptr, n, C, sxr, sop, SPLITS: tl.constexpr, G: 
     row = e // C
     col = e % C
     rest = tl.load(x_ptr + row * sxr + col, mask=live, other=0.0).to(tl.float32)
-    at = out_ptr + row * C + (col % G) * (C // G) + col // G
+    at = out_ptr + row * C + grouped_column(col, C, G)
     for p in tl.static_range(SPLITS):
         head = bf16_rne(rest)  # the cast of the rounded value is exact everywhere
         tl.store(at + p * sop, head.to(tl.bfloat16), mask=live)

@@ -20,7 +20,7 @@ import triton.language as tl
 
 from .. import quant
 from . import pdl
-from .common import e2m1_to_float, pow2
+from .common import e2m1_to_float, grouped_column, pow2
 
 _TILE_ELEMENTS = 2048  # elements per program: few programs for the interpreter, ample for decode sizes
 _INV_FP8_MAX = tl.constexpr(1.0 / quant.FP8_MAX)  # the reference multiplies by this fp32 constant
@@ -87,8 +87,7 @@ def _fp8_round_trip_kernel(x_ptr, values_ptr, codes_ptr, scales_ptr, num_blocks,
                            PDL: tl.constexpr):
     """GROUPS consecutive blocks of BLOCK elements per program; PACKED: the codes and scale
     bytes stored too (a GEMM input's round trip needs only the values). PIECES > 1: each row's
-    values stored with its columns grouped by their remainder mod PIECES (column c of a row of
-    row_width at (c % PIECES) * (row_width / PIECES) + c // PIECES: common.group_columns)."""
+    values stored with its row_width columns grouped by their remainder mod PIECES (grouped_column)."""
     pdl.wait_for_inputs(PDL)
     blocks = tl.program_id(0) * GROUPS + tl.arange(0, GROUPS)
     is_block = blocks < num_blocks
@@ -97,7 +96,7 @@ def _fp8_round_trip_kernel(x_ptr, values_ptr, codes_ptr, scales_ptr, num_blocks,
     code, value, exponent = fp8_blocks(x)
     if PIECES > 1:
         column = offsets % row_width
-        at = offsets - column + column % PIECES * (row_width // PIECES) + column // PIECES
+        at = offsets - column + grouped_column(column, row_width, PIECES)
     else:
         at = offsets
     tl.store(values_ptr + at, value, mask=is_block[:, None])
