@@ -796,7 +796,7 @@ def prefill(model, lengths, label: str = "prefill", warm_first: bool = True, chu
             engine.add(PrefillRequest("profiled", torch.randint(3, 100000, (2 * chunk,)).tolist(), want_taps=False))
             with torch.inference_mode():
                 engine.step()
-            profile_steps(engine, f"prefill_chunk{chunk}", steps=1, stacks=True)
+            profile_steps(engine, f"{label}_chunk{chunk}", steps=1, stacks=True)
         del engine, pool
         if DEV.startswith("cuda"):
             torch.cuda.empty_cache()
@@ -856,6 +856,8 @@ def main() -> None:
     parser.add_argument("--chunk", type=int, default=8192,
                         help="tokens a prefill step takes (a prefill worker's default is 16384: "
                              "scheduler.PREFILL_WORKER_TOKEN_BUDGET)")
+    parser.add_argument("--prefill-switch", default="",
+                        help="'package.module.ATTR=V1|V2|..': the prefill section once with each value (Python literals)")
     parser.add_argument("--contexts", default="4096,1048576")
     parser.add_argument("--batches", default="1,8,32")
     parser.add_argument("--device", default="cuda")
@@ -917,7 +919,15 @@ def main() -> None:
             model.graphs = graphs
         if "prefill" in sections:
             chunk = "" if args.chunk == 8192 else f"_chunk{args.chunk}"
-            prefill(model, [int(x) for x in args.prefill.split(",")], "prefill" + mode + chunk, chunk=args.chunk)
+            lengths = [int(x) for x in args.prefill.split(",")]
+            if args.prefill_switch:  # each value in turn, in one process: the records' last logits compare
+                path, values = args.prefill_switch.split("=", 1)
+                module, attribute, values = module_switch(path, values.split("|"))
+                for i, value in enumerate(values):
+                    setattr(module, attribute, value)
+                    prefill(model, lengths, f"prefill{mode}{chunk}_{i}_{attribute}={value!r}", chunk=args.chunk)
+            else:
+                prefill(model, lengths, "prefill" + mode + chunk, chunk=args.chunk)
         if "reference" in sections:
             from dsflash.model.ops import ReferenceOps
 

@@ -13,13 +13,15 @@ power-of-two scale is exact in bf16, and so is faithful mode's input on the FP8 
 input (exact mode) goes in as three bf16 parts that sum to it: for a dense weight side by side
 along K against the weight repeated three times, so that cuBLAS adds the parts' products in its
 own accumulator; for an expert stacked as rows, its three products summed after. Only the order
-of the fp32 sums differs from the kernels.
+of the fp32 sums differs from the kernels. Faithful mode's products leave this path for the
+FP8 tensor cores (FP8_TENSOR_CORES, fp8_blockwise.py), whose 128-column scale blocks round.
 """
 
 from __future__ import annotations
 
 import torch
 
+from . import fp8_blockwise
 from .common import bf16_parts, interpreting
 from .dequantize import fp4_quads_bf16, fp8_weight_bf16
 from .pair_sums import pair_sums
@@ -34,6 +36,10 @@ ROWS = 1024
 # fp4_moe's one launch. EXACT_EXPERTS: exact mode's fp32 input too (three bf16 parts).
 EXPERT_PAIRS = 512
 EXACT_EXPERTS = True
+# Faithful mode's products (bf16 rows on the FP8 grid) on the FP8 tensor cores, their operands
+# re-encoded to 128-column scale blocks (fp8_blockwise: what that rounds, and the timings);
+# False: the weights decoded to bf16 and exact products, as exact mode's.
+FP8_TENSOR_CORES = True
 
 
 def takes(x: torch.Tensor) -> bool:
@@ -78,8 +84,18 @@ def bf16_product(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return _product(a, _repeated(weight, copies).T)
 
 
+def _tensor_cores(x: torch.Tensor, n: int, k: int) -> bool:
+    return FP8_TENSOR_CORES and fp8_blockwise.fits(x, n, k)
+
+
 def fp8_product(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     """x [M, K] @ (codes, scales)^T -> [M, N] fp32, as fp8_gemm computes it."""
+    if _tensor_cores(x, *codes.shape):
+        a, a_scales = fp8_blockwise.rows_1x128(x)
+        w, w_scales = fp8_blockwise.fp8_weight_128(codes, scales)
+        rows = a.shape[1]  # x's rows and the aligned rows after them
+        return fp8_blockwise.product(a[0], fp8_blockwise.segment_scales(a_scales, x.shape[1] // 128, 0, rows),
+                                     w, w_scales)[:x.shape[0]]
     return bf16_product(x, fp8_weight_bf16(codes, scales))
 
 
@@ -88,6 +104,8 @@ def grouped_fp8_product(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tens
     to x's columns g*K .. (the attention output's wo_a), as grouped_fp8_gemm computes it."""
     M = x.shape[0]
     N, K = codes.shape
+    if _tensor_cores(x, N // groups, K):
+        return _grouped_on_tensor_cores(x, codes, scales, groups)
     a, copies = _parts(x.view(M, groups, K).transpose(0, 1))  # [G, M, copies * K]
     w = fp8_weight_bf16(codes, scales).view(groups, N // groups, K)
     # each group's product written to its columns of y (cuBLAS takes the row stride): a [G, M, R]
@@ -95,6 +113,22 @@ def grouped_fp8_product(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tens
     y = torch.empty(M, N, dtype=torch.float32, device=x.device)
     _product(a, _repeated(w, copies).transpose(1, 2), out=y.view(M, groups, N // groups).transpose(0, 1))
     return y
+
+
+def _grouped_on_tensor_cores(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, groups: int) -> torch.Tensor:
+    """grouped_fp8_product on the FP8 tensor cores: x's codes laid out a group at a time, one
+    product a group into its columns of y."""
+    N, K = codes.shape
+    rows, blocks = N // groups, K // 128
+    a, a_scales = fp8_blockwise.rows_1x128(x, groups)
+    w, w_scales = fp8_blockwise.fp8_weight_128(codes, scales)
+    M = a.shape[1]  # x's rows and the aligned rows after them
+    y = torch.empty(M, N, dtype=torch.float32, device=x.device)
+    for g in range(groups):
+        fp8_blockwise.product(a[g], fp8_blockwise.segment_scales(a_scales, blocks, 0, M, g * blocks, groups * blocks),
+                              w[g * rows:(g + 1) * rows], w_scales[g * rows // 128:(g + 1) * rows // 128],
+                              out=y[:, g * rows:(g + 1) * rows])
+    return y[:x.shape[0]]
 
 
 def fp4_experts(x: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor, w13: torch.Tensor, s13: torch.Tensor,
@@ -114,20 +148,37 @@ def fp4_experts(x: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor, w13: 
     live = order[:sum(counts)]
     if not live.numel():  # every pair is another rank's
         return torch.zeros(T, H, dtype=torch.float32, device=x.device)
-    gate_up = _by_expert(x.index_select(0, live // k), counts, w13, s13)
+    # the FP8 tensor cores take each expert's run of rows padded to fp8_blockwise.ROW_ALIGN: the
+    # padding rows repeat token 0 with routing weight 0, and no pair reads their results
+    align = fp8_blockwise.ROW_ALIGN if _tensor_cores(x, two_i, H) else 1
+    runs = [-(-count // align) * align for count in counts]
+    at = _run_rows(flat[live], counts, runs)  # sorted pair -> its row
+    tokens = torch.zeros(sum(runs), dtype=torch.int64, device=x.device).index_copy_(0, at, live // k)
+    row_weights = torch.zeros(sum(runs), dtype=weights.dtype, device=x.device).index_copy_(
+        0, at, weights.reshape(-1)[live])
+    gate_up = _by_expert(x.index_select(0, tokens), runs, w13, s13)
     # times the routing weights and, in faithful mode, the down projection's input on the FP8 grid
     # (fake_quant_fp8), in the SwiGLU's launch
     on_grid = act_quant and inter % 32 == 0
     if SWIGLU_EPILOGUE:
-        h = clamped_swiglu(gate_up[:, :inter], gate_up[:, inter:], limit, row_weights=weights.reshape(-1)[live],
-                           fp8_grid=on_grid)
+        h = clamped_swiglu(gate_up[:, :inter], gate_up[:, inter:], limit, row_weights=row_weights, fp8_grid=on_grid)
     else:  # the passes it replaced, for comparisons
-        h = clamped_swiglu(gate_up[:, :inter], gate_up[:, inter:], limit) * weights.reshape(-1)[live, None]
+        h = clamped_swiglu(gate_up[:, :inter], gate_up[:, inter:], limit) * row_weights[:, None]
         h = fp8_grid_bf16(h) if on_grid else h
-    down = _by_expert(h, counts, w2, s2)
+    down = _by_expert(h, runs, w2, s2)
     place = torch.full((flat.shape[0],), -1, dtype=torch.int64, device=x.device)
-    place[live] = torch.arange(live.shape[0], device=x.device)  # pair -> its row of `down` (-1: none)
+    place[live] = at  # pair -> its row of `down` (-1: none)
     return pair_sums(down, place.view(T, k))
+
+
+def _run_rows(experts: torch.Tensor, counts: list[int], runs: list[int]) -> torch.Tensor:
+    """Pairs sorted by expert (their experts' ids) -> each one's row where expert e's pairs take
+    the first counts[e] of its runs[e] rows."""
+    if runs == counts:
+        return torch.arange(experts.shape[0], device=experts.device)
+    firsts = torch.tensor([0] + counts[:-1], device=experts.device).cumsum(0)
+    starts = torch.tensor([0] + runs[:-1], device=experts.device).cumsum(0)
+    return torch.arange(experts.shape[0], device=experts.device) + (starts - firsts)[experts]
 
 
 # The routing weights and faithful mode's FP8 rounding of the down projection's input in the
@@ -146,6 +197,8 @@ def _by_expert(rows: torch.Tensor, counts: list[int], units: torch.Tensor, scale
     take them) each expert's weight would be copied three times over, 6.8 GB a layer."""
     N = units.shape[1]
     out = torch.empty(rows.shape[0], N, dtype=torch.float32, device=rows.device)
+    if _tensor_cores(rows, N, 4 * units.shape[2]):
+        return _by_expert_on_tensor_cores(rows, counts, units, scales, out)
     start = 0
     for first in range(0, len(counts), DECODE_EXPERTS):
         if not any(counts[first:first + DECODE_EXPERTS]):
@@ -161,4 +214,25 @@ def _by_expert(rows: torch.Tensor, counts: list[int], units: torch.Tensor, scale
                 parts = bf16_parts(run, 3)
                 torch.sum(_product(parts.view(3 * count, -1), decoded[e].T).view(3, count, N), dim=0, out=run_out)
             start += count
+    return out
+
+
+def _by_expert_on_tensor_cores(rows: torch.Tensor, counts: list[int], units: torch.Tensor, scales: torch.Tensor,
+                               out: torch.Tensor) -> torch.Tensor:
+    """_by_expert for faithful mode's bf16 rows on the FP8 tensor cores: the rows' codes made
+    once, with each expert's run of scales together; the experts' weights re-encoded as e4m3
+    (DECODE_EXPERTS at a time, half the bytes of their bf16 decode)."""
+    blocks = rows.shape[1] // 128
+    a, a_scales = fp8_blockwise.rows_1x128(rows, counts=counts)
+    start = 0
+    for first in range(0, len(counts), DECODE_EXPERTS):
+        if not any(counts[first:first + DECODE_EXPERTS]):
+            continue
+        w, w_scales = fp8_blockwise.fp4_weight_128(units[first:first + DECODE_EXPERTS],
+                                                   scales[first:first + DECODE_EXPERTS])
+        for e, count in enumerate(counts[first:first + DECODE_EXPERTS]):
+            if count:
+                fp8_blockwise.product(a[0, start:start + count], fp8_blockwise.segment_scales(a_scales, blocks, start, count),
+                                      w[e], w_scales[e], out=out[start:start + count])
+                start += count
     return out

@@ -39,7 +39,7 @@ def _pow2_ceil_exponent(t):
 
 
 @triton.jit
-def _e4m3_rne(v):
+def e4m3_rne(v):
     """fp32 -> (e4m3 byte as int32, its fp32 value), as torch's cast: round to nearest even,
     and saturate to 448 (0x7E) from 464 up."""
     bits = v.to(tl.int32, bitcast=True)
@@ -77,7 +77,7 @@ def fp8_blocks(x):
     exponent = _pow2_ceil_exponent(amax * _INV_FP8_MAX)
     # Dividing by a power of two and multiplying by its (exact) inverse round alike.
     # No clamp to +-448 before encoding: the encoder saturates there, as the clamp would.
-    code, value = _e4m3_rne(x * pow2(254 - exponent)[:, None])
+    code, value = e4m3_rne(x * pow2(254 - exponent)[:, None])
     return code, value * pow2(exponent)[:, None], exponent
 
 
@@ -113,7 +113,7 @@ def fp4_round_trip_pairs(even, odd, E4M3_SCALES: tl.constexpr):
     amax = tl.maximum(tl.max(tl.abs(even), axis=1), tl.max(tl.abs(odd), axis=1))
     if E4M3_SCALES:
         # True division, as the reference's: e4m3 scales are not powers of two.
-        scale_byte, scale = _e4m3_rne(tl.div_rn(tl.maximum(amax, _FP4_AMAX_FLOOR_E4M3), _FP4_MAX))
+        scale_byte, scale = e4m3_rne(tl.div_rn(tl.maximum(amax, _FP4_AMAX_FLOOR_E4M3), _FP4_MAX))
         low = _e2m1_rne(tl.div_rn(even, scale[:, None]))
         high = _e2m1_rne(tl.div_rn(odd, scale[:, None]))
     else:

@@ -136,7 +136,9 @@ def test_prefill_sized_gemms_take_cublas_and_match_the_references():
     for act_quant in (False, True):
         ref = fp8_gemm_ref(x, codes, scales, act_quant)
         got = fp8_gemm(x.cuda(), codes.cuda(), scales.cuda(), act_quant).cpu()
-        assert (got - ref).abs().max() < 1e-5 * ref.abs().max()
+        # faithful mode on the FP8 tensor cores: 128-column scale blocks round (test_fp8_blockwise.py)
+        bound = 1e-3 if act_quant and prefill_gemms.FP8_TENSOR_CORES else 1e-5
+        assert (got - ref).abs().max() < bound * ref.abs().max()
     codes, scales = quantize_fp8_weight(torch.randn(4 * 128, 256, generator=g))  # 4 groups of 128 rows
     got = grouped_fp8_gemm(x.cuda(), codes.cuda(), scales.cuda(), 4).cpu()
     dense = dequantize_fp8_weight(codes, scales).view(4, 128, 256)

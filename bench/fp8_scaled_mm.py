@@ -1,0 +1,73 @@
+"""Faithful prefill's products on the FP8 tensor cores (model/kernels/fp8_blockwise.py) against
+the bf16 path they replace, at the bench preset's prefill shapes: torch.mm on bf16 values with
+an fp32 output, and torch._scaled_mm with 1 x 128 activation scales and 128 x 128 (shipped)
+or 1 x 128 weight scales, each next to its FLOP roofline (694 TFLOP/s bf16, 1,276 fp8), and
+the encodes that feed it (the activations' rows, an FP8 weight's and an expert stack's blocks)
+next to their bytes' time at 4.2 TB/s.
+
+    python bench/fp8_scaled_mm.py [--rows 16384] [--expert-rows 2048]
+"""
+import argparse
+import pathlib
+import sys
+
+import torch
+
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+import h200  # noqa: E402
+from dsflash.model.kernels import fp8_blockwise  # noqa: E402
+from dsflash.model.kernels.common import quad_units  # noqa: E402
+
+DENSE = {"wq_a": (1280, 5120), "wkv": (512, 5120), "wq_b": (32768, 1280), "wo_a_group": (1024, 4096),
+         "wo_b": (5120, 8192), "shared_w13": (4608, 5120), "shared_w2": (5120, 2304), "indexer_wq_b": (4096, 1280)}
+EXPERT = {"expert_w13": (4608, 5120), "expert_w2": (5120, 2304)}
+
+
+def products(name: str, rows: int, n: int, k: int) -> None:
+    x = torch.randn(rows, k, device="cuda").to(torch.bfloat16)
+    codes, scales = h200.random_fp8(n, k)
+    a, a_scales = fp8_blockwise.rows_1x128(x)
+    a_scales = fp8_blockwise.segment_scales(a_scales, k // 128, 0, a.shape[1])
+    w, w_scales = fp8_blockwise.fp8_weight_128(codes, scales)
+    flops = 2 * rows * n * k
+    wb = (w.view(torch.float8_e4m3fn).float().view(n // 128, 128, k // 128, 128)
+          * w_scales[:, None, :, None]).view(n, k).to(torch.bfloat16)
+    t = h200.cuda_time(lambda: torch.mm(x, wb.T, out_dtype=torch.float32), iters=10)
+    h200.record(name, "bf16_mm", {"us": t * 1e6, "TFLOPs": flops / t / 1e12, "ratio_to_bf16": t / (flops / h200.BF16_FLOPS)})
+    t = h200.cuda_time(lambda: fp8_blockwise.product(a[0], a_scales, w, w_scales), iters=10)
+    h200.record(name, "fp8_128x128", {"us": t * 1e6, "TFLOPs": flops / t / 1e12, "ratio_to_fp8": t / (flops / h200.FP8_FLOPS)})
+    per_row = torch.ones(k // 128, n, device="cuda")  # weights scaled 1 x 128: a scale a row
+    t = h200.cuda_time(lambda: torch._scaled_mm(a[0].view(torch.float8_e4m3fn), w.view(torch.float8_e4m3fn).t(), a_scales,
+                                                per_row, out_dtype=torch.float32), iters=10)
+    h200.record(name, "fp8_1x128", {"us": t * 1e6, "TFLOPs": flops / t / 1e12, "ratio_to_fp8": t / (flops / h200.FP8_FLOPS)})
+    t = h200.cuda_time(lambda: fp8_blockwise.rows_1x128(x), iters=10)
+    h200.record(name, "encode_rows", {"us": t * 1e6, "ratio_to_hbm": t / (3 * rows * k / h200.HBM_BPS)})
+    t = h200.cuda_time(lambda: fp8_blockwise.fp8_weight_128(codes, scales), iters=10)
+    h200.record(name, "encode_weight", {"us": t * 1e6, "ratio_to_hbm": t / (2 * n * k / h200.HBM_BPS)})
+
+
+def expert_stack(experts: int) -> None:
+    for name, (n, k) in EXPERT.items():
+        packed = torch.randint(0, 256, (experts, n, k // 2), dtype=torch.uint8, device="cuda")
+        units = quad_units(packed)
+        scales = torch.randint(118, 127, (experts, n, k // 32), dtype=torch.uint8, device="cuda")
+        t = h200.cuda_time(lambda: fp8_blockwise.fp4_weight_128(units, scales), iters=5)
+        h200.record("experts", f"{name}_encode_{experts}", {"us": t * 1e6,
+                                                            "ratio_to_hbm": t / (1.5 * experts * n * k / h200.HBM_BPS)})
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=16384, help="a prefill chunk's tokens")
+    parser.add_argument("--expert-rows", type=int, default=2048, help="an expert's rows (6 of 48 experts: 1/8 of the chunk)")
+    parser.add_argument("--experts", type=int, default=48)
+    args = parser.parse_args()
+    for name, (n, k) in DENSE.items():
+        products(name, args.rows, n, k)
+    for name, (n, k) in EXPERT.items():
+        products(name, args.expert_rows, n, k)
+    expert_stack(args.experts)
+
+
+if __name__ == "__main__":
+    main()

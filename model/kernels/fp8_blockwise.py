@@ -1,0 +1,226 @@
+"""Faithful prefill's matrix products on the FP8 tensor cores: both operands re-encoded to the
+block scales cuBLAS's FP8 GEMM takes on Hopper (torch._scaled_mm): the activations 1 x 128
+(a scale a row and 128 columns), the weights 128 x 128.
+
+The checkpoint scales FP8 weights by 32 x 32 blocks and FP4 experts by 1 x 32, and faithful
+mode rounds GEMM inputs onto 1 x 32 FP8 grids: Hopper's FP8 MMAs leave scaling to the code
+around them, and a scale applied every 32 columns of K cost the CUDA cores as much as the
+MMAs (seventh session). cuBLAS applies one every 128. Re-encoding a block of four 32-column
+scales under its largest, 2^d times a smaller one, shifts that block's codes d binades down:
+exact while a code stays on e4m3's grid, which ends at 2^-9; below, it rounds to the nearest
+multiple of 2^-9 times the larger scale. Lost there are bits under 2^-17.8 of the larger
+block's magnitude (448 times its scale). FP4 codes (e2m1, 2 significant bits, 0.5 and up)
+stay exact while d <= 8. So the products differ from the bf16 path's exact ones by those
+roundings and by the FP8 MMAs' own sums (cuBLAS adds each 128 columns' products in the tensor
+cores, then in fp32, the promotion DeepSeek-V3's report describes for its FP8 GEMMs).
+
+H200, 2026-12-04 (thirty-seventh session). One product, 16,384 rows, fp32 out, against
+torch.mm in bf16 on the same values: wo_b 1,709 -> 1,089 us, the shared expert's w1+w3
+1,087 -> 629, an expert's w1+w3 at 2,048 rows 129 -> 90; weights scaled 1 x 128 (a scale a
+row and 128 columns) ran 25-35% slower than 128 x 128, so the weights take the coarser
+blocks. A faithful 16K prefill chunk's GPU time 748 -> 665 ms (the products 351 -> 226 ms;
+this module's encodes 66 ms, the rows' 45 of it at 4.5x their bytes' time); a 32K prefill
+1.469 -> 1.338 s, a 1M one 59.9 -> 55.7 s (docs/performance.md).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+from .common import e2m1_quads, e4m3_to_float, interpreting, pow2, quad_scales
+from .quantize import e4m3_rne, fp8_blocks
+
+BLOCK = 128  # cuBLAS's scale blocks on Hopper
+_ROW_BLOCKS = 8  # activation blocks per program
+# Rows of an FP8 product's left operand come in multiples of this: cuBLAS refused
+# (CUBLAS_STATUS_NOT_SUPPORTED) runs of other lengths, whose scales' rows are unaligned.
+ROW_ALIGN = 16
+
+
+def fits(x: torch.Tensor, n: int, k: int) -> bool:
+    """Whether a product of x [M, k] (faithful mode's bf16 rows on the FP8 grid) and an [n, k]
+    weight runs here: on the GPU, both sides whole 128-blocks."""
+    return x.is_cuda and not interpreting() and x.dtype == torch.bfloat16 and n % BLOCK == 0 and k % BLOCK == 0
+
+
+@triton.jit
+def _rows_kernel(x_ptr, codes_ptr, scales_ptr, starts_ptr, counts_ptr, M, ROWS, K_ALL, sxm,
+                 GROUP_K: tl.constexpr, ROW_BLOCKS: tl.constexpr, SEGMENTS: tl.constexpr):
+    """Program (row r of ROWS, ROW_BLOCKS 128-column blocks): e4m3 codes under each block's
+    power-of-two scale, as quant.fp8_round_trip with 128-column blocks rounds (rows from M on
+    read as zeros). Codes go to group g's [ROWS, GROUP_K] matrix (columns g*GROUP_K ..); block
+    b's fp32 scale to scales[b * count + r - start + blocks * start], rows in segments [start,
+    start + count) (each a product's rows; one of ROWS without SEGMENTS): the layout
+    torch._scaled_mm takes for each segment's scales, [count, blocks] with strides (1, count)."""
+    r = tl.program_id(0)
+    b = tl.program_id(1) * ROW_BLOCKS + tl.arange(0, ROW_BLOCKS)
+    blocks = K_ALL // 128
+    live = b < blocks
+    cols = b[:, None] * 128 + tl.arange(0, 128)[None, :]
+    reads = live & (b * 0 + r < M)  # (a block, not a scalar: the interpreter masks with blocks only)
+    x = tl.load(x_ptr + r.to(tl.int64) * sxm + cols, mask=reads[:, None], other=0.0).to(tl.float32)
+    code, _, exponent = fp8_blocks(x)
+    at = (cols // GROUP_K).to(tl.int64) * ROWS * GROUP_K + r.to(tl.int64) * GROUP_K + cols % GROUP_K
+    tl.store(codes_ptr + at, code.to(tl.uint8), mask=live[:, None])
+    if SEGMENTS:
+        start = tl.load(starts_ptr + r)
+        count = tl.load(counts_ptr + r)
+    else:
+        start = 0
+        count = ROWS
+    tl.store(scales_ptr + blocks * start + b * count + (r - start), pow2(exponent), mask=live)
+
+
+def rows_1x128(x: torch.Tensor, groups: int = 1, counts: list[int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] (any float) -> (e4m3 codes uint8 [groups, rows, K / groups], fp32 scales
+    [K / 128 * rows]). Group g's codes and scales (`segment_scales`) are the 1 x 128 operand of
+    x's columns g*K/groups ..; with counts (M rows split into runs, one product each; cuBLAS
+    wants each a multiple of ROW_ALIGN), run i's scales lie together and rows = M; without,
+    rows is M rounded up to ROW_ALIGN, the rows past M zeros (their products are cut off)."""
+    M, K = x.shape
+    assert K % (BLOCK * groups) == 0 and x.stride(1) == 1
+    rows = M if counts is not None else -(-M // ROW_ALIGN) * ROW_ALIGN
+    codes = torch.empty(groups, rows, K // groups, dtype=torch.uint8, device=x.device)
+    scales = torch.empty(K // BLOCK * rows, dtype=torch.float32, device=x.device)
+    starts = lengths = scales
+    if counts is not None:
+        sizes = torch.tensor(counts, device=x.device)
+        lengths = torch.repeat_interleave(sizes, sizes, output_size=M).to(torch.int32)
+        starts = torch.repeat_interleave(torch.cumsum(sizes, 0) - sizes, sizes, output_size=M).to(torch.int32)
+    if rows:
+        _rows_kernel[(rows, triton.cdiv(K // BLOCK, _ROW_BLOCKS))](
+            x, codes, scales, starts, lengths, M, rows, K, x.stride(0), GROUP_K=K // groups, ROW_BLOCKS=_ROW_BLOCKS,
+            SEGMENTS=counts is not None)
+    return codes, scales
+
+
+def segment_scales(scales: torch.Tensor, blocks: int, start: int, count: int, first_block: int = 0,
+                   of_blocks: int | None = None) -> torch.Tensor:
+    """Rows start .. start + count's scales of blocks first_block .. + blocks (of of_blocks a
+    row) from rows_1x128's: [count, blocks] with strides (1, count), as _scaled_mm takes them."""
+    of_blocks = blocks if of_blocks is None else of_blocks
+    base = of_blocks * start + first_block * count
+    return scales[base:base + blocks * count].view(blocks, count).t()
+
+
+@triton.jit
+def _e4m3_codes(v, HW_FP8: tl.constexpr):
+    """fp32 -> e4m3 code bytes, rounding to nearest even and saturating at 448: the GPU's
+    conversion instruction (two values an instruction; the integer form took ~15 operations a
+    value), the same rounding in integer arithmetic in the interpreter."""
+    if HW_FP8:
+        return v.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
+    code, _ = e4m3_rne(v)
+    return code.to(tl.uint8)
+
+
+@triton.jit
+def _fp8_weight_kernel(codes_ptr, scales_ptr, out_ptr, out_scales_ptr, scn, ssn, son, oss,
+                       HW_FP8: tl.constexpr):
+    """Program (a 128 x 128 block): its 16 checkpoint blocks' codes re-encoded under their
+    largest scale, and that scale as fp32."""
+    n = tl.program_id(0) * 128 + tl.arange(0, 128)
+    k = tl.program_id(1) * 128 + tl.arange(0, 128)
+    codes = tl.load(codes_ptr + n[:, None].to(tl.int64) * scn + k[None, :])
+    e = tl.load(scales_ptr + (n // 32)[:, None] * ssn + (k // 32)[None, :]).to(tl.int32)
+    top = tl.max(tl.max(e, axis=1), axis=0)
+    # times 2^(e - top) exactly (e - top + 127 >= 1 for any e >= 1); byte 0 (scale 0) stays 0
+    shift = tl.where(e > 0, pow2(tl.maximum(e - top + 127, 1)), 0.0)
+    code = _e4m3_codes(e4m3_to_float(codes, HW_FP8) * shift, HW_FP8)
+    tl.store(out_ptr + n[:, None].to(tl.int64) * son + k[None, :], code)
+    tl.store(out_scales_ptr + tl.program_id(0) * oss + tl.program_id(1), pow2(top))
+
+
+def fp8_weight_128(codes: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """An FP8 weight (e4m3 codes uint8 [N, K], e8m0 32 x 32 scales) -> (codes uint8 [N, K],
+    fp32 scales [N/128, K/128]) under 128 x 128 blocks."""
+    N, K = codes.shape
+    assert N % BLOCK == 0 and K % BLOCK == 0 and codes.stride(1) == 1 and scales.stride(1) == 1
+    out = torch.empty_like(codes)
+    out_scales = _weight_scales(1, N, K, codes.device)[0]
+    _fp8_weight_kernel[(N // BLOCK, K // BLOCK)](codes, scales, out, out_scales, codes.stride(0), scales.stride(0),
+                                                 out.stride(0), out_scales.stride(0), HW_FP8=not interpreting())
+    return out, out_scales
+
+
+@triton.jit
+def _fp4_weight_kernel(units_ptr, scales_ptr, out_ptr, out_scales_ptr, R, KU, sur, ssr, sor, oss, PTX: tl.constexpr):
+    """Program (128 rows of one expert, 32 quad units = 128 columns): e2m1 codes times 2^(e - top)
+    as e4m3 codes (top: the block's largest scale), and top as fp32. Columns 4c + t as
+    dequantize._fp4_quads_kernel places them."""
+    r = tl.program_id(0) * 128 + tl.arange(0, 128)
+    c = tl.program_id(1) * 32 + tl.arange(0, 32)
+    units = tl.load(units_ptr + r[:, None].to(tl.int64) * sur + c[None, :])
+    e = tl.load(scales_ptr + r[:, None].to(tl.int64) * ssr + (c // 8)[None, :]).to(tl.int32)
+    top = tl.max(tl.max(e, axis=1), axis=0)
+    # the values times 2^(e - top), exact in bf16 (0 for a scale byte of 0)
+    shifted = tl.where(e > 0, tl.maximum(e - top + 127, 1), 0)
+    t0, t1, t2, t3 = e2m1_quads(units, quad_scales(shifted, PTX, False), PTX, False)
+    quads = tl.join(tl.join(t0, t1), tl.join(t2, t3))
+    values = tl.reshape(tl.permute(quads, (0, 1, 3, 2)), (128, 128)).to(tl.float32)
+    cols = tl.program_id(1) * 128 + tl.arange(0, 128)
+    tl.store(out_ptr + r[:, None].to(tl.int64) * sor + cols[None, :], _e4m3_codes(values, PTX))
+    tl.store(out_scales_ptr + tl.program_id(0) * oss + tl.program_id(1), pow2(top))
+
+
+def _weight_scales(E: int, N: int, K: int, device: torch.device) -> torch.Tensor:
+    """fp32 [E, N/128, K/128] whose rows start every 4 scales (16 bytes), as cuBLAS reads 128 x 128 scales."""
+    blocks = K // BLOCK
+    return torch.empty(E, N // BLOCK, -(-blocks // 4) * 4, dtype=torch.float32, device=device)[:, :, :blocks]
+
+
+def fp4_weight_128(units: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Experts' quad units [E, R, K/4] (common.quad_units) with e8m0 1 x 32 scales [E, R, K/32]
+    -> (e4m3 codes uint8 [E, R, K], fp32 scales [E, R/128, K/128]) under 128 x 128 blocks."""
+    E, R, KU = units.shape
+    K = 4 * KU
+    assert R % BLOCK == 0 and K % BLOCK == 0 and units.dtype == torch.int16
+    units2, scales2 = units.reshape(E * R, KU), scales.reshape(E * R, KU // 8)
+    out = torch.empty(E, R, K, dtype=torch.uint8, device=units.device)
+    out_scales = _weight_scales(E, R, K, units.device)
+    _fp4_weight_kernel[(E * R // BLOCK, K // BLOCK)](
+        units2, scales2, out, out_scales, E * R, KU, units2.stride(0), scales2.stride(0), K, out_scales.stride(1),
+        PTX=not interpreting())
+    return out, out_scales
+
+
+def product(a: torch.Tensor, a_scales: torch.Tensor, w: torch.Tensor, w_scales: torch.Tensor,
+            out: torch.Tensor | None = None) -> torch.Tensor:
+    """e4m3 codes a [M, K] (1 x 128 scales [M, K/128], strides (1, M)) @ w [N, K] (128 x 128
+    scales [N/128, K/128])^T -> fp32 [M, N]: cuBLAS on the GPU; elsewhere (the CPU tests) the
+    fp32 product of the values the codes and scales stand for."""
+    if a.is_cuda:
+        if not _padded_rows_taken():  # the same memory, described as torch 2.11 asks for it
+            w_scales = torch.as_strided(w_scales, w_scales.shape, (w_scales.shape[1], 1))
+        operands = (a.view(torch.float8_e4m3fn), w.view(torch.float8_e4m3fn).t(), a_scales, w_scales.t())
+        if out is not None and out.is_contiguous():
+            return torch._scaled_mm(*operands, out_dtype=torch.float32, out=out)
+        result = torch._scaled_mm(*operands, out_dtype=torch.float32)
+        return result if out is None else out.copy_(result)
+    M, K = a.shape
+    N = w.shape[0]
+    av = (a.view(torch.float8_e4m3fn).float().view(M, K // BLOCK, BLOCK) * a_scales[:, :, None]).view(M, K)
+    wv = (w.view(torch.float8_e4m3fn).float().view(N // BLOCK, BLOCK, K // BLOCK, BLOCK)
+          * w_scales[:, None, :, None]).view(N, K)
+    return torch.matmul(av, wv.T, out=out)
+
+
+@functools.cache
+def _padded_rows_taken() -> bool:
+    """Whether this torch takes 128 x 128 scales as cuBLAS reads them, rows padded to 4 scales.
+    torch 2.11 asks for unpadded rows, then passes cuBLAS the pointer alone: with K/128 no
+    multiple of 4 its products read the wrong scales past the first row (H200, thirty-seventh
+    session: a 256 x 384 weight's second 128 columns of output were wrong); newer ones ask for
+    the padding."""
+    a = torch.zeros(16, 384, dtype=torch.float8_e4m3fn, device="cuda")
+    w = torch.zeros(256, 384, dtype=torch.float8_e4m3fn, device="cuda")  # two rows of scales: one is not checked
+    try:
+        torch._scaled_mm(a, w.t(), torch.ones(3, 16, device="cuda").t(), _weight_scales(1, 256, 384, "cuda")[0].fill_(1).t(),
+                         out_dtype=torch.float32)
+        return True
+    except RuntimeError:
+        return False

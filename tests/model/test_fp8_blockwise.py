@@ -1,0 +1,140 @@
+"""Faithful prefill's FP8 tensor-core operands (model/kernels/fp8_blockwise.py): activations and
+weights re-encoded under 128-wide scale blocks, against quant.py's references and the bounds
+the module states; on CPU under TRITON_INTERPRET=1 with the product in fp32, on the GPU through
+torch._scaled_mm and the prefill entry points that use it."""
+
+from __future__ import annotations
+
+import torch
+
+from dsflash.model import quant
+from dsflash.model.kernels import fp8_blockwise, prefill_gemms
+from dsflash.model.kernels.common import quad_units
+from dsflash.model.kernels.fp4_moe import fp4_moe_ref
+from dsflash.model.kernels.fp8_gemm import fp8_gemm_ref
+from dsflash.model.quant import dequantize_fp8_weight, fake_quant_fp8, quantize_fp8_weight
+from tests.model.test_kernels import DEVICE, _device_experts, _g, _moe_case
+
+
+def _on_grid(rows: int, k: int, seed: int) -> torch.Tensor:
+    """Faithful mode's GEMM input: bf16 rows on the 1 x 32 FP8 grid, each 32 columns at their own
+    magnitude (so that a 128-block's four scales differ)."""
+    g = _g(seed)
+    x = torch.randn(rows, k, generator=g) * torch.exp2(torch.randint(-6, 6, (k // 32,), generator=g).float()
+                                                      ).repeat_interleave(32)
+    return fake_quant_fp8(x).to(torch.bfloat16)
+
+
+def _values(codes: torch.Tensor) -> torch.Tensor:
+    return codes.view(torch.float8_e4m3fn).float()
+
+
+def test_rows_are_the_round_trips_codes_under_128_column_blocks():
+    """Codes and scales as quant.fp8_round_trip gives them with 128-column blocks, the rows padded
+    to ROW_ALIGN with zeros; groups' codes laid out a group at a time; each run's scales
+    together, as segment_scales reads them."""
+    x = _on_grid(12, 512, 1)
+    _, (ref_codes, ref_bytes) = quant.fp8_round_trip(x.float(), block=128)
+    ref_scales = torch.exp2(ref_bytes.float() - 127)  # [12, 4]
+    rows = fp8_blockwise.ROW_ALIGN
+    codes, scales = fp8_blockwise.rows_1x128(x.to(DEVICE))
+    assert codes.shape == (1, rows, 512) and torch.equal(codes[0, :12].cpu(), ref_codes) and not codes[0, 12:].any()
+    assert torch.equal(fp8_blockwise.segment_scales(scales, 4, 0, rows)[:12].cpu(), ref_scales)
+    codes, scales = fp8_blockwise.rows_1x128(x.to(DEVICE), groups=2)
+    assert torch.equal(codes[:, :12].cpu(), ref_codes.view(12, 2, 256).transpose(0, 1))
+    for g in range(2):
+        got = fp8_blockwise.segment_scales(scales, 2, 0, rows, 2 * g, 4)[:12].cpu()
+        assert torch.equal(got, ref_scales[:, 2 * g:2 * g + 2])
+    counts = [5, 0, 7]
+    codes, scales = fp8_blockwise.rows_1x128(x.to(DEVICE), counts=counts)
+    assert torch.equal(codes[0].cpu(), ref_codes)
+    for start, count in ((0, 5), (5, 7)):
+        got = fp8_blockwise.segment_scales(scales, 4, start, count)
+        assert got.stride() == (1, count) and torch.equal(got.cpu(), ref_scales[start:start + count])
+
+
+def test_fp8_weights_under_128_blocks_lose_only_bits_below_their_grid():
+    """Each 128 x 128 block under its largest 32 x 32 scale: a block whose scales are equal keeps
+    every value; elsewhere a value moves by at most half of 2^-9 times the block's scale."""
+    g = _g(2)
+    codes = torch.randint(0, 256, (256, 384), dtype=torch.uint8, generator=g)
+    codes[(codes & 0x7F) == 0x7F] = 0x11  # not NaN
+    scales = torch.randint(110, 130, (8, 12), dtype=torch.uint8, generator=g)
+    scales[:4, :4] = 120  # block (0, 0): one scale
+    w, w_scales = fp8_blockwise.fp8_weight_128(codes.to(DEVICE), scales.to(DEVICE))
+    w, w_scales = w.cpu(), w_scales.cpu()
+    ref = dequantize_fp8_weight(codes, scales)
+    assert torch.equal(w_scales, torch.exp2(scales.view(2, 4, 3, 4).amax((1, 3)).float() - 127))
+    got = (_values(w).view(2, 128, 3, 128) * w_scales[:, None, :, None]).view(256, 384)
+    assert torch.equal(got[:128, :128], ref[:128, :128])
+    bound = w_scales.repeat_interleave(128, 0).repeat_interleave(128, 1) * 2.0**-10
+    assert ((got - ref).abs() <= bound).all()
+    assert (got != ref).any()  # the spread scales did move some values
+
+
+def test_fp4_experts_under_128_blocks_are_exact_within_eight_binades():
+    """e2m1 codes (2 significant bits, 0.5 and up) shifted down by up to 8 binades stay on e4m3's grid."""
+    g = _g(3)
+    packed = torch.randint(0, 256, (2, 128, 128), dtype=torch.uint8, generator=g)
+    scales = torch.randint(118, 127, (2, 128, 8), dtype=torch.uint8, generator=g)
+    scales[1, :, 4:] = torch.randint(110, 118, (128, 4), dtype=torch.uint8, generator=g)  # a block of its own
+    w, w_scales = fp8_blockwise.fp4_weight_128(quad_units(packed).to(DEVICE), scales.to(DEVICE))
+    w, w_scales = w.cpu(), w_scales.cpu()
+    ref = torch.stack([quant.dequantize_fp4_weight(packed[e], scales[e]) for e in range(2)])
+    got = (_values(w).view(2, 1, 128, 2, 128) * w_scales[:, :, None, :, None]).view(2, 128, 256)
+    assert torch.equal(w_scales, torch.exp2(scales.view(2, 128, 2, 4).amax((1, 3)).float() - 127).view(2, 1, 2))
+    assert torch.equal(got, ref)
+
+
+def test_the_product_stays_within_the_regrids_rounding():
+    """rows_1x128 and fp8_weight_128 into product (torch._scaled_mm on the GPU, fp32 on the CPU)
+    against the exact product of the same FP8-grid values: what moved is the regrids' rounding
+    and, on the GPU, the FP8 MMAs' sums."""
+    x = _on_grid(40, 384, 4)
+    codes, scales = quantize_fp8_weight(torch.randn(256, 384, generator=_g(5)))
+    a, a_scales = fp8_blockwise.rows_1x128(x.to(DEVICE))
+    w, w_scales = fp8_blockwise.fp8_weight_128(codes.to(DEVICE), scales.to(DEVICE))
+    got = fp8_blockwise.product(a[0], fp8_blockwise.segment_scales(a_scales, 3, 0, 48), w, w_scales)[:40].cpu()
+    ref = fp8_gemm_ref(x, codes, scales)
+    assert (got - ref).abs().max() < 1e-3 * ref.abs().max()
+
+
+def _switch(monkeypatch, on: bool) -> None:
+    monkeypatch.setattr(prefill_gemms, "FP8_TENSOR_CORES", on)
+    if DEVICE == "cpu":  # the FP8 path with its products in fp32 (product's CPU form)
+        monkeypatch.setattr(fp8_blockwise, "fits", lambda x, n, k: x.dtype == torch.bfloat16 and n % 128 == 0
+                            and k % 128 == 0)
+
+
+def test_prefill_products_on_the_fp8_tensor_cores_match_the_exact_ones(monkeypatch):
+    """The prefill entry points with bf16 (faithful) input, FP8 tensor cores against the exact
+    bf16 path: fp8_product (K of 10 and 40 blocks, rows no multiple of ROW_ALIGN),
+    grouped_fp8_product, fp4_experts with both projections (one expert's run 3 rows long among
+    runs of dozens or hundreds); exact mode's fp32 rows keep the exact path. On a GPU at a
+    prefill chunk's rows through cuBLAS, on CPU at a few rows (the products in fp32)."""
+    rows = prefill_gemms.ROWS + 67 if DEVICE == "cuda" else 37
+    for n, k in ((512, 1280), (256, 5120)):
+        x = _on_grid(rows, k, 6).to(DEVICE)
+        codes, scales = [t.to(DEVICE) for t in quantize_fp8_weight(torch.randn(n, k, generator=_g(7)))]
+        _switch(monkeypatch, False)
+        ref = prefill_gemms.fp8_product(x, codes, scales)
+        _switch(monkeypatch, True)
+        got = prefill_gemms.fp8_product(x, codes, scales)
+        assert got.shape == ref.shape and (got - ref).abs().max() < 1e-3 * ref.abs().max(), (n, k)
+        assert not fp8_blockwise.fits(x.float(), n, k)  # exact mode's fp32 rows keep the exact products
+    x = _on_grid(rows, 4 * 256, 8).to(DEVICE)
+    codes, scales = [t.to(DEVICE) for t in quantize_fp8_weight(torch.randn(4 * 128, 256, generator=_g(9)))]
+    _switch(monkeypatch, False)
+    ref = prefill_gemms.grouped_fp8_product(x, codes, scales, 4)
+    _switch(monkeypatch, True)
+    got = prefill_gemms.grouped_fp8_product(x, codes, scales, 4)
+    assert got.shape == ref.shape and (got - ref).abs().max() < 1e-3 * ref.abs().max()
+    # six experts: five share the tokens, the sixth takes 3 (a short run among long ones)
+    stack, xe, _, weights = _moe_case(_g(10), rows, E=6, H=256, inter=128, k=3)
+    idx = torch.stack([torch.randperm(5, generator=_g(11 + t))[:3] for t in range(rows)])
+    idx[:3, 0] = 5
+    xe = fake_quant_fp8(xe).to(torch.bfloat16)
+    ref = fp4_moe_ref(xe, idx, weights, *stack, 0.7, act_quant=True)
+    got = prefill_gemms.fp4_experts(xe.to(DEVICE), idx.to(DEVICE), weights.to(DEVICE), *_device_experts(stack), 0.7,
+                                    act_quant=True).cpu()
+    assert (got - ref).abs().max() < 2e-2 * ref.abs().max()
