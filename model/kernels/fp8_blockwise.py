@@ -26,6 +26,7 @@ this module's encodes 66 ms, the rows' 45 of it at 4.5x their bytes' time); a 32
 from __future__ import annotations
 
 import functools
+import logging
 
 import torch
 import triton
@@ -33,6 +34,8 @@ import triton.language as tl
 
 from .common import e2m1_quads, e4m3_to_float, interpreting, pow2, quad_scales
 from .quantize import e4m3_rne, fp8_blocks
+
+log = logging.getLogger(__name__)
 
 BLOCK = 128  # cuBLAS's scale blocks on Hopper
 _ROW_BLOCKS = 8  # activation blocks per program
@@ -43,8 +46,10 @@ ROW_ALIGN = 16
 
 def fits(x: torch.Tensor, n: int, k: int) -> bool:
     """Whether a product of x [M, k] (faithful mode's bf16 rows on the FP8 grid) and an [n, k]
-    weight runs here: on the GPU, both sides whole 128-blocks."""
-    return x.is_cuda and not interpreting() and x.dtype == torch.bfloat16 and n % BLOCK == 0 and k % BLOCK == 0
+    weight runs here: on a GPU where the block-scaled FP8 product runs right (_runs_right),
+    both sides whole 128-blocks."""
+    return (x.is_cuda and not interpreting() and x.dtype == torch.bfloat16 and n % BLOCK == 0 and k % BLOCK == 0
+            and _runs_right(x.device.index if x.device.index is not None else torch.cuda.current_device()))
 
 
 @triton.jit
@@ -224,3 +229,33 @@ def _padded_rows_taken() -> bool:
         return True
     except RuntimeError:
         return False
+
+
+@functools.cache
+def _runs_right(device: int) -> bool:
+    """Whether this GPU and torch give the block-scaled FP8 product its values, checked once on
+    a small product (three 128-column blocks, so the weight scales' row padding counts) against
+    the same codes' fp32 product on the CPU. Where not (no FP8 tensor cores before sm_89, a
+    torch without these scale forms, or one that lays them out otherwise) the products keep the
+    bf16 path: slower, not wrong."""
+    try:
+        if torch.cuda.get_device_capability(device) < (8, 9):
+            return False
+        with torch.cuda.device(device):
+            g = torch.Generator().manual_seed(0)
+            x = torch.randn(24, 384, generator=g).to(torch.bfloat16).cuda()
+            codes = torch.randint(0, 126, (256, 384), dtype=torch.uint8, generator=g)  # positive, no NaN
+            codes |= torch.randint(0, 2, codes.shape, dtype=torch.uint8, generator=g) << 7
+            scales = torch.randint(118, 127, (8, 12), dtype=torch.uint8, generator=g)
+            a, a_scales = rows_1x128(x)
+            w, w_scales = fp8_weight_128(codes.cuda(), scales.cuda())
+            a_scales = segment_scales(a_scales, 3, 0, a.shape[1])
+            got = product(a[0], a_scales, w, w_scales).cpu()
+            ref = product(a[0].cpu(), a_scales.cpu(), w.cpu(), w_scales.cpu())
+            right = bool((got - ref).abs().max() <= 1e-3 * ref.abs().max())
+    except Exception as error:  # (whatever torch, cuBLAS or Triton raise here, the answer is no)
+        log.warning("FP8 block-scaled products unavailable on cuda:%d (%s): prefill keeps bf16 products", device, error)
+        return False
+    if not right:
+        log.warning("FP8 block-scaled products on cuda:%d gave wrong values: prefill keeps bf16 products", device)
+    return right

@@ -119,6 +119,8 @@ def test_prefill_products_on_the_fp8_tensor_cores_match_the_exact_ones(monkeypat
         _switch(monkeypatch, False)
         ref = prefill_gemms.fp8_product(x, codes, scales)
         _switch(monkeypatch, True)
+        if DEVICE == "cuda" and torch.cuda.get_device_capability() >= (9, 0):
+            assert fp8_blockwise.fits(x, n, k)  # Hopper: the FP8 path runs (its check at first use passed)
         got = prefill_gemms.fp8_product(x, codes, scales)
         assert got.shape == ref.shape and (got - ref).abs().max() < 1e-3 * ref.abs().max(), (n, k)
         assert not fp8_blockwise.fits(x.float(), n, k)  # exact mode's fp32 rows keep the exact products
@@ -138,3 +140,34 @@ def test_prefill_products_on_the_fp8_tensor_cores_match_the_exact_ones(monkeypat
     got = prefill_gemms.fp4_experts(xe.to(DEVICE), idx.to(DEVICE), weights.to(DEVICE), *_device_experts(stack), 0.7,
                                     act_quant=True).cpu()
     assert (got - ref).abs().max() < 2e-2 * ref.abs().max()
+
+
+def test_the_check_at_first_use_holds_the_product_to_its_values(monkeypatch):
+    """_runs_right (fits asks it once a GPU) compares a small product with the same codes' fp32
+    product and says no where they differ or the product raises: those GPUs keep the bf16 path.
+    Run here with the GPU calls turned into CPU ones, the first product standing for cuBLAS's."""
+    import contextlib
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
+    monkeypatch.setattr(torch.Tensor, "cuda", lambda self, *args, **kwargs: self)
+    check = fp8_blockwise._runs_right.__wrapped__
+    assert check(0)
+    product = fp8_blockwise.product
+    calls = []
+
+    def off_on_the_gpu(*args, **kwargs):
+        calls.append(1)
+        out = product(*args, **kwargs)
+        return out * 1.01 if len(calls) == 1 else out
+
+    monkeypatch.setattr(fp8_blockwise, "product", off_on_the_gpu)
+    assert not check(0)
+
+    def raising(*args, **kwargs):
+        raise RuntimeError("CUBLAS_STATUS_NOT_SUPPORTED")
+
+    monkeypatch.setattr(fp8_blockwise, "product", raising)
+    assert not check(0)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+    assert not check(0)  # no FP8 tensor cores
