@@ -5,6 +5,7 @@ torch._scaled_mm and the prefill entry points that use it."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from dsflash.model import quant
@@ -171,3 +172,23 @@ def test_the_check_at_first_use_holds_the_product_to_its_values(monkeypatch):
     assert not check(0)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
     assert not check(0)  # no FP8 tensor cores
+
+
+@pytest.mark.gpu
+def test_a_faithful_prefill_chunk_on_the_fp8_tensor_cores_keeps_its_logits(tmp_path, monkeypatch):
+    """The small preset (its widths multiples of 128: every FP8 and FP4 product of a chunk takes
+    the FP8 path) in faithful mode, a prompt of a prefill chunk's size, its last logits with the
+    FP8 tensor cores and with the bf16 path: within 5e-2 of the largest logit (the faithful
+    cuBLAS-against-kernels bound of test_prefill_gemms), and the FP8 path's next token one whose
+    bf16-path logit is within twice that distance of the best (a near-tie if not the same)."""
+    from dsflash.model.checkpoint_writer import write_checkpoint
+    from tests.model.test_prefill_gemms import _logits_both_ways
+
+    write_checkpoint(tmp_path, "small")
+    prompt = torch.randint(3, 6000, (prefill_gemms.ROWS + 100,), generator=_g(12))
+    logits = _logits_both_ways(tmp_path, True, prompt,
+                               lambda on: monkeypatch.setattr(prefill_gemms, "FP8_TENSOR_CORES", on), "last")
+    got, ref = logits[True].flatten(), logits[False].flatten()
+    distance = (got - ref).abs().max()
+    assert distance < 5e-2 * ref.abs().max(), f"{distance / ref.abs().max():.3g} of the largest logit"
+    assert ref[got.argmax()] >= ref.max() - 2 * distance
