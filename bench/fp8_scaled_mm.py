@@ -30,8 +30,7 @@ def products(name: str, rows: int, n: int, k: int) -> None:
     a_scales = fp8_blockwise.segment_scales(a_scales, k // 128, 0, a.shape[1])
     w, w_scales = fp8_blockwise.fp8_weight_128(codes, scales)
     flops = 2 * rows * n * k
-    wb = (w.view(torch.float8_e4m3fn).float().view(n // 128, 128, k // 128, 128)
-          * w_scales[:, None, :, None]).view(n, k).to(torch.bfloat16)
+    wb = fp8_blockwise.weight_values(w, w_scales).to(torch.bfloat16)
     t = h200.cuda_time(lambda: torch.mm(x, wb.T, out_dtype=torch.float32), iters=10)
     h200.record(name, "bf16_mm", {"us": t * 1e6, "TFLOPs": flops / t / 1e12, "ratio_to_bf16": t / (flops / h200.BF16_FLOPS)})
     t = h200.cuda_time(lambda: fp8_blockwise.product(a[0], a_scales, w, w_scales), iters=10)

@@ -153,7 +153,7 @@ def fp8_weight_128(codes: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Ten
 
 
 @triton.jit
-def _fp4_weight_kernel(units_ptr, scales_ptr, out_ptr, out_scales_ptr, R, KU, sur, ssr, sor, oss, PTX: tl.constexpr):
+def _fp4_weight_kernel(units_ptr, scales_ptr, out_ptr, out_scales_ptr, sur, ssr, sor, oss, PTX: tl.constexpr):
     """Program (128 rows of one expert, 32 quad units = 128 columns): e2m1 codes times 2^(e - top)
     as e4m3 codes (top: the block's largest scale), and top as fp32. Columns 4c + t as
     dequantize._fp4_quads_kernel places them."""
@@ -188,7 +188,7 @@ def fp4_weight_128(units: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Ten
     out = torch.empty(E, R, K, dtype=torch.uint8, device=units.device)
     out_scales = _weight_scales(E, R, K, units.device)
     _fp4_weight_kernel[(E * R // BLOCK, K // BLOCK)](
-        units2, scales2, out, out_scales, E * R, KU, units2.stride(0), scales2.stride(0), K, out_scales.stride(1),
+        units2, scales2, out, out_scales, units2.stride(0), scales2.stride(0), K, out_scales.stride(1),
         PTX=not interpreting())
     return out, out_scales
 
@@ -207,11 +207,15 @@ def product(a: torch.Tensor, a_scales: torch.Tensor, w: torch.Tensor, w_scales: 
         result = torch._scaled_mm(*operands, out_dtype=torch.float32)
         return result if out is None else out.copy_(result)
     M, K = a.shape
-    N = w.shape[0]
     av = (a.view(torch.float8_e4m3fn).float().view(M, K // BLOCK, BLOCK) * a_scales[:, :, None]).view(M, K)
-    wv = (w.view(torch.float8_e4m3fn).float().view(N // BLOCK, BLOCK, K // BLOCK, BLOCK)
-          * w_scales[:, None, :, None]).view(N, K)
-    return torch.matmul(av, wv.T, out=out)
+    return torch.matmul(av, weight_values(w, w_scales).T, out=out)
+
+
+def weight_values(w: torch.Tensor, w_scales: torch.Tensor) -> torch.Tensor:
+    """e4m3 codes [..., N, K] under 128 x 128 scales [..., N/128, K/128] -> the fp32 values they stand for."""
+    *lead, N, K = w.shape
+    values = w.view(torch.float8_e4m3fn).float().view(*lead, N // BLOCK, BLOCK, K // BLOCK, BLOCK)
+    return (values * w_scales[..., :, None, :, None]).view(*lead, N, K)
 
 
 @functools.cache

@@ -26,10 +26,6 @@ def _on_grid(rows: int, k: int, seed: int) -> torch.Tensor:
     return fake_quant_fp8(x).to(torch.bfloat16)
 
 
-def _values(codes: torch.Tensor) -> torch.Tensor:
-    return codes.view(torch.float8_e4m3fn).float()
-
-
 def test_rows_are_the_round_trips_codes_under_128_column_blocks():
     """Codes and scales as quant.fp8_round_trip gives them with 128-column blocks, the rows padded
     to ROW_ALIGN with zeros; groups' codes laid out a group at a time; each run's scales
@@ -66,7 +62,7 @@ def test_fp8_weights_under_128_blocks_lose_only_bits_below_their_grid():
     w, w_scales = w.cpu(), w_scales.cpu()
     ref = dequantize_fp8_weight(codes, scales)
     assert torch.equal(w_scales, torch.exp2(scales.view(2, 4, 3, 4).amax((1, 3)).float() - 127))
-    got = (_values(w).view(2, 128, 3, 128) * w_scales[:, None, :, None]).view(256, 384)
+    got = fp8_blockwise.weight_values(w, w_scales)
     assert torch.equal(got[:128, :128], ref[:128, :128])
     bound = w_scales.repeat_interleave(128, 0).repeat_interleave(128, 1) * 2.0**-10
     assert ((got - ref).abs() <= bound).all()
@@ -82,7 +78,7 @@ def test_fp4_experts_under_128_blocks_are_exact_within_eight_binades():
     w, w_scales = fp8_blockwise.fp4_weight_128(quad_units(packed).to(DEVICE), scales.to(DEVICE))
     w, w_scales = w.cpu(), w_scales.cpu()
     ref = torch.stack([quant.dequantize_fp4_weight(packed[e], scales[e]) for e in range(2)])
-    got = (_values(w).view(2, 1, 128, 2, 128) * w_scales[:, :, None, :, None]).view(2, 128, 256)
+    got = fp8_blockwise.weight_values(w, w_scales)
     assert torch.equal(w_scales, torch.exp2(scales.view(2, 128, 2, 4).amax((1, 3)).float() - 127).view(2, 1, 2))
     assert torch.equal(got, ref)
 
