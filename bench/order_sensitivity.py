@@ -3,13 +3,16 @@
 Two product paths (cuBLAS and our kernels, say) sum the same exact products in different
 orders, so their logits can agree only as closely as that reordering allows. Discrete choices
 amplify it: the router's and the indexer's top-k, and in faithful mode every FP8 rounding of a
-GEMM input, where a last-bit change moves a value by a whole FP8 step. This runs the tiny
-golden checkpoint's reference path (CPU, plain torch) on a random prompt twice, the second time
-with every linear product summed in float64 and rounded once, and prints the largest logit
-change against the largest logit, in exact and faithful mode: the floor under any test that
-compares two product paths end to end.
+GEMM input, where a last-bit change moves a value by a whole FP8 step. This runs a checkpoint's
+reference path (CPU, plain torch; the tiny golden one by default) on a random prompt twice, the
+second time with every linear product summed in float64 and rounded once, and prints the
+largest logit change against the largest logit, in exact and faithful mode: the floor under
+any test that compares two product paths end to end. With --fp8-blocks, faithful mode also
+runs with the FP8 tensor cores' operands emulated (fp8_blockwise: inputs re-rounded under
+1 x 128 scale blocks, FP8 and FP4 weights under 128 x 128): how far that path's rounding
+alone moves the same logits.
 
-    python bench/order_sensitivity.py [--tokens 1124] [--checkpoint ../shared/golden/v41-tiny-a]
+    python bench/order_sensitivity.py [--tokens 1124] [--checkpoint ../shared/golden/v41-tiny-a] [--fp8-blocks]
 """
 from __future__ import annotations
 
@@ -24,8 +27,10 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 from dsflash.kvcache.layout import CacheLayout  # noqa: E402
 from dsflash.kvcache.paged import PagedCache  # noqa: E402
 from dsflash.kvcache.pool import CachePool, plain_allocator  # noqa: E402
+from dsflash.model import quant  # noqa: E402
 from dsflash.model.deepseek_v41 import DeepseekV41  # noqa: E402
 from dsflash.model.runner import step  # noqa: E402
+from dsflash.model.weights import Fp4Weight, Fp8Weight  # noqa: E402
 
 
 def float64_sums(ops) -> None:
@@ -37,10 +42,40 @@ def float64_sums(ops) -> None:
     ops.linear = linear
 
 
-def last_logits(checkpoint: pathlib.Path, prompt: torch.Tensor, act_quant: bool, reordered: bool) -> torch.Tensor:
+def _scale_of_each_value(weight) -> torch.Tensor | None:
+    """A packed weight's scale for each of its values (fp32 [N, K]), or None for a bf16 one."""
+    if isinstance(weight, Fp8Weight):
+        return quant._expand_blocks(quant.e8m0_to_float(weight.scale), weight.shape, weight.block)
+    if isinstance(weight, Fp4Weight):
+        return quant.e8m0_to_float(weight.scale).repeat_interleave(32, 1)
+    return None
+
+
+def fp8_blocks(ops) -> None:
+    """ops as faithful prefill's FP8 tensor cores round (model/kernels/fp8_blockwise.py): each
+    GEMM input, once on its 1 x 32 FP8 grid, re-rounded under 1 x 128 blocks; each packed weight
+    whose sides are whole 128-blocks re-rounded under the largest scale of each 128 x 128 block."""
+    for name in ops.weights.names():
+        scale = _scale_of_each_value(ops.weights[name])
+        if scale is None or scale.shape[0] % 128 or scale.shape[1] % 128:
+            continue
+        N, K = scale.shape
+        top = scale.view(N // 128, 128, K // 128, 128).amax(dim=(1, 3), keepdim=True).expand(-1, 128, -1, 128)
+        top = top.reshape(N, K)
+        ops._dense[name] = quant.e4m3_decode(quant.e4m3_encode(ops.w(name) / top)) * top
+    gemm_input = ops.gemm_input
+
+    def blocked(x: torch.Tensor) -> torch.Tensor:
+        x = gemm_input(x)
+        return quant.fake_quant_fp8(x, 128) if x.shape[-1] % 128 == 0 else x
+    ops.gemm_input = blocked
+
+
+def last_logits(checkpoint: pathlib.Path, prompt: torch.Tensor, act_quant: bool, variant=None) -> torch.Tensor:
+    """The reference path's last logits of prompt, its ops changed by variant (float64_sums, fp8_blocks)."""
     model = DeepseekV41.from_checkpoint(checkpoint, device="cpu", act_quant=act_quant)
-    if reordered:
-        float64_sums(model.ops)
+    if variant is not None:
+        variant(model.ops)
     pool = CachePool(CacheLayout.for_model(model.config, page_entries=64), 400, 2, plain_allocator("cpu"))
     cache = PagedCache(pool, model.config)
     with torch.inference_mode():
@@ -53,17 +88,21 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=1124, help="the GPU test's prompt: a chunk and 100")
     parser.add_argument("--checkpoint", type=pathlib.Path, default=default)
     parser.add_argument("--seed", type=int, default=8)
+    parser.add_argument("--fp8-blocks", action="store_true", help="faithful mode with the FP8 tensor cores' rounding too")
     args = parser.parse_args()
     model = DeepseekV41.from_checkpoint(args.checkpoint, device="cpu")
     generator = torch.Generator().manual_seed(args.seed)
     prompt = torch.randint(3, model.config.vocab_size, (args.tokens,), generator=generator)
-    for act_quant in (False, True):
-        a = last_logits(args.checkpoint, prompt, act_quant, False)
-        b = last_logits(args.checkpoint, prompt, act_quant, True)
+    runs = [(False, float64_sums), (True, float64_sums)] + [(True, fp8_blocks)] * args.fp8_blocks
+    base = {}
+    for act_quant, variant in runs:
+        if act_quant not in base:
+            base[act_quant] = last_logits(args.checkpoint, prompt, act_quant)
+        a, b = base[act_quant], last_logits(args.checkpoint, prompt, act_quant, variant)
         change = (a - b).abs().max().item()
-        print(f"[order] {'faithful' if act_quant else 'exact'}, {args.tokens} tokens: largest logit change "
-              f"{change:.4g} of largest logit {a.abs().max().item():.4g} ({change / a.abs().max().item():.2e}), "
-              f"same argmax {a.argmax().item() == b.argmax().item()}", flush=True)
+        print(f"[{'order' if variant is float64_sums else 'fp8_blocks'}] {'faithful' if act_quant else 'exact'}, "
+              f"{args.tokens} tokens: largest logit change {change:.4g} of largest logit {a.abs().max().item():.4g} "
+              f"({change / a.abs().max().item():.2e}), same argmax {a.argmax().item() == b.argmax().item()}", flush=True)
 
 
 if __name__ == "__main__":

@@ -142,12 +142,16 @@ def test_prefill_products_on_the_fp8_tensor_cores_match_the_exact_ones(monkeypat
 def test_the_check_at_first_use_holds_the_product_to_its_values(monkeypatch):
     """_runs_right (fits asks it once a GPU) compares a small product with the same codes' fp32
     product and says no where they differ or the product raises: those GPUs keep the bf16 path.
-    Run here with the GPU calls turned into CPU ones, the first product standing for cuBLAS's."""
+    On a GPU the check itself runs there; on CPU its GPU calls are turned into CPU ones, the
+    first product standing for cuBLAS's."""
     import contextlib
 
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
-    monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
-    monkeypatch.setattr(torch.Tensor, "cuda", lambda self, *args, **kwargs: self)
+    if DEVICE == "cpu":
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+        monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
+        monkeypatch.setattr(torch.Tensor, "cuda", lambda self, *args, **kwargs: self)
+    elif torch.cuda.get_device_capability(0) < (8, 9):
+        pytest.skip("no FP8 tensor cores on this GPU (before sm_89)")
     check = fp8_blockwise._runs_right.__wrapped__
     assert check(0)
     product = fp8_blockwise.product
@@ -170,21 +174,53 @@ def test_the_check_at_first_use_holds_the_product_to_its_values(monkeypatch):
     assert not check(0)  # no FP8 tensor cores
 
 
+def _both_ways(entry, shares: list, took: list, encodes: list):
+    """A prefill_gemms entry point that computes its product on the FP8 tensor cores and on the
+    bf16 path, records the distance (share of the largest output) and whether the first call
+    reached the FP8 product, and returns the FP8 path's result."""
+    def run(*args, **kwargs):
+        before = len(encodes)
+        got = entry(*args, **kwargs)
+        took.append(len(encodes) > before)
+        prefill_gemms.FP8_TENSOR_CORES = False
+        try:
+            ref = entry(*args, **kwargs)
+        finally:
+            prefill_gemms.FP8_TENSOR_CORES = True
+        shares.append(((got - ref).abs().max() / ref.abs().max()).item())
+        return got
+    return run
+
+
 @pytest.mark.gpu
-def test_a_faithful_prefill_chunk_on_the_fp8_tensor_cores_keeps_its_logits(tmp_path, monkeypatch):
-    """The small preset (its widths multiples of 128: every FP8 and FP4 product of a chunk takes
-    the FP8 path) in faithful mode, a prompt of a prefill chunk's size, its last logits with the
-    FP8 tensor cores and with the bf16 path: within 5e-2 of the largest logit (the faithful
-    cuBLAS-against-kernels bound of test_prefill_gemms), and the FP8 path's next token one whose
-    bf16-path logit is within twice that distance of the best (a near-tie if not the same)."""
+def test_every_product_of_a_faithful_chunk_on_the_fp8_tensor_cores_keeps_its_bound(tmp_path, monkeypatch):
+    """The small preset (its widths multiples of 128: every FP8 and FP4 product takes the FP8
+    path) prefilling a chunk in faithful mode: each product it makes, on the inputs it meets
+    there, on the FP8 tensor cores against the bf16 path's exact one, within the bounds of
+    test_prefill_products_on_the_fp8_tensor_cores_match_the_exact_ones. The chunk's logits
+    cannot bound this: on random weights the small preset's faithful prefill is chaotic (every
+    FP8 rounding of a GEMM input turns a last-bit change into a whole FP8 step): on the CPU
+    reference path, float64 sums move its last logits by 0.31 of the largest (0.41 in exact
+    mode), the 128-blocks' rounding emulated by 0.20 (bench/order_sensitivity.py --fp8-blocks),
+    and the H200 measured 0.49 between the two paths (thirty-eighth session). On the CPU each
+    product of a 64-token chunk stayed within 3.5e-6 of the bf16 path's."""
     from dsflash.model.checkpoint_writer import write_checkpoint
-    from tests.model.test_prefill_gemms import _logits_both_ways
+    from tests.model.test_prefill_gemms import kernel_path_prefill
 
     write_checkpoint(tmp_path, "small")
+    monkeypatch.setattr(prefill_gemms, "EXPERT_PAIRS", 1)  # 1,124 tokens' 281 pairs an expert too
+    monkeypatch.setattr(prefill_gemms, "FP8_TENSOR_CORES", True)
+    encodes = []
+    product = fp8_blockwise.product
+    monkeypatch.setattr(fp8_blockwise, "product", lambda *args, **kwargs: encodes.append(1) or product(*args, **kwargs))
+    bounds = {"fp8_product": 1e-3, "grouped_fp8_product": 1e-3, "fp4_experts": 2e-2}
+    shares = {name: [] for name in bounds}
+    took = {name: [] for name in bounds}
+    for name in bounds:
+        monkeypatch.setattr(prefill_gemms, name, _both_ways(getattr(prefill_gemms, name), shares[name], took[name],
+                                                            encodes))
     prompt = torch.randint(3, 6000, (prefill_gemms.ROWS + 100,), generator=_g(12))
-    logits = _logits_both_ways(tmp_path, True, prompt,
-                               lambda on: monkeypatch.setattr(prefill_gemms, "FP8_TENSOR_CORES", on), "last")
-    got, ref = logits[True].flatten(), logits[False].flatten()
-    distance = (got - ref).abs().max()
-    assert distance < 5e-2 * ref.abs().max(), f"{distance / ref.abs().max():.3g} of the largest logit"
-    assert ref[got.argmax()] >= ref.max() - 2 * distance
+    kernel_path_prefill(tmp_path, True)(prompt, "last")
+    for name, bound in bounds.items():
+        assert took[name] and all(took[name]), (name, took[name])
+        assert max(shares[name]) < bound, (name, max(shares[name]))

@@ -150,9 +150,9 @@ def test_prefill_sized_gemms_take_cublas_and_match_the_references():
     assert (got - ref).abs().max() < 1e-5 * ref.abs().max()
 
 
-def _logits_both_ways(golden_dir, act_quant: bool, prompt: torch.Tensor, send, which: str) -> dict:
-    """The tiny checkpoint's kernel-path prefill of `prompt` (logits `which`), with send(True)
-    routing its products through prefill_gemms and send(False) keeping them on the kernels."""
+def kernel_path_prefill(checkpoint_dir, act_quant: bool):
+    """A checkpoint on the kernel path (TritonOps) -> prefill(prompt, which), which gives a fresh
+    cache's logits `which` of prompt (returned on the CPU)."""
     from dsflash.kvcache.layout import CacheLayout
     from dsflash.kvcache.paged import PagedCache
     from dsflash.kvcache.pool import CachePool, plain_allocator
@@ -160,16 +160,27 @@ def _logits_both_ways(golden_dir, act_quant: bool, prompt: torch.Tensor, send, w
     from dsflash.model.fast_ops import TritonOps
     from dsflash.model.runner import step
 
-    model = DeepseekV41.from_checkpoint(golden_dir, device=DEVICE)
+    model = DeepseekV41.from_checkpoint(checkpoint_dir, device=DEVICE)
     model.ops = TritonOps(model.ops.weights, act_quant=act_quant, device=DEVICE)
     pool = CachePool(CacheLayout.for_model(model.config, page_entries=64), 400, 2, plain_allocator(DEVICE))
+
+    def prefill(prompt: torch.Tensor, which: str) -> torch.Tensor:
+        cache = PagedCache(pool, model.config)
+        with torch.inference_mode():
+            logits = step(model, [cache], [prompt], logits=which).logits[0].float().cpu()
+        cache.release()
+        return logits
+    return prefill
+
+
+def _logits_both_ways(golden_dir, act_quant: bool, prompt: torch.Tensor, send, which: str) -> dict:
+    """The tiny checkpoint's kernel-path prefill of `prompt` (logits `which`), with send(True)
+    routing its products through prefill_gemms and send(False) keeping them on the kernels."""
+    prefill = kernel_path_prefill(golden_dir, act_quant)
     logits = {}
     for on in (True, False):
         send(on)
-        cache = PagedCache(pool, model.config)
-        with torch.inference_mode():
-            logits[on] = step(model, [cache], [prompt], logits=which).logits[0].float().cpu()
-        cache.release()
+        logits[on] = prefill(prompt, which)
     return logits
 
 
