@@ -202,7 +202,7 @@ def product(a: torch.Tensor, a_scales: torch.Tensor, w: torch.Tensor, w_scales: 
         if not _padded_rows_taken():  # the same memory, described as torch 2.11 asks for it
             w_scales = torch.as_strided(w_scales, w_scales.shape, (w_scales.shape[1], 1))
         operands = (a.view(torch.float8_e4m3fn), w.view(torch.float8_e4m3fn).t(), a_scales, w_scales.t())
-        if out is not None and out.is_contiguous():
+        if out is not None and (out.is_contiguous() or (out.stride(1) == 1 and _writes_column_slices())):
             return torch._scaled_mm(*operands, out_dtype=torch.float32, out=out)
         result = torch._scaled_mm(*operands, out_dtype=torch.float32)
         return result if out is None else out.copy_(result)
@@ -233,6 +233,21 @@ def _padded_rows_taken() -> bool:
         return True
     except RuntimeError:
         return False
+
+
+@functools.cache
+def _writes_column_slices() -> bool:
+    """Whether this torch's _scaled_mm writes into columns of a wider output (its row stride
+    passed to cuBLAS as the leading dimension), as torch 2.11 does on the H200 (thirty-eighth
+    session): wo_a's groups then go straight to their columns, not through a copy each."""
+    ones = torch.full((128, 128), 0x38, dtype=torch.uint8, device="cuda").view(torch.float8_e4m3fn)  # 1.0
+    y = torch.full((16, 384), float("nan"), device="cuda")
+    try:
+        torch._scaled_mm(ones[:16], ones.t(), torch.ones(1, 16, device="cuda").t(), torch.ones(1, 1, device="cuda"),
+                         out_dtype=torch.float32, out=y[:, 128:256])
+    except RuntimeError:
+        return False
+    return bool((y[:, 128:256] == 128).all() and y[:, :128].isnan().all() and y[:, 256:].isnan().all())
 
 
 @functools.cache
