@@ -50,7 +50,8 @@ def main() -> None:
     engine, _ = h200.warm_engine(argparse.Namespace(**dict(vars(args), steps=args.first)))
     if args.indexer_warm_up:
         from dsflash.model.layers import indexer
-        indexer.warm_up(engine.model.device, engine.model.config, engine.pool.layout)
+        indexer.warm_up(engine.model.device, engine.model.config, engine.pool.layout,
+                        faithful=engine.model.ops.act_quant)
     step = [4 + args.first]  # warm_engine ran 4 steps, then `first` timed ones
     compiles, slow, lines = 0, 0, []
 

@@ -740,7 +740,7 @@ def prefill(model, lengths, label: str = "prefill", warm_first: bool = True, chu
             from dsflash.model.layers import indexer
 
             began = time.perf_counter()
-            indexer.warm_up(torch.device(DEV), config, layout)
+            indexer.warm_up(torch.device(DEV), config, layout, faithful=model.ops.act_quant)
             sync()
             record(label, f"T{n}_indexer_warm_up", {"seconds": time.perf_counter() - began})
         pool = CachePool(layout, layout.pages_for(max(n, warm)) + 8, 2, plain_allocator(DEV))

@@ -56,6 +56,11 @@ class Kernel(NamedTuple):
     sample: dict | None = None
 
 
+def _query_type(options: dict) -> str:
+    """The indexer's queries: e4m3 codes in faithful prefill's FP8 form, else bf16."""
+    return "fp8e4nv" if options.get("FP8") else "bf16"
+
+
 _EXPERT_POINTERS = {"x_ptr": "*bf16", "h_ptr": "*bf16", "tok_ptr": "*i32", "pair_ptr": "*i32", "wt_ptr": "*fp32",
                     "blk_ptr": "*i32", "w_ptr": "*i16", "s_ptr": "*u8", "o_ptr": "*fp32", "limit": "fp32"}
 _EXPERT_DEFAULTS = dict(SPLITS=3, SLOTS=4, PIECES=4, PTX=True, SMALL=True, VECTORS=True, SCALE_WORDS=False, PDL=True,
@@ -114,12 +119,14 @@ KERNELS = {
     # the indexer's scores in prefill's tall tiles, FP4-quantized queries in one bf16 pass
     "indexer": Kernel(
         indexer_score._indexer_kernel,
-        {"q_ptr": lambda o: f"tensordesc<bf16[{o['QB']},{o['DI']}]>" if o["TMA"] else "*bf16", "w_ptr": "*fp32",
+        {"q_ptr": lambda o: (f"tensordesc<{_query_type(o)}[{o['QB']},{o['DI']}]>" if o["TMA"] else f"*{_query_type(o)}"),
+         "w_ptr": "*fp32",
          "vis_ptr": "*i64", "page_ptr": "*u8", "k_off": "*i64", "k_soff": "*i64", "o_ptr": "*fp32",
          "first_ptr": "*i64", "count_ptr": "*i64"},
-        dict(DI=128, RUNS=False, BF16=True, TMA=indexer_score.QUERY_TILES_BY_TMA, num_stages=3, PDL=False,
+        dict(DI=128, RUNS=False, BF16=True, TMA=indexer_score.QUERY_TILES_BY_TMA, num_stages=3, PDL=False, FP8=False,
+             HW_FP8=False,
              **dict(zip(("QB", "NB", "num_warps"), indexer_score.TILES["tall"]))),
-        ";NB=64;num_warps=4;QB=128",
+        ";NB=64;num_warps=4;QB=128;FP8=1,HW_FP8=1,BF16=0",
         # an 8,192-token chunk's queries, 32 heads of 128 (the release), against 131,071 entries
         sample=dict(n=8192, N=131071, HI=32, sqn=32 * 128, sqh=128, swn=32, son=131071, skr=131071)),
     # decode's few-query form: a verify block's 6 queries against 1M entries, the 32 heads in one dot

@@ -86,7 +86,7 @@ class DecodeWorker:
         if model.device.type != "cuda":
             return
         with torch.cuda.device(model.device):
-            indexer.warm_up(model.device, model.config, self.runtime.pool.layout)
+            indexer.warm_up(model.device, model.config, self.runtime.pool.layout, faithful=model.ops.act_quant)
             if model.graphs is not None and self.runtime.ranks is None:
                 warm_up(self.engine)
 

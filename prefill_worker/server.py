@@ -38,7 +38,7 @@ class PrefillWorker:
         model = self.runtime.model
         if model.device.type == "cuda":  # before the worker registers: no long prompt waits on these compiles
             with torch.cuda.device(model.device):
-                indexer.warm_up(model.device, model.config, self.runtime.pool.layout)
+                indexer.warm_up(model.device, model.config, self.runtime.pool.layout, faithful=model.ops.act_quant)
                 self._warm_up_chunk(budget)
         self.loop = EngineLoop("prefill", self._step, self.engine.has_work, self._crash,
                                device=model.device, lock=model.step_lock)

@@ -13,8 +13,10 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from .. import quant
 from . import pdl
-from .common import dot_exact_lhs, dot_exact_rhs, interpreting
+from .common import dot_exact_lhs, dot_exact_rhs, interpreting, pow2
+from .quantize import e4m3_rne
 
 
 def indexer_scores_ref(q: torch.Tensor, keys: torch.Tensor, w: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
@@ -113,6 +115,27 @@ def _decoded_keys(packed, exps, NB: tl.constexpr, DI: tl.constexpr, BF16: tl.con
 
 
 @triton.jit
+def _fp8_keys(packed, exps, NB: tl.constexpr, DI: tl.constexpr, HW_FP8: tl.constexpr):
+    """_entry_codes' bytes as the FP8 tensor cores take keys: e4m3 [NB, DI] under one
+    power-of-two scale an entry, its blocks' largest, and those scales [NB] fp32. A block's
+    e2m1 values (0.5 to 6) shifted down by the binades its scale lies under the largest stay
+    e4m3 values while that is at most 8 (e4m3's subnormals end at 2^-9); further down they
+    round to nearest even. In the interpreter (HW_FP8 off, its fp8 conversions and dots are
+    not the GPU's) fp32 values on the e4m3 grid."""
+    packed = packed.to(tl.int32)
+    e = exps.to(tl.int32)
+    top = tl.max(e, axis=1)
+    shift = pow2(tl.maximum(e - top[:, None] + 127, 1))[:, :, None]  # 2^(e - top), exactly
+    values = tl.reshape(tl.join(_e2m1_times(packed, shift), _e2m1_times(packed >> 4, shift)), (NB, DI))
+    if HW_FP8:
+        keys = values.to(tl.float8e4nv)
+    else:
+        _, keys = e4m3_rne(values)
+    scales = tl.where(top == 0, 1 << 22, top << 23).to(tl.float32, bitcast=True)  # 2^(top - 127), as _decoded_keys
+    return keys, scales
+
+
+@triton.jit
 def _entry_block(page_ptr, k_off, k_soff, block, N, NB: tl.constexpr, DI: tl.constexpr, BF16: tl.constexpr):
     """(entries rj of block `block` of NB, whether each is one of the N, their index keys
     [NB, DI] decoded from their pages, zeros past N): _entry_codes, then _decoded_keys."""
@@ -139,20 +162,29 @@ def _run_rows(first_ptr, count_ptr, n, block, QB: tl.constexpr, AXIS: tl.constex
 @triton.jit
 def _indexer_kernel(q_ptr, w_ptr, vis_ptr, page_ptr, k_off, k_soff, o_ptr, first_ptr, count_ptr, n, N, HI,
                     sqn, sqh, swn, son, skr, DI: tl.constexpr, QB: tl.constexpr, NB: tl.constexpr,
-                    RUNS: tl.constexpr, BF16: tl.constexpr, TMA: tl.constexpr, PDL: tl.constexpr):
+                    RUNS: tl.constexpr, BF16: tl.constexpr, TMA: tl.constexpr, PDL: tl.constexpr,
+                    FP8: tl.constexpr = False, HW_FP8: tl.constexpr = False):
     """Program (query block, entry block, run): with RUNS, run r's queries are rows
     first[r] .. first[r] + count[r] and its entries row r of the offset tables. BF16: the
     queries come as bf16 holding them exactly (FP4-quantized ones do), so one bf16 dot per
     head is exact (the keys are e2m1 times a power of two); otherwise fp32 queries dot at
-    three-pass accuracy (dot_exact_rhs). TMA: q_ptr is a descriptor of the queries as
-    [n, HI * DI] in [QB, DI] blocks, so a head's tile costs no registers of addresses (rows
-    past n read as zeros, rows of the next run are read and never stored)."""
+    three-pass accuracy (dot_exact_rhs). FP8: the queries come as e4m3 codes (_fp8_queries,
+    their scales folded into w) and the keys are made e4m3 under a scale an entry
+    (_fp8_keys), which multiplies each entry's sum over heads (ReLU(s * x) = s * ReLU(x) for
+    s > 0); with HW_FP8 one FP8 dot a head, in the interpreter fp32 values on the e4m3 grid.
+    TMA: q_ptr is a descriptor of the queries as [n, HI * DI] in [QB, DI] blocks, so a head's
+    tile costs no registers of addresses (rows past n read as zeros, rows of the next run are
+    read and never stored)."""
     pdl.wait_for_inputs(PDL)
     pid_q = tl.program_id(0)
     pid_n = tl.program_id(1)
     run, first, rq, in_run = _run_rows(first_ptr, count_ptr, n, pid_q, QB, 2, RUNS)
     d = tl.arange(0, DI)
-    rj, live, keys = _entry_block(page_ptr, k_off + run * skr, k_soff + run * skr, pid_n, N, NB, DI, BF16)
+    if FP8:
+        rj, live, codes, exps = _entry_codes(page_ptr, k_off + run * skr, k_soff + run * skr, pid_n, N, NB, DI)
+        keys, key_scales = _fp8_keys(codes, exps, NB, DI, HW_FP8)
+    else:
+        rj, live, keys = _entry_block(page_ptr, k_off + run * skr, k_soff + run * skr, pid_n, N, NB, DI, BF16)
     acc = tl.zeros((QB, NB), tl.float32)
     for h in range(0, HI):
         if TMA:
@@ -160,11 +192,13 @@ def _indexer_kernel(q_ptr, w_ptr, vis_ptr, page_ptr, k_off, k_soff, o_ptr, first
         else:
             q = tl.load(q_ptr + rq[:, None] * sqn + h * sqh + d[None, :], mask=in_run[:, None], other=0.0)
         w = tl.load(w_ptr + rq * swn + h, mask=in_run, other=0.0)
-        if BF16:
+        if BF16 or FP8:
             logits = tl.dot(q, tl.trans(keys))
         else:
             logits = dot_exact_rhs(q.to(tl.float32), tl.trans(keys), tl.zeros((QB, NB), tl.float32))
         acc += tl.maximum(logits, 0.0) * w[:, None]
+    if FP8:
+        acc = acc * key_scales[None, :]
     visible = tl.load(vis_ptr + rq, mask=in_run, other=0)
     acc = tl.where(rj[None, :] < visible[:, None], acc, float("-inf"))
     tl.store(o_ptr + rq[:, None] * son + rj[None, :], acc, mask=in_run[:, None] & live[None, :])
@@ -287,6 +321,10 @@ FEW_ALIGNED_CODES = True
 # against 1,302 (8), 6,590 against 6,861 (32); the loop 768 against 923 instructions a thread.
 FEW_PTX_DECODE = True
 QUERY_TILES_BY_TMA = True  # off: tall tiles read the queries by pointers (bench/h200.py times both)
+# Faithful prefill's 64-query tiles on the FP8 tensor cores (indexer_scores' fp8): the bf16
+# form ran at 665 TFLOP/s, 96% of the bf16 matrix rate (1,654 us a 128 x 1M slice of the
+# release's 32 heads of 128, H200, twenty-ninth session). Not yet timed.
+TALL_FP8 = True
 
 
 def _on_16_bytes(t: torch.Tensor) -> torch.Tensor:
@@ -300,7 +338,7 @@ def indexer_scores(q: torch.Tensor, w: torch.Tensor, visible: torch.Tensor, page
                    key_offsets: torch.Tensor, key_scale_offsets: torch.Tensor,
                    runs: tuple[torch.Tensor, torch.Tensor, int] | None = None,
                    exact_in_bf16: bool = False, tall: bool = False, tiles: tuple | None = None,
-                   keys_aligned: bool = False) -> torch.Tensor:
+                   keys_aligned: bool = False, fp8: bool = False) -> torch.Tensor:
     """key_offsets [N] for one run, or [R, N] with `runs` = (first row [R], rows [R], most rows)
     for several: each run's queries score its own row of entries (one launch for a batch). A
     query's score of an entry is computed the same way in either form, bit for bit, and in
@@ -311,7 +349,10 @@ def indexer_scores(q: torch.Tensor, w: torch.Tensor, visible: torch.Tensor, page
     query's and a key's block scales together span more than 11 binades).
     exact_in_bf16: the caller knows every query value is a bf16 value (FP4-quantized, with
     power-of-two scales): the GPU then dots them in one bf16 pass, not three TF32 ones.
-    keys_aligned: every key's codes start on 16 bytes and its scales on 4 (CacheLayout.keys_aligned)."""
+    keys_aligned: every key's codes start on 16 bytes and its scales on 4 (CacheLayout.keys_aligned).
+    fp8 (faithful prefill): with exact_in_bf16, 64-query tiles dot on the FP8 tensor cores
+    (TALL_FP8, on GPUs that have them): each score as the bf16 dots give it wherever the FP8
+    MMA sums exactly and a query's and a key's block scales each span at most 8 binades."""
     n, heads, dim = q.shape
     N = key_offsets.shape[-1]
     assert w.shape == (n, heads) and visible.shape == (n,) and pages.dtype == torch.uint8 and dim % 32 == 0
@@ -331,6 +372,9 @@ def indexer_scores(q: torch.Tensor, w: torch.Tensor, visible: torch.Tensor, page
                      FEW_ALIGNED_CODES and keys_aligned and pages.data_ptr() % 16 == 0)
         return out
     qb, nb, warps = tiles or TILES["tall" if tall else "short"]
+    fp8 = fp8 and TALL_FP8 and exact_in_bf16 and qb >= 64 and _fp8_dots(q.device)
+    if fp8:
+        q, w = _fp8_queries(q, w)
     if runs is None:
         first = count = visible  # unused
         grid = (triton.cdiv(n, qb), triton.cdiv(N, nb), 1)
@@ -342,9 +386,26 @@ def indexer_scores(q: torch.Tensor, w: torch.Tensor, visible: torch.Tensor, page
     queries = TensorDescriptor.from_tensor(q.view(n, heads * dim), [qb, dim]) if tma else q
     _indexer_kernel[grid](queries, w, visible, pages, key_offsets, key_scale_offsets,
                           out, first, count, n, N, heads, q.stride(0), q.stride(1), w.stride(0), out.stride(0),
-                          key_offsets.stride(0), DI=dim, QB=qb, NB=nb, RUNS=runs is not None, BF16=bf16, TMA=tma,
-                          num_warps=warps, **pdl.options(q.device))
+                          key_offsets.stride(0), DI=dim, QB=qb, NB=nb, RUNS=runs is not None, BF16=bf16 and not fp8,
+                          TMA=tma, FP8=fp8, HW_FP8=fp8 and not interpreting(), num_warps=warps, **pdl.options(q.device))
     return out
+
+
+def _fp8_dots(device: torch.device) -> bool:
+    """Whether this device dots e4m3 codes: GPUs from sm_89 (the interpreter emulates it)."""
+    return interpreting() or (device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 9))
+
+
+def _fp8_queries(q: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """FP4-quantized queries q [n, Hi, Di] and their heads' weights w [n, Hi] -> (q's e4m3
+    codes under a power-of-two scale a row and head, w times those scales), so that the scales
+    leave each head's ReLU(q . k) * w as it was. A code is at most 6: a block's e2m1 values
+    shifted down by the binades its scale lies under the head's largest, exact within 8. In
+    the interpreter, fp32 values on the e4m3 grid (see _fp8_keys)."""
+    amax = q.abs().amax(-1).float()
+    scales = torch.where(amax > 0, quant.pow2_ceil(amax / 6), 1.0)
+    codes = (q.float() / scales[..., None]).to(torch.float8_e4m3fn)
+    return (codes.float() if interpreting() else codes).contiguous(), _on_16_bytes((w * scales).contiguous())
 
 
 def _few_queries(q, w, visible, pages, key_offsets, key_scale_offsets, out, runs, most: int, bf16: bool,
@@ -380,7 +441,7 @@ def warm_up_counts() -> list[tuple[int, int]]:
     return [(n, N) for n in (1, 9, 16, 17, 32, 34, 48) for N in (16, 17)]
 
 
-def scores_warm_up(device: torch.device, heads: int, dim: int, keys_aligned: bool) -> None:
+def scores_warm_up(device: torch.device, heads: int, dim: int, keys_aligned: bool, fp8: bool = False) -> None:
     """Compile the scoring tiles (FP4-quantized queries), tall (prefill), short and few-query,
     for every specialization of warm_up_counts, before a worker serves; and the batched forms
     (a decode batch's runs in one launch, index_runs), whose rows are never 1. H200,
@@ -391,16 +452,16 @@ def scores_warm_up(device: torch.device, heads: int, dim: int, keys_aligned: boo
     changed kind, as a batch-1 step without this warm-up compiled the single-run form
     (2026-12-03, 1.9 s in one step with two other kernels: bench/decode_compiles.py).
     keys_aligned: the serving pool's (CacheLayout.keys_aligned), which picks the few-query
-    form's loads and decode."""
+    form's loads and decode. fp8: a faithful worker's, whose tall tiles also take the FP8 form."""
     most = max(n for n, _ in warm_up_counts())
     q = torch.zeros(most, heads, dim, dtype=torch.bfloat16, device=device)
     w = torch.zeros(most, heads, device=device)
     pages = torch.zeros(dim, dtype=torch.uint8, device=device)  # every entry reads one zero key
-    for tall in (True, False):
+    for tall, on_fp8 in [(True, False), (False, False)] + [(True, True)] * fp8:
         for n, N in warm_up_counts():
             offsets = torch.zeros(N, dtype=torch.long, device=device)
             indexer_scores(q[:n], w[:n], torch.full((n,), N, device=device), pages, offsets, offsets,
-                           exact_in_bf16=True, tall=tall, keys_aligned=keys_aligned)
+                           exact_in_bf16=True, tall=tall, keys_aligned=keys_aligned, fp8=on_fp8)
     for n, N in warm_up_counts():
         if n > 1:  # two runs, the second from row n // 2
             offsets = torch.zeros(2, N, dtype=torch.long, device=device)

@@ -39,12 +39,12 @@ def top_k_rows(cfg: ModelConfig) -> dict[int, int]:
     return longest
 
 
-def warm_up(device: torch.device, cfg: ModelConfig, layout: CacheLayout) -> None:
+def warm_up(device: torch.device, cfg: ModelConfig, layout: CacheLayout, faithful: bool = False) -> None:
     """Compile the indexer's kernels for long prompts before a worker serves: the top-k for
     every plan its rows meet and the scoring tiles at every specialization, in the forms the
-    pool's layout takes."""
+    pool's layout and the mode (faithful: the tall tiles' FP8 form) take."""
     top_k.warm_up(device, top_k_rows(cfg))
-    scores_warm_up(device, cfg.index_n_heads, cfg.index_head_dim, layout.keys_aligned)
+    scores_warm_up(device, cfg.index_n_heads, cfg.index_head_dim, layout.keys_aligned, fp8=faithful)
 
 
 def select_candidate_blocks(scores: torch.Tensor, visible: torch.Tensor, topk_blocks: int, block: int) -> torch.Tensor:
@@ -78,7 +78,7 @@ def _reference_scores(q, keys, w, visible):
     return score
 
 
-def _kernel_scores(run, role, q, w, visible, total, qat: bool):
+def _kernel_scores(run, role, q, w, visible, total, qat: bool, fp8: bool):
     cache = run.cache
     # index sources of one KV source share them (pages only grow)
     key_off, key_soff = run.once(("key offsets", role.kv_source, total), lambda: cache.entry_offsets(
@@ -87,7 +87,7 @@ def _kernel_scores(run, role, q, w, visible, total, qat: bool):
 
     def score(lo: int, hi: int) -> torch.Tensor:
         return indexer_scores(q[lo:hi], w[lo:hi], visible[lo:hi], pages, key_off, key_soff, exact_in_bf16=qat,
-                              tall=run.n >= TALL_RUN, keys_aligned=cache.layout.keys_aligned)
+                              tall=run.n >= TALL_RUN, keys_aligned=cache.layout.keys_aligned, fp8=fp8)
 
     return score
 
@@ -121,7 +121,7 @@ def index(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, xa: torch.Tensor
     candidates_in = shared.get("candidates") if role.uses_candidates else None
     k = min(cfg.index_topk, total)
     if ops.reads_cache_in_place(run.cache):
-        score = _kernel_scores(run, role, q, w, visible, total, qat)
+        score = _kernel_scores(run, role, q, w, visible, total, qat, fp8=ops.act_quant)  # faithful: FP8 dots
     else:
         score = _reference_scores(q, run.cache.index_keys(role.kv_source).to(q.device), w, visible)
     chunk = max(1, _SCORE_BUDGET // total)

@@ -917,6 +917,42 @@ def test_indexer_scores_of_several_runs_in_one_launch_equal_each_alone(paged, qu
         assert torch.isneginf(got[rows, t:]).all()
 
 
+def test_faithful_tall_tiles_on_the_fp8_tensor_cores_score_as_the_bf16_dots(paged):
+    """indexer_scores' fp8 form (faithful prefill's tall tiles, e4m3 queries under a scale a
+    row and head folded into w, e4m3 keys under a scale an entry): the bf16 form's scores bit
+    for bit, alone and batched, while every query's and key's block scales span at most 8
+    binades (a head of zeros too); a head spread over 12 binades rounds its smallest block,
+    its scores then within 2^-9 of that head's largest term."""
+    g = _g(5)
+    cache, source = paged, 7
+    total = cache.num_entries(source)
+    q, w = fake_quant_fp4(torch.randn(7, 16, 32, generator=g), 32), torch.randn(7, 16, generator=g)
+    q[2, 3] = 0
+    visible = torch.tensor([0, 5, 50, 99, total, 3, total])
+    k_off, k_soff = cache.entry_offsets(source, torch.arange(total), kind="key")
+    dev = lambda t: t.to(DEVICE)  # noqa: E731
+    args = (dev(visible), dev(cache.pool.pages_buffer), dev(k_off), dev(k_soff))
+    runs = (dev(torch.tensor([0, 4])), dev(torch.tensor([4, 3])), 4)
+    batched = (dev(torch.stack([k_off, k_off])), dev(torch.stack([k_soff, k_soff])))
+
+    def both(q: torch.Tensor) -> list[torch.Tensor]:
+        return [indexer_scores(dev(q), dev(w), *args, exact_in_bf16=True, tall=True, fp8=fp8).cpu()
+                for fp8 in (True, False)] + [
+                indexer_scores(dev(q), dev(w), *args[:2], *batched, runs, exact_in_bf16=True, tall=True, fp8=fp8).cpu()
+                for fp8 in (True, False)]
+
+    got, want, got_runs, want_runs = both(q)
+    assert torch.equal(got, want) and torch.equal(got_runs, want_runs)
+    assert torch.isfinite(want).sum() > 100
+    q[1, 5, :8] *= 2.0**-12  # one block 12 binades under its head's largest
+    got, want, _, _ = both(q)
+    finite = torch.isfinite(want)
+    assert torch.equal(finite, torch.isfinite(got)) and not torch.equal(got, want)
+    keys = cache.index_keys(source).float()
+    largest = (q[1, 5] @ keys.T).abs().max() * w[1, 5].abs()
+    assert (got - want)[finite].abs().max() <= 2.0**-9 * largest
+
+
 @pytest.mark.parametrize("heads, columns, blocks", [(16, 256, None), (16, 64, None), (12, 64, None),
                                                     (16, 256, ((64, 4), 1))])
 @pytest.mark.parametrize("rows", [1, 6, 9, 16])
@@ -1061,11 +1097,12 @@ def test_the_scores_warm_up_meets_every_specialization_of_its_counts():
                         + [(n, N, False, True) for n, N in counts if n > 1])
 
 
-@pytest.mark.parametrize("keys_aligned", [False, True])
-def test_the_scores_warm_up_compiles_every_form(keys_aligned, monkeypatch):
+@pytest.mark.parametrize("keys_aligned, fp8", [(False, False), (True, False), (True, True)])
+def test_the_scores_warm_up_compiles_every_form(keys_aligned, fp8, monkeypatch):
     """The warm-up reaches each form a worker launches, alone and batched: the few-query form
     at 8 and 16 query columns (its entry counts are not specialized) with the loads and decode
-    the pool's layout takes (aligned keys as words), the short tiles and the tall ones."""
+    the pool's layout takes (aligned keys as words), the short tiles and the tall ones, and
+    for a faithful worker (fp8) the tall ones' FP8 form too."""
     from dsflash.model.kernels import indexer_score
 
     forms = set()
@@ -1076,18 +1113,21 @@ def test_the_scores_warm_up_compiles_every_form(keys_aligned, monkeypatch):
 
         def __getitem__(self, grid):
             def launch(*args, **kw):
-                forms.add((self.name, kw.get("QN", kw.get("QB")), kw["NB"], kw["RUNS"], kw.get("ALIGNED")))
+                forms.add((self.name, kw.get("QN", kw.get("QB")), kw["NB"], kw["RUNS"], kw.get("ALIGNED"),
+                           kw.get("FP8", False)))
                 return self.kernel[grid](*args, **kw)
             return launch
 
     for name in ("_indexer_kernel", "_indexer_few_kernel"):
         monkeypatch.setattr(indexer_score, name, Recording(name, getattr(indexer_score, name)))
-    indexer_score.scores_warm_up(torch.device(DEVICE), 4, 32, keys_aligned)
+    indexer_score.scores_warm_up(torch.device(DEVICE), 4, 32, keys_aligned, fp8=fp8)
     short, tall = indexer_score.TILES["short"], indexer_score.TILES["tall"]
     nb = indexer_score.FEW_TILES[0]
-    few_forms = {("_indexer_few_kernel", qn, nb, runs, keys_aligned) for qn in (8, 16) for runs in (False, True)}
-    tiles = {("_indexer_kernel", *short[:2], False, None), ("_indexer_kernel", *short[:2], True, None),
-             ("_indexer_kernel", *tall[:2], False, None)}
+    few_forms = {("_indexer_few_kernel", qn, nb, runs, keys_aligned, False) for qn in (8, 16) for runs in (False, True)}
+    tiles = {("_indexer_kernel", *short[:2], False, None, False), ("_indexer_kernel", *short[:2], True, None, False),
+             ("_indexer_kernel", *tall[:2], False, None, False)}
+    if fp8:
+        tiles.add(("_indexer_kernel", *tall[:2], False, None, True))
     assert forms == few_forms | tiles
 
 
