@@ -349,18 +349,26 @@ def indexer_kernels(tiles: tuple[tuple[int, int, int], ...] = ()) -> None:
         for label, kw in (("tf32x2", {}), ("bf16", dict(exact_in_bf16=True)),
                           ("bf16_tall", dict(exact_in_bf16=True, tall=True)),
                           ("bf16_tall_query_pointers", dict(exact_in_bf16=True, tall=True, tma=False)),
+                          ("fp8_tall", dict(exact_in_bf16=True, tall=True, fp8=True)),
                           *((f"bf16_{qb}x{nb}_w{warps}", dict(exact_in_bf16=True, tiles=(qb, nb, warps)))
                             for qb, nb, warps in ((128, 128, 8),) + tuple(tiles))):
             def score(kw=kw):
                 kw = dict(kw)
                 indexer_score.QUERY_TILES_BY_TMA = kw.pop("tma", True)
+                indexer_score.TALL_FP8 = kw.get("fp8", False)
                 return indexer_scores(q, w, visible, page_bytes, k_off, k_soff, **kw)
 
             t, got = cuda_time(score, iters=5), score()
-            indexer_score.QUERY_TILES_BY_TMA = True
-            record("kernel_indexer_prefill", f"N{entries}_n{n}_{label}",
-                   {"us": t * 1e6, "TFLOPs": flops / t / 1e12, "ratio_to_bf16_roofline": t / (flops / BF16_FLOPS),
-                    "max_rel_diff": ((got - ref).abs().max() / ref.abs().max()).item()})
+            indexer_score.QUERY_TILES_BY_TMA, indexer_score.TALL_FP8 = True, False
+            figures = {"us": t * 1e6, "TFLOPs": flops / t / 1e12, "ratio_to_bf16_roofline": t / (flops / BF16_FLOPS),
+                       "max_rel_diff": ((got - ref).abs().max() / ref.abs().max()).item()}
+            if label == "bf16_tall":
+                bf16_tall = got
+            if label.startswith("fp8"):  # the bf16 tiles' scores bit for bit wherever the FP8 MMA sums exactly
+                figures.update(ratio_to_fp8_roofline=t / (flops / FP8_FLOPS),
+                               equal_to_bf16_tall=torch.equal(got, bf16_tall),
+                               max_rel_diff_to_bf16_tall=((got - bf16_tall).abs().max() / bf16_tall.abs().max()).item())
+            record("kernel_indexer_prefill", f"N{entries}_n{n}_{label}", figures)
         for rows in (32, n):
             top_k_timings(ref[:rows], 512, f"N{entries}_n{rows}", lambda fn: cuda_time(fn, iters=5))
     for rows, entries, k in ((6, 1 << 18, 512), (48, 1 << 16, 2048)):

@@ -323,8 +323,10 @@ FEW_PTX_DECODE = True
 QUERY_TILES_BY_TMA = True  # off: tall tiles read the queries by pointers (bench/h200.py times both)
 # Faithful prefill's 64-query tiles on the FP8 tensor cores (indexer_scores' fp8): the bf16
 # form ran at 665 TFLOP/s, 96% of the bf16 matrix rate (1,654 us a 128 x 1M slice of the
-# release's 32 heads of 128, H200, twenty-ninth session). Not yet timed.
-TALL_FP8 = True
+# release's 32 heads of 128, H200, twenty-ninth session). Off until it has run and been timed
+# on the H200 (bench/h200.py --indexer-tiles, and --prefill-switch
+# "dsflash.model.kernels.indexer_score.TALL_FP8=False|True" at 1M).
+TALL_FP8 = False
 
 
 def _on_16_bytes(t: torch.Tensor) -> torch.Tensor:

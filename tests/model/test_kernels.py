@@ -917,12 +917,15 @@ def test_indexer_scores_of_several_runs_in_one_launch_equal_each_alone(paged, qu
         assert torch.isneginf(got[rows, t:]).all()
 
 
-def test_faithful_tall_tiles_on_the_fp8_tensor_cores_score_as_the_bf16_dots(paged):
+def test_faithful_tall_tiles_on_the_fp8_tensor_cores_score_as_the_bf16_dots(paged, monkeypatch):
     """indexer_scores' fp8 form (faithful prefill's tall tiles, e4m3 queries under a scale a
     row and head folded into w, e4m3 keys under a scale an entry): the bf16 form's scores bit
     for bit, alone and batched, while every query's and key's block scales span at most 8
     binades (a head of zeros too); a head spread over 12 binades rounds its smallest block,
     its scores then within 2^-9 of that head's largest term."""
+    from dsflash.model.kernels import indexer_score
+
+    monkeypatch.setattr(indexer_score, "TALL_FP8", True)
     g = _g(5)
     cache, source = paged, 7
     total = cache.num_entries(source)
@@ -1120,6 +1123,7 @@ def test_the_scores_warm_up_compiles_every_form(keys_aligned, fp8, monkeypatch):
 
     for name in ("_indexer_kernel", "_indexer_few_kernel"):
         monkeypatch.setattr(indexer_score, name, Recording(name, getattr(indexer_score, name)))
+    monkeypatch.setattr(indexer_score, "TALL_FP8", True)
     indexer_score.scores_warm_up(torch.device(DEVICE), 4, 32, keys_aligned, fp8=fp8)
     short, tall = indexer_score.TILES["short"], indexer_score.TILES["tall"]
     nb = indexer_score.FEW_TILES[0]
