@@ -53,21 +53,23 @@ def fits(x: torch.Tensor, n: int, k: int) -> bool:
 
 
 @triton.jit
-def _rows_kernel(x_ptr, codes_ptr, scales_ptr, starts_ptr, counts_ptr, M, ROWS, K_ALL, sxm,
-                 GROUP_K: tl.constexpr, ROW_BLOCKS: tl.constexpr, SEGMENTS: tl.constexpr):
+def _rows_kernel(x_ptr, codes_ptr, scales_ptr, starts_ptr, counts_ptr, source_ptr, M, ROWS, K_ALL, sxm,
+                 GROUP_K: tl.constexpr, ROW_BLOCKS: tl.constexpr, SEGMENTS: tl.constexpr, GATHER: tl.constexpr):
     """Program (row r of ROWS, ROW_BLOCKS 128-column blocks): e4m3 codes under each block's
     power-of-two scale, as quant.fp8_round_trip with 128-column blocks rounds (rows from M on
     read as zeros). Codes go to group g's [ROWS, GROUP_K] matrix (columns g*GROUP_K ..); block
     b's fp32 scale to scales[b * count + r - start + blocks * start], rows in segments [start,
     start + count) (each a product's rows; one of ROWS without SEGMENTS): the layout
-    torch._scaled_mm takes for each segment's scales, [count, blocks] with strides (1, count)."""
+    torch._scaled_mm takes for each segment's scales, [count, blocks] with strides (1, count).
+    GATHER: row r is x's row source[r]."""
     r = tl.program_id(0)
     b = tl.program_id(1) * ROW_BLOCKS + tl.arange(0, ROW_BLOCKS)
     blocks = K_ALL // 128
     live = b < blocks
     cols = b[:, None] * 128 + tl.arange(0, 128)[None, :]
     reads = live & (b * 0 + r < M)  # (a block, not a scalar: the interpreter masks with blocks only)
-    x = tl.load(x_ptr + r.to(tl.int64) * sxm + cols, mask=reads[:, None], other=0.0).to(tl.float32)
+    source = tl.load(source_ptr + tl.minimum(r, M - 1)).to(tl.int64) if GATHER else r.to(tl.int64)
+    x = tl.load(x_ptr + source * sxm + cols, mask=reads[:, None], other=0.0).to(tl.float32)
     code, _, exponent = fp8_blocks(x)
     at = (cols // GROUP_K).to(tl.int64) * ROWS * GROUP_K + r.to(tl.int64) * GROUP_K + cols % GROUP_K
     tl.store(codes_ptr + at, code.to(tl.uint8), mask=live[:, None])
@@ -80,13 +82,16 @@ def _rows_kernel(x_ptr, codes_ptr, scales_ptr, starts_ptr, counts_ptr, M, ROWS, 
     tl.store(scales_ptr + blocks * start + b * count + (r - start), pow2(exponent), mask=live)
 
 
-def rows_1x128(x: torch.Tensor, groups: int = 1, counts: list[int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def rows_1x128(x: torch.Tensor, groups: int = 1, counts: list[int] | None = None,
+               sources: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """x [M, K] (any float) -> (e4m3 codes uint8 [groups, rows, K / groups], fp32 scales
     [K / 128 * rows]). Group g's codes and scales (`segment_scales`) are the 1 x 128 operand of
     x's columns g*K/groups ..; with counts (M rows split into runs, one product each; cuBLAS
     wants each a multiple of ROW_ALIGN), run i's scales lie together and rows = M; without,
-    rows is M rounded up to ROW_ALIGN, the rows past M zeros (their products are cut off)."""
-    M, K = x.shape
+    rows is M rounded up to ROW_ALIGN, the rows past M zeros (their products are cut off).
+    sources [M] (int64): the rows are x's rows sources[i] (the routed experts' tokens), read
+    where they lie rather than gathered into a copy first."""
+    M, K = x.shape if sources is None else (sources.shape[0], x.shape[1])
     assert K % (BLOCK * groups) == 0 and x.stride(1) == 1
     rows = M if counts is not None else -(-M // ROW_ALIGN) * ROW_ALIGN
     codes = torch.empty(groups, rows, K // groups, dtype=torch.uint8, device=x.device)
@@ -98,8 +103,8 @@ def rows_1x128(x: torch.Tensor, groups: int = 1, counts: list[int] | None = None
         starts = torch.repeat_interleave(torch.cumsum(sizes, 0) - sizes, sizes, output_size=M).to(torch.int32)
     if rows:
         _rows_kernel[(rows, triton.cdiv(K // BLOCK, _ROW_BLOCKS))](
-            x, codes, scales, starts, lengths, M, rows, K, x.stride(0), GROUP_K=K // groups, ROW_BLOCKS=_ROW_BLOCKS,
-            SEGMENTS=counts is not None)
+            x, codes, scales, starts, lengths, scales if sources is None else sources, M, rows, K, x.stride(0),
+            GROUP_K=K // groups, ROW_BLOCKS=_ROW_BLOCKS, SEGMENTS=counts is not None, GATHER=sources is not None)
     return codes, scales
 
 

@@ -156,7 +156,7 @@ def fp4_experts(x: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor, w13: 
     tokens = torch.zeros(sum(runs), dtype=torch.int64, device=x.device).index_copy_(0, at, live // k)
     row_weights = torch.zeros(sum(runs), dtype=weights.dtype, device=x.device).index_copy_(
         0, at, weights.reshape(-1)[live])
-    gate_up = _by_expert(x.index_select(0, tokens), runs, w13, s13)
+    gate_up = _by_expert(x, runs, w13, s13, tokens)
     # times the routing weights and, in faithful mode, the down projection's input on the FP8 grid
     # (fake_quant_fp8), in the SwiGLU's launch
     on_grid = act_quant and inter % 32 == 0
@@ -190,15 +190,19 @@ SWIGLU_EPILOGUE = True
 DECODE_EXPERTS = 64
 
 
-def _by_expert(rows: torch.Tensor, counts: list[int], units: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    """Each expert's run of rows (in expert order, counts[e] each) times its weight (quad units
-    [E, N, K/4] and scales, decoded here) -> [rows, N] fp32. fp32 rows go in as three bf16 parts
-    stacked as rows, their products summed after: side by side along K (as the dense products
-    take them) each expert's weight would be copied three times over, 6.8 GB a layer."""
+def _by_expert(rows: torch.Tensor, counts: list[int], units: torch.Tensor, scales: torch.Tensor,
+               sources: torch.Tensor | None = None) -> torch.Tensor:
+    """Each expert's run of rows (in expert order, counts[e] each; with sources, rows' rows
+    sources[i]) times its weight (quad units [E, N, K/4] and scales, decoded here) -> [rows, N]
+    fp32. fp32 rows go in as three bf16 parts stacked as rows, their products summed after: side
+    by side along K (as the dense products take them) each expert's weight would be copied
+    three times over, 6.8 GB a layer."""
     N = units.shape[1]
-    out = torch.empty(rows.shape[0], N, dtype=torch.float32, device=rows.device)
-    if _tensor_cores(rows, N, 4 * units.shape[2]):
-        return _by_expert_on_tensor_cores(rows, counts, units, scales, out)
+    out = torch.empty(sum(counts), N, dtype=torch.float32, device=rows.device)
+    if _tensor_cores(rows, N, 4 * units.shape[2]):  # (the encode reads the sources' rows where they lie)
+        return _by_expert_on_tensor_cores(rows, counts, units, scales, out, sources)
+    if sources is not None:
+        rows = rows.index_select(0, sources)
     start = 0
     for first in range(0, len(counts), DECODE_EXPERTS):
         if not any(counts[first:first + DECODE_EXPERTS]):
@@ -218,12 +222,12 @@ def _by_expert(rows: torch.Tensor, counts: list[int], units: torch.Tensor, scale
 
 
 def _by_expert_on_tensor_cores(rows: torch.Tensor, counts: list[int], units: torch.Tensor, scales: torch.Tensor,
-                               out: torch.Tensor) -> torch.Tensor:
+                               out: torch.Tensor, sources: torch.Tensor | None = None) -> torch.Tensor:
     """_by_expert for faithful mode's bf16 rows on the FP8 tensor cores: the rows' codes made
     once, with each expert's run of scales together; the experts' weights re-encoded as e4m3
     (DECODE_EXPERTS at a time, half the bytes of their bf16 decode)."""
     blocks = rows.shape[1] // 128
-    a, a_scales = fp8_blockwise.rows_1x128(rows, counts=counts)
+    a, a_scales = fp8_blockwise.rows_1x128(rows, counts=counts, sources=sources)
     start = 0
     for first in range(0, len(counts), DECODE_EXPERTS):
         if not any(counts[first:first + DECODE_EXPERTS]):

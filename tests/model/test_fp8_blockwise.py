@@ -29,7 +29,7 @@ def _on_grid(rows: int, k: int, seed: int) -> torch.Tensor:
 def test_rows_are_the_round_trips_codes_under_128_column_blocks():
     """Codes and scales as quant.fp8_round_trip gives them with 128-column blocks, the rows padded
     to ROW_ALIGN with zeros; groups' codes laid out a group at a time; each run's scales
-    together, as segment_scales reads them."""
+    together, as segment_scales reads them; rows taken from other rows' places (sources)."""
     x = _on_grid(12, 512, 1)
     _, (ref_codes, ref_bytes) = quant.fp8_round_trip(x.float(), block=128)
     ref_scales = torch.exp2(ref_bytes.float() - 127)  # [12, 4]
@@ -48,6 +48,14 @@ def test_rows_are_the_round_trips_codes_under_128_column_blocks():
     for start, count in ((0, 5), (5, 7)):
         got = fp8_blockwise.segment_scales(scales, 4, start, count)
         assert got.stride() == (1, count) and torch.equal(got.cpu(), ref_scales[start:start + count])
+    # rows read where they lie (the routed experts' tokens, repeats and all): as if gathered first
+    sources = torch.tensor([3, 0, 3, 11, 7, 7, 2, 9, 1, 0, 5, 4])
+    got = fp8_blockwise.rows_1x128(x.to(DEVICE), counts=counts, sources=sources.to(DEVICE))
+    want = fp8_blockwise.rows_1x128(x[sources].to(DEVICE), counts=counts)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    got = fp8_blockwise.rows_1x128(x.to(DEVICE), sources=sources[:9].to(DEVICE))  # rows padded to ROW_ALIGN
+    want = fp8_blockwise.rows_1x128(x[sources[:9]].to(DEVICE))
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
 
 
 def test_fp8_weights_under_128_blocks_lose_only_bits_below_their_grid():
