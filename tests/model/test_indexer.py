@@ -72,3 +72,26 @@ def test_candidate_blocks_are_the_best_block_maxima_and_the_newest_block():
         assert torch.equal(keep[r], torch.tensor([b in want for b in range(row.shape[0])]).repeat_interleave(
             block)[:width])
     assert keep[0, 8] and not keep[1, 28] and keep[1, 12] and keep[2, 44]
+
+
+def test_faithful_prefill_sends_its_tall_score_tiles_to_the_fp8_form(golden_dir, golden, monkeypatch):
+    """The tiny checkpoint on the kernel path in faithful mode, a prompt long enough to take the
+    tall score tiles (TALL_RUN lowered to its rows): with the FP8 form on (TALL_FP8), its score
+    launches take it, and the logits are the bf16 form's bit for bit (its scores are, where
+    block scales span at most 8 binades; under the interpreter both dot exactly)."""
+    from dsflash.model.kernels import indexer_score
+    from dsflash.model.layers import indexer
+    from tests.model.test_prefill_gemms import kernel_path_prefill
+
+    monkeypatch.setattr(indexer, "TALL_RUN", 16)
+    encoded = []
+    fp8_queries = indexer_score._fp8_queries
+    monkeypatch.setattr(indexer_score, "_fp8_queries", lambda q, w: encoded.append(q.shape[0]) or fp8_queries(q, w))
+    prompt = golden[2]["input_ids"][:24]
+    logits = {}
+    for on in (True, False):
+        monkeypatch.setattr(indexer_score, "TALL_FP8", on)
+        encoded.clear()
+        logits[on] = kernel_path_prefill(golden_dir, True)(prompt, "last")
+        assert bool(encoded) == on
+    assert torch.equal(logits[True], logits[False])
