@@ -77,8 +77,11 @@ def test_fp8_weights_under_128_blocks_lose_only_bits_below_their_grid():
     assert (got != ref).any()  # the spread scales did move some values
 
 
-def test_fp4_experts_under_128_blocks_are_exact_within_eight_binades():
-    """e2m1 codes (2 significant bits, 0.5 and up) shifted down by up to 8 binades stay on e4m3's grid."""
+@pytest.mark.parametrize("words", [False, True])
+def test_fp4_experts_under_128_blocks_are_exact_within_eight_binades(words, monkeypatch):
+    """e2m1 codes (2 significant bits, 0.5 and up) shifted down by up to 8 binades stay on e4m3's
+    grid; the same codes whether the launch writes a tile or a word of four codes a unit (FP4_WORDS)."""
+    monkeypatch.setattr(fp8_blockwise, "FP4_WORDS", words)
     g = _g(3)
     packed = torch.randint(0, 256, (2, 128, 128), dtype=torch.uint8, generator=g)
     scales = torch.randint(118, 127, (2, 128, 8), dtype=torch.uint8, generator=g)
