@@ -324,7 +324,7 @@ QUERY_TILES_BY_TMA = True  # off: tall tiles read the queries by pointers (bench
 # Faithful prefill's 64-query tiles on the FP8 tensor cores (indexer_scores' fp8): the bf16
 # form ran at 665 TFLOP/s, 96% of the bf16 matrix rate (1,654 us a 128 x 1M slice of the
 # release's 32 heads of 128, H200, twenty-ninth session). Off until it has run and been timed
-# on the H200 (bench/h200.py --indexer-tiles, and --prefill-switch
+# on the H200 (bench/h200.py --sections indexer, and --prefill-switch
 # "dsflash.model.kernels.indexer_score.TALL_FP8=False|True" at 1M).
 TALL_FP8 = False
 
