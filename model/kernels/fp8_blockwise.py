@@ -222,9 +222,7 @@ def product(a: torch.Tensor, a_scales: torch.Tensor, w: torch.Tensor, w_scales: 
     scales [N/128, K/128])^T -> fp32 [M, N]: cuBLAS on the GPU; elsewhere (the CPU tests) the
     fp32 product of the values the codes and scales stand for."""
     if a.is_cuda:
-        if not _padded_rows_taken():  # the same memory, described as torch 2.11 asks for it
-            w_scales = torch.as_strided(w_scales, w_scales.shape, (w_scales.shape[1], 1))
-        operands = (a.view(torch.float8_e4m3fn), w.view(torch.float8_e4m3fn).t(), a_scales, w_scales.t())
+        operands = _operands(a, a_scales, w, w_scales)
         if out is not None and (out.is_contiguous() or (out.stride(1) == 1 and _writes_column_slices())):
             return torch._scaled_mm(*operands, out_dtype=torch.float32, out=out)
         result = torch._scaled_mm(*operands, out_dtype=torch.float32)
@@ -232,6 +230,13 @@ def product(a: torch.Tensor, a_scales: torch.Tensor, w: torch.Tensor, w_scales: 
     M, K = a.shape
     av = (a.view(torch.float8_e4m3fn).float().view(M, K // BLOCK, BLOCK) * a_scales[:, :, None]).view(M, K)
     return torch.matmul(av, weight_values(w, w_scales).T, out=out)
+
+
+def _operands(a: torch.Tensor, a_scales: torch.Tensor, w: torch.Tensor, w_scales: torch.Tensor) -> tuple:
+    """product's operands as torch._scaled_mm takes them on the GPU."""
+    if not _padded_rows_taken():  # the same memory, described as torch 2.11 asks for it
+        w_scales = torch.as_strided(w_scales, w_scales.shape, (w_scales.shape[1], 1))
+    return a.view(torch.float8_e4m3fn), w.view(torch.float8_e4m3fn).t(), a_scales, w_scales.t()
 
 
 def weight_values(w: torch.Tensor, w_scales: torch.Tensor) -> torch.Tensor:
@@ -263,14 +268,15 @@ def _writes_column_slices() -> bool:
     """Whether this torch's _scaled_mm writes into columns of a wider output (its row stride
     passed to cuBLAS as the leading dimension), as torch 2.11 does on the H200 (thirty-eighth
     session): wo_a's groups then go straight to their columns, not through a copy each."""
-    ones = torch.full((128, 128), 0x38, dtype=torch.uint8, device="cuda").view(torch.float8_e4m3fn)  # 1.0
-    y = torch.full((16, 384), float("nan"), device="cuda")
-    try:
-        torch._scaled_mm(ones[:16], ones.t(), torch.ones(1, 16, device="cuda").t(), torch.ones(1, 1, device="cuda"),
-                         out_dtype=torch.float32, out=y[:, 128:256])
+    ones = torch.full((256, 256), 0x38, dtype=torch.uint8, device="cuda")  # e4m3 1.0
+    a_scales = torch.ones(2, 16, device="cuda").t()  # [16, 2], strides (1, 16), as segment_scales gives them
+    y = torch.full((16, 512), float("nan"), device="cuda")
+    try:  # two blocks each way, as product's callers pass them (one block reads as other scalings)
+        torch._scaled_mm(*_operands(ones[:16], a_scales, ones, _weight_scales(1, 256, 256, "cuda")[0].fill_(1)),
+                         out_dtype=torch.float32, out=y[:, 128:384])
     except RuntimeError:
         return False
-    return bool((y[:, 128:256] == 128).all() and y[:, :128].isnan().all() and y[:, 256:].isnan().all())
+    return bool((y[:, 128:384] == 256).all() and y[:, :128].isnan().all() and y[:, 384:].isnan().all())
 
 
 @functools.cache

@@ -139,6 +139,8 @@ def test_prefill_products_on_the_fp8_tensor_cores_match_the_exact_ones(monkeypat
     _switch(monkeypatch, True)
     got = prefill_gemms.grouped_fp8_product(x, codes, scales, 4)
     assert got.shape == ref.shape and (got - ref).abs().max() < 1e-3 * ref.abs().max()
+    if DEVICE == "cuda" and torch.cuda.get_device_capability() >= (9, 0):
+        assert fp8_blockwise._writes_column_slices()  # (so the groups above went straight to their columns)
     # six experts: five share the tokens, the sixth takes 3 (a short run among long ones)
     stack, xe, _, weights = _moe_case(_g(10), rows, E=6, H=256, inter=128, k=3)
     idx = torch.stack([torch.randperm(5, generator=_g(11 + t))[:3] for t in range(rows)])
