@@ -865,7 +865,8 @@ def main() -> None:
                         help="tokens a prefill step takes (a prefill worker's default is 16384: "
                              "scheduler.PREFILL_WORKER_TOKEN_BUDGET)")
     parser.add_argument("--prefill-switch", default="",
-                        help="'package.module.ATTR=V1|V2|..': the prefill section once with each value (Python literals)")
+                        help="'package.module.ATTR=V1|V2|..': the prefill section once with each value (Python "
+                             "literals); several switches joined by ';' take their i-th values together")
     parser.add_argument("--contexts", default="4096,1048576")
     parser.add_argument("--batches", default="1,8,32")
     parser.add_argument("--device", default="cuda")
@@ -929,11 +930,14 @@ def main() -> None:
             chunk = "" if args.chunk == 8192 else f"_chunk{args.chunk}"
             lengths = [int(x) for x in args.prefill.split(",")]
             if args.prefill_switch:  # each value in turn, in one process: the records' last logits compare
-                path, values = args.prefill_switch.split("=", 1)
-                module, attribute, values = module_switch(path, values.split("|"))
-                for i, value in enumerate(values):
-                    setattr(module, attribute, value)
-                    prefill(model, lengths, f"prefill{mode}{chunk}_{i}_{attribute}={value!r}", chunk=args.chunk)
+                switches = [module_switch(path, values.split("|"))
+                            for path, values in (one.split("=", 1) for one in args.prefill_switch.split(";"))]
+                assert len({len(values) for _, _, values in switches}) == 1, "every switch takes as many values"
+                for i in range(len(switches[0][2])):
+                    for module, attribute, values in switches:  # variant i: each switch's i-th value
+                        setattr(module, attribute, values[i])
+                    label = ",".join(f"{attribute}={values[i]!r}" for _, attribute, values in switches)
+                    prefill(model, lengths, f"prefill{mode}{chunk}_{i}_{label}", chunk=args.chunk)
             else:
                 prefill(model, lengths, "prefill" + mode + chunk, chunk=args.chunk)
         if "reference" in sections:
