@@ -22,6 +22,11 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 
+def fp8_tensor_cores(device) -> bool:
+    """Whether a GPU's tensor cores multiply e4m3 codes: from sm_89 (Ada, Hopper)."""
+    return torch.cuda.get_device_capability(device) >= (8, 9)
+
+
 # Dot precision: exact fp32 in the interpreter (CI compares with the reference bit-closely),
 # three-pass TF32 on the GPU: one-pass TF32 rounds activations to 10 bits, which on H200 put
 # the golden logits past 1e-2 (measured 2026-11-30); tf32x3 is fp32-accurate on tensor cores.

@@ -32,7 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import e2m1_quads, e4m3_to_float, interpreting, pow2, quad_scales
+from .common import e2m1_quads, e4m3_to_float, fp8_tensor_cores, interpreting, pow2, quad_scales
 from .quantize import e4m3_rne, fp8_blocks
 
 log = logging.getLogger(__name__)
@@ -287,7 +287,7 @@ def _runs_right(device: int) -> bool:
     torch without these scale forms, or one that lays them out otherwise) the products keep the
     bf16 path: slower, not wrong."""
     try:
-        if torch.cuda.get_device_capability(device) < (8, 9):
+        if not fp8_tensor_cores(device):
             return False
         with torch.cuda.device(device):
             g = torch.Generator().manual_seed(0)

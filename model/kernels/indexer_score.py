@@ -15,7 +15,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .. import quant
 from . import pdl
-from .common import dot_exact_lhs, dot_exact_rhs, interpreting, pow2
+from .common import dot_exact_lhs, dot_exact_rhs, fp8_tensor_cores, interpreting, pow2
 from .quantize import e4m3_rne
 
 
@@ -101,14 +101,24 @@ def _decoded_words(words, exps, NB: tl.constexpr, DI: tl.constexpr, BF16: tl.con
 
 
 @triton.jit
+def _e8m0_value(e):
+    """e8m0 scale bytes (int32) as their fp32 2^(e - 127), exactly (byte 0: 2^-127, a subnormal)."""
+    return tl.where(e == 0, 1 << 22, e << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _keys_times(packed, scale, NB: tl.constexpr, DI: tl.constexpr):
+    """_entry_codes' bytes (int32 [NB, DI / 32, 16], two codes each, low nibble first) as their
+    e2m1 values times scale (broadcast to [NB, DI / 32, 1]) -> fp32 [NB, DI]."""
+    return tl.reshape(tl.join(_e2m1_times(packed, scale), _e2m1_times(packed >> 4, scale)), (NB, DI))
+
+
+@triton.jit
 def _decoded_keys(packed, exps, NB: tl.constexpr, DI: tl.constexpr, BF16: tl.constexpr):
     """_entry_codes' bytes as keys [NB, DI]: bf16 with BF16 (exact: e2m1 codes times a power of
     two), else fp32. Each block's scale is made once ([NB, DI / 32]), not once a column as
     before (H200, 6 queries against 1M keys: 1,764 -> 837 us in the short tiles)."""
-    packed = packed.to(tl.int32)
-    e = exps.to(tl.int32)
-    scale = tl.where(e == 0, 1 << 22, e << 23).to(tl.float32, bitcast=True)[:, :, None]  # 2^(e - 127), exactly
-    keys = tl.reshape(tl.join(_e2m1_times(packed, scale), _e2m1_times(packed >> 4, scale)), (NB, DI))
+    keys = _keys_times(packed.to(tl.int32), _e8m0_value(exps.to(tl.int32))[:, :, None], NB, DI)
     if BF16:
         keys = keys.to(tl.bfloat16)
     return keys
@@ -122,17 +132,15 @@ def _fp8_keys(packed, exps, NB: tl.constexpr, DI: tl.constexpr, HW_FP8: tl.const
     e4m3 values while that is at most 8 (e4m3's subnormals end at 2^-9); further down they
     round to nearest even. In the interpreter (HW_FP8 off, its fp8 conversions and dots are
     not the GPU's) fp32 values on the e4m3 grid."""
-    packed = packed.to(tl.int32)
     e = exps.to(tl.int32)
     top = tl.max(e, axis=1)
     shift = pow2(tl.maximum(e - top[:, None] + 127, 1))[:, :, None]  # 2^(e - top), exactly
-    values = tl.reshape(tl.join(_e2m1_times(packed, shift), _e2m1_times(packed >> 4, shift)), (NB, DI))
+    values = _keys_times(packed.to(tl.int32), shift, NB, DI)
     if HW_FP8:
         keys = values.to(tl.float8e4nv)
     else:
         _, keys = e4m3_rne(values)
-    scales = tl.where(top == 0, 1 << 22, top << 23).to(tl.float32, bitcast=True)  # 2^(top - 127), as _decoded_keys
-    return keys, scales
+    return keys, _e8m0_value(top)
 
 
 @triton.jit
@@ -362,21 +370,23 @@ def indexer_scores(q: torch.Tensor, w: torch.Tensor, visible: torch.Tensor, page
     out = torch.empty(n, N, dtype=torch.float32, device=q.device)
     if N == 0 or n == 0:
         return out
-    bf16 = exact_in_bf16 and not interpreting()  # the interpreter dots fp32 exactly anyway
-    q = (q.to(torch.bfloat16) if bf16 else q).contiguous()
+    most = n if runs is None else runs[2]
+    few = tiles is None and not tall and most <= FEW_QUERIES
+    qb, nb, warps = tiles or TILES["tall" if tall else "short"]
+    fp8 = fp8 and TALL_FP8 and exact_in_bf16 and not few and qb >= 64 and _fp8_dots(q.device)
+    bf16 = exact_in_bf16 and not interpreting() and not fp8  # the interpreter dots fp32 exactly anyway
     w, visible = _on_16_bytes(w.float().contiguous()), _on_16_bytes(visible.to(torch.int64).contiguous())
+    if fp8:  # (from the queries as they come: no bf16 copy first)
+        q, w = _fp8_queries(q, w)
+    else:
+        q = (q.to(torch.bfloat16) if bf16 else q).contiguous()
     key_offsets, key_scale_offsets = key_offsets.contiguous(), key_scale_offsets.contiguous()
     if runs is not None:  # rows of one small table (index_runs): with an odd run count, one starts off 16 bytes
         runs = (_on_16_bytes(runs[0].contiguous()), _on_16_bytes(runs[1].contiguous()), runs[2])
-    most = n if runs is None else runs[2]
-    if tiles is None and not tall and most <= FEW_QUERIES:
+    if few:
         _few_queries(q, w, visible, pages, key_offsets, key_scale_offsets, out, runs, most, bf16,
                      FEW_ALIGNED_CODES and keys_aligned and pages.data_ptr() % 16 == 0)
         return out
-    qb, nb, warps = tiles or TILES["tall" if tall else "short"]
-    fp8 = fp8 and TALL_FP8 and exact_in_bf16 and qb >= 64 and _fp8_dots(q.device)
-    if fp8:
-        q, w = _fp8_queries(q, w)
     if runs is None:
         first = count = visible  # unused
         grid = (triton.cdiv(n, qb), triton.cdiv(N, nb), 1)
@@ -388,14 +398,14 @@ def indexer_scores(q: torch.Tensor, w: torch.Tensor, visible: torch.Tensor, page
     queries = TensorDescriptor.from_tensor(q.view(n, heads * dim), [qb, dim]) if tma else q
     _indexer_kernel[grid](queries, w, visible, pages, key_offsets, key_scale_offsets,
                           out, first, count, n, N, heads, q.stride(0), q.stride(1), w.stride(0), out.stride(0),
-                          key_offsets.stride(0), DI=dim, QB=qb, NB=nb, RUNS=runs is not None, BF16=bf16 and not fp8,
+                          key_offsets.stride(0), DI=dim, QB=qb, NB=nb, RUNS=runs is not None, BF16=bf16,
                           TMA=tma, FP8=fp8, HW_FP8=fp8 and not interpreting(), num_warps=warps, **pdl.options(q.device))
     return out
 
 
 def _fp8_dots(device: torch.device) -> bool:
     """Whether this device dots e4m3 codes: GPUs from sm_89 (the interpreter emulates it)."""
-    return interpreting() or (device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 9))
+    return interpreting() or (device.type == "cuda" and fp8_tensor_cores(device))
 
 
 def _fp8_queries(q: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -407,7 +417,7 @@ def _fp8_queries(q: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.
     amax = q.abs().amax(-1).float()
     scales = torch.where(amax > 0, quant.pow2_ceil(amax / 6), 1.0)
     codes = (q.float() / scales[..., None]).to(torch.float8_e4m3fn)
-    return (codes.float() if interpreting() else codes).contiguous(), _on_16_bytes((w * scales).contiguous())
+    return (codes.float() if interpreting() else codes).contiguous(), w * scales  # (a new tensor: aligned)
 
 
 def _few_queries(q, w, visible, pages, key_offsets, key_scale_offsets, out, runs, most: int, bf16: bool,
