@@ -203,22 +203,30 @@ def _by_expert(rows: torch.Tensor, counts: list[int], units: torch.Tensor, scale
         return _by_expert_on_tensor_cores(rows, counts, units, scales, out, sources)
     if sources is not None:
         rows = rows.index_select(0, sources)
-    start = 0
-    for first in range(0, len(counts), DECODE_EXPERTS):
-        if not any(counts[first:first + DECODE_EXPERTS]):
-            continue
-        decoded = fp4_quads_bf16(units[first:first + DECODE_EXPERTS], scales[first:first + DECODE_EXPERTS])
-        for e, count in enumerate(counts[first:first + DECODE_EXPERTS]):
-            if not count:
-                continue
+    for experts, runs in _expert_batches(counts):
+        decoded = fp4_quads_bf16(units[experts], scales[experts])
+        for e, start, count in runs:
             run, run_out = rows[start:start + count], out[start:start + count]
             if run.dtype == torch.bfloat16:
                 _product(run, decoded[e].T, out=run_out)
             else:
                 parts = bf16_parts(run, 3)
                 torch.sum(_product(parts.view(3 * count, -1), decoded[e].T).view(3, count, N), dim=0, out=run_out)
-            start += count
     return out
+
+
+def _expert_batches(counts: list[int]):
+    """Experts DECODE_EXPERTS at a time (their weights converted together), those with rows:
+    (the batch's slice of experts, (expert within it, its first row, its rows) for each run)."""
+    start = 0
+    for first in range(0, len(counts), DECODE_EXPERTS):
+        runs = []
+        for e, count in enumerate(counts[first:first + DECODE_EXPERTS]):
+            if count:
+                runs.append((e, start, count))
+                start += count
+        if runs:
+            yield slice(first, first + DECODE_EXPERTS), runs
 
 
 def _by_expert_on_tensor_cores(rows: torch.Tensor, counts: list[int], units: torch.Tensor, scales: torch.Tensor,
@@ -228,15 +236,9 @@ def _by_expert_on_tensor_cores(rows: torch.Tensor, counts: list[int], units: tor
     (DECODE_EXPERTS at a time, half the bytes of their bf16 decode)."""
     blocks = rows.shape[1] // 128
     a, a_scales = fp8_blockwise.rows_1x128(rows, counts=counts, sources=sources)
-    start = 0
-    for first in range(0, len(counts), DECODE_EXPERTS):
-        if not any(counts[first:first + DECODE_EXPERTS]):
-            continue
-        w, w_scales = fp8_blockwise.fp4_weight_128(units[first:first + DECODE_EXPERTS],
-                                                   scales[first:first + DECODE_EXPERTS])
-        for e, count in enumerate(counts[first:first + DECODE_EXPERTS]):
-            if count:
-                fp8_blockwise.product(a[0, start:start + count], fp8_blockwise.segment_scales(a_scales, blocks, start, count),
-                                      w[e], w_scales[e], out=out[start:start + count])
-                start += count
+    for experts, runs in _expert_batches(counts):
+        w, w_scales = fp8_blockwise.fp4_weight_128(units[experts], scales[experts])
+        for e, start, count in runs:
+            run_scales = fp8_blockwise.segment_scales(a_scales, blocks, start, count)
+            fp8_blockwise.product(a[0, start:start + count], run_scales, w[e], w_scales[e], out=out[start:start + count])
     return out
