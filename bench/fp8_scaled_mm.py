@@ -2,8 +2,9 @@
 the bf16 path they replace, at the bench preset's prefill shapes: torch.mm on bf16 values with
 an fp32 output, and torch._scaled_mm with 1 x 128 activation scales and 128 x 128 (shipped)
 or 1 x 128 weight scales, each next to its FLOP roofline (694 TFLOP/s bf16, 1,276 fp8), and
-the encodes that feed it (the activations' rows, an FP8 weight's and an expert stack's blocks)
-next to their bytes' time at 4.2 TB/s.
+the encodes that feed it (the activations' rows, an FP8 weight's and an expert stack's blocks,
+the down projections' SwiGLU and encode apart and in one launch) next to their bytes' time at
+4.2 TB/s.
 
     python bench/fp8_scaled_mm.py [--rows 16384] [--expert-rows 2048]
 """
@@ -61,6 +62,25 @@ def expert_stack(experts: int) -> None:
         assert all(torch.equal(a, b) for a, b in zip(outputs[False], outputs[True])), "the two forms' codes differ"
 
 
+def swiglu_encode(rows: int, inter: int = 2304) -> None:
+    """The down projections' operand: the SwiGLU launch (routing weights, 1 x 32 rounding, bf16
+    out) then rows_1x128, against both in one launch (prefill_gemms.SWIGLU_ENCODE), at a chunk's
+    routed pairs (rows x 6, padded runs aside); their bytes: the fused form reads gate/up (fp32)
+    and writes the codes."""
+    from dsflash.model.kernels.swiglu import clamped_swiglu
+
+    gate_up = torch.randn(rows, 2 * inter, device="cuda")
+    gate, up = gate_up[:, :inter], gate_up[:, inter:]
+    weights = torch.rand(rows, device="cuda")
+    floor = (8 * rows * inter + rows * inter) / h200.HBM_BPS
+    two = lambda: fp8_blockwise.rows_1x128(clamped_swiglu(gate, up, 10.0, row_weights=weights, fp8_grid=True))  # noqa: E731
+    one = lambda: fp8_blockwise.swiglu_rows_1x128(gate, up, 10.0, weights)  # noqa: E731
+    for label, run in (("swiglu_then_encode", two), ("swiglu_in_encode", one)):
+        t = h200.cuda_time(run, iters=10)
+        h200.record("swiglu_encode", f"{label}_{rows}", {"us": t * 1e6, "ratio_to_hbm": t / floor})
+    assert all(torch.equal(a, b) for a, b in zip(two(), one())), "the fused encode's codes differ"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=16384, help="a prefill chunk's tokens")
@@ -72,6 +92,7 @@ def main() -> None:
     for name, (n, k) in EXPERT.items():
         products(name, args.expert_rows, n, k)
     expert_stack(args.experts)
+    swiglu_encode(6 * args.rows)
 
 
 if __name__ == "__main__":

@@ -37,7 +37,7 @@ from triton.compiler import ASTSource
 
 from triton.experimental.gluon._runtime import GluonASTSource
 
-from dsflash.model.kernels import fp4_moe, fp8_gemm, indexer_score, sparse_attention_gluon
+from dsflash.model.kernels import fp4_moe, fp8_blockwise, fp8_gemm, indexer_score, sparse_attention_gluon
 from dsflash.model.kernels import sparse_attention as sa
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
@@ -129,6 +129,17 @@ KERNELS = {
         ";NB=64;num_warps=4;QB=128;FP8=1,HW_FP8=1,BF16=0",
         # an 8,192-token chunk's queries, 32 heads of 128 (the release), against 131,071 entries
         sample=dict(n=8192, N=131071, HI=32, sqn=32 * 128, sqh=128, swn=32, son=131071, skr=131071)),
+    # faithful prefill's FP8 operand encode (fp8_blockwise): a chunk's routed pairs' rows into the
+    # experts' down projections (SEGMENTS), bf16 rows, or the SwiGLU of fp32 gate/up in the launch
+    "fp8_rows": Kernel(
+        fp8_blockwise._rows_kernel,
+        {"x_ptr": lambda o: "*fp32" if o["SWIGLU"] else "*bf16", "up_ptr": "*fp32", "weights_ptr": "*fp32",
+         "codes_ptr": "*u8", "scales_ptr": "*fp32", "starts_ptr": "*i32", "counts_ptr": "*i32", "source_ptr": "*i64",
+         "limit": "fp32"},
+        dict(GROUP_K=2304, ROW_BLOCKS=fp8_blockwise._ROW_BLOCKS, SEGMENTS=True, GATHER=False, SWIGLU=False,
+             WEIGHTED=False, num_warps=4, num_stages=3),
+        ";SWIGLU=1,WEIGHTED=1",
+        sample=dict(M=98304, ROWS=98304, K_ALL=2304, sxm=4608)),
     # decode's few-query form: a verify block's 6 queries against 1M entries, the 32 heads in one dot
     "indexer_few": Kernel(
         indexer_score._indexer_few_kernel,

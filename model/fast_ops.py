@@ -129,6 +129,16 @@ class TritonOps(ReferenceOps):
             first += rows
         return codes, scales, small_fp8_scales(scales), [w.weight.shape[0] for w in packed]
 
+    def swiglu_linear(self, gate: torch.Tensor, up: torch.Tensor, limit: float, name: str) -> torch.Tensor:
+        """A faithful prefill chunk's shared expert on the FP8 tensor cores: the SwiGLU, its
+        rounding and the operand's encode in one launch (prefill_gemms.swiglu_fp8_product)."""
+        weight = self.weights[name]
+        if not (self.act_quant and isinstance(weight, Fp8Weight) and _kernels_run_on(gate)
+                and prefill_gemms.swiglu_fits(gate, up, weight.shape[0])):
+            return super().swiglu_linear(gate, up, limit, name)
+        packed, _ = self._fp8(name)
+        return prefill_gemms.swiglu_fp8_product(gate, up, limit, packed.weight, packed.scale)
+
     def gemm_input(self, x: torch.Tensor) -> torch.Tensor:
         """Faithful mode: x on the FP8 grid in one launch (torch's rounding is ~20), as bf16.
         FP8 values times powers of two are exact in bf16, so the GEMM kernels dot it as one

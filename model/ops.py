@@ -142,6 +142,11 @@ class ReferenceOps:
         """silu(min(gate, L)) * clamp(up, -L, L) (layers/moe.py); one launch on the fast path."""
         return clamped_swiglu_ref(gate, up, limit)
 
+    def swiglu_linear(self, gate: torch.Tensor, up: torch.Tensor, limit: float, name: str) -> torch.Tensor:
+        """linear(clamped_swiglu(gate, up, limit), name): the shared expert's down projection
+        (the fast path may never write the SwiGLU's output)."""
+        return self.linear(self.clamped_swiglu(gate, up, limit), name)
+
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
         """RMSNorm in fp32 (layers/norm.py); one launch on the fast path."""
         return rms_norm(x, weight, eps)

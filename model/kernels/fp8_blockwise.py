@@ -34,6 +34,7 @@ import triton.language as tl
 
 from .common import e2m1_quads, e4m3_to_float, fp8_tensor_cores, interpreting, pow2, quad_scales
 from .quantize import e4m3_rne, fp8_blocks
+from .swiglu import clamped_swiglu_tile
 
 log = logging.getLogger(__name__)
 
@@ -46,22 +47,30 @@ ROW_ALIGN = 16
 
 def fits(x: torch.Tensor, n: int, k: int) -> bool:
     """Whether a product of x [M, k] (faithful mode's bf16 rows on the FP8 grid) and an [n, k]
-    weight runs here: on a GPU where the block-scaled FP8 product runs right (_runs_right),
-    both sides whole 128-blocks."""
-    return (x.is_cuda and not interpreting() and x.dtype == torch.bfloat16 and n % BLOCK == 0 and k % BLOCK == 0
-            and _runs_right(x.device.index if x.device.index is not None else torch.cuda.current_device()))
+    weight runs here (runs_on)."""
+    return x.dtype == torch.bfloat16 and runs_on(x.device, n, k)
+
+
+def runs_on(device: torch.device, n: int, k: int) -> bool:
+    """Whether an [n, k] weight's products run here on `device`: a GPU where the block-scaled
+    FP8 product runs right (_runs_right), both sides whole 128-blocks."""
+    return (device.type == "cuda" and not interpreting() and n % BLOCK == 0 and k % BLOCK == 0
+            and _runs_right(device.index if device.index is not None else torch.cuda.current_device()))
 
 
 @triton.jit
-def _rows_kernel(x_ptr, codes_ptr, scales_ptr, starts_ptr, counts_ptr, source_ptr, M, ROWS, K_ALL, sxm,
-                 GROUP_K: tl.constexpr, ROW_BLOCKS: tl.constexpr, SEGMENTS: tl.constexpr, GATHER: tl.constexpr):
+def _rows_kernel(x_ptr, up_ptr, weights_ptr, codes_ptr, scales_ptr, starts_ptr, counts_ptr, source_ptr, M, ROWS,
+                 K_ALL, sxm, limit, GROUP_K: tl.constexpr, ROW_BLOCKS: tl.constexpr, SEGMENTS: tl.constexpr,
+                 GATHER: tl.constexpr, SWIGLU: tl.constexpr, WEIGHTED: tl.constexpr):
     """Program (row r of ROWS, ROW_BLOCKS 128-column blocks): e4m3 codes under each block's
     power-of-two scale, as quant.fp8_round_trip with 128-column blocks rounds (rows from M on
     read as zeros). Codes go to group g's [ROWS, GROUP_K] matrix (columns g*GROUP_K ..); block
     b's fp32 scale to scales[b * count + r - start + blocks * start], rows in segments [start,
     start + count) (each a product's rows; one of ROWS without SEGMENTS): the layout
     torch._scaled_mm takes for each segment's scales, [count, blocks] with strides (1, count).
-    GATHER: row r is x's row source[r]."""
+    GATHER: row r is x's row source[r]. SWIGLU: x is the gate and up_ptr the up projection
+    (x's row stride); the row is their clamped SwiGLU, times weights[r] where WEIGHTED, rounded
+    onto faithful mode's 1 x 32 FP8 grid (swiglu.py's kernel with fp8_grid, to the bit)."""
     r = tl.program_id(0)
     b = tl.program_id(1) * ROW_BLOCKS + tl.arange(0, ROW_BLOCKS)
     blocks = K_ALL // 128
@@ -70,6 +79,13 @@ def _rows_kernel(x_ptr, codes_ptr, scales_ptr, starts_ptr, counts_ptr, source_pt
     reads = live & (b * 0 + r < M)  # (a block, not a scalar: the interpreter masks with blocks only)
     source = tl.load(source_ptr + tl.minimum(r, M - 1)).to(tl.int64) if GATHER else r.to(tl.int64)
     x = tl.load(x_ptr + source * sxm + cols, mask=reads[:, None], other=0.0).to(tl.float32)
+    if SWIGLU:  # (rows from M on: gate and up 0, so h 0)
+        up = tl.load(up_ptr + source * sxm + cols, mask=reads[:, None], other=0.0).to(tl.float32)
+        x = clamped_swiglu_tile(x, up, limit)
+        if WEIGHTED:
+            x = x * tl.load(weights_ptr + tl.minimum(r, M - 1))
+        _, on_grid, _ = fp8_blocks(tl.reshape(x, (ROW_BLOCKS * 4, 32)))
+        x = tl.reshape(on_grid, (ROW_BLOCKS, 128))
     code, _, exponent = fp8_blocks(x)
     at = (cols // GROUP_K).to(tl.int64) * ROWS * GROUP_K + r.to(tl.int64) * GROUP_K + cols % GROUP_K
     tl.store(codes_ptr + at, code.to(tl.uint8), mask=live[:, None])
@@ -91,6 +107,24 @@ def rows_1x128(x: torch.Tensor, groups: int = 1, counts: list[int] | None = None
     rows is M rounded up to ROW_ALIGN, the rows past M zeros (their products are cut off).
     sources [M] (int64): the rows are x's rows sources[i] (the routed experts' tokens), read
     where they lie rather than gathered into a copy first."""
+    return _encode_rows(x, groups=groups, counts=counts, sources=sources)
+
+
+def swiglu_rows_1x128(gate: torch.Tensor, up: torch.Tensor, limit: float, row_weights: torch.Tensor | None = None,
+                      counts: list[int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """rows_1x128(swiglu.clamped_swiglu(gate, up, limit, row_weights, fp8_grid=True), counts=counts)
+    in one launch: faithful mode's down-projection input, the SwiGLU's output never written
+    (gate, up [M, I], I a multiple of 128, rows of one stride: the halves of one product's
+    output; row_weights [M] or None)."""
+    assert gate.shape == up.shape and gate.stride() == up.stride(), (gate.shape, gate.stride(), up.stride())
+    weights = None if row_weights is None else row_weights.to(torch.float32).contiguous()
+    return _encode_rows(gate, counts=counts, swiglu=(up, weights, float(limit)))
+
+
+def _encode_rows(x: torch.Tensor, groups: int = 1, counts: list[int] | None = None,
+                 sources: torch.Tensor | None = None, swiglu: tuple | None = None
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """rows_1x128's launch; swiglu (up, row weights or None, limit): x is the gate (_rows_kernel's SWIGLU)."""
     M, K = x.shape if sources is None else (sources.shape[0], x.shape[1])
     assert K % (BLOCK * groups) == 0 and x.stride(1) == 1
     rows = M if counts is not None else -(-M // ROW_ALIGN) * ROW_ALIGN
@@ -101,10 +135,13 @@ def rows_1x128(x: torch.Tensor, groups: int = 1, counts: list[int] | None = None
         sizes = torch.tensor(counts, device=x.device)
         lengths = torch.repeat_interleave(sizes, sizes, output_size=M).to(torch.int32)
         starts = torch.repeat_interleave(torch.cumsum(sizes, 0) - sizes, sizes, output_size=M).to(torch.int32)
+    up, weights, limit = swiglu or (x, None, 0.0)
     if rows:
         _rows_kernel[(rows, triton.cdiv(K // BLOCK, _ROW_BLOCKS))](
-            x, codes, scales, starts, lengths, scales if sources is None else sources, M, rows, K, x.stride(0),
-            GROUP_K=K // groups, ROW_BLOCKS=_ROW_BLOCKS, SEGMENTS=counts is not None, GATHER=sources is not None)
+            x, up, scales if weights is None else weights, codes, scales, starts, lengths,
+            scales if sources is None else sources, M, rows, K, x.stride(0), limit, GROUP_K=K // groups,
+            ROW_BLOCKS=_ROW_BLOCKS, SEGMENTS=counts is not None, GATHER=sources is not None,
+            SWIGLU=swiglu is not None, WEIGHTED=weights is not None)
     return codes, scales
 
 

@@ -91,12 +91,33 @@ def _tensor_cores(x: torch.Tensor, n: int, k: int) -> bool:
 def fp8_product(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     """x [M, K] @ (codes, scales)^T -> [M, N] fp32, as fp8_gemm computes it."""
     if _tensor_cores(x, *codes.shape):
-        a, a_scales = fp8_blockwise.rows_1x128(x)
-        w, w_scales = fp8_blockwise.fp8_weight_128(codes, scales)
-        rows = a.shape[1]  # x's rows and the aligned rows after them
-        return fp8_blockwise.product(a[0], fp8_blockwise.segment_scales(a_scales, x.shape[1] // 128, 0, rows),
-                                     w, w_scales)[:x.shape[0]]
+        return _encoded_product(*fp8_blockwise.rows_1x128(x), x.shape[0], codes, scales)
     return bf16_product(x, fp8_weight_bf16(codes, scales))
+
+
+def swiglu_fits(gate: torch.Tensor, up: torch.Tensor, n: int) -> bool:
+    """Whether swiglu_fp8_product runs for faithful mode's SwiGLU of gate and up (prefill rows,
+    one layout) into an [n, I] FP8 weight (the shared expert's down projection)."""
+    return (SWIGLU_ENCODE and FP8_TENSOR_CORES and takes(gate) and gate.stride() == up.stride()
+            and gate.shape == up.shape and gate.stride(1) == 1 and fp8_blockwise.runs_on(gate.device, n, gate.shape[1]))
+
+
+def swiglu_fp8_product(gate: torch.Tensor, up: torch.Tensor, limit: float, codes: torch.Tensor,
+                       scales: torch.Tensor) -> torch.Tensor:
+    """fp8_product(fp8_grid_bf16(clamped_swiglu(gate, up, limit)), codes, scales) on the FP8
+    tensor cores, the SwiGLU, its rounding and the operand's encode in one launch
+    (fp8_blockwise.swiglu_rows_1x128: at a 16K chunk's shared expert, the SwiGLU's fp32 output,
+    its bf16 rounding and their reads, ~0.5 GB a layer, are never written)."""
+    return _encoded_product(*fp8_blockwise.swiglu_rows_1x128(gate, up, limit), gate.shape[0], codes, scales)
+
+
+def _encoded_product(a: torch.Tensor, a_scales: torch.Tensor, m: int, codes: torch.Tensor,
+                     scales: torch.Tensor) -> torch.Tensor:
+    """The first m rows of rows_1x128's operand (a, a_scales) times an FP8 weight re-encoded to 128 x 128 blocks."""
+    w, w_scales = fp8_blockwise.fp8_weight_128(codes, scales)
+    rows = a.shape[1]  # the m rows and the aligned rows after them
+    return fp8_blockwise.product(a[0], fp8_blockwise.segment_scales(a_scales, codes.shape[1] // 128, 0, rows),
+                                 w, w_scales)[:m]
 
 
 def grouped_fp8_product(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, groups: int) -> torch.Tensor:
@@ -141,7 +162,6 @@ def fp4_experts(x: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor, w13: 
     T, H = x.shape
     k = idx.shape[1]
     E, two_i, _ = w13.shape
-    inter = two_i // 2
     flat = idx.reshape(-1)
     order = torch.argsort(flat, stable=True)
     counts = torch.bincount(flat, minlength=E)[:E].tolist()  # one sync: the products' row counts
@@ -157,18 +177,28 @@ def fp4_experts(x: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor, w13: 
     row_weights = torch.zeros(sum(runs), dtype=weights.dtype, device=x.device).index_copy_(
         0, at, weights.reshape(-1)[live])
     gate_up = _by_expert(x, runs, w13, s13, tokens)
-    # times the routing weights and, in faithful mode, the down projection's input on the FP8 grid
-    # (fake_quant_fp8), in the SwiGLU's launch
-    on_grid = act_quant and inter % 32 == 0
-    if SWIGLU_EPILOGUE:
-        h = clamped_swiglu(gate_up[:, :inter], gate_up[:, inter:], limit, row_weights=row_weights, fp8_grid=on_grid)
-    else:  # the passes it replaced, for comparisons
-        h = clamped_swiglu(gate_up[:, :inter], gate_up[:, inter:], limit) * row_weights[:, None]
-        h = fp8_grid_bf16(h) if on_grid else h
-    down = _by_expert(h, runs, w2, s2)
+    down = _down_projection(x, gate_up, runs, row_weights, w2, s2, limit, act_quant)
     place = torch.full((flat.shape[0],), -1, dtype=torch.int64, device=x.device)
     place[live] = at  # pair -> its row of `down` (-1: none)
     return pair_sums(down, place.view(T, k))
+
+
+def _down_projection(x: torch.Tensor, gate_up: torch.Tensor, runs: list[int], row_weights: torch.Tensor,
+                     w2: torch.Tensor, s2: torch.Tensor, limit: float, act_quant: bool) -> torch.Tensor:
+    """Each pair's clamped SwiGLU of its gate/up row times its routing weight (in faithful mode
+    on the FP8 grid, fake_quant_fp8) through its expert's down projection -> [rows, H] fp32."""
+    inter = gate_up.shape[1] // 2
+    gate, up = gate_up[:, :inter], gate_up[:, inter:]
+    on_grid = act_quant and inter % 32 == 0
+    if on_grid and SWIGLU_ENCODE and _tensor_cores(x, x.shape[1], inter):  # all of it in the operand's encode
+        a, a_scales = fp8_blockwise.swiglu_rows_1x128(gate, up, limit, row_weights, counts=runs)
+        return _expert_products(a, a_scales, runs, w2, s2, torch.empty(sum(runs), x.shape[1], device=x.device))
+    if SWIGLU_EPILOGUE:  # the routing weights and the rounding in the SwiGLU's launch
+        h = clamped_swiglu(gate, up, limit, row_weights=row_weights, fp8_grid=on_grid)
+    else:  # the passes it replaced, for comparisons
+        h = clamped_swiglu(gate, up, limit) * row_weights[:, None]
+        h = fp8_grid_bf16(h) if on_grid else h
+    return _by_expert(h, runs, w2, s2)
 
 
 def _run_rows(experts: torch.Tensor, counts: list[int], runs: list[int]) -> torch.Tensor:
@@ -184,6 +214,12 @@ def _run_rows(experts: torch.Tensor, counts: list[int], runs: list[int]) -> torc
 # The routing weights and faithful mode's FP8 rounding of the down projection's input in the
 # SwiGLU's launch; False: torch's product and a round trip after it (bench/decode_ab.py).
 SWIGLU_EPILOGUE = True
+# Faithful mode on the FP8 tensor cores: the SwiGLU (with the routing weights and the rounding)
+# computed inside the down projection's operand encode (fp8_blockwise.swiglu_rows_1x128), for
+# the routed experts and the shared expert (swiglu_fp8_product). At a 16K chunk that leaves
+# out a write and a read of the SwiGLU's output (~0.9 GB a layer for the routed experts) and,
+# for the shared expert, a round trip's launch. Off until timed on the H200.
+SWIGLU_ENCODE = False
 
 # Experts decoded to bf16 at once, one matrix kind at a time: at the release widths 47.2 MB an
 # expert for gate/up, 23.6 for down (3.0 GB at most for gate/up).
@@ -234,8 +270,15 @@ def _by_expert_on_tensor_cores(rows: torch.Tensor, counts: list[int], units: tor
     """_by_expert for faithful mode's bf16 rows on the FP8 tensor cores: the rows' codes made
     once, with each expert's run of scales together; the experts' weights re-encoded as e4m3
     (DECODE_EXPERTS at a time, half the bytes of their bf16 decode)."""
-    blocks = rows.shape[1] // 128
-    a, a_scales = fp8_blockwise.rows_1x128(rows, counts=counts, sources=sources)
+    return _expert_products(*fp8_blockwise.rows_1x128(rows, counts=counts, sources=sources), counts, units, scales,
+                            out)
+
+
+def _expert_products(a: torch.Tensor, a_scales: torch.Tensor, counts: list[int], units: torch.Tensor,
+                     scales: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """Each expert's run of rows_1x128's rows (counts[e] each, their scales together) times its
+    weight re-encoded as e4m3 (DECODE_EXPERTS at a time) into out's rows."""
+    blocks = a.shape[2] // 128
     for experts, runs in _expert_batches(counts):
         w, w_scales = fp8_blockwise.fp4_weight_128(units[experts], scales[experts])
         for e, start, count in runs:

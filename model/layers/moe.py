@@ -36,7 +36,7 @@ def moe(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, x: torch.Tensor) -
     xs = x[rows]
 
     def shared_expert() -> torch.Tensor:
-        return ops.linear(ops.clamped_swiglu(*ops.linear_many(xs, (f"{s}.w1", f"{s}.w3")), limit), f"{s}.w2")
+        return ops.swiglu_linear(*ops.linear_many(xs, (f"{s}.w1", f"{s}.w3")), limit, f"{s}.w2")
     if SHARED_FIRST:
         shared = ops.beside(shared_expert, xs.shape[0])
     weights, idx = route(ops, cfg, role, x)

@@ -110,8 +110,7 @@ def test_the_product_stays_within_the_regrids_rounding():
 def _switch(monkeypatch, on: bool) -> None:
     monkeypatch.setattr(prefill_gemms, "FP8_TENSOR_CORES", on)
     if DEVICE == "cpu":  # the FP8 path with its products in fp32 (product's CPU form)
-        monkeypatch.setattr(fp8_blockwise, "fits", lambda x, n, k: x.dtype == torch.bfloat16 and n % 128 == 0
-                            and k % 128 == 0)
+        monkeypatch.setattr(fp8_blockwise, "runs_on", lambda device, n, k: n % 128 == 0 and k % 128 == 0)
 
 
 def test_prefill_products_on_the_fp8_tensor_cores_match_the_exact_ones(monkeypatch):
@@ -150,6 +149,79 @@ def test_prefill_products_on_the_fp8_tensor_cores_match_the_exact_ones(monkeypat
     got = prefill_gemms.fp4_experts(xe.to(DEVICE), idx.to(DEVICE), weights.to(DEVICE), *_device_experts(stack), 0.7,
                                     act_quant=True).cpu()
     assert (got - ref).abs().max() < 2e-2 * ref.abs().max()
+
+
+def _gate_up(rows: int, inter: int, seed: int) -> torch.Tensor:
+    """A gate/up product's fp32 output [rows, 2 * inter]: 32-column stretches at their own
+    magnitudes, some past the SwiGLU's clamp."""
+    g = _g(seed)
+    return torch.randn(rows, 2 * inter, generator=g) * torch.exp2(
+        torch.randint(-8, 4, (2 * inter // 32,), generator=g).float()).repeat_interleave(32)
+
+
+def test_the_swiglu_in_the_encode_is_the_swiglu_then_the_encode():
+    """swiglu_rows_1x128 gives, to the bit, the codes and scales rows_1x128 makes of the
+    SwiGLU launch's output (routing weights, the 1 x 32 FP8 grid): runs of rows with their
+    weights (zeros among them, as the padding rows'), and rows without weights, padded."""
+    from dsflash.model.kernels.swiglu import clamped_swiglu
+
+    gate_up = _gate_up(12, 256, 20).to(DEVICE)
+    gate, up = gate_up[:, :256], gate_up[:, 256:]
+    weights = torch.rand(12, generator=_g(21))
+    weights[[2, 9]] = 0
+    weights = weights.to(DEVICE)
+    counts = [5, 0, 7]
+    got = fp8_blockwise.swiglu_rows_1x128(gate, up, 7.0, weights, counts=counts)
+    want = fp8_blockwise.rows_1x128(clamped_swiglu(gate, up, 7.0, row_weights=weights, fp8_grid=True), counts=counts)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    assert got[0].any() and not (got[0][0, 2] & 0x7F).any()  # (a weight of 0: its row's codes are +-0)
+    got = fp8_blockwise.swiglu_rows_1x128(gate[:9], up[:9], 7.0)
+    want = fp8_blockwise.rows_1x128(clamped_swiglu(gate[:9], up[:9], 7.0, fp8_grid=True))
+    assert got[0].shape[1] == fp8_blockwise.ROW_ALIGN and all(torch.equal(a, b) for a, b in zip(got, want))
+
+
+def test_the_swiglu_in_the_encode_gives_the_same_products(monkeypatch):
+    """prefill_gemms.SWIGLU_ENCODE changes no bit: the routed experts (fp4_experts) and the
+    shared expert's down projection, called directly and through TritonOps.swiglu_linear (the
+    shared expert's dispatch; exact mode and the reference path keep linear of the SwiGLU). On
+    CPU at a few rows with the products in fp32; on a GPU at a prefill chunk's rows."""
+    from dsflash.model.fast_ops import TritonOps
+    from dsflash.model.kernels.swiglu import clamped_swiglu
+    from dsflash.model.kernels.quantize import fp8_grid_bf16
+    from dsflash.model.ops import ReferenceOps
+    from dsflash.model.weights import Fp8Weight
+
+    _switch(monkeypatch, True)
+    if DEVICE == "cpu":
+        monkeypatch.setattr(prefill_gemms, "takes", lambda x: x.shape[0] >= 16)
+    rows = prefill_gemms.ROWS + 67 if DEVICE == "cuda" else 37
+    stack, xe, _, weights = _moe_case(_g(22), rows, E=6, H=256, inter=128, k=3)
+    idx = torch.stack([torch.randperm(6, generator=_g(23 + t))[:3] for t in range(rows)]).to(DEVICE)
+    xe = fake_quant_fp8(xe).to(torch.bfloat16).to(DEVICE)
+    experts = (xe, idx, weights.to(DEVICE), *_device_experts(stack), 0.7)
+    got = {}
+    for on in (False, True):
+        monkeypatch.setattr(prefill_gemms, "SWIGLU_ENCODE", on)
+        got[on] = prefill_gemms.fp4_experts(*experts, act_quant=True)
+    assert torch.equal(got[True], got[False]) and got[True].abs().max() > 0
+
+    gate_up = _gate_up(rows, 256, 24).to(DEVICE)
+    gate, up = gate_up[:, :256], gate_up[:, 256:]
+    codes, scales = quantize_fp8_weight(torch.randn(384, 256, generator=_g(25)))
+    want = prefill_gemms.fp8_product(fp8_grid_bf16(clamped_swiglu(gate, up, 7.0)), codes.to(DEVICE), scales.to(DEVICE))
+    assert torch.equal(prefill_gemms.swiglu_fp8_product(gate, up, 7.0, codes.to(DEVICE), scales.to(DEVICE)), want)
+    store = {"w2": Fp8Weight(codes, scales, (32, 32))}
+    monkeypatch.setattr(prefill_gemms, "SWIGLU_ENCODE", True)
+    fused = {"w2": 0}
+    real = prefill_gemms.swiglu_fp8_product
+    monkeypatch.setattr(prefill_gemms, "swiglu_fp8_product",
+                        lambda *a: fused.__setitem__("w2", fused["w2"] + 1) or real(*a))
+    faithful = TritonOps(store, act_quant=True, device=DEVICE).swiglu_linear(gate, up, 7.0, "w2")
+    assert fused["w2"] == 1 and torch.equal(faithful, want)
+    TritonOps(store, act_quant=False, device=DEVICE).swiglu_linear(gate, up, 7.0, "w2")
+    reference = ReferenceOps(store, act_quant=True, device=DEVICE).swiglu_linear(gate, up, 7.0, "w2")
+    assert fused["w2"] == 1  # exact mode and the reference path: linear of the SwiGLU
+    assert (reference - want).abs().max() < 1e-3 * want.abs().max()
 
 
 def test_the_check_at_first_use_holds_the_product_to_its_values(monkeypatch):
