@@ -567,14 +567,41 @@ def step_bytes(store, config, batch: int, context: int) -> float:
         n = rows if not role.is_dspark else 5 * batch
         touched = e * (1 - (1 - k / e) ** n)
         routed += expert_bytes.get(f"{role.prefix}.ffn", 0) * touched / e
+    return dense + routed + kv_bytes(config, batch, context)
+
+
+def kv_bytes(config, batch: int, context: int) -> int:
+    """The KV a step's 6-row verify blocks read: each request's FP8 window once (its rows share
+    it), each row's selected compressed entries (288 bytes; a request's rows select apart), and
+    at an index source each request's index keys once (68 bytes an entry: its rows score the same
+    keys). Until 2026-12-04 (thirty-ninth session) the window was counted once a row and the index
+    keys once per 16 rows of the whole batch, as if one request's keys were read for every other
+    request's rows: at 1M and batch 32, 229.6 GB a step where it is 66.6 (batch 8: 61.5 / 54.1)."""
+    rows = 6 * batch
     kv = 0
     for role in config.roles[: config.num_layers]:
-        kv += rows * config.sliding_window * (config.head_dim + config.head_dim // 32)
+        kv += batch * config.sliding_window * (config.head_dim + config.head_dim // 32)
         if role.ratio:
             kv += rows * min(config.index_topk, context // role.ratio) * 288
         if role.is_index_source:
-            kv += math.ceil(rows / 16) * batch * (context // role.ratio) * 68
-    return dense + routed + kv
+            kv += batch * (context // role.ratio) * 68
+    return kv
+
+
+def step_flops(config, batch: int, context: int) -> float:
+    """Matrix FLOPs of a step's verify rows: the layers' products and the LM head, the indexer's
+    scores (every row against its request's index keys at each index source) and the attention
+    (every row against its window and selected entries, scores and values); the drafter's rows
+    not counted. At 1M context and batch 32 their time at the bf16 rate passes the step's bytes'
+    at the HBM rate."""
+    rows = 6 * batch
+    flops = rows * (layer_token_flops(config) * config.num_layers + 2 * config.vocab_size * config.hidden_size)
+    for role in config.roles[: config.num_layers]:
+        keys = config.sliding_window + (min(config.index_topk, context // role.ratio) if role.ratio else 0)
+        flops += 2 * 2 * rows * config.num_heads * config.head_dim * keys
+        if role.is_index_source:
+            flops += 2 * rows * (context // role.ratio) * config.index_n_heads * config.index_head_dim
+    return flops
 
 
 def decode_engine(model, batch: int, context: int, generator: torch.Generator):
@@ -662,9 +689,12 @@ def decode(model, store, batches, contexts, label: str) -> None:
             emitted = sum(len(r.output) for r in engine.running)
             nbytes = step_bytes(store, config, batch, context)
             roofline = nbytes / HBM_BPS
+            flop_floor = step_flops(config, batch, context) / BF16_FLOPS  # a second floor, beside the bytes'
             record(label, f"ctx{context}_B{batch}", {"step_ms": step_s * 1e3, "roofline_ms": roofline * 1e3,
                                                      "ratio_to_roofline": step_s / roofline,
                                                      "GB_per_step": nbytes / 1e9,
+                                                     "bf16_flops_ms": flop_floor * 1e3,
+                                                     "ratio_to_larger_floor": step_s / max(roofline, flop_floor),
                                                      "tokens_per_s_at_accept_1": batch / step_s,
                                                      "tokens_per_s_at_accept_6": 6 * batch / step_s,
                                                      "emitted": emitted})
@@ -810,6 +840,15 @@ def prefill(model, lengths, label: str = "prefill", warm_first: bool = True, chu
             torch.cuda.empty_cache()
 
 
+def layer_token_flops(c) -> float:
+    """Matrix FLOPs of one token through a layer's projections and experts: 2 x the parameters it touches."""
+    attn = 2 * (c.q_lora_rank * c.hidden_size + c.num_heads * c.head_dim * c.q_lora_rank + c.head_dim * c.hidden_size
+                + c.o_groups * c.o_lora_rank * c.num_heads * c.head_dim // c.o_groups
+                + c.hidden_size * c.o_groups * c.o_lora_rank)
+    ffn = 2 * 3 * c.moe_intermediate_size * c.hidden_size * (c.num_experts_per_tok + 1)
+    return attn + ffn
+
+
 def prefill_flops(model, n: int) -> float:
     """Matrix FLOPs of a CED prefill: encoder layers over every token, decoder over the tail;
     2 * params touched per token, plus the indexer (queries x visible keys) and attention.
@@ -817,12 +856,7 @@ def prefill_flops(model, n: int) -> float:
     indexer and attention run on the tail, with the decoder, and are not counted (they were
     until 2026-12-01, ninth session: 4.6 of 28.6 PFLOP at 1M: a 41.3 s roofline where it is 34.6 s)."""
     c = model.config
-    attn = 2 * (c.q_lora_rank * c.hidden_size + c.num_heads * c.head_dim * c.q_lora_rank + c.head_dim * c.hidden_size
-                + c.o_groups * c.o_lora_rank * c.num_heads * c.head_dim // c.o_groups
-                + c.hidden_size * c.o_groups * c.o_lora_rank)
-    ffn = 2 * 3 * c.moe_intermediate_size * c.hidden_size * (c.num_experts_per_tok + 1)
-    per_token = (attn + ffn) * c.ced_split
-    flops = per_token * n
+    flops = layer_token_flops(c) * c.ced_split * n
     for role in c.roles[: c.ced_split]:
         if role.ratio:
             flops += 2 * c.num_heads * c.head_dim * 2 * (c.sliding_window + min(c.index_topk, n // role.ratio)) * n

@@ -1,0 +1,49 @@
+"""The physical limits bench/h200.py prints beside its decode figures: the bytes a step must
+read (weights aside, its KV) and its matrix FLOPs, on the bench preset's config."""
+
+from __future__ import annotations
+
+import importlib.util
+import pathlib
+
+import pytest
+
+from dsflash.model.checkpoint_writer import preset_config
+from dsflash.model.config import ModelConfig
+
+MILLION = 1 << 20
+
+
+@pytest.fixture(scope="module")
+def h200():
+    path = pathlib.Path(__file__).parents[2] / "bench" / "h200.py"
+    spec = importlib.util.spec_from_file_location("bench_h200", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def config():
+    return ModelConfig.from_dict(preset_config("bench"))
+
+
+def test_each_requests_kv_is_counted_once_whatever_the_batch(h200, config):
+    """A request's rows share its window and its index keys: 32 requests read 32 times one
+    request's KV (the count before the thirty-ninth session grew with the batch's rows over 16
+    times the batch: 229.6 GB a step at 1M and batch 32, where 66 is right)."""
+    one = h200.kv_bytes(config, 1, MILLION)
+    assert h200.kv_bytes(config, 32, MILLION) == 32 * one
+    index_keys = sum(MILLION // role.ratio * 68 for role in config.roles[:config.num_layers] if role.is_index_source)
+    assert index_keys == (3 * MILLION // 2 + 5 * MILLION) * 68  # three index sources at ratio 2, five at 1
+    assert index_keys < one < index_keys + 40 * 6 * 512 * 288 + 40 * 128 * 528
+
+
+def test_a_steps_flops_grow_with_its_rows_and_its_context(h200, config):
+    """The FLOP floor: the products and LM head of every verify row, plus the indexer and the
+    attention, which at 1M and batch 32 take longer at the bf16 rate than the step's bytes."""
+    assert h200.step_flops(config, 32, MILLION) == pytest.approx(32 * h200.step_flops(config, 1, MILLION))
+    assert h200.step_flops(config, 1, MILLION) > h200.step_flops(config, 1, 4096)
+    products = 6 * (h200.layer_token_flops(config) * 40 + 2 * config.vocab_size * config.hidden_size)
+    assert h200.step_flops(config, 1, 0) == pytest.approx(products + 40 * 4 * 6 * 64 * 512 * 128)
+    assert h200.step_flops(config, 32, MILLION) / h200.BF16_FLOPS > h200.kv_bytes(config, 32, MILLION) / h200.HBM_BPS
