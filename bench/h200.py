@@ -821,10 +821,12 @@ def prefill(model, lengths, label: str = "prefill", warm_first: bool = True, chu
                                         "progress": progress})
             continue
         flops = prefill_flops(model, n)
+        limit = prefill_limit_s(config, n, model.ops.act_quant)
         logits = done[0].output.logits if done and done[0].output is not None else torch.zeros(1)
         record(label, f"T{n}", {"seconds": seconds, "tokens_per_s": n / seconds, "profiled_last_chunk": profile_last,
                                     "last_logits_sum": repr(logits.double().sum().item()),
                                     "last_argmax": int(logits.argmax()),
+                                    "limit_s": limit, "ratio_to_limit": seconds / limit,
                                     "roofline_s_bf16": flops / BF16_FLOPS, "ratio_to_roofline": seconds / (flops / BF16_FLOPS),
                                     "TFLOP": flops / 1e12, "progress": progress, "last_steps_s": last_steps})
         done[0].cache.release()
@@ -850,19 +852,37 @@ def layer_token_flops(c) -> float:
 
 
 def prefill_flops(model, n: int) -> float:
-    """Matrix FLOPs of a CED prefill: encoder layers over every token, decoder over the tail;
-    2 * params touched per token, plus the indexer (queries x visible keys) and attention.
-    Layer 20 (the split) runs only its KV-source path (the compressor) over every token: its
-    indexer and attention run on the tail, with the decoder, and are not counted (they were
-    until 2026-12-01, ninth session: 4.6 of 28.6 PFLOP at 1M: a 41.3 s roofline where it is 34.6 s)."""
-    c = model.config
-    flops = layer_token_flops(c) * c.ced_split * n
+    """Matrix FLOPs of a CED prefill (prefill_flop_parts, summed)."""
+    return sum(prefill_flop_parts(model.config, n).values())
+
+
+def prefill_flop_parts(c, n: int) -> dict[str, float]:
+    """Matrix FLOPs of a CED prefill by kind: encoder layers over every token, decoder over the
+    tail; the products (2 * params touched per token), the attention and the indexer (queries x
+    visible keys). Layer 20 (the split) runs only its KV-source path (the compressor) over every
+    token: its indexer and attention run on the tail, with the decoder, and are not counted (they
+    were until 2026-12-01, ninth session: 4.6 of 28.6 PFLOP at 1M: a 41.3 s roofline where it is 34.6 s)."""
+    parts = {"products": layer_token_flops(c) * c.ced_split * n, "attention": 0.0, "indexer": 0.0}
     for role in c.roles[: c.ced_split]:
         if role.ratio:
-            flops += 2 * c.num_heads * c.head_dim * 2 * (c.sliding_window + min(c.index_topk, n // role.ratio)) * n
+            parts["attention"] += 2 * c.num_heads * c.head_dim * 2 * (c.sliding_window + min(c.index_topk, n // role.ratio)) * n
         if role.is_index_source:
-            flops += 2 * c.index_n_heads * c.index_head_dim * n * (n // role.ratio) / 2
-    return flops
+            parts["indexer"] += 2 * c.index_n_heads * c.index_head_dim * n * (n // role.ratio) / 2
+    return parts
+
+
+def prefill_limit_s(c, n: int, act_quant: bool) -> float:
+    """A prefill's FLOP floor at the rates its kinds run at: faithful mode's products on the FP8
+    tensor cores (1,276 TFLOP/s) where prefill_gemms sends them there, its indexer's scores too
+    where indexer_score.TALL_FP8 is on; the rest (and exact mode's fp32-input products) at the
+    bf16 rate. Until 2026-12-04 (thirty-ninth session) every prefill was held to the bf16 rate:
+    faithful 1M against 34.6 s, where its FP8 products make the floor 24.3 s."""
+    from dsflash.model.kernels import indexer_score, prefill_gemms
+
+    parts = prefill_flop_parts(c, n)
+    fp8 = {"products": act_quant and prefill_gemms.FP8_TENSOR_CORES,
+           "indexer": act_quant and indexer_score.TALL_FP8, "attention": False}
+    return sum(flops / (FP8_FLOPS if fp8[kind] else BF16_FLOPS) for kind, flops in parts.items())
 
 
 def tensor_parallel_rank(rank: int, world: int, rendezvous: str, contexts, batches, preset: str,

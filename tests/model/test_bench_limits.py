@@ -47,3 +47,22 @@ def test_a_steps_flops_grow_with_its_rows_and_its_context(h200, config):
     products = 6 * (h200.layer_token_flops(config) * 40 + 2 * config.vocab_size * config.hidden_size)
     assert h200.step_flops(config, 1, 0) == pytest.approx(products + 40 * 4 * 6 * 64 * 512 * 128)
     assert h200.step_flops(config, 32, MILLION) / h200.BF16_FLOPS > h200.kv_bytes(config, 32, MILLION) / h200.HBM_BPS
+
+
+def test_a_faithful_prefill_is_held_to_the_fp8_rate_of_its_products(h200, config, monkeypatch):
+    """The prefill floor: exact mode's products at the bf16 rate; faithful mode's on the FP8
+    tensor cores at the FP8 rate (its indexer's too where TALL_FP8 is on), the attention at
+    bf16. At 1M: 24.04 PFLOP, 34.6 s all at bf16, 24.3 s with FP8 products."""
+    from dsflash.model.kernels import indexer_score, prefill_gemms
+
+    parts = h200.prefill_flop_parts(config, MILLION)
+    assert sum(parts.values()) == pytest.approx(24.04e15, rel=1e-3)
+    everything_bf16 = sum(parts.values()) / h200.BF16_FLOPS
+    assert h200.prefill_limit_s(config, MILLION, act_quant=False) == pytest.approx(everything_bf16)
+    monkeypatch.setattr(prefill_gemms, "FP8_TENSOR_CORES", True)
+    monkeypatch.setattr(indexer_score, "TALL_FP8", False)
+    faithful = h200.prefill_limit_s(config, MILLION, act_quant=True)
+    assert faithful == pytest.approx(everything_bf16 - parts["products"] * (1 / h200.BF16_FLOPS - 1 / h200.FP8_FLOPS))
+    assert 24 < faithful < 25
+    monkeypatch.setattr(indexer_score, "TALL_FP8", True)
+    assert h200.prefill_limit_s(config, MILLION, act_quant=True) < faithful
