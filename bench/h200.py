@@ -541,8 +541,11 @@ def build_model(fast: bool, preset: str, parallel=None, act_quant: bool = False)
 
 def step_bytes(store, config, batch: int, context: int) -> float:
     """Bytes one decode step must read: every weight of the step (experts only those routed to,
-    in expectation), plus the KV the 6-token verify block and the 5-row draft read. With a
-    sharded store (--tp) these are one rank's bytes: its heads and experts, all of the KV."""
+    in expectation; the embedding's rows only; the LM head twice, for the verify rows and the
+    drafts; the Markov head once a draft), plus the KV the 6-token verify block and the 5-row
+    draft read. With a sharded store (--tp) these are one rank's bytes: its heads and experts,
+    all of the KV. Until 2026-12-04 (thirty-ninth session) the embedding was counted whole and
+    the LM head three times: 33.6 GB a batch-1 step where 31.2 is right."""
     from dsflash.model.weights import Fp4Weight
 
     rows = 6 * batch
@@ -553,14 +556,17 @@ def step_bytes(store, config, batch: int, context: int) -> float:
         parts = [w] if isinstance(w, torch.Tensor) else [getattr(w, f) for f in ("weight", "packed", "scale")
                                                           if hasattr(w, f)]
         nbytes = sum(p.numel() * p.element_size() for p in parts)
-        if ".engram.embed" in name:
+        if ".engram.embed" in name or name == "embed.weight":
             continue  # row gathers only
         if isinstance(w, Fp4Weight):
             layer = name.split(".experts.")[0]
             expert_bytes[layer] = expert_bytes.get(layer, 0) + nbytes
         else:
             dense += nbytes
-    dense += 2 * config.vocab_size * config.hidden_size * 2  # head read again by the drafter
+        if name == "head.weight":
+            dense += nbytes  # read again by the drafter's head
+        if name.endswith(".markov_head.head.weight"):
+            dense += (config.dspark_block_size - 1) * nbytes  # once a draft
     routed = 0
     for role in config.roles:
         e, k = role.n_routed_experts, role.num_experts_per_tok

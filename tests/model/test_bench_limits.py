@@ -7,6 +7,7 @@ import importlib.util
 import pathlib
 
 import pytest
+import torch
 
 from dsflash.model.checkpoint_writer import preset_config
 from dsflash.model.config import ModelConfig
@@ -66,3 +67,27 @@ def test_a_faithful_prefill_is_held_to_the_fp8_rate_of_its_products(h200, config
     assert 24 < faithful < 25
     monkeypatch.setattr(indexer_score, "TALL_FP8", True)
     assert h200.prefill_limit_s(config, MILLION, act_quant=True) < faithful
+
+
+def test_a_steps_weights_count_the_heads_as_the_step_reads_them(h200):
+    """The tiny preset's store: the embedding's rows only (not its table), the LM head twice
+    (the verify rows', the drafts'), the Markov head once a draft, every other dense weight
+    once; at batch 1 and no context, the KV is the window's."""
+    from dsflash.model.checkpoint_writer import preset_config, random_weight_store
+    from dsflash.model.weights import Fp4Weight
+
+    store = random_weight_store(preset_config("tiny"))
+    config = store.config
+
+    def size(name):
+        w = store[name]
+        parts = [w] if isinstance(w, torch.Tensor) else [getattr(w, f) for f in ("weight", "packed", "scale")
+                                                          if hasattr(w, f)]
+        return sum(p.numel() * p.element_size() for p in parts)
+    once = sum(size(n) for n in store.names()
+               if not isinstance(store[n], Fp4Weight) and ".engram.embed" not in n and n != "embed.weight")
+    markov = sum(size(n) for n in store.names() if n.endswith(".markov_head.head.weight"))
+    want = once + size("head.weight") + (config.dspark_block_size - 1) * markov
+    got = h200.step_bytes(store, config, 1, 0) - h200.kv_bytes(config, 1, 0)
+    experts = got - want
+    assert 0 < experts < sum(size(n) for n in store.names() if isinstance(store[n], Fp4Weight))
