@@ -26,6 +26,13 @@ from ..rope import Rope
 # fp32 elements of one [queries, entries] score chunk: 128 queries at 1M entries (the torch
 # top-k, used off the GPU, takes ~6x the scores' bytes while it runs; the kernel ~none)
 _SCORE_BUDGET = 1 << 27
+# A long prompt's chunks score in slices (_SCORE_BUDGET): each slice's top-k on a side stream
+# while the next slice's scores are computed. The scores keep the tensor cores busy, the
+# top-k's filter reads them back at the HBM rate (at the end of a 1M prompt, 42 + 16 ms of a
+# chunk's 1.23 s for the filter and the pick, twentieth session), so the two can overlap.
+# Off until timed on the H200.
+TOP_K_BESIDE = False
+_SIDE_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
 
 
 def top_k_rows(cfg: ModelConfig) -> dict[int, int]:
@@ -126,6 +133,7 @@ def index(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, xa: torch.Tensor
         score = _reference_scores(q, run.cache.index_keys(role.kv_source).to(q.device), w, visible)
     chunk = max(1, _SCORE_BUDGET // total)
     picks, pools = [], []
+    pick = _top_k_beside(q.device) if run.n > chunk and not role.is_candidate_source else top_k_ascending
     for lo in range(0, run.n, chunk):
         hi = min(lo + chunk, run.n)
         scores = score(lo, hi)
@@ -134,10 +142,34 @@ def index(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, xa: torch.Tensor
                                                  cfg.candidate_block_size))
         elif candidates_in is not None:
             scores = scores.masked_fill(~candidates_in[lo:hi], float("-inf"))
-        picks.append(top_k_ascending(scores, k))
+        picks.append(pick(scores, k))
+    if pick is not top_k_ascending:
+        torch.cuda.current_stream(q.device).wait_stream(_SIDE_STREAMS[q.device])
     if role.is_candidate_source:
         shared["candidates"] = torch.cat(pools)
     shared["topk"] = torch.cat(picks)
+
+
+def _top_k_beside(device: torch.device):
+    """top_k_ascending, or with TOP_K_BESIDE on a GPU (not inside a graph capture) the same on a
+    side stream behind the scores so far, so that the next slice's scores run beside it; the
+    caller joins the streams before it reads the picks. Each slice's scores stay allocated until
+    the side stream is done with them, each picks tensor until the main stream is."""
+    if not (TOP_K_BESIDE and device.type == "cuda" and not torch.cuda.is_current_stream_capturing()):
+        return top_k_ascending
+    side = _SIDE_STREAMS.get(device)
+    if side is None:
+        side = _SIDE_STREAMS[device] = torch.cuda.Stream(device)
+    main = torch.cuda.current_stream(device)
+
+    def pick(scores: torch.Tensor, k: int) -> torch.Tensor:
+        side.wait_stream(main)
+        with torch.cuda.stream(side):
+            picks = top_k_ascending(scores, k)
+        scores.record_stream(side)
+        picks.record_stream(main)
+        return picks
+    return pick
 
 
 def index_runs(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, xa: torch.Tensor, q_res: torch.Tensor,

@@ -1,5 +1,6 @@
 """top_k_ascending: which entries a query keeps, exactly (ties, -inf, signed zeros)."""
 
+import pytest
 import torch
 
 from dsflash.model.layers.indexer import top_k_ascending
@@ -95,3 +96,21 @@ def test_faithful_prefill_sends_its_tall_score_tiles_to_the_fp8_form(golden_dir,
         logits[on] = kernel_path_prefill(golden_dir, True)(prompt, "last")
         assert bool(encoded) == on
     assert torch.equal(logits[True], logits[False])
+
+
+@pytest.mark.gpu
+def test_a_long_prompts_top_k_beside_its_next_scores_picks_the_same(golden_dir, golden, monkeypatch):
+    """TOP_K_BESIDE: each score slice's top-k on a side stream while the next slice is scored
+    (the score budget lowered so the tiny checkpoint's prompt takes several slices a layer):
+    the same logits to the bit, and the side stream used."""
+    from dsflash.model.layers import indexer
+    from tests.model.test_prefill_gemms import kernel_path_prefill
+
+    monkeypatch.setattr(indexer, "_SCORE_BUDGET", 4 * 64)  # a few queries a slice
+    prompt = golden[2]["input_ids"][:64]
+    prefill = kernel_path_prefill(golden_dir, True)
+    logits = {}
+    for on in (False, True):
+        monkeypatch.setattr(indexer, "TOP_K_BESIDE", on)
+        logits[on] = prefill(prompt, "all")
+    assert indexer._SIDE_STREAMS and torch.equal(logits[True], logits[False])
