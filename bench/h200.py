@@ -553,9 +553,7 @@ def step_bytes(store, config, batch: int, context: int) -> float:
     expert_bytes = {}
     for name in store.names():
         w = store[name]
-        parts = [w] if isinstance(w, torch.Tensor) else [getattr(w, f) for f in ("weight", "packed", "scale")
-                                                          if hasattr(w, f)]
-        nbytes = sum(p.numel() * p.element_size() for p in parts)
+        nbytes = weight_bytes(w)
         if ".engram.embed" in name or name == "embed.weight":
             continue  # row gathers only
         if isinstance(w, Fp4Weight):
@@ -574,6 +572,13 @@ def step_bytes(store, config, batch: int, context: int) -> float:
         touched = e * (1 - (1 - k / e) ** n)
         routed += expert_bytes.get(f"{role.prefix}.ffn", 0) * touched / e
     return dense + routed + kv_bytes(config, batch, context)
+
+
+def weight_bytes(w) -> int:
+    """A stored weight's bytes: a tensor's, or an FP8/FP4 weight's codes and scales."""
+    parts = [w] if isinstance(w, torch.Tensor) else [getattr(w, f) for f in ("weight", "packed", "scale")
+                                                      if hasattr(w, f)]
+    return sum(p.numel() * p.element_size() for p in parts)
 
 
 def kv_bytes(config, batch: int, context: int) -> int:

@@ -235,8 +235,9 @@ def _by_expert(rows: torch.Tensor, counts: list[int], units: torch.Tensor, scale
     three times over, 6.8 GB a layer."""
     N = units.shape[1]
     out = torch.empty(sum(counts), N, dtype=torch.float32, device=rows.device)
-    if _tensor_cores(rows, N, 4 * units.shape[2]):  # (the encode reads the sources' rows where they lie)
-        return _by_expert_on_tensor_cores(rows, counts, units, scales, out, sources)
+    if _tensor_cores(rows, N, 4 * units.shape[2]):  # faithful rows: their codes made once, read where they lie
+        return _expert_products(*fp8_blockwise.rows_1x128(rows, counts=counts, sources=sources), counts, units,
+                                scales, out)
     if sources is not None:
         rows = rows.index_select(0, sources)
     for experts, runs in _expert_batches(counts):
@@ -265,19 +266,11 @@ def _expert_batches(counts: list[int]):
             yield slice(first, first + DECODE_EXPERTS), runs
 
 
-def _by_expert_on_tensor_cores(rows: torch.Tensor, counts: list[int], units: torch.Tensor, scales: torch.Tensor,
-                               out: torch.Tensor, sources: torch.Tensor | None = None) -> torch.Tensor:
-    """_by_expert for faithful mode's bf16 rows on the FP8 tensor cores: the rows' codes made
-    once, with each expert's run of scales together; the experts' weights re-encoded as e4m3
-    (DECODE_EXPERTS at a time, half the bytes of their bf16 decode)."""
-    return _expert_products(*fp8_blockwise.rows_1x128(rows, counts=counts, sources=sources), counts, units, scales,
-                            out)
-
-
 def _expert_products(a: torch.Tensor, a_scales: torch.Tensor, counts: list[int], units: torch.Tensor,
                      scales: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     """Each expert's run of rows_1x128's rows (counts[e] each, their scales together) times its
-    weight re-encoded as e4m3 (DECODE_EXPERTS at a time) into out's rows."""
+    weight re-encoded as e4m3 (DECODE_EXPERTS at a time, half the bytes of their bf16 decode)
+    into out's rows, on the FP8 tensor cores."""
     blocks = a.shape[2] // 128
     for experts, runs in _expert_batches(counts):
         w, w_scales = fp8_blockwise.fp4_weight_128(units[experts], scales[experts])

@@ -133,7 +133,7 @@ def index(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, xa: torch.Tensor
         score = _reference_scores(q, run.cache.index_keys(role.kv_source).to(q.device), w, visible)
     chunk = max(1, _SCORE_BUDGET // total)
     picks, pools = [], []
-    pick = _top_k_beside(q.device) if run.n > chunk and not role.is_candidate_source else top_k_ascending
+    pick, join = _top_k_beside(q.device, slices=run.n > chunk and not role.is_candidate_source)
     for lo in range(0, run.n, chunk):
         hi = min(lo + chunk, run.n)
         scores = score(lo, hi)
@@ -143,20 +143,24 @@ def index(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, xa: torch.Tensor
         elif candidates_in is not None:
             scores = scores.masked_fill(~candidates_in[lo:hi], float("-inf"))
         picks.append(pick(scores, k))
-    if pick is not top_k_ascending:
-        torch.cuda.current_stream(q.device).wait_stream(_SIDE_STREAMS[q.device])
+    join()
     if role.is_candidate_source:
         shared["candidates"] = torch.cat(pools)
     shared["topk"] = torch.cat(picks)
 
 
-def _top_k_beside(device: torch.device):
-    """top_k_ascending, or with TOP_K_BESIDE on a GPU (not inside a graph capture) the same on a
-    side stream behind the scores so far, so that the next slice's scores run beside it; the
-    caller joins the streams before it reads the picks. Each slice's scores stay allocated until
-    the side stream is done with them, each picks tensor until the main stream is."""
-    if not (TOP_K_BESIDE and device.type == "cuda" and not torch.cuda.is_current_stream_capturing()):
-        return top_k_ascending
+def _no_join() -> None:
+    pass
+
+
+def _top_k_beside(device: torch.device, slices: bool):
+    """(pick, join): top_k_ascending, or with TOP_K_BESIDE where the scores come in several
+    slices on a GPU (not inside a graph capture) the same on a side stream behind the scores so
+    far, so that the next slice's scores run beside it; join() makes the main stream wait for
+    the picks before they are read. Each slice's scores stay allocated until the side stream is
+    done with them, each picks tensor until the main stream is."""
+    if not (TOP_K_BESIDE and slices and device.type == "cuda" and not torch.cuda.is_current_stream_capturing()):
+        return top_k_ascending, _no_join
     side = _SIDE_STREAMS.get(device)
     if side is None:
         side = _SIDE_STREAMS[device] = torch.cuda.Stream(device)
@@ -169,7 +173,7 @@ def _top_k_beside(device: torch.device):
         scores.record_stream(side)
         picks.record_stream(main)
         return picks
-    return pick
+    return pick, lambda: main.wait_stream(side)
 
 
 def index_runs(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, xa: torch.Tensor, q_res: torch.Tensor,

@@ -7,7 +7,6 @@ import importlib.util
 import pathlib
 
 import pytest
-import torch
 
 from dsflash.model.checkpoint_writer import preset_config
 from dsflash.model.config import ModelConfig
@@ -80,10 +79,7 @@ def test_a_steps_weights_count_the_heads_as_the_step_reads_them(h200):
     config = store.config
 
     def size(name):
-        w = store[name]
-        parts = [w] if isinstance(w, torch.Tensor) else [getattr(w, f) for f in ("weight", "packed", "scale")
-                                                          if hasattr(w, f)]
-        return sum(p.numel() * p.element_size() for p in parts)
+        return h200.weight_bytes(store[name])
     once = sum(size(n) for n in store.names()
                if not isinstance(store[n], Fp4Weight) and ".engram.embed" not in n and n != "embed.weight")
     markov = sum(size(n) for n in store.names() if n.endswith(".markov_head.head.weight"))
