@@ -37,14 +37,11 @@ from .layers.engram import engram, engram_mix, engram_rows
 from .layers.indexer import index_queries
 from .layers.moe import moe
 from .ops import ReferenceOps
-from .parallel import SINGLE, Parallel, check_divisible, keeps_spec, shard_attention
+from .parallel import SINGLE, Parallel, check_divisible, check_fits, rank_tensors, shard_attention
 from .rope import Rope
-from .weights import Checkpoint, WeightStore, select_for_tier
+from .weights import ENGRAM_ON_DEVICE_BYTES, Checkpoint, WeightStore
 
 
-# Engram tables up to this size go to the GPU with the fast path (WeightStore.engram_tables_to):
-# the bench preset's take 2.3 GiB; the release's 190 GiB stay in host memory.
-ENGRAM_ON_DEVICE_BYTES = 4 << 30
 # A table on the GPU is hashed there too, in the site's graph (False: on the host, as for a
 # table in host memory; bench/decode_ab.py compares the two in one process).
 HASH_ON_DEVICE = True
@@ -88,9 +85,8 @@ class DeepseekV41:
         ckpt = Checkpoint(path)
         parallel = kwargs.get("parallel", SINGLE)
         check_divisible(ckpt.config, parallel.world)
-        tier_select, rank_select = select_for_tier(tier), keeps_spec(ckpt.config, parallel)
-        weights = ckpt.load(lambda spec: rank_select(spec) and (tier_select is None or tier_select(spec)),
-                            device=device, progress=progress)
+        check_fits(ckpt.config, parallel.world, tier, torch.device(device), ckpt.spec_bytes)
+        weights = ckpt.load(rank_tensors(ckpt.config, parallel, tier), device=device, progress=progress)
         tokenizer = pathlib.Path(path) / "tokenizer.json"
         return cls(shard_attention(weights, parallel), tokenizer_json=tokenizer if tokenizer.exists() else None,
                    device=device, **kwargs)

@@ -22,10 +22,12 @@ import torch
 import torch.distributed as dist
 
 from .config import ModelConfig
-from .tensor_spec import TensorSpec
-from .weights import Fp8Weight, WeightStore
+from .tensor_spec import ROWS_FP8, TensorSpec, model_tensors
+from .weights import ENGRAM_ON_DEVICE_BYTES, Fp8Weight, WeightStore, select_for_tier
 
 _EXPERT = re.compile(r"^(?P<prefix>.+)\.ffn\.experts\.(?P<expert>\d+)$")
+# A layer's attention tensors that shard_attention cuts into W equal parts (heads or groups).
+_HEAD_SPLIT = re.compile(r"\.attn\.(wq_b|attn_sink|wo_a|wo_b)$")
 
 
 @dataclass(frozen=True)
@@ -75,6 +77,61 @@ def keeps_spec(config: ModelConfig, parallel: Parallel):
         return int(m["expert"]) in parallel.split(experts[m["prefix"]])
 
     return keep
+
+
+def rank_tensors(config: ModelConfig, parallel: Parallel, tier: str):
+    """What a rank of a `tier` worker loads: the tier's tensors less other ranks' experts."""
+    of_rank, of_tier = keeps_spec(config, parallel), select_for_tier(tier)
+    return lambda spec: of_rank(spec) and (of_tier is None or of_tier(spec))
+
+
+@dataclass(frozen=True)
+class RankBytes:
+    device: int  # a rank's weights on its GPU: its heads' and experts' share, a copy of the rest
+    host: int  # the Engram tables, mapped from the checkpoint: one page-cache copy for all ranks
+
+
+def rank_bytes(config: ModelConfig, world: int, tier: str = "all", size=None) -> RankBytes:
+    """The weights each of `world` ranks holds once loaded (the fast path's device copies of
+    small Engram tables included), from the checkpoint's bytes: `size(spec)` (default: the
+    tensor table's dtypes and shapes). Layouts rearranged on the device keep their bytes;
+    activations, graphs and the KV pool come on top."""
+    size = size or (lambda spec: spec.nbytes(config.quant.weight_block))
+    keep = rank_tensors(config, Parallel(0, world), tier)
+    device = host = 0
+    for spec in filter(keep, model_tensors(config)):
+        if spec.fmt == ROWS_FP8:
+            host += size(spec)
+        else:
+            device += size(spec) // world if _HEAD_SPLIT.search(spec.name) else size(spec)
+    if host <= ENGRAM_ON_DEVICE_BYTES:
+        return RankBytes(device + host, 0)
+    return RankBytes(device, host)
+
+
+def check_fits(config: ModelConfig, world: int, tier: str, device: torch.device, size=None) -> None:
+    """Refuse, before loading anything, a GPU whose free memory cannot hold this rank's
+    weights, naming the rank counts that would fit (a load that runs out of memory part way
+    has cost minutes of reading first)."""
+    if device.type != "cuda":
+        return
+    need = rank_bytes(config, world, tier, size).device
+    free, total = torch.cuda.mem_get_info(device)
+    if need <= free:
+        return
+    fitting = [w for w in range(world + 1, 65) if _divides(config, w) and rank_bytes(config, w, tier, size).device < total]
+    hint = (f"; over {fitting[0]} GPUs a rank would hold {rank_bytes(config, fitting[0], tier, size).device / 2**30:.1f} GiB"
+            if fitting else "")
+    raise ValueError(f"--gpus: each of {world} rank(s) holds {need / 2**30:.1f} GiB of {tier} weights, but {device} has "
+                     f"{free / 2**30:.1f} GiB free of {total / 2**30:.1f}{hint}")
+
+
+def _divides(config: ModelConfig, world: int) -> bool:
+    try:
+        check_divisible(config, world)
+    except ValueError:
+        return False
+    return True
 
 
 def shard_attention(store: WeightStore, parallel: Parallel) -> WeightStore:

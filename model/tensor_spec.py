@@ -6,6 +6,7 @@ writer and the tier-aware partial loads (prefill needs no DSpark stages).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from .config import ModelConfig
@@ -16,6 +17,9 @@ FP4 = "fp4"  # I8 [out, in/2] + F8_E8M0 [out, in/32]
 ROWS_FP8 = "rows_fp8"  # F8_E4M3 [rows, d] + F8_E8M0 [rows, d/32] (Engram tables)
 BF16 = "bf16"
 F32 = "f32"
+
+# Bytes an element of each safetensors dtype takes.
+DTYPE_BYTES = {"F8_E4M3": 1, "F8_E8M0": 1, "I8": 1, "U8": 1, "BF16": 2, "F16": 2, "F32": 4, "I64": 8}
 
 # Checkpoint keys that text-only serving skips on purpose (vision tower, aligner, image markers).
 IGNORED_PREFIXES = ("vision.", "aligner.", "image_")
@@ -41,6 +45,10 @@ class TensorSpec:
             rows, dim = self.shape
             return {f"{self.name}.weight": ("F8_E4M3", (rows, dim)), f"{self.name}.scale": ("F8_E8M0", (rows, dim // 32))}
         return {self.name: ("BF16" if self.fmt == BF16 else "F32", tuple(self.shape))}
+
+    def nbytes(self, block: tuple[int, int]) -> int:
+        """Bytes of its stored entries, as this table gives their dtypes and shapes."""
+        return sum(DTYPE_BYTES[dtype] * math.prod(shape) for dtype, shape in self.stored(block).values())
 
 
 def model_tensors(c: ModelConfig) -> list[TensorSpec]:

@@ -23,13 +23,15 @@ from safetensors import safe_open
 
 from . import quant
 from .config import ModelConfig
-from .tensor_spec import FP4, FP8, IGNORED_PREFIXES, ROWS_FP8, TensorSpec, model_tensors
+from .tensor_spec import DTYPE_BYTES, FP4, FP8, IGNORED_PREFIXES, ROWS_FP8, TensorSpec, model_tensors
 
 log = logging.getLogger(__name__)
 
 INDEX_FILE = "model.safetensors.index.json"
-_DTYPE_BYTES = {"F8_E4M3": 1, "F8_E8M0": 1, "I8": 1, "U8": 1, "BF16": 2, "F16": 2, "F32": 4, "I64": 8}
 _FLOAT_DTYPES = {"BF16", "F16", "F32"}
+# Engram tables up to this size go to the GPU with the fast path (WeightStore.engram_tables_to):
+# the bench preset's take 2.3 GiB; the release's 190 GiB stay in host memory.
+ENGRAM_ON_DEVICE_BYTES = 4 << 30
 
 
 class CheckpointError(ValueError):
@@ -186,7 +188,7 @@ def read_safetensors_header(path: pathlib.Path) -> dict[str, dict]:
     data_len = size - 8 - header_len
     for name, info in header.items():
         start, end = info["data_offsets"]
-        want = _DTYPE_BYTES.get(info["dtype"], 0) * _numel(info["shape"])
+        want = DTYPE_BYTES.get(info["dtype"], 0) * _numel(info["shape"])
         if end > data_len or end - start != want:
             raise CheckpointError(
                 f"{path.name}: corrupt shard: tensor {name} needs bytes {start}..{end} "
@@ -229,14 +231,18 @@ class Checkpoint:
     def stored_bytes(self, key: str) -> int:
         """Bytes of one stored tensor, from its shard's header."""
         info = self.header(self.weight_map[key])[key]
-        return _numel(info["shape"]) * _DTYPE_BYTES[info["dtype"]]
+        return _numel(info["shape"]) * DTYPE_BYTES[info["dtype"]]
+
+    def spec_bytes(self, spec: TensorSpec) -> int:
+        """Bytes of a logical tensor's stored entries in this checkpoint."""
+        return sum(self.stored_bytes(key) for key in spec.stored(self.config.quant.weight_block))
 
     def _mapped(self, shard: str, key: str) -> torch.Tensor:
         """The bytes of a 1-byte tensor as a copy-on-write map of the shard: nothing is read
         up front (the kernel is asked to read ahead), and every process mapping the shard
         shares the pages."""
         info = self.header(shard)[key]
-        if _DTYPE_BYTES[info["dtype"]] != 1:
+        if DTYPE_BYTES[info["dtype"]] != 1:
             raise CheckpointError(f"{shard}: {key} is {info['dtype']}, a mapped table must be 1-byte")
         if shard not in self._maps:
             with (self.path / shard).open("rb") as f:

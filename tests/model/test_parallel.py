@@ -10,9 +10,13 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
+from dsflash.model.checkpoint_writer import preset_config
+from dsflash.model.config import ModelConfig
 from dsflash.model.deepseek_v41 import DeepseekV41
 from dsflash.model.kernels.fp4_moe import fp4_moe, fp4_moe_ref, quad_experts
-from dsflash.model.parallel import Parallel, check_divisible, init_parallel
+from dsflash.model.parallel import Parallel, check_divisible, check_fits, init_parallel, rank_bytes
+from dsflash.model.tensor_spec import model_tensors
+from dsflash.model.weights import Checkpoint
 from dsflash.model.quant import quantize_fp4_weight
 from dsflash.model.runner import greedy, prompt_logits
 
@@ -87,6 +91,55 @@ def test_a_world_that_does_not_divide_the_model_is_refused(golden_dir):
     config = DeepseekV41.from_checkpoint(golden_dir).config
     with pytest.raises(ValueError, match="do not divide"):
         check_divisible(config, 3)
+
+
+def test_rank_bytes_are_what_a_loaded_rank_holds(golden_dir):
+    """The plan the load is checked against (rank_bytes) counts what from_checkpoint keeps:
+    each rank's experts and heads, a copy of the rest, to the byte."""
+    ckpt = Checkpoint(golden_dir)
+    for world in (1, 2):
+        for tier in ("prefill", "decode"):
+            model = DeepseekV41.from_checkpoint(golden_dir, tier=tier, parallel=Parallel(world - 1, world))
+            plan = rank_bytes(ckpt.config, world, tier, ckpt.spec_bytes)
+            assert (plan.device, plan.host) == (model.ops.weights.nbytes, 0), (world, tier)  # its Engram is small
+    assert rank_bytes(ckpt.config, 1, "decode").device == rank_bytes(ckpt.config, 1, "decode", ckpt.spec_bytes).device
+
+
+GiB = 2**30
+
+
+def _release_config() -> ModelConfig:
+    """The release's config.json (spec/model-v41.md §1.1): the bench preset's widths and depth
+    with all 384 + 128 routed experts and the full Engram tables."""
+    raw = preset_config("bench")
+    raw["text_config"].update(n_routed_experts=384, dspark_n_routed_experts=128, engram_vocab_size=16_000_000,
+                              engram_num_embeddings=[384_006_168, 384_016_682])
+    return ModelConfig.from_dict(raw)
+
+
+def test_the_release_checkpoint_fits_four_h200s_or_eight_80gb_gpus():
+    config = _release_config()
+    specs = model_tensors(config)
+    block = config.quant.weight_block
+    # the tensor table against the spec's byte budget: 475.24 GiB with 0.90 of vision tensors
+    # (which text serving skips), the routed experts 275.67 GiB of it
+    assert round(sum(s.nbytes(block) for s in specs) / GiB, 2) == 474.34
+    assert round(sum(s.nbytes(block) for s in specs if ".ffn.experts." in s.name) / GiB, 2) == 275.67
+    decode = {world: rank_bytes(config, world, "decode") for world in (2, 4, 8)}
+    assert all(plan.host > 180 * GiB for plan in decode.values())  # the Engram tables stay in host memory
+    assert decode[8].device < 41 * GiB  # 8 x 80 GB (H100): ~39 GiB a GPU left for the pool and activations
+    assert 75 * GiB < decode[4].device < 76 * GiB  # 4 x H200 (141 GB): not 4 x 80 GB
+    assert decode[2].device > 141e9  # 2 x H200: no
+    assert rank_bytes(config, 8, "prefill").device < decode[8].device  # no DSpark stages
+
+
+def test_a_gpu_too_small_for_a_ranks_weights_is_refused_before_loading(monkeypatch):
+    config = _release_config()
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (70 * GiB, 79 * GiB))
+    with pytest.raises(ValueError, match=r"each of 4 rank\(s\) holds 75\.2 GiB .* over 8 GPUs a rank would hold 40\.2"):
+        check_fits(config, 4, "decode", torch.device("cuda", 0))
+    check_fits(config, 8, "decode", torch.device("cuda", 0))
+    check_fits(config, 1, "decode", torch.device("cpu"))  # host memory is not checked
 
 
 def test_fp4_moe_computes_only_this_ranks_experts():
