@@ -25,7 +25,7 @@ from ..kvcache.pool import CachePool, plain_allocator
 from ..logs import current_setup, log_event, setup_logging
 from ..model.deepseek_v41 import DeepseekV41
 from ..model.lockstep import Leader, follow
-from ..model.parallel import Parallel, check_divisible, init_parallel
+from ..model.parallel import Parallel, check_divisible, check_fits, init_parallel
 from ..model.weights import Checkpoint
 
 log = logging.getLogger("dsflash.ranks")
@@ -39,7 +39,11 @@ class Ranks:
         from .worker import free_port
 
         world = len(devices)
-        check_divisible(Checkpoint(checkpoint).config, world)  # before any child loads anything
+        ckpt = Checkpoint(checkpoint)
+        check_divisible(ckpt.config, world)  # before any child loads anything
+        # rank 0's GPU as well (each child checks its own too): a refusal here is this
+        # process's error, not a child's death the watchdog reports as a lost rank
+        check_fits(ckpt.config, world, tier, torch.device(devices[0]), ckpt.spec_bytes)
         ctx = mp.get_context("spawn")  # CUDA cannot be forked
         rendezvous = f"tcp://127.0.0.1:{free_port()}"
         self.processes, conns = [], []

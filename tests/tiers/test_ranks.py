@@ -146,3 +146,17 @@ def test_a_lost_rank_ends_the_worker_instead_of_hanging(two_rank_workers):
     assert "rank_lost" in decode.log_path.read_text()
     with pytest.raises(grpc.RpcError):
         generate(decode.address, PROMPT, max_tokens=2, timeout_s=10)
+
+
+def test_gpus_too_small_for_a_ranks_weights_stop_the_worker_before_any_rank_starts(tiny_checkpoint, monkeypatch):
+    """The refusal is rank 0's own error, raised before a child exists (a child's would reach
+    the operator as a lost rank)."""
+    import multiprocessing
+
+    from dsflash.serving.ranks import Ranks
+
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (1 << 10, 1 << 20))
+    before = len(multiprocessing.active_children())
+    with pytest.raises(ValueError, match=r"each of 2 rank\(s\) holds [\d.]+ GiB of decode weights, but cuda:0 has"):
+        Ranks(["cuda:0", "cuda:1"], str(tiny_checkpoint), "decode")
+    assert len(multiprocessing.active_children()) == before
