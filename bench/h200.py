@@ -546,14 +546,14 @@ def step_bytes(store, config, batch: int, context: int) -> float:
     draft read. With a sharded store (--tp) these are one rank's bytes: its heads and experts,
     all of the KV. Until 2026-12-04 (thirty-ninth session) the embedding was counted whole and
     the LM head three times: 33.6 GB a batch-1 step where 31.2 is right."""
-    from dsflash.model.weights import Fp4Weight
+    from dsflash.model.weights import Fp4Weight, weight_nbytes
 
     rows = 6 * batch
     dense = 0
     expert_bytes = {}
     for name in store.names():
         w = store[name]
-        nbytes = weight_bytes(w)
+        nbytes = weight_nbytes(w)
         if ".engram.embed" in name or name == "embed.weight":
             continue  # row gathers only
         if isinstance(w, Fp4Weight):
@@ -572,13 +572,6 @@ def step_bytes(store, config, batch: int, context: int) -> float:
         touched = e * (1 - (1 - k / e) ** n)
         routed += expert_bytes.get(f"{role.prefix}.ffn", 0) * touched / e
     return dense + routed + kv_bytes(config, batch, context)
-
-
-def weight_bytes(w) -> int:
-    """A stored weight's bytes: a tensor's, or an FP8/FP4 weight's codes and scales."""
-    parts = [w] if isinstance(w, torch.Tensor) else [getattr(w, f) for f in ("weight", "packed", "scale")
-                                                      if hasattr(w, f)]
-    return sum(p.numel() * p.element_size() for p in parts)
 
 
 def kv_bytes(config, batch: int, context: int) -> int:

@@ -158,11 +158,13 @@ class WeightStore:
 
     @property
     def nbytes(self) -> int:
-        total = 0
-        for w in self._tensors.values():
-            parts = [w] if isinstance(w, torch.Tensor) else [getattr(w, f) for f in ("weight", "packed", "scale") if hasattr(w, f)]
-            total += sum(p.numel() * p.element_size() for p in parts)
-        return total
+        return sum(weight_nbytes(w) for w in self._tensors.values())
+
+
+def weight_nbytes(w: Weight) -> int:
+    """A loaded weight's bytes: a tensor's, or an FP8/FP4/Engram weight's codes and scales."""
+    parts = [w] if isinstance(w, torch.Tensor) else [getattr(w, f) for f in ("weight", "packed", "scale") if hasattr(w, f)]
+    return sum(p.numel() * p.element_size() for p in parts)
 
 
 # ------------------------------------------------------------------ reading shard headers

@@ -73,13 +73,13 @@ def test_a_steps_weights_count_the_heads_as_the_step_reads_them(h200):
     (the verify rows', the drafts'), the Markov head once a draft, every other dense weight
     once; at batch 1 and no context, the KV is the window's."""
     from dsflash.model.checkpoint_writer import preset_config, random_weight_store
-    from dsflash.model.weights import Fp4Weight
+    from dsflash.model.weights import Fp4Weight, weight_nbytes
 
     store = random_weight_store(preset_config("tiny"))
     config = store.config
 
     def size(name):
-        return h200.weight_bytes(store[name])
+        return weight_nbytes(store[name])
     once = sum(size(n) for n in store.names()
                if not isinstance(store[n], Fp4Weight) and ".engram.embed" not in n and n != "embed.weight")
     markov = sum(size(n) for n in store.names() if n.endswith(".markov_head.head.weight"))
