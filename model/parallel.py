@@ -119,9 +119,9 @@ def check_fits(config: ModelConfig, world: int, tier: str, device: torch.device,
     free, total = torch.cuda.mem_get_info(device)
     if need <= free:
         return
-    fitting = [w for w in range(world + 1, 65) if _divides(config, w) and rank_bytes(config, w, tier, size).device < total]
-    hint = (f"; over {fitting[0]} GPUs a rank would hold {rank_bytes(config, fitting[0], tier, size).device / 2**30:.1f} GiB"
-            if fitting else "")
+    more = ((w, rank_bytes(config, w, tier, size).device) for w in range(world + 1, 65) if _divides(config, w))
+    fits = next(((w, held) for w, held in more if held < total), None)
+    hint = f"; over {fits[0]} GPUs a rank would hold {fits[1] / 2**30:.1f} GiB" if fits else ""
     raise ValueError(f"--gpus: each of {world} rank(s) holds {need / 2**30:.1f} GiB of {tier} weights, but {device} has "
                      f"{free / 2**30:.1f} GiB free of {total / 2**30:.1f}{hint}")
 
