@@ -3,7 +3,8 @@ the bf16 path they replace, at the bench preset's prefill shapes: torch.mm on bf
 an fp32 output, and torch._scaled_mm with 1 x 128 activation scales and 128 x 128 (shipped)
 or 1 x 128 weight scales, each next to its FLOP roofline (694 TFLOP/s bf16, 1,276 fp8), and
 the encodes that feed it (the activations' rows, an FP8 weight's and an expert stack's blocks,
-the down projections' SwiGLU and encode apart and in one launch) next to their bytes' time at
+the down projections' SwiGLU and encode apart and in one launch, faithful mode's 1 x 32
+rounding before the encode or in it, the encode's program shapes) next to their bytes' time at
 4.2 TB/s.
 
     python bench/fp8_scaled_mm.py [--rows 16384] [--expert-rows 2048]
@@ -40,10 +41,32 @@ def products(name: str, rows: int, n: int, k: int) -> None:
     t = h200.cuda_time(lambda: torch._scaled_mm(a[0].view(torch.float8_e4m3fn), w.view(torch.float8_e4m3fn).t(), a_scales,
                                                 per_row, out_dtype=torch.float32), iters=10)
     h200.record(name, "fp8_1x128", {"us": t * 1e6, "TFLOPs": flops / t / 1e12, "ratio_to_fp8": t / (flops / h200.FP8_FLOPS)})
-    t = h200.cuda_time(lambda: fp8_blockwise.rows_1x128(x), iters=10)
-    h200.record(name, "encode_rows", {"us": t * 1e6, "ratio_to_hbm": t / (3 * rows * k / h200.HBM_BPS)})
+    row_encodes(name, x)
     t = h200.cuda_time(lambda: fp8_blockwise.fp8_weight_128(codes, scales), iters=10)
     h200.record(name, "encode_weight", {"us": t * 1e6, "ratio_to_hbm": t / (2 * n * k / h200.HBM_BPS)})
+
+
+def row_encodes(name: str, x: torch.Tensor) -> None:
+    """The activations' encode in each program shape (fp8_blockwise.ROW_TILE) from faithful
+    rows (bf16, on the 1 x 32 grid: 3 bytes an element), and from the fp32 input, rounded by a
+    launch before it (quantize.fp8_grid_bf16) or in it (round_first, prefill_gemms.
+    ROUND_IN_ENCODE), both next to the one launch's 5 bytes an element."""
+    from dsflash.model.kernels.quantize import fp8_grid_bf16
+
+    x32 = x.float() * torch.linspace(0.5, 2.0, x.shape[1], device="cuda")  # (off the 1 x 32 grid)
+    elements = x.numel()
+    forms = {"round_then_encode": lambda: fp8_blockwise.rows_1x128(fp8_grid_bf16(x32)),
+             "round_in_encode": lambda: fp8_blockwise.rows_1x128(x32, round_first=True)}
+    for tile in ((1, 8), (32, 1)):
+        fp8_blockwise.ROW_TILE = tile
+        label = f"{tile[0]}x{tile[1]}"
+        t = h200.cuda_time(lambda: fp8_blockwise.rows_1x128(x), iters=10)
+        h200.record(name, f"encode_rows_{label}", {"us": t * 1e6, "ratio_to_hbm": t / (3 * elements / h200.HBM_BPS)})
+        for form, run in forms.items():
+            t = h200.cuda_time(run, iters=10)
+            h200.record(name, f"{form}_{label}", {"us": t * 1e6, "ratio_to_hbm": t / (5 * elements / h200.HBM_BPS)})
+        assert all(torch.equal(a, b) for a, b in zip(*(run() for run in forms.values()))), "the roundings differ"
+    fp8_blockwise.ROW_TILE = (1, 8)
 
 
 def expert_stack(experts: int) -> None:
@@ -75,10 +98,14 @@ def swiglu_encode(rows: int, inter: int = 2304) -> None:
     floor = (8 * rows * inter + rows * inter) / h200.HBM_BPS
     two = lambda: fp8_blockwise.rows_1x128(clamped_swiglu(gate, up, 10.0, row_weights=weights, fp8_grid=True))  # noqa: E731
     one = lambda: fp8_blockwise.swiglu_rows_1x128(gate, up, 10.0, weights)  # noqa: E731
-    for label, run in (("swiglu_then_encode", two), ("swiglu_in_encode", one)):
-        t = h200.cuda_time(run, iters=10)
-        h200.record("swiglu_encode", f"{label}_{rows}", {"us": t * 1e6, "ratio_to_hbm": t / floor})
-    assert all(torch.equal(a, b) for a, b in zip(two(), one())), "the fused encode's codes differ"
+    for tile in ((1, 8), (32, 1)):  # the encode's program shapes (fp8_blockwise.ROW_TILE)
+        fp8_blockwise.ROW_TILE = tile
+        for label, run in (("swiglu_then_encode", two), ("swiglu_in_encode", one)):
+            t = h200.cuda_time(run, iters=10)
+            h200.record("swiglu_encode", f"{label}_{rows}_{tile[0]}x{tile[1]}",
+                        {"us": t * 1e6, "ratio_to_hbm": t / floor})
+        assert all(torch.equal(a, b) for a, b in zip(two(), one())), "the fused encode's codes differ"
+    fp8_blockwise.ROW_TILE = (1, 8)
 
 
 def main() -> None:

@@ -150,7 +150,7 @@ class TritonOps(ReferenceOps):
     def grouped_linear(self, x: torch.Tensor, name: str, groups: int) -> torch.Tensor:
         if isinstance(self.weights[name], Fp8Weight) and _kernels_run_on(x):
             packed, small = self._fp8(name)
-            out = grouped_fp8_gemm(x.contiguous(), packed.weight, packed.scale, groups, small)
+            out = grouped_fp8_gemm(x.contiguous(), packed.weight, packed.scale, groups, small, self.act_quant)
             if out is not None:  # decode rows: one launch on the FP8 bytes, not an fp32 copy
                 return out
         return super().grouped_linear(x, name, groups)

@@ -82,7 +82,10 @@ class ReferenceOps:
 
     def grouped_linear(self, x: torch.Tensor, name: str, groups: int) -> torch.Tensor:
         """x [T, G*K] -> [T, G*R] through a block-diagonal weight [G*R, K]: group g's R rows see
-        only x's g-th K columns (the attention output's wo_a). The input is taken as it is."""
+        only x's g-th K columns (the attention output's wo_a); an FP8 weight sees an FP8-rounded
+        input in faithful mode, as in linear."""
+        if self.is_quantized(name):
+            x = self.gemm_input(x)
         w = self.w(name)
         out = torch.einsum("tgi,gri->tgr", x.float().view(x.shape[0], groups, -1), w.view(groups, -1, w.shape[-1]))
         return out.reshape(x.shape[0], -1)

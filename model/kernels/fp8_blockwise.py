@@ -33,13 +33,17 @@ import triton
 import triton.language as tl
 
 from .common import e2m1_quads, e4m3_to_float, fp8_tensor_cores, interpreting, pow2, quad_scales
-from .quantize import e4m3_rne, fp8_blocks
+from .quantize import e4m3_rne, fp8_block_exponents, fp8_blocks
 from .swiglu import clamped_swiglu_tile
 
 log = logging.getLogger(__name__)
 
 BLOCK = 128  # cuBLAS's scale blocks on Hopper
-_ROW_BLOCKS = 8  # activation blocks per program
+# The activations' encode, rows x 128-column blocks a program. (1, 8): a row's 1,024 columns,
+# the form timed (H200, thirty-seventh session: 45 ms of a faithful 16K chunk, 4.5x its
+# bytes' time), its scales written 8 apart by `count` floats. (32, 1): 32 rows of one block,
+# each block's 32 scales side by side. Not yet timed.
+ROW_TILE = (1, 8)
 # Rows of an FP8 product's left operand come in multiples of this: cuBLAS refused
 # (CUBLAS_STATUS_NOT_SUPPORTED) runs of other lengths, whose scales' rows are unaligned.
 ROW_ALIGN = 16
@@ -60,54 +64,74 @@ def runs_on(device: torch.device, n: int, k: int) -> bool:
 
 @triton.jit
 def _rows_kernel(x_ptr, up_ptr, weights_ptr, codes_ptr, scales_ptr, starts_ptr, counts_ptr, source_ptr, M, ROWS,
-                 K_ALL, sxm, limit, GROUP_K: tl.constexpr, ROW_BLOCKS: tl.constexpr, SEGMENTS: tl.constexpr,
-                 GATHER: tl.constexpr, SWIGLU: tl.constexpr, WEIGHTED: tl.constexpr):
-    """Program (row r of ROWS, ROW_BLOCKS 128-column blocks): e4m3 codes under each block's
-    power-of-two scale, as quant.fp8_round_trip with 128-column blocks rounds (rows from M on
-    read as zeros). Codes go to group g's [ROWS, GROUP_K] matrix (columns g*GROUP_K ..); block
-    b's fp32 scale to scales[b * count + r - start + blocks * start], rows in segments [start,
-    start + count) (each a product's rows; one of ROWS without SEGMENTS): the layout
-    torch._scaled_mm takes for each segment's scales, [count, blocks] with strides (1, count).
-    GATHER: row r is x's row source[r]. SWIGLU: x is the gate and up_ptr the up projection
-    (x's row stride); the row is their clamped SwiGLU, times weights[r] where WEIGHTED, rounded
-    onto faithful mode's 1 x 32 FP8 grid (swiglu.py's kernel with fp8_grid, to the bit)."""
-    r = tl.program_id(0)
-    b = tl.program_id(1) * ROW_BLOCKS + tl.arange(0, ROW_BLOCKS)
+                 K_ALL, sxm, limit, GROUP_K: tl.constexpr, TILE_ROWS: tl.constexpr, TILE_BLOCKS: tl.constexpr,
+                 SEGMENTS: tl.constexpr, GATHER: tl.constexpr, SWIGLU: tl.constexpr, WEIGHTED: tl.constexpr,
+                 ROUND_FIRST: tl.constexpr, HW_FP8: tl.constexpr):
+    """Program (TILE_ROWS rows of ROWS, TILE_BLOCKS 128-column blocks, held as one 128-wide row a
+    row and block): e4m3 codes under each block's power-of-two scale, as quant.fp8_round_trip
+    with 128-column blocks rounds (rows from M on read as zeros). Codes go to group g's [ROWS,
+    GROUP_K] matrix (columns g*GROUP_K ..); block b's fp32 scale to scales[b * count + r - start
+    + blocks * start], rows in segments [start, start + count) (each a product's rows; one of
+    ROWS without SEGMENTS): the layout torch._scaled_mm takes for each segment's scales, [count,
+    blocks] with strides (1, count). GATHER: row r is x's row source[r]. SWIGLU: x is the gate
+    and up_ptr the up projection (x's row stride); the row is their clamped SwiGLU, times
+    weights[r] where WEIGHTED. SWIGLU or ROUND_FIRST: the row is first rounded onto faithful
+    mode's 1 x 32 FP8 grid (to the bit as quantize.fp8_grid_bf16 or swiglu.py's fp8_grid)."""
+    unit = tl.arange(0, TILE_ROWS * TILE_BLOCKS)
+    r = tl.program_id(0) * TILE_ROWS + unit // TILE_BLOCKS
+    b = tl.program_id(1) * TILE_BLOCKS + unit % TILE_BLOCKS
     blocks = K_ALL // 128
-    live = b < blocks
+    live = (b < blocks) & (r < ROWS)
     cols = b[:, None] * 128 + tl.arange(0, 128)[None, :]
-    reads = live & (b * 0 + r < M)  # (a block, not a scalar: the interpreter masks with blocks only)
-    source = tl.load(source_ptr + tl.minimum(r, M - 1)).to(tl.int64) if GATHER else r.to(tl.int64)
-    x = tl.load(x_ptr + source * sxm + cols, mask=reads[:, None], other=0.0).to(tl.float32)
+    reads = live & (r < M)
+    row = tl.minimum(r, M - 1)
+    source = tl.load(source_ptr + row, mask=reads, other=0).to(tl.int64) if GATHER else row.to(tl.int64)
+    x = tl.load(x_ptr + source[:, None] * sxm + cols, mask=reads[:, None], other=0.0).to(tl.float32)
     if SWIGLU:  # (rows from M on: gate and up 0, so h 0)
-        up = tl.load(up_ptr + source * sxm + cols, mask=reads[:, None], other=0.0).to(tl.float32)
+        up = tl.load(up_ptr + source[:, None] * sxm + cols, mask=reads[:, None], other=0.0).to(tl.float32)
         x = clamped_swiglu_tile(x, up, limit)
         if WEIGHTED:
-            x = x * tl.load(weights_ptr + tl.minimum(r, M - 1))
-        _, on_grid, _ = fp8_blocks(tl.reshape(x, (ROW_BLOCKS * 4, 32)))
-        x = tl.reshape(on_grid, (ROW_BLOCKS, 128))
-    code, _, exponent = fp8_blocks(x)
-    at = (cols // GROUP_K).to(tl.int64) * ROWS * GROUP_K + r.to(tl.int64) * GROUP_K + cols % GROUP_K
-    tl.store(codes_ptr + at, code.to(tl.uint8), mask=live[:, None])
+            x = x * tl.load(weights_ptr + row, mask=reads, other=0.0)[:, None]
+    if SWIGLU or ROUND_FIRST:
+        x = tl.reshape(_on_fp8_grid(tl.reshape(x, (TILE_ROWS * TILE_BLOCKS * 4, 32)), HW_FP8),
+                       (TILE_ROWS * TILE_BLOCKS, 128))
+    exponent = fp8_block_exponents(x)
+    code = _e4m3_codes(x * pow2(254 - exponent)[:, None], HW_FP8)
+    at = (cols // GROUP_K).to(tl.int64) * ROWS * GROUP_K + r[:, None].to(tl.int64) * GROUP_K + cols % GROUP_K
+    tl.store(codes_ptr + at, code, mask=live[:, None])
     if SEGMENTS:
-        start = tl.load(starts_ptr + r)
-        count = tl.load(counts_ptr + r)
+        start = tl.load(starts_ptr + r, mask=live, other=0)
+        count = tl.load(counts_ptr + r, mask=live, other=0)
     else:
         start = 0
         count = ROWS
     tl.store(scales_ptr + blocks * start + b * count + (r - start), pow2(exponent), mask=live)
 
 
+@triton.jit
+def _on_fp8_grid(x, HW_FP8: tl.constexpr):
+    """x [blocks, 32] fp32 -> its values on faithful mode's FP8 grid, quantize.fp8_blocks' to the
+    bit: through the GPU's conversion instructions (two values an instruction each way), in the
+    interpreter by fp8_blocks' integer rounding."""
+    if HW_FP8:
+        exponent = fp8_block_exponents(x)
+        codes = (x * pow2(254 - exponent)[:, None]).to(tl.float8e4nv)
+        return codes.to(tl.float32) * pow2(exponent)[:, None]
+    return fp8_blocks(x)[1]
+
+
 def rows_1x128(x: torch.Tensor, groups: int = 1, counts: list[int] | None = None,
-               sources: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+               sources: torch.Tensor | None = None, round_first: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """x [M, K] (any float) -> (e4m3 codes uint8 [groups, rows, K / groups], fp32 scales
     [K / 128 * rows]). Group g's codes and scales (`segment_scales`) are the 1 x 128 operand of
     x's columns g*K/groups ..; with counts (M rows split into runs, one product each; cuBLAS
     wants each a multiple of ROW_ALIGN), run i's scales lie together and rows = M; without,
     rows is M rounded up to ROW_ALIGN, the rows past M zeros (their products are cut off).
     sources [M] (int64): the rows are x's rows sources[i] (the routed experts' tokens), read
-    where they lie rather than gathered into a copy first."""
-    return _encode_rows(x, groups=groups, counts=counts, sources=sources)
+    where they lie rather than gathered into a copy first. round_first: x (fp32) is first
+    rounded onto faithful mode's 1 x 32 FP8 grid in the same launch, as rows_1x128 of
+    quantize.fp8_grid_bf16(x) would encode it (that launch's bf16 write and read never made)."""
+    return _encode_rows(x, groups=groups, counts=counts, sources=sources, round_first=round_first)
 
 
 def swiglu_rows_1x128(gate: torch.Tensor, up: torch.Tensor, limit: float, row_weights: torch.Tensor | None = None,
@@ -122,7 +146,7 @@ def swiglu_rows_1x128(gate: torch.Tensor, up: torch.Tensor, limit: float, row_we
 
 
 def _encode_rows(x: torch.Tensor, groups: int = 1, counts: list[int] | None = None,
-                 sources: torch.Tensor | None = None, swiglu: tuple | None = None
+                 sources: torch.Tensor | None = None, swiglu: tuple | None = None, round_first: bool = False
                  ) -> tuple[torch.Tensor, torch.Tensor]:
     """rows_1x128's launch; swiglu (up, row weights or None, limit): x is the gate (_rows_kernel's SWIGLU)."""
     M, K = x.shape if sources is None else (sources.shape[0], x.shape[1])
@@ -136,12 +160,14 @@ def _encode_rows(x: torch.Tensor, groups: int = 1, counts: list[int] | None = No
         lengths = torch.repeat_interleave(sizes, sizes, output_size=M).to(torch.int32)
         starts = torch.repeat_interleave(torch.cumsum(sizes, 0) - sizes, sizes, output_size=M).to(torch.int32)
     up, weights, limit = swiglu or (x, None, 0.0)
+    tile_rows, tile_blocks = ROW_TILE
     if rows:
-        _rows_kernel[(rows, triton.cdiv(K // BLOCK, _ROW_BLOCKS))](
+        _rows_kernel[(triton.cdiv(rows, tile_rows), triton.cdiv(K // BLOCK, tile_blocks))](
             x, up, scales if weights is None else weights, codes, scales, starts, lengths,
             scales if sources is None else sources, M, rows, K, x.stride(0), limit, GROUP_K=K // groups,
-            ROW_BLOCKS=_ROW_BLOCKS, SEGMENTS=counts is not None, GATHER=sources is not None,
-            SWIGLU=swiglu is not None, WEIGHTED=weights is not None)
+            TILE_ROWS=tile_rows, TILE_BLOCKS=tile_blocks, SEGMENTS=counts is not None, GATHER=sources is not None,
+            SWIGLU=swiglu is not None, WEIGHTED=weights is not None, ROUND_FIRST=round_first,
+            HW_FP8=not interpreting())
     return codes, scales
 
 

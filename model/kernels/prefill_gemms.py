@@ -88,10 +88,19 @@ def _tensor_cores(x: torch.Tensor, n: int, k: int) -> bool:
     return FP8_TENSOR_CORES and fp8_blockwise.fits(x, n, k)
 
 
-def fp8_product(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    """x [M, K] @ (codes, scales)^T -> [M, N] fp32, as fp8_gemm computes it."""
-    if _tensor_cores(x, *codes.shape):
-        return _encoded_product(*fp8_blockwise.rows_1x128(x), x.shape[0], codes, scales)
+def rounds_in_encode(x: torch.Tensor, n: int, k: int) -> bool:
+    """Whether faithful mode's 1 x 32 rounding of x (fp32 prefill rows) happens in the FP8
+    operand's encode for an [n, k] weight's product (ROUND_IN_ENCODE) rather than in a launch
+    before it."""
+    return (ROUND_IN_ENCODE and FP8_TENSOR_CORES and takes(x) and x.dtype == torch.float32
+            and fp8_blockwise.runs_on(x.device, n, k))
+
+
+def fp8_product(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, round_first: bool = False) -> torch.Tensor:
+    """x [M, K] @ (codes, scales)^T -> [M, N] fp32, as fp8_gemm computes it. round_first (on
+    the FP8 tensor cores, rounds_in_encode): x rounded onto faithful mode's FP8 grid first."""
+    if round_first or _tensor_cores(x, *codes.shape):
+        return _encoded_product(*fp8_blockwise.rows_1x128(x, round_first=round_first), x.shape[0], codes, scales)
     return bf16_product(x, fp8_weight_bf16(codes, scales))
 
 
@@ -120,13 +129,15 @@ def _encoded_product(a: torch.Tensor, a_scales: torch.Tensor, m: int, codes: tor
                                  w, w_scales)[:m]
 
 
-def grouped_fp8_product(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, groups: int) -> torch.Tensor:
+def grouped_fp8_product(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, groups: int,
+                        round_first: bool = False) -> torch.Tensor:
     """Block-diagonal y [M, G*R] = x [M, G*K], group g's rows of (codes, scales) [G*R, K] applied
-    to x's columns g*K .. (the attention output's wo_a), as grouped_fp8_gemm computes it."""
+    to x's columns g*K .. (the attention output's wo_a), as grouped_fp8_gemm computes it;
+    round_first as fp8_product's."""
     M = x.shape[0]
     N, K = codes.shape
-    if _tensor_cores(x, N // groups, K):
-        return _grouped_on_tensor_cores(x, codes, scales, groups)
+    if round_first or _tensor_cores(x, N // groups, K):
+        return _grouped_on_tensor_cores(x, codes, scales, groups, round_first)
     a, copies = _parts(x.view(M, groups, K).transpose(0, 1))  # [G, M, copies * K]
     w = fp8_weight_bf16(codes, scales).view(groups, N // groups, K)
     # each group's product written to its columns of y (cuBLAS takes the row stride): a [G, M, R]
@@ -136,12 +147,13 @@ def grouped_fp8_product(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tens
     return y
 
 
-def _grouped_on_tensor_cores(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, groups: int) -> torch.Tensor:
+def _grouped_on_tensor_cores(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, groups: int,
+                             round_first: bool) -> torch.Tensor:
     """grouped_fp8_product on the FP8 tensor cores: x's codes laid out a group at a time, one
     product a group into its columns of y."""
     N, K = codes.shape
     rows, blocks = N // groups, K // 128
-    a, a_scales = fp8_blockwise.rows_1x128(x, groups)
+    a, a_scales = fp8_blockwise.rows_1x128(x, groups, round_first=round_first)
     w, w_scales = fp8_blockwise.fp8_weight_128(codes, scales)
     M = a.shape[1]  # x's rows and the aligned rows after them
     y = torch.empty(M, N, dtype=torch.float32, device=x.device)
@@ -220,6 +232,13 @@ SWIGLU_EPILOGUE = True
 # out a write and a read of the SwiGLU's output (~0.9 GB a layer for the routed experts) and,
 # for the shared expert, a round trip's launch. Off until timed on the H200.
 SWIGLU_ENCODE = False
+
+# Faithful mode on the FP8 tensor cores: a dense product's fp32 input rounded onto the 1 x 32
+# FP8 grid inside its operand's encode (fp8_blockwise.rows_1x128's round_first), not by a
+# launch before it: at a 16K chunk that launch's bf16 output, written and read again, is a
+# third of the bytes around each of a layer's six FP8 products (28 ms of 1 x 32 round trips
+# in the thirty-seventh session's chunk profile). Off until timed on the H200.
+ROUND_IN_ENCODE = False
 
 # Experts decoded to bf16 at once, one matrix kind at a time: at the release widths 47.2 MB an
 # expert for gate/up, 23.6 for down (3.0 GB at most for gate/up).

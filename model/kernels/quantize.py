@@ -70,11 +70,18 @@ def _e2m1_rne(q):
 
 
 @triton.jit
+def fp8_block_exponents(x):
+    """x [blocks, block] fp32 -> each row's e8m0 scale exponent (biased), as quant.fp8_round_trip
+    picks it: the power of two at or above its largest magnitude / 448."""
+    amax = tl.maximum(tl.max(tl.abs(x), axis=1), _FP8_AMAX_FLOOR)
+    return _pow2_ceil_exponent(amax * _INV_FP8_MAX)
+
+
+@triton.jit
 def fp8_blocks(x):
     """x [blocks, block] fp32 -> each row rounded onto the FP8 grid as quant.fp8_round_trip does:
     (e4m3 codes as int32, the values they stand for, each row's e8m0 scale exponent)."""
-    amax = tl.maximum(tl.max(tl.abs(x), axis=1), _FP8_AMAX_FLOOR)
-    exponent = _pow2_ceil_exponent(amax * _INV_FP8_MAX)
+    exponent = fp8_block_exponents(x)
     # Dividing by a power of two and multiplying by its (exact) inverse round alike.
     # No clamp to +-448 before encoding: the encoder saturates there, as the clamp would.
     code, value = e4m3_rne(x * pow2(254 - exponent)[:, None])

@@ -128,5 +128,5 @@ def grouped_output(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, o: torc
     p = role.prefix
     groups = cfg.o_groups // ops.parallel.world
     flat = o.reshape(o.shape[0], -1)
-    u = ops.grouped_linear(ops.gemm_input(flat), f"{p}.attn.wo_a", groups)  # [T, G*r]
+    u = ops.grouped_linear(flat, f"{p}.attn.wo_a", groups)  # [T, G*r]
     return ops.parallel.all_reduce(ops.linear(u, f"{p}.attn.wo_b"))

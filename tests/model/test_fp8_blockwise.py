@@ -26,27 +26,34 @@ def _on_grid(rows: int, k: int, seed: int) -> torch.Tensor:
     return fake_quant_fp8(x).to(torch.bfloat16)
 
 
-def test_rows_are_the_round_trips_codes_under_128_column_blocks():
+# the encode's program shapes (fp8_blockwise.ROW_TILE): a row's blocks, a block's rows, and a
+# tile that cuts both the rows (12 of 16 aligned rows) and the blocks unevenly
+TILES = [(1, 8), (32, 1), (8, 4)]
+
+
+@pytest.mark.parametrize("tile", TILES)
+def test_rows_are_the_round_trips_codes_under_128_column_blocks(tile, monkeypatch):
     """Codes and scales as quant.fp8_round_trip gives them with 128-column blocks, the rows padded
     to ROW_ALIGN with zeros; groups' codes laid out a group at a time; each run's scales
     together, as segment_scales reads them; rows taken from other rows' places (sources)."""
-    x = _on_grid(12, 512, 1)
+    monkeypatch.setattr(fp8_blockwise, "ROW_TILE", tile)
+    x = _on_grid(12, 768, 1)
     _, (ref_codes, ref_bytes) = quant.fp8_round_trip(x.float(), block=128)
-    ref_scales = torch.exp2(ref_bytes.float() - 127)  # [12, 4]
+    ref_scales = torch.exp2(ref_bytes.float() - 127)  # [12, 6]
     rows = fp8_blockwise.ROW_ALIGN
     codes, scales = fp8_blockwise.rows_1x128(x.to(DEVICE))
-    assert codes.shape == (1, rows, 512) and torch.equal(codes[0, :12].cpu(), ref_codes) and not codes[0, 12:].any()
-    assert torch.equal(fp8_blockwise.segment_scales(scales, 4, 0, rows)[:12].cpu(), ref_scales)
+    assert codes.shape == (1, rows, 768) and torch.equal(codes[0, :12].cpu(), ref_codes) and not codes[0, 12:].any()
+    assert torch.equal(fp8_blockwise.segment_scales(scales, 6, 0, rows)[:12].cpu(), ref_scales)
     codes, scales = fp8_blockwise.rows_1x128(x.to(DEVICE), groups=2)
-    assert torch.equal(codes[:, :12].cpu(), ref_codes.view(12, 2, 256).transpose(0, 1))
+    assert torch.equal(codes[:, :12].cpu(), ref_codes.view(12, 2, 384).transpose(0, 1))
     for g in range(2):
-        got = fp8_blockwise.segment_scales(scales, 2, 0, rows, 2 * g, 4)[:12].cpu()
-        assert torch.equal(got, ref_scales[:, 2 * g:2 * g + 2])
+        got = fp8_blockwise.segment_scales(scales, 3, 0, rows, 3 * g, 6)[:12].cpu()
+        assert torch.equal(got, ref_scales[:, 3 * g:3 * g + 3])
     counts = [5, 0, 7]
     codes, scales = fp8_blockwise.rows_1x128(x.to(DEVICE), counts=counts)
     assert torch.equal(codes[0].cpu(), ref_codes)
     for start, count in ((0, 5), (5, 7)):
-        got = fp8_blockwise.segment_scales(scales, 4, start, count)
+        got = fp8_blockwise.segment_scales(scales, 6, start, count)
         assert got.stride() == (1, count) and torch.equal(got.cpu(), ref_scales[start:start + count])
     # rows read where they lie (the routed experts' tokens, repeats and all): as if gathered first
     sources = torch.tensor([3, 0, 3, 11, 7, 7, 2, 9, 1, 0, 5, 4])
@@ -159,11 +166,32 @@ def _gate_up(rows: int, inter: int, seed: int) -> torch.Tensor:
         torch.randint(-8, 4, (2 * inter // 32,), generator=g).float()).repeat_interleave(32)
 
 
-def test_the_swiglu_in_the_encode_is_the_swiglu_then_the_encode():
+@pytest.mark.parametrize("tile", TILES)
+def test_the_rounding_in_the_encode_is_the_round_trip_then_the_encode(tile, monkeypatch):
+    """rows_1x128 of fp32 rows with round_first gives, to the bit, the codes and scales it makes
+    of quantize.fp8_grid_bf16's rounding of them (faithful mode's GEMM input): alone (rows
+    padded), in groups (wo_a's) and in runs."""
+    from dsflash.model.kernels.quantize import fp8_grid_bf16
+
+    monkeypatch.setattr(fp8_blockwise, "ROW_TILE", tile)
+    x = _gate_up(40, 384, 30).to(DEVICE)
+    on_grid = fp8_grid_bf16(x)
+    for options in ({}, {"groups": 2}, {"counts": [15, 0, 25]}):
+        got = fp8_blockwise.rows_1x128(x, round_first=True, **options)
+        want = fp8_blockwise.rows_1x128(on_grid, **options)
+        assert all(torch.equal(a, b) for a, b in zip(got, want)), options
+    # (here rounding first changes codes: a test that the rounding happens)
+    assert not torch.equal(fp8_blockwise.rows_1x128(x)[0], fp8_blockwise.rows_1x128(on_grid)[0])
+
+
+@pytest.mark.parametrize("tile", TILES)
+def test_the_swiglu_in_the_encode_is_the_swiglu_then_the_encode(tile, monkeypatch):
     """swiglu_rows_1x128 gives, to the bit, the codes and scales rows_1x128 makes of the
     SwiGLU launch's output (routing weights, the 1 x 32 FP8 grid): runs of rows with their
     weights (zeros among them, as the padding rows'), and rows without weights, padded."""
     from dsflash.model.kernels.swiglu import clamped_swiglu
+
+    monkeypatch.setattr(fp8_blockwise, "ROW_TILE", tile)
 
     gate_up = _gate_up(12, 256, 20).to(DEVICE)
     gate, up = gate_up[:, :256], gate_up[:, 256:]
@@ -222,6 +250,47 @@ def test_the_swiglu_in_the_encode_gives_the_same_products(monkeypatch):
     reference = ReferenceOps(store, act_quant=True, device=DEVICE).swiglu_linear(gate, up, 7.0, "w2")
     assert fused["w2"] == 1  # exact mode and the reference path: linear of the SwiGLU
     assert (reference - want).abs().max() < 1e-3 * want.abs().max()
+
+
+def test_the_rounding_in_the_encode_gives_the_same_products(monkeypatch):
+    """prefill_gemms.ROUND_IN_ENCODE changes no bit of faithful mode's dense products on fp32
+    prefill rows: fp8_gemm (TritonOps.linear's) and grouped_fp8_gemm through TritonOps.
+    grouped_linear (wo_a's, which now rounds its input itself, as linear does, on the reference
+    path too); exact mode's rows are never rounded. On CPU at a few rows with the products in
+    fp32; on a GPU at a prefill chunk's rows."""
+    from dsflash.model.fast_ops import TritonOps
+    from dsflash.model.kernels.fp8_gemm import fp8_gemm, grouped_fp8_gemm
+    from dsflash.model.ops import ReferenceOps
+    from dsflash.model.weights import Fp8Weight
+
+    _switch(monkeypatch, True)
+    if DEVICE == "cpu":
+        monkeypatch.setattr(prefill_gemms, "takes", lambda x: x.shape[0] >= 16)
+    rows = prefill_gemms.ROWS + 67 if DEVICE == "cuda" else 37
+    x = _gate_up(rows, 384, 31).to(DEVICE)  # [rows, 768] fp32, 32-column stretches at their own magnitudes
+    codes, scales = quantize_fp8_weight(torch.randn(256, 768, generator=_g(32)))
+    wo_a = Fp8Weight(*quantize_fp8_weight(torch.randn(3 * 128, 256, generator=_g(33))), (32, 32))
+    rounded = []
+    encode = fp8_blockwise.rows_1x128
+    monkeypatch.setattr(fp8_blockwise, "rows_1x128",
+                        lambda *a, **kw: rounded.append(kw.get("round_first", False)) or encode(*a, **kw))
+    got = {}
+    for on in (False, True):
+        monkeypatch.setattr(prefill_gemms, "ROUND_IN_ENCODE", on)
+        rounded.clear()
+        got[on] = (fp8_gemm(x, codes.to(DEVICE), scales.to(DEVICE), act_quant=True),
+                   TritonOps({"wo_a": wo_a}, act_quant=True, device=DEVICE).grouped_linear(x, "wo_a", 3))
+        assert rounded == [on, on]  # both took the FP8 path, rounding in the encode where it is on
+    assert all(torch.equal(a, b) for a, b in zip(got[False], got[True])) and got[True][1].abs().max() > 0
+    rounded.clear()
+    fp8_gemm(x, codes.to(DEVICE), scales.to(DEVICE))
+    grouped_fp8_gemm(x, wo_a.weight.to(DEVICE), wo_a.scale.to(DEVICE), 3)
+    assert rounded == []  # exact mode: fp32 rows keep the exact products
+    reference = {a: ReferenceOps({"wo_a": wo_a}, act_quant=a, device=DEVICE).grouped_linear(x, "wo_a", 3)
+                 for a in (False, True)}
+    scale = got[True][1].abs().max()
+    assert (reference[True] - got[True][1]).abs().max() < 1e-3 * scale
+    assert (reference[False] - got[True][1]).abs().max() > 1e-2 * scale  # (the reference path rounds too)
 
 
 def test_the_check_at_first_use_holds_the_product_to_its_values(monkeypatch):
