@@ -295,11 +295,12 @@ def attention_kernels(sizes=(6, 48, 192, 2048, 8192)) -> None:
                     "max_rel_diff_vs_decode_form": ((got - ref).abs().max() / ref.abs().max()).item()})
 
 
-def index_key_pages(entries: int, dev: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def index_key_pages(entries: int, dev: str, spread: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Index keys as a pool holds them (64 packed FP4 bytes, then 4 e8m0 scales at 2^-7, so no
-    key overflows) and each key's byte offsets."""
+    key overflows; with `spread`, each block's from 2^-7 up to that many binades lower, as the
+    FP8 form shifts a key's blocks under its largest) and each key's byte offsets."""
     page_bytes = torch.randint(0, 255, (entries * 68,), dtype=torch.uint8, device=dev)
-    page_bytes[entries * 64:] = 120
+    page_bytes[entries * 64:] = torch.randint(120 - spread, 121, (entries * 4,), dtype=torch.uint8, device=dev)
     return page_bytes, torch.arange(entries, device=dev) * 64, entries * 64 + torch.arange(entries, device=dev) * 4
 
 
@@ -336,11 +337,12 @@ def indexer_kernels(tiles: tuple[tuple[int, int, int], ...] = ()) -> None:
     and the candidate blocks (N/8 of 512K)."""
     from dsflash.model.kernels import indexer_score
     from dsflash.model.kernels.indexer_score import indexer_scores
+    from dsflash.model.kernels.top_k import top_k_ascending
     from dsflash.model.quant import fake_quant_fp4
 
     dev, heads, dim = "cuda", 32, 128
     for entries, n in ((1 << 20, 128), (1 << 14, 2048)):
-        page_bytes, k_off, k_soff = index_key_pages(entries, dev)
+        page_bytes, k_off, k_soff = index_key_pages(entries, dev, spread=4)  # (since the 41st session)
         q = fake_quant_fp4(torch.randn(n, heads, dim, device=dev), 32)
         w = torch.randn(n, heads, device=dev)
         visible = torch.full((n,), entries, device=dev)
@@ -350,16 +352,18 @@ def indexer_kernels(tiles: tuple[tuple[int, int, int], ...] = ()) -> None:
                           ("bf16_tall", dict(exact_in_bf16=True, tall=True)),
                           ("bf16_tall_query_pointers", dict(exact_in_bf16=True, tall=True, tma=False)),
                           ("fp8_tall", dict(exact_in_bf16=True, tall=True, fp8=True)),
+                          ("fp8_tall_promoted", dict(exact_in_bf16=True, tall=True, fp8=True, promote=32)),
                           *((f"bf16_{qb}x{nb}_w{warps}", dict(exact_in_bf16=True, tiles=(qb, nb, warps)))
                             for qb, nb, warps in ((128, 128, 8),) + tuple(tiles))):
             def score(kw=kw):
                 kw = dict(kw)
                 indexer_score.QUERY_TILES_BY_TMA = kw.pop("tma", True)
                 indexer_score.TALL_FP8 = kw.get("fp8", False)
+                indexer_score.FP8_PROMOTE = kw.pop("promote", 0)
                 return indexer_scores(q, w, visible, page_bytes, k_off, k_soff, **kw)
 
             t, got = cuda_time(score, iters=5), score()
-            indexer_score.QUERY_TILES_BY_TMA, indexer_score.TALL_FP8 = True, False
+            indexer_score.QUERY_TILES_BY_TMA, indexer_score.TALL_FP8, indexer_score.FP8_PROMOTE = True, False, 0
             figures = {"us": t * 1e6, "TFLOPs": flops / t / 1e12, "ratio_to_bf16_roofline": t / (flops / BF16_FLOPS),
                        "max_rel_diff": ((got - ref).abs().max() / ref.abs().max()).item()}
             if label == "bf16_tall":
@@ -367,7 +371,9 @@ def indexer_kernels(tiles: tuple[tuple[int, int, int], ...] = ()) -> None:
             if label.startswith("fp8"):  # the bf16 tiles' scores bit for bit wherever the FP8 MMA sums exactly
                 figures.update(ratio_to_fp8_roofline=t / (flops / FP8_FLOPS),
                                equal_to_bf16_tall=torch.equal(got, bf16_tall),
-                               max_rel_diff_to_bf16_tall=((got - bf16_tall).abs().max() / bf16_tall.abs().max()).item())
+                               max_rel_diff_to_bf16_tall=((got - bf16_tall).abs().max() / bf16_tall.abs().max()).item(),
+                               rows_with_bf16_tall_top_k=(top_k_ascending(got, 512) == top_k_ascending(bf16_tall, 512)
+                                                          ).all(1).float().mean().item())
             record("kernel_indexer_prefill", f"N{entries}_n{n}_{label}", figures)
         for rows in (32, n):
             top_k_timings(ref[:rows], 512, f"N{entries}_n{rows}", lambda fn: cuda_time(fn, iters=5))

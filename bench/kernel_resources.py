@@ -124,9 +124,9 @@ KERNELS = {
          "vis_ptr": "*i64", "page_ptr": "*u8", "k_off": "*i64", "k_soff": "*i64", "o_ptr": "*fp32",
          "first_ptr": "*i64", "count_ptr": "*i64"},
         dict(DI=128, RUNS=False, BF16=True, TMA=indexer_score.QUERY_TILES_BY_TMA, num_stages=3, PDL=False, FP8=False,
-             HW_FP8=False,
+             HW_FP8=False, PROMOTE=0,
              **dict(zip(("QB", "NB", "num_warps"), indexer_score.TILES["tall"]))),
-        ";NB=64;num_warps=4;QB=128;FP8=1,HW_FP8=1,BF16=0",
+        ";NB=64;num_warps=4;QB=128;FP8=1,HW_FP8=1,BF16=0;FP8=1,HW_FP8=1,BF16=0,PROMOTE=32",
         # an 8,192-token chunk's queries, 32 heads of 128 (the release), against 131,071 entries
         sample=dict(n=8192, N=131071, HI=32, sqn=32 * 128, sqh=128, swn=32, son=131071, skr=131071)),
     # faithful prefill's FP8 operand encode (fp8_blockwise): a chunk's routed pairs' rows into the

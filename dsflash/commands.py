@@ -48,12 +48,12 @@ def logits(args) -> int:
     import torch
     from safetensors.torch import save_file
 
-    from dsflash.model.deepseek_v41 import DeepseekV41
+    from dsflash.model import deepseek_v41
     from dsflash.model.runner import parse_mode, prompt_logits
 
     try:
         ids = [int(x) for x in args.ids.split(",") if x.strip()]
-        parse_mode(args.mode)
+        kind, size = parse_mode(args.mode)
     except ValueError as exc:
         print(f"dsflash logits: {exc}", file=sys.stderr)
         return 2
@@ -63,7 +63,13 @@ def logits(args) -> int:
     if args.device == "cuda" and not torch.cuda.is_available():
         print("dsflash logits: --device cuda but no CUDA device is available", file=sys.stderr)
         return 2
-    model = DeepseekV41.from_checkpoint(args.checkpoint, device=args.device, act_quant=args.act_quant, progress=True)
+    most = deepseek_v41.MAX_KERNEL_ROWS
+    if args.device == "cuda" and (len(ids) if kind == "full" else size) > most:
+        print(f"dsflash logits: the GPU kernels take at most {most} tokens a forward: use --mode chunked:N "
+              f"with N <= {most}", file=sys.stderr)
+        return 2
+    model = deepseek_v41.DeepseekV41.from_checkpoint(args.checkpoint, device=args.device, act_quant=args.act_quant,
+                                                     progress=True)
     vocab = model.config.vocab_size
     bad = [i for i in ids if not 0 <= i < vocab]
     if bad:
@@ -102,6 +108,14 @@ def worker_settings(args, role: str):
     devices = tuple(f"cuda:{gpu}" for gpu in _list(args.gpus)) if args.gpus else ("cpu",) * (args.ranks or 1)
     if args.gpus and args.ranks and args.ranks != len(devices):
         raise SystemExit(f"--ranks {args.ranks} with {len(devices)} --gpus: give one rank per GPU")
+    if args.prefill_token_budget < 1:
+        raise SystemExit(f"--prefill-token-budget {args.prefill_token_budget}: at least 1 token a step")
+    if args.gpus:
+        from dsflash.model.deepseek_v41 import MAX_KERNEL_ROWS
+
+        if args.prefill_token_budget > MAX_KERNEL_ROWS:
+            raise SystemExit(f"--prefill-token-budget {args.prefill_token_budget}: the GPU kernels take at most "
+                             f"{MAX_KERNEL_ROWS} tokens a step")
     extra = {}
     if role == "prefill":
         extra["ced"] = args.ced

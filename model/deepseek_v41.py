@@ -45,6 +45,10 @@ from .weights import ENGRAM_ON_DEVICE_BYTES, Checkpoint, WeightStore
 # A table on the GPU is hashed there too, in the site's graph (False: on the host, as for a
 # table in host memory; bench/decode_ab.py compares the two in one process).
 HASH_ON_DEVICE = True
+# The kernel path's row offsets are 32-bit: a row times the attention's row stride (64 heads of
+# 512) stays under 2^31 up to this many rows of one forward. Longer prompts go in chunks (a
+# prefill worker's budget is 16,384 tokens a step).
+MAX_KERNEL_ROWS = 65536
 
 
 @dataclass
@@ -115,6 +119,7 @@ class DeepseekV41:
     # ------------------------------------------------------------ entry points
 
     def forward(self, runs: list[SeqRun], *, logits: str = "last", taps: bool = False) -> ForwardResult:
+        self._check_rows(runs)
         with self._lockstep("forward", runs, logits=logits, taps=taps):
             tokens = pack(runs)
             X, pre = self.embed(tokens)
@@ -122,12 +127,22 @@ class DeepseekV41:
                                             taps)
             return self._outputs(X, pre, runs, logits, tap_rows)
 
+    def _check_rows(self, runs: list[SeqRun]) -> None:
+        """Refuse a forward of more rows than the kernel path takes (MAX_KERNEL_ROWS), before any
+        rank is told of it."""
+        rows = sum(run.n for run in runs)
+        if self.ops.fast and rows > MAX_KERNEL_ROWS:
+            raise ValueError(f"{rows:,} rows in one forward: the kernel path takes at most {MAX_KERNEL_ROWS:,} "
+                             "(its row offsets are 32-bit); run the prompt in chunks (--prefill-token-budget, "
+                             "dsflash logits --mode chunked:N)")
+
     def _lockstep(self, kind: str, runs: list[SeqRun], tensors: tuple[torch.Tensor, ...] = (), **options):
         """Rank 0 of several announces the call first: the other ranks join its collectives."""
         return nullcontext() if self.leader is None else self.leader.announce(kind, runs, tensors, **options)
 
     def encode(self, runs: list[SeqRun]) -> tuple[torch.Tensor, torch.Tensor]:
         """CED encoder pass. Returns (X, pre) entering the first decoder layer, for every row."""
+        self._check_rows(runs)
         with self._lockstep("encode", runs):
             return self._encode(runs)
 
@@ -147,6 +162,7 @@ class DeepseekV41:
     def decode_rows(self, runs: list[SeqRun], X: torch.Tensor, pre: torch.Tensor, *, logits: str = "last",
                     taps: bool = False) -> ForwardResult:
         """CED decoder pass over given rows (X, pre from `encode`), skipping the rebuilt entries."""
+        self._check_rows(runs)
         with self._lockstep("decode_rows", runs, (X, pre), logits=logits, taps=taps):
             tokens = pack(runs)
             for run in runs:

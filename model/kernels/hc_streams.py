@@ -27,7 +27,7 @@ def _hc_expand_kernel(y_ptr, x_ptr, post_ptr, comb_ptr, out_ptr, H, syt, sxt, sx
                       S: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
     """Program (token t, column block): all S output streams of those columns."""
     pdl.wait_for_inputs(PDL)
-    t = tl.program_id(0)
+    t = tl.program_id(0).to(tl.int64)  # (t * sxt passes 2^31 from ~105K tokens of 4 x 5120 streams)
     d = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     s = tl.arange(0, S)
     live = d < H
@@ -49,7 +49,7 @@ def _hc_expand_mix_parts_kernel(y_ptr, x_ptr, post_ptr, comb_ptr, out_ptr, fn_pt
     (flat column k * H + d) [TB, NP] at part_ptr[t, block] and the sums of squares at
     sq_ptr[t, block] (hc_gates sums the blocks' parts in order). fp32-accurate dots: tf32x3."""
     pdl.wait_for_inputs(PDL)
-    t = tl.program_id(0) * TB + tl.arange(0, TB)
+    t = (tl.program_id(0) * TB + tl.arange(0, TB)).to(tl.int64)
     block = tl.program_id(1)
     d = block * BLOCK + tl.arange(0, BLOCK)
     j = tl.arange(0, S)
@@ -80,7 +80,7 @@ def _hc_collapse_norm_kernel(x_ptr, pre_ptr, w_ptr, out_ptr, H, eps, sxt, sxs, s
                              S: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
     """Program (token t): the collapsed row, normalized (BLOCK >= H: the whole row at once)."""
     pdl.wait_for_inputs(PDL)
-    t = tl.program_id(0)
+    t = tl.program_id(0).to(tl.int64)
     d = tl.arange(0, BLOCK)
     s = tl.arange(0, S)
     live = d < H

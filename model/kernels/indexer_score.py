@@ -171,12 +171,12 @@ def _run_rows(first_ptr, count_ptr, n, block, QB: tl.constexpr, AXIS: tl.constex
 def _indexer_kernel(q_ptr, w_ptr, vis_ptr, page_ptr, k_off, k_soff, o_ptr, first_ptr, count_ptr, n, N, HI,
                     sqn, sqh, swn, son, skr, DI: tl.constexpr, QB: tl.constexpr, NB: tl.constexpr,
                     RUNS: tl.constexpr, BF16: tl.constexpr, TMA: tl.constexpr, PDL: tl.constexpr,
-                    FP8: tl.constexpr = False, HW_FP8: tl.constexpr = False):
+                    FP8: tl.constexpr = False, HW_FP8: tl.constexpr = False, PROMOTE: tl.constexpr = 0):
     """Program (query block, entry block, run): with RUNS, run r's queries are rows
     first[r] .. first[r] + count[r] and its entries row r of the offset tables. BF16: the
     queries come as bf16 holding them exactly (FP4-quantized ones do), so one bf16 dot per
     head is exact (the keys are e2m1 times a power of two); otherwise fp32 queries dot at
-    three-pass accuracy (dot_exact_rhs). FP8: the queries come as e4m3 codes (_fp8_queries,
+    three-pass accuracy (dot_exact_rhs). FP8: the queries come as e4m3 codes (fp8_queries,
     their scales folded into w) and the keys are made e4m3 under a scale an entry
     (_fp8_keys), which multiplies each entry's sum over heads (ReLU(s * x) = s * ReLU(x) for
     s > 0); with HW_FP8 one FP8 dot a head, in the interpreter fp32 values on the e4m3 grid.
@@ -200,7 +200,9 @@ def _indexer_kernel(q_ptr, w_ptr, vis_ptr, page_ptr, k_off, k_soff, o_ptr, first
         else:
             q = tl.load(q_ptr + rq[:, None] * sqn + h * sqh + d[None, :], mask=in_run[:, None], other=0.0)
         w = tl.load(w_ptr + rq * swn + h, mask=in_run, other=0.0)
-        if BF16 or FP8:
+        if FP8 and PROMOTE:  # the FP8 MMA's sums added into fp32 every PROMOTE columns
+            logits = tl.dot(q, tl.trans(keys), max_num_imprecise_acc=PROMOTE)
+        elif BF16 or FP8:
             logits = tl.dot(q, tl.trans(keys))
         else:
             logits = dot_exact_rhs(q.to(tl.float32), tl.trans(keys), tl.zeros((QB, NB), tl.float32))
@@ -335,6 +337,12 @@ QUERY_TILES_BY_TMA = True  # off: tall tiles read the queries by pointers (bench
 # on the H200 (bench/h200.py --sections indexer, and --prefill-switch
 # "dsflash.model.kernels.indexer_score.TALL_FP8=False|True" at 1M).
 TALL_FP8 = False
+# The FP8 form's sums: 0 leaves a head's 128-column dot to the FP8 MMA's own adder (Triton's
+# default on sm_90; DeepSeek-V3's report measured ~14 bits kept on Hopper), so a score is the
+# bf16 form's only where those sums are exact; 32 adds each 32-column MMA's sum into the fp32
+# accumulator (one query block against one key block: exact within the 8 binades). Untimed:
+# bench/h200.py --sections indexer times both forms and compares them with the bf16 tiles.
+FP8_PROMOTE = 0
 
 
 def _on_16_bytes(t: torch.Tensor) -> torch.Tensor:
@@ -348,7 +356,7 @@ def indexer_scores(q: torch.Tensor, w: torch.Tensor, visible: torch.Tensor, page
                    key_offsets: torch.Tensor, key_scale_offsets: torch.Tensor,
                    runs: tuple[torch.Tensor, torch.Tensor, int] | None = None,
                    exact_in_bf16: bool = False, tall: bool = False, tiles: tuple | None = None,
-                   keys_aligned: bool = False, fp8: bool = False) -> torch.Tensor:
+                   keys_aligned: bool = False, fp8: bool = False, encoded: bool = False) -> torch.Tensor:
     """key_offsets [N] for one run, or [R, N] with `runs` = (first row [R], rows [R], most rows)
     for several: each run's queries score its own row of entries (one launch for a batch). A
     query's score of an entry is computed the same way in either form, bit for bit, and in
@@ -362,7 +370,9 @@ def indexer_scores(q: torch.Tensor, w: torch.Tensor, visible: torch.Tensor, page
     keys_aligned: every key's codes start on 16 bytes and its scales on 4 (CacheLayout.keys_aligned).
     fp8 (faithful prefill): with exact_in_bf16, 64-query tiles dot on the FP8 tensor cores
     (TALL_FP8, on GPUs that have them): each score as the bf16 dots give it wherever the FP8
-    MMA sums exactly and a query's and a key's block scales each span at most 8 binades."""
+    MMA sums exactly and a query's and a key's block scales each span at most 8 binades.
+    encoded: q and w are already fp8_queries' (a long run's queries encoded once, then scored
+    in slices); only where that form runs (tall_fp8)."""
     n, heads, dim = q.shape
     N = key_offsets.shape[-1]
     assert w.shape == (n, heads) and visible.shape == (n,) and pages.dtype == torch.uint8 and dim % 32 == 0
@@ -373,11 +383,12 @@ def indexer_scores(q: torch.Tensor, w: torch.Tensor, visible: torch.Tensor, page
     most = n if runs is None else runs[2]
     few = tiles is None and not tall and most <= FEW_QUERIES
     qb, nb, warps = tiles or TILES["tall" if tall else "short"]
-    fp8 = fp8 and TALL_FP8 and exact_in_bf16 and not few and qb >= 64 and _fp8_dots(q.device)
+    fp8 = fp8 and not few and qb >= 64 and tall_fp8(q.device, exact_in_bf16)
+    assert fp8 or not encoded, "queries encoded for the FP8 form, which does not run here"
     bf16 = exact_in_bf16 and not interpreting() and not fp8  # the interpreter dots fp32 exactly anyway
     w, visible = _on_16_bytes(w.float().contiguous()), _on_16_bytes(visible.to(torch.int64).contiguous())
-    if fp8:  # (from the queries as they come: no bf16 copy first)
-        q, w = _fp8_queries(q, w)
+    if fp8 and not encoded:  # (from the queries as they come: no bf16 copy first)
+        q, w = fp8_queries(q, w)
     else:
         q = (q.to(torch.bfloat16) if bf16 else q).contiguous()
     key_offsets, key_scale_offsets = key_offsets.contiguous(), key_scale_offsets.contiguous()
@@ -399,8 +410,15 @@ def indexer_scores(q: torch.Tensor, w: torch.Tensor, visible: torch.Tensor, page
     _indexer_kernel[grid](queries, w, visible, pages, key_offsets, key_scale_offsets,
                           out, first, count, n, N, heads, q.stride(0), q.stride(1), w.stride(0), out.stride(0),
                           key_offsets.stride(0), DI=dim, QB=qb, NB=nb, RUNS=runs is not None, BF16=bf16,
-                          TMA=tma, FP8=fp8, HW_FP8=fp8 and not interpreting(), num_warps=warps, **pdl.options(q.device))
+                          TMA=tma, FP8=fp8, HW_FP8=fp8 and not interpreting(), PROMOTE=FP8_PROMOTE if fp8 else 0,
+                          num_warps=warps, **pdl.options(q.device))
     return out
+
+
+def tall_fp8(device: torch.device, exact_in_bf16: bool) -> bool:
+    """Whether tall tiles of faithful (FP4-quantized) queries dot on the FP8 tensor cores here:
+    TALL_FP8 on a device that has them."""
+    return TALL_FP8 and exact_in_bf16 and _fp8_dots(device)
 
 
 def _fp8_dots(device: torch.device) -> bool:
@@ -408,7 +426,7 @@ def _fp8_dots(device: torch.device) -> bool:
     return interpreting() or (device.type == "cuda" and fp8_tensor_cores(device))
 
 
-def _fp8_queries(q: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def fp8_queries(q: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """FP4-quantized queries q [n, Hi, Di] and their heads' weights w [n, Hi] -> (q's e4m3
     codes under a power-of-two scale a row and head, w times those scales), so that the scales
     leave each head's ReLU(q . k) * w as it was. A code is at most 6: a block's e2m1 values

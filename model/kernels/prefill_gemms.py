@@ -204,7 +204,8 @@ def _down_projection(x: torch.Tensor, gate_up: torch.Tensor, runs: list[int], ro
     on_grid = act_quant and inter % 32 == 0
     if on_grid and SWIGLU_ENCODE and _tensor_cores(x, x.shape[1], inter):  # all of it in the operand's encode
         a, a_scales = fp8_blockwise.swiglu_rows_1x128(gate, up, limit, row_weights, counts=runs)
-        return _expert_products(a, a_scales, runs, w2, s2, torch.empty(sum(runs), x.shape[1], device=x.device))
+        out = torch.empty(sum(runs), x.shape[1], dtype=torch.float32, device=x.device)
+        return _expert_products(a, a_scales, runs, w2, s2, out)
     if SWIGLU_EPILOGUE:  # the routing weights and the rounding in the SwiGLU's launch
         h = clamped_swiglu(gate, up, limit, row_weights=row_weights, fp8_grid=on_grid)
     else:  # the passes it replaced, for comparisons

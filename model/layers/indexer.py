@@ -18,7 +18,7 @@ from ..batch import SeqRun, end_to_end, offsets, rows_positions, run_rows
 from ..config import LayerRole, ModelConfig
 from ..device import to_device
 from ..ops import ReferenceOps
-from ..kernels import top_k
+from ..kernels import indexer_score, top_k
 from ..kernels.indexer_score import TALL_RUN, indexer_scores, scores_warm_up
 from ..kernels.top_k import top_k_ascending
 from ..rope import Rope
@@ -91,10 +91,14 @@ def _kernel_scores(run, role, q, w, visible, total, qat: bool, fp8: bool):
     key_off, key_soff = run.once(("key offsets", role.kv_source, total), lambda: cache.entry_offsets(
         role.kv_source, torch.arange(total, device=q.device), kind="key"))
     pages = cache.pool.pages_buffer
+    tall = run.n >= TALL_RUN
+    encoded = fp8 and tall and indexer_score.tall_fp8(q.device, qat)
+    if encoded:  # once, not once a slice (a 1M prompt's 16K chunk scores 128 slices a layer)
+        q, w = indexer_score.fp8_queries(q, w)
 
     def score(lo: int, hi: int) -> torch.Tensor:
         return indexer_scores(q[lo:hi], w[lo:hi], visible[lo:hi], pages, key_off, key_soff, exact_in_bf16=qat,
-                              tall=run.n >= TALL_RUN, keys_aligned=cache.layout.keys_aligned, fp8=fp8)
+                              tall=tall, keys_aligned=cache.layout.keys_aligned, fp8=fp8, encoded=encoded)
 
     return score
 
@@ -134,16 +138,18 @@ def index(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, xa: torch.Tensor
     chunk = max(1, _SCORE_BUDGET // total)
     picks, pools = [], []
     pick, join = _top_k_beside(q.device, slices=run.n > chunk and not role.is_candidate_source)
-    for lo in range(0, run.n, chunk):
-        hi = min(lo + chunk, run.n)
-        scores = score(lo, hi)
-        if role.is_candidate_source:
-            pools.append(select_candidate_blocks(scores, visible[lo:hi], cfg.candidate_topk_blocks,
-                                                 cfg.candidate_block_size))
-        elif candidates_in is not None:
-            scores = scores.masked_fill(~candidates_in[lo:hi], float("-inf"))
-        picks.append(pick(scores, k))
-    join()
+    try:
+        for lo in range(0, run.n, chunk):
+            hi = min(lo + chunk, run.n)
+            scores = score(lo, hi)
+            if role.is_candidate_source:
+                pools.append(select_candidate_blocks(scores, visible[lo:hi], cfg.candidate_topk_blocks,
+                                                     cfg.candidate_block_size))
+            elif candidates_in is not None:
+                scores = scores.masked_fill(~candidates_in[lo:hi], float("-inf"))
+            picks.append(pick(scores, k))
+    finally:
+        join()
     if role.is_candidate_source:
         shared["candidates"] = torch.cat(pools)
     shared["topk"] = torch.cat(picks)
@@ -157,23 +163,36 @@ def _top_k_beside(device: torch.device, slices: bool):
     """(pick, join): top_k_ascending, or with TOP_K_BESIDE where the scores come in several
     slices on a GPU (not inside a graph capture) the same on a side stream behind the scores so
     far, so that the next slice's scores run beside it; join() makes the main stream wait for
-    the picks before they are read. Each slice's scores stay allocated until the side stream is
-    done with them, each picks tensor until the main stream is."""
+    the picks before they are read. One slice's top-k is in flight at a time: before the
+    next slice's top-k is queued, the main stream waits for the one before, and only then are
+    its scores let go, so their memory returns to the main stream's pool in stream order.
+    (record_stream held each slice's 512 MiB of scores until the host saw its top-k end: the
+    host runs ahead, so every slice took new memory, up to the allocator's limit and its
+    device-wide sync.) Each picks tensor stays allocated until the main stream is done with it."""
     if not (TOP_K_BESIDE and slices and device.type == "cuda" and not torch.cuda.is_current_stream_capturing()):
         return top_k_ascending, _no_join
     side = _SIDE_STREAMS.get(device)
     if side is None:
         side = _SIDE_STREAMS[device] = torch.cuda.Stream(device)
     main = torch.cuda.current_stream(device)
+    in_flight: list[tuple[torch.Tensor, torch.cuda.Event]] = []  # (scores, their top-k's end)
 
     def pick(scores: torch.Tensor, k: int) -> torch.Tensor:
+        if in_flight:  # the slice before: its scores free once the main stream has waited for it
+            main.wait_event(in_flight.pop()[1])
         side.wait_stream(main)
+        done = torch.cuda.Event()
+        in_flight.append((scores, done))  # (held before the launches: an error in them keeps it too)
         with torch.cuda.stream(side):
             picks = top_k_ascending(scores, k)
-        scores.record_stream(side)
+            done.record(side)
         picks.record_stream(main)
         return picks
-    return pick, lambda: main.wait_stream(side)
+
+    def join() -> None:
+        main.wait_stream(side)
+        in_flight.clear()
+    return pick, join
 
 
 def index_runs(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, xa: torch.Tensor, q_res: torch.Tensor,

@@ -75,19 +75,24 @@ def test_candidate_blocks_are_the_best_block_maxima_and_the_newest_block():
     assert keep[0, 8] and not keep[1, 28] and keep[1, 12] and keep[2, 44]
 
 
-def test_faithful_prefill_sends_its_tall_score_tiles_to_the_fp8_form(golden_dir, golden, monkeypatch):
+@pytest.mark.parametrize("promote", [0, 32])
+def test_faithful_prefill_sends_its_tall_score_tiles_to_the_fp8_form(golden_dir, golden, promote, monkeypatch):
     """The tiny checkpoint on the kernel path in faithful mode, a prompt long enough to take the
-    tall score tiles (TALL_RUN lowered to its rows): with the FP8 form on (TALL_FP8), its score
-    launches take it, and the logits are the bf16 form's bit for bit (its scores are, where
-    block scales span at most 8 binades; under the interpreter both dot exactly)."""
+    tall score tiles (TALL_RUN lowered to its rows) in several slices: with the FP8 form on
+    (TALL_FP8), its score launches take it, its queries encoded once a layer, and the logits
+    are the bf16 form's bit for bit (its scores are, where
+    block scales span at most 8 binades and the FP8 MMA's sums are exact, which FP8_PROMOTE
+    makes them; under the interpreter both dot exactly)."""
     from dsflash.model.kernels import indexer_score
     from dsflash.model.layers import indexer
     from tests.model.test_prefill_gemms import kernel_path_prefill
 
+    monkeypatch.setattr(indexer_score, "FP8_PROMOTE", promote)
     monkeypatch.setattr(indexer, "TALL_RUN", 16)
+    monkeypatch.setattr(indexer, "_SCORE_BUDGET", 64)  # several score slices a layer
     encoded = []
-    fp8_queries = indexer_score._fp8_queries
-    monkeypatch.setattr(indexer_score, "_fp8_queries", lambda q, w: encoded.append(q.shape[0]) or fp8_queries(q, w))
+    fp8_queries = indexer_score.fp8_queries
+    monkeypatch.setattr(indexer_score, "fp8_queries", lambda q, w: encoded.append(q.shape[0]) or fp8_queries(q, w))
     prompt = golden[2]["input_ids"][:24]
     logits = {}
     for on in (True, False):
@@ -95,6 +100,7 @@ def test_faithful_prefill_sends_its_tall_score_tiles_to_the_fp8_form(golden_dir,
         encoded.clear()
         logits[on] = kernel_path_prefill(golden_dir, True)(prompt, "last")
         assert bool(encoded) == on
+        assert all(rows == 24 for rows in encoded)  # a run's queries encoded once, not once a slice
     assert torch.equal(logits[True], logits[False])
 
 
@@ -114,3 +120,33 @@ def test_a_long_prompts_top_k_beside_its_next_scores_picks_the_same(golden_dir, 
         monkeypatch.setattr(indexer, "TOP_K_BESIDE", on)
         logits[on] = prefill(prompt, "all")
     assert indexer._SIDE_STREAMS and torch.equal(logits[True], logits[False])
+
+
+@pytest.mark.gpu
+def test_the_top_k_beside_reuses_its_slices_memory_in_stream_order(monkeypatch):
+    """With the host far ahead of the GPU (a long sleep queued first), 16 slices picked beside
+    the main stream take the memory of ~3 slices' scores at most: each slice's scores return to
+    the main stream's pool in stream order once its top-k is waited for (record_stream kept
+    every slice's block until the host saw its top-k end, so each took new memory). The picks
+    are the main stream's own top-k's."""
+    from dsflash.model.layers import indexer
+
+    monkeypatch.setattr(indexer, "TOP_K_BESIDE", True)
+    device = torch.device("cuda")
+    rows, width, k = 128, 1 << 20, 512  # a 1M prompt's slice: 512 MiB of scores (the top-k's own
+    slice_bytes = rows * width * 4  # work buffers, 256 MiB on the side stream, fit in the margin)
+    seeds = [torch.randn(rows, width, device=device) for _ in range(2)]
+    want = [top_k_ascending(s, k) for s in seeds]
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    reserved = torch.cuda.memory_reserved()
+    pick, join = indexer._top_k_beside(device, slices=True)
+    torch.cuda._sleep(1_000_000_000)  # ~0.5 s of GPU time: the host queues every slice behind it
+    picks = []
+    for i in range(16):
+        picks.append(pick(seeds[i % 2] * 1.0, k))  # a fresh tensor a slice, as score(lo, hi) makes
+    join()
+    grown = torch.cuda.memory_reserved() - reserved
+    torch.cuda.synchronize()
+    assert all(torch.equal(p, want[i % 2]) for i, p in enumerate(picks))
+    assert grown <= 5 * slice_bytes, f"{grown / slice_bytes:.1f} slices of scores reserved"  # (16 before)

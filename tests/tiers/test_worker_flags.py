@@ -1,0 +1,24 @@
+"""Worker flags checked where the configuration is read (dsflash/commands.py worker_settings):
+a bad value stops the command with its reason, before anything loads."""
+
+from __future__ import annotations
+
+import pytest
+
+from dsflash.cli import build_parser
+from dsflash.commands import worker_settings
+from dsflash.model import deepseek_v41
+
+
+@pytest.mark.parametrize("role", ["prefill", "decode"])
+def test_a_prefill_token_budget_the_kernels_cannot_take_is_refused(role):
+    def settings(*flags: str):
+        return worker_settings(build_parser().parse_args([role, "--checkpoint", "ckpt", *flags]), role)
+
+    most = deepseek_v41.MAX_KERNEL_ROWS
+    assert settings("--gpus", "0", "--prefill-token-budget", str(most)).prefill_token_budget == most
+    assert settings("--prefill-token-budget", str(2 * most)).prefill_token_budget == 2 * most  # CPU: no such limit
+    with pytest.raises(SystemExit, match="at most"):
+        settings("--gpus", "0", "--prefill-token-budget", str(most + 1))
+    with pytest.raises(SystemExit, match="at least 1"):
+        settings("--prefill-token-budget", "0")
