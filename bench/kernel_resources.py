@@ -37,7 +37,7 @@ from triton.compiler import ASTSource
 
 from triton.experimental.gluon._runtime import GluonASTSource
 
-from dsflash.model.kernels import fp4_moe, fp8_blockwise, fp8_gemm, indexer_score, sparse_attention_gluon
+from dsflash.model.kernels import fp4_moe, fp8_blockwise, fp8_gemm, hc_streams, indexer_score, sparse_attention_gluon
 from dsflash.model.kernels import sparse_attention as sa
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
@@ -143,6 +143,15 @@ KERNELS = {
         ";SWIGLU=1,WEIGHTED=1;TILE_ROWS=32,TILE_BLOCKS=1;TILE_ROWS=32,TILE_BLOCKS=1,SWIGLU=1,WEIGHTED=1"
         ";ROUND_FIRST=1;TILE_ROWS=32,TILE_BLOCKS=1,ROUND_FIRST=1;GATHER=1",
         sample=dict(M=98304, ROWS=98304, K_ALL=2304, sxm=4608)),
+    # an mHC site's streams in one pass (hc_streams.hc_stream_pass): decode's expand with the next
+    # site's mixes (the shipped launch), and prefill's with the collapse, with and without the expand
+    "hc_pass": Kernel(
+        hc_streams._hc_stream_pass_kernel,
+        {n: "*fp32" for n in ("y_ptr", "x_ptr", "post_ptr", "comb_ptr", "out_ptr", "fn_ptr", "part_ptr", "sq_ptr",
+                              "pre_ptr", "row_ptr", "row_sq_ptr")},
+        dict(S=4, NP=32, EXPAND=True, COLLAPSE=False, PDL=True, num_stages=3, **hc_streams.EXPAND_MIX_TILES),
+        ";COLLAPSE=1,num_warps=8;EXPAND=0,COLLAPSE=1,num_warps=8;COLLAPSE=1,BLOCK=128,num_warps=8",
+        sample=dict(T=16384, H=5120, N=24, syt=5120, sxt=20480, sxs=5120, sot=20480, sos=5120, sfn=20480)),
     # decode's few-query form: a verify block's 6 queries against 1M entries, the 32 heads in one dot
     "indexer_few": Kernel(
         indexer_score._indexer_few_kernel,
