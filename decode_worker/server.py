@@ -78,15 +78,22 @@ class DecodeWorker:
         self._prefill_cache: tuple[float, list[str]] = (0.0, [])
 
     def _warm_up(self) -> None:
-        """Compile the long contexts' indexer kernels and capture the decode step's CUDA graphs
-        now, before the worker registers (warmup.py). Several ranks replay the same graphs only
-        if they captured them on the same calls, and the synthetic caches live on rank 0 alone:
-        those workers capture as they serve."""
+        """Compile the long contexts' indexer kernels, hold their largest top-k's work memory and
+        capture the decode step's CUDA graphs now, before the worker registers (warmup.py).
+        Several ranks replay the same graphs only if they captured them on the same calls, and
+        the synthetic caches live on rank 0 alone: those workers capture as they serve."""
         model = self.runtime.model
         if model.device.type != "cuda":
             return
         with torch.cuda.device(model.device):
             indexer.warm_up(model.device, model.config, self.runtime.pool.layout, faithful=model.ops.act_quant)
+            budget = self.runtime.settings.prefill_token_budget
+            try:  # a recomputed long prompt's top-k, held now (the prefill worker's warm-up does the same)
+                indexer.reserve_top_k_work(model.device, model.config, budget)
+            except torch.cuda.OutOfMemoryError as exc:
+                raise RuntimeError(f"the indexer's top-k for {budget}-token chunks of long prompts does not fit in "
+                                   f"GPU memory beside the KV pool: lower --pool-bytes or --prefill-token-budget"
+                                   ) from exc
             if model.graphs is not None and self.runtime.ranks is None:
                 warm_up(self.engine)
 

@@ -57,12 +57,14 @@ class PrefillWorker:
         self.handoff_failures = 0
 
     def _warm_up_chunk(self, tokens: int) -> None:
-        """One full chunk through the engine before the worker registers (PrefillEngine.warm_up):
-        the first user's prompt then waits on no compile, and a pool that leaves no room for a
-        chunk's working set is reported now."""
+        """One full chunk through the engine before the worker registers (PrefillEngine.warm_up),
+        then the indexer's largest top-k (reserve_top_k_work: a long prompt's, which an empty
+        cache's chunk never meets): the first user's prompt then waits on no compile, and a pool
+        that leaves no room for a chunk's working set is reported now."""
         start = time.monotonic()
         try:
             n = self.engine.warm_up(tokens)
+            indexer.reserve_top_k_work(self.runtime.model.device, self.runtime.model.config, tokens)
         except torch.cuda.OutOfMemoryError as exc:
             raise RuntimeError(f"a {tokens}-token prefill chunk does not fit in GPU memory beside the KV pool: "
                                f"lower --pool-bytes or --prefill-token-budget") from exc

@@ -54,6 +54,35 @@ def warm_up(device: torch.device, cfg: ModelConfig, layout: CacheLayout, faithfu
     scores_warm_up(device, cfg.index_n_heads, cfg.index_head_dim, layout.keys_aligned, fp8=faithful)
 
 
+def largest_top_k_slice(cfg: ModelConfig, rows: int) -> tuple[int, int]:
+    """(queries, entries) of the score slice whose top-k takes the most work memory, for runs of
+    up to `rows` queries: the filtered form keeps [queries, 32 chunks, 8,192 places] of scores
+    and ids whatever the row length, so the most queries a slice holds (_SCORE_BUDGET // entries)
+    at the shortest rows that take it (FILTER_SHARE * k entries: 2,048 x 65,536 at k = 512,
+    4 GiB, against 256 MiB at 1M entries)."""
+    k = cfg.index_topk
+    entries = next((n for n in (top_k.FILTER_SHARE * k, top_k.FILTER_SHARE * k + 1) if top_k.filters(k, n)),
+                   top_k.FILTER_SHARE * k)
+    return max(1, min(rows, _SCORE_BUDGET // entries)), entries
+
+
+def reserve_top_k_work(device: torch.device, cfg: ModelConfig, rows: int) -> None:
+    """Run the top-k of largest_top_k_slice's shape once (on the side stream too with
+    TOP_K_BESIDE, whose work buffers live in that stream's pool): a worker's start then holds
+    what its long prompts' top-k will take beside the pool (the caching allocator keeps it),
+    and a GPU that cannot fails there, not on a user's prompt."""
+    queries, entries = largest_top_k_slice(cfg, rows)
+    scores = torch.randn(queries, entries, device=device)
+    top_k_ascending(scores, cfg.index_topk)  # (a run of one slice takes it on the main stream)
+    if TOP_K_BESIDE:
+        pick, join = _top_k_beside(device, slices=True)
+        try:
+            pick(scores, cfg.index_topk)
+        finally:
+            join()
+    torch.cuda.synchronize(device)
+
+
 def select_candidate_blocks(scores: torch.Tensor, visible: torch.Tensor, topk_blocks: int, block: int) -> torch.Tensor:
     """scores [n, N] (-inf where invisible), visible [n] -> bool mask [n, N] of the kept blocks."""
     width = scores.shape[-1]

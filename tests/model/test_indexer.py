@@ -150,3 +150,45 @@ def test_the_top_k_beside_reuses_its_slices_memory_in_stream_order(monkeypatch):
     torch.cuda.synchronize()
     assert all(torch.equal(p, want[i % 2]) for i, p in enumerate(picks))
     assert grown <= 5 * slice_bytes, f"{grown / slice_bytes:.1f} slices of scores reserved"  # (16 before)
+
+
+@pytest.mark.parametrize("rows", [16384, 1000, 8])
+def test_the_largest_top_k_slice_takes_the_most_work_memory(rows):
+    """largest_top_k_slice (what a worker's warm-up runs to hold its long prompts' top-k work
+    memory, reserve_top_k_work): of every entry count a run of `rows` queries can slice its
+    scores at, it takes the filtered form's most [queries, chunks, places] (k = 512: 2,048 x
+    65,536, 4 GiB, where 1M entries take 256 MiB)."""
+    from types import SimpleNamespace
+
+    from dsflash.model.kernels import top_k
+    from dsflash.model.layers import indexer
+
+    k = 512
+
+    def work(entries: int) -> int:
+        queries = min(rows, max(1, indexer._SCORE_BUDGET // entries))
+        filtered, chunks, _, _ = top_k.launch_plan(queries, entries, k)
+        return queries * chunks * top_k.CAPACITY * 8 if filtered else 0
+
+    queries, entries = indexer.largest_top_k_slice(SimpleNamespace(index_topk=k), rows)
+    assert queries == min(rows, indexer._SCORE_BUDGET // entries)
+    lengths = [n + d for e in range(10, 21) for n in (1 << e, 3 << (e - 1)) for d in (-1, 0, 1)]
+    assert work(entries) == max(work(n) for n in lengths) > 0
+    if rows >= 2048:
+        assert (queries, entries) == (2048, 65536) and work(entries) == 4 << 30
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("beside", [False, True])
+def test_a_workers_top_k_work_is_held_at_start(beside, monkeypatch):
+    """reserve_top_k_work runs the largest slice's top-k (on the side stream too with
+    TOP_K_BESIDE), and the caching allocator keeps its work memory for the long prompts."""
+    from types import SimpleNamespace
+
+    from dsflash.model.layers import indexer
+
+    monkeypatch.setattr(indexer, "TOP_K_BESIDE", beside)
+    torch.cuda.empty_cache()
+    reserved = torch.cuda.memory_reserved()
+    indexer.reserve_top_k_work(torch.device("cuda"), SimpleNamespace(index_topk=512), 16384)
+    assert torch.cuda.memory_reserved() - reserved >= (4 << 30) * (2 if beside else 1)
