@@ -87,15 +87,16 @@ class DecodeWorker:
             return
         with torch.cuda.device(model.device):
             indexer.warm_up(model.device, model.config, self.runtime.pool.layout, faithful=model.ops.act_quant)
+            if model.graphs is not None and self.runtime.ranks is None:
+                warm_up(self.engine)
             budget = self.runtime.settings.prefill_token_budget
-            try:  # a recomputed long prompt's top-k, held now (the prefill worker's warm-up does the same)
-                indexer.reserve_top_k_work(model.device, model.config, budget)
+            longest = self.runtime.pool.longest_request(model.config.max_position_embeddings)
+            try:  # a recomputed long prompt's top-k, after the graphs took their memory
+                indexer.reserve_top_k_work(model.device, model.config, budget, longest)
             except torch.cuda.OutOfMemoryError as exc:
                 raise RuntimeError(f"the indexer's top-k for {budget}-token chunks of long prompts does not fit in "
                                    f"GPU memory beside the KV pool: lower --pool-bytes or --prefill-token-budget"
                                    ) from exc
-            if model.graphs is not None and self.runtime.ranks is None:
-                warm_up(self.engine)
 
     # ------------------------------------------------------------ engine thread side
 

@@ -173,6 +173,14 @@ class CachePool:
         """Could one request of this length ever fit (an empty pool)?"""
         return self.layout.pages_for(num_tokens) <= self.num_pages and self.num_slots > 0
 
+    def longest_request(self, limit: int) -> int:
+        """The most tokens, up to `limit`, one request can hold here (0: none)."""
+        lo, hi = 0, limit
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if self.can_hold(mid) else (lo, mid - 1)
+        return lo
+
     def buffer(self, segment: str) -> torch.Tensor:
         """The bytes the model reads and writes."""
         return self._storage[segment] if self.mirror is None else self.mirror.buffer(segment)

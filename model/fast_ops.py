@@ -329,9 +329,10 @@ def _wide_prefill(rows: torch.Tensor, weight: torch.Tensor) -> bool:
 
 
 def _one_pass(X: torch.Tensor, fn: torch.Tensor) -> bool:
-    """Whether a site's streams X are read once for its mixes and input (hc_streams.COLLAPSE_ROWS)."""
+    """Whether a site's streams X are read once for its mixes and input (hc_streams.COLLAPSE_ROWS;
+    never inside a graph capture: decode rows keep their kernels whatever the threshold)."""
     return (0 < hc_streams.COLLAPSE_ROWS <= X.shape[0] and _kernels_run_on(X) and hc_streams.supported(X)
-            and fn.dtype == torch.float32)
+            and fn.dtype == torch.float32 and not (X.is_cuda and torch.cuda.is_current_stream_capturing()))
 
 
 def _kernels_run_on(x: torch.Tensor) -> bool:

@@ -61,13 +61,19 @@ class PrefillWorker:
         then the indexer's largest top-k (reserve_top_k_work: a long prompt's, which an empty
         cache's chunk never meets): the first user's prompt then waits on no compile, and a pool
         that leaves no room for a chunk's working set is reported now."""
+        model = self.runtime.model
+        longest = self.runtime.pool.longest_request(model.config.max_position_embeddings)
         start = time.monotonic()
         try:
+            # the chunk beside the long prompts' top-k work, as a long prompt's chunks meet them
+            held = torch.empty(indexer.top_k_work_bytes(model.config, tokens, longest), dtype=torch.uint8,
+                               device=model.device)
             n = self.engine.warm_up(tokens)
-            indexer.reserve_top_k_work(self.runtime.model.device, self.runtime.model.config, tokens)
+            del held
+            indexer.reserve_top_k_work(model.device, model.config, tokens, longest)
         except torch.cuda.OutOfMemoryError as exc:
-            raise RuntimeError(f"a {tokens}-token prefill chunk does not fit in GPU memory beside the KV pool: "
-                               f"lower --pool-bytes or --prefill-token-budget") from exc
+            raise RuntimeError(f"a {tokens}-token prefill chunk (with a long prompt's top-k work) does not fit in "
+                               f"GPU memory beside the KV pool: lower --pool-bytes or --prefill-token-budget") from exc
         log_event(log, "prefill_warm_up", tokens=n, seconds=round(time.monotonic() - start, 2))
 
     # ------------------------------------------------------------ engine thread side

@@ -54,25 +54,41 @@ def warm_up(device: torch.device, cfg: ModelConfig, layout: CacheLayout, faithfu
     scores_warm_up(device, cfg.index_n_heads, cfg.index_head_dim, layout.keys_aligned, fp8=faithful)
 
 
-def largest_top_k_slice(cfg: ModelConfig, rows: int) -> tuple[int, int]:
+def largest_top_k_slice(cfg: ModelConfig, rows: int, longest: int) -> tuple[int, int] | None:
     """(queries, entries) of the score slice whose top-k takes the most work memory, for runs of
-    up to `rows` queries: the filtered form keeps [queries, 32 chunks, 8,192 places] of scores
-    and ids whatever the row length, so the most queries a slice holds (_SCORE_BUDGET // entries)
-    at the shortest rows that take it (FILTER_SHARE * k entries: 2,048 x 65,536 at k = 512,
-    4 GiB, against 256 MiB at 1M entries)."""
+    up to `rows` queries of prompts of up to `longest` tokens (a layer's entries are at most its
+    tokens), or None where none takes the filtered form: that form keeps [queries, 32 chunks,
+    8,192 places] of scores and ids whatever the row length, so the most queries a slice holds
+    (_SCORE_BUDGET // entries) at the shortest rows that take it (FILTER_SHARE * k entries:
+    2,048 x 65,536 at k = 512, 4 GiB, against 256 MiB at 1M entries)."""
     k = cfg.index_topk
     entries = next((n for n in (top_k.FILTER_SHARE * k, top_k.FILTER_SHARE * k + 1) if top_k.filters(k, n)),
                    top_k.FILTER_SHARE * k)
+    if entries > longest:
+        return None
     return max(1, min(rows, _SCORE_BUDGET // entries)), entries
 
 
-def reserve_top_k_work(device: torch.device, cfg: ModelConfig, rows: int) -> None:
+def top_k_work_bytes(cfg: ModelConfig, rows: int, longest: int) -> int:
+    """The work memory of largest_top_k_slice's top-k (its scores too), 0 where there is none."""
+    shape = largest_top_k_slice(cfg, rows, longest)
+    if shape is None:
+        return 0
+    queries, entries = shape
+    return queries * (top_k.filter_plan(queries).chunks * top_k.CAPACITY * 8 + entries * 4)
+
+
+def reserve_top_k_work(device: torch.device, cfg: ModelConfig, rows: int, longest: int) -> None:
     """Run the top-k of largest_top_k_slice's shape once (on the side stream too with
-    TOP_K_BESIDE, whose work buffers live in that stream's pool): a worker's start then holds
-    what its long prompts' top-k will take beside the pool (the caching allocator keeps it),
-    and a GPU that cannot fails there, not on a user's prompt."""
-    queries, entries = largest_top_k_slice(cfg, rows)
-    scores = torch.randn(queries, entries, device=device)
+    TOP_K_BESIDE, whose work buffers live in that stream's pool), if there is one: a worker's
+    start then compiles it and meets its memory, and a GPU that cannot hold it beside the pool
+    fails there, not on a user's prompt. (The caching allocator keeps the memory for it, but
+    gives cached blocks back when another allocation would fail: call this after the worker's
+    other start-up allocations.)"""
+    shape = largest_top_k_slice(cfg, rows, longest)
+    if shape is None:
+        return
+    scores = torch.randn(*shape, device=device)
     top_k_ascending(scores, cfg.index_topk)  # (a run of one slice takes it on the main stream)
     if TOP_K_BESIDE:
         pick, join = _top_k_beside(device, slices=True)
@@ -84,7 +100,9 @@ def reserve_top_k_work(device: torch.device, cfg: ModelConfig, rows: int) -> Non
 
 
 def select_candidate_blocks(scores: torch.Tensor, visible: torch.Tensor, topk_blocks: int, block: int) -> torch.Tensor:
-    """scores [n, N] (-inf where invisible), visible [n] -> bool mask [n, N] of the kept blocks."""
+    """scores [n, N] (-inf where invisible), visible [n] -> bool mask [n, B] of the kept blocks
+    (B = ceil(N / block); candidate_entries spreads it over the entries). A pool is held for the
+    rest of a forward: as an entry mask it was [n, N], 16 GiB for a 16K chunk at 1M entries."""
     width = scores.shape[-1]
     padded = torch.nn.functional.pad(scores, (0, -width % block), value=float("-inf"))
     # [n, B]: max_pool1d, not amax over [n, B, block], whose reduction took 3-4x as long (H200,
@@ -97,7 +115,12 @@ def select_candidate_blocks(scores: torch.Tensor, visible: torch.Tensor, topk_bl
     picked = top_k_ascending(block_scores, min(topk_blocks, block_scores.shape[-1]))
     keep = torch.zeros(block_scores.shape[0], block_scores.shape[1] + 1, dtype=torch.bool, device=scores.device)
     keep.scatter_(-1, torch.where(picked >= 0, picked, block_scores.shape[1]), True)
-    return keep[:, :-1].repeat_interleave(block, dim=-1)[:, :width]
+    return keep[:, :-1]
+
+
+def candidate_entries(blocks: torch.Tensor, block: int, width: int) -> torch.Tensor:
+    """A candidate pool's kept blocks [n, B] -> its kept entries [n, width] (bool)."""
+    return blocks.repeat_interleave(block, dim=-1)[:, :width]
 
 
 def _reference_scores(q, keys, w, visible):
@@ -148,7 +171,8 @@ def index_queries(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, xa: torc
 def index(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, xa: torch.Tensor, q_res: torch.Tensor, run: SeqRun,
           rope: Rope, qat: bool, queries: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
     """Publishes run.shared['topk'] ([n, k] entry ids, -1 = none) and, at the candidate source,
-    run.shared['candidates'] ([n, N] bool). `queries`: the run's index_queries, if computed."""
+    run.shared['candidates'] ([n, B] bool: the kept blocks of candidate_block_size entries).
+    `queries`: the run's index_queries, if computed."""
     shared = run.shared
     total = run.cache.num_entries(role.kv_source)
     if total == 0:
@@ -175,7 +199,8 @@ def index(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, xa: torch.Tensor
                 pools.append(select_candidate_blocks(scores, visible[lo:hi], cfg.candidate_topk_blocks,
                                                      cfg.candidate_block_size))
             elif candidates_in is not None:
-                scores = scores.masked_fill(~candidates_in[lo:hi], float("-inf"))
+                kept = candidate_entries(candidates_in[lo:hi], cfg.candidate_block_size, scores.shape[1])
+                scores = scores.masked_fill(~kept, float("-inf"))
             picks.append(pick(scores, k))
     finally:
         join()
@@ -237,6 +262,7 @@ def index_runs(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, xa: torch.T
     width, T = max(totals), sum(run.n for run in runs)
     one_pool = len({id(run.cache.pool) for run in runs}) == 1
     candidates = _candidate_pool(runs, width) if role.uses_candidates else None
+    block = cfg.candidate_block_size
     # Runs of TALL_RUN rows or more go alone, always: their tiles differ from a batch's, and
     # a run's lists must not depend on what it was batched with.
     if (len(runs) == 1 or min(totals) == 0 or not one_pool or runs[0].offset != 0 or not end_to_end(runs)
@@ -257,21 +283,22 @@ def index_runs(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, xa: torch.T
                             (first, count, max(run.n for run in runs)), exact_in_bf16=True,
                             keys_aligned=runs[0].cache.layout.keys_aligned)
     if role.is_candidate_source:
-        pool = select_candidate_blocks(scores, visible, cfg.candidate_topk_blocks, cfg.candidate_block_size)
-        runs[0].shared[("candidate pool", offsets(runs))] = pool
+        pool = select_candidate_blocks(scores, visible, cfg.candidate_topk_blocks, block)
+        runs[0].shared[("candidate pool", offsets(runs))] = pool, width
     elif candidates is not None:
-        scores = scores.masked_fill(~candidates, float("-inf"))
+        scores = scores.masked_fill(~candidate_entries(candidates, block, width), float("-inf"))
     picks = top_k_ascending(scores, min(cfg.index_topk, width))
     for run, total in zip(runs, totals):
         run.shared["topk"] = picks[run.rows, :min(cfg.index_topk, total)]
         if role.is_candidate_source:
-            run.shared["candidates"] = pool[run.rows, :total]
+            run.shared["candidates"] = pool[run.rows, :-(-total // block)]
 
 
 def _candidate_pool(runs: list[SeqRun], width: int) -> torch.Tensor | None:
-    """The candidate layer's [T, N] pool of a batched forward, if it covers these entries."""
-    pool = runs[0].shared.get(("candidate pool", offsets(runs)))
-    return pool if pool is not None and pool.shape[1] == width else None
+    """The candidate layer's [T, B] pool of kept blocks of a batched forward, if it covers
+    these entries."""
+    pool, pool_width = runs[0].shared.get(("candidate pool", offsets(runs)), (None, 0))
+    return pool if pool is not None and pool_width == width else None
 
 
 def _key_tables(runs: list[SeqRun], source: int, totals: list[int], device

@@ -290,3 +290,14 @@ def test_page_offsets_follow_each_rows_table(kind, several, kernel):
             assert soff[r, c] == (page + scales_at + slot * scales_width if entry >= -1 else -1)
     unmasked = lookup(ids.clamp_min(0), False)
     assert torch.equal(unmasked[0][ids >= 0], off[ids >= 0]) and torch.equal(unmasked[1][ids >= -1], soff[ids >= -1])
+
+
+def test_the_longest_request_a_pool_holds():
+    """CachePool.longest_request: the most tokens one request can hold (what sizes a worker's
+    start-up reservations), up to a limit; 0 for a pool without slots."""
+    config = ModelConfig.from_dict(preset_config("tiny"))
+    pool = _pool(config, pages=40)
+    longest = pool.longest_request(1 << 20)
+    assert pool.can_hold(longest) and not pool.can_hold(longest + 1) and 0 < longest < 1 << 20
+    assert pool.longest_request(7) == 7
+    assert _pool(config, slots=0).longest_request(100) == 0

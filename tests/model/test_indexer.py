@@ -50,7 +50,7 @@ def test_candidate_blocks_are_the_best_block_maxima_and_the_newest_block():
     maximum is -inf where all of it is, NaN where it holds one: a NaN takes a place of the
     top-k and is not returned) and always the block of the newest visible entry; the last
     block may be short."""
-    from dsflash.model.layers.indexer import select_candidate_blocks
+    from dsflash.model.layers.indexer import candidate_entries, select_candidate_blocks
 
     g = torch.Generator().manual_seed(0)
     n, width, block, topk = 3, 45, 4, 3  # 12 blocks, the last one of 1 entry
@@ -60,7 +60,9 @@ def test_candidate_blocks_are_the_best_block_maxima_and_the_newest_block():
     scores[1, 30] = float("nan")  # block 7 holds a NaN: it ranks first
     scores[2, 44] = 60.0  # the short last block
     visible = torch.tensor([45, 13, 45])
-    keep = select_candidate_blocks(scores, visible, topk, block)
+    blocks = select_candidate_blocks(scores, visible, topk, block)
+    assert blocks.shape == (n, 12) and blocks.dtype == torch.bool
+    keep = candidate_entries(blocks, block, width)
     maxima = torch.nn.functional.pad(scores, (0, -width % block), value=-INF).view(n, -1, block)
     for r in range(n):
         nan = maxima[r].isnan().any(-1)
@@ -170,12 +172,17 @@ def test_the_largest_top_k_slice_takes_the_most_work_memory(rows):
         filtered, chunks, _, _ = top_k.launch_plan(queries, entries, k)
         return queries * chunks * top_k.CAPACITY * 8 if filtered else 0
 
-    queries, entries = indexer.largest_top_k_slice(SimpleNamespace(index_topk=k), rows)
+    cfg = SimpleNamespace(index_topk=k)
+    queries, entries = indexer.largest_top_k_slice(cfg, rows, 1 << 20)
     assert queries == min(rows, indexer._SCORE_BUDGET // entries)
     lengths = [n + d for e in range(10, 21) for n in (1 << e, 3 << (e - 1)) for d in (-1, 0, 1)]
     assert work(entries) == max(work(n) for n in lengths) > 0
+    assert indexer.top_k_work_bytes(cfg, rows, 1 << 20) == work(entries) + queries * entries * 4
     if rows >= 2048:
         assert (queries, entries) == (2048, 65536) and work(entries) == 4 << 30
+    # prompts too short for the filtered form (a small pool, a short context): nothing to hold
+    assert indexer.largest_top_k_slice(cfg, rows, entries - 1) is None
+    assert indexer.top_k_work_bytes(cfg, rows, entries - 1) == 0
 
 
 @pytest.mark.gpu
@@ -190,5 +197,5 @@ def test_a_workers_top_k_work_is_held_at_start(beside, monkeypatch):
     monkeypatch.setattr(indexer, "TOP_K_BESIDE", beside)
     torch.cuda.empty_cache()
     reserved = torch.cuda.memory_reserved()
-    indexer.reserve_top_k_work(torch.device("cuda"), SimpleNamespace(index_topk=512), 16384)
+    indexer.reserve_top_k_work(torch.device("cuda"), SimpleNamespace(index_topk=512), 16384, 1 << 20)
     assert torch.cuda.memory_reserved() - reserved >= (4 << 30) * (2 if beside else 1)
