@@ -66,7 +66,7 @@ _MIN_CHUNK = 8 * _BLOCK  # a chunk also re-derives the digits and reads the chun
 FILTER_SHARE = 128  # rows of at least 128 k scores are filtered
 SAMPLE = 4096
 FLOOR_MARGIN, FLOOR_SLACK = 4, 16
-CAPACITY = 8192  # kept scores a chunk has places for
+CAPACITY = 8192  # kept scores a chunk has places for, at most (places: no more than its scores)
 # The filtering launch: 4 warps and loads 3 steps ahead (tl.range stages) took 0.59 ms where 8
 # warps and none took 0.86 (128 x 1M).
 FILTER_STAGES, FILTER_WARPS = 3, 4
@@ -500,6 +500,7 @@ def top_k_ascending_kernel(scores: torch.Tensor, k: int, chunks: int | None = No
     if x.stride(-1) != 1:
         x = x.contiguous()
     filtered, chunks, chunk_len, block = launch_plan(n, N, k, chunks, block, filtered)
+    capacity = places(chunk_len, capacity)
     passes = triton.cdiv(32, radix_bits)
     if chunks == 1:  # one program per row: every pass in one launch
         _select_kernel[(n,)](x, out, k, N, x.stride(0), PASSES=passes, BITS=radix_bits, BLOCK=block, num_warps=8,
@@ -556,6 +557,34 @@ def pick_chunks(n: int, chunks: int) -> int:
     return max(triton.next_power_of_2(chunks), filter_plan(n).chunks)
 
 
+def places(chunk_len: int, capacity: int = CAPACITY) -> int:
+    """Kept-score places a chunk of chunk_len scores takes in the filtered form: `capacity`, or
+    the power of two that holds all its scores where that is fewer (a power of two: a few
+    compiles of the kernels, which take it as a constant). The work buffers are [rows, chunks,
+    places]: at 8,192 places whatever the row length, an indexer slice of 2,048 rows of 65,536
+    scores took 4 GiB (1 GiB now; at most 1.7, 1,008 rows of 133,121) and the tiny
+    checkpoint's (k = 4) up to 8 GiB."""
+    return min(capacity, triton.next_power_of_2(chunk_len))
+
+
+def work_bytes(n: int, N: int, k: int) -> int:
+    """The filtered form's work buffers for n rows of N scores (kept scores and their ids), 0
+    where the rows take another form."""
+    filtered, chunks, chunk_len, _ = launch_plan(n, N, k)
+    return n * chunks * places(chunk_len) * 8 if filtered else 0
+
+
+def filtered_lengths(k: int, most: int) -> list[int]:
+    """Row lengths from FILTER_SHARE * k to `most` at each multiple of a block, and one past
+    each (not divisible by 16): every variant the filtered form compiles, and its work, changes only
+    between them (places follow the chunk length, a multiple of the block)."""
+    first = FILTER_SHARE * k
+    step = min(plan.block for plan in FILTER_PLANS.values())
+    blocks = range(-(-first // step) * step, most + 1, step)
+    lengths = {first, first + 1, most} | {n + d for n in blocks for d in (0, 1)}
+    return sorted(n for n in lengths if first <= n <= most)
+
+
 def filters(k: int, N: int) -> bool:
     """Whether rows of N scores take the floor first: the k best are a small share of them."""
     return N >= FILTER_SHARE * k and k <= 4096  # (the picks are sorted in one program's registers)
@@ -566,7 +595,8 @@ def warm_up_rows(longest: dict[int, int]) -> list[tuple[int, int, int, int | Non
     longest[k] scores at each k: the one-program select, the radix select's chunked kernels at
     each power of two of chunks a row below the filtered form's rows (its write kernel compiles
     once per power), each at row lengths divisible by 16 and not (the kernels specialize on it),
-    and where rows reach it the filtered form's two plans (None: its own choice), likewise."""
+    and where rows reach it the filtered form's two plans (None: its own choice) at each number
+    of places (`places`) their row lengths meet, likewise."""
     launches = []
     for k, most in sorted(longest.items()):
         radix_most = min(most, FILTER_SHARE * k - 1) if k <= 4096 else most
@@ -576,8 +606,21 @@ def warm_up_rows(longest: dict[int, int]) -> list[tuple[int, int, int, int | Non
             launches += [(1, N, k, chunks, False), (1, N - 1, k, chunks, False)]
             chunks *= 2
         if filters(k, most):
-            N = FILTER_SHARE * k * 2  # divisible by 16 and by every chunk count
-            launches += [(rows, length, k, None, None) for rows in (MANY_ROWS, 1) for length in (N, N - 1)]
+            launches += _filtered_warm_up(k, most)
+    return launches
+
+
+def _filtered_warm_up(k: int, most: int) -> list[tuple[int, int, int, None, None]]:
+    """The filtered form's launches for rows of FILTER_SHARE * k to `most` scores: one a plan,
+    number of places and divisibility by 16 (the compiled variants) of filtered_lengths."""
+    launches, seen = [], set()
+    for rows in (MANY_ROWS, 1):
+        for N in filtered_lengths(k, most):
+            _, chunks, chunk_len, block = launch_plan(rows, N, k, filtered=True)
+            key = (pick_chunks(rows, chunks), block, places(chunk_len), N % 16 == 0)
+            if key not in seen:
+                seen.add(key)
+                launches.append((rows, N, k, None, None))
     return launches
 
 

@@ -55,27 +55,25 @@ def warm_up(device: torch.device, cfg: ModelConfig, layout: CacheLayout, faithfu
 
 
 def largest_top_k_slice(cfg: ModelConfig, rows: int, longest: int) -> tuple[int, int] | None:
-    """(queries, entries) of the score slice whose top-k takes the most work memory, for runs of
-    up to `rows` queries of prompts of up to `longest` tokens (a layer's entries are at most its
-    tokens), or None where none takes the filtered form: that form keeps [queries, 32 chunks,
-    8,192 places] of scores and ids whatever the row length, so the most queries a slice holds
-    (_SCORE_BUDGET // entries) at the shortest rows that take it (FILTER_SHARE * k entries:
-    2,048 x 65,536 at k = 512, 4 GiB, against 256 MiB at 1M entries)."""
+    """(queries, entries) of the score slice whose top-k takes the most work memory
+    (top_k.work_bytes), for runs of up to `rows` queries of prompts of up to `longest` tokens (a
+    layer's entries are at most its tokens; a slice holds _SCORE_BUDGET // entries queries), or
+    None where no slice takes the filtered form. At k = 512: 1,008 x 133,121 entries, 1.7 GiB
+    (the places a power of two just past 131,072; 1 GiB at 65,536, 256 MiB at 1M)."""
     k = cfg.index_topk
-    entries = next((n for n in (top_k.FILTER_SHARE * k, top_k.FILTER_SHARE * k + 1) if top_k.filters(k, n)),
-                   top_k.FILTER_SHARE * k)
-    if entries > longest:
-        return None
-    return max(1, min(rows, _SCORE_BUDGET // entries)), entries
+    best, shape = 0, None
+    for entries in top_k.filtered_lengths(k, min(longest, cfg.max_position_embeddings)):
+        queries = max(1, min(rows, _SCORE_BUDGET // entries))
+        work = top_k.work_bytes(queries, entries, k)
+        if work > best:
+            best, shape = work, (queries, entries)
+    return shape
 
 
 def top_k_work_bytes(cfg: ModelConfig, rows: int, longest: int) -> int:
     """The work memory of largest_top_k_slice's top-k (its scores too), 0 where there is none."""
     shape = largest_top_k_slice(cfg, rows, longest)
-    if shape is None:
-        return 0
-    queries, entries = shape
-    return queries * (top_k.filter_plan(queries).chunks * top_k.CAPACITY * 8 + entries * 4)
+    return 0 if shape is None else top_k.work_bytes(*shape, cfg.index_topk) + shape[0] * shape[1] * 4
 
 
 def reserve_top_k_work(device: torch.device, cfg: ModelConfig, rows: int, longest: int) -> None:

@@ -156,33 +156,32 @@ def test_the_top_k_beside_reuses_its_slices_memory_in_stream_order(monkeypatch):
 
 @pytest.mark.parametrize("rows", [16384, 1000, 8])
 def test_the_largest_top_k_slice_takes_the_most_work_memory(rows):
-    """largest_top_k_slice (what a worker's warm-up runs to hold its long prompts' top-k work
+    """largest_top_k_slice (what a worker's start runs to meet its long prompts' top-k work
     memory, reserve_top_k_work): of every entry count a run of `rows` queries can slice its
-    scores at, it takes the filtered form's most [queries, chunks, places] (k = 512: 2,048 x
-    65,536, 4 GiB, where 1M entries take 256 MiB)."""
+    scores at, it takes the filtered form's most work buffers, which the places a chunk bound
+    (top_k.places, a power of two: up to twice a chunk's scores): under 1.75 GiB (1,008 x
+    133,121 entries at k = 512) where 8,192 places whatever the length made 2,048 x 65,536
+    take 4 GiB, and the tiny checkpoint's k = 4 up to 8 GiB."""
     from types import SimpleNamespace
 
     from dsflash.model.kernels import top_k
     from dsflash.model.layers import indexer
 
-    k = 512
+    for k in (512, 4):
+        cfg = SimpleNamespace(index_topk=k, max_position_embeddings=1 << 20)
 
-    def work(entries: int) -> int:
-        queries = min(rows, max(1, indexer._SCORE_BUDGET // entries))
-        filtered, chunks, _, _ = top_k.launch_plan(queries, entries, k)
-        return queries * chunks * top_k.CAPACITY * 8 if filtered else 0
+        def work(entries: int) -> int:
+            return top_k.work_bytes(min(rows, max(1, indexer._SCORE_BUDGET // entries)), entries, k)
 
-    cfg = SimpleNamespace(index_topk=k)
-    queries, entries = indexer.largest_top_k_slice(cfg, rows, 1 << 20)
-    assert queries == min(rows, indexer._SCORE_BUDGET // entries)
-    lengths = [n + d for e in range(10, 21) for n in (1 << e, 3 << (e - 1)) for d in (-1, 0, 1)]
-    assert work(entries) == max(work(n) for n in lengths) > 0
-    assert indexer.top_k_work_bytes(cfg, rows, 1 << 20) == work(entries) + queries * entries * 4
-    if rows >= 2048:
-        assert (queries, entries) == (2048, 65536) and work(entries) == 4 << 30
-    # prompts too short for the filtered form (a small pool, a short context): nothing to hold
-    assert indexer.largest_top_k_slice(cfg, rows, entries - 1) is None
-    assert indexer.top_k_work_bytes(cfg, rows, entries - 1) == 0
+        queries, entries = indexer.largest_top_k_slice(cfg, rows, 1 << 20)
+        assert queries == min(rows, indexer._SCORE_BUDGET // entries)
+        lengths = [n + d for n in range(top_k.FILTER_SHARE * k, 1 << 20, 512) for d in (0, 1, 7)]
+        assert work(entries) == max(work(n) for n in lengths) > 0
+        assert indexer.top_k_work_bytes(cfg, rows, 1 << 20) == work(entries) + queries * entries * 4
+        assert work(entries) < 1.75 * 2**30 and work(65536) <= 1 << 30
+        # prompts too short for the filtered form (a small pool, a short context): nothing to hold
+        assert indexer.largest_top_k_slice(cfg, rows, top_k.FILTER_SHARE * k - 1) is None
+        assert indexer.top_k_work_bytes(cfg, rows, top_k.FILTER_SHARE * k - 1) == 0
 
 
 @pytest.mark.gpu
@@ -197,5 +196,6 @@ def test_a_workers_top_k_work_is_held_at_start(beside, monkeypatch):
     monkeypatch.setattr(indexer, "TOP_K_BESIDE", beside)
     torch.cuda.empty_cache()
     reserved = torch.cuda.memory_reserved()
-    indexer.reserve_top_k_work(torch.device("cuda"), SimpleNamespace(index_topk=512), 16384, 1 << 20)
-    assert torch.cuda.memory_reserved() - reserved >= (4 << 30) * (2 if beside else 1)
+    indexer.reserve_top_k_work(torch.device("cuda"), SimpleNamespace(index_topk=512, max_position_embeddings=1 << 20),
+                               16384, 1 << 20)
+    assert torch.cuda.memory_reserved() - reserved >= (1 << 30) * (2 if beside else 1)

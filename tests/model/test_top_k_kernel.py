@@ -161,16 +161,17 @@ def test_long_rows_take_two_filtered_plans_which_the_warm_up_compiles():
 def test_the_warm_up_covers_every_plan_prompts_and_decode_steps_meet(longest):
     """Each launch a prefill slice (128 rows), the candidate blocks (48) or a decode step (6)
     makes, at any row length up to the longest, compiles kernels the warm-up compiled: the
-    same form, the same power of two of chunks (the write and pick kernels' constexpr), and the
-    same divisibility of the row length by 16 (the kernels' specialization)."""
-    from dsflash.model.kernels.top_k import launch_plan, pick_chunks, warm_up_rows
+    same form, the same power of two of chunks (the write and pick kernels' constexpr), the
+    same places a chunk (the filtered form's), and the same divisibility of the row length by
+    16 (the kernels' specialization)."""
+    from dsflash.model.kernels.top_k import launch_plan, pick_chunks, places, warm_up_rows
 
     def key(n, N, k, chunks=None, filtered=None):
-        filtered, chunks, _, block = launch_plan(n, N, k, chunks, filtered=filtered)
+        filtered, chunks, chunk_len, block = launch_plan(n, N, k, chunks, filtered=filtered)
         if chunks == 1:
             return ("select", N % 16 == 0)
         if filtered:
-            return ("filtered", pick_chunks(n, chunks), block, N % 16 == 0)
+            return ("filtered", pick_chunks(n, chunks), block, places(chunk_len), N % 16 == 0)
         return ("radix", triton.next_power_of_2(chunks), N % 16 == 0)
 
     warmed = {key(*launch) for launch in warm_up_rows(longest)}
