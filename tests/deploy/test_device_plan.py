@@ -1,0 +1,61 @@
+"""The device plan (bench/device/call_*.sh), checked here so that a renamed switch, flag or
+test file fails CI rather than a device call: device time is scarce and a session may have
+none to spare on a typo."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import re
+import shlex
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+CALLS = sorted((REPO / "bench" / "device").glob("call_*.sh"))
+
+
+def _steps(script: Path) -> list[list[str]]:
+    """Each `step NAME SECONDS CMD...` line of a call, continuations joined, $M expanded, as argv."""
+    text = script.read_text().replace("\\\n", "")
+    macros = dict(re.findall(r"^(\w+)=(\S+)$", text, re.M))
+    steps = []
+    for line in text.splitlines():
+        if line.startswith("step "):
+            for name, value in macros.items():
+                line = line.replace(f"${name}", value)
+            steps.append(shlex.split(line)[3:])
+    return steps
+
+
+def test_the_plan_has_its_calls_and_they_parse():
+    assert [c.name for c in CALLS] == ["call_a.sh", "call_b.sh", "call_c.sh", "call_d.sh"]
+    assert all(_steps(c) for c in CALLS)
+    for script in [*CALLS, REPO / "bench" / "device" / "env.sh", REPO / "bench" / "device" / "prepare.sh"]:
+        subprocess.run(["bash", "-n", str(script)], check=True)
+
+
+@pytest.mark.parametrize("script", CALLS, ids=lambda p: p.name)
+def test_every_step_names_what_exists(script):
+    """Each step's script or test files exist, and each --prefill-switch names module
+    attributes that exist, with as many Python literals each."""
+    for argv in _steps(script):
+        assert argv[0] == "python3", argv
+        if argv[1:3] == ["-m", "pytest"]:
+            paths = [a for a in argv[3:] if a.startswith("tests/")]
+            assert paths and all((REPO / p).exists() for p in paths), argv
+            continue
+        assert (REPO / argv[1]).exists(), argv
+        if "--prefill-switch" in argv:
+            spec = argv[argv.index("--prefill-switch") + 1]
+            counts = set()
+            for one in spec.split(";"):
+                path, values = one.split("=", 1)
+                module, attribute = path.rsplit(".", 1)
+                assert hasattr(importlib.import_module(module), attribute), path
+                parsed = [ast.literal_eval(v) for v in values.split("|")]
+                assert all(type(v) is type(getattr(importlib.import_module(module), attribute)) for v in parsed), one
+                counts.add(len(parsed))
+            assert len(counts) == 1, spec  # every switch takes as many values
