@@ -352,18 +352,16 @@ def indexer_kernels(tiles: tuple[tuple[int, int, int], ...] = ()) -> None:
                           ("bf16_tall", dict(exact_in_bf16=True, tall=True)),
                           ("bf16_tall_query_pointers", dict(exact_in_bf16=True, tall=True, tma=False)),
                           ("fp8_tall", dict(exact_in_bf16=True, tall=True, fp8=True)),
-                          ("fp8_tall_promoted", dict(exact_in_bf16=True, tall=True, fp8=True, promote=32)),
                           *((f"bf16_{qb}x{nb}_w{warps}", dict(exact_in_bf16=True, tiles=(qb, nb, warps)))
                             for qb, nb, warps in ((128, 128, 8),) + tuple(tiles))):
             def score(kw=kw):
                 kw = dict(kw)
                 indexer_score.QUERY_TILES_BY_TMA = kw.pop("tma", True)
                 indexer_score.TALL_FP8 = kw.get("fp8", False)
-                indexer_score.FP8_PROMOTE = kw.pop("promote", 0)
                 return indexer_scores(q, w, visible, page_bytes, k_off, k_soff, **kw)
 
             t, got = cuda_time(score, iters=5), score()
-            indexer_score.QUERY_TILES_BY_TMA, indexer_score.TALL_FP8, indexer_score.FP8_PROMOTE = True, False, 0
+            indexer_score.QUERY_TILES_BY_TMA, indexer_score.TALL_FP8 = True, False
             figures = {"us": t * 1e6, "TFLOPs": flops / t / 1e12, "ratio_to_bf16_roofline": t / (flops / BF16_FLOPS),
                        "max_rel_diff": ((got - ref).abs().max() / ref.abs().max()).item()}
             if label == "bf16_tall":

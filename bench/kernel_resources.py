@@ -37,7 +37,7 @@ from triton.compiler import ASTSource
 
 from triton.experimental.gluon._runtime import GluonASTSource
 
-from dsflash.model.kernels import fp4_moe, fp8_blockwise, fp8_gemm, hc_streams, indexer_score, sparse_attention_gluon
+from dsflash.model.kernels import fp4_moe, fp8_blockwise, fp8_gemm, indexer_score, sparse_attention_gluon
 from dsflash.model.kernels import sparse_attention as sa
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
@@ -124,9 +124,9 @@ KERNELS = {
          "vis_ptr": "*i64", "page_ptr": "*u8", "k_off": "*i64", "k_soff": "*i64", "o_ptr": "*fp32",
          "first_ptr": "*i64", "count_ptr": "*i64"},
         dict(DI=128, RUNS=False, BF16=True, TMA=indexer_score.QUERY_TILES_BY_TMA, num_stages=3, PDL=False, FP8=False,
-             HW_FP8=False, PROMOTE=0,
+             HW_FP8=False,
              **dict(zip(("QB", "NB", "num_warps"), indexer_score.TILES["tall"]))),
-        ";NB=64;num_warps=4;QB=128;FP8=1,HW_FP8=1,BF16=0;FP8=1,HW_FP8=1,BF16=0,PROMOTE=32",
+        ";NB=64;num_warps=4;QB=128;FP8=1,HW_FP8=1,BF16=0",
         # an 8,192-token chunk's queries, 32 heads of 128 (the release), against 131,071 entries
         sample=dict(n=8192, N=131071, HI=32, sqn=32 * 128, sqh=128, swn=32, son=131071, skr=131071)),
     # faithful prefill's FP8 operand encode (fp8_blockwise): a chunk's routed pairs' rows into the
@@ -143,15 +143,6 @@ KERNELS = {
         ";SWIGLU=1,WEIGHTED=1;TILE_ROWS=32,TILE_BLOCKS=1;TILE_ROWS=32,TILE_BLOCKS=1,SWIGLU=1,WEIGHTED=1"
         ";ROUND_FIRST=1;TILE_ROWS=32,TILE_BLOCKS=1,ROUND_FIRST=1;GATHER=1",
         sample=dict(M=98304, ROWS=98304, K_ALL=2304, sxm=4608)),
-    # an mHC site's streams in one pass (hc_streams.hc_stream_pass): decode's expand with the next
-    # site's mixes (the shipped launch), and prefill's with the collapse, with and without the expand
-    "hc_pass": Kernel(
-        hc_streams._hc_stream_pass_kernel,
-        {n: "*fp32" for n in ("y_ptr", "x_ptr", "post_ptr", "comb_ptr", "out_ptr", "fn_ptr", "part_ptr", "sq_ptr",
-                              "pre_ptr", "row_ptr", "row_sq_ptr")},
-        dict(S=4, NP=32, EXPAND=True, COLLAPSE=False, PDL=True, num_stages=3, **hc_streams.EXPAND_MIX_TILES),
-        ";COLLAPSE=1,num_warps=8;EXPAND=0,COLLAPSE=1,num_warps=8;COLLAPSE=1,BLOCK=128,num_warps=8",
-        sample=dict(T=16384, H=5120, N=24, syt=5120, sxt=20480, sxs=5120, sot=20480, sos=5120, sfn=20480)),
     # decode's few-query form: a verify block's 6 queries against 1M entries, the 32 heads in one dot
     "indexer_few": Kernel(
         indexer_score._indexer_few_kernel,

@@ -7,16 +7,14 @@ fused them, at the bench preset's shapes (8,192 rows; 64 heads of 512; mHC 4 x 5
 - the attention output's inverse RoPE: all channels into a new tensor, against in place on
   the 64 rotated ones;
 - an mHC site's mixes: RMSNorm of the flattened streams, then torch's fp32 GEMM, against one
-  pass that projects and scales (hc_streams.hc_mixes);
-- (sites) an mHC site's mixes and input, and the expand before the FFN site's, in their own
-  launches against one pass over the streams (hc_streams.hc_stream_pass, COLLAPSE_ROWS).
+  pass that projects and scales (hc_streams.hc_mixes).
 
 Each figure next to the time its bytes take at the measured 4.2 TB/s HBM read. With
 --whole N, whole prefills of N tokens on the bench preset too, the three fusions off and on
 in turn in one process (lent machines differ by more than the change), exact mode or
 (--act-quant) faithful (h200.prefill: each next to its bf16 FLOP roofline).
 
-    python bench/prefill_passes.py [--rows 8192] [--sections queries,rope,mixes,sites]
+    python bench/prefill_passes.py [--rows 8192] [--sections queries,rope,mixes]
                                    [--whole 32768 [--act-quant] --rounds 2 --budget-s 400]
 """
 import argparse
@@ -96,45 +94,6 @@ def mixes(rows: int) -> None:
             h200.record("passes", f"mixes_T{block_t}_K{block_k}", {"error": f"{type(exc).__name__}"})
 
 
-def sites(rows: int) -> None:
-    """An mHC site's reads of its streams: the attention site's mixes then its input
-    (hc_mixes, hc_collapse_norm: two reads), and the FFN site's after the attention's expand
-    (hc_expand, hc_mixes, hc_collapse_norm: three reads and a write), against one pass each
-    (hc_stream_pass with the collapse, the gates' and the RMSNorm's short passes after it,
-    hc_streams.COLLAPSE_ROWS). Bytes: the streams read and written, the input and the mixes'
-    parts written and read."""
-    from dsflash.model.kernels.hc_gates import hc_gates, hc_gates_from_parts
-
-    X = torch.randn(rows, STREAMS, HIDDEN, device="cuda")
-    y = torch.randn(rows, HIDDEN, device="cuda")
-    post, pre = torch.rand(rows, STREAMS, device="cuda") * 2, torch.rand(rows, STREAMS, device="cuda")
-    comb = torch.softmax(torch.randn(rows, STREAMS, STREAMS, device="cuda"), -1)
-    fn = torch.randn(MIXES, STREAMS * HIDDEN, device="cuda") / (STREAMS * HIDDEN) ** 0.5
-    base, scale, weight = torch.randn(MIXES, device="cuda"), torch.rand(3, device="cuda") + 0.5, torch.rand(
-        HIDDEN, device="cuda") + 0.5
-    streams, row = 4 * X.numel(), 4 * y.numel()
-    parts = 4 * rows * (HIDDEN // hc_streams.PASS_TILES["BLOCK"]) * 32
-
-    def apart(expand: bool):
-        Z = hc_streams.hc_expand(y, X, post, comb) if expand else X
-        return hc_gates(hc_streams.hc_mixes(Z, fn, 1e-6), base, scale, 20, 1e-6), hc_streams.hc_collapse_norm(
-            Z, pre, weight, 1e-6)
-
-    def one(expand: bool):
-        _, p, sq, x = hc_streams.hc_stream_pass(X, fn, expand=(y, post, comb) if expand else None,
-                                                collapse=(pre, weight, 1e-6))
-        return hc_gates_from_parts(p, sq, MIXES, STREAMS * HIDDEN, base, scale, 20, 1e-6, 1e-6), x
-
-    for expand, site in ((False, "attention_site"), (True, "ffn_site_with_expand")):
-        (want_gates, want), (got_gates, got) = apart(expand), one(expand)
-        write = streams if expand else 0
-        report(f"{site}_apart", h200.cuda_time(lambda: apart(expand), iters=10),
-               (3 if expand else 2) * streams + write + row)
-        report(f"{site}_one_pass", h200.cuda_time(lambda: one(expand), iters=10), streams + write + 3 * row + 2 * parts,
-               input_max_rel_diff=((got - want).abs().max() / want.abs().max()).item(),
-               comb_max_diff=(got_gates[2] - want_gates[2]).abs().max().item())
-
-
 MIXES_ROWS = [hc_streams.MIXES_ROWS]  # --mixes-rows: the mixes' threshold when the fusions are on
 
 
@@ -162,14 +121,14 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--budget-s", type=float, default=400.0)
     parser.add_argument("--act-quant", action="store_true", help="the whole prefills in faithful mode")
-    parser.add_argument("--sections", default="queries,rope,mixes,sites")
+    parser.add_argument("--sections", default="queries,rope,mixes")
     parser.add_argument("--mixes-rows", type=int, default=hc_streams.MIXES_ROWS,
                         help="hc_mixes from this many rows when fused (a huge value leaves it out)")
     args = parser.parse_args()
     MIXES_ROWS[0] = args.mixes_rows
     h200.DEADLINE[0] = time.monotonic() + args.budget_s
     torch.backends.cuda.matmul.allow_tf32 = False
-    for name, section in (("queries", queries), ("rope", output_rope), ("mixes", mixes), ("sites", sites)):
+    for name, section in (("queries", queries), ("rope", output_rope), ("mixes", mixes)):
         if name in args.sections:
             section(args.rows)
     if args.whole:

@@ -217,26 +217,6 @@ class TritonOps(ReferenceOps):
             return super().hc_collapse_norm(X, pre, weight, eps)
         return hc_streams.hc_collapse_norm(X, pre, weight, eps)
 
-    def hc_mix_collapse(self, X: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor,
-                        iters: int, hc_eps: float, norm_eps: float, pre: torch.Tensor, weight: torch.Tensor | None
-                        ) -> tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]:
-        if not _one_pass(X, fn):
-            return super().hc_mix_collapse(X, fn, base, scale, iters, hc_eps, norm_eps, pre, weight)
-        _, parts, squares, x = hc_streams.hc_stream_pass(X, fn, collapse=(pre, weight, norm_eps))
-        return hc_gates_from_parts(parts, squares, fn.shape[0], fn.shape[1], base, scale, iters, hc_eps, norm_eps), x
-
-    def hc_expand_mix_collapse(self, y: torch.Tensor, X: torch.Tensor, post: torch.Tensor, comb: torch.Tensor,
-                               fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, iters: int, hc_eps: float,
-                               norm_eps: float, pre: torch.Tensor, weight: torch.Tensor | None
-                               ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]:
-        if not _one_pass(X, fn):
-            return super().hc_expand_mix_collapse(y, X, post, comb, fn, base, scale, iters, hc_eps, norm_eps, pre,
-                                                  weight)
-        X, parts, squares, x = hc_streams.hc_stream_pass(X, fn, expand=(y, post, comb),
-                                                         collapse=(pre, weight, norm_eps))
-        return X, hc_gates_from_parts(parts, squares, fn.shape[0], fn.shape[1], base, scale, iters, hc_eps,
-                                      norm_eps), x
-
     def fp8_round_trip(self, x: torch.Tensor, block: int = 32) -> tuple[torch.Tensor, Packed]:
         if not _kernels_run_on(x):
             return super().fp8_round_trip(x, block)
@@ -326,13 +306,6 @@ def _wide_prefill(rows: torch.Tensor, weight: torch.Tensor) -> bool:
     parts pay for making them (the compressor's 512; the router's 48 keep the fp32 product),
     short of the LM heads (their weight repeated three times along K would be 4 GB)."""
     return 256 <= weight.shape[0] < WIDE_OUTPUT and prefill_gemms.takes(rows)
-
-
-def _one_pass(X: torch.Tensor, fn: torch.Tensor) -> bool:
-    """Whether a site's streams X are read once for its mixes and input (hc_streams.COLLAPSE_ROWS;
-    never inside a graph capture: decode rows keep their kernels whatever the threshold)."""
-    return (0 < hc_streams.COLLAPSE_ROWS <= X.shape[0] and _kernels_run_on(X) and hc_streams.supported(X)
-            and fn.dtype == torch.float32 and not (X.is_cuda and torch.cuda.is_current_stream_capturing()))
 
 
 def _kernels_run_on(x: torch.Tensor) -> bool:

@@ -40,9 +40,11 @@ log = logging.getLogger(__name__)
 
 BLOCK = 128  # cuBLAS's scale blocks on Hopper
 # The activations' encode, rows x 128-column blocks a program. (1, 8): a row's 1,024 columns,
-# the form timed (H200, thirty-seventh session: 45 ms of a faithful 16K chunk, 4.5x its
-# bytes' time), its scales written 8 apart by `count` floats. (32, 1): 32 rows of one block,
-# each block's 32 scales side by side. Not yet timed.
+# its scales written 8 apart by `count` floats; (32, 1): 32 rows of one block, each block's 32
+# scales side by side. With the GPU's conversion instruction both run at 1.0-1.3x their bytes
+# on the large operands and tie over a layer's eight (H200, 16,384 rows, forty-second session:
+# 556 against 548 us plain, 732 against 739 with faithful mode's rounding inside), where the
+# integer rounding's (1, 8) took 4.5x (thirty-seventh session). The first stays.
 ROW_TILE = (1, 8)
 # Rows of an FP8 product's left operand come in multiples of this: cuBLAS refused
 # (CUBLAS_STATUS_NOT_SUPPORTED) runs of other lengths, whose scales' rows are unaligned.
@@ -221,13 +223,10 @@ def fp8_weight_128(codes: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Ten
 
 
 @triton.jit
-def _fp4_weight_kernel(units_ptr, scales_ptr, out_ptr, out_scales_ptr, sur, ssr, sor, oss, PTX: tl.constexpr,
-                       WORDS: tl.constexpr = False):
+def _fp4_weight_kernel(units_ptr, scales_ptr, out_ptr, out_scales_ptr, sur, ssr, sor, oss, PTX: tl.constexpr):
     """Program (128 rows of one expert, 32 quad units = 128 columns): e2m1 codes times 2^(e - top)
     as e4m3 codes (top: the block's largest scale), and top as fp32. Columns 4c + t as
-    dequantize._fp4_quads_kernel places them. WORDS: out_ptr is int32 (sor counting words), and
-    each unit's four codes go out as one word of e4m3 bytes, code t in byte t: no reshuffle of
-    the tile through shared memory (the other form joins and permutes the four tiles)."""
+    dequantize._fp4_quads_kernel places them."""
     r = tl.program_id(0) * 128 + tl.arange(0, 128)
     c = tl.program_id(1) * 32 + tl.arange(0, 32)
     units = tl.load(units_ptr + r[:, None].to(tl.int64) * sur + c[None, :])
@@ -236,17 +235,10 @@ def _fp4_weight_kernel(units_ptr, scales_ptr, out_ptr, out_scales_ptr, sur, ssr,
     # the values times 2^(e - top), exact in bf16 (0 for a scale byte of 0)
     shifted = tl.where(e > 0, tl.maximum(e - top + 127, 1), 0)
     t0, t1, t2, t3 = e2m1_quads(units, quad_scales(shifted, PTX, False), PTX, False)
-    if WORDS:
-        word = _e4m3_codes(t0.to(tl.float32), PTX).to(tl.int32)
-        word |= _e4m3_codes(t1.to(tl.float32), PTX).to(tl.int32) << 8
-        word |= _e4m3_codes(t2.to(tl.float32), PTX).to(tl.int32) << 16
-        word |= _e4m3_codes(t3.to(tl.float32), PTX).to(tl.int32) << 24
-        tl.store(out_ptr + r[:, None].to(tl.int64) * sor + c[None, :], word)
-    else:
-        quads = tl.join(tl.join(t0, t1), tl.join(t2, t3))
-        values = tl.reshape(tl.permute(quads, (0, 1, 3, 2)), (128, 128)).to(tl.float32)
-        cols = tl.program_id(1) * 128 + tl.arange(0, 128)
-        tl.store(out_ptr + r[:, None].to(tl.int64) * sor + cols[None, :], _e4m3_codes(values, PTX))
+    quads = tl.join(tl.join(t0, t1), tl.join(t2, t3))
+    values = tl.reshape(tl.permute(quads, (0, 1, 3, 2)), (128, 128)).to(tl.float32)
+    cols = tl.program_id(1) * 128 + tl.arange(0, 128)
+    tl.store(out_ptr + r[:, None].to(tl.int64) * sor + cols[None, :], _e4m3_codes(values, PTX))
     tl.store(out_scales_ptr + tl.program_id(0) * oss + tl.program_id(1), pow2(top))
 
 
@@ -265,18 +257,10 @@ def fp4_weight_128(units: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Ten
     units2, scales2 = units.reshape(E * R, KU), scales.reshape(E * R, KU // 8)
     out = torch.empty(E, R, K, dtype=torch.uint8, device=units.device)
     out_scales = _weight_scales(E, R, K, units.device)
-    target, row_stride = (out.view(torch.int32), K // 4) if FP4_WORDS else (out, K)
     _fp4_weight_kernel[(E * R // BLOCK, K // BLOCK)](
-        units2, scales2, target, out_scales, units2.stride(0), scales2.stride(0), row_stride, out_scales.stride(1),
-        PTX=not interpreting(), WORDS=FP4_WORDS)
+        units2, scales2, out, out_scales, units2.stride(0), scales2.stride(0), K, out_scales.stride(1),
+        PTX=not interpreting())
     return out, out_scales
-
-
-# fp4_weight_128 writes each quad unit's four codes as one int32 word (_fp4_weight_kernel's
-# WORDS). The tile form took 762 and 363 us for a layer's 48 experts' gate/up and down, 1.9x
-# their bytes (H200, bench/fp8_scaled_mm.py, thirty-eighth session), with 26 barriers a program
-# for its join and permute. Off until timed.
-FP4_WORDS = False
 
 
 def product(a: torch.Tensor, a_scales: torch.Tensor, w: torch.Tensor, w_scales: torch.Tensor,

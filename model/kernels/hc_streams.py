@@ -9,10 +9,7 @@ sum), which at a prefill chunk's 8,192 rows is 670 MB per tensor.
   the normalized streams are never written (at prefill rows they were, and read back by an
   fp32 GEMM: 0.49 ms a site at 8,192 rows);
 - hc_expand_mix_parts (decode rows): hc_expand, and the next site's mixes in parts per column
-  block, summed and scaled by hc_gates.hc_gates_from_parts;
-- hc_stream_pass (the kernel of hc_expand_mix_parts): with a collapse too, a prefill site's
-  mixes and input from one read of its streams (COLLAPSE_ROWS), the input's RMSNorm finished
-  by a short pass over its rows.
+  block, summed and scaled by hc_gates.hc_gates_from_parts.
 """
 
 from __future__ import annotations
@@ -44,17 +41,13 @@ def _hc_expand_kernel(y_ptr, x_ptr, post_ptr, comb_ptr, out_ptr, H, syt, sxt, sx
 
 
 @triton.jit
-def _hc_stream_pass_kernel(y_ptr, x_ptr, post_ptr, comb_ptr, out_ptr, fn_ptr, part_ptr, sq_ptr, pre_ptr, row_ptr,
-                           row_sq_ptr, T, H, N, syt, sxt, sxs, sot, sos, sfn, S: tl.constexpr, TB: tl.constexpr,
-                           BLOCK: tl.constexpr, NP: tl.constexpr, EXPAND: tl.constexpr, COLLAPSE: tl.constexpr,
-                           PDL: tl.constexpr):
-    """Program (TB tokens, column block): one pass over those columns of a site's streams. EXPAND:
-    the streams are hc_expand's new ones (y, X, post, comb), written to out; else X as it is.
-    Then, while they are in registers, the next site's mixes in parts: the projections onto
-    fn's rows (flat column k * H + d) [TB, NP] at part_ptr[t, block] and the sums of squares at
-    sq_ptr[t, block] (hc_gates sums the blocks' parts in order; fp32-accurate dots: tf32x3).
-    COLLAPSE: also the collapsed row sum_k pre[t, k] * streams_k, unnormalized, at row_ptr
-    [T, H] and its sum of squares at row_sq_ptr[t, block] (normalize_rows finishes it)."""
+def _hc_expand_mix_parts_kernel(y_ptr, x_ptr, post_ptr, comb_ptr, out_ptr, fn_ptr, part_ptr, sq_ptr, T, H, N,
+                                syt, sxt, sxs, sot, sos, sfn, S: tl.constexpr, TB: tl.constexpr,
+                                BLOCK: tl.constexpr, NP: tl.constexpr, PDL: tl.constexpr):
+    """Program (TB tokens, column block): the hc_expand of those columns, and their part of the
+    next site's mixes while the new streams are in registers: the projections onto fn's rows
+    (flat column k * H + d) [TB, NP] at part_ptr[t, block] and the sums of squares at
+    sq_ptr[t, block] (hc_gates sums the blocks' parts in order). fp32-accurate dots: tf32x3."""
     pdl.wait_for_inputs(PDL)
     t = (tl.program_id(0) * TB + tl.arange(0, TB)).to(tl.int64)
     block = tl.program_id(1)
@@ -63,48 +56,23 @@ def _hc_stream_pass_kernel(y_ptr, x_ptr, post_ptr, comb_ptr, out_ptr, fn_ptr, pa
     n = tl.arange(0, NP)
     tok = t < T
     live = tok[:, None] & (d < H)[None, :]
-    if EXPAND:
-        x = tl.load(x_ptr + t[:, None, None] * sxt + j[None, :, None] * sxs + d[None, None, :],
-                    mask=live[:, None, :], other=0.0)  # [t, j, d]
-        y = tl.load(y_ptr + t[:, None] * syt + d[None, :], mask=live, other=0.0).to(tl.float32)
+    x = tl.load(x_ptr + t[:, None, None] * sxt + j[None, :, None] * sxs + d[None, None, :],
+                mask=live[:, None, :], other=0.0)  # [t, j, d]
+    y = tl.load(y_ptr + t[:, None] * syt + d[None, :], mask=live, other=0.0).to(tl.float32)
     proj = tl.zeros((TB, NP), tl.float32)
     squares = tl.zeros((TB, BLOCK), tl.float32)
-    row = tl.zeros((TB, BLOCK), tl.float32)
     for k in tl.static_range(S):
-        if EXPAND:
-            comb = tl.load(comb_ptr + t[:, None] * S * S + j[None, :] * S + k, mask=tok[:, None], other=0.0)  # [t, j]
-            post = tl.load(post_ptr + t * S + k, mask=tok, other=0.0)
-            out = post[:, None] * y + tl.sum(comb[:, :, None] * x, axis=1)
-            tl.store(out_ptr + t[:, None] * sot + k * sos + d[None, :], out, mask=live)
-        else:
-            out = tl.load(x_ptr + t[:, None] * sxt + k * sxs + d[None, :], mask=live, other=0.0)
+        comb = tl.load(comb_ptr + t[:, None] * S * S + j[None, :] * S + k, mask=tok[:, None], other=0.0)  # [t, j]
+        post = tl.load(post_ptr + t * S + k, mask=tok, other=0.0)
+        out = post[:, None] * y + tl.sum(comb[:, :, None] * x, axis=1)
+        tl.store(out_ptr + t[:, None] * sot + k * sos + d[None, :], out, mask=live)
         squares += out * out
-        if COLLAPSE:
-            row += tl.load(pre_ptr + t * S + k, mask=tok, other=0.0)[:, None] * out
         w = tl.load(fn_ptr + n[:, None] * sfn + (k * H + d)[None, :], mask=(n < N)[:, None] & (d < H)[None, :],
                     other=0.0)
         proj = tl.dot(out, tl.trans(w), proj, input_precision=DOT)
     at = t * tl.num_programs(1) + block
     tl.store(part_ptr + at[:, None] * NP + n[None, :], proj, mask=tok[:, None])
     tl.store(sq_ptr + at, tl.sum(squares, axis=1), mask=tok)
-    if COLLAPSE:
-        tl.store(row_ptr + t[:, None] * H + d[None, :], row, mask=live)
-        tl.store(row_sq_ptr + at, tl.sum(row * row, axis=1), mask=tok)
-
-
-@triton.jit
-def _normalize_rows_kernel(row_ptr, sq_ptr, w_ptr, H, B, eps, BLOCK: tl.constexpr, PB: tl.constexpr):
-    """Program (token t): its row [H] times weight * rsqrt(mean square + eps), in place, the
-    square's B block parts summed in block order (as hc_collapse_norm's RMSNorm, its sum split)."""
-    t = tl.program_id(0).to(tl.int64)
-    b = tl.arange(0, PB)
-    inv = 1.0 / tl.sqrt(tl.sum(tl.load(sq_ptr + t * B + b, mask=b < B, other=0.0), axis=0) / H + eps)
-    for d0 in range(0, H, BLOCK):
-        d = d0 + tl.arange(0, BLOCK)
-        live = d < H
-        row = tl.load(row_ptr + t * H + d, mask=live, other=0.0)
-        w = tl.load(w_ptr + d, mask=live, other=0.0).to(tl.float32)
-        tl.store(row_ptr + t * H + d, w * (row * inv), mask=live)
 
 
 @triton.jit
@@ -219,6 +187,7 @@ def hc_expand(y: torch.Tensor, X: torch.Tensor, post: torch.Tensor, comb: torch.
 # site's mixes. H200, 2026-12-04 (bench/decode_kernel_diff.py, PDL off, us a step): batch 1
 # 21,238 -> 20,997 (the FFN sites' mixes 416 us and 43 RMSNorms gone, this kernel 260, the
 # gates 82 more); batch 8 45,826 -> 45,298. Step times within noise (bench/decode_ab.py).
+# At prefill rows it paid nothing: a 32K faithful prefill 1.274 s either way (forty-second session).
 EXPAND_MIX_ROWS = 256
 EXPAND_MIX_TILES = dict(TB=16, BLOCK=64, num_warps=4)
 
@@ -229,56 +198,20 @@ def hc_expand_mix_parts(y: torch.Tensor, X: torch.Tensor, post: torch.Tensor, co
     parts: projections [T, B, NP] onto fn's [N, S*H] fp32 rows and sums of squares [T, B] of
     each of B column blocks (hc_gates.hc_gates_from_parts joins them). Saves the next site an
     RMSNorm and a split-K GEMM launch (~12 us at batch 1) and a read of the streams."""
-    out, parts, squares, _ = hc_stream_pass(X, fn, expand=(y, post, comb))
-    return out, parts, squares
-
-
-# A prefill site's streams in one pass (hc_stream_pass with the collapse, COLLAPSE_ROWS rows
-# and up; 0: never, as timed so far): each site read its streams twice more, once for its
-# mixes (hc_mixes) and once for its input (hc_collapse_norm), 1.3 GB each at a 16K chunk
-# (thirty-seventh session's chunk profile: the mixes 29 ms, the collapses 16). Off until timed.
-COLLAPSE_ROWS = 0
-# sm_90 (bench/kernel_resources.py --kernel hc_pass): 146 registers with the expand, 128
-# without, no spills; 128-column blocks (half the parts) took 255 and spilled
-PASS_TILES = dict(TB=16, BLOCK=64, num_warps=8)
-
-
-def hc_stream_pass(X: torch.Tensor, fn: torch.Tensor, expand: tuple | None = None,
-                   collapse: tuple | None = None, tiles: dict | None = None
-                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """One pass over a site's streams X [T, S, H] fp32: with expand (y, post, comb) the new
-    streams hc_expand makes (else X as it is), the next site's mixes in parts onto fn's [N, S*H]
-    rows (hc_gates_from_parts joins them), and with collapse (pre [T, S], weight or None, eps)
-    hc_collapse_norm of the streams: (streams, parts, squares, input or None)."""
     T, S, H = X.shape
     N = fn.shape[0]
     assert fn.shape[1] == S * H and fn.dtype == torch.float32, (fn.shape, X.shape)
-    fn = fn.contiguous()
-    t = tiles or (EXPAND_MIX_TILES if collapse is None else PASS_TILES)
+    y, post, comb, fn = y.contiguous(), post.float().contiguous(), comb.float().contiguous(), fn.contiguous()
+    t = EXPAND_MIX_TILES
     blocks, np_ = triton.cdiv(H, t["BLOCK"]), max(16, triton.next_power_of_2(N))
+    out = torch.empty(T, S, H, dtype=torch.float32, device=X.device)
     parts = torch.empty(T, blocks, np_, dtype=torch.float32, device=X.device)
     squares = torch.empty(T, blocks, dtype=torch.float32, device=X.device)
-    if expand is not None:
-        y, post, comb = expand[0].contiguous(), expand[1].float().contiguous(), expand[2].float().contiguous()
-        out = torch.empty(T, S, H, dtype=torch.float32, device=X.device)
-    else:
-        y, post, comb, out = X, X, X, X  # (unread)
-    row = row_squares = pre = None
-    if collapse is not None:
-        pre = collapse[0].float().contiguous()
-        row = torch.empty(T, H, dtype=torch.float32, device=X.device)
-        row_squares = torch.empty(T, blocks, dtype=torch.float32, device=X.device)
     if T:
-        _hc_stream_pass_kernel[(triton.cdiv(T, t["TB"]), blocks)](
-            y, X, post, comb, out, fn, parts, squares, X if pre is None else pre, X if row is None else row,
-            squares if row_squares is None else row_squares, T, H, N, y.stride(0), X.stride(0), X.stride(1),
-            out.stride(0), out.stride(1), fn.stride(0), S=S, NP=np_, EXPAND=expand is not None,
-            COLLAPSE=collapse is not None, **t, **pdl.options(X.device))
-        if collapse is not None:
-            weight = torch.ones(H, device=X.device) if collapse[1] is None else collapse[1].contiguous()
-            _normalize_rows_kernel[(T,)](row, row_squares, weight, H, blocks, collapse[2], BLOCK=1024,
-                                         PB=triton.next_power_of_2(blocks), num_warps=4)
-    return out, parts, squares, row
+        _hc_expand_mix_parts_kernel[(triton.cdiv(T, t["TB"]), blocks)](
+            y, X, post, comb, out, fn, parts, squares, T, H, N, y.stride(0), X.stride(0), X.stride(1), out.stride(0),
+            out.stride(1), fn.stride(0), S=S, NP=np_, **t, **pdl.options(y.device))
+    return out, parts, squares
 
 
 def hc_collapse_norm(X: torch.Tensor, pre: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:

@@ -171,7 +171,7 @@ def _run_rows(first_ptr, count_ptr, n, block, QB: tl.constexpr, AXIS: tl.constex
 def _indexer_kernel(q_ptr, w_ptr, vis_ptr, page_ptr, k_off, k_soff, o_ptr, first_ptr, count_ptr, n, N, HI,
                     sqn, sqh, swn, son, skr, DI: tl.constexpr, QB: tl.constexpr, NB: tl.constexpr,
                     RUNS: tl.constexpr, BF16: tl.constexpr, TMA: tl.constexpr, PDL: tl.constexpr,
-                    FP8: tl.constexpr = False, HW_FP8: tl.constexpr = False, PROMOTE: tl.constexpr = 0):
+                    FP8: tl.constexpr = False, HW_FP8: tl.constexpr = False):
     """Program (query block, entry block, run): with RUNS, run r's queries are rows
     first[r] .. first[r] + count[r] and its entries row r of the offset tables. BF16: the
     queries come as bf16 holding them exactly (FP4-quantized ones do), so one bf16 dot per
@@ -200,9 +200,7 @@ def _indexer_kernel(q_ptr, w_ptr, vis_ptr, page_ptr, k_off, k_soff, o_ptr, first
         else:
             q = tl.load(q_ptr + rq[:, None] * sqn + h * sqh + d[None, :], mask=in_run[:, None], other=0.0)
         w = tl.load(w_ptr + rq * swn + h, mask=in_run, other=0.0)
-        if FP8 and PROMOTE:  # the FP8 MMA's sums added into fp32 every PROMOTE columns
-            logits = tl.dot(q, tl.trans(keys), max_num_imprecise_acc=PROMOTE)
-        elif BF16 or FP8:
+        if BF16 or FP8:
             logits = tl.dot(q, tl.trans(keys))
         else:
             logits = dot_exact_rhs(q.to(tl.float32), tl.trans(keys), tl.zeros((QB, NB), tl.float32))
@@ -333,16 +331,11 @@ FEW_PTX_DECODE = True
 QUERY_TILES_BY_TMA = True  # off: tall tiles read the queries by pointers (bench/h200.py times both)
 # Faithful prefill's 64-query tiles on the FP8 tensor cores (indexer_scores' fp8): the bf16
 # form ran at 665 TFLOP/s, 96% of the bf16 matrix rate (1,654 us a 128 x 1M slice of the
-# release's 32 heads of 128, H200, twenty-ninth session). Off until it has run and been timed
-# on the H200 (bench/h200.py --sections indexer, and --prefill-switch
-# "dsflash.model.kernels.indexer_score.TALL_FP8=False|True" at 1M).
-TALL_FP8 = False
-# The FP8 form's sums: 0 leaves a head's 128-column dot to the FP8 MMA's own adder (Triton's
-# default on sm_90; DeepSeek-V3's report measured ~14 bits kept on Hopper), so a score is the
-# bf16 form's only where those sums are exact; 32 adds each 32-column MMA's sum into the fp32
-# accumulator (one query block against one key block: exact within the 8 binades). Untimed:
-# bench/h200.py --sections indexer times both forms and compares them with the bf16 tiles.
-FP8_PROMOTE = 0
+# release's 32 heads of 128, H200, twenty-ninth session). H200, forty-second session: a 128 x
+# 1M slice 1,322 us against 1,729 in bf16 (1.53x the FP8 rate's floor), every row's top-k the
+# bf16 form's; a 32K faithful prefill 1.257 s against 1.274, its last logits the same to the
+# bit. Tall tiles at 2,048 queries x 16K entries lose (652 against 452 us): not yet looked into.
+TALL_FP8 = True
 
 
 def _on_16_bytes(t: torch.Tensor) -> torch.Tensor:
@@ -410,8 +403,7 @@ def indexer_scores(q: torch.Tensor, w: torch.Tensor, visible: torch.Tensor, page
     _indexer_kernel[grid](queries, w, visible, pages, key_offsets, key_scale_offsets,
                           out, first, count, n, N, heads, q.stride(0), q.stride(1), w.stride(0), out.stride(0),
                           key_offsets.stride(0), DI=dim, QB=qb, NB=nb, RUNS=runs is not None, BF16=bf16,
-                          TMA=tma, FP8=fp8, HW_FP8=fp8 and not interpreting(), PROMOTE=FP8_PROMOTE if fp8 else 0,
-                          num_warps=warps, **pdl.options(q.device))
+                          TMA=tma, FP8=fp8, HW_FP8=fp8 and not interpreting(), num_warps=warps, **pdl.options(q.device))
     return out
 
 

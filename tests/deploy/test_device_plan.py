@@ -17,21 +17,21 @@ REPO = Path(__file__).resolve().parents[2]
 CALLS = sorted((REPO / "bench" / "device").glob("call_*.sh"))
 
 
-def _steps(script: Path) -> list[list[str]]:
-    """Each `step NAME SECONDS CMD...` line of a call, continuations joined, $M expanded, as argv."""
+def _text(script: Path) -> str:
+    """A call's lines, continuations joined, one-word variables ($M) expanded."""
     text = script.read_text().replace("\\\n", "")
-    macros = dict(re.findall(r"^(\w+)=(\S+)$", text, re.M))
-    steps = []
-    for line in text.splitlines():
-        if line.startswith("step "):
-            for name, value in macros.items():
-                line = line.replace(f"${name}", value)
-            steps.append(shlex.split(line)[3:])
-    return steps
+    for name, value in re.findall(r"^(\w+)=(\S+)$", text, re.M):
+        text = text.replace(f"${name}", value)
+    return text
+
+
+def _steps(script: Path) -> list[list[str]]:
+    """Each `step NAME SECONDS CMD...` line of a call as argv."""
+    return [shlex.split(line)[3:] for line in _text(script).splitlines() if line.startswith("step ")]
 
 
 def test_the_plan_has_its_calls_and_they_parse():
-    assert [c.name for c in CALLS] == ["call_a.sh", "call_b.sh", "call_c.sh", "call_d.sh"]
+    assert [c.name for c in CALLS] == [f"call_{chr(ord('a') + i)}.sh" for i in range(len(CALLS))] and CALLS
     assert all(_steps(c) for c in CALLS)
     for script in [*CALLS, REPO / "bench" / "device" / "env.sh", REPO / "bench" / "device" / "prepare.sh"]:
         subprocess.run(["bash", "-n", str(script)], check=True)
@@ -50,12 +50,17 @@ def test_every_step_names_what_exists(script):
         assert (REPO / argv[1]).exists(), argv
         if "--prefill-switch" in argv:
             spec = argv[argv.index("--prefill-switch") + 1]
-            counts = set()
-            for one in spec.split(";"):
-                path, values = one.split("=", 1)
-                module, attribute = path.rsplit(".", 1)
-                assert hasattr(importlib.import_module(module), attribute), path
-                parsed = [ast.literal_eval(v) for v in values.split("|")]
-                assert all(type(v) is type(getattr(importlib.import_module(module), attribute)) for v in parsed), one
-                counts.add(len(parsed))
-            assert len(counts) == 1, spec  # every switch takes as many values
+            _check_switches(spec)
+
+
+def _check_switches(spec: str) -> None:
+    """module.NAME=v1|v2;...: each attribute exists, each value a literal of its type, as many each."""
+    counts = set()
+    for one in spec.split(";"):
+        path, values = one.split("=", 1)
+        module, attribute = path.rsplit(".", 1)
+        assert hasattr(importlib.import_module(module), attribute), path
+        parsed = [ast.literal_eval(v) for v in values.split("|")]
+        assert all(type(v) is type(getattr(importlib.import_module(module), attribute)) for v in parsed), one
+        counts.add(len(parsed))
+    assert len(counts) == 1, spec  # every switch takes as many values

@@ -84,11 +84,9 @@ def test_fp8_weights_under_128_blocks_lose_only_bits_below_their_grid():
     assert (got != ref).any()  # the spread scales did move some values
 
 
-@pytest.mark.parametrize("words", [False, True])
-def test_fp4_experts_under_128_blocks_are_exact_within_eight_binades(words, monkeypatch):
+def test_fp4_experts_under_128_blocks_are_exact_within_eight_binades():
     """e2m1 codes (2 significant bits, 0.5 and up) shifted down by up to 8 binades stay on e4m3's
-    grid; the same codes whether the launch writes a tile or a word of four codes a unit (FP4_WORDS)."""
-    monkeypatch.setattr(fp8_blockwise, "FP4_WORDS", words)
+    grid."""
     g = _g(3)
     packed = torch.randint(0, 256, (2, 128, 128), dtype=torch.uint8, generator=g)
     scales = torch.randint(118, 127, (2, 128, 8), dtype=torch.uint8, generator=g)
@@ -357,7 +355,11 @@ def test_every_product_of_a_faithful_chunk_on_the_fp8_tensor_cores_keeps_its_bou
     reference path, float64 sums move its last logits by 0.31 of the largest (0.41 in exact
     mode), the 128-blocks' rounding emulated by 0.20 (bench/order_sensitivity.py --fp8-blocks),
     and the H200 measured 0.49 between the two paths (thirty-eighth session). On the CPU each
-    product of a 64-token chunk stayed within 3.5e-6 of the bf16 path's."""
+    product of a 64-token chunk stayed within 3.5e-6 of the bf16 path's. The experts' bound is
+    wider than the products test's 2e-2: their SwiGLU output is rounded to FP8 before the down
+    projection, so a last-bit change in a sum can move a value by a whole FP8 step, and at this
+    chunk's 1,124 tokens the H200 measured 0.028 of the largest output (forty-second session;
+    the dense products stayed under 1e-3 there)."""
     from dsflash.model.checkpoint_writer import write_checkpoint
     from tests.model.test_prefill_gemms import kernel_path_prefill
 
@@ -367,7 +369,7 @@ def test_every_product_of_a_faithful_chunk_on_the_fp8_tensor_cores_keeps_its_bou
     encodes = []
     product = fp8_blockwise.product
     monkeypatch.setattr(fp8_blockwise, "product", lambda *args, **kwargs: encodes.append(1) or product(*args, **kwargs))
-    bounds = {"fp8_product": 1e-3, "grouped_fp8_product": 1e-3, "fp4_experts": 2e-2}
+    bounds = {"fp8_product": 1e-3, "grouped_fp8_product": 1e-3, "fp4_experts": 5e-2}
     shares = {name: [] for name in bounds}
     took = {name: [] for name in bounds}
     for name in bounds:

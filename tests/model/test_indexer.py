@@ -77,19 +77,16 @@ def test_candidate_blocks_are_the_best_block_maxima_and_the_newest_block():
     assert keep[0, 8] and not keep[1, 28] and keep[1, 12] and keep[2, 44]
 
 
-@pytest.mark.parametrize("promote", [0, 32])
-def test_faithful_prefill_sends_its_tall_score_tiles_to_the_fp8_form(golden_dir, golden, promote, monkeypatch):
+def test_faithful_prefill_sends_its_tall_score_tiles_to_the_fp8_form(golden_dir, golden, monkeypatch):
     """The tiny checkpoint on the kernel path in faithful mode, a prompt long enough to take the
     tall score tiles (TALL_RUN lowered to its rows) in several slices: with the FP8 form on
     (TALL_FP8), its score launches take it, its queries encoded once a layer, and the logits
-    are the bf16 form's bit for bit (its scores are, where
-    block scales span at most 8 binades and the FP8 MMA's sums are exact, which FP8_PROMOTE
-    makes them; under the interpreter both dot exactly)."""
+    are the bf16 form's bit for bit (its scores are, where block scales span at most 8
+    binades and the FP8 MMA's sums are exact; under the interpreter both dot exactly)."""
     from dsflash.model.kernels import indexer_score
     from dsflash.model.layers import indexer
     from tests.model.test_prefill_gemms import kernel_path_prefill
 
-    monkeypatch.setattr(indexer_score, "FP8_PROMOTE", promote)
     monkeypatch.setattr(indexer, "TALL_RUN", 16)
     monkeypatch.setattr(indexer, "_SCORE_BUDGET", 64)  # several score slices a layer
     encoded = []

@@ -537,17 +537,6 @@ def test_hc_mixes_kernel_projects_the_streams_then_scales(T, H):
                           atol=1e-5)
 
 
-def _mhc_site(g: torch.Generator, T: int, H: int) -> tuple:
-    """An mHC site's inputs, 4 streams and 24 mixes: (S, N, X, y, post, comb, fn, base, scale)."""
-    S, N = 4, 24
-    X = torch.randn(T, S, H, generator=g) * 3
-    y = torch.randn(T, H, generator=g)
-    post = 2 * torch.rand(T, S, generator=g)
-    comb = torch.softmax(torch.randn(T, S, S, generator=g), dim=-1)
-    fn = torch.randn(N, S * H, generator=g) / (S * H) ** 0.5
-    return S, N, X, y, post, comb, fn, torch.randn(N, generator=g), torch.rand(3, generator=g) + 0.5
-
-
 @pytest.mark.parametrize("T, H", [(6, 64), (20, 300)])  # 20 rows: a partly masked second token block
 def test_an_expand_with_the_next_sites_mixes_matches_expand_then_mix(T, H):
     """hc_streams.hc_expand_mix_parts then hc_gates_from_parts (a decode row's FFN site: two
@@ -556,7 +545,13 @@ def test_an_expand_with_the_next_sites_mixes_matches_expand_then_mix(T, H):
     from dsflash.model.kernels.hc_gates import hc_gates_from_parts
 
     g = _g(10)
-    S, N, X, y, post, comb, fn, base, scale = _mhc_site(g, T, H)
+    S, N = 4, 24
+    X = torch.randn(T, S, H, generator=g) * 3
+    y = torch.randn(T, H, generator=g)
+    post = 2 * torch.rand(T, S, generator=g)
+    comb = torch.softmax(torch.randn(T, S, S, generator=g), dim=-1)
+    fn = torch.randn(N, S * H, generator=g) / (S * H) ** 0.5
+    base, scale = torch.randn(N, generator=g), torch.rand(3, generator=g) + 0.5
     want_X = mhc.hc_expand(y, X, post, comb)
     want = mhc.hc_mix(want_X, fn, base, scale, 20, 1e-6, 1e-6)
     dev = lambda t: t.to(DEVICE)  # noqa: E731
@@ -572,43 +567,6 @@ def test_an_expand_with_the_next_sites_mixes_matches_expand_then_mix(T, H):
         assert torch.allclose(o, r, rtol=1e-5, atol=1e-6)
     alone_X, alone = fused(slice(2, 3))
     assert torch.equal(alone_X, got_X[2:3]) and all(torch.equal(a, o[2:3]) for a, o in zip(alone, got))
-
-
-@pytest.mark.parametrize("expand", [False, True])
-@pytest.mark.parametrize("T, H", [(6, 64), (20, 300)])
-def test_a_sites_streams_in_one_pass_give_its_gates_and_input(T, H, expand):
-    """hc_streams.hc_stream_pass with the collapse (a prefill site: the streams read once), with
-    and without the expand before it, against hc_expand, hc_mix and hc_collapse_norm of the
-    same streams (layers/mhc.py; the sums split by column blocks, so close, not equal); each
-    token's results do not depend on the other tokens of the launch; other column blocks (the
-    decode rows' tiles) give the input within its sums' reordering."""
-    from dsflash.model.kernels.hc_gates import hc_gates_from_parts
-
-    g = _g(11)
-    S, N, X, y, post, comb, fn, base, scale = _mhc_site(g, T, H)
-    pre = torch.rand(T, S, generator=g) + 0.1
-    weight = torch.rand(H, generator=g) + 0.5
-    want_X = mhc.hc_expand(y, X, post, comb) if expand else X
-    want = mhc.hc_mix(want_X, fn, base, scale, 20, 1e-6, 1e-6)
-    want_input = rms_norm(mhc.hc_collapse(want_X, pre), weight, 1e-6)
-    dev = lambda t: t.to(DEVICE)  # noqa: E731
-
-    def one_pass(rows, tiles=None):
-        streams, parts, squares, x = hc_streams.hc_stream_pass(
-            dev(X[rows]), dev(fn), expand=(dev(y[rows]), dev(post[rows]), dev(comb[rows])) if expand else None,
-            collapse=(dev(pre[rows]), dev(weight), 1e-6), tiles=tiles)
-        gates = hc_gates_from_parts(parts, squares, N, S * H, dev(base), dev(scale), 20, 1e-6, 1e-6)
-        return streams.cpu(), [g.cpu() for g in gates], x.cpu()
-    got_X, got, got_input = one_pass(slice(None))
-    assert torch.allclose(got_X, want_X, rtol=1e-5, atol=1e-5)
-    for r, o in zip(want, got):
-        assert torch.allclose(o, r, rtol=1e-5, atol=1e-6)
-    assert torch.allclose(got_input, want_input, rtol=1e-5, atol=1e-5)
-    alone_X, alone, alone_input = one_pass(slice(2, 3))
-    assert torch.equal(alone_X, got_X[2:3]) and torch.equal(alone_input, got_input[2:3])
-    assert all(torch.equal(a, o[2:3]) for a, o in zip(alone, got))
-    small = one_pass(slice(None), dict(TB=16, BLOCK=64, num_warps=4))  # (other blocks: other sums)
-    assert torch.allclose(small[2], got_input, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("H", [64, 300, 20480])  # 20480: an mHC mix's S*H row in the release
