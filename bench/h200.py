@@ -328,13 +328,15 @@ def top_k_timings(scores: torch.Tensor, k: int, label: str, timer=cuda_time) -> 
                 "matches_ref": torch.equal(kernel(), want)})
 
 
-def indexer_kernels(tiles: tuple[tuple[int, int, int], ...] = ()) -> None:
+def indexer_kernels(tiles: tuple[tuple[int, int, int], ...] = (), fp8_only: bool = False) -> None:
     """A prefill chunk's indexer at long context: the scores of one top-k chunk (the
     _SCORE_BUDGET: 128 queries over 1M entries), in fp32 (three TF32 passes) and with
     FP4-quantized queries in one bf16 pass, in decode-sized and tall tiles (and `tiles`:
     more (queries, entries, warps) a program), then the top-k that follows them (torch and
     kernel); the top-k also at decode shapes, in CUDA graphs: the index top-k at 256K entries
-    and the candidate blocks (N/8 of 512K)."""
+    and the candidate blocks (N/8 of 512K). The FP8 tall tiles also with the queries encoded
+    before (fp8_queries, as a long run's slices take them) and that encode alone. fp8_only
+    (section indexer_fp8): the bf16 and FP8 tall tiles and `tiles` in FP8, no top-k."""
     from dsflash.model.kernels import indexer_score
     from dsflash.model.kernels.indexer_score import indexer_scores
     from dsflash.model.kernels.top_k import top_k_ascending
@@ -348,17 +350,29 @@ def indexer_kernels(tiles: tuple[tuple[int, int, int], ...] = ()) -> None:
         visible = torch.full((n,), entries, device=dev)
         flops = 2 * n * heads * dim * entries
         ref = indexer_scores(q, w, visible, page_bytes, k_off, k_soff)
-        for label, kw in (("tf32x2", {}), ("bf16", dict(exact_in_bf16=True)),
-                          ("bf16_tall", dict(exact_in_bf16=True, tall=True)),
-                          ("bf16_tall_query_pointers", dict(exact_in_bf16=True, tall=True, tma=False)),
-                          ("fp8_tall", dict(exact_in_bf16=True, tall=True, fp8=True)),
-                          *((f"bf16_{qb}x{nb}_w{warps}", dict(exact_in_bf16=True, tiles=(qb, nb, warps)))
-                            for qb, nb, warps in ((128, 128, 8),) + tuple(tiles))):
+        indexer_score.TALL_FP8 = True
+        encoded = indexer_score.fp8_queries(q, w)
+        t = cuda_time(lambda: indexer_score.fp8_queries(q, w), iters=5)
+        record("kernel_indexer_prefill", f"N{entries}_n{n}_fp8_queries", {"us": t * 1e6})
+        variants = (("bf16_tall", dict(exact_in_bf16=True, tall=True)),
+                    ("fp8_tall", dict(exact_in_bf16=True, tall=True, fp8=True)),
+                    ("fp8_tall_encoded", dict(exact_in_bf16=True, tall=True, fp8=True, encoded=True)))
+        if fp8_only:
+            variants += tuple((f"fp8_{qb}x{nb}_w{warps}_encoded", dict(exact_in_bf16=True, tiles=(qb, nb, warps),
+                                                                      fp8=True, encoded=True))
+                              for qb, nb, warps in tiles)
+        else:
+            variants = (("tf32x2", {}), ("bf16", dict(exact_in_bf16=True)), *variants,
+                        ("bf16_tall_query_pointers", dict(exact_in_bf16=True, tall=True, tma=False)),
+                        *((f"bf16_{qb}x{nb}_w{warps}", dict(exact_in_bf16=True, tiles=(qb, nb, warps)))
+                          for qb, nb, warps in ((128, 128, 8),) + tuple(tiles)))
+        for label, kw in variants:
             def score(kw=kw):
                 kw = dict(kw)
                 indexer_score.QUERY_TILES_BY_TMA = kw.pop("tma", True)
                 indexer_score.TALL_FP8 = kw.get("fp8", False)
-                return indexer_scores(q, w, visible, page_bytes, k_off, k_soff, **kw)
+                qw = encoded if kw.get("encoded") else (q, w)
+                return indexer_scores(*qw, visible, page_bytes, k_off, k_soff, **kw)
 
             t, got = cuda_time(score, iters=5), score()
             indexer_score.QUERY_TILES_BY_TMA, indexer_score.TALL_FP8 = True, False
@@ -373,9 +387,9 @@ def indexer_kernels(tiles: tuple[tuple[int, int, int], ...] = ()) -> None:
                                rows_with_bf16_tall_top_k=(top_k_ascending(got, 512) == top_k_ascending(bf16_tall, 512)
                                                           ).all(1).float().mean().item())
             record("kernel_indexer_prefill", f"N{entries}_n{n}_{label}", figures)
-        for rows in (32, n):
+        for rows in () if fp8_only else (32, n):
             top_k_timings(ref[:rows], 512, f"N{entries}_n{rows}", lambda fn: cuda_time(fn, iters=5))
-    for rows, entries, k in ((6, 1 << 18, 512), (48, 1 << 16, 2048)):
+    for rows, entries, k in () if fp8_only else ((6, 1 << 18, 512), (48, 1 << 16, 2048)):
         top_k_timings(torch.randn(rows, entries, device=dev), k, f"decode_N{entries}_n{rows}", graph_time)
 
 
@@ -974,8 +988,9 @@ def main() -> None:
         decode_gemms()
     if "attention" in sections and DEV.startswith("cuda"):
         attention_kernels((192, 8192))
-    if {"attention", "indexer"} & set(sections) and DEV.startswith("cuda"):
-        indexer_kernels(tuple(tuple(int(v) for v in t.split(",")) for t in args.indexer_tiles.split(";") if t))
+    if {"attention", "indexer", "indexer_fp8"} & set(sections) and DEV.startswith("cuda"):
+        indexer_kernels(tuple(tuple(int(v) for v in t.split(",")) for t in args.indexer_tiles.split(";") if t),
+                        fp8_only="indexer_fp8" in sections and not {"attention", "indexer"} & set(sections))
     if "moe_tiles" in sections and DEV.startswith("cuda"):
         moe_tiles([int(x) for x in args.moe_tokens.split(",")])
     if {"decode", "prefill", "reference"} & set(sections):
