@@ -171,7 +171,8 @@ def _run_rows(first_ptr, count_ptr, n, block, QB: tl.constexpr, AXIS: tl.constex
 def _indexer_kernel(q_ptr, w_ptr, vis_ptr, page_ptr, k_off, k_soff, o_ptr, first_ptr, count_ptr, n, N, HI,
                     sqn, sqh, swn, son, skr, DI: tl.constexpr, QB: tl.constexpr, NB: tl.constexpr,
                     RUNS: tl.constexpr, BF16: tl.constexpr, TMA: tl.constexpr, PDL: tl.constexpr,
-                    FP8: tl.constexpr = False, HW_FP8: tl.constexpr = False):
+                    FP8: tl.constexpr = False, HW_FP8: tl.constexpr = False, kept_ptr=None, skn=0,
+                    KEPT_BLOCK: tl.constexpr = 0):
     """Program (query block, entry block, run): with RUNS, run r's queries are rows
     first[r] .. first[r] + count[r] and its entries row r of the offset tables. BF16: the
     queries come as bf16 holding them exactly (FP4-quantized ones do), so one bf16 dot per
@@ -182,7 +183,8 @@ def _indexer_kernel(q_ptr, w_ptr, vis_ptr, page_ptr, k_off, k_soff, o_ptr, first
     s > 0); with HW_FP8 one FP8 dot a head, in the interpreter fp32 values on the e4m3 grid.
     TMA: q_ptr is a descriptor of the queries as [n, HI * DI] in [QB, DI] blocks, so a head's
     tile costs no registers of addresses (rows past n read as zeros, rows of the next run are
-    read and never stored)."""
+    read and never stored). KEPT_BLOCK: entry j of row i scores only where kept[i, j //
+    KEPT_BLOCK] (a candidate pool's blocks), -inf elsewhere."""
     pdl.wait_for_inputs(PDL)
     pid_q = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -208,7 +210,11 @@ def _indexer_kernel(q_ptr, w_ptr, vis_ptr, page_ptr, k_off, k_soff, o_ptr, first
     if FP8:
         acc = acc * key_scales[None, :]
     visible = tl.load(vis_ptr + rq, mask=in_run, other=0)
-    acc = tl.where(rj[None, :] < visible[:, None], acc, float("-inf"))
+    seen = rj[None, :] < visible[:, None]
+    if KEPT_BLOCK:
+        seen = seen & (tl.load(kept_ptr + rq[:, None].to(tl.int64) * skn + (rj // KEPT_BLOCK)[None, :],
+                             mask=in_run[:, None] & live[None, :], other=0) != 0)
+    acc = tl.where(seen, acc, float("-inf"))
     tl.store(o_ptr + rq[:, None] * son + rj[None, :], acc, mask=in_run[:, None] & live[None, :])
 
 
@@ -349,7 +355,8 @@ def indexer_scores(q: torch.Tensor, w: torch.Tensor, visible: torch.Tensor, page
                    key_offsets: torch.Tensor, key_scale_offsets: torch.Tensor,
                    runs: tuple[torch.Tensor, torch.Tensor, int] | None = None,
                    exact_in_bf16: bool = False, tall: bool = False, tiles: tuple | None = None,
-                   keys_aligned: bool = False, fp8: bool = False, encoded: bool = False) -> torch.Tensor:
+                   keys_aligned: bool = False, fp8: bool = False, encoded: bool = False,
+                   kept: tuple[torch.Tensor, int] | None = None) -> torch.Tensor:
     """key_offsets [N] for one run, or [R, N] with `runs` = (first row [R], rows [R], most rows)
     for several: each run's queries score its own row of entries (one launch for a batch). A
     query's score of an entry is computed the same way in either form, bit for bit, and in
@@ -365,7 +372,10 @@ def indexer_scores(q: torch.Tensor, w: torch.Tensor, visible: torch.Tensor, page
     (TALL_FP8, on GPUs that have them): each score as the bf16 dots give it wherever the FP8
     MMA sums exactly and a query's and a key's block scales each span at most 8 binades.
     encoded: q and w are already fp8_queries' (a long run's queries encoded once, then scored
-    in slices); only where that form runs (tall_fp8)."""
+    in slices); only where that form runs (tall_fp8).
+    kept (blocks [n, B] bool, block): a candidate pool; entry j of row i scores -inf unless
+    blocks[i, j // block] (B * block >= N), in the tall tiles' epilogue (the scores are not
+    read back to mask them), after the launch in the few-query form."""
     n, heads, dim = q.shape
     N = key_offsets.shape[-1]
     assert w.shape == (n, heads) and visible.shape == (n,) and pages.dtype == torch.uint8 and dim % 32 == 0
@@ -387,9 +397,14 @@ def indexer_scores(q: torch.Tensor, w: torch.Tensor, visible: torch.Tensor, page
     key_offsets, key_scale_offsets = key_offsets.contiguous(), key_scale_offsets.contiguous()
     if runs is not None:  # rows of one small table (index_runs): with an odd run count, one starts off 16 bytes
         runs = (_on_16_bytes(runs[0].contiguous()), _on_16_bytes(runs[1].contiguous()), runs[2])
+    if kept is not None:
+        blocks, block = kept
+        assert blocks.shape[0] == n and blocks.shape[1] * block >= N, (blocks.shape, block, N)
     if few:
         _few_queries(q, w, visible, pages, key_offsets, key_scale_offsets, out, runs, most, bf16,
                      FEW_ALIGNED_CODES and keys_aligned and pages.data_ptr() % 16 == 0)
+        if kept is not None:
+            out.masked_fill_(~blocks.repeat_interleave(block, dim=1)[:, :N], float("-inf"))
         return out
     if runs is None:
         first = count = visible  # unused
@@ -403,8 +418,18 @@ def indexer_scores(q: torch.Tensor, w: torch.Tensor, visible: torch.Tensor, page
     _indexer_kernel[grid](queries, w, visible, pages, key_offsets, key_scale_offsets,
                           out, first, count, n, N, heads, q.stride(0), q.stride(1), w.stride(0), out.stride(0),
                           key_offsets.stride(0), DI=dim, QB=qb, NB=nb, RUNS=runs is not None, BF16=bf16,
-                          TMA=tma, FP8=fp8, HW_FP8=fp8 and not interpreting(), num_warps=warps, **pdl.options(q.device))
+                          TMA=tma, FP8=fp8, HW_FP8=fp8 and not interpreting(),
+                          **_kept_arguments(kept), num_warps=warps, **pdl.options(q.device))
     return out
+
+
+def _kept_arguments(kept: tuple[torch.Tensor, int] | None) -> dict:
+    """_indexer_kernel's kept_ptr, skn and KEPT_BLOCK for a candidate pool (bytes, rows contiguous)."""
+    if kept is None:
+        return {}
+    blocks, block = kept
+    blocks = blocks if blocks.stride(1) == 1 else blocks.contiguous()
+    return dict(kept_ptr=blocks.view(torch.uint8), skn=blocks.stride(0), KEPT_BLOCK=block)
 
 
 def tall_fp8(device: torch.device, exact_in_bf16: bool) -> bool:

@@ -126,12 +126,15 @@ def _reference_scores(q, keys, w, visible):
     keys_t = keys.float().T.contiguous()
     total = keys.shape[0]
 
-    def score(lo: int, hi: int) -> torch.Tensor:
+    def score(lo: int, hi: int, kept: tuple[torch.Tensor, int] | None = None) -> torch.Tensor:
         # sum_h w_h * ReLU(q_h . k) / sqrt(Di), one head at a time (no [c, Hi, N] tensor)
         out = torch.zeros(hi - lo, total, device=q.device)
         for h in range(q.shape[1]):
             out += (q[lo:hi, h] @ keys_t).relu_() * w[lo:hi, h:h + 1]
-        return out.masked_fill(torch.arange(total, device=q.device) >= visible[lo:hi, None], float("-inf"))
+        hidden = torch.arange(total, device=q.device) >= visible[lo:hi, None]
+        if kept is not None:
+            hidden |= ~candidate_entries(*kept, total)
+        return out.masked_fill(hidden, float("-inf"))
 
     return score
 
@@ -147,9 +150,9 @@ def _kernel_scores(run, role, q, w, visible, total, qat: bool, fp8: bool):
     if encoded:  # once, not once a slice (a 1M prompt's 16K chunk scores 128 slices a layer)
         q, w = indexer_score.fp8_queries(q, w)
 
-    def score(lo: int, hi: int) -> torch.Tensor:
+    def score(lo: int, hi: int, kept: tuple[torch.Tensor, int] | None = None) -> torch.Tensor:
         return indexer_scores(q[lo:hi], w[lo:hi], visible[lo:hi], pages, key_off, key_soff, exact_in_bf16=qat,
-                              tall=tall, keys_aligned=cache.layout.keys_aligned, fp8=fp8, encoded=encoded)
+                              tall=tall, keys_aligned=cache.layout.keys_aligned, fp8=fp8, encoded=encoded, kept=kept)
 
     return score
 
@@ -193,13 +196,13 @@ def index(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, xa: torch.Tensor
     try:
         for lo in range(0, run.n, chunk):
             hi = min(lo + chunk, run.n)
-            scores = score(lo, hi)
+            # a candidate pool's unkept blocks score -inf where the scores are made
+            kept = (None if candidates_in is None or role.is_candidate_source
+                    else (candidates_in[lo:hi], cfg.candidate_block_size))
+            scores = score(lo, hi, kept)
             if role.is_candidate_source:
                 pools.append(select_candidate_blocks(scores, visible[lo:hi], cfg.candidate_topk_blocks,
                                                      cfg.candidate_block_size))
-            elif candidates_in is not None:
-                kept = candidate_entries(candidates_in[lo:hi], cfg.candidate_block_size, scores.shape[1])
-                scores = scores.masked_fill(~kept, float("-inf"))
             picks.append(pick(scores, k))
     finally:
         join()

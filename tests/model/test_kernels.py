@@ -956,6 +956,37 @@ def test_faithful_tall_tiles_on_the_fp8_tensor_cores_score_as_the_bf16_dots(page
     assert (got - want)[finite].abs().max() <= 2.0**-9 * largest
 
 
+@pytest.mark.parametrize("form", ["tall", "tall_fp8", "short", "few"])
+def test_a_candidate_pool_masks_the_scores_where_they_are_made(form, paged, monkeypatch):
+    """indexer_scores' kept (a candidate pool's blocks): each form's scores with the unkept
+    blocks -inf, bit for bit the scores without it masked after (the tall tiles and the
+    short ones in their epilogue, alone and batched; the few-query form after its launch)."""
+    from dsflash.model.kernels import indexer_score
+
+    monkeypatch.setattr(indexer_score, "TALL_FP8", form == "tall_fp8")
+    g = _g(8)
+    cache, source = paged, 7
+    total = cache.num_entries(source)
+    n = 3 if form == "few" else 70
+    q, w = fake_quant_fp4(torch.randn(n, 16, 32, generator=g), 32), torch.randn(n, 16, generator=g)
+    visible = torch.randint(0, total + 1, (n,), generator=g)
+    block = 4
+    blocks = torch.rand(n, -(-total // block), generator=g) < 0.5
+    k_off, k_soff = cache.entry_offsets(source, torch.arange(total), kind="key")
+    dev = lambda t: t.to(DEVICE)  # noqa: E731
+    args = (dev(visible), dev(cache.pool.pages_buffer), dev(k_off), dev(k_soff))
+    kw = dict(exact_in_bf16=True, tall=form.startswith("tall"), fp8=form == "tall_fp8")
+    want = indexer_scores(dev(q), dev(w), *args, **kw).cpu()
+    want = want.masked_fill(~blocks.repeat_interleave(block, 1)[:, :total], float("-inf"))
+    got = indexer_scores(dev(q), dev(w), *args, **kw, kept=(dev(blocks), block)).cpu()
+    assert torch.equal(got, want) and torch.isfinite(want).sum() > 10 and torch.isinf(want).sum() > 10
+    if form != "few":  # two runs of the same rows in one launch
+        runs = (dev(torch.tensor([0, n // 2])), dev(torch.tensor([n // 2, n - n // 2])), n - n // 2)
+        batched = (dev(torch.stack([k_off, k_off])), dev(torch.stack([k_soff, k_soff])))
+        got = indexer_scores(dev(q), dev(w), *args[:2], *batched, runs, **kw, kept=(dev(blocks), block)).cpu()
+        assert torch.equal(got, want)
+
+
 @pytest.mark.parametrize("heads, columns, blocks", [(16, 256, None), (16, 64, None), (12, 64, None),
                                                     (16, 256, ((64, 4), 1))])
 @pytest.mark.parametrize("rows", [1, 6, 9, 16])
