@@ -335,7 +335,8 @@ def indexer_kernels(tiles: tuple[tuple[int, int, int], ...] = (), fp8_only: bool
     more (queries, entries, warps) a program), then the top-k that follows them (torch and
     kernel); the top-k also at decode shapes, in CUDA graphs: the index top-k at 256K entries
     and the candidate blocks (N/8 of 512K). The FP8 tall tiles also with the queries encoded
-    before (fp8_queries, as a long run's slices take them) and that encode alone. fp8_only
+    before (fp8_queries, as a long run's slices take them) and that encode alone (one launch,
+    and torch's passes). fp8_only
     (section indexer_fp8): the bf16 and FP8 tall tiles and `tiles` in FP8, no top-k."""
     from dsflash.model.kernels import indexer_score
     from dsflash.model.kernels.indexer_score import indexer_scores
@@ -352,8 +353,10 @@ def indexer_kernels(tiles: tuple[tuple[int, int, int], ...] = (), fp8_only: bool
         ref = indexer_scores(q, w, visible, page_bytes, k_off, k_soff)
         indexer_score.TALL_FP8 = True
         encoded = indexer_score.fp8_queries(q, w)
-        t = cuda_time(lambda: indexer_score.fp8_queries(q, w), iters=5)
-        record("kernel_indexer_prefill", f"N{entries}_n{n}_fp8_queries", {"us": t * 1e6})
+        for label, encode in (("fp8_queries", indexer_score.fp8_queries), ("fp8_queries_torch", indexer_score.fp8_queries_ref)):
+            t = cuda_time(lambda: encode(q, w), iters=5)
+            record("kernel_indexer_prefill", f"N{entries}_n{n}_{label}",
+                   {"us": t * 1e6, "ratio_to_hbm": t / (q.numel() * 5 / HBM_BPS)})  # fp32 in, e4m3 out
         variants = (("bf16_tall", dict(exact_in_bf16=True, tall=True)),
                     ("fp8_tall", dict(exact_in_bf16=True, tall=True, fp8=True)),
                     ("fp8_tall_encoded", dict(exact_in_bf16=True, tall=True, fp8=True, encoded=True)))

@@ -448,11 +448,53 @@ def fp8_queries(q: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.T
     codes under a power-of-two scale a row and head, w times those scales), so that the scales
     leave each head's ReLU(q . k) * w as it was. A code is at most 6: a block's e2m1 values
     shifted down by the binades its scale lies under the head's largest, exact within 8. In
-    the interpreter, fp32 values on the e4m3 grid (see _fp8_keys)."""
+    the interpreter, fp32 values on the e4m3 grid (see _fp8_keys). One launch that reads q
+    once (fp8_queries_ref, torch's five passes over q, gives the same bits)."""
+    n, heads, dim = q.shape
+    q = q if q.stride(-1) == 1 else q.contiguous()
+    codes = torch.empty(n, heads, dim, device=q.device,
+                        dtype=torch.float32 if interpreting() else torch.float8_e4m3fn)
+    scaled = torch.empty(n, heads, device=q.device, dtype=torch.float32)
+    if n:
+        _fp8_queries_kernel[(triton.cdiv(n, 32), heads)](
+            q, w, codes if interpreting() else codes.view(torch.uint8), scaled, n, q.stride(0), q.stride(1),
+            w.stride(0), w.stride(1), DI=dim, RB=32, HW_FP8=not interpreting())
+    return codes, scaled
+
+
+def fp8_queries_ref(q: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp8_queries in torch ops."""
     amax = q.abs().amax(-1).float()
     scales = torch.where(amax > 0, quant.pow2_ceil(amax / 6), 1.0)
     codes = (q.float() / scales[..., None]).to(torch.float8_e4m3fn)
-    return (codes.float() if interpreting() else codes).contiguous(), w * scales  # (a new tensor: aligned)
+    return (codes.float() if interpreting() else codes).contiguous(), w * scales
+
+
+@triton.jit
+def _fp8_queries_kernel(q_ptr, w_ptr, codes_ptr, scaled_ptr, n, sqn, sqh, swn, swh, DI: tl.constexpr,
+                        RB: tl.constexpr, HW_FP8: tl.constexpr):
+    """Program (RB rows, one head): fp8_queries' codes (contiguous [n, Hi, Di]) and scaled
+    weights ([n, Hi]); the scale 2^ceil(log2(amax / 6)) from the ratio's bits (quant.pow2_ceil),
+    1 for a head of zeros."""
+    r = tl.program_id(0) * RB + tl.arange(0, RB)
+    h = tl.program_id(1)
+    heads = tl.num_programs(1)
+    ok = r < n
+    d = tl.arange(0, DI)
+    q = tl.load(q_ptr + r[:, None].to(tl.int64) * sqn + h * sqh + d[None, :], mask=ok[:, None], other=0.0)
+    q = q.to(tl.float32)
+    amax = tl.max(tl.abs(q), axis=1)
+    bits = (amax / 6).to(tl.int32, bitcast=True)
+    scale = tl.where(amax > 0, pow2(((bits >> 23) & 0xFF) + ((bits & 0x7FFFFF) != 0).to(tl.int32)), 1.0)
+    v = q / scale[:, None]
+    at = (r[:, None].to(tl.int64) * heads + h) * DI + d[None, :]
+    if HW_FP8:
+        tl.store(codes_ptr + at, v.to(tl.float8e4nv).to(tl.uint8, bitcast=True), mask=ok[:, None])
+    else:
+        _, value = e4m3_rne(v)
+        tl.store(codes_ptr + at, value, mask=ok[:, None])
+    w = tl.load(w_ptr + r.to(tl.int64) * swn + h * swh, mask=ok, other=0.0).to(tl.float32)
+    tl.store(scaled_ptr + r.to(tl.int64) * heads + h, w * scale, mask=ok)
 
 
 def _few_queries(q, w, visible, pages, key_offsets, key_scale_offsets, out, runs, most: int, bf16: bool,

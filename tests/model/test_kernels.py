@@ -917,6 +917,30 @@ def test_indexer_scores_of_several_runs_in_one_launch_equal_each_alone(paged, qu
         assert torch.isneginf(got[rows, t:]).all()
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_fp8_queries_launch_gives_the_torch_passes_bits(dtype):
+    """indexer_score.fp8_queries (one launch) against fp8_queries_ref (torch): the same codes
+    and scaled weights bit for bit, a head of zeros (scale 1), a head spread over 12 binades
+    (its smallest block rounded), a scale ratio that is a power of two times 6 exactly, rows
+    not a multiple of the launch's 32, and weights read through a stride."""
+    from dsflash.model.kernels import indexer_score
+
+    g = _g(9)
+    q = fake_quant_fp4(torch.randn(45, 8, 128, generator=g), 32)
+    q[3, 2] = 0
+    q[5, 1, :32] *= 2.0**-12
+    q[7, 4] = 0
+    q[7, 4, 9] = 6 * 2.0**-3  # amax / 6 a power of two: the scale is it, not twice it
+    q = q.to(dtype)
+    w = torch.randn(8, 45, generator=g).to(dtype).t()  # strides (1, 45)
+    got = indexer_score.fp8_queries(q.to(DEVICE), w.to(DEVICE))
+    want = indexer_score.fp8_queries_ref(q.to(DEVICE), w.to(DEVICE))
+    for a, b in zip(got, want):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        assert torch.equal(a.cpu().float(), b.cpu().float())
+    assert (got[1][3, 2] == w[3, 2].float()).all() and got[1][7, 4] == w[7, 4].float() * 2.0**-3
+
+
 def test_faithful_tall_tiles_on_the_fp8_tensor_cores_score_as_the_bf16_dots(paged, monkeypatch):
     """indexer_scores' fp8 form (faithful prefill's tall tiles, e4m3 queries under a scale a
     row and head folded into w, e4m3 keys under a scale an entry): the bf16 form's scores bit
