@@ -122,13 +122,20 @@ KERNELS = {
         {"q_ptr": lambda o: (f"tensordesc<{_query_type(o)}[{o['QB']},{o['DI']}]>" if o["TMA"] else f"*{_query_type(o)}"),
          "w_ptr": "*fp32",
          "vis_ptr": "*i64", "page_ptr": "*u8", "k_off": "*i64", "k_soff": "*i64", "o_ptr": "*fp32",
-         "first_ptr": "*i64", "count_ptr": "*i64"},
+         "first_ptr": "*i64", "count_ptr": "*i64", "kept_ptr": "*u8"},
         dict(DI=128, RUNS=False, BF16=True, TMA=indexer_score.QUERY_TILES_BY_TMA, num_stages=3, PDL=False, FP8=False,
-             HW_FP8=False,
+             HW_FP8=False, KEPT_BLOCK=0,
              **dict(zip(("QB", "NB", "num_warps"), indexer_score.TILES["tall"]))),
-        ";NB=64;num_warps=4;QB=128;FP8=1,HW_FP8=1,BF16=0",
+        ";NB=64;num_warps=4;QB=128;FP8=1,HW_FP8=1,BF16=0;FP8=1,HW_FP8=1,BF16=0,KEPT_BLOCK=8;KEPT_BLOCK=8",
         # an 8,192-token chunk's queries, 32 heads of 128 (the release), against 131,071 entries
-        sample=dict(n=8192, N=131071, HI=32, sqn=32 * 128, sqh=128, swn=32, son=131071, skr=131071)),
+        # (with KEPT_BLOCK, the release's candidate pool: blocks of 8 entries)
+        sample=dict(n=8192, N=131071, HI=32, sqn=32 * 128, sqh=128, swn=32, son=131071, skr=131071, skn=16384)),
+    # faithful prefill's index queries as e4m3 codes (fp8_queries): 32 rows of a head a program
+    "fp8_queries": Kernel(
+        indexer_score._fp8_queries_kernel,
+        {"q_ptr": "*fp32", "w_ptr": "*fp32", "codes_ptr": "*u8", "scaled_ptr": "*fp32"},
+        dict(DI=128, RB=32, HW_FP8=True, num_warps=4, num_stages=3), "",
+        sample=dict(n=16384, sqn=32 * 128, sqh=128, swn=32, swh=1)),
     # faithful prefill's FP8 operand encode (fp8_blockwise): a chunk's routed pairs' rows into the
     # experts' down projections (SEGMENTS), bf16 rows, or the SwiGLU of fp32 gate/up in the launch
     "fp8_rows": Kernel(

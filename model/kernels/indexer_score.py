@@ -183,8 +183,9 @@ def _indexer_kernel(q_ptr, w_ptr, vis_ptr, page_ptr, k_off, k_soff, o_ptr, first
     s > 0); with HW_FP8 one FP8 dot a head, in the interpreter fp32 values on the e4m3 grid.
     TMA: q_ptr is a descriptor of the queries as [n, HI * DI] in [QB, DI] blocks, so a head's
     tile costs no registers of addresses (rows past n read as zeros, rows of the next run are
-    read and never stored). KEPT_BLOCK: entry j of row i scores only where kept[i, j //
-    KEPT_BLOCK] (a candidate pool's blocks), -inf elsewhere."""
+    read and never stored). KEPT_BLOCK (a power of two): entry j of row i scores only where
+    kept[i, j // KEPT_BLOCK] (a candidate pool's blocks), -inf elsewhere; a row's few blocks of
+    the tile are loaded, not a byte an entry (whose addresses took 57 more registers)."""
     pdl.wait_for_inputs(PDL)
     pid_q = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -211,9 +212,14 @@ def _indexer_kernel(q_ptr, w_ptr, vis_ptr, page_ptr, k_off, k_soff, o_ptr, first
         acc = acc * key_scales[None, :]
     visible = tl.load(vis_ptr + rq, mask=in_run, other=0)
     seen = rj[None, :] < visible[:, None]
-    if KEPT_BLOCK:
-        seen = seen & (tl.load(kept_ptr + rq[:, None].to(tl.int64) * skn + (rj // KEPT_BLOCK)[None, :],
-                             mask=in_run[:, None] & live[None, :], other=0) != 0)
+    if KEPT_BLOCK >= NB:  # the tile lies in one pool block a row (powers of two)
+        b = pid_n * NB // KEPT_BLOCK
+        seen = seen & (tl.load(kept_ptr + rq.to(tl.int64) * skn + b, mask=in_run, other=0) != 0)[:, None]
+    elif KEPT_BLOCK:  # the tile's NB // KEPT_BLOCK blocks a row, loaded as such, spread over their entries
+        b = pid_n * (NB // KEPT_BLOCK) + tl.arange(0, NB // KEPT_BLOCK)
+        kept = tl.load(kept_ptr + rq[:, None].to(tl.int64) * skn + b[None, :],
+                       mask=in_run[:, None] & (b * KEPT_BLOCK < N)[None, :], other=0) != 0
+        seen = seen & tl.reshape(tl.broadcast_to(kept[:, :, None], (QB, NB // KEPT_BLOCK, KEPT_BLOCK)), (QB, NB))
     acc = tl.where(seen, acc, float("-inf"))
     tl.store(o_ptr + rq[:, None] * son + rj[None, :], acc, mask=in_run[:, None] & live[None, :])
 
@@ -399,7 +405,7 @@ def indexer_scores(q: torch.Tensor, w: torch.Tensor, visible: torch.Tensor, page
         runs = (_on_16_bytes(runs[0].contiguous()), _on_16_bytes(runs[1].contiguous()), runs[2])
     if kept is not None:
         blocks, block = kept
-        assert blocks.shape[0] == n and blocks.shape[1] * block >= N, (blocks.shape, block, N)
+        assert blocks.shape[0] == n and blocks.shape[1] * block >= N and block & (block - 1) == 0, (blocks.shape, block, N)
     if few:
         _few_queries(q, w, visible, pages, key_offsets, key_scale_offsets, out, runs, most, bf16,
                      FEW_ALIGNED_CODES and keys_aligned and pages.data_ptr() % 16 == 0)

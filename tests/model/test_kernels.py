@@ -980,11 +980,13 @@ def test_faithful_tall_tiles_on_the_fp8_tensor_cores_score_as_the_bf16_dots(page
     assert (got - want)[finite].abs().max() <= 2.0**-9 * largest
 
 
-@pytest.mark.parametrize("form", ["tall", "tall_fp8", "short", "few"])
-def test_a_candidate_pool_masks_the_scores_where_they_are_made(form, paged, monkeypatch):
+@pytest.mark.parametrize("form, block", [("tall", 4), ("tall_fp8", 4), ("short", 4), ("few", 4), ("tall", 256),
+                                         ("short", 64)])
+def test_a_candidate_pool_masks_the_scores_where_they_are_made(form, block, paged, monkeypatch):
     """indexer_scores' kept (a candidate pool's blocks): each form's scores with the unkept
     blocks -inf, bit for bit the scores without it masked after (the tall tiles and the
-    short ones in their epilogue, alone and batched; the few-query form after its launch)."""
+    short ones in their epilogue, alone and batched, with blocks smaller than a tile and as
+    large as one or larger; the few-query form after its launch)."""
     from dsflash.model.kernels import indexer_score
 
     monkeypatch.setattr(indexer_score, "TALL_FP8", form == "tall_fp8")
@@ -994,7 +996,6 @@ def test_a_candidate_pool_masks_the_scores_where_they_are_made(form, paged, monk
     n = 3 if form == "few" else 70
     q, w = fake_quant_fp4(torch.randn(n, 16, 32, generator=g), 32), torch.randn(n, 16, generator=g)
     visible = torch.randint(0, total + 1, (n,), generator=g)
-    block = 4
     blocks = torch.rand(n, -(-total // block), generator=g) < 0.5
     k_off, k_soff = cache.entry_offsets(source, torch.arange(total), kind="key")
     dev = lambda t: t.to(DEVICE)  # noqa: E731
