@@ -476,7 +476,7 @@ def fp8_queries_ref(q: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, tor
     return (codes.float() if interpreting() else codes).contiguous(), w * scales
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n"])  # one compile for every row count
 def _fp8_queries_kernel(q_ptr, w_ptr, codes_ptr, scaled_ptr, n, sqn, sqh, swn, swh, DI: tl.constexpr,
                         RB: tl.constexpr, HW_FP8: tl.constexpr):
     """Program (RB rows, one head): fp8_queries' codes (contiguous [n, Hi, Di]) and scaled
@@ -552,6 +552,8 @@ def scores_warm_up(device: torch.device, heads: int, dim: int, keys_aligned: boo
     q = torch.zeros(most, heads, dim, dtype=torch.bfloat16, device=device)
     w = torch.zeros(most, heads, device=device)
     pages = torch.zeros(dim, dtype=torch.uint8, device=device)  # every entry reads one zero key
+    if fp8:  # the queries' encode, as a run's fp32 queries take it (fp8_queries)
+        fp8_queries(q.float(), w)
     for tall, on_fp8 in [(True, False), (False, False)] + [(True, True)] * fp8:
         for n, N in warm_up_counts():
             offsets = torch.zeros(N, dtype=torch.long, device=device)

@@ -1161,7 +1161,8 @@ def test_the_scores_warm_up_compiles_every_form(keys_aligned, fp8, monkeypatch):
     """The warm-up reaches each form a worker launches, alone and batched: the few-query form
     at 8 and 16 query columns (its entry counts are not specialized) with the loads and decode
     the pool's layout takes (aligned keys as words), the short tiles and the tall ones, and
-    for a faithful worker (fp8) the tall ones' FP8 form too."""
+    for a faithful worker (fp8) the tall ones' FP8 form too, and the queries' encode for them
+    on fp32 queries, as a run's come."""
     from dsflash.model.kernels import indexer_score
 
     forms = set()
@@ -1179,8 +1180,17 @@ def test_the_scores_warm_up_compiles_every_form(keys_aligned, fp8, monkeypatch):
 
     for name in ("_indexer_kernel", "_indexer_few_kernel"):
         monkeypatch.setattr(indexer_score, name, Recording(name, getattr(indexer_score, name)))
+    encodes = set()
+    encode = indexer_score._fp8_queries_kernel
+
+    class RecordingEncode:
+        def __getitem__(self, grid):
+            return lambda q, *args, **kw: encodes.add(q.dtype) or encode[grid](q, *args, **kw)
+
+    monkeypatch.setattr(indexer_score, "_fp8_queries_kernel", RecordingEncode())
     monkeypatch.setattr(indexer_score, "TALL_FP8", True)
     indexer_score.scores_warm_up(torch.device(DEVICE), 4, 32, keys_aligned, fp8=fp8)
+    assert torch.float32 in encodes if fp8 else not encodes
     short, tall = indexer_score.TILES["short"], indexer_score.TILES["tall"]
     nb = indexer_score.FEW_TILES[0]
     few_forms = {("_indexer_few_kernel", qn, nb, runs, keys_aligned, False) for qn in (8, 16) for runs in (False, True)}
