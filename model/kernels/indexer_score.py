@@ -167,11 +167,13 @@ def _run_rows(first_ptr, count_ptr, n, block, QB: tl.constexpr, AXIS: tl.constex
     return run, first, first + local, local < count
 
 
-@triton.jit
+# a candidate pool's row stride and a slice's first byte vary with the entries and the slice:
+# one compile (kept_ptr is the pool's storage, always aligned; kept_off where the slice starts)
+@triton.jit(do_not_specialize=["skn", "kept_off"])
 def _indexer_kernel(q_ptr, w_ptr, vis_ptr, page_ptr, k_off, k_soff, o_ptr, first_ptr, count_ptr, n, N, HI,
                     sqn, sqh, swn, son, skr, DI: tl.constexpr, QB: tl.constexpr, NB: tl.constexpr,
                     RUNS: tl.constexpr, BF16: tl.constexpr, TMA: tl.constexpr, PDL: tl.constexpr,
-                    FP8: tl.constexpr = False, HW_FP8: tl.constexpr = False, kept_ptr=None, skn=0,
+                    FP8: tl.constexpr = False, HW_FP8: tl.constexpr = False, kept_ptr=None, skn=0, kept_off=0,
                     KEPT_BLOCK: tl.constexpr = 0):
     """Program (query block, entry block, run): with RUNS, run r's queries are rows
     first[r] .. first[r] + count[r] and its entries row r of the offset tables. BF16: the
@@ -214,10 +216,10 @@ def _indexer_kernel(q_ptr, w_ptr, vis_ptr, page_ptr, k_off, k_soff, o_ptr, first
     seen = rj[None, :] < visible[:, None]
     if KEPT_BLOCK >= NB:  # the tile lies in one pool block a row (powers of two)
         b = pid_n * NB // KEPT_BLOCK
-        seen = seen & (tl.load(kept_ptr + rq.to(tl.int64) * skn + b, mask=in_run, other=0) != 0)[:, None]
+        seen = seen & (tl.load(kept_ptr + kept_off + rq.to(tl.int64) * skn + b, mask=in_run, other=0) != 0)[:, None]
     elif KEPT_BLOCK:  # the tile's NB // KEPT_BLOCK blocks a row, loaded as such, spread over their entries
         b = pid_n * (NB // KEPT_BLOCK) + tl.arange(0, NB // KEPT_BLOCK)
-        kept = tl.load(kept_ptr + rq[:, None].to(tl.int64) * skn + b[None, :],
+        kept = tl.load(kept_ptr + kept_off + rq[:, None].to(tl.int64) * skn + b[None, :],
                        mask=in_run[:, None] & (b * KEPT_BLOCK < N)[None, :], other=0) != 0
         seen = seen & tl.reshape(tl.broadcast_to(kept[:, :, None], (QB, NB // KEPT_BLOCK, KEPT_BLOCK)), (QB, NB))
     acc = tl.where(seen, acc, float("-inf"))
@@ -430,12 +432,14 @@ def indexer_scores(q: torch.Tensor, w: torch.Tensor, visible: torch.Tensor, page
 
 
 def _kept_arguments(kept: tuple[torch.Tensor, int] | None) -> dict:
-    """_indexer_kernel's kept_ptr, skn and KEPT_BLOCK for a candidate pool (bytes, rows contiguous)."""
+    """_indexer_kernel's kept_ptr, skn, kept_off and KEPT_BLOCK for a candidate pool: its bytes
+    from their storage's start (so a slice of rows compiles nothing new) and where they begin."""
     if kept is None:
         return {}
     blocks, block = kept
-    blocks = blocks if blocks.stride(1) == 1 else blocks.contiguous()
-    return dict(kept_ptr=blocks.view(torch.uint8), skn=blocks.stride(0), KEPT_BLOCK=block)
+    blocks = (blocks if blocks.stride(1) == 1 else blocks.contiguous()).view(torch.uint8)
+    storage = torch.as_strided(blocks, (1,), (1,), 0)
+    return dict(kept_ptr=storage, skn=blocks.stride(0), kept_off=blocks.storage_offset(), KEPT_BLOCK=block)
 
 
 def tall_fp8(device: torch.device, exact_in_bf16: bool) -> bool:
@@ -536,7 +540,8 @@ def warm_up_counts() -> list[tuple[int, int]]:
     return [(n, N) for n in (1, 9, 16, 17, 32, 34, 48) for N in (16, 17)]
 
 
-def scores_warm_up(device: torch.device, heads: int, dim: int, keys_aligned: bool, fp8: bool = False) -> None:
+def scores_warm_up(device: torch.device, heads: int, dim: int, keys_aligned: bool, fp8: bool = False,
+                   kept_block: int = 0) -> None:
     """Compile the scoring tiles (FP4-quantized queries), tall (prefill), short and few-query,
     for every specialization of warm_up_counts, before a worker serves; and the batched forms
     (a decode batch's runs in one launch, index_runs), whose rows are never 1. H200,
@@ -547,7 +552,9 @@ def scores_warm_up(device: torch.device, heads: int, dim: int, keys_aligned: boo
     changed kind, as a batch-1 step without this warm-up compiled the single-run form
     (2026-12-03, 1.9 s in one step with two other kernels: bench/decode_compiles.py).
     keys_aligned: the serving pool's (CacheLayout.keys_aligned), which picks the few-query
-    form's loads and decode. fp8: a faithful worker's, whose tall tiles also take the FP8 form."""
+    form's loads and decode. fp8: a faithful worker's, whose tall tiles also take the FP8 form.
+    kept_block: a model's candidate pool's block (0: none), whose tall and short tiles then
+    also take the pool's blocks (`kept`)."""
     most = max(n for n, _ in warm_up_counts())
     q = torch.zeros(most, heads, dim, dtype=torch.bfloat16, device=device)
     w = torch.zeros(most, heads, device=device)
@@ -557,8 +564,12 @@ def scores_warm_up(device: torch.device, heads: int, dim: int, keys_aligned: boo
     for tall, on_fp8 in [(True, False), (False, False)] + [(True, True)] * fp8:
         for n, N in warm_up_counts():
             offsets = torch.zeros(N, dtype=torch.long, device=device)
-            indexer_scores(q[:n], w[:n], torch.full((n,), N, device=device), pages, offsets, offsets,
-                           exact_in_bf16=True, tall=tall, keys_aligned=keys_aligned, fp8=on_fp8)
+            pools = [None]
+            if kept_block:
+                pools.append((torch.ones(n, -(-N // kept_block), dtype=torch.bool, device=device), kept_block))
+            for kept in pools:
+                indexer_scores(q[:n], w[:n], torch.full((n,), N, device=device), pages, offsets, offsets,
+                               exact_in_bf16=True, tall=tall, keys_aligned=keys_aligned, fp8=on_fp8, kept=kept)
     for n, N in warm_up_counts():
         if n > 1:  # two runs, the second from row n // 2
             offsets = torch.zeros(2, N, dtype=torch.long, device=device)

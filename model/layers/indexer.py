@@ -52,7 +52,8 @@ def warm_up(device: torch.device, cfg: ModelConfig, layout: CacheLayout, faithfu
     every plan its rows meet and the scoring tiles at every specialization, in the forms the
     pool's layout and the mode (faithful: the tall tiles' FP8 form) take."""
     top_k.warm_up(device, top_k_rows(cfg))
-    scores_warm_up(device, cfg.index_n_heads, cfg.index_head_dim, layout.keys_aligned, fp8=faithful)
+    scores_warm_up(device, cfg.index_n_heads, cfg.index_head_dim, layout.keys_aligned, fp8=faithful,
+                   kept_block=cfg.candidate_block_size if cfg.candidate_source_layer >= 0 else 0)
 
 
 def largest_top_k_slice(cfg: ModelConfig, rows: int, longest: int) -> tuple[int, int] | None:

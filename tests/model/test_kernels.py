@@ -996,19 +996,21 @@ def test_a_candidate_pool_masks_the_scores_where_they_are_made(form, block, page
     n = 3 if form == "few" else 70
     q, w = fake_quant_fp4(torch.randn(n, 16, 32, generator=g), 32), torch.randn(n, 16, generator=g)
     visible = torch.randint(0, total + 1, (n,), generator=g)
-    blocks = torch.rand(n, -(-total // block), generator=g) < 0.5
+    pool = (torch.rand(n + 5, -(-total // block), generator=g) < 0.5).to(DEVICE)
+    kept = (pool[5:], block)  # rows of a larger pool, as a slice of a run takes them
+    blocks = kept[0].cpu()
     k_off, k_soff = cache.entry_offsets(source, torch.arange(total), kind="key")
     dev = lambda t: t.to(DEVICE)  # noqa: E731
     args = (dev(visible), dev(cache.pool.pages_buffer), dev(k_off), dev(k_soff))
     kw = dict(exact_in_bf16=True, tall=form.startswith("tall"), fp8=form == "tall_fp8")
     want = indexer_scores(dev(q), dev(w), *args, **kw).cpu()
     want = want.masked_fill(~blocks.repeat_interleave(block, 1)[:, :total], float("-inf"))
-    got = indexer_scores(dev(q), dev(w), *args, **kw, kept=(dev(blocks), block)).cpu()
+    got = indexer_scores(dev(q), dev(w), *args, **kw, kept=kept).cpu()
     assert torch.equal(got, want) and torch.isfinite(want).sum() > 10 and torch.isinf(want).sum() > 10
     if form != "few":  # two runs of the same rows in one launch
         runs = (dev(torch.tensor([0, n // 2])), dev(torch.tensor([n // 2, n - n // 2])), n - n // 2)
         batched = (dev(torch.stack([k_off, k_off])), dev(torch.stack([k_soff, k_soff])))
-        got = indexer_scores(dev(q), dev(w), *args[:2], *batched, runs, **kw, kept=(dev(blocks), block)).cpu()
+        got = indexer_scores(dev(q), dev(w), *args[:2], *batched, runs, **kw, kept=kept).cpu()
         assert torch.equal(got, want)
 
 
@@ -1156,13 +1158,15 @@ def test_the_scores_warm_up_meets_every_specialization_of_its_counts():
                         + [(n, N, False, True) for n, N in counts if n > 1])
 
 
-@pytest.mark.parametrize("keys_aligned, fp8", [(False, False), (True, False), (True, True)])
-def test_the_scores_warm_up_compiles_every_form(keys_aligned, fp8, monkeypatch):
+@pytest.mark.parametrize("keys_aligned, fp8, kept_block", [(False, False, 0), (True, False, 0), (True, True, 0),
+                                                           (True, True, 8), (False, False, 8)])
+def test_the_scores_warm_up_compiles_every_form(keys_aligned, fp8, kept_block, monkeypatch):
     """The warm-up reaches each form a worker launches, alone and batched: the few-query form
     at 8 and 16 query columns (its entry counts are not specialized) with the loads and decode
     the pool's layout takes (aligned keys as words), the short tiles and the tall ones, and
     for a faithful worker (fp8) the tall ones' FP8 form too, and the queries' encode for them
-    on fp32 queries, as a run's come."""
+    on fp32 queries, as a run's come; with a candidate pool (kept_block), the tall and short
+    tiles (FP8 too) with the pool's blocks."""
     from dsflash.model.kernels import indexer_score
 
     forms = set()
@@ -1174,7 +1178,7 @@ def test_the_scores_warm_up_compiles_every_form(keys_aligned, fp8, monkeypatch):
         def __getitem__(self, grid):
             def launch(*args, **kw):
                 forms.add((self.name, kw.get("QN", kw.get("QB")), kw["NB"], kw["RUNS"], kw.get("ALIGNED"),
-                           kw.get("FP8", False)))
+                           kw.get("FP8", False), kw.get("KEPT_BLOCK", 0)))
                 return self.kernel[grid](*args, **kw)
             return launch
 
@@ -1189,15 +1193,18 @@ def test_the_scores_warm_up_compiles_every_form(keys_aligned, fp8, monkeypatch):
 
     monkeypatch.setattr(indexer_score, "_fp8_queries_kernel", RecordingEncode())
     monkeypatch.setattr(indexer_score, "TALL_FP8", True)
-    indexer_score.scores_warm_up(torch.device(DEVICE), 4, 32, keys_aligned, fp8=fp8)
+    indexer_score.scores_warm_up(torch.device(DEVICE), 4, 32, keys_aligned, fp8=fp8, kept_block=kept_block)
     assert torch.float32 in encodes if fp8 else not encodes
     short, tall = indexer_score.TILES["short"], indexer_score.TILES["tall"]
     nb = indexer_score.FEW_TILES[0]
-    few_forms = {("_indexer_few_kernel", qn, nb, runs, keys_aligned, False) for qn in (8, 16) for runs in (False, True)}
-    tiles = {("_indexer_kernel", *short[:2], False, None, False), ("_indexer_kernel", *short[:2], True, None, False),
-             ("_indexer_kernel", *tall[:2], False, None, False)}
+    few_forms = {("_indexer_few_kernel", qn, nb, runs, keys_aligned, False, 0) for qn in (8, 16)
+                 for runs in (False, True)}
+    tiles = {("_indexer_kernel", *short[:2], False, None, False, 0), ("_indexer_kernel", *short[:2], True, None, False, 0),
+             ("_indexer_kernel", *tall[:2], False, None, False, 0)}
     if fp8:
-        tiles.add(("_indexer_kernel", *tall[:2], False, None, True))
+        tiles.add(("_indexer_kernel", *tall[:2], False, None, True, 0))
+    if kept_block:
+        tiles |= {(*form[:-1], kept_block) for form in tiles if not form[3]}  # alone, never batched
     assert forms == few_forms | tiles
 
 
