@@ -167,13 +167,13 @@ def _run_rows(first_ptr, count_ptr, n, block, QB: tl.constexpr, AXIS: tl.constex
     return run, first, first + local, local < count
 
 
-# a candidate pool's row stride and a slice's first byte vary with the entries and the slice:
-# one compile (kept_ptr is the pool's storage, always aligned; kept_off where the slice starts)
-@triton.jit(do_not_specialize=["skn", "kept_off"])
+# a candidate pool's row stride and a slice's first row vary with the entries and the slice:
+# one compile (kept_ptr is the pool's storage, always aligned; kept_row the slice's first row)
+@triton.jit(do_not_specialize=["skn", "kept_row"])
 def _indexer_kernel(q_ptr, w_ptr, vis_ptr, page_ptr, k_off, k_soff, o_ptr, first_ptr, count_ptr, n, N, HI,
                     sqn, sqh, swn, son, skr, DI: tl.constexpr, QB: tl.constexpr, NB: tl.constexpr,
                     RUNS: tl.constexpr, BF16: tl.constexpr, TMA: tl.constexpr, PDL: tl.constexpr,
-                    FP8: tl.constexpr = False, HW_FP8: tl.constexpr = False, kept_ptr=None, skn=0, kept_off=0,
+                    FP8: tl.constexpr = False, HW_FP8: tl.constexpr = False, kept_ptr=None, skn=0, kept_row=0,
                     KEPT_BLOCK: tl.constexpr = 0):
     """Program (query block, entry block, run): with RUNS, run r's queries are rows
     first[r] .. first[r] + count[r] and its entries row r of the offset tables. BF16: the
@@ -216,10 +216,10 @@ def _indexer_kernel(q_ptr, w_ptr, vis_ptr, page_ptr, k_off, k_soff, o_ptr, first
     seen = rj[None, :] < visible[:, None]
     if KEPT_BLOCK >= NB:  # the tile lies in one pool block a row (powers of two)
         b = pid_n * NB // KEPT_BLOCK
-        seen = seen & (tl.load(kept_ptr + kept_off + rq.to(tl.int64) * skn + b, mask=in_run, other=0) != 0)[:, None]
+        seen = seen & (tl.load(kept_ptr + (kept_row + rq).to(tl.int64) * skn + b, mask=in_run, other=0) != 0)[:, None]
     elif KEPT_BLOCK:  # the tile's NB // KEPT_BLOCK blocks a row, loaded as such, spread over their entries
         b = pid_n * (NB // KEPT_BLOCK) + tl.arange(0, NB // KEPT_BLOCK)
-        kept = tl.load(kept_ptr + kept_off + rq[:, None].to(tl.int64) * skn + b[None, :],
+        kept = tl.load(kept_ptr + (kept_row + rq)[:, None].to(tl.int64) * skn + b[None, :],
                        mask=in_run[:, None] & (b * KEPT_BLOCK < N)[None, :], other=0) != 0
         seen = seen & tl.reshape(tl.broadcast_to(kept[:, :, None], (QB, NB // KEPT_BLOCK, KEPT_BLOCK)), (QB, NB))
     acc = tl.where(seen, acc, float("-inf"))
@@ -432,14 +432,17 @@ def indexer_scores(q: torch.Tensor, w: torch.Tensor, visible: torch.Tensor, page
 
 
 def _kept_arguments(kept: tuple[torch.Tensor, int] | None) -> dict:
-    """_indexer_kernel's kept_ptr, skn, kept_off and KEPT_BLOCK for a candidate pool: its bytes
-    from their storage's start (so a slice of rows compiles nothing new) and where they begin."""
+    """_indexer_kernel's kept_ptr, skn, kept_row and KEPT_BLOCK for a candidate pool: its bytes
+    from their storage's start (so a slice of rows compiles nothing new) and the slice's first
+    row there (a row, not a byte: a 1M prompt's pool holds more than 2^31 bytes)."""
     if kept is None:
         return {}
     blocks, block = kept
-    blocks = (blocks if blocks.stride(1) == 1 else blocks.contiguous()).view(torch.uint8)
+    blocks = blocks if blocks.stride(1) == 1 and blocks.storage_offset() % blocks.stride(0) == 0 else blocks.contiguous()
+    blocks = blocks.view(torch.uint8)
     storage = torch.as_strided(blocks, (1,), (1,), 0)
-    return dict(kept_ptr=storage, skn=blocks.stride(0), kept_off=blocks.storage_offset(), KEPT_BLOCK=block)
+    return dict(kept_ptr=storage, skn=blocks.stride(0), kept_row=blocks.storage_offset() // blocks.stride(0),
+                KEPT_BLOCK=block)
 
 
 def tall_fp8(device: torch.device, exact_in_bf16: bool) -> bool:
@@ -494,9 +497,12 @@ def _fp8_queries_kernel(q_ptr, w_ptr, codes_ptr, scaled_ptr, n, sqn, sqh, swn, s
     q = tl.load(q_ptr + r[:, None].to(tl.int64) * sqn + h * sqh + d[None, :], mask=ok[:, None], other=0.0)
     q = q.to(tl.float32)
     amax = tl.max(tl.abs(q), axis=1)
-    bits = (amax / 6).to(tl.int32, bitcast=True)
-    scale = tl.where(amax > 0, pow2(((bits >> 23) & 0xFF) + ((bits & 0x7FFFFF) != 0).to(tl.int32)), 1.0)
-    v = q / scale[:, None]
+    # amax / 6 rounded as torch divides (Triton's '/' may be off by an ulp on the GPU, and amax
+    # / 6 is often exactly a power of two, where an ulp more doubles the scale)
+    bits = tl.math.div_rn(amax, tl.full(amax.shape, 6.0, tl.float32)).to(tl.int32, bitcast=True)
+    e = ((bits >> 23) & 0xFF) + ((bits & 0x7FFFFF) != 0).to(tl.int32)  # biased exponent of the scale
+    scale = tl.where(amax > 0, pow2(e), 1.0)
+    v = q * tl.where(amax > 0, pow2(254 - e), 1.0)[:, None]  # / scale, exactly
     at = (r[:, None].to(tl.int64) * heads + h) * DI + d[None, :]
     if HW_FP8:
         tl.store(codes_ptr + at, v.to(tl.float8e4nv).to(tl.uint8, bitcast=True), mask=ok[:, None])
@@ -559,17 +565,19 @@ def scores_warm_up(device: torch.device, heads: int, dim: int, keys_aligned: boo
     q = torch.zeros(most, heads, dim, dtype=torch.bfloat16, device=device)
     w = torch.zeros(most, heads, device=device)
     pages = torch.zeros(dim, dtype=torch.uint8, device=device)  # every entry reads one zero key
-    if fp8:  # the queries' encode, as a run's fp32 queries take it (fp8_queries)
-        fp8_queries(q.float(), w)
+    # the FP8 tiles as a run takes them: its fp32 queries encoded once (fp8_queries), then scored
+    encoded = fp8_queries(q.float(), w) if fp8 else None
     for tall, on_fp8 in [(True, False), (False, False)] + [(True, True)] * fp8:
+        queries = encoded if on_fp8 else (q, w)
         for n, N in warm_up_counts():
             offsets = torch.zeros(N, dtype=torch.long, device=device)
             pools = [None]
             if kept_block:
                 pools.append((torch.ones(n, -(-N // kept_block), dtype=torch.bool, device=device), kept_block))
             for kept in pools:
-                indexer_scores(q[:n], w[:n], torch.full((n,), N, device=device), pages, offsets, offsets,
-                               exact_in_bf16=True, tall=tall, keys_aligned=keys_aligned, fp8=on_fp8, kept=kept)
+                indexer_scores(queries[0][:n], queries[1][:n], torch.full((n,), N, device=device), pages, offsets,
+                               offsets, exact_in_bf16=True, tall=tall, keys_aligned=keys_aligned, fp8=on_fp8,
+                               encoded=on_fp8, kept=kept)
     for n, N in warm_up_counts():
         if n > 1:  # two runs, the second from row n // 2
             offsets = torch.zeros(2, N, dtype=torch.long, device=device)
