@@ -412,7 +412,7 @@ def indexer_scores(q: torch.Tensor, w: torch.Tensor, visible: torch.Tensor, page
         _few_queries(q, w, visible, pages, key_offsets, key_scale_offsets, out, runs, most, bf16,
                      FEW_ALIGNED_CODES and keys_aligned and pages.data_ptr() % 16 == 0)
         if kept is not None:
-            out.masked_fill_(~blocks.repeat_interleave(block, dim=1)[:, :N], float("-inf"))
+            out.masked_fill_(~candidate_entries(blocks, block, N), float("-inf"))
         return out
     if runs is None:
         first = count = visible  # unused
@@ -429,6 +429,11 @@ def indexer_scores(q: torch.Tensor, w: torch.Tensor, visible: torch.Tensor, page
                           TMA=tma, FP8=fp8, HW_FP8=fp8 and not interpreting(),
                           **_kept_arguments(kept), num_warps=warps, **pdl.options(q.device))
     return out
+
+
+def candidate_entries(blocks: torch.Tensor, block: int, width: int) -> torch.Tensor:
+    """A candidate pool's kept blocks [n, B] -> its kept entries [n, width] (bool)."""
+    return blocks.repeat_interleave(block, dim=-1)[:, :width]
 
 
 def _kept_arguments(kept: tuple[torch.Tensor, int] | None) -> dict:

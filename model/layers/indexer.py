@@ -19,7 +19,7 @@ from ..config import LayerRole, ModelConfig
 from ..device import to_device
 from ..ops import ReferenceOps
 from ..kernels import indexer_score, top_k
-from ..kernels.indexer_score import TALL_RUN, indexer_scores, scores_warm_up
+from ..kernels.indexer_score import TALL_RUN, candidate_entries, indexer_scores, scores_warm_up
 from ..kernels.top_k import top_k_ascending
 from ..rope import Rope
 
@@ -116,11 +116,6 @@ def select_candidate_blocks(scores: torch.Tensor, visible: torch.Tensor, topk_bl
     keep = torch.zeros(block_scores.shape[0], block_scores.shape[1] + 1, dtype=torch.bool, device=scores.device)
     keep.scatter_(-1, torch.where(picked >= 0, picked, block_scores.shape[1]), True)
     return keep[:, :-1]
-
-
-def candidate_entries(blocks: torch.Tensor, block: int, width: int) -> torch.Tensor:
-    """A candidate pool's kept blocks [n, B] -> its kept entries [n, width] (bool)."""
-    return blocks.repeat_interleave(block, dim=-1)[:, :width]
 
 
 def _reference_scores(q, keys, w, visible):
