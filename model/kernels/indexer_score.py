@@ -8,6 +8,9 @@ e8m0 scale per 32 values, decoded in registers; the scores stay on the device fo
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+
 import torch
 import triton
 import triton.language as tl
@@ -15,6 +18,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .. import quant
 from . import pdl
+from .compile_threads import launch_all
 from .common import dot_exact_lhs, dot_exact_rhs, fp8_tensor_cores, interpreting, pow2
 from .quantize import e4m3_rne
 
@@ -566,6 +570,14 @@ def scores_warm_up(device: torch.device, heads: int, dim: int, keys_aligned: boo
     form's loads and decode. fp8: a faithful worker's, whose tall tiles also take the FP8 form.
     kept_block: a model's candidate pool's block (0: none), whose tall and short tiles then
     also take the pool's blocks (`kept`)."""
+    launch_all(device, scores_warm_up_launches(device, heads, dim, keys_aligned, fp8, kept_block))
+
+
+def scores_warm_up_launches(device: torch.device, heads: int, dim: int, keys_aligned: bool, fp8: bool = False,
+                            kept_block: int = 0) -> list[Callable[[], object]]:
+    """scores_warm_up's launches (for compile_threads.launch_all); the FP8 queries' encode they
+    read is launched here."""
+    launches = []
     most = max(n for n, _ in warm_up_counts())
     q = torch.zeros(most, heads, dim, dtype=torch.bfloat16, device=device)
     w = torch.zeros(most, heads, device=device)
@@ -580,13 +592,20 @@ def scores_warm_up(device: torch.device, heads: int, dim: int, keys_aligned: boo
             if kept_block:
                 pools.append((torch.ones(n, -(-N // kept_block), dtype=torch.bool, device=device), kept_block))
             for kept in pools:
-                indexer_scores(queries[0][:n], queries[1][:n], torch.full((n,), N, device=device), pages, offsets,
-                               offsets, exact_in_bf16=True, tall=tall, keys_aligned=keys_aligned, fp8=on_fp8,
-                               encoded=on_fp8, kept=kept)
+                launches.append(functools.partial(
+                    _warm_up_scores, queries[0][:n], queries[1][:n], torch.full((n,), N, device=device), pages,
+                    offsets, offsets, exact_in_bf16=True, tall=tall, keys_aligned=keys_aligned, fp8=on_fp8,
+                    encoded=on_fp8, kept=kept))
     for n, N in warm_up_counts():
         if n > 1:  # two runs, the second from row n // 2
             offsets = torch.zeros(2, N, dtype=torch.long, device=device)
             first = torch.tensor([0, n // 2], device=device)
             count = torch.tensor([n // 2, n - n // 2], device=device)
-            indexer_scores(q[:n], w[:n], torch.full((n,), N, device=device), pages, offsets, offsets,
-                           (first, count, n - n // 2), exact_in_bf16=True, keys_aligned=keys_aligned)
+            launches.append(functools.partial(
+                _warm_up_scores, q[:n], w[:n], torch.full((n,), N, device=device), pages, offsets, offsets,
+                (first, count, n - n // 2), exact_in_bf16=True, keys_aligned=keys_aligned))
+    return launches
+
+
+def _warm_up_scores(*args, **kw) -> None:
+    indexer_scores(*args, **kw)  # (looked up when it runs: tests wrap it)

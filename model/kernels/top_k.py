@@ -46,6 +46,8 @@ more bins to clear and sum per step (radix_bits; bench/h200.py times 11, 8 and 6
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
@@ -53,6 +55,7 @@ import triton
 import triton.language as tl
 
 from . import pdl
+from .compile_threads import launch_all
 
 RADIX_BITS = 8  # 4 counting passes of 256 bins (see Cost above)
 _BLOCK = 2048  # elements per step of a program
@@ -627,10 +630,20 @@ def _filtered_warm_up(k: int, most: int) -> list[tuple[int, int, int, None, None
 def warm_up(device: torch.device, longest: dict[int, int]) -> None:
     """Compile the top-k's kernels for every plan rows of up to longest[k] scores meet (a
     worker's indexer: indexer.top_k_rows) now, before the worker serves, instead of inside its
-    first long prompts. H200, 2026-12-02, empty Triton cache: 27.4 s; a decode row of 100,001
-    scores then still compiled its filtering launch (0.42 s), which this covers since."""
-    for rows, N, k, chunks, filtered in warm_up_rows(longest):
-        top_k_ascending_kernel(torch.randn(rows, N, device=device), k, chunks=chunks, filtered=filtered)
+    first long prompts. H200, 2026-12-02, empty Triton cache: 27.4 s one after another; a
+    decode row of 100,001 scores then still compiled its filtering launch (0.42 s), which this
+    covers since."""
+    launch_all(device, warm_up_launches(device, longest))
+
+
+def warm_up_launches(device: torch.device, longest: dict[int, int]) -> list[Callable[[], object]]:
+    """warm_up's launches, each on its own scores (for compile_threads.launch_all)."""
+    return [functools.partial(_warm_up_launch, device, *launch) for launch in warm_up_rows(longest)]
+
+
+def _warm_up_launch(device: torch.device, rows: int, N: int, k: int, chunks: int | None,
+                    filtered: bool | None) -> None:
+    top_k_ascending_kernel(torch.randn(rows, N, device=device), k, chunks=chunks, filtered=filtered)
 
 
 def floor_rank(k: int, N: int, sample: int = SAMPLE) -> int:

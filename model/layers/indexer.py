@@ -10,6 +10,8 @@ later index sources score only inside that pool. Each query keeps the top `index
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from ...kvcache.layout import CacheLayout
@@ -19,7 +21,8 @@ from ..config import LayerRole, ModelConfig
 from ..device import to_device
 from ..ops import ReferenceOps
 from ..kernels import indexer_score, top_k
-from ..kernels.indexer_score import TALL_RUN, candidate_entries, indexer_scores, scores_warm_up
+from ..kernels.compile_threads import launch_all
+from ..kernels.indexer_score import TALL_RUN, candidate_entries, indexer_scores, scores_warm_up_launches
 from ..kernels.top_k import top_k_ascending
 from ..rope import Rope
 
@@ -51,9 +54,15 @@ def warm_up(device: torch.device, cfg: ModelConfig, layout: CacheLayout, faithfu
     """Compile the indexer's kernels for long prompts before a worker serves: the top-k for
     every plan its rows meet and the scoring tiles at every specialization, in the forms the
     pool's layout and the mode (faithful: the tall tiles' FP8 form) take."""
-    top_k.warm_up(device, top_k_rows(cfg))
-    scores_warm_up(device, cfg.index_n_heads, cfg.index_head_dim, layout.keys_aligned, fp8=faithful,
-                   kept_block=cfg.candidate_block_size if cfg.candidate_source_layer >= 0 else 0)
+    launch_all(device, warm_up_launches(device, cfg, layout, faithful))
+
+
+def warm_up_launches(device: torch.device, cfg: ModelConfig, layout: CacheLayout,
+                     faithful: bool = False) -> list[Callable[[], object]]:
+    """warm_up's launches, both kernels' on one list (their compiles overlap on threads)."""
+    return top_k.warm_up_launches(device, top_k_rows(cfg)) + scores_warm_up_launches(
+        device, cfg.index_n_heads, cfg.index_head_dim, layout.keys_aligned, fp8=faithful,
+        kept_block=cfg.candidate_block_size if cfg.candidate_source_layer >= 0 else 0)
 
 
 def largest_top_k_slice(cfg: ModelConfig, rows: int, longest: int) -> tuple[int, int] | None:
