@@ -1,13 +1,14 @@
-# Device call A (~530 s): the 1M faithful prefill with the shipped switches in 16K chunks (since
-# the forty-second session: the 1 x 32 rounding inside the encodes, the indexer's FP8 tall tiles,
-# the SwiGLU in the down projections' encode, each score slice's top-k beside the next, the
-# candidate pool's mask in the score tiles' epilogue); the GPU tests of the files those changes
-# live in and of the warm-up's compile threads; the indexer's warm-up on an empty Triton cache,
-# its launches on 8 threads, then one after another (54 s in the forty-second session).
+# Device call A (~490 s): the 1M faithful prefill in 64K chunks, the most the kernel path takes
+# in one forward (deepseek_v41.MAX_KERNEL_ROWS; 48.87 s in 16K chunks and 46.58 s in 32K in the
+# forty-third session: whether lifting the 65,536-row cap would pay); the indexer's warm-up on
+# an empty Triton cache on 16 and on 4 threads (28.7 s on 8, 84.9 s one after another: which
+# COMPILE_THREADS to ship); then the GPU-marked tests no call of the forty-third session ran.
 source bench/device/env.sh
-step defaults-1m 190 python3 bench/h200.py --sections prefill --act-quant --prefill 1048576 --chunk 16384 --budget-s 185
-step gpu-tests 170 python3 -m pytest -q -p no:cacheprovider tests/model/test_compile_threads.py \
-  tests/model/test_fp8_blockwise.py tests/model/test_prefill_gemms.py tests/model/test_indexer.py \
-  tests/model/test_kernels.py -k "not test_kernels or candidate_pool or faithful_tall_tiles or warm_up"
-step warm-up-8-threads 70 python3 bench/indexer_warm_up.py --empty-cache --threads 8
-step warm-up-1-thread 100 python3 bench/indexer_warm_up.py --empty-cache --threads 1
+step defaults-1m-64k-chunks 200 python3 bench/h200.py --sections prefill --act-quant --prefill 1048576 --chunk 65536 \
+  --budget-s 195
+step warm-up-16-threads 60 python3 bench/indexer_warm_up.py --empty-cache --threads 16
+step warm-up-4-threads 70 python3 bench/indexer_warm_up.py --empty-cache --threads 4
+step gpu-marked 150 python3 -m pytest -q -rfE -p no:cacheprovider -m gpu tests/model/test_cuda_graphs.py \
+  tests/model/test_device.py tests/model/test_parallel.py tests/model/test_pdl.py \
+  tests/model/test_sparse_attention_gluon.py tests/kvcache/test_mirror.py tests/tiers/test_gpu_worker.py \
+  tests/tiers/test_ranks.py
