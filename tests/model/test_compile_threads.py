@@ -1,6 +1,7 @@
 """compile_threads.launch_all: a worker's warm-up launches on threads, whose compiles overlap."""
 
 import threading
+import time
 
 import pytest
 import torch
@@ -20,6 +21,70 @@ def test_off_the_gpu_the_launches_run_in_order_and_a_failure_stops_them():
         compile_threads.launch_all(torch.device("cpu"), [lambda: ran.append(5), lambda: ran.append(6), fail,
                                                          lambda: ran.append(8)], threads=4)
     assert ran[5:] == [5, 6]
+
+
+class _SlowLoadingKernel:
+    """A compiled kernel as Triton's _init_handles makes its handles: the launcher first, then
+    the module's load, which releases the GIL (here: a sleep)."""
+
+    def __init__(self):
+        self.function = self.module = self._run = None
+        self.loads = 0
+
+    def _init_handles(self):
+        if self.module is not None:
+            return
+        self.loads += 1
+        self._run = "launcher"
+        time.sleep(0.05)
+        self.module, self.function = "module", 1234
+
+
+def test_a_kernel_launched_from_several_threads_first_has_its_function_in_each():
+    """Every thread that asks for the launcher while another loads the module waits for the
+    load: each then reads the function handle, and the module loads once."""
+    kernel, seen = _SlowLoadingKernel(), []
+
+    def launch():
+        run = compile_threads._run_after_handles(kernel)
+        seen.append((run, kernel.function))
+
+    threads = [threading.Thread(target=launch) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert seen == [("launcher", 1234)] * 8 and kernel.loads == 1
+
+
+def test_triton_s_run_is_its_own_again_after_the_threads():
+    from triton.compiler.compiler import CompiledKernel
+
+    shipped = CompiledKernel.__dict__["run"]
+    with compile_threads._handles_made_once():
+        assert CompiledKernel.__dict__["run"].fget is compile_threads._run_after_handles
+    assert CompiledKernel.__dict__["run"] is shipped
+
+
+@pytest.mark.gpu
+def test_one_kernel_and_shape_launched_first_from_eight_threads_runs_in_each(monkeypatch):
+    """A kernel new to this process (its compile on disk after the first run), the same launch
+    from 8 threads at once, on the caller's stream: each writes its own output."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def add_one(x_ptr, n, BLOCK: tl.constexpr):
+        offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        tl.store(x_ptr + offsets, tl.load(x_ptr + offsets, mask=offsets < n) + 1, mask=offsets < n)
+
+    monkeypatch.setattr(compile_threads, "interpreting", lambda: False)
+    outs = [torch.full((1000,), float(i), device="cuda") for i in range(16)]
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        compile_threads.launch_all(torch.device("cuda"), [lambda x=x: add_one[(8,)](x, 1000, BLOCK=128)
+                                                         for x in outs], threads=8)
+    assert all(torch.equal(x.cpu(), torch.full((1000,), i + 1.0)) for i, x in enumerate(outs))
 
 
 @pytest.mark.gpu
