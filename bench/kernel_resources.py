@@ -128,8 +128,10 @@ KERNELS = {
              **dict(zip(("QB", "NB", "num_warps"), indexer_score.TILES["tall"]))),
         ";NB=64;num_warps=4;QB=128;FP8=1,HW_FP8=1,BF16=0;FP8=1,HW_FP8=1,BF16=0,KEPT_BLOCK=8;KEPT_BLOCK=8",
         # an 8,192-token chunk's queries, 32 heads of 128 (the release), against 131,071 entries
-        # (with KEPT_BLOCK, the release's candidate pool: blocks of 8 entries)
-        sample=dict(n=8192, N=131071, HI=32, sqn=32 * 128, sqh=128, swn=32, son=131071, skr=131071, skn=16384, kept_row=0)),
+        # in rows padded to 131,072 (indexer.PADDED_ROWS; with KEPT_BLOCK, the release's
+        # candidate pool: blocks of 8 entries)
+        sample=dict(n=8192, N=131071, NP=131072, HI=32, sqn=32 * 128, sqh=128, swn=32, son=131072, skr=131071,
+                    skn=16384, kept_row=0)),
     # faithful prefill's index queries as e4m3 codes (fp8_queries): 32 rows of a head a program
     "fp8_queries": Kernel(
         indexer_score._fp8_queries_kernel,

@@ -64,3 +64,29 @@ for rows, entries, k, tall in ((128, 1 << 20, 512, True), (256, 1 << 19, 512, Tr
                 h200.launch_times(lambda: top_k_ascending_kernel(scores, k, filtered=True)).items()]
     print(f"[top_k] {rows} x {entries}, k {k}: " + ", ".join(line) + f"; one read {read * 1e6:.0f} us"
           + f"; filtered by launch: {', '.join(launches)}", flush=True)
+
+# A prefill slice's rows as a run meets them: an odd entry count (a layer's entries are rarely
+# a multiple of 16), its scores in rows of that length, against the same scores in rows padded
+# to a multiple of 16 with -inf (indexer.PADDED_ROWS): the top-k's loads are 4 bytes wide on
+# the first, 16 on the second (sm_90 SASS). The scores themselves alike (their stores).
+for rows, entries, k in ((128, (1 << 20) - 1, 512), (256, (1 << 19) - 1, 512)):
+    pages, k_off, k_soff = h200.index_key_pages(entries, dev)
+    q = fake_quant_fp4(torch.randn(rows, heads, dim, device=dev), 32)
+    w = torch.randn(rows, heads, device=dev)
+    visible = torch.full((rows,), entries, device=dev)
+    line, picks = [], {}
+    for pad in (False, True):
+        def score(pad=pad):
+            return indexer_scores(q, w, visible, pages, k_off, k_soff, exact_in_bf16=True, tall=True, pad=pad)
+
+        t_score = h200.cuda_time(score, iters=5)
+        scores = score()
+        t_pick = h200.cuda_time(lambda: top_k_ascending_kernel(scores, k, filtered=True), iters=10)
+        picks[pad] = top_k_ascending_kernel(scores, k, filtered=True)
+        label = "padded" if pad else "odd"
+        line.append(f"{label}: scores {t_score * 1e6:.0f} us, top-k {t_pick * 1e6:.0f} us")
+        h200.record("top_k_long_rows", f"n{rows}_N{entries}_k{k}_{label}_rows",
+                    {"scores_us": t_score * 1e6, "top_k_us": t_pick * 1e6,
+                     "one_read_us": scores.numel() * 4 / h200.HBM_BPS * 1e6})
+    print(f"[top_k] {rows} x {entries} (odd), k {k}: " + "; ".join(line)
+          + f"; the same picks: {torch.equal(picks[False], picks[True])}", flush=True)

@@ -174,13 +174,14 @@ def _run_rows(first_ptr, count_ptr, n, block, QB: tl.constexpr, AXIS: tl.constex
 # a candidate pool's row stride and a slice's first row vary with the entries and the slice:
 # one compile (kept_ptr is the pool's storage, always aligned; kept_row the slice's first row)
 @triton.jit(do_not_specialize=["skn", "kept_row"])
-def _indexer_kernel(q_ptr, w_ptr, vis_ptr, page_ptr, k_off, k_soff, o_ptr, first_ptr, count_ptr, n, N, HI,
+def _indexer_kernel(q_ptr, w_ptr, vis_ptr, page_ptr, k_off, k_soff, o_ptr, first_ptr, count_ptr, n, N, NP, HI,
                     sqn, sqh, swn, son, skr, DI: tl.constexpr, QB: tl.constexpr, NB: tl.constexpr,
                     RUNS: tl.constexpr, BF16: tl.constexpr, TMA: tl.constexpr, PDL: tl.constexpr,
                     FP8: tl.constexpr = False, HW_FP8: tl.constexpr = False, kept_ptr=None, skn=0, kept_row=0,
                     KEPT_BLOCK: tl.constexpr = 0):
     """Program (query block, entry block, run): with RUNS, run r's queries are rows
-    first[r] .. first[r] + count[r] and its entries row r of the offset tables. BF16: the
+    first[r] .. first[r] + count[r] and its entries row r of the offset tables. Columns N ..
+    NP - 1 of a row (padded_width) are stored -inf. BF16: the
     queries come as bf16 holding them exactly (FP4-quantized ones do), so one bf16 dot per
     head is exact (the keys are e2m1 times a power of two); otherwise fp32 queries dot at
     three-pass accuracy (dot_exact_rhs). FP8: the queries come as e4m3 codes (fp8_queries,
@@ -226,8 +227,8 @@ def _indexer_kernel(q_ptr, w_ptr, vis_ptr, page_ptr, k_off, k_soff, o_ptr, first
         kept = tl.load(kept_ptr + (kept_row + rq)[:, None].to(tl.int64) * skn + b[None, :],
                        mask=in_run[:, None] & (b * KEPT_BLOCK < N)[None, :], other=0) != 0
         seen = seen & tl.reshape(tl.broadcast_to(kept[:, :, None], (QB, NB // KEPT_BLOCK, KEPT_BLOCK)), (QB, NB))
-    acc = tl.where(seen, acc, float("-inf"))
-    tl.store(o_ptr + rq[:, None] * son + rj[None, :], acc, mask=in_run[:, None] & live[None, :])
+    acc = tl.where(seen & live[None, :], acc, float("-inf"))
+    tl.store(o_ptr + rq[:, None] * son + rj[None, :], acc, mask=in_run[:, None] & (rj < NP)[None, :])
 
 
 @triton.jit
@@ -368,7 +369,7 @@ def indexer_scores(q: torch.Tensor, w: torch.Tensor, visible: torch.Tensor, page
                    runs: tuple[torch.Tensor, torch.Tensor, int] | None = None,
                    exact_in_bf16: bool = False, tall: bool = False, tiles: tuple | None = None,
                    keys_aligned: bool = False, fp8: bool = False, encoded: bool = False,
-                   kept: tuple[torch.Tensor, int] | None = None) -> torch.Tensor:
+                   kept: tuple[torch.Tensor, int] | None = None, pad: bool = False) -> torch.Tensor:
     """key_offsets [N] for one run, or [R, N] with `runs` = (first row [R], rows [R], most rows)
     for several: each run's queries score its own row of entries (one launch for a batch). A
     query's score of an entry is computed the same way in either form, bit for bit, and in
@@ -387,12 +388,14 @@ def indexer_scores(q: torch.Tensor, w: torch.Tensor, visible: torch.Tensor, page
     in slices); only where that form runs (tall_fp8).
     kept (blocks [n, B] bool, block): a candidate pool; entry j of row i scores -inf unless
     blocks[i, j // block] (B * block >= N), in the tall tiles' epilogue (the scores are not
-    read back to mask them), after the launch in the few-query form."""
+    read back to mask them), after the launch in the few-query form.
+    pad: rows of padded_width(N) scores, -inf past N (what the top-k reads: see padded_width)."""
     n, heads, dim = q.shape
     N = key_offsets.shape[-1]
     assert w.shape == (n, heads) and visible.shape == (n,) and pages.dtype == torch.uint8 and dim % 32 == 0
     assert (runs is None) == (key_offsets.dim() == 1)
-    out = torch.empty(n, N, dtype=torch.float32, device=q.device)
+    width = padded_width(N) if pad else N
+    out = torch.empty(n, width, dtype=torch.float32, device=q.device)
     if N == 0 or n == 0:
         return out
     most = n if runs is None else runs[2]
@@ -416,23 +419,37 @@ def indexer_scores(q: torch.Tensor, w: torch.Tensor, visible: torch.Tensor, page
         _few_queries(q, w, visible, pages, key_offsets, key_scale_offsets, out, runs, most, bf16,
                      FEW_ALIGNED_CODES and keys_aligned and pages.data_ptr() % 16 == 0)
         if kept is not None:
-            out.masked_fill_(~candidate_entries(blocks, block, N), float("-inf"))
+            out[:, :N].masked_fill_(~candidate_entries(blocks, block, N), float("-inf"))
+        out[:, N:].fill_(float("-inf"))
         return out
     if runs is None:
         first = count = visible  # unused
-        grid = (triton.cdiv(n, qb), triton.cdiv(N, nb), 1)
+        grid = (triton.cdiv(n, qb), triton.cdiv(width, nb), 1)
     else:
         first, count, most = runs
-        grid = (triton.cdiv(most, qb), triton.cdiv(N, nb), key_offsets.shape[0])
+        grid = (triton.cdiv(most, qb), triton.cdiv(width, nb), key_offsets.shape[0])
     # tall tiles (prefill); TMA wants 16-byte aligned rows
     tma = QUERY_TILES_BY_TMA and qb >= 64 and (q.data_ptr() | q.stride(0) * q.element_size()) % 16 == 0
     queries = TensorDescriptor.from_tensor(q.view(n, heads * dim), [qb, dim]) if tma else q
     _indexer_kernel[grid](queries, w, visible, pages, key_offsets, key_scale_offsets,
-                          out, first, count, n, N, heads, q.stride(0), q.stride(1), w.stride(0), out.stride(0),
+                          out, first, count, n, N, width, heads, q.stride(0), q.stride(1), w.stride(0), out.stride(0),
                           key_offsets.stride(0), DI=dim, QB=qb, NB=nb, RUNS=runs is not None, BF16=bf16,
                           TMA=tma, FP8=fp8, HW_FP8=fp8 and not interpreting(),
                           **_kept_arguments(kept), num_warps=warps, **pdl.options(q.device))
     return out
+
+
+# A padded score row holds a multiple of ROW_ALIGN scores (64 bytes).
+ROW_ALIGN = 16
+
+
+def padded_width(N: int) -> int:
+    """Scores a padded row of N entries holds (indexer_scores' pad). Triton specializes an
+    integer that 16 divides: rows of such a length, -inf past N, are read by the top-k's kernels
+    in 16-byte loads (sm_90: 6 LDGSTS.128 a filter step against 24 LDGSTS of 4 bytes for rows of
+    an odd length, where a row's start and its last block's mask are known only to 4 bytes and 1
+    score), and picked the same: -inf scores are never picked."""
+    return -(-N // ROW_ALIGN) * ROW_ALIGN
 
 
 def candidate_entries(blocks: torch.Tensor, block: int, width: int) -> torch.Tensor:
@@ -556,7 +573,7 @@ def warm_up_counts() -> list[tuple[int, int]]:
 
 
 def scores_warm_up(device: torch.device, heads: int, dim: int, keys_aligned: bool, fp8: bool = False,
-                   kept_block: int = 0) -> None:
+                   kept_block: int = 0, pad: bool = False) -> None:
     """Compile the scoring tiles (FP4-quantized queries), tall (prefill), short and few-query,
     for every specialization of warm_up_counts, before a worker serves; and the batched forms
     (a decode batch's runs in one launch, index_runs), whose rows are never 1. H200,
@@ -569,12 +586,13 @@ def scores_warm_up(device: torch.device, heads: int, dim: int, keys_aligned: boo
     keys_aligned: the serving pool's (CacheLayout.keys_aligned), which picks the few-query
     form's loads and decode. fp8: a faithful worker's, whose tall tiles also take the FP8 form.
     kept_block: a model's candidate pool's block (0: none), whose tall and short tiles then
-    also take the pool's blocks (`kept`)."""
-    launch_all(device, scores_warm_up_launches(device, heads, dim, keys_aligned, fp8, kept_block))
+    also take the pool's blocks (`kept`). pad: a run's rows padded as a worker pads them
+    (indexer.PADDED_ROWS: the padded width and row stride are specialized on); a batch's are not."""
+    launch_all(device, scores_warm_up_launches(device, heads, dim, keys_aligned, fp8, kept_block, pad))
 
 
 def scores_warm_up_launches(device: torch.device, heads: int, dim: int, keys_aligned: bool, fp8: bool = False,
-                            kept_block: int = 0) -> list[Callable[[], object]]:
+                            kept_block: int = 0, pad: bool = False) -> list[Callable[[], object]]:
     """scores_warm_up's launches (for compile_threads.launch_all); the FP8 queries' encode they
     read is launched here."""
     launches = []
@@ -595,7 +613,7 @@ def scores_warm_up_launches(device: torch.device, heads: int, dim: int, keys_ali
                 launches.append(functools.partial(
                     _warm_up_scores, queries[0][:n], queries[1][:n], torch.full((n,), N, device=device), pages,
                     offsets, offsets, exact_in_bf16=True, tall=tall, keys_aligned=keys_aligned, fp8=on_fp8,
-                    encoded=on_fp8, kept=kept))
+                    encoded=on_fp8, kept=kept, pad=pad))
     for n, N in warm_up_counts():
         if n > 1:  # two runs, the second from row n // 2
             offsets = torch.zeros(2, N, dtype=torch.long, device=device)

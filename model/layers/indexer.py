@@ -36,6 +36,10 @@ _SCORE_BUDGET = 1 << 27
 # H200, forty-second session: a 256K faithful prefill in 16K chunks 10.78 s against 11.07,
 # its last logits the same to the bit.
 TOP_K_BESIDE = True
+# A long prompt's score rows padded to a multiple of 16 scores, -inf past the layer's entries
+# (indexer_score.padded_width): the top-k's kernels then read them in 16-byte loads (an odd
+# row length left them 4-byte loads). Untimed (forty-third session); off: rows of the entries.
+PADDED_ROWS = True
 _SIDE_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
 
 
@@ -62,7 +66,7 @@ def warm_up_launches(device: torch.device, cfg: ModelConfig, layout: CacheLayout
     """warm_up's launches, both kernels' on one list (their compiles overlap on threads)."""
     return top_k.warm_up_launches(device, top_k_rows(cfg)) + scores_warm_up_launches(
         device, cfg.index_n_heads, cfg.index_head_dim, layout.keys_aligned, fp8=faithful,
-        kept_block=cfg.candidate_block_size if cfg.candidate_source_layer >= 0 else 0)
+        kept_block=cfg.candidate_block_size if cfg.candidate_source_layer >= 0 else 0, pad=PADDED_ROWS)
 
 
 def largest_top_k_slice(cfg: ModelConfig, rows: int, longest: int) -> tuple[int, int] | None:
@@ -83,8 +87,15 @@ def largest_top_k_slice(cfg: ModelConfig, rows: int, longest: int) -> tuple[int,
 
 def top_k_work_bytes(cfg: ModelConfig, rows: int, longest: int) -> int:
     """The work memory of largest_top_k_slice's top-k (its scores too), 0 where there is none."""
-    shape = largest_top_k_slice(cfg, rows, longest)
+    shape = _scores_shape(largest_top_k_slice(cfg, rows, longest))
     return 0 if shape is None else top_k.work_bytes(*shape, cfg.index_topk) + shape[0] * shape[1] * 4
+
+
+def _scores_shape(slice_shape: tuple[int, int] | None) -> tuple[int, int] | None:
+    """(queries, entries) of a score slice -> the shape of its scores as the top-k gets them."""
+    if slice_shape is None or not PADDED_ROWS:
+        return slice_shape
+    return slice_shape[0], indexer_score.padded_width(slice_shape[1])
 
 
 def reserve_top_k_work(device: torch.device, cfg: ModelConfig, rows: int, longest: int) -> None:
@@ -94,7 +105,7 @@ def reserve_top_k_work(device: torch.device, cfg: ModelConfig, rows: int, longes
     fails there, not on a user's prompt. (The caching allocator keeps the memory for it, but
     gives cached blocks back when another allocation would fail: call this after the worker's
     other start-up allocations.)"""
-    shape = largest_top_k_slice(cfg, rows, longest)
+    shape = _scores_shape(largest_top_k_slice(cfg, rows, longest))
     if shape is None:
         return
     scores = torch.randn(*shape, device=device)
@@ -157,7 +168,8 @@ def _kernel_scores(run, role, q, w, visible, total, qat: bool, fp8: bool):
 
     def score(lo: int, hi: int, kept: tuple[torch.Tensor, int] | None = None) -> torch.Tensor:
         return indexer_scores(q[lo:hi], w[lo:hi], visible[lo:hi], pages, key_off, key_soff, exact_in_bf16=qat,
-                              tall=tall, keys_aligned=cache.layout.keys_aligned, fp8=fp8, encoded=encoded, kept=kept)
+                              tall=tall, keys_aligned=cache.layout.keys_aligned, fp8=fp8, encoded=encoded, kept=kept,
+                              pad=PADDED_ROWS)
 
     return score
 
@@ -205,8 +217,8 @@ def index(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, xa: torch.Tensor
             kept = (None if candidates_in is None or role.is_candidate_source
                     else (candidates_in[lo:hi], cfg.candidate_block_size))
             scores = score(lo, hi, kept)
-            if role.is_candidate_source:
-                pools.append(select_candidate_blocks(scores, visible[lo:hi], cfg.candidate_topk_blocks,
+            if role.is_candidate_source:  # (a padded row's -inf past `total` is not a block of its own)
+                pools.append(select_candidate_blocks(scores[:, :total], visible[lo:hi], cfg.candidate_topk_blocks,
                                                      cfg.candidate_block_size))
             picks.append(pick(scores, k))
     finally:

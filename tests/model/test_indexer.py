@@ -161,7 +161,7 @@ def test_the_largest_top_k_slice_takes_the_most_work_memory(rows):
     take 4 GiB, and the tiny checkpoint's k = 4 up to 8 GiB."""
     from types import SimpleNamespace
 
-    from dsflash.model.kernels import top_k
+    from dsflash.model.kernels import indexer_score, top_k
     from dsflash.model.layers import indexer
 
     for k in (512, 4):
@@ -174,7 +174,12 @@ def test_the_largest_top_k_slice_takes_the_most_work_memory(rows):
         assert queries == min(rows, indexer._SCORE_BUDGET // entries)
         lengths = [n + d for n in range(top_k.FILTER_SHARE * k, 1 << 20, 512) for d in (0, 1, 7)]
         assert work(entries) == max(work(n) for n in lengths) > 0
-        assert indexer.top_k_work_bytes(cfg, rows, 1 << 20) == work(entries) + queries * entries * 4
+        # the scores' rows padded (PADDED_ROWS): the same work (a padded length stays inside its
+        # block of 512, whose multiples 16 divides), and the padded scores
+        width = indexer_score.padded_width(entries)
+        assert all(top_k.work_bytes(min(rows, max(1, indexer._SCORE_BUDGET // n)), indexer_score.padded_width(n), k)
+                   == work(n) for n in lengths[::97])
+        assert indexer.top_k_work_bytes(cfg, rows, 1 << 20) == work(entries) + queries * width * 4
         assert work(entries) < 1.75 * 2**30 and work(65536) <= 1 << 30
         # prompts too short for the filtered form (a small pool, a short context): nothing to hold
         assert indexer.largest_top_k_slice(cfg, rows, top_k.FILTER_SHARE * k - 1) is None

@@ -1014,6 +1014,36 @@ def test_a_candidate_pool_masks_the_scores_where_they_are_made(form, block, page
         assert torch.equal(got, want)
 
 
+@pytest.mark.parametrize("form", ["tall", "tall_fp8", "short", "few"])
+def test_padded_score_rows_hold_the_scores_then_minus_inf(form, paged, monkeypatch):
+    """indexer_scores' pad: rows of padded_width(N) (a multiple of 16), the unpadded scores bit
+    for bit, then -inf, in every form, with a candidate pool too; and the top-k picks the same
+    entries from the padded rows."""
+    from dsflash.model.kernels import indexer_score
+    from dsflash.model.layers.indexer import top_k_ascending
+
+    monkeypatch.setattr(indexer_score, "TALL_FP8", form == "tall_fp8")
+    g = _g(9)
+    cache, source = paged, 7
+    total = cache.num_entries(source)
+    assert total % 16  # a row that pads
+    n = 3 if form == "few" else 70
+    q, w = fake_quant_fp4(torch.randn(n, 16, 32, generator=g), 32), torch.randn(n, 16, generator=g)
+    visible = torch.randint(0, total + 1, (n,), generator=g)
+    k_off, k_soff = cache.entry_offsets(source, torch.arange(total), kind="key")
+    dev = lambda t: t.to(DEVICE)  # noqa: E731
+    args = (dev(q), dev(w), dev(visible), dev(cache.pool.pages_buffer), dev(k_off), dev(k_soff))
+    kw = dict(exact_in_bf16=True, tall=form.startswith("tall"), fp8=form == "tall_fp8")
+    width = indexer_score.padded_width(total)
+    assert width % 16 == 0 and total < width < total + 16
+    for kept in (None, ((torch.rand(n, -(-total // 4), generator=g) < 0.5).to(DEVICE), 4)):
+        want = indexer_scores(*args, **kw, kept=kept).cpu()
+        got = indexer_scores(*args, **kw, kept=kept, pad=True).cpu()
+        assert got.shape == (n, width) and torch.equal(got[:, :total], want)
+        assert bool((got[:, total:] == float("-inf")).all())
+        assert torch.equal(top_k_ascending(got, 8), top_k_ascending(want, 8))
+
+
 @pytest.mark.parametrize("heads, columns, blocks", [(16, 256, None), (16, 64, None), (12, 64, None),
                                                     (16, 256, ((64, 4), 1))])
 @pytest.mark.parametrize("rows", [1, 6, 9, 16])
@@ -1156,6 +1186,34 @@ def test_the_scores_warm_up_meets_every_specialization_of_its_counts():
         indexer_score.scores_warm_up(torch.device(DEVICE), 4, 32, False)
     assert sorted(launched) == sorted([(n, N, tall, False) for tall in (True, False) for n, N in counts]
                                       + [(n, N, False, True) for n, N in counts if n > 1])
+
+
+@pytest.mark.parametrize("padded", [False, True])
+def test_a_workers_scores_warm_up_pads_a_runs_rows_as_its_prefill_pads_them(padded, monkeypatch):
+    """indexer.PADDED_ROWS reaches the warm-up: each single run's launch pads its rows as
+    index() pads them (the padded width and row stride are what Triton specializes on), a
+    batch's (index_runs) do not."""
+    from types import SimpleNamespace
+
+    from dsflash.model.kernels import indexer_score
+    from dsflash.model.layers import indexer
+
+    monkeypatch.setattr(indexer, "PADDED_ROWS", padded)
+    pads = []
+    real = indexer_score.indexer_scores
+
+    def scores(q, w, visible, *args, **kw):
+        pads.append((len(args) > 3, kw.get("pad", False)))
+        return real(q, w, visible, *args, **kw)
+
+    monkeypatch.setattr(indexer_score, "indexer_scores", scores)
+    cfg = SimpleNamespace(index_n_heads=4, index_head_dim=32, candidate_source_layer=-1, candidate_block_size=8,
+                          index_topk=4, max_position_embeddings=64)
+    launches = indexer.warm_up_launches(torch.device(DEVICE), cfg, SimpleNamespace(keys_aligned=False))
+    for launch in launches:
+        launch()
+    assert {pad for batched, pad in pads if not batched} == {padded}
+    assert {pad for batched, pad in pads if batched} == {False}
 
 
 @pytest.mark.parametrize("keys_aligned, fp8, kept_block", [(False, False, 0), (True, False, 0), (True, True, 0),
