@@ -271,8 +271,8 @@ def _weighted_heads(keys, q, w, acc, NB: tl.constexpr, QC: tl.constexpr, GH: tl.
     return tl.sum(terms, axis=1)
 
 
-@triton.jit(do_not_specialize=["n", "N", "son", "skr", "programs"])  # one compile for every count
-def _indexer_few_kernel(q_ptr, w_ptr, vis_ptr, page_ptr, k_off, k_soff, o_ptr, first_ptr, count_ptr, n, N, HI,
+@triton.jit(do_not_specialize=["n", "N", "NP", "son", "skr", "programs"])  # one compile for every count
+def _indexer_few_kernel(q_ptr, w_ptr, vis_ptr, page_ptr, k_off, k_soff, o_ptr, first_ptr, count_ptr, n, N, NP, HI,
                         sqn, sqh, swn, son, skr, programs, DI: tl.constexpr, QN: tl.constexpr, QC: tl.constexpr,
                         GH: tl.constexpr, NB: tl.constexpr, RUNS: tl.constexpr, BF16: tl.constexpr,
                         CHAIN: tl.constexpr, HOIST: tl.constexpr, ALIGNED: tl.constexpr, PTX: tl.constexpr,
@@ -317,7 +317,7 @@ def _indexer_few_kernel(q_ptr, w_ptr, vis_ptr, page_ptr, k_off, k_soff, o_ptr, f
                     acc = _weighted_heads(keys, qg, wg, acc, NB, QC, GH, BF16)
             visible = tl.load(vis_ptr + rq, mask=in_run, other=0)
             acc = tl.where(rj[:, None] < visible[None, :], acc, float("-inf"))
-            tl.store(o_ptr + rq[None, :] * son + rj[:, None], acc, mask=live[:, None] & in_run[None, :])
+            tl.store(o_ptr + rq[None, :] * son + rj[:, None], acc, mask=(rj < NP)[:, None] & in_run[None, :])
 
 
 # (queries, entries, warps) per program: decode-sized runs, and runs of TALL_RUN rows and more
@@ -420,7 +420,6 @@ def indexer_scores(q: torch.Tensor, w: torch.Tensor, visible: torch.Tensor, page
                      FEW_ALIGNED_CODES and keys_aligned and pages.data_ptr() % 16 == 0)
         if kept is not None:
             out[:, :N].masked_fill_(~candidate_entries(blocks, block, N), float("-inf"))
-        out[:, N:].fill_(float("-inf"))
         return out
     if runs is None:
         first = count = visible  # unused
@@ -553,8 +552,8 @@ def _few_queries(q, w, visible, pages, key_offsets, key_scale_offsets, out, runs
     programs = min(triton.cdiv(N, nb), triton.cdiv(FEW_PROGRAMS, launches))
     # num_stages=1: pipelined, the queries reloaded a block took 400 KB of shared memory
     _indexer_few_kernel[(programs, launches)](
-        q, w, visible, pages, key_offsets, key_scale_offsets, out, first, count, n, N, heads, q.stride(0), q.stride(1),
-        w.stride(0), out.stride(0), key_offsets.stride(0), programs, DI=dim, QN=columns, QC=chunk, GH=group, NB=nb,
+        q, w, visible, pages, key_offsets, key_scale_offsets, out, first, count, n, N, out.shape[1], heads, q.stride(0),
+        q.stride(1), w.stride(0), out.stride(0), key_offsets.stride(0), programs, DI=dim, QN=columns, QC=chunk, GH=group, NB=nb,
         RUNS=runs is not None, BF16=bf16, CHAIN=group < heads, HOIST=columns == chunk and group >= heads,
         ALIGNED=aligned, PTX=FEW_PTX_DECODE and not interpreting(), num_warps=warps, num_stages=1,
         **pdl.options(q.device))
