@@ -585,8 +585,8 @@ def scores_warm_up(device: torch.device, heads: int, dim: int, keys_aligned: boo
     keys_aligned: the serving pool's (CacheLayout.keys_aligned), which picks the few-query
     form's loads and decode. fp8: a faithful worker's, whose tall tiles also take the FP8 form.
     kept_block: a model's candidate pool's block (0: none), whose tall and short tiles then
-    also take the pool's blocks (`kept`). pad: a run's rows padded as a worker pads them
-    (indexer.PADDED_ROWS: the padded width and row stride are specialized on); a batch's are not."""
+    also take the pool's blocks (`kept`). pad: rows padded as a worker pads them
+    (indexer.PADDED_ROWS: the padded width and row stride are specialized on)."""
     launch_all(device, scores_warm_up_launches(device, heads, dim, keys_aligned, fp8, kept_block, pad))
 
 
@@ -620,7 +620,7 @@ def scores_warm_up_launches(device: torch.device, heads: int, dim: int, keys_ali
             count = torch.tensor([n // 2, n - n // 2], device=device)
             launches.append(functools.partial(
                 _warm_up_scores, q[:n], w[:n], torch.full((n,), N, device=device), pages, offsets, offsets,
-                (first, count, n - n // 2), exact_in_bf16=True, keys_aligned=keys_aligned))
+                (first, count, n - n // 2), exact_in_bf16=True, keys_aligned=keys_aligned, pad=pad))
     return launches
 
 

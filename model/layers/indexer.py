@@ -36,9 +36,10 @@ _SCORE_BUDGET = 1 << 27
 # H200, forty-second session: a 256K faithful prefill in 16K chunks 10.78 s against 11.07,
 # its last logits the same to the bit.
 TOP_K_BESIDE = True
-# A long prompt's score rows padded to a multiple of 16 scores, -inf past the layer's entries
+# A run's score rows padded to a multiple of 16 scores, -inf past the layer's entries
 # (indexer_score.padded_width): the top-k's kernels then read them in 16-byte loads (an odd
-# row length left them 4-byte loads). Untimed (forty-third session); off: rows of the entries.
+# row length left them 4-byte loads: a decode step's every other token, a prompt's last
+# chunk). Untimed (forty-third session); off: rows of the entries.
 PADDED_ROWS = True
 _SIDE_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
 
@@ -300,12 +301,12 @@ def index_runs(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, xa: torch.T
     key_off, key_soff, first, count = _key_tables(runs, role.kv_source, totals, q.device)
     scores = indexer_scores(q, w, visible, runs[0].cache.pool.pages_buffer, key_off, key_soff,
                             (first, count, max(run.n for run in runs)), exact_in_bf16=True,
-                            keys_aligned=runs[0].cache.layout.keys_aligned)
+                            keys_aligned=runs[0].cache.layout.keys_aligned, pad=PADDED_ROWS)
     if role.is_candidate_source:
-        pool = select_candidate_blocks(scores, visible, cfg.candidate_topk_blocks, block)
+        pool = select_candidate_blocks(scores[:, :width], visible, cfg.candidate_topk_blocks, block)
         runs[0].shared[("candidate pool", offsets(runs))] = pool, width
     elif candidates is not None:
-        scores = scores.masked_fill(~candidate_entries(candidates, block, width), float("-inf"))
+        scores[:, :width].masked_fill_(~candidate_entries(candidates, block, width), float("-inf"))
     picks = top_k_ascending(scores, min(cfg.index_topk, width))
     for run, total in zip(runs, totals):
         run.shared["topk"] = picks[run.rows, :min(cfg.index_topk, total)]

@@ -1017,8 +1017,8 @@ def test_a_candidate_pool_masks_the_scores_where_they_are_made(form, block, page
 @pytest.mark.parametrize("form", ["tall", "tall_fp8", "short", "few"])
 def test_padded_score_rows_hold_the_scores_then_minus_inf(form, paged, monkeypatch):
     """indexer_scores' pad: rows of padded_width(N) (a multiple of 16), the unpadded scores bit
-    for bit, then -inf, in every form, with a candidate pool too; and the top-k picks the same
-    entries from the padded rows."""
+    for bit, then -inf, in every form, alone and batched, with a candidate pool too; and the
+    top-k picks the same entries from the padded rows."""
     from dsflash.model.kernels import indexer_score
     from dsflash.model.layers.indexer import top_k_ascending
 
@@ -1042,6 +1042,11 @@ def test_padded_score_rows_hold_the_scores_then_minus_inf(form, paged, monkeypat
         assert got.shape == (n, width) and torch.equal(got[:, :total], want)
         assert bool((got[:, total:] == float("-inf")).all())
         assert torch.equal(top_k_ascending(got, 8), top_k_ascending(want, 8))
+        # two runs of the same rows in one launch (index_runs), padded alike
+        runs = (dev(torch.tensor([0, n // 2])), dev(torch.tensor([n // 2, n - n // 2])), n - n // 2)
+        batched = (dev(torch.stack([k_off, k_off])), dev(torch.stack([k_soff, k_soff])))
+        got = indexer_scores(*args[:4], *batched, runs, **kw, kept=kept, pad=True).cpu()
+        assert torch.equal(got[:, :total], want) and bool((got[:, total:] == float("-inf")).all())
 
 
 @pytest.mark.parametrize("heads, columns, blocks", [(16, 256, None), (16, 64, None), (12, 64, None),
@@ -1190,9 +1195,8 @@ def test_the_scores_warm_up_meets_every_specialization_of_its_counts():
 
 @pytest.mark.parametrize("padded", [False, True])
 def test_a_workers_scores_warm_up_pads_a_runs_rows_as_its_prefill_pads_them(padded, monkeypatch):
-    """indexer.PADDED_ROWS reaches the warm-up: each single run's launch pads its rows as
-    index() pads them (the padded width and row stride are what Triton specializes on), a
-    batch's (index_runs) do not."""
+    """indexer.PADDED_ROWS reaches the warm-up: each launch pads its rows as index() and
+    index_runs pad them (the padded width and row stride are what Triton specializes on)."""
     from types import SimpleNamespace
 
     from dsflash.model.kernels import indexer_score
@@ -1213,7 +1217,7 @@ def test_a_workers_scores_warm_up_pads_a_runs_rows_as_its_prefill_pads_them(padd
     for launch in launches:
         launch()
     assert {pad for batched, pad in pads if not batched} == {padded}
-    assert {pad for batched, pad in pads if batched} == {False}
+    assert {pad for batched, pad in pads if batched} == {padded}
 
 
 @pytest.mark.parametrize("keys_aligned, fp8, kept_block", [(False, False, 0), (True, False, 0), (True, True, 0),
