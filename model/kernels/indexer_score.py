@@ -316,7 +316,7 @@ def _indexer_few_kernel(q_ptr, w_ptr, vis_ptr, page_ptr, k_off, k_soff, o_ptr, f
                     qg, wg = _head_queries(q_ptr, w_ptr, rq, in_run, g, HI, sqn, sqh, swn, DI, QC, GH)
                     acc = _weighted_heads(keys, qg, wg, acc, NB, QC, GH, BF16)
             visible = tl.load(vis_ptr + rq, mask=in_run, other=0)
-            acc = tl.where(rj[:, None] < visible[None, :], acc, float("-inf"))
+            acc = tl.where((rj[:, None] < visible[None, :]) & live[:, None], acc, float("-inf"))
             tl.store(o_ptr + rq[None, :] * son + rj[:, None], acc, mask=(rj < NP)[:, None] & in_run[None, :])
 
 

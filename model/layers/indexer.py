@@ -48,7 +48,7 @@ def top_k_rows(cfg: ModelConfig) -> dict[int, int]:
     """The longest score rows the indexer's top-k takes at each k, for prompts of up to the
     model's positions (what a worker's warm-up compiles for: top_k.warm_up): entries of a
     whole layer at index_topk, and the candidate pool's blocks at candidate_topk_blocks."""
-    longest = {cfg.index_topk: cfg.max_position_embeddings}
+    longest = {cfg.index_topk: _row_width(cfg.max_position_embeddings)}
     if cfg.candidate_source_layer >= 0:
         blocks = -(-cfg.max_position_embeddings // cfg.candidate_block_size)
         longest[cfg.candidate_topk_blocks] = max(longest.get(cfg.candidate_topk_blocks, 0), blocks)
@@ -77,10 +77,14 @@ def largest_top_k_slice(cfg: ModelConfig, rows: int, longest: int) -> tuple[int,
     None where no slice takes the filtered form. At k = 512: 1,008 x 133,121 entries, 1.7 GiB
     (the places a power of two just past 131,072; 1 GiB at 65,536, 256 MiB at 1M)."""
     k = cfg.index_topk
+    most = min(longest, cfg.max_position_embeddings)
+    lengths = set(top_k.filtered_lengths(k, _row_width(most)))
+    if PADDED_ROWS:  # the fewest entries whose padded rows are that long (a slice's queries follow the entries)
+        lengths |= {n - indexer_score.ROW_ALIGN + 1 for n in lengths}
     best, shape = 0, None
-    for entries in top_k.filtered_lengths(k, min(longest, cfg.max_position_embeddings)):
+    for entries in sorted(n for n in lengths if 1 <= n <= most):
         queries = max(1, min(rows, _SCORE_BUDGET // entries))
-        work = top_k.work_bytes(queries, entries, k)
+        work = top_k.work_bytes(queries, _row_width(entries), k)
         if work > best:
             best, shape = work, (queries, entries)
     return shape
@@ -94,9 +98,12 @@ def top_k_work_bytes(cfg: ModelConfig, rows: int, longest: int) -> int:
 
 def _scores_shape(slice_shape: tuple[int, int] | None) -> tuple[int, int] | None:
     """(queries, entries) of a score slice -> the shape of its scores as the top-k gets them."""
-    if slice_shape is None or not PADDED_ROWS:
-        return slice_shape
-    return slice_shape[0], indexer_score.padded_width(slice_shape[1])
+    return None if slice_shape is None else (slice_shape[0], _row_width(slice_shape[1]))
+
+
+def _row_width(entries: int) -> int:
+    """Scores a row of `entries` holds as the top-k gets it (PADDED_ROWS)."""
+    return indexer_score.padded_width(entries) if PADDED_ROWS else entries
 
 
 def reserve_top_k_work(device: torch.device, cfg: ModelConfig, rows: int, longest: int) -> None:

@@ -167,23 +167,24 @@ def test_the_largest_top_k_slice_takes_the_most_work_memory(rows):
     for k in (512, 4):
         cfg = SimpleNamespace(index_topk=k, max_position_embeddings=1 << 20)
 
-        def work(entries: int) -> int:
-            return top_k.work_bytes(min(rows, max(1, indexer._SCORE_BUDGET // entries)), entries, k)
+        def work(entries: int) -> int:  # a slice's queries follow its entries, its top-k its padded rows
+            queries = min(rows, max(1, indexer._SCORE_BUDGET // entries))
+            return top_k.work_bytes(queries, indexer_score.padded_width(entries), k)
 
         queries, entries = indexer.largest_top_k_slice(cfg, rows, 1 << 20)
         assert queries == min(rows, indexer._SCORE_BUDGET // entries)
-        lengths = [n + d for n in range(top_k.FILTER_SHARE * k, 1 << 20, 512) for d in (0, 1, 7)]
+        first = top_k.FILTER_SHARE * k
+        lengths = [n + d for n in range(first, 1 << 20, 512) for d in (0, 1, 7)] + list(range(first - 20, first))
         assert work(entries) == max(work(n) for n in lengths) > 0
-        # the scores' rows padded (PADDED_ROWS): the same work (a padded length stays inside its
-        # block of 512, whose multiples 16 divides), and the padded scores
         width = indexer_score.padded_width(entries)
-        assert all(top_k.work_bytes(min(rows, max(1, indexer._SCORE_BUDGET // n)), indexer_score.padded_width(n), k)
-                   == work(n) for n in lengths[::97])
         assert indexer.top_k_work_bytes(cfg, rows, 1 << 20) == work(entries) + queries * width * 4
+        # rows just short of the filtered form's, padded into it (PADDED_ROWS): their work counts
+        assert indexer.largest_top_k_slice(cfg, rows, first - 15) == (min(rows, indexer._SCORE_BUDGET // (first - 15)),
+                                                                       first - 15)
         assert work(entries) < 1.75 * 2**30 and work(65536) <= 1 << 30
         # prompts too short for the filtered form (a small pool, a short context): nothing to hold
-        assert indexer.largest_top_k_slice(cfg, rows, top_k.FILTER_SHARE * k - 1) is None
-        assert indexer.top_k_work_bytes(cfg, rows, top_k.FILTER_SHARE * k - 1) == 0
+        assert indexer.largest_top_k_slice(cfg, rows, first - 16) is None
+        assert indexer.top_k_work_bytes(cfg, rows, first - 16) == 0
 
 
 @pytest.mark.gpu

@@ -1047,6 +1047,9 @@ def test_padded_score_rows_hold_the_scores_then_minus_inf(form, paged, monkeypat
         batched = (dev(torch.stack([k_off, k_off])), dev(torch.stack([k_soff, k_soff])))
         got = indexer_scores(*args[:4], *batched, runs, **kw, kept=kept, pad=True).cpu()
         assert torch.equal(got[:, :total], want) and bool((got[:, total:] == float("-inf")).all())
+    # a query that would see past the entries scores none of the padding (its keys load as zeros)
+    beyond = indexer_scores(args[0], -args[1].abs(), dev(torch.full((n,), total + 5)), *args[3:], **kw, pad=True).cpu()
+    assert bool((beyond[:, total:] == float("-inf")).all()) and torch.isfinite(beyond[:, :total]).all()
 
 
 @pytest.mark.parametrize("heads, columns, blocks", [(16, 256, None), (16, 64, None), (12, 64, None),
