@@ -13,8 +13,8 @@ decode GEMM's transposed kernel (skinny: 6 activation rows of an FP8 weight in 8
 mode's three parts cut in the kernel, mma.sync as shipped), the routed experts' gate/up and
 down kernels at batch 1's 2-pair blocks (gate_up, down: exact mode's three parts as dot
 columns), the indexer's scores in prefill's tiles (indexer) and in decode's few-query form
-(indexer_few: 32 heads in one dot, aligned keys decoded in PTX), and faithful prefill
-attention's Gluon form (attention_gluon). --loop adds the main loop's SASS instructions a
+(indexer_few: 32 heads in one dot, aligned keys decoded in PTX), the top-k's filtering launch
+(top_k_filter), and faithful prefill attention's Gluon form (attention_gluon). --loop adds the main loop's SASS instructions a
 thread by opcode (the twelfth to twenty-fourth sessions' counts came from it or its throwaway
 forms). The H200 machines run Triton 3.6: for their code, put a Triton 3.6 wheel's contents
 first on PYTHONPATH.
@@ -37,7 +37,7 @@ from triton.compiler import ASTSource
 
 from triton.experimental.gluon._runtime import GluonASTSource
 
-from dsflash.model.kernels import fp4_moe, fp8_blockwise, fp8_gemm, indexer_score, sparse_attention_gluon
+from dsflash.model.kernels import fp4_moe, fp8_blockwise, fp8_gemm, indexer_score, sparse_attention_gluon, top_k
 from dsflash.model.kernels import sparse_attention as sa
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
@@ -152,6 +152,17 @@ KERNELS = {
         ";SWIGLU=1,WEIGHTED=1;TILE_ROWS=32,TILE_BLOCKS=1;TILE_ROWS=32,TILE_BLOCKS=1,SWIGLU=1,WEIGHTED=1"
         ";ROUND_FIRST=1;TILE_ROWS=32,TILE_BLOCKS=1,ROUND_FIRST=1;GATHER=1",
         sample=dict(M=98304, ROWS=98304, K_ALL=2304, sxm=4608)),
+    # the top-k's filtering launch over score rows padded to a multiple of 16 (indexer.PADDED_ROWS):
+    # 256 rows of 512K entries (a prefill slice), 32 chunks a row. Rows of an odd length made its
+    # loads 4-byte LDGSTS (24 a step against 6 LDGSTS.128), forty-third session
+    "top_k_filter": Kernel(
+        top_k._filter_kernel,
+        {"x_ptr": "*fp32", "floor_ptr": "*i32", "kept_ptr": "*fp32", "id_ptr": "*i32", "count_ptr": "*i32",
+         "top_ptr": "*i32"},
+        dict(CAPACITY=top_k.CAPACITY, BLOCK=top_k.FILTER_PLANS["many rows"].block, STAGES=top_k.FILTER_STAGES,
+             ATOMIC=True, num_warps=top_k.FILTER_WARPS, num_stages=3, PDL=False),
+        ";ATOMIC=0",
+        sample=dict(N=524288, sxr=524288, chunk_len=16384)),
     # decode's few-query form: a verify block's 6 queries against 1M entries, the 32 heads in one dot
     "indexer_few": Kernel(
         indexer_score._indexer_few_kernel,
