@@ -22,16 +22,23 @@ from dsflash.model.kernels.top_k import top_k_ascending_kernel, top_k_ascending_
 from dsflash.model.quant import fake_quant_fp4  # noqa: E402
 
 dev, heads, dim = "cuda", 32, 128
+
+
+def slice_inputs(rows: int, entries: int) -> tuple:
+    """(q, w, visible, pages, key offsets, key scale offsets) of a score slice: FP4-quantized
+    queries against `entries` FP4 keys, every entry visible."""
+    pages, k_off, k_soff = h200.index_key_pages(entries, dev)
+    q = fake_quant_fp4(torch.randn(rows, heads, dim, device=dev), 32)
+    return q, torch.randn(rows, heads, device=dev), torch.full((rows,), entries, device=dev), pages, k_off, k_soff
+
+
 torch.manual_seed(0)
 for rows, entries, k, tall in ((128, 1 << 20, 512, True), (256, 1 << 19, 512, True), (512, 1 << 18, 512, True),
                                (6, 1 << 20, 512, False), (48, 1 << 17, 2048, False)):
-    pages, k_off, k_soff = h200.index_key_pages(entries, dev)
-    q = fake_quant_fp4(torch.randn(rows, heads, dim, device=dev), 32)
-    w = torch.randn(rows, heads, device=dev)
-    visible = torch.full((rows,), entries, device=dev)
+    inputs = slice_inputs(rows, entries)
 
     def score():
-        return indexer_scores(q, w, visible, pages, k_off, k_soff, exact_in_bf16=True, tall=tall)
+        return indexer_scores(*inputs, exact_in_bf16=True, tall=tall)
 
     t_score = h200.cuda_time(score, iters=5)
     scores = score()
@@ -70,14 +77,11 @@ for rows, entries, k, tall in ((128, 1 << 20, 512, True), (256, 1 << 19, 512, Tr
 # to a multiple of 16 with -inf (indexer.PADDED_ROWS): the top-k's loads are 4 bytes wide on
 # the first, 16 on the second (sm_90 SASS). The scores themselves alike (their stores).
 for rows, entries, k in ((128, (1 << 20) - 1, 512), (256, (1 << 19) - 1, 512)):
-    pages, k_off, k_soff = h200.index_key_pages(entries, dev)
-    q = fake_quant_fp4(torch.randn(rows, heads, dim, device=dev), 32)
-    w = torch.randn(rows, heads, device=dev)
-    visible = torch.full((rows,), entries, device=dev)
+    inputs = slice_inputs(rows, entries)
     line, picks = [], {}
     for pad in (False, True):
         def score(pad=pad):
-            return indexer_scores(q, w, visible, pages, k_off, k_soff, exact_in_bf16=True, tall=True, pad=pad)
+            return indexer_scores(*inputs, exact_in_bf16=True, tall=True, pad=pad)
 
         t_score = h200.cuda_time(score, iters=5)
         scores = score()

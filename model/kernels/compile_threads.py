@@ -97,9 +97,5 @@ def _bind_kernels(index: int) -> None:
         if module is None or not name.startswith(package):
             continue
         for value in list(vars(module).values()):
-            for _ in range(3):  # autotuners and heuristics wrap the kernel as .fn
-                if isinstance(value, JITFunction) or not hasattr(value, "fn"):
-                    break
-                value = value.fn
-            if isinstance(value, JITFunction):
+            if isinstance(value, JITFunction):  # (Gluon kernels too; the package wraps none in autotuners)
                 value.device_caches[index]  # (reading it makes it)
