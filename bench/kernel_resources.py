@@ -37,7 +37,8 @@ from triton.compiler import ASTSource
 
 from triton.experimental.gluon._runtime import GluonASTSource
 
-from dsflash.model.kernels import fp4_moe, fp8_blockwise, fp8_gemm, indexer_score, sparse_attention_gluon, top_k
+from dsflash.model.kernels import (fp4_moe, fp8_blockwise, fp8_gemm, hc_streams, indexer_score,
+                                   sparse_attention_gluon, top_k)
 from dsflash.model.kernels import sparse_attention as sa
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
@@ -163,6 +164,23 @@ KERNELS = {
              ATOMIC=True, num_warps=top_k.FILTER_WARPS, num_stages=3, PDL=False),
         ";ATOMIC=0",
         sample=dict(N=524288, sxr=524288, chunk_len=16384)),
+    # a prefill mHC site in one read of its streams (hc_streams.hc_site): the FFN site's with the
+    # attention's expand (the shipped tiles), the attention site's without, and other tiles
+    "hc_site": Kernel(
+        hc_streams._hc_site_kernel,
+        {**{n: "*fp32" for n in ("x_ptr", "y_ptr", "post_ptr", "comb_ptr", "pre_ptr", "fn_ptr", "w_ptr",
+                                 "streams_ptr", "mixes_ptr", "row_ptr")}, "mix_eps": "fp32", "norm_eps": "fp32"},
+        dict(S=4, NP=32, EXPAND=True, PDL=False, TF32_HEADS=True, **hc_streams.SITE_TILES),
+        ";EXPAND=0;TF32_HEADS=0;EXPAND=0,TF32_HEADS=0;TB=64,BLOCK=32;TB=128,BLOCK=16;num_warps=4;EXPAND=0,num_warps=4",
+        sample=dict(T=16384, H=5120, N=24, sxt=20480, sxs=5120, syt=5120, sst=20480, sss=5120, sfn=20480, smt=24,
+                    srt=5120)),
+    # a prefill mHC site's mixes alone (hc_streams.hc_mixes, shipped while hc_site is off)
+    "hc_mixes": Kernel(
+        hc_streams._hc_mixes_kernel,
+        {"x_ptr": "*fp32", "fn_ptr": "*fp32", "out_ptr": "*fp32", "part_ptr": "*fp32", "squares_ptr": "*fp32",
+         "eps": "fp32"},
+        dict(BLOCK_N=32, PDL=False, TF32_HEADS=hc_streams.TF32_HEADS, **hc_streams.MIXES_TILES), ";TF32_HEADS=1",
+        sample=dict(T=16384, N=24, K=20480, K_PER_SPLIT=5120, sxt=20480, sfn=20480, sot=24)),
     # decode's few-query form: a verify block's 6 queries against 1M entries, the 32 heads in one dot
     "indexer_few": Kernel(
         indexer_score._indexer_few_kernel,

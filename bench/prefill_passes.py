@@ -7,14 +7,18 @@ fused them, at the bench preset's shapes (8,192 rows; 64 heads of 512; mHC 4 x 5
 - the attention output's inverse RoPE: all channels into a new tensor, against in place on
   the 64 rotated ones;
 - an mHC site's mixes: RMSNorm of the flattened streams, then torch's fp32 GEMM, against one
-  pass that projects and scales (hc_streams.hc_mixes).
+  pass that projects and scales (hc_streams.hc_mixes), its dots in Triton's tf32x3 and in
+  common.dot_fp32's masked heads (hc_streams.TF32_HEADS);
+- (sites) a prefill mHC site's launches (the attention site's mixes, gates and input; the
+  FFN site's with the attention's expand before them) against one pass over its streams
+  (hc_streams.hc_site, SITE_ROWS), in a few tiles.
 
 Each figure next to the time its bytes take at the measured 4.2 TB/s HBM read. With
 --whole N, whole prefills of N tokens on the bench preset too, the three fusions off and on
 in turn in one process (lent machines differ by more than the change), exact mode or
 (--act-quant) faithful (h200.prefill: each next to its bf16 FLOP roofline).
 
-    python bench/prefill_passes.py [--rows 8192] [--sections queries,rope,mixes]
+    python bench/prefill_passes.py [--rows 8192] [--sections queries,rope,mixes,sites]
                                    [--whole 32768 [--act-quant] --rounds 2 --budget-s 400]
 """
 import argparse
@@ -84,6 +88,11 @@ def mixes(rows: int) -> None:
     report("mixes_norm_then_gemm", h200.cuda_time(before, iters=10), 3 * size)
     report("mixes_one_pass", h200.cuda_time(after, iters=10), size,
            max_rel_diff=((got - want).abs().max() / want.abs().max()).item())
+    heads = lambda: hc_streams.hc_mixes(X, fn, 1e-6, dict(TF32_HEADS=True))  # noqa: E731
+    exact = (norm_kernel.rms_norm(X.flatten(-2), None, 1e-6).double() @ fn.double().T).float()
+    report("mixes_one_pass_tf32_heads", h200.cuda_time(heads, iters=10), size,
+           max_rel_diff_fp64=((heads() - exact).abs().max() / exact.abs().max()).item(),
+           tf32x3_max_rel_diff_fp64=((got - exact).abs().max() / exact.abs().max()).item())
     for block_t, block_k, warps, stages, splits in ((128, 64, 8, 3, 4), (64, 32, 4, 4, 4), (128, 32, 8, 4, 2),
                                                     (128, 32, 8, 3, 8), (256, 32, 8, 3, 4)):
         tiles = dict(BLOCK_T=block_t, BLOCK_K=block_k, num_warps=warps, num_stages=stages, SPLITS=splits)
@@ -92,6 +101,55 @@ def mixes(rows: int) -> None:
                    h200.cuda_time(lambda: hc_streams.hc_mixes(X, fn, 1e-6, tiles), iters=10), size)
         except Exception as exc:  # a shape that needs more shared memory than an SM has
             h200.record("passes", f"mixes_T{block_t}_K{block_k}", {"error": f"{type(exc).__name__}"})
+
+
+def sites(rows: int) -> None:
+    """An mHC site's launches at prefill rows against one pass over its streams: the attention
+    site (hc_mixes, hc_gates, hc_collapse_norm: the streams read twice) and the FFN site with
+    the attention's expand before it (hc_expand, then the same: three reads and a write),
+    against hc_site and hc_gates (one read, and the write). Bytes: the streams read and
+    written, the sublayer's output read, the input written (and in one pass read back and
+    written again by its RMSNorm)."""
+    from dsflash.model.kernels.hc_gates import hc_gates
+
+    X = torch.randn(rows, STREAMS, HIDDEN, device="cuda")
+    y = torch.randn(rows, HIDDEN, device="cuda")
+    post, pre = torch.rand(rows, STREAMS, device="cuda") * 2, torch.rand(rows, STREAMS, device="cuda")
+    comb = torch.softmax(torch.randn(rows, STREAMS, STREAMS, device="cuda"), -1)
+    fn = torch.randn(MIXES, STREAMS * HIDDEN, device="cuda") / (STREAMS * HIDDEN) ** 0.5
+    base, scale = torch.randn(MIXES, device="cuda"), torch.rand(3, device="cuda") + 0.5
+    weight = torch.rand(HIDDEN, device="cuda") + 0.5
+    streams, row = 4 * X.numel(), 4 * y.numel()
+
+    def apart(expand: bool, heads: bool = False):
+        Z = hc_streams.hc_expand(y, X, post, comb) if expand else X
+        gates = hc_gates(hc_streams.hc_mixes(Z, fn, 1e-6, dict(TF32_HEADS=heads)), base, scale, 20, 1e-6)
+        return gates, hc_streams.hc_collapse_norm(Z, pre, weight, 1e-6)
+
+    def one(expand: bool, tiles: dict):
+        _, mixes, x = hc_streams.hc_site(X, fn, 1e-6, pre, weight, 1e-6, expand=(y, post, comb) if expand else None,
+                                         tiles=tiles)
+        return hc_gates(mixes, base, scale, 20, 1e-6), x
+
+    for expand, site in ((False, "attention_site"), (True, "ffn_site_with_expand")):
+        writes = streams if expand else 0
+        want_gates, want = apart(expand)
+        for heads in (False, True):
+            report(f"{site}_apart{'_tf32_heads' if heads else ''}",
+                   h200.cuda_time(lambda: apart(expand, heads), iters=10),
+                   (3 if expand else 2) * streams + writes + row * (2 if expand else 1))
+        for tiles in (dict(TF32_HEADS=True), dict(TF32_HEADS=False), dict(TB=32, BLOCK=32, TF32_HEADS=True),
+                      dict(TB=64, BLOCK=32, TF32_HEADS=True), dict(TB=128, BLOCK=16, TF32_HEADS=True),
+                      dict(num_stages=3, TF32_HEADS=True), dict(num_warps=4, TF32_HEADS=True)):
+            label = "_".join(f"{k}{int(v) if isinstance(v, bool) else v}" for k, v in tiles.items())
+            try:
+                got_gates, got = one(expand, tiles)
+                report(f"{site}_one_pass_{label}", h200.cuda_time(lambda: one(expand, tiles), iters=10),
+                       streams + writes + row * (4 if expand else 3),
+                       input_max_rel_diff=((got - want).abs().max() / want.abs().max()).item(),
+                       comb_max_diff=(got_gates[2] - want_gates[2]).abs().max().item())
+            except Exception as exc:  # a tile that needs more shared memory than an SM has
+                h200.record("passes", f"{site}_one_pass_{label}", {"error": f"{type(exc).__name__}: {exc}"[:200]})
 
 
 MIXES_ROWS = [hc_streams.MIXES_ROWS]  # --mixes-rows: the mixes' threshold when the fusions are on
@@ -121,14 +179,14 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--budget-s", type=float, default=400.0)
     parser.add_argument("--act-quant", action="store_true", help="the whole prefills in faithful mode")
-    parser.add_argument("--sections", default="queries,rope,mixes")
+    parser.add_argument("--sections", default="queries,rope,mixes,sites")
     parser.add_argument("--mixes-rows", type=int, default=hc_streams.MIXES_ROWS,
                         help="hc_mixes from this many rows when fused (a huge value leaves it out)")
     args = parser.parse_args()
     MIXES_ROWS[0] = args.mixes_rows
     h200.DEADLINE[0] = time.monotonic() + args.budget_s
     torch.backends.cuda.matmul.allow_tf32 = False
-    for name, section in (("queries", queries), ("rope", output_rope), ("mixes", mixes)):
+    for name, section in (("queries", queries), ("rope", output_rope), ("mixes", mixes), ("sites", sites)):
         if name in args.sections:
             section(args.rows)
     if args.whole:

@@ -305,9 +305,9 @@ class DeepseekV41:
         the indexer's RoPE tables also its queries and head weights; with `compressor` then
         the compressor's projections (compressor_projections)."""
         c, w, p = self.config, self.ops.w, role.prefix
-        a_pre, a_post, a_comb = self.ops.hc_mix(X, w(f"{p}.hc_attn_fn"), w(f"{p}.hc_attn_base"), w(f"{p}.hc_attn_scale"),
-                                                c.hc_sinkhorn_iters, c.hc_eps, c.rms_norm_eps)
-        xa = self.ops.hc_collapse_norm(X, pre, w(f"{p}.attn_norm.weight"), c.rms_norm_eps)
+        (a_pre, a_post, a_comb), xa = self.ops.hc_mix_collapse(
+            X, w(f"{p}.hc_attn_fn"), w(f"{p}.hc_attn_base"), w(f"{p}.hc_attn_scale"), c.hc_sinkhorn_iters, c.hc_eps,
+            c.rms_norm_eps, pre, w(f"{p}.attn_norm.weight"))
         def sources(q_res: torch.Tensor) -> tuple[torch.Tensor, ...]:
             queries = index_queries(self.ops, c, role, xa, q_res, *yarn, self.qat) if yarn else ()
             return tuple(queries) + (compressor_projections(self.ops, role, xa) if compressor else ())
@@ -318,10 +318,9 @@ class DeepseekV41:
                       a_post: torch.Tensor, a_comb: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Attention output into the streams, then the whole FFN site (dense: one graph per T)."""
         c, w, p = self.config, self.ops.w, role.prefix
-        X, (f_pre, f_post, f_comb) = self.ops.hc_expand_mix(
+        X, (f_pre, f_post, f_comb), xf = self.ops.hc_expand_mix_collapse(
             grouped_output(self.ops, c, role, o), X, a_post, a_comb, w(f"{p}.hc_ffn_fn"), w(f"{p}.hc_ffn_base"),
-            w(f"{p}.hc_ffn_scale"), c.hc_sinkhorn_iters, c.hc_eps, c.rms_norm_eps)
-        xf = self.ops.hc_collapse_norm(X, a_pre, w(f"{p}.ffn_norm.weight"), c.rms_norm_eps)
+            w(f"{p}.hc_ffn_scale"), c.hc_sinkhorn_iters, c.hc_eps, c.rms_norm_eps, a_pre, w(f"{p}.ffn_norm.weight"))
         X = self.ops.hc_expand(moe(self.ops, c, role, xf), X, f_post, f_comb)
         return X, f_pre
 

@@ -217,6 +217,24 @@ class TritonOps(ReferenceOps):
             return super().hc_collapse_norm(X, pre, weight, eps)
         return hc_streams.hc_collapse_norm(X, pre, weight, eps)
 
+    def hc_mix_collapse(self, X: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor,
+                        iters: int, hc_eps: float, norm_eps: float, pre: torch.Tensor, weight: torch.Tensor | None
+                        ) -> tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]:
+        if not _one_site_pass(X, fn):
+            return super().hc_mix_collapse(X, fn, base, scale, iters, hc_eps, norm_eps, pre, weight)
+        _, mixes, x = hc_streams.hc_site(X, fn, norm_eps, pre, weight, norm_eps)
+        return hc_gates(mixes, base, scale, iters, hc_eps), x
+
+    def hc_expand_mix_collapse(self, y: torch.Tensor, X: torch.Tensor, post: torch.Tensor, comb: torch.Tensor,
+                               fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, iters: int, hc_eps: float,
+                               norm_eps: float, pre: torch.Tensor, weight: torch.Tensor | None
+                               ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]:
+        if not _one_site_pass(X, fn):
+            return super().hc_expand_mix_collapse(y, X, post, comb, fn, base, scale, iters, hc_eps, norm_eps, pre,
+                                                  weight)
+        X, mixes, x = hc_streams.hc_site(X, fn, norm_eps, pre, weight, norm_eps, expand=(y, post, comb))
+        return X, hc_gates(mixes, base, scale, iters, hc_eps), x
+
     def fp8_round_trip(self, x: torch.Tensor, block: int = 32) -> tuple[torch.Tensor, Packed]:
         if not _kernels_run_on(x):
             return super().fp8_round_trip(x, block)
@@ -306,6 +324,12 @@ def _wide_prefill(rows: torch.Tensor, weight: torch.Tensor) -> bool:
     parts pay for making them (the compressor's 512; the router's 48 keep the fp32 product),
     short of the LM heads (their weight repeated three times along K would be 4 GB)."""
     return 256 <= weight.shape[0] < WIDE_OUTPUT and prefill_gemms.takes(rows)
+
+
+def _one_site_pass(X: torch.Tensor, fn: torch.Tensor) -> bool:
+    """Whether an mHC site's streams X are read once for its mixes and input (hc_streams.SITE_ROWS)."""
+    return (0 < hc_streams.SITE_ROWS <= X.shape[0] and _kernels_run_on(X) and hc_streams.supported(X)
+            and fn.dtype == torch.float32)
 
 
 def _kernels_run_on(x: torch.Tensor) -> bool:

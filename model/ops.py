@@ -176,6 +176,22 @@ class ReferenceOps:
         """A sublayer's input: the streams collapsed by `pre`, RMS-normalized; one launch on the fast path."""
         return rms_norm(hc_collapse(X, pre), weight, eps)
 
+    def hc_mix_collapse(self, X: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor,
+                        iters: int, hc_eps: float, norm_eps: float, pre: torch.Tensor, weight: torch.Tensor | None
+                        ) -> tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]:
+        """A site's gates (hc_mix) and its input (hc_collapse_norm by the previous site's `pre`),
+        both of the same streams: (gates, input); the fast path's prefill rows read them once."""
+        return self.hc_mix(X, fn, base, scale, iters, hc_eps, norm_eps), self.hc_collapse_norm(X, pre, weight, norm_eps)
+
+    def hc_expand_mix_collapse(self, y: torch.Tensor, X: torch.Tensor, post: torch.Tensor, comb: torch.Tensor,
+                               fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, iters: int, hc_eps: float,
+                               norm_eps: float, pre: torch.Tensor, weight: torch.Tensor | None
+                               ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]:
+        """hc_expand_mix, then the next site's input from the new streams (hc_collapse_norm by
+        `pre`): (streams, gates, input); the fast path's prefill rows make all three in one pass."""
+        X, gates = self.hc_expand_mix(y, X, post, comb, fn, base, scale, iters, hc_eps, norm_eps)
+        return X, gates, self.hc_collapse_norm(X, pre, weight, norm_eps)
+
 
 def same_device(a: str | torch.device, b: str | torch.device) -> bool:
     """'cuda' and 'cuda:0' are the same GPU when 0 is the current one."""

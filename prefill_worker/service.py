@@ -8,7 +8,6 @@ and the DSpark taps. The cache is released on every path out: success, failure, 
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 
@@ -16,7 +15,6 @@ import grpc
 import torch
 
 from ..kvcache import handoff
-from ..kvcache.pool import PoolExhausted
 from ..kvcache.transport import ChecksumMismatch, TransferError
 from ..serving.worker import admit_tokens
 from ..v1 import worker_pb2, worker_pb2_grpc

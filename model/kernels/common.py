@@ -88,6 +88,30 @@ def dot_exact_rhs(a, b, acc):
 
 
 @triton.jit
+def _tf32_nearest(x):
+    """x rounded to its nearest TF32 value (ties away from zero) by integer add and mask; x -
+    it is exact in fp32 and at most half a TF32 step."""
+    return ((x.to(tl.int32, bitcast=True) + 4096) & -8192).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def dot_fp32(a, b, acc):
+    """acc + a @ b for finite a and b to fp32's accuracy on the tensor cores where DOT is
+    tf32x3: three TF32 passes of nearest heads and their remainders (which the tensor cores
+    read truncated to TF32), made with 3 instructions a value where Triton's own tf32x3 spends
+    ~5, guarding infinities and NaNs (sm_90 SASS, bench/kernel_resources.py --kernel hc_site).
+    Both forms' largest error at 20,480 products of a row: 7e-8 of the largest result, an
+    fp32 GEMM's 5e-7 (the products summed in fp64, CPU emulation)."""
+    if _SPLIT_ONE:
+        a_head = _tf32_nearest(a)
+        b_head = _tf32_nearest(b)
+        acc = tl.dot(a_head, b - b_head, acc, input_precision="tf32")
+        acc = tl.dot(a - a_head, b_head, acc, input_precision="tf32")
+        return tl.dot(a_head, b_head, acc, input_precision="tf32")
+    return tl.dot(a, b, acc, input_precision=DOT)
+
+
+@triton.jit
 def dot_exact_lhs(a, b, acc):
     """acc + a @ b where every value of a is exact in TF32 (the mirror of dot_exact_rhs)."""
     if _SPLIT_ONE:

@@ -9,7 +9,9 @@ sum), which at a prefill chunk's 8,192 rows is 670 MB per tensor.
   the normalized streams are never written (at prefill rows they were, and read back by an
   fp32 GEMM: 0.49 ms a site at 8,192 rows);
 - hc_expand_mix_parts (decode rows): hc_expand, and the next site's mixes in parts per column
-  block, summed and scaled by hc_gates.hc_gates_from_parts.
+  block, summed and scaled by hc_gates.hc_gates_from_parts;
+- hc_site (prefill rows): a whole site in one read of its streams: the expand before it or
+  not, its mixes and its input (hc_collapse_norm by the previous site's `pre`).
 """
 
 from __future__ import annotations
@@ -19,7 +21,16 @@ import triton
 import triton.language as tl
 
 from . import pdl
-from .common import DOT
+from .common import DOT, dot_fp32
+
+
+@triton.jit
+def _project(x, w, acc, TF32_HEADS: tl.constexpr):
+    """acc + x @ w^T to fp32's accuracy: TF32_HEADS, common.dot_fp32's masked heads (fewer
+    instructions, untimed), else Triton's tf32x3 (on the GPU; exact fp32 in the interpreter)."""
+    if TF32_HEADS:
+        return dot_fp32(x, tl.trans(w), acc)
+    return tl.dot(x, tl.trans(w), acc, input_precision=DOT)
 
 
 @triton.jit
@@ -95,7 +106,7 @@ def _hc_collapse_norm_kernel(x_ptr, pre_ptr, w_ptr, out_ptr, H, eps, sxt, sxs, s
 @triton.jit
 def _hc_mixes_kernel(x_ptr, fn_ptr, out_ptr, part_ptr, squares_ptr, T, N, K, K_PER_SPLIT, eps, sxt, sfn, sot,
                      BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLITS: tl.constexpr,
-                     PDL: tl.constexpr):
+                     TF32_HEADS: tl.constexpr, PDL: tl.constexpr):
     """Program (BLOCK_T rows, K split): their projections and sums of squares in one pass over
     the split's columns (fp32-accurate dots: tf32x3 on the GPU). One split scales and stores
     the mixes; several leave [SPLITS, T, BLOCK_N] projections and [SPLITS, T] sums of squares."""
@@ -113,7 +124,7 @@ def _hc_mixes_kernel(x_ptr, fn_ptr, out_ptr, part_ptr, squares_ptr, T, N, K, K_P
         # fn's rows are contiguous along K: loaded as they lie (coalesced), then transposed
         w = tl.load(fn_ptr + n[:, None] * sfn + k[None, :], mask=(n < N)[:, None] & (k < K)[None, :], other=0.0)
         squares += x * x
-        acc = tl.dot(x, tl.trans(w), acc, input_precision=DOT)
+        acc = _project(x, w, acc, TF32_HEADS)
     squares = tl.sum(squares, axis=1)
     if SPLITS == 1:
         inv = 1.0 / tl.sqrt(squares / K + eps)
@@ -125,6 +136,67 @@ def _hc_mixes_kernel(x_ptr, fn_ptr, out_ptr, part_ptr, squares_ptr, T, N, K, K_P
         tl.store(squares_ptr + at, squares, mask=live)
 
 
+
+@triton.jit
+def _hc_site_kernel(x_ptr, y_ptr, post_ptr, comb_ptr, pre_ptr, fn_ptr, w_ptr, streams_ptr, mixes_ptr, row_ptr,
+                    T, H, N, sxt, sxs, syt, sst, sss, sfn, smt, srt, mix_eps, norm_eps, S: tl.constexpr,
+                    TB: tl.constexpr, BLOCK: tl.constexpr, NP: tl.constexpr, EXPAND: tl.constexpr,
+                    TF32_HEADS: tl.constexpr, PDL: tl.constexpr):
+    """Program (TB tokens, every column): an mHC site of those tokens in one read of their
+    streams. EXPAND: the streams are first the sublayer's output y taken in (hc_expand), and
+    written to streams_ptr. Of the (new) streams, column block by column block: the site's
+    mixes, their projections onto fn's rows (flat column k * H + d; fp32-accurate dots,
+    tf32x3) and sums of squares, stored [T, N] scaled as hc_mixes scales them; and the site's
+    input, the streams collapsed by the previous site's `pre` (known before the pass), stored
+    as it is made, then RMS-normalized times w in a second pass over these tokens' rows, which
+    were just written (L2) where the streams would be read again (HBM)."""
+    pdl.wait_for_inputs(PDL)
+    t = (tl.program_id(0) * TB + tl.arange(0, TB)).to(tl.int64)
+    tok = t < T
+    j = tl.arange(0, S)
+    n = tl.arange(0, NP)
+    proj = tl.zeros((TB, NP), tl.float32)
+    squares = tl.zeros((TB, BLOCK), tl.float32)  # (both summed along the rows once, after the loop)
+    row_squares = tl.zeros((TB, BLOCK), tl.float32)
+    for d0 in range(0, H, BLOCK):
+        d = d0 + tl.arange(0, BLOCK)
+        live = tok[:, None] & (d < H)[None, :]
+        if EXPAND:  # all S streams of these columns: each new stream mixes them
+            x = tl.load(x_ptr + t[:, None, None] * sxt + j[None, :, None] * sxs + d[None, None, :],
+                        mask=live[:, None, :], other=0.0)  # [t, j, d]
+            y = tl.load(y_ptr + t[:, None] * syt + d[None, :], mask=live, other=0.0).to(tl.float32)
+        row = tl.zeros((TB, BLOCK), tl.float32)
+        for k in tl.static_range(S):
+            if EXPAND:
+                comb = tl.load(comb_ptr + t[:, None] * S * S + j[None, :] * S + k, mask=tok[:, None], other=0.0)
+                post = tl.load(post_ptr + t * S + k, mask=tok, other=0.0)
+                stream = post[:, None] * y + tl.sum(comb[:, :, None] * x, axis=1)
+                tl.store(streams_ptr + t[:, None] * sst + k * sss + d[None, :], stream, mask=live)
+            else:
+                stream = tl.load(x_ptr + t[:, None] * sxt + k * sxs + d[None, :], mask=live, other=0.0)
+            squares += stream * stream
+            w = tl.load(fn_ptr + n[:, None] * sfn + (k * H + d)[None, :], mask=(n < N)[:, None] & (d < H)[None, :],
+                        other=0.0)
+            proj = _project(stream, w, proj, TF32_HEADS)
+            row += tl.load(pre_ptr + t * S + k, mask=tok, other=0.0)[:, None] * stream
+        tl.store(row_ptr + t[:, None] * srt + d[None, :], row, mask=live)
+        row_squares += row * row
+    inv = 1.0 / tl.sqrt(tl.sum(squares, axis=1) / (S * H) + mix_eps)
+    tl.store(mixes_ptr + t[:, None] * smt + n[None, :], proj * inv[:, None], mask=tok[:, None] & (n < N)[None, :])
+    inv = 1.0 / tl.sqrt(tl.sum(row_squares, axis=1) / H + norm_eps)
+    tl.debug_barrier()  # (the rows are read back by other threads of the program than wrote them)
+    for d0 in range(0, H, BLOCK):
+        d = d0 + tl.arange(0, BLOCK)
+        live = tok[:, None] & (d < H)[None, :]
+        row = tl.load(row_ptr + t[:, None] * srt + d[None, :], mask=live, other=0.0)
+        scale = tl.load(w_ptr + d, mask=d < H, other=0.0).to(tl.float32)
+        tl.store(row_ptr + t[:, None] * srt + d[None, :], scale[None, :] * (row * inv[:, None]), mask=live)
+
+# The mixes' fp32-accurate dots as common.dot_fp32's TF32 heads cut by masks (False: Triton's
+# tf32x3) in hc_mixes and hc_site, unless their tiles say. sm_90 SASS (bench/kernel_resources.py):
+# hc_mixes' loop 264 -> 173 instructions a thread, hc_site's 741 -> 518; same accuracy (7e-8 of
+# the largest of 20,480-term rows against an fp32 GEMM's 5e-7, CPU emulation). Off until timed.
+TF32_HEADS = False
 # From this many rows (prefill) a site's mixes take hc_mixes; decode rows keep RMSNorm and the
 # split-K fp32 GEMM, which spread a few rows' 20,480 columns over the SMs (hc_mixes gives each
 # program BLOCK_T whole rows).
@@ -148,7 +220,7 @@ def hc_mixes(X: torch.Tensor, fn: torch.Tensor, eps: float, tiles: dict | None =
     out = torch.empty(T, N, dtype=torch.float32, device=X.device)
     if T == 0:
         return out
-    t = {**MIXES_TILES, **(tiles or {})}
+    t = {**MIXES_TILES, "TF32_HEADS": TF32_HEADS, **(tiles or {})}
     splits, block_n = t["SPLITS"], max(16, triton.next_power_of_2(N))
     per_split = triton.cdiv(triton.cdiv(K, splits), t["BLOCK_K"]) * t["BLOCK_K"]
     parts = torch.empty(splits, T, block_n, device=X.device) if splits > 1 else out
@@ -225,3 +297,44 @@ def hc_collapse_norm(X: torch.Tensor, pre: torch.Tensor, weight: torch.Tensor | 
         _hc_collapse_norm_kernel[(T,)](X, pre, w, out, H, eps, X.stride(0), X.stride(1), out.stride(0), S=S,
                                        BLOCK=block, num_warps=8 if block >= 4096 else 4, **pdl.options(X.device))
     return out
+
+
+# From this many rows (prefill) an mHC site takes hc_site: the attention site's mixes and input
+# in one read of its streams (two before), the FFN site's with the attention's expand in one
+# read and a write (three reads and a write before): per layer 4 passes over the [T, 4, 5120]
+# streams where there were 8 (1.34 GB a pass at a 16K chunk). 0: never (off until timed; the
+# forty-second session's one-pass form, a decode-shaped tile of 16 tokens x 64 columns whose
+# mixes went through 80 parts a token, ran 2x slower than the separate launches).
+SITE_ROWS = 0
+# TB tokens a program share each fn tile they read (fn is 2.6 MB: read T / TB times from L2).
+SITE_TILES = dict(TB=64, BLOCK=16, num_warps=8, num_stages=2)
+
+
+def hc_site(X: torch.Tensor, fn: torch.Tensor, mix_eps: float, pre: torch.Tensor, weight: torch.Tensor | None,
+            norm_eps: float, expand: tuple | None = None, tiles: dict | None = None
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """An mHC site in one launch: X [T, S, H] fp32 streams, fn [N, S*H] fp32 -> (streams, the
+    site's mixes [T, N] as hc_mixes(streams, fn, mix_eps), its input [T, H] fp32 as
+    hc_collapse_norm(streams, pre, weight, norm_eps)); streams = hc_expand(y, X, post, comb)
+    with expand (y, post, comb), else X. The sums run by column block, so the mixes and the
+    input are the separate launches' within their reordering, not to the bit; `tiles`
+    overrides SITE_TILES."""
+    T, S, H = X.shape
+    N = fn.shape[0]
+    assert fn.shape[1] == S * H and fn.dtype == torch.float32 and supported(X), (fn.shape, X.shape, X.dtype)
+    t = {**SITE_TILES, "TF32_HEADS": TF32_HEADS, **(tiles or {})}
+    fn, pre = fn.contiguous(), pre.float().contiguous()
+    w = torch.ones(H, device=X.device) if weight is None else weight.contiguous()
+    np_ = max(16, triton.next_power_of_2(N))
+    mixes = torch.empty(T, N, dtype=torch.float32, device=X.device)
+    row = torch.empty(T, H, dtype=torch.float32, device=X.device)
+    streams, y, post, comb = X, X, pre, pre
+    if expand is not None:
+        y, post, comb = expand[0].contiguous(), expand[1].float().contiguous(), expand[2].float().contiguous()
+        streams = torch.empty(T, S, H, dtype=torch.float32, device=X.device)
+    if T:
+        _hc_site_kernel[(triton.cdiv(T, t["TB"]),)](
+            X, y, post, comb, pre, fn, w, streams, mixes, row, T, H, N, X.stride(0), X.stride(1), y.stride(0),
+            streams.stride(0), streams.stride(1), fn.stride(0), mixes.stride(0), row.stride(0), mix_eps, norm_eps,
+            S=S, NP=np_, EXPAND=expand is not None, **t, **pdl.options(X.device))
+    return streams, mixes, row

@@ -1,7 +1,6 @@
 """The prefill engine: chunking within a token budget, prefix reuse, CED, handoff to decode."""
 
 import pytest
-import torch
 
 from dsflash.decode_worker.request import DecodeRequest
 from dsflash.decode_worker.sampling import SamplingParams

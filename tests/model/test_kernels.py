@@ -537,6 +537,17 @@ def test_hc_mixes_kernel_projects_the_streams_then_scales(T, H):
                           atol=1e-5)
 
 
+def _mhc_site(g: torch.Generator, T: int, H: int) -> tuple:
+    """An mHC site's inputs, 4 streams and 24 mixes: (S, N, X, y, post, comb, fn, base, scale)."""
+    S, N = 4, 24
+    X = torch.randn(T, S, H, generator=g) * 3
+    y = torch.randn(T, H, generator=g)
+    post = 2 * torch.rand(T, S, generator=g)
+    comb = torch.softmax(torch.randn(T, S, S, generator=g), dim=-1)
+    fn = torch.randn(N, S * H, generator=g) / (S * H) ** 0.5
+    return S, N, X, y, post, comb, fn, torch.randn(N, generator=g), torch.rand(3, generator=g) + 0.5
+
+
 @pytest.mark.parametrize("T, H", [(6, 64), (20, 300)])  # 20 rows: a partly masked second token block
 def test_an_expand_with_the_next_sites_mixes_matches_expand_then_mix(T, H):
     """hc_streams.hc_expand_mix_parts then hc_gates_from_parts (a decode row's FFN site: two
@@ -545,13 +556,7 @@ def test_an_expand_with_the_next_sites_mixes_matches_expand_then_mix(T, H):
     from dsflash.model.kernels.hc_gates import hc_gates_from_parts
 
     g = _g(10)
-    S, N = 4, 24
-    X = torch.randn(T, S, H, generator=g) * 3
-    y = torch.randn(T, H, generator=g)
-    post = 2 * torch.rand(T, S, generator=g)
-    comb = torch.softmax(torch.randn(T, S, S, generator=g), dim=-1)
-    fn = torch.randn(N, S * H, generator=g) / (S * H) ** 0.5
-    base, scale = torch.randn(N, generator=g), torch.rand(3, generator=g) + 0.5
+    S, N, X, y, post, comb, fn, base, scale = _mhc_site(g, T, H)
     want_X = mhc.hc_expand(y, X, post, comb)
     want = mhc.hc_mix(want_X, fn, base, scale, 20, 1e-6, 1e-6)
     dev = lambda t: t.to(DEVICE)  # noqa: E731
@@ -567,6 +572,70 @@ def test_an_expand_with_the_next_sites_mixes_matches_expand_then_mix(T, H):
         assert torch.allclose(o, r, rtol=1e-5, atol=1e-6)
     alone_X, alone = fused(slice(2, 3))
     assert torch.equal(alone_X, got_X[2:3]) and all(torch.equal(a, o[2:3]) for a, o in zip(alone, got))
+
+
+def _tf32_heads(monkeypatch, heads: bool) -> None:
+    """With `heads`, the mixes' dots as common.dot_fp32's three TF32 passes (hc_streams.TF32_HEADS);
+    in the interpreter, which computes a TF32 dot in full fp32, that checks how the passes are
+    put together (on the GPU the tensor cores round as they do in serving)."""
+    monkeypatch.setattr(hc_streams, "TF32_HEADS", heads)
+    if heads and interpreting():
+        monkeypatch.setattr(common, "_SPLIT_ONE", tl.constexpr(True))
+
+
+@pytest.mark.parametrize("heads", [False, True])
+def test_the_mixes_dots_in_tf32_heads_give_the_fp32_mixes(monkeypatch, heads):
+    """hc_streams.hc_mixes with its dots in Triton's tf32x3 or in common.dot_fp32's masked
+    heads (TF32_HEADS) against the float64 product, at a release row's 20,480 columns: within
+    fp32's accuracy either way."""
+    _tf32_heads(monkeypatch, heads)
+    g = _g(12)
+    X = torch.randn(40, 4, 5120, generator=g) * 3
+    fn = torch.randn(24, 4 * 5120, generator=g) / (4 * 5120) ** 0.5
+    x = X.flatten(-2).double()
+    want = (x * torch.rsqrt(x.square().mean(-1, keepdim=True) + 1e-6)) @ fn.double().T
+    got = hc_streams.hc_mixes(X.to(DEVICE), fn.to(DEVICE), 1e-6).cpu().double()
+    assert (got - want).abs().max() < 2e-6 * want.abs().max()
+
+
+@pytest.mark.parametrize("heads", [False, True])
+@pytest.mark.parametrize("expand", [False, True])
+@pytest.mark.parametrize("T, H", [(6, 64), (40, 300)])  # 40 rows: a partly masked second token block
+def test_a_site_in_one_pass_gives_its_streams_mixes_and_input(T, H, expand, heads, monkeypatch):
+    """hc_streams.hc_site (a prefill site: its streams read once), with and without the expand
+    before it, against hc_expand, hc_mixes and hc_collapse_norm of the same streams
+    (layers/mhc.py): the new streams to the bit of the expand kernel; the mixes and the input
+    within their sums' reordering (by column block); each token's results do not depend on the
+    other tokens of the launch, and other tiles give them within the same reordering. Both
+    forms of the mixes' dots (TF32_HEADS)."""
+    _tf32_heads(monkeypatch, heads)
+    g = _g(11)
+    S, N, X, y, post, comb, fn, _, _ = _mhc_site(g, T, H)
+    pre = torch.rand(T, S, generator=g) + 0.1
+    weight = torch.rand(H, generator=g) + 0.5
+    want_X = mhc.hc_expand(y, X, post, comb) if expand else X
+    want_mixes = mhc.hc_mixes(want_X, fn, 1e-6)
+    want_input = rms_norm(mhc.hc_collapse(want_X, pre), weight, 1e-6)
+    dev = lambda t: t.to(DEVICE)  # noqa: E731
+
+    def one_pass(rows, tiles=None, w=weight):
+        outs = hc_streams.hc_site(dev(X[rows]), dev(fn), 1e-6, dev(pre[rows]), None if w is None else dev(w), 1e-6,
+                                  expand=(dev(y[rows]), dev(post[rows]), dev(comb[rows])) if expand else None,
+                                  tiles=tiles)
+        return [o.cpu() for o in outs]
+    got_X, got_mixes, got_input = one_pass(slice(None))
+    if expand:
+        assert torch.equal(got_X, hc_streams.hc_expand(dev(y), dev(X), dev(post), dev(comb)).cpu())
+    assert torch.allclose(got_X, want_X, rtol=1e-5, atol=1e-5)
+    assert torch.allclose(got_mixes, want_mixes, rtol=1e-5, atol=1e-5)
+    assert torch.allclose(got_input, want_input, rtol=1e-5, atol=1e-5)
+    alone = one_pass(slice(2, 3))
+    assert all(torch.equal(a, o[2:3]) for a, o in zip(alone, (got_X, got_mixes, got_input)))
+    small = one_pass(slice(None), dict(TB=16, BLOCK=32, num_warps=4))
+    assert torch.allclose(small[1], got_mixes, rtol=1e-5, atol=1e-6)
+    assert torch.allclose(small[2], got_input, rtol=1e-5, atol=1e-6)
+    unweighted = one_pass(slice(None), w=None)[2]
+    assert torch.allclose(unweighted, rms_norm(mhc.hc_collapse(want_X, pre), None, 1e-6), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("H", [64, 300, 20480])  # 20480: an mHC mix's S*H row in the release

@@ -231,3 +231,29 @@ def test_the_models_products_through_this_path_give_the_kernels_logits(golden_di
     logits = _logits_both_ways(golden_dir, True, golden[2]["input_ids"][:16], send, "all")
     assert torch.equal(logits[True].argmax(-1), logits[False].argmax(-1))
     assert (logits[True] - logits[False]).abs().max() < 1e-3 * logits[False].abs().max()
+
+
+def test_a_prefill_sites_streams_read_once_give_the_same_logits(golden_dir, golden, monkeypatch):
+    """hc_streams.SITE_ROWS lowered to every row: each mHC site's mixes and input come from one
+    pass over its streams (the attention site's, and the FFN site's with the attention's expand),
+    on the tiny checkpoint's kernel path in exact mode: the logits of the separate launches
+    within the sums' reordering, the same next tokens, and the pass taken at both sites of every
+    layer."""
+    prefill = kernel_path_prefill(golden_dir, False)
+    passes = []
+    one_pass = hc_streams.hc_site
+    monkeypatch.setattr(hc_streams, "hc_site",
+                        lambda *a, **kw: passes.append(kw.get("expand") is not None) or one_pass(*a, **kw))
+    prompt = golden[2]["input_ids"][:16]
+    logits = {}
+    for rows in (0, 1):
+        monkeypatch.setattr(hc_streams, "SITE_ROWS", rows)
+        passes.clear()
+        logits[rows] = prefill(prompt, "all")
+        if rows:
+            layers = Checkpoint(golden_dir).config.num_layers
+            assert passes.count(False) == layers and passes.count(True) == layers, passes
+        else:
+            assert not passes
+    assert torch.equal(logits[0].argmax(-1), logits[1].argmax(-1))
+    assert (logits[0] - logits[1]).abs().max() < 1e-4 * logits[0].abs().max()
