@@ -37,7 +37,7 @@ from triton.compiler import ASTSource
 
 from triton.experimental.gluon._runtime import GluonASTSource
 
-from dsflash.model.kernels import (fp4_moe, fp8_blockwise, fp8_gemm, hc_streams, indexer_score,
+from dsflash.model.kernels import (common, fp4_moe, fp8_blockwise, fp8_gemm, hc_streams, indexer_score,
                                    sparse_attention_gluon, top_k)
 from dsflash.model.kernels import sparse_attention as sa
 
@@ -108,10 +108,20 @@ KERNELS = {
         fp8_gemm._skinny_kernel,
         {"x_ptr": "*fp32", "w_ptr": "*i32", "s_ptr": "*u8", "y_ptr": "*fp32", "out_ptr": "*fp32", "count_ptr": "*i32"},
         dict(FP8_WEIGHT=True, SMALL=True, SPLIT=True, PTX=True, EVEN_K=True, GROUP_ROWS=0, SUM_GROUP=1,
-             PDL=True, **fp8_gemm._skinny_tiles(32768, 6)),
+             HEADS=False, PDL=True, **fp8_gemm._skinny_tiles(32768, 6)),
         ";PDL=0;BLOCK_M=16;SUM_GROUP=8;num_stages=2;BLOCK_N=128;BLOCK_N=128,num_warps=4;BLOCK_K=64", mma_sync=True,
         sample=dict(M=6, N=32768, K=1280, K_PER_SPLIT=640, SPLITS=2, sxm=1280, sxk=1, swn=320, ssn=40, ssk=1,
                     sys=6 * 32768, sym=32768, syn=1)),  # wq_b at 6 rows
+    # the same kernel on an fp32 weight: an mHC site's mixes at decode rows ([6, 20480] x [20480, 24]),
+    # its dots in Triton's tf32x3 (shipped) or common.dot_fp32's masked heads (HEADS=1)
+    "skinny_fp32": Kernel(
+        fp8_gemm._skinny_kernel,
+        {"x_ptr": "*fp32", "w_ptr": "*fp32", "s_ptr": "*u8", "y_ptr": "*fp32", "out_ptr": "*fp32", "count_ptr": "*i32"},
+        dict(FP8_WEIGHT=False, SMALL=False, SPLIT=True, PTX=True, EVEN_K=True, GROUP_ROWS=0, SUM_GROUP=8,
+             HEADS=common.TF32_HEADS, PDL=True, **fp8_gemm._skinny_tiles(24, 6)),
+        ";HEADS=1", mma_sync=True,
+        sample=dict(M=6, N=24, K=20480, K_PER_SPLIT=128, SPLITS=160, sxm=20480, sxk=1, swn=20480, ssn=0, ssk=0,
+                    sys=6 * 24, sym=24, syn=1)),
     "gate_up": Kernel(fp4_moe._gate_up_kernel, _EXPERT_POINTERS, dict(_EXPERT_DEFAULTS, ACT_QUANT=False),
                       _EXPERT_VARIANTS, sample=dict(_EXPERT_SAMPLE, sxs=6 * 5120, sxq=1280, sxt=5120, swe=4608 * 1280,
                                                     swr=1280, sse=4608 * 160, ssr=160)),
@@ -179,7 +189,7 @@ KERNELS = {
         hc_streams._hc_mixes_kernel,
         {"x_ptr": "*fp32", "fn_ptr": "*fp32", "out_ptr": "*fp32", "part_ptr": "*fp32", "squares_ptr": "*fp32",
          "eps": "fp32"},
-        dict(BLOCK_N=32, PDL=False, TF32_HEADS=hc_streams.TF32_HEADS, **hc_streams.MIXES_TILES), ";TF32_HEADS=1",
+        dict(BLOCK_N=32, PDL=False, TF32_HEADS=common.TF32_HEADS, **hc_streams.MIXES_TILES), ";TF32_HEADS=1",
         sample=dict(T=16384, N=24, K=20480, K_PER_SPLIT=5120, sxt=20480, sfn=20480, sot=24)),
     # decode's few-query form: a verify block's 6 queries against 1M entries, the 32 heads in one dot
     "indexer_few": Kernel(

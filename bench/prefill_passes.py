@@ -8,7 +8,7 @@ fused them, at the bench preset's shapes (8,192 rows; 64 heads of 512; mHC 4 x 5
   the 64 rotated ones;
 - an mHC site's mixes: RMSNorm of the flattened streams, then torch's fp32 GEMM, against one
   pass that projects and scales (hc_streams.hc_mixes), its dots in Triton's tf32x3 and in
-  common.dot_fp32's masked heads (hc_streams.TF32_HEADS);
+  common.dot_fp32's masked heads (common.TF32_HEADS);
 - (sites) a prefill mHC site's launches (the attention site's mixes, gates and input; the
   FFN site's with the attention's expand before them) against one pass over its streams
   (hc_streams.hc_site, SITE_ROWS), in a few tiles.

@@ -38,6 +38,16 @@ DOT = tl.constexpr(os.environ.get("DSFLASH_DOT_PRECISION") or ("ieee" if interpr
 _SPLIT_ONE = tl.constexpr(DOT.value == "tf32x3")
 
 
+# fp32-accurate dots of two fp32 operands as dot_fp32's three TF32 passes of masked heads
+# (False: Triton's tf32x3; the interpreter computes either exactly): the mHC mixes at prefill
+# (hc_streams.hc_mixes, hc_site) and the fp32 weights of the decode GEMM (fp8_gemm's skinny
+# kernel: the mHC mixes at decode rows). Read at each launch. sm_90 SASS
+# (bench/kernel_resources.py): hc_mixes' loop 264 -> 173 instructions a thread, hc_site's 741 ->
+# 518; same accuracy (7e-8 of the largest of 20,480-term rows, an fp32 GEMM's 5e-7, CPU
+# emulation). Off until timed.
+TF32_HEADS = False
+
+
 # Kernels whose dots compile to Ampere-style mma.sync instead of Hopper's wgmma (see
 # mma_sync), a comma-separated DSFLASH_MMA_SYNC: "decode_gemm" (fp8_gemm's transposed decode
 # kernel, the default), "short_experts" / "tall_experts" (fp4_moe's 4-row / taller blocks;

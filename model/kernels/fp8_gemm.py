@@ -25,9 +25,9 @@ import triton
 import triton.language as tl
 
 from ..quant import dequantize_fp8_weight, fake_quant_fp8
-from . import pdl, prefill_gemms
-from .common import (DOT, bf16_head, bf16_parts, dot_exact_lhs, dot_exact_rhs, e4m3_to_float, e4m3_words,
-                     interpreting, mma_sync, scale_bytes_within, word_scales)
+from . import common, pdl, prefill_gemms
+from .common import (DOT, bf16_head, bf16_parts, dot_exact_lhs, dot_exact_rhs, dot_fp32, e4m3_to_float,
+                     e4m3_words, interpreting, mma_sync, scale_bytes_within, word_scales)
 from .quantize import fp8_grid_bf16
 
 
@@ -107,12 +107,14 @@ def _finish(acc, offsets, mask, y_ptr, out_ptr, count_ptr, pid_k, SPLITS, sys, G
 
 
 @triton.jit
-def _dot_columns(w, x_ptr, rm, kk, K, sxm, sxk, acc, SPLIT: tl.constexpr, PTX: tl.constexpr, EVEN_K: tl.constexpr):
+def _dot_columns(w, x_ptr, rm, kk, K, sxm, sxk, acc, SPLIT: tl.constexpr, PTX: tl.constexpr, EVEN_K: tl.constexpr,
+                 HEADS: tl.constexpr):
     """acc + w . x^T[kk, rm]: x's rows rm at columns kk, read transposed. With SPLIT the fp32
     values are cut into the 3 bf16 parts that sum to them, one dot each (bf16 products are
     exact in the fp32 accumulator); the cut happens once per value, before the tile is shared,
     by masks (_three_bf16_parts).
-    An fp32 w (no PTX decode, or an fp32 weight) dots at DOT precision (three-pass TF32).
+    An fp32 w (no PTX decode, or an fp32 weight) dots at DOT precision (three-pass TF32), or
+    with HEADS as common.dot_fp32's three passes of masked heads (common.TF32_HEADS).
     (Each row's parts as columns of one dot, as fp4_moe does, measured slower on the H200 at
     6 rows: 32 columns, 72.7 against 47.7 us for wq_b. A sum of its own per part does not let
     the dots overlap: Triton 3.9 still waits for each MMA before the next.)"""
@@ -123,6 +125,8 @@ def _dot_columns(w, x_ptr, rm, kk, K, sxm, sxk, acc, SPLIT: tl.constexpr, PTX: t
         xt = tl.load(at, mask=(kk < K)[:, None], other=0.0)
     if not PTX:
         acc = dot_exact_lhs(w, xt.to(tl.float32), acc)
+    elif w.dtype == tl.float32 and HEADS:
+        acc = dot_fp32(w, xt.to(tl.float32), acc)
     elif w.dtype == tl.float32:
         acc = tl.dot(w, xt.to(tl.float32), acc, input_precision=DOT)
     elif SPLIT:
@@ -151,7 +155,7 @@ def _skinny_kernel(x_ptr, w_ptr, s_ptr, y_ptr, out_ptr, count_ptr, M, N, K, K_PE
                    FP8_WEIGHT: tl.constexpr, SMALL: tl.constexpr, SPLIT: tl.constexpr, PTX: tl.constexpr,
                    EVEN_K: tl.constexpr, GROUP_ROWS: tl.constexpr, SUM_GROUP: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                   PDL: tl.constexpr):
+                   HEADS: tl.constexpr, PDL: tl.constexpr):
     """y^T[rows, rm] = W[rows] x^T over one K range, for BLOCK_M rows rm of x (decode; grid axis 2
     takes BLOCK_M rows at a time, each program re-reading its weight tile from L2):
     the weight tile is the left operand as decoded (64 rows fill a Hopper warpgroup MMA) and
@@ -189,7 +193,7 @@ def _skinny_kernel(x_ptr, w_ptr, s_ptr, y_ptr, out_ptr, count_ptr, M, N, K, K_PE
             exps = tl.reshape(tl.broadcast_to(scales[:, :, None], (BLOCK_N, BLOCK_K // 32, 8)), (BLOCK_N, BLOCK_K // 4))
             w = e4m3_words(words, exps, PTX, SMALL)
             for t in tl.static_range(4):
-                acc = _dot_columns(w[t], x_ptr, xm, 4 * c + t, K, sxm, sxk, acc, SPLIT, PTX, EVEN_K)
+                acc = _dot_columns(w[t], x_ptr, xm, 4 * c + t, K, sxm, sxk, acc, SPLIT, PTX, EVEN_K, HEADS)
         else:
             kk = k0 + tl.arange(0, BLOCK_K)
             w_at = w_ptr + wn[:, None] * swn + kk[None, :]
@@ -199,7 +203,7 @@ def _skinny_kernel(x_ptr, w_ptr, s_ptr, y_ptr, out_ptr, count_ptr, M, N, K, K_PE
                 w = tl.load(w_at, mask=(kk < K)[None, :], other=0.0)
             if not PTX:
                 w = w.to(tl.float32)
-            acc = _dot_columns(w, x_ptr, xm, kk, K, sxm, sxk, acc, SPLIT, PTX, EVEN_K)
+            acc = _dot_columns(w, x_ptr, xm, kk, K, sxm, sxk, acc, SPLIT, PTX, EVEN_K, HEADS)
     _finish(acc, rm[None, :] * sym + rn[:, None] * syn, (rm[None, :] < M) & (rn[:, None] < N), y_ptr, out_ptr,
             count_ptr + pid_m * tl.num_programs(0) + pid_n, pid_k, SPLITS, sys, SUM_GROUP)
 
@@ -502,7 +506,7 @@ def _skinny(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor | None, 
             x, w, scale_ptr, y, out, counts, M, N, K, per_split, splits, x.stride(0), x.stride(1), w.stride(0), ssn,
             ssk, *y.stride(), FP8_WEIGHT=fp8, SMALL=small, SPLIT=x.dtype != torch.bfloat16, PTX=not interpreting(),
             EVEN_K=K % tiles["BLOCK_K"] == 0, GROUP_ROWS=group_rows, SUM_GROUP=_sum_group(splits),
-            **tiles, **pdl.options(x.device))
+            HEADS=common.TF32_HEADS and weight.dtype == torch.float32, **tiles, **pdl.options(x.device))
     return out
 
 

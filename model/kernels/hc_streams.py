@@ -20,14 +20,14 @@ import torch
 import triton
 import triton.language as tl
 
-from . import pdl
+from . import common, pdl
 from .common import DOT, dot_fp32
 
 
 @triton.jit
 def _project(x, w, acc, TF32_HEADS: tl.constexpr):
-    """acc + x @ w^T to fp32's accuracy: TF32_HEADS, common.dot_fp32's masked heads (fewer
-    instructions, untimed), else Triton's tf32x3 (on the GPU; exact fp32 in the interpreter)."""
+    """acc + x @ w^T to fp32's accuracy: TF32_HEADS (common.TF32_HEADS unless the tiles say),
+    common.dot_fp32's masked heads, else Triton's tf32x3 (exact fp32 in the interpreter)."""
     if TF32_HEADS:
         return dot_fp32(x, tl.trans(w), acc)
     return tl.dot(x, tl.trans(w), acc, input_precision=DOT)
@@ -54,7 +54,8 @@ def _hc_expand_kernel(y_ptr, x_ptr, post_ptr, comb_ptr, out_ptr, H, syt, sxt, sx
 @triton.jit
 def _hc_expand_mix_parts_kernel(y_ptr, x_ptr, post_ptr, comb_ptr, out_ptr, fn_ptr, part_ptr, sq_ptr, T, H, N,
                                 syt, sxt, sxs, sot, sos, sfn, S: tl.constexpr, TB: tl.constexpr,
-                                BLOCK: tl.constexpr, NP: tl.constexpr, PDL: tl.constexpr):
+                                BLOCK: tl.constexpr, NP: tl.constexpr, TF32_HEADS: tl.constexpr,
+                                PDL: tl.constexpr):
     """Program (TB tokens, column block): the hc_expand of those columns, and their part of the
     next site's mixes while the new streams are in registers: the projections onto fn's rows
     (flat column k * H + d) [TB, NP] at part_ptr[t, block] and the sums of squares at
@@ -80,7 +81,7 @@ def _hc_expand_mix_parts_kernel(y_ptr, x_ptr, post_ptr, comb_ptr, out_ptr, fn_pt
         squares += out * out
         w = tl.load(fn_ptr + n[:, None] * sfn + (k * H + d)[None, :], mask=(n < N)[:, None] & (d < H)[None, :],
                     other=0.0)
-        proj = tl.dot(out, tl.trans(w), proj, input_precision=DOT)
+        proj = _project(out, w, proj, TF32_HEADS)
     at = t * tl.num_programs(1) + block
     tl.store(part_ptr + at[:, None] * NP + n[None, :], proj, mask=tok[:, None])
     tl.store(sq_ptr + at, tl.sum(squares, axis=1), mask=tok)
@@ -192,11 +193,6 @@ def _hc_site_kernel(x_ptr, y_ptr, post_ptr, comb_ptr, pre_ptr, fn_ptr, w_ptr, st
         scale = tl.load(w_ptr + d, mask=d < H, other=0.0).to(tl.float32)
         tl.store(row_ptr + t[:, None] * srt + d[None, :], scale[None, :] * (row * inv[:, None]), mask=live)
 
-# The mixes' fp32-accurate dots as common.dot_fp32's TF32 heads cut by masks (False: Triton's
-# tf32x3) in hc_mixes and hc_site, unless their tiles say. sm_90 SASS (bench/kernel_resources.py):
-# hc_mixes' loop 264 -> 173 instructions a thread, hc_site's 741 -> 518; same accuracy (7e-8 of
-# the largest of 20,480-term rows against an fp32 GEMM's 5e-7, CPU emulation). Off until timed.
-TF32_HEADS = False
 # From this many rows (prefill) a site's mixes take hc_mixes; decode rows keep RMSNorm and the
 # split-K fp32 GEMM, which spread a few rows' 20,480 columns over the SMs (hc_mixes gives each
 # program BLOCK_T whole rows).
@@ -220,7 +216,7 @@ def hc_mixes(X: torch.Tensor, fn: torch.Tensor, eps: float, tiles: dict | None =
     out = torch.empty(T, N, dtype=torch.float32, device=X.device)
     if T == 0:
         return out
-    t = {**MIXES_TILES, "TF32_HEADS": TF32_HEADS, **(tiles or {})}
+    t = {**MIXES_TILES, "TF32_HEADS": common.TF32_HEADS, **(tiles or {})}
     splits, block_n = t["SPLITS"], max(16, triton.next_power_of_2(N))
     per_split = triton.cdiv(triton.cdiv(K, splits), t["BLOCK_K"]) * t["BLOCK_K"]
     parts = torch.empty(splits, T, block_n, device=X.device) if splits > 1 else out
@@ -282,7 +278,7 @@ def hc_expand_mix_parts(y: torch.Tensor, X: torch.Tensor, post: torch.Tensor, co
     if T:
         _hc_expand_mix_parts_kernel[(triton.cdiv(T, t["TB"]), blocks)](
             y, X, post, comb, out, fn, parts, squares, T, H, N, y.stride(0), X.stride(0), X.stride(1), out.stride(0),
-            out.stride(1), fn.stride(0), S=S, NP=np_, **t, **pdl.options(y.device))
+            out.stride(1), fn.stride(0), S=S, NP=np_, TF32_HEADS=common.TF32_HEADS, **t, **pdl.options(y.device))
     return out, parts, squares
 
 
@@ -322,7 +318,7 @@ def hc_site(X: torch.Tensor, fn: torch.Tensor, mix_eps: float, pre: torch.Tensor
     T, S, H = X.shape
     N = fn.shape[0]
     assert fn.shape[1] == S * H and fn.dtype == torch.float32 and supported(X), (fn.shape, X.shape, X.dtype)
-    t = {**SITE_TILES, "TF32_HEADS": TF32_HEADS, **(tiles or {})}
+    t = {**SITE_TILES, "TF32_HEADS": common.TF32_HEADS, **(tiles or {})}
     fn, pre = fn.contiguous(), pre.float().contiguous()
     w = torch.ones(H, device=X.device) if weight is None else weight.contiguous()
     np_ = max(16, triton.next_power_of_2(N))
