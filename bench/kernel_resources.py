@@ -180,8 +180,9 @@ KERNELS = {
         hc_streams._hc_site_kernel,
         {**{n: "*fp32" for n in ("x_ptr", "y_ptr", "post_ptr", "comb_ptr", "pre_ptr", "fn_ptr", "w_ptr",
                                  "streams_ptr", "mixes_ptr", "row_ptr")}, "mix_eps": "fp32", "norm_eps": "fp32"},
-        dict(S=4, NP=32, EXPAND=True, PDL=False, TF32_HEADS=True, **hc_streams.SITE_TILES),
-        ";EXPAND=0;TF32_HEADS=0;EXPAND=0,TF32_HEADS=0;TB=64,BLOCK=32;TB=128,BLOCK=16;num_warps=4;EXPAND=0,num_warps=4",
+        dict(S=4, NP=32, EXPAND=True, PDL=False, TF32_HEADS=common.TF32_HEADS, **hc_streams.SITE_TILES),
+        ";EXPAND=0;TF32_HEADS=1;EXPAND=0,TF32_HEADS=1;TB=64,BLOCK=32,TF32_HEADS=1;TB=128,BLOCK=16,TF32_HEADS=1;"
+        "num_warps=4,TF32_HEADS=1",
         sample=dict(T=16384, H=5120, N=24, sxt=20480, sxs=5120, syt=5120, sst=20480, sss=5120, sfn=20480, smt=24,
                     srt=5120)),
     # a prefill mHC site's mixes alone (hc_streams.hc_mixes, shipped while hc_site is off)

@@ -1,6 +1,6 @@
 # Device call D (~470 s): each prefill mHC site in one read of its streams (hc_streams.hc_site,
 # SITE_ROWS; built on the CPU in the forty-fourth session, off until timed) and the mixes' dots
-# in masked TF32 heads (common.TF32_HEADS; sm_90 SASS: hc_mixes' loop 264 -> 173
+# in masked TF32 heads (common.TF32_HEADS; sm_90 SASS: hc_mixes' loop 264 -> 191
 # instructions a thread). First their GPU tests (the kernels, and the golden logits with the
 # sites on), then a site's launches against one pass at a 16K chunk's rows in a few tiles
 # (bench/prefill_passes.py; the mHC is ~75 ms of a 16K chunk in 40 sites: mixes 29, expansions

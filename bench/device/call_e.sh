@@ -1,7 +1,7 @@
 # Device call E (~330 s): the decode rows' fp32 products (the mHC mixes, fp8_gemm's skinny kernel
 # on an fp32 weight: 86 launches a step) and the decode FFN site's expand-with-mixes kernel in
 # masked TF32 heads (common.TF32_HEADS, built on the CPU in the forty-fourth session, off until
-# timed; sm_90 SASS: the skinny kernel's loop 652 -> 450 instructions a thread): first the GPU
+# timed; sm_90 SASS: the skinny kernel's loop 652 -> 455 instructions a thread): first the GPU
 # tests of the fp32 products and the decode sites, then decode steps with it off and on,
 # alternated in one process, faithful mode at 4K, batches 1 and 8.
 source bench/device/env.sh

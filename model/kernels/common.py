@@ -42,9 +42,9 @@ _SPLIT_ONE = tl.constexpr(DOT.value == "tf32x3")
 # (False: Triton's tf32x3; the interpreter computes either exactly): the mHC mixes at prefill
 # (hc_streams.hc_mixes, hc_site) and the fp32 weights of the decode GEMM (fp8_gemm's skinny
 # kernel: the mHC mixes at decode rows). Read at each launch. sm_90 SASS
-# (bench/kernel_resources.py): hc_mixes' loop 264 -> 173 instructions a thread, hc_site's 741 ->
-# 518; same accuracy (7e-8 of the largest of 20,480-term rows, an fp32 GEMM's 5e-7, CPU
-# emulation). Off until timed.
+# (bench/kernel_resources.py): hc_mixes' loop 264 -> 191 instructions a thread, hc_site's 741 ->
+# 573, the skinny kernel's on an fp32 weight 652 -> 455; the same accuracy (dot_fp32). Off
+# until timed.
 TF32_HEADS = False
 
 
@@ -109,15 +109,19 @@ def dot_fp32(a, b, acc):
     """acc + a @ b for finite a and b to fp32's accuracy on the tensor cores where DOT is
     tf32x3: three TF32 passes of nearest heads and their remainders (which the tensor cores
     read truncated to TF32), made with 3 instructions a value where Triton's own tf32x3 spends
-    ~5, guarding infinities and NaNs (sm_90 SASS, bench/kernel_resources.py --kernel hc_site).
-    Both forms' largest error at 20,480 products of a row: 7e-8 of the largest result, an
-    fp32 GEMM's 5e-7 (the products summed in fp64, CPU emulation)."""
+    ~5 (it also keeps infinities, which this form turns into NaN; sm_90 SASS,
+    bench/kernel_resources.py --kernel hc_site). As in Triton's form the passes sum from zero
+    and join acc by an fp32 add: the tensor cores' own accumulation is reported to truncate
+    (Fasi et al. 2021; Khattak & Mikaitis 2025 on the H100), which over a 20,480-column row
+    would bias the sums (~2e-4 of the largest in a model of it, against ~1e-6). Largest error
+    of 20,480-term rows (products summed in fp64, CPU emulation): 7e-8 of the largest
+    result in both forms, an fp32 GEMM's 5e-7."""
     if _SPLIT_ONE:
         a_head = _tf32_nearest(a)
         b_head = _tf32_nearest(b)
-        acc = tl.dot(a_head, b - b_head, acc, input_precision="tf32")
-        acc = tl.dot(a - a_head, b_head, acc, input_precision="tf32")
-        return tl.dot(a_head, b_head, acc, input_precision="tf32")
+        part = tl.dot(a_head, b - b_head, tl.zeros(acc.shape, tl.float32), input_precision="tf32")
+        part = tl.dot(a - a_head, b_head, part, input_precision="tf32")
+        return acc + tl.dot(a_head, b_head, part, input_precision="tf32")
     return tl.dot(a, b, acc, input_precision=DOT)
 
 

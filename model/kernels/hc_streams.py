@@ -149,8 +149,10 @@ def _hc_site_kernel(x_ptr, y_ptr, post_ptr, comb_ptr, pre_ptr, fn_ptr, w_ptr, st
     mixes, their projections onto fn's rows (flat column k * H + d; fp32-accurate dots,
     tf32x3) and sums of squares, stored [T, N] scaled as hc_mixes scales them; and the site's
     input, the streams collapsed by the previous site's `pre` (known before the pass), stored
-    as it is made, then RMS-normalized times w in a second pass over these tokens' rows, which
-    were just written (L2) where the streams would be read again (HBM)."""
+    as it is made, then RMS-normalized times w in a second pass over these tokens' rows: 4 bytes
+    a column read back and written again where the streams would be read again (16). At a
+    16K chunk they come back from HBM, not L2: ~132 resident programs write 1.3 MB of rows
+    each, over L2's 50 MB."""
     pdl.wait_for_inputs(PDL)
     t = (tl.program_id(0) * TB + tl.arange(0, TB)).to(tl.int64)
     tok = t < T
@@ -297,7 +299,7 @@ def hc_collapse_norm(X: torch.Tensor, pre: torch.Tensor, weight: torch.Tensor | 
 
 # From this many rows (prefill) an mHC site takes hc_site: the attention site's mixes and input
 # in one read of its streams (two before), the FFN site's with the attention's expand in one
-# read and a write (three reads and a write before): per layer 4 passes over the [T, 4, 5120]
+# read and a write (three reads and a write before): per layer 5 passes over the [T, 4, 5120]
 # streams where there were 8 (1.34 GB a pass at a 16K chunk). 0: never (off until timed; the
 # forty-second session's one-pass form, a decode-shaped tile of 16 tokens x 64 columns whose
 # mixes went through 80 parts a token, ran 2x slower than the separate launches).
