@@ -71,7 +71,12 @@ SAMPLE = 4096
 FLOOR_MARGIN, FLOOR_SLACK = 4, 16
 CAPACITY = 8192  # kept scores a chunk has places for, at most (places: no more than its scores)
 # The filtering launch: 4 warps and loads 3 steps ahead (tl.range stages) took 0.59 ms where 8
-# warps and none took 0.86 (128 x 1M).
+# warps and none took 0.86 (128 x 1M). It is bound by issue, not bytes: 4 warps keep up with
+# HBM at ~32 instructions a score, and its loop took ~56 (449 a thread for 8 scores, sm_90 SASS,
+# bench/kernel_resources.py --kernel top_k_filter). Since the forty-fourth session it compares
+# _signed_keys with the floor (2 instructions a score where _keys took ~9) and keeps each
+# lane's highest kept key, reduced once after the loop: 331 (56 registers), the same kept
+# scores (a test over special values and floors). Untimed.
 FILTER_STAGES, FILTER_WARPS = 3, 4
 
 
@@ -172,6 +177,34 @@ def _keys(x):
     bits = tl.where(bits == 0x80000000, 0, bits)
     key = tl.where((bits & 0x80000000) != 0, ~bits, bits | 0x80000000)
     key = tl.where(key <= _NEG_INF_KEY, _LOW_KEY, key)
+    return tl.where(key > _POS_INF_KEY, _HIGH_KEY, key)
+
+
+@triton.jit
+def _signed_keys(x):
+    """fp32 scores -> int32 keys in the scores' order, without _keys' collapses, in 2
+    instructions a score where _keys takes ~9: negatives' magnitude bits flipped, so -0.0 lands
+    at -1 just below +0.0, -inf below every finite score, negative NaNs below it and positive
+    NaNs above +inf. key ^ 0x80000000 is _keys' key wherever _keys collapses nothing."""
+    bits = x.to(tl.int32, bitcast=True)
+    return bits ^ ((bits >> 31) & 0x7FFFFFFF)
+
+
+@triton.jit
+def _signed_floor(floor):
+    """A floor of _keys' keys (uint32, at least 1) -> the least _signed_keys key that reaches
+    it: a score's _keys key is >= floor iff its signed key is >= this. A floor among the
+    collapsed keys (0: -inf and negative NaNs; 0xFFFFFFFF: positive NaNs) goes to the end of
+    the finite scores beside it, and one at 0.0 takes -0.0 (signed -1) in too."""
+    t = (tl.minimum(tl.maximum(floor, 0x00800000), 0xFF800001) ^ 0x80000000).to(tl.int32, bitcast=True)
+    return tl.where(t == 0, -1, t)
+
+
+@triton.jit
+def _collapsed_key(signed):
+    """A kept score's _signed_keys key -> its _keys key (-0.0 as 0.0, positive NaNs as _HIGH_KEY)."""
+    key = signed.to(tl.uint32, bitcast=True) ^ 0x80000000
+    key = tl.where(signed == -1, 0x80000000, key)
     return tl.where(key > _POS_INF_KEY, _HIGH_KEY, key)
 
 
@@ -376,19 +409,20 @@ def _filter_kernel(x_ptr, floor_ptr, kept_ptr, id_ptr, count_ptr, top_ptr, N, sx
     row = tl.program_id(0)
     chunk = tl.program_id(1)
     at = row * tl.num_programs(1) + chunk
-    floor = tl.maximum(_floor(floor_ptr, row), _LOW_KEY + 1)
+    floor = _signed_floor(tl.maximum(_floor(floor_ptr, row), _LOW_KEY + 1))
     x_row = x_ptr + row.to(tl.int64) * sxr
     kept_at, id_at = kept_ptr + at.to(tl.int64) * CAPACITY, id_ptr + at.to(tl.int64) * CAPACITY
     kept = tl.zeros((), tl.int32)
-    top = tl.zeros((), tl.uint32)
+    # each lane's highest kept signed key (-2^31: none; no score reaching a floor has it)
+    tops = tl.full((BLOCK,), -2147483648, tl.int32)
     lo = chunk * chunk_len
     hi = tl.minimum(lo + chunk_len, N)
     for start in tl.range(lo, hi, BLOCK, num_stages=STAGES):
         cols = start + tl.arange(0, BLOCK)
         score = tl.load(x_row + cols, mask=cols < hi, other=float("-inf"))
-        key = _keys(score)
+        key = _signed_keys(score)
         keep = (key >= floor).to(tl.int32)
-        top = tl.maximum(top, tl.max(tl.where(keep != 0, key, 0)))
+        tops = tl.maximum(tops, tl.where(keep != 0, key, -2147483648))
         if ATOMIC:
             place = tl.atomic_add(count_ptr + at + tl.zeros_like(cols), 1, mask=keep != 0, sem="relaxed")
         else:
@@ -399,6 +433,8 @@ def _filter_kernel(x_ptr, floor_ptr, kept_ptr, id_ptr, count_ptr, top_ptr, N, sx
         tl.store(id_at + place, cols, mask=room)
     if not ATOMIC:
         tl.store(count_ptr + at, kept)
+    top = tl.max(tops)
+    top = tl.where(top == -2147483648, 0, _collapsed_key(top))  # (0 where none, as _keys' keys)
     tl.store(top_ptr + at, top.to(tl.int32, bitcast=True))
 
 

@@ -7,8 +7,10 @@ whole-row select where the floor misjudged a row)."""
 import pytest
 import torch
 import triton
+import triton.language as tl
 
-from dsflash.model.kernels.top_k import top_k_ascending_kernel, top_k_ascending_ref
+from dsflash.model.kernels.top_k import (_collapsed_key, _keys, _signed_floor, _signed_keys,
+                                         top_k_ascending_kernel, top_k_ascending_ref)
 
 INF, NAN = float("inf"), float("nan")
 SMALL_PLAN = dict(chunks=3, block=128)  # at N = 600: chunks of 256, 256 and 88
@@ -195,3 +197,49 @@ def test_large_shapes_on_the_gpu(n, N, k):
     scores[: n // 2, N // 3:] = -INF  # half the rows see a third of the entries
     scores[1] = scores[1].round(decimals=1)  # heavy ties at the threshold
     _check(scores, k, {})
+
+
+@triton.jit
+def _reach_kernel(x_ptr, floor_ptr, keys_ptr, signed_ptr, back_ptr, N, BLOCK: tl.constexpr):
+    """Program (floor f): for every score, whether _keys' key reaches floor f and whether its
+    _signed_keys key reaches _signed_floor(f); and each score's key back from its signed one."""
+    f = tl.program_id(0)
+    floor = tl.load(floor_ptr + f).to(tl.uint32, bitcast=True)
+    cols = tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + cols, mask=cols < N, other=0.0)
+    tl.store(keys_ptr + f * N + cols, (_keys(x) >= floor).to(tl.int8), mask=cols < N)
+    tl.store(signed_ptr + f * N + cols, (_signed_keys(x) >= _signed_floor(floor)).to(tl.int8), mask=cols < N)
+    tl.store(back_ptr + cols, _collapsed_key(_signed_keys(x)).to(tl.int32, bitcast=True), mask=cols < N)
+
+
+def test_the_filters_signed_keys_reach_a_floor_as_the_keys_do():
+    """The filtering launch compares _signed_keys (2 instructions a score) with _signed_floor in
+    place of _keys (~9) with the floor: the same scores reach every floor, from special values
+    (signed zeros, infinities, NaNs of both signs, denormals, the largest finite) and random bit
+    patterns, against floors at each of their keys, one past them, and the collapsed ends; a
+    kept score's key comes back from its signed one (positive NaNs collapsed), as the launch
+    reports its highest."""
+    g = torch.Generator().manual_seed(9)
+    special = torch.tensor([0.0, -0.0, INF, -INF, NAN, -NAN, 1.0, -1.0, 1e-45, -1e-45, 3.4028235e38, -3.4028235e38,
+                            1.1754944e-38, -1.1754944e-38, 2.0, -2.0])
+    bits = torch.randint(-2**31, 2**31, (200,), generator=g, dtype=torch.int64).to(torch.int32)
+    x = torch.cat([special, bits.view(torch.float32), special.view(torch.int32).add(1).view(torch.float32)])
+    as_keys = x.view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+    ordered = torch.where(as_keys >= 2**31, as_keys ^ 0xFFFFFFFF, as_keys | 2**31)  # _keys before its collapses
+    floors = torch.cat([ordered, ordered + 1, torch.tensor([1, 2, 0x007FFFFF, 0x00800000, 0x80000000, 0x80000001,
+                                                            0xFF800000, 0xFF800001, 0xFFFFFFFF])])
+    floors = floors.clamp(1, 0xFFFFFFFF)
+    floors = torch.where(floors >= 2**31, floors - 2**32, floors).to(torch.int32)
+    n, f = x.numel(), floors.numel()
+    keys, signed = torch.empty(f, n, dtype=torch.int8), torch.empty(f, n, dtype=torch.int8)
+    back = torch.empty(n, dtype=torch.int32)
+    dev = lambda t: t.to(DEVICE)  # noqa: E731
+    outs = [dev(keys), dev(signed), dev(back)]
+    _reach_kernel[(f,)](dev(x), dev(floors), *outs, n, BLOCK=triton.next_power_of_2(n))
+    keys, signed, back = (o.cpu() for o in outs)
+    assert torch.equal(keys, signed)
+    collapsed = torch.where(ordered <= 0x007FFFFF, 0, torch.where(ordered > 0xFF800000, 0xFFFFFFFF, ordered))
+    collapsed = torch.where(x.view(torch.int32) == -2**31, 0x80000000, collapsed)  # -0.0 as 0.0
+    reachable = collapsed > 0  # (kept scores only: -inf and negative NaNs never reach a floor)
+    want = torch.where(collapsed >= 2**31, collapsed - 2**32, collapsed).to(torch.int32)
+    assert torch.equal(back[reachable], want[reachable])
