@@ -112,8 +112,9 @@ def dot_fp32(a, b, acc):
     ~5 (it also keeps infinities, which this form turns into NaN; sm_90 SASS,
     bench/kernel_resources.py --kernel hc_site). As in Triton's form the passes sum from zero
     and join acc by an fp32 add: the tensor cores' own accumulation is reported to truncate
-    (Fasi et al. 2021; Khattak & Mikaitis 2025 on the H100), which over a 20,480-column row
-    would bias the sums (~2e-4 of the largest in a model of it, against ~1e-6). Largest error
+    (Fasi et al., "Numerical behavior of NVIDIA tensor cores", 2021, and later measurements),
+    which over a 20,480-column row would bias the sums (~2e-4 of the largest in a model of
+    it, against ~1e-6). Largest error
     of 20,480-term rows (products summed in fp64, CPU emulation): 7e-8 of the largest
     result in both forms, an fp32 GEMM's 5e-7."""
     if _SPLIT_ONE:

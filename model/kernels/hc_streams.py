@@ -137,7 +137,6 @@ def _hc_mixes_kernel(x_ptr, fn_ptr, out_ptr, part_ptr, squares_ptr, T, N, K, K_P
         tl.store(squares_ptr + at, squares, mask=live)
 
 
-
 @triton.jit
 def _hc_site_kernel(x_ptr, y_ptr, post_ptr, comb_ptr, pre_ptr, fn_ptr, w_ptr, streams_ptr, mixes_ptr, row_ptr,
                     T, H, N, sxt, sxs, syt, sst, sss, sfn, smt, srt, mix_eps, norm_eps, S: tl.constexpr,
@@ -147,7 +146,7 @@ def _hc_site_kernel(x_ptr, y_ptr, post_ptr, comb_ptr, pre_ptr, fn_ptr, w_ptr, st
     streams. EXPAND: the streams are first the sublayer's output y taken in (hc_expand), and
     written to streams_ptr. Of the (new) streams, column block by column block: the site's
     mixes, their projections onto fn's rows (flat column k * H + d; fp32-accurate dots,
-    tf32x3) and sums of squares, stored [T, N] scaled as hc_mixes scales them; and the site's
+    _project) and sums of squares, stored [T, N] scaled as hc_mixes scales them; and the site's
     input, the streams collapsed by the previous site's `pre` (known before the pass), stored
     as it is made, then RMS-normalized times w in a second pass over these tokens' rows: 4 bytes
     a column read back and written again where the streams would be read again (16). At a
@@ -187,13 +186,14 @@ def _hc_site_kernel(x_ptr, y_ptr, post_ptr, comb_ptr, pre_ptr, fn_ptr, w_ptr, st
     inv = 1.0 / tl.sqrt(tl.sum(squares, axis=1) / (S * H) + mix_eps)
     tl.store(mixes_ptr + t[:, None] * smt + n[None, :], proj * inv[:, None], mask=tok[:, None] & (n < N)[None, :])
     inv = 1.0 / tl.sqrt(tl.sum(row_squares, axis=1) / H + norm_eps)
-    tl.debug_barrier()  # (the rows are read back by other threads of the program than wrote them)
+    tl.debug_barrier()  # (the layouts may give a row's columns back to other threads than wrote them)
     for d0 in range(0, H, BLOCK):
         d = d0 + tl.arange(0, BLOCK)
         live = tok[:, None] & (d < H)[None, :]
         row = tl.load(row_ptr + t[:, None] * srt + d[None, :], mask=live, other=0.0)
         scale = tl.load(w_ptr + d, mask=d < H, other=0.0).to(tl.float32)
         tl.store(row_ptr + t[:, None] * srt + d[None, :], scale[None, :] * (row * inv[:, None]), mask=live)
+
 
 # From this many rows (prefill) a site's mixes take hc_mixes; decode rows keep RMSNorm and the
 # split-K fp32 GEMM, which spread a few rows' 20,480 columns over the SMs (hc_mixes gives each
