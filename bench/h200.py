@@ -816,6 +816,8 @@ def prefill(model, lengths, label: str = "prefill", warm_first: bool = True, chu
         prompt = torch.randint(3, 100000, (n,), generator=torch.Generator().manual_seed(n)).tolist()
         engine.add(PrefillRequest("p", prompt, want_taps=False))
         sync()
+        if DEV.startswith("cuda"):
+            torch.cuda.reset_peak_memory_stats()
         print(f"[{label}] T{n}: the timed run begins", flush=True)  # compiles after this line missed the warm-up
         began = time.perf_counter()
         progress = []  # (tokens done, seconds) every ~64K tokens: how a chunk's cost grows with the context
@@ -853,7 +855,8 @@ def prefill(model, lengths, label: str = "prefill", warm_first: bool = True, chu
                                     "last_argmax": int(logits.argmax()),
                                     "limit_s": limit, "ratio_to_limit": seconds / limit,
                                     "roofline_s_bf16": flops / BF16_FLOPS, "ratio_to_roofline": seconds / (flops / BF16_FLOPS),
-                                    "TFLOP": flops / 1e12, "progress": progress, "last_steps_s": last_steps})
+                                    "TFLOP": flops / 1e12, "progress": progress, "last_steps_s": last_steps,
+                                    "peak_GiB": peak_gib()})
         done[0].cache.release()
         if PROFILE[0] and n == lengths[0]:  # one chunk after a warm one, into a new cache
             # two chunks: the first warms, the second is profiled (a prompt of one chunk left
@@ -865,6 +868,11 @@ def prefill(model, lengths, label: str = "prefill", warm_first: bool = True, chu
         del engine, pool
         if DEV.startswith("cuda"):
             torch.cuda.empty_cache()
+
+
+def peak_gib() -> float:
+    """GiB the run held at most on the GPU since the last reset_peak_memory_stats (0 on the CPU)."""
+    return torch.cuda.max_memory_allocated() / 2**30 if DEV.startswith("cuda") else 0.0
 
 
 def layer_token_flops(c) -> float:
@@ -946,6 +954,9 @@ def main() -> None:
     parser.add_argument("--prefill-switch", default="",
                         help="'package.module.ATTR=V1|V2|..': the prefill section once with each value (Python "
                              "literals); several switches joined by ';' take their i-th values together")
+    parser.add_argument("--expert-cache-bytes", default="0",
+                        help="prefill: comma-separated budgets, each in turn, for faithful mode's routed experts kept "
+                             "re-encoded for the FP8 tensor cores (TritonOps.keep_encoded_experts; 0: none)")
     parser.add_argument("--contexts", default="4096,1048576")
     parser.add_argument("--batches", default="1,8,32")
     parser.add_argument("--device", default="cuda")
@@ -1007,19 +1018,23 @@ def main() -> None:
             decode(model, store, [batches[0]], [contexts[0]], "decode_eager" + mode)
             model.graphs = graphs
         if "prefill" in sections:
-            chunk = "" if args.chunk == 8192 else f"_chunk{args.chunk}"
             lengths = [int(x) for x in args.prefill.split(",")]
-            if args.prefill_switch:  # each value in turn, in one process: the records' last logits compare
-                switches = [module_switch(path, values.split("|"))
-                            for path, values in (one.split("=", 1) for one in args.prefill_switch.split(";"))]
-                assert len({len(values) for _, _, values in switches}) == 1, "every switch takes as many values"
-                for i in range(len(switches[0][2])):
-                    for module, attribute, values in switches:  # variant i: each switch's i-th value
-                        setattr(module, attribute, values[i])
-                    label = ",".join(f"{attribute}={values[i]!r}" for _, attribute, values in switches)
-                    prefill(model, lengths, f"prefill{mode}{chunk}_{i}_{label}", chunk=args.chunk)
-            else:
-                prefill(model, lengths, "prefill" + mode + chunk, chunk=args.chunk)
+            for cache in (int(float(v)) for v in args.expert_cache_bytes.split(",")):
+                model.ops.keep_encoded_experts(cache)  # (its first run, a warm-up, fills it)
+                chunk = ("" if args.chunk == 8192 else f"_chunk{args.chunk}") + (f"_experts{cache / 2**30:g}GiB"
+                                                                                 if cache else "")
+                if args.prefill_switch:  # each value in turn, in one process: the records' last logits compare
+                    switches = [module_switch(path, values.split("|"))
+                                for path, values in (one.split("=", 1) for one in args.prefill_switch.split(";"))]
+                    assert len({len(values) for _, _, values in switches}) == 1, "every switch takes as many values"
+                    for i in range(len(switches[0][2])):
+                        for module, attribute, values in switches:  # variant i: each switch's i-th value
+                            setattr(module, attribute, values[i])
+                        label = ",".join(f"{attribute}={values[i]!r}" for _, attribute, values in switches)
+                        prefill(model, lengths, f"prefill{mode}{chunk}_{i}_{label}", chunk=args.chunk)
+                else:
+                    prefill(model, lengths, "prefill" + mode + chunk, chunk=args.chunk)
+            model.ops.keep_encoded_experts(0)
         if "reference" in sections:
             from dsflash.model.ops import ReferenceOps
 

@@ -8,7 +8,6 @@ environment.
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import sys
 
@@ -107,6 +106,10 @@ def build_parser() -> argparse.ArgumentParser:
                                            "applied to this worker's KV transfers")
         if role == "prefill":
             _add(p, "--ced", action="store_true", help="bounded replay: decoder layers over the prompt tail only")
+            _add(p, "--expert-cache-bytes", type=_bytes, default="0",
+                 help="GPU memory for faithful mode's routed experts kept re-encoded for the FP8 tensor cores "
+                      "(twice their FP4 bytes), which every prompt chunk otherwise encodes again; taken at "
+                      "the start-up chunk (0 = none)")
         else:
             _add(p, "--spec-tokens", type=int, default=5, help="DSpark drafts verified per step (0 = off)")
             _add(p, "--host-cache-bytes", type=_bytes, default="256MiB",

@@ -61,6 +61,8 @@ class TritonOps(ReferenceOps):
         self._bf16: dict[str, torch.Tensor] = {}
         self._experts: dict[str, tuple[tuple[torch.Tensor, ...], bool]] = {}
         self._merged: dict[tuple[str, ...], tuple | bool] = {}  # linear_many's weights end to end
+        # faithful prefill's routed experts kept re-encoded for the FP8 tensor cores (keep_encoded_experts)
+        self.expert_cache: prefill_gemms.EncodedExperts | None = None
         self._side = None
         if self.device.type == "cuda":
             for lane in range(LANES):
@@ -264,6 +266,11 @@ class TritonOps(ReferenceOps):
             return super().norm_rope_fp4(x, cos, sin, block, e4m3_scales, norm_weight, eps)
         return compressor.norm_rope_fp4(x, cos, sin, block, e4m3_scales, norm_weight, eps)
 
+    def keep_encoded_experts(self, budget: int) -> None:
+        """Keep up to `budget` bytes of faithful prefill's routed experts re-encoded for the FP8
+        tensor cores from chunk to chunk (prefill_gemms.EncodedExperts; 0: encode every chunk)."""
+        self.expert_cache = prefill_gemms.EncodedExperts(budget) if budget > 0 else None
+
     def routed_experts(self, prefix: str, local: range, x: torch.Tensor, idx: torch.Tensor,
                        weights: torch.Tensor, limit: float) -> torch.Tensor:
         """Pairs routed to this rank's experts `local`; the others are left to their ranks."""
@@ -278,7 +285,10 @@ class TritonOps(ReferenceOps):
                            round_input=True)
         x = self.gemm_input(x)
         if prefill_gemms.takes_experts(x, idx.numel(), len(local)):  # a prefill chunk's pairs: cuBLAS
-            return prefill_gemms.fp4_experts(x.contiguous(), own, weights, *tensors, limit, act_quant=self.act_quant)
+            cache = self.expert_cache
+            encoded = None if cache is None else (cache.encoder((prefix, "w13")), cache.encoder((prefix, "w2")))
+            return prefill_gemms.fp4_experts(x.contiguous(), own, weights, *tensors, limit, act_quant=self.act_quant,
+                                             encoded=encoded)
         return fp4_moe(x.contiguous(), own, weights, *tensors, limit, small=small, act_quant=self.act_quant)
 
     def stack_all_experts(self, config) -> None:

@@ -42,6 +42,41 @@ EXACT_EXPERTS = True
 FP8_TENSOR_CORES = True
 
 
+class EncodedExperts:
+    """Routed experts re-encoded for the FP8 tensor cores (fp8_blockwise.fp4_weight_128: e4m3
+    under 128 x 128 scale blocks, twice their FP4 bytes), kept from chunk to chunk up to
+    `budget` bytes, first come first kept; past it they are encoded each time, as without.
+    Each faithful prefill chunk otherwise encodes every layer's experts again: 21 ms of a 16K
+    chunk at the bench preset (40 launches, at their bytes; ~1.3 s of a 1M prompt), which a
+    prefill worker, whose KV pool holds only the prompts in flight, may rather spend memory on
+    (`dsflash prefill --expert-cache-bytes`: 1.7 GB a layer of the bench preset's 48 experts)."""
+
+    def __init__(self, budget: int):
+        self.budget, self.used = budget, 0
+        self._kept: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def encoder(self, key: tuple):
+        """encode(experts, units, scales) for one stacked matrix (`key`: which; its slices of
+        experts are kept apart)."""
+        def encode(experts: slice, units: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            at = key + (experts.start, experts.stop)
+            kept = self._kept.get(at)
+            if kept is not None:
+                return kept
+            w, w_scales = _encode(experts, units, scales)
+            size = w.numel() * w.element_size() + w_scales.numel() * w_scales.element_size()
+            if self.used + size <= self.budget:
+                self._kept[at] = w, w_scales
+                self.used += size
+            return w, w_scales
+        return encode
+
+
+def _encode(experts: slice, units: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A batch of experts' FP4 weights re-encoded for the FP8 tensor cores, each time."""
+    return fp8_blockwise.fp4_weight_128(units[experts], scales[experts])
+
+
 def takes(x: torch.Tensor) -> bool:
     """Whether a dense product with input x runs here: prefill rows on the GPU (the CPU tests
     call the functions below directly). Never inside a CUDA graph capture (a decode batch past
@@ -165,12 +200,16 @@ def _grouped_on_tensor_cores(x: torch.Tensor, codes: torch.Tensor, scales: torch
 
 
 def fp4_experts(x: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor, w13: torch.Tensor, s13: torch.Tensor,
-                w2: torch.Tensor, s2: torch.Tensor, limit: float, act_quant: bool = False) -> torch.Tensor:
+                w2: torch.Tensor, s2: torch.Tensor, limit: float, act_quant: bool = False,
+                encoded: tuple | None = None) -> torch.Tensor:
     """fp4_moe's result ([T, H] fp32) for the same arguments (ids past the last expert: other
     ranks' pairs, left 0). The pairs are sorted by expert once; the experts' weights are decoded
     to bf16 in one launch a matrix (up to DECODE_EXPERTS at a time: one launch an expert cost
     11.5 against 9.3 ms at 8,192 tokens), then each expert's run of rows is one product. Each
-    token's k outputs are summed in pair order, as fp4_moe sums them (no atomics)."""
+    token's k outputs are summed in pair order, as fp4_moe sums them (no atomics). `encoded`:
+    the gate/up and down matrices' encoders (EncodedExperts.encoder) where their FP8 forms are
+    kept."""
+    encode13, encode2 = encoded or (_encode, _encode)
     T, H = x.shape
     k = idx.shape[1]
     E, two_i, _ = w13.shape
@@ -188,15 +227,15 @@ def fp4_experts(x: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor, w13: 
     tokens = torch.zeros(sum(runs), dtype=torch.int64, device=x.device).index_copy_(0, at, live // k)
     row_weights = torch.zeros(sum(runs), dtype=weights.dtype, device=x.device).index_copy_(
         0, at, weights.reshape(-1)[live])
-    gate_up = _by_expert(x, runs, w13, s13, tokens)
-    down = _down_projection(x, gate_up, runs, row_weights, w2, s2, limit, act_quant)
+    gate_up = _by_expert(x, runs, w13, s13, tokens, encode13)
+    down = _down_projection(x, gate_up, runs, row_weights, w2, s2, limit, act_quant, encode2)
     place = torch.full((flat.shape[0],), -1, dtype=torch.int64, device=x.device)
     place[live] = at  # pair -> its row of `down` (-1: none)
     return pair_sums(down, place.view(T, k))
 
 
 def _down_projection(x: torch.Tensor, gate_up: torch.Tensor, runs: list[int], row_weights: torch.Tensor,
-                     w2: torch.Tensor, s2: torch.Tensor, limit: float, act_quant: bool) -> torch.Tensor:
+                     w2: torch.Tensor, s2: torch.Tensor, limit: float, act_quant: bool, encode=_encode) -> torch.Tensor:
     """Each pair's clamped SwiGLU of its gate/up row times its routing weight (in faithful mode
     on the FP8 grid, fake_quant_fp8) through its expert's down projection -> [rows, H] fp32."""
     inter = gate_up.shape[1] // 2
@@ -205,13 +244,13 @@ def _down_projection(x: torch.Tensor, gate_up: torch.Tensor, runs: list[int], ro
     if on_grid and SWIGLU_ENCODE and _tensor_cores(x, x.shape[1], inter):  # all of it in the operand's encode
         a, a_scales = fp8_blockwise.swiglu_rows_1x128(gate, up, limit, row_weights, counts=runs)
         out = torch.empty(sum(runs), x.shape[1], dtype=torch.float32, device=x.device)
-        return _expert_products(a, a_scales, runs, w2, s2, out)
+        return _expert_products(a, a_scales, runs, w2, s2, out, encode)
     if SWIGLU_EPILOGUE:  # the routing weights and the rounding in the SwiGLU's launch
         h = clamped_swiglu(gate, up, limit, row_weights=row_weights, fp8_grid=on_grid)
     else:  # the passes it replaced, for comparisons
         h = clamped_swiglu(gate, up, limit) * row_weights[:, None]
         h = fp8_grid_bf16(h) if on_grid else h
-    return _by_expert(h, runs, w2, s2)
+    return _by_expert(h, runs, w2, s2, encode=encode)
 
 
 def _run_rows(experts: torch.Tensor, counts: list[int], runs: list[int]) -> torch.Tensor:
@@ -251,7 +290,7 @@ DECODE_EXPERTS = 64
 
 
 def _by_expert(rows: torch.Tensor, counts: list[int], units: torch.Tensor, scales: torch.Tensor,
-               sources: torch.Tensor | None = None) -> torch.Tensor:
+               sources: torch.Tensor | None = None, encode=_encode) -> torch.Tensor:
     """Each expert's run of rows (in expert order, counts[e] each; with sources, rows' rows
     sources[i]) times its weight (quad units [E, N, K/4] and scales, decoded here) -> [rows, N]
     fp32. fp32 rows go in as three bf16 parts stacked as rows, their products summed after: side
@@ -261,7 +300,7 @@ def _by_expert(rows: torch.Tensor, counts: list[int], units: torch.Tensor, scale
     out = torch.empty(sum(counts), N, dtype=torch.float32, device=rows.device)
     if _tensor_cores(rows, N, 4 * units.shape[2]):  # faithful rows: their codes made once, read where they lie
         return _expert_products(*fp8_blockwise.rows_1x128(rows, counts=counts, sources=sources), counts, units,
-                                scales, out)
+                                scales, out, encode)
     if sources is not None:
         rows = rows.index_select(0, sources)
     for experts, runs in _expert_batches(counts):
@@ -291,13 +330,13 @@ def _expert_batches(counts: list[int]):
 
 
 def _expert_products(a: torch.Tensor, a_scales: torch.Tensor, counts: list[int], units: torch.Tensor,
-                     scales: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+                     scales: torch.Tensor, out: torch.Tensor, encode=_encode) -> torch.Tensor:
     """Each expert's run of rows_1x128's rows (counts[e] each, their scales together) times its
-    weight re-encoded as e4m3 (DECODE_EXPERTS at a time, half the bytes of their bf16 decode)
-    into out's rows, on the FP8 tensor cores."""
+    weight re-encoded as e4m3 (DECODE_EXPERTS at a time, half the bytes of their bf16 decode;
+    by `encode`, which may keep them) into out's rows, on the FP8 tensor cores."""
     blocks = a.shape[2] // 128
     for experts, runs in _expert_batches(counts):
-        w, w_scales = fp8_blockwise.fp4_weight_128(units[experts], scales[experts])
+        w, w_scales = encode(experts, units, scales)
         for e, start, count in runs:
             run_scales = fp8_blockwise.segment_scales(a_scales, blocks, start, count)
             fp8_blockwise.product(a[0, start:start + count], run_scales, w[e], w_scales[e], out=out[start:start + count])

@@ -22,3 +22,15 @@ def test_a_prefill_token_budget_the_kernels_cannot_take_is_refused(role):
         settings("--gpus", "0", "--prefill-token-budget", str(most + 1))
     with pytest.raises(SystemExit, match="at least 1"):
         settings("--prefill-token-budget", "0")
+
+
+def test_a_prefill_workers_expert_cache_is_its_flag_in_bytes():
+    """--expert-cache-bytes (prefill workers only) reaches WorkerSettings in bytes; 0 by default."""
+    def settings(role: str, *flags: str):
+        return worker_settings(build_parser().parse_args([role, "--checkpoint", "ckpt", *flags]), role)
+
+    assert settings("prefill").expert_cache_bytes == 0
+    assert settings("prefill", "--expert-cache-bytes", "36GiB").expert_cache_bytes == 36 << 30
+    assert settings("decode").expert_cache_bytes == 0
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["decode", "--checkpoint", "ckpt", "--expert-cache-bytes", "1GiB"])
