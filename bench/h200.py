@@ -1019,14 +1019,14 @@ def main() -> None:
             model.graphs = graphs
         if "prefill" in sections:
             lengths = [int(x) for x in args.prefill.split(",")]
+            switches = [module_switch(path, values.split("|"))
+                        for path, values in (one.split("=", 1) for one in args.prefill_switch.split(";") if one)]
+            assert len({len(values) for _, _, values in switches}) <= 1, "every switch takes as many values"
             for cache in (int(float(v)) for v in args.expert_cache_bytes.split(",")):
                 model.ops.keep_encoded_experts(cache)  # (its first run, a warm-up, fills it)
                 chunk = ("" if args.chunk == 8192 else f"_chunk{args.chunk}") + (f"_experts{cache / 2**30:g}GiB"
                                                                                  if cache else "")
-                if args.prefill_switch:  # each value in turn, in one process: the records' last logits compare
-                    switches = [module_switch(path, values.split("|"))
-                                for path, values in (one.split("=", 1) for one in args.prefill_switch.split(";"))]
-                    assert len({len(values) for _, _, values in switches}) == 1, "every switch takes as many values"
+                if switches:  # each value in turn, in one process: the records' last logits compare
                     for i in range(len(switches[0][2])):
                         for module, attribute, values in switches:  # variant i: each switch's i-th value
                             setattr(module, attribute, values[i])
