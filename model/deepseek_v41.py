@@ -211,9 +211,23 @@ class DeepseekV41:
     def block(self, role: LayerRole, X: torch.Tensor, pre: torch.Tensor, runs: list[SeqRun],
               block_mode: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """One mHC block; returns the new streams and this block's FFN `pre` for the next site."""
+        return self._block(role, [X], pre, runs, block_mode)[:2]
+
+    def _block(self, role: LayerRole, streams: list[torch.Tensor], pre: torch.Tensor, runs: list[SeqRun],
+               block_mode: bool = False, defer: bool = False) -> tuple[torch.Tensor, ...]:
+        """block of streams = [X, *pending]: pending the block before's FFN output, post and
+        comb, not yet in X, taken into the streams in this block's attention site; with `defer`
+        its own FFN output left out of them: (X, pre, its pending or nothing). See
+        ReferenceOps.defers_expand. The list is emptied, so that the caller holds neither X nor
+        the pending output once the site has made the new streams (at a 16K chunk 1.34 GB and
+        0.34 GB, held through the FFN's peak otherwise)."""
+        X, *pending = streams
+        streams.clear()
         unit = _rows_per_request(runs)
         prepared = (self._graphable_block_attention(role, runs, X.shape[0]) if block_mode
                     else self._graphable_attention(role, runs, X.shape[0], unit))
+        if prepared is not None:  # (a prefill chunk's rows, which the deferring is for, never fit its ring)
+            X, pending = self._expanded(X, pending), ()
         if prepared is not None:  # the whole block in one graph
             key = ("block", role.index, prepared.plan, prepared.pool.serial)
             out = self.graphs.run(key, lambda *t: self._whole_block(role, prepared, *t), (X, pre) + prepared.tensors,
@@ -225,9 +239,12 @@ class DeepseekV41:
         graphed_sources = self.graphs is not None and not block_mode and self._sources_in_place(role, runs)
         # there the compressor's projections join the site's graph as the indexer's queries do
         compressor = graphed_sources and role.is_kv_source and not any(run.skip_compressor for run in runs)
-        a_pre, a_post, a_comb, xa, q_res, q_all, kv_all, *extra = self._dense(
-            "attn_in", role, functools.partial(self._attn_in, compressor=compressor), X, pre, *yarn,
-            shared=len(yarn), unit=unit, variant=("compressor",) if compressor else ())
+        attn_in = functools.partial(self._attn_in, compressor=compressor, pending=len(pending))
+        site = self._dense("attn_in", role, attn_in, X, pre, *pending, *yarn, shared=len(yarn), unit=unit,
+                           variant=(("compressor",) if compressor else ()) + (("deferred",) if pending else ()))
+        if pending:  # (the streams with the block before's FFN output in them come first)
+            (X, *site), pending = site, ()
+        a_pre, a_post, a_comb, xa, q_res, q_all, kv_all, *extra = site
         queries, projected = extra[:2 if yarn else 0], extra[2 if yarn else 0:]
         if graphed_sources:
             # the compressor and indexer eagerly (their shapes follow the caches), then the
@@ -235,7 +252,7 @@ class DeepseekV41:
             update_sources(self.ops, self.config, role, xa, q_res, runs, self.rope, tuple(queries) or None,
                            tuple(projected) or None)
             prepared = self._graphable_attention(role, runs, X.shape[0], unit, sources_updated=True)
-            if prepared is not None:
+            if prepared is not None:  # (its FFN output goes into the streams: defer is not followed)
                 key = ("attn_ffn", role.index, prepared.plan, prepared.pool.serial)
                 out = self.graphs.run(key, lambda *t: self._attention_and_ffn(role, prepared, *t),
                                       (q_all, kv_all, X, a_pre, a_post, a_comb) + prepared.tensors,
@@ -246,7 +263,12 @@ class DeepseekV41:
         else:
             o = attend(self.ops, self.config, role, xa, q_res, q_all, kv_all, runs, self.rope, self.qat, block_mode,
                        tuple(queries) or None)
-        return self._dense("attn_out_ffn", role, self._attn_out_ffn, o, X, a_pre, a_post, a_comb, unit=unit)
+        return self._dense("attn_out_ffn", role, functools.partial(self._attn_out_ffn, defer=defer), o, X, a_pre,
+                           a_post, a_comb, unit=unit, variant=("deferring",) if defer else ())
+
+    def _expanded(self, X: torch.Tensor, pending: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        """The streams X with a block's pending FFN output in them (_block), if any."""
+        return self.ops.hc_expand(pending[0], X, *pending[1:]) if pending else X
 
     def _graphable_block_attention(self, role: LayerRole, runs: list[SeqRun], rows: int) -> Prepared | None:
         """A DSpark stage's block attention of runs of one length: one fixed launch sequence
@@ -299,30 +321,40 @@ class DeepseekV41:
         o = attend_prepared(self.ops, self.config, role, prepared, q_all, kv_all, *tensors)
         return self._attn_out_ffn(role, o, X, a_pre, a_post, a_comb)
 
-    def _attn_in(self, role: LayerRole, X: torch.Tensor, pre: torch.Tensor, *yarn: torch.Tensor,
-                 compressor: bool = False) -> tuple[torch.Tensor, ...]:
+    def _attn_in(self, role: LayerRole, X: torch.Tensor, pre: torch.Tensor, *rest: torch.Tensor,
+                 compressor: bool = False, pending: int = 0) -> tuple[torch.Tensor, ...]:
         """The attention site's gates and its input, projected (dense: one graph per T); with
         the indexer's RoPE tables also its queries and head weights; with `compressor` then
-        the compressor's projections (compressor_projections)."""
+        the compressor's projections (compressor_projections). `rest`: the block before's FFN
+        output, post and comb where `pending` (3), taken into the streams first, which then
+        come first in the result (_block); then the RoPE tables if any."""
         c, w, p = self.config, self.ops.w, role.prefix
-        (a_pre, a_post, a_comb), xa = self.ops.hc_mix_collapse(
-            X, w(f"{p}.hc_attn_fn"), w(f"{p}.hc_attn_base"), w(f"{p}.hc_attn_scale"), c.hc_sinkhorn_iters, c.hc_eps,
-            c.rms_norm_eps, pre, w(f"{p}.attn_norm.weight"))
+        site = (w(f"{p}.hc_attn_fn"), w(f"{p}.hc_attn_base"), w(f"{p}.hc_attn_scale"), c.hc_sinkhorn_iters, c.hc_eps,
+                c.rms_norm_eps, pre, w(f"{p}.attn_norm.weight"))
+        expand, yarn = rest[:pending], rest[pending:]
+        streams = ()
+        if expand:
+            X, (a_pre, a_post, a_comb), xa = self.ops.hc_expand_mix_collapse(expand[0], X, *expand[1:], *site)
+            streams = (X,)
+        else:
+            (a_pre, a_post, a_comb), xa = self.ops.hc_mix_collapse(X, *site)
         def sources(q_res: torch.Tensor) -> tuple[torch.Tensor, ...]:
             queries = index_queries(self.ops, c, role, xa, q_res, *yarn, self.qat) if yarn else ()
             return tuple(queries) + (compressor_projections(self.ops, role, xa) if compressor else ())
         q_res, q_all, kv_all, extra = project(self.ops, c, role, xa, sources if yarn or compressor else None)
-        return (a_pre, a_post, a_comb, xa, q_res, q_all, kv_all) + extra
+        return streams + (a_pre, a_post, a_comb, xa, q_res, q_all, kv_all) + extra
 
     def _attn_out_ffn(self, role: LayerRole, o: torch.Tensor, X: torch.Tensor, a_pre: torch.Tensor,
-                      a_post: torch.Tensor, a_comb: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Attention output into the streams, then the whole FFN site (dense: one graph per T)."""
+                      a_post: torch.Tensor, a_comb: torch.Tensor, defer: bool = False) -> tuple[torch.Tensor, ...]:
+        """Attention output into the streams, then the whole FFN site (dense: one graph per T):
+        (streams, the FFN site's pre), with `defer` (streams without the FFN output, pre, the
+        output, post, comb) for the next block's attention site (_block)."""
         c, w, p = self.config, self.ops.w, role.prefix
         X, (f_pre, f_post, f_comb), xf = self.ops.hc_expand_mix_collapse(
             grouped_output(self.ops, c, role, o), X, a_post, a_comb, w(f"{p}.hc_ffn_fn"), w(f"{p}.hc_ffn_base"),
             w(f"{p}.hc_ffn_scale"), c.hc_sinkhorn_iters, c.hc_eps, c.rms_norm_eps, a_pre, w(f"{p}.ffn_norm.weight"))
-        X = self.ops.hc_expand(moe(self.ops, c, role, xf), X, f_post, f_comb)
-        return X, f_pre
+        y = moe(self.ops, c, role, xf)
+        return (X, f_pre, y, f_post, f_comb) if defer else (self.ops.hc_expand(y, X, f_post, f_comb), f_pre)
 
     def _dense(self, part: str, role: LayerRole, fn, *inputs: torch.Tensor, shared: int = 0,
                unit: int = 0, variant: tuple = ()) -> tuple[torch.Tensor, ...]:
@@ -339,14 +371,29 @@ class DeepseekV41:
     def _layers(self, X, pre, runs, layers, hashes, want_taps):
         roles = self.config.roles
         taps = [None] * len(self.config.dspark_target_layers) if want_taps else None
-        for layer in layers:
+        layers = list(layers)
+        pending: tuple[torch.Tensor, ...] = ()  # a block's FFN output not yet in X (_block)
+        for i, layer in enumerate(layers):
             role = roles[layer]
+            if pending and not self._takes_pending(role, want_taps):
+                X, pending = self._expanded(X, pending), ()
             if role.engram_slot is not None:
                 X = self._engram(role, X, hashes, runs)
             if want_taps and role.tap_slot is not None:
                 taps[role.tap_slot] = X.mean(dim=1)
-            X, pre = self.block(role, X, pre, runs)
+            defer = (i + 1 < len(layers) and self._takes_pending(roles[layers[i + 1]], want_taps)
+                     and self.ops.defers_expand(X))
+            streams, X, pending = [X, *pending], None, ()  # (handed over: _block)
+            X, pre, *rest = self._block(role, streams, pre, runs, defer=defer)
+            pending = tuple(rest)
+        X = self._expanded(X, pending)
         return X, pre, (torch.cat(taps, dim=-1) if want_taps and taps and all(t is not None for t in taps) else None)
+
+    @staticmethod
+    def _takes_pending(role: LayerRole, want_taps: bool) -> bool:
+        """Whether a block's attention site may take the block before's FFN output into its
+        streams: nothing reads them before it (an Engram site, a DSpark tap)."""
+        return role.engram_slot is None and not (want_taps and role.tap_slot is not None)
 
     def _engram(self, role: LayerRole, X: torch.Tensor, hashes: RunHashes | None, runs: list[SeqRun]
                 ) -> torch.Tensor:

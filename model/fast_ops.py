@@ -204,6 +204,9 @@ class TritonOps(ReferenceOps):
             return super().hc_expand(y, X, post, comb)
         return hc_streams.hc_expand(y, X, post, comb)
 
+    def defers_expand(self, X: torch.Tensor) -> bool:
+        return hc_streams.DEFER_FFN_EXPAND and _one_site_pass(X)
+
     def hc_expand_mix(self, y: torch.Tensor, X: torch.Tensor, post: torch.Tensor, comb: torch.Tensor,
                       fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, iters: int, hc_eps: float,
                       norm_eps: float) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
@@ -336,10 +339,11 @@ def _wide_prefill(rows: torch.Tensor, weight: torch.Tensor) -> bool:
     return 256 <= weight.shape[0] < WIDE_OUTPUT and prefill_gemms.takes(rows)
 
 
-def _one_site_pass(X: torch.Tensor, fn: torch.Tensor) -> bool:
-    """Whether an mHC site's streams X are read once for its mixes and input (hc_streams.SITE_ROWS)."""
+def _one_site_pass(X: torch.Tensor, fn: torch.Tensor | None = None) -> bool:
+    """Whether an mHC site's streams X are read once for its mixes and input (hc_streams.SITE_ROWS),
+    with its fn where known."""
     return (0 < hc_streams.SITE_ROWS <= X.shape[0] and _kernels_run_on(X) and hc_streams.supported(X)
-            and fn.dtype == torch.float32)
+            and (fn is None or fn.dtype == torch.float32))
 
 
 def _kernels_run_on(x: torch.Tensor) -> bool:

@@ -163,6 +163,12 @@ class ReferenceOps:
         """A sublayer's output into the streams (layers/mhc.py); one launch on the fast path."""
         return hc_expand(y, X, post, comb)
 
+    def defers_expand(self, X: torch.Tensor) -> bool:
+        """Whether a block's FFN output should go into the streams X inside the next block's
+        attention site (hc_expand_mix_collapse) rather than in a pass of its own: where that
+        site reads the streams once anyway (the fast path's prefill rows)."""
+        return False
+
     def hc_expand_mix(self, y: torch.Tensor, X: torch.Tensor, post: torch.Tensor, comb: torch.Tensor,
                       fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, iters: int, hc_eps: float,
                       norm_eps: float) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:

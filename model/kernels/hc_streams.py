@@ -304,6 +304,11 @@ def hc_collapse_norm(X: torch.Tensor, pre: torch.Tensor, weight: torch.Tensor | 
 # forty-second session's one-pass form, a decode-shaped tile of 16 tokens x 64 columns whose
 # mixes went through 80 parts a token, ran 2x slower than the separate launches).
 SITE_ROWS = 0
+# Where SITE_ROWS takes a site: a block's FFN output goes into the streams inside the next
+# block's attention site (its hc_site with the expand), not in an hc_expand of its own: one read
+# of the streams fewer a layer (5 passes -> 4; 1.34 GB, ~0.32 ms a layer at a 16K chunk by its
+# bytes). The same bits. Untimed (forty-fifth session).
+DEFER_FFN_EXPAND = True
 # TB tokens a program share each fn tile they read (fn is 2.6 MB: read T / TB times from L2).
 SITE_TILES = dict(TB=64, BLOCK=16, num_warps=8, num_stages=2)
 

@@ -269,7 +269,8 @@ def test_a_prefill_sites_streams_read_once_give_the_same_logits(golden_dir, gold
     pass over its streams (the attention site's, and the FFN site's with the attention's expand),
     on the tiny checkpoint's kernel path in exact mode: the logits of the separate launches
     within the sums' reordering, the same next tokens, and the pass taken at both sites of every
-    layer."""
+    layer (each block's FFN output taken into the streams in its own pass: DEFER_FFN_EXPAND off)."""
+    monkeypatch.setattr(hc_streams, "DEFER_FFN_EXPAND", False)
     prefill = kernel_path_prefill(golden_dir, False)
     passes = []
     one_pass = hc_streams.hc_site
@@ -288,3 +289,37 @@ def test_a_prefill_sites_streams_read_once_give_the_same_logits(golden_dir, gold
             assert not passes
     assert torch.equal(logits[0].argmax(-1), logits[1].argmax(-1))
     assert (logits[0] - logits[1]).abs().max() < 1e-4 * logits[0].abs().max()
+
+
+@pytest.mark.parametrize("faithful", [False, True])
+def test_a_blocks_ffn_output_taken_into_the_next_sites_pass_gives_the_same_bits(golden_dir, golden, monkeypatch,
+                                                                                  faithful):
+    """hc_streams.DEFER_FFN_EXPAND with SITE_ROWS lowered to every row: each block's FFN output
+    goes into the streams inside the next block's attention site (its one pass with the expand)
+    where nothing reads the streams before that site (an Engram site does: there, and after the
+    last layer, its own hc_expand), in both modes: the logits of the separate expands to the bit,
+    the next tokens of every row too, and the deferred sites those that can take it."""
+    from dsflash.model.deepseek_v41 import DeepseekV41
+
+    monkeypatch.setattr(hc_streams, "SITE_ROWS", 1)
+    prefill = kernel_path_prefill(golden_dir, faithful)
+    passes, expands = [], []
+    one_pass, expand = hc_streams.hc_site, hc_streams.hc_expand
+    monkeypatch.setattr(hc_streams, "hc_site",
+                        lambda *a, **kw: passes.append(kw.get("expand") is not None) or one_pass(*a, **kw))
+    monkeypatch.setattr(hc_streams, "hc_expand", lambda *a: expands.append(1) or expand(*a))
+    prompt = golden[2]["input_ids"][:16]
+    logits, counts = {}, {}
+    for on in (False, True):
+        monkeypatch.setattr(hc_streams, "DEFER_FFN_EXPAND", on)
+        passes.clear()
+        expands.clear()
+        logits[on] = prefill(prompt, "all")
+        counts[on] = passes.count(True), len(expands)
+    config = Checkpoint(golden_dir).config
+    roles = config.roles
+    taking = sum(DeepseekV41._takes_pending(roles[i], want_taps=False) for i in range(1, config.num_layers))
+    assert 0 < taking < config.num_layers - 1  # (the Engram layers do not take it)
+    assert counts[False] == (config.num_layers, config.num_layers)
+    assert counts[True] == (config.num_layers + taking, config.num_layers - taking)
+    assert torch.equal(logits[True], logits[False])
