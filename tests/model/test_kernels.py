@@ -188,6 +188,21 @@ def test_fp32_gemm_matches_the_fp32_product(m, heads, monkeypatch):
     assert (got - ref).abs().max() < 2e-6 * ref.abs().max()
 
 
+@pytest.mark.parametrize("m", [6, 40])  # the skinny kernel, the tile kernel
+def test_exact_fp8_products_keep_fp32_accuracy_over_long_rows(m):
+    """Exact mode's FP8-weight products (fp32 activations as three bf16 parts, each part's dot
+    chained into the running sum on the tensor cores) over 16,384 columns, against the float64
+    product: within fp32's accuracy. In a numpy model of these sums (16 columns a step, each
+    part's step added to the fp32 sum) adds that round to nearest leave 1.6e-6 of the largest
+    result, adds that truncate 6.7e-5 (a bias)."""
+    g = _g(m + 100)
+    codes, scales = quantize_fp8_weight(torch.randn(64, 16384, generator=g))
+    x = torch.randn(m, 16384, generator=g) * 3
+    got = fp8_gemm(x.to(DEVICE), codes.to(DEVICE), scales.to(DEVICE)).cpu().double()
+    want = x.double() @ dequantize_fp8_weight(codes, scales).double().T
+    assert (got - want).abs().max() < 1e-5 * want.abs().max()
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_small_weight_gemms_give_a_row_the_same_bits_at_any_row_count(monkeypatch, dtype):
     """The mHC mixes (fp32 weights) and the routers (bf16) of a decode batch: 16 rows a
