@@ -133,14 +133,18 @@ KERNELS = {
         {"q_ptr": lambda o: (f"tensordesc<{_query_type(o)}[{o['QB']},{o['DI']}]>" if o["TMA"] else f"*{_query_type(o)}"),
          "w_ptr": "*fp32",
          "vis_ptr": "*i64", "page_ptr": "*u8", "k_off": "*i64", "k_soff": "*i64", "o_ptr": "*fp32",
-         "first_ptr": "*i64", "count_ptr": "*i64", "kept_ptr": "*u8"},
+         "first_ptr": "*i64", "count_ptr": "*i64", "kept_ptr": "*u8", "floor_ptr": "*i32", "top_kept_ptr": "*fp32",
+         "top_id_ptr": "*i32", "top_count_ptr": "*i32", "top_ptr": "*i32"},
         dict(DI=128, RUNS=False, BF16=True, TMA=indexer_score.QUERY_TILES_BY_TMA, num_stages=3, PDL=False, FP8=False,
-             HW_FP8=False, KEPT_BLOCK=0,
+             HW_FP8=False, KEPT_BLOCK=0, KEEP=False, KEEP_PTX=False,
              **dict(zip(("QB", "NB", "num_warps"), indexer_score.TILES["tall"]))),
-        ";NB=64;num_warps=4;QB=128;FP8=1,HW_FP8=1,BF16=0;FP8=1,HW_FP8=1,BF16=0,KEPT_BLOCK=8;KEPT_BLOCK=8",
+        ";NB=64;num_warps=4;QB=128;FP8=1,HW_FP8=1,BF16=0;FP8=1,HW_FP8=1,BF16=0,KEPT_BLOCK=8;KEPT_BLOCK=8"
+        ";FP8=1,HW_FP8=1,BF16=0,KEEP=1,KEEP_PTX=1;FP8=1,HW_FP8=1,BF16=0,KEPT_BLOCK=8,KEEP=1,KEEP_PTX=1"
+        ";FP8=1,HW_FP8=1,BF16=0,KEEP=1",
         # an 8,192-token chunk's queries, 32 heads of 128 (the release), against 131,071 entries
         # in rows padded to 131,072 (indexer.PADDED_ROWS; with KEPT_BLOCK, the release's
-        # candidate pool: blocks of 8 entries)
+        # candidate pool: blocks of 8 entries); KEEP: the top-k's filtering in the epilogue (KEEP_PTX:
+        # the GPU's form, a branch a score; without it the interpreter's, which spills)
         sample=dict(n=8192, N=131071, NP=131072, HI=32, sqn=32 * 128, sqh=128, swn=32, son=131072, skr=131071,
                     skn=16384, kept_row=0)),
     # faithful prefill's index queries as e4m3 codes (fp8_queries): 32 rows of a head a program

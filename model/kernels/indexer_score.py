@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 import triton
@@ -21,6 +22,7 @@ from . import pdl
 from .compile_threads import launch_all
 from .common import dot_exact_lhs, dot_exact_rhs, fp8_tensor_cores, interpreting, pow2
 from .quantize import e4m3_rne
+from .top_k import KeptWork, keep_tile, kept_work
 
 
 def indexer_scores_ref(q: torch.Tensor, keys: torch.Tensor, w: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
@@ -173,12 +175,15 @@ def _run_rows(first_ptr, count_ptr, n, block, QB: tl.constexpr, AXIS: tl.constex
 
 # a candidate pool's row stride and a slice's first row vary with the entries and the slice:
 # one compile (kept_ptr is the pool's storage, always aligned; kept_row the slice's first row)
-@triton.jit(do_not_specialize=["skn", "kept_row"])
+# (one compile likewise for every top-k work's shape: KEEP)
+@triton.jit(do_not_specialize=["skn", "kept_row", "chunk_len", "chunks", "capacity"])
 def _indexer_kernel(q_ptr, w_ptr, vis_ptr, page_ptr, k_off, k_soff, o_ptr, first_ptr, count_ptr, n, N, NP, HI,
                     sqn, sqh, swn, son, skr, DI: tl.constexpr, QB: tl.constexpr, NB: tl.constexpr,
                     RUNS: tl.constexpr, BF16: tl.constexpr, TMA: tl.constexpr, PDL: tl.constexpr,
                     FP8: tl.constexpr = False, HW_FP8: tl.constexpr = False, kept_ptr=None, skn=0, kept_row=0,
-                    KEPT_BLOCK: tl.constexpr = 0):
+                    KEPT_BLOCK: tl.constexpr = 0, floor_ptr=None, top_kept_ptr=None, top_id_ptr=None,
+                    top_count_ptr=None, top_ptr=None, chunk_len=1, chunks=1, capacity=1, KEEP: tl.constexpr = False,
+                    KEEP_PTX: tl.constexpr = False):
     """Program (query block, entry block, run): with RUNS, run r's queries are rows
     first[r] .. first[r] + count[r] and its entries row r of the offset tables. Columns N ..
     NP - 1 of a row (padded_width) are stored -inf. BF16: the
@@ -192,7 +197,10 @@ def _indexer_kernel(q_ptr, w_ptr, vis_ptr, page_ptr, k_off, k_soff, o_ptr, first
     tile costs no registers of addresses (rows past n read as zeros, rows of the next run are
     read and never stored). KEPT_BLOCK (a power of two): entry j of row i scores only where
     kept[i, j // KEPT_BLOCK] (a candidate pool's blocks), -inf elsewhere; a row's few blocks of
-    the tile are loaded, not a byte an entry (whose addresses took 57 more registers)."""
+    the tile are loaded, not a byte an entry (whose addresses took 57 more registers). KEEP
+    (one run): the top-k's filtering of each row's scores in the epilogue (top_k.keep_tile
+    into a KeptWork of chunk_len-entry chunks, which NB divides), so that they are not read
+    back for it; KEEP_PTX: in PTX, a branch a score around the rare kept ones (the GPU's form)."""
     pdl.wait_for_inputs(PDL)
     pid_q = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -229,6 +237,9 @@ def _indexer_kernel(q_ptr, w_ptr, vis_ptr, page_ptr, k_off, k_soff, o_ptr, first
         seen = seen & tl.reshape(tl.broadcast_to(kept[:, :, None], (QB, NB // KEPT_BLOCK, KEPT_BLOCK)), (QB, NB))
     acc = tl.where(seen & live[None, :], acc, float("-inf"))
     tl.store(o_ptr + rq[:, None] * son + rj[None, :], acc, mask=in_run[:, None] & (rj < NP)[None, :])
+    if KEEP:
+        keep_tile(acc, rq, in_run, rj, pid_n * NB // chunk_len, floor_ptr, top_kept_ptr, top_id_ptr, top_count_ptr,
+                  top_ptr, chunks, capacity, KEEP_PTX)
 
 
 @triton.jit
@@ -369,7 +380,8 @@ def indexer_scores(q: torch.Tensor, w: torch.Tensor, visible: torch.Tensor, page
                    runs: tuple[torch.Tensor, torch.Tensor, int] | None = None,
                    exact_in_bf16: bool = False, tall: bool = False, tiles: tuple | None = None,
                    keys_aligned: bool = False, fp8: bool = False, encoded: bool = False,
-                   kept: tuple[torch.Tensor, int] | None = None, pad: bool = False) -> torch.Tensor:
+                   kept: tuple[torch.Tensor, int] | None = None, pad: bool = False,
+                   keep: KeptWork | None = None) -> torch.Tensor:
     """key_offsets [N] for one run, or [R, N] with `runs` = (first row [R], rows [R], most rows)
     for several: each run's queries score its own row of entries (one launch for a batch). A
     query's score of an entry is computed the same way in either form, bit for bit, and in
@@ -389,7 +401,10 @@ def indexer_scores(q: torch.Tensor, w: torch.Tensor, visible: torch.Tensor, page
     kept (blocks [n, B] bool, block): a candidate pool; entry j of row i scores -inf unless
     blocks[i, j // block] (B * block >= N), in the tall tiles' epilogue (the scores are not
     read back to mask them), after the launch in the few-query form.
-    pad: rows of padded_width(N) scores, -inf past N (what the top-k reads: see padded_width)."""
+    pad: rows of padded_width(N) scores, -inf past N (what the top-k reads: see padded_width).
+    keep: the filtered top-k's work for these rows, its floors taken (top_k.floor_from_sample):
+    the tiles fill its kept scores as they make them (one run, not the few-query form); the
+    scores are still written, for the pick's whole-row fallback (top_k.pick_kept)."""
     n, heads, dim = q.shape
     N = key_offsets.shape[-1]
     assert w.shape == (n, heads) and visible.shape == (n,) and pages.dtype == torch.uint8 and dim % 32 == 0
@@ -415,6 +430,7 @@ def indexer_scores(q: torch.Tensor, w: torch.Tensor, visible: torch.Tensor, page
     if kept is not None:
         blocks, block = kept
         assert blocks.shape[0] == n and blocks.shape[1] * block >= N and block & (block - 1) == 0, (blocks.shape, block, N)
+    assert keep is None or not few and runs is None, "the few-query form and batched runs do not keep scores"
     if few:
         _few_queries(q, w, visible, pages, key_offsets, key_scale_offsets, out, runs, most, bf16,
                      FEW_ALIGNED_CODES and keys_aligned and pages.data_ptr() % 16 == 0)
@@ -434,7 +450,39 @@ def indexer_scores(q: torch.Tensor, w: torch.Tensor, visible: torch.Tensor, page
                           out, first, count, n, N, width, heads, q.stride(0), q.stride(1), w.stride(0), out.stride(0),
                           key_offsets.stride(0), DI=dim, QB=qb, NB=nb, RUNS=runs is not None, BF16=bf16,
                           TMA=tma, FP8=fp8, HW_FP8=fp8 and not interpreting(),
-                          **_kept_arguments(kept), num_warps=warps, **pdl.options(q.device))
+                          **_kept_arguments(kept), **_keep_arguments(keep, n, width, nb), num_warps=warps,
+                          **pdl.options(q.device))
+    return out
+
+
+class EntrySample(NamedTuple):
+    """A run's entries `columns` (ascending ids) as indexer_scores takes them: their key and
+    scale offsets, and how many of them each of the run's queries sees."""
+    columns: torch.Tensor
+    key_offsets: torch.Tensor
+    key_scale_offsets: torch.Tensor
+    seen: torch.Tensor
+
+
+def entry_sample(visible: torch.Tensor, key_offsets: torch.Tensor, key_scale_offsets: torch.Tensor,
+                 columns: torch.Tensor) -> EntrySample:
+    """The EntrySample of a run's queries (visible [n]) at entries `columns` (once a layer)."""
+    return EntrySample(columns, key_offsets[columns], key_scale_offsets[columns],
+                       torch.searchsorted(columns, visible.to(columns.dtype)))
+
+
+def sampled_scores(q: torch.Tensor, w: torch.Tensor, pages: torch.Tensor, sample: EntrySample, rows: slice,
+                   kept: tuple[torch.Tensor, int] | None = None, **options) -> torch.Tensor:
+    """[n, len(columns)]: indexer_scores(q, w, ...)[:, sample.columns] for queries `rows` of the
+    sample's run (q and w: theirs) without the other entries' scores, bit for bit (a score
+    depends on its query and entry alone): a row's filtered top-k floor
+    (top_k.floor_from_sample) before its scores are made. `options` as indexer_scores' but pad
+    and keep."""
+    out = indexer_scores(q, w, sample.seen[rows], pages, sample.key_offsets, sample.key_scale_offsets, **options,
+                         pad=False)
+    if kept is not None:  # (the pool's blocks of the columns, not of their places in the sample)
+        blocks, block = kept
+        out.masked_fill_(~blocks[:, sample.columns // block], float("-inf"))
     return out
 
 
@@ -468,6 +516,17 @@ def _kept_arguments(kept: tuple[torch.Tensor, int] | None) -> dict:
     storage = torch.as_strided(blocks, (1,), (1,), 0)
     return dict(kept_ptr=storage, skn=blocks.stride(0), kept_row=blocks.storage_offset() // blocks.stride(0),
                 KEPT_BLOCK=block)
+
+
+def _keep_arguments(keep: KeptWork | None, n: int, width: int, nb: int) -> dict:
+    """_indexer_kernel's top-k work arguments (KEEP) for n rows of `width` scores in NB-entry tiles."""
+    if keep is None:
+        return {}
+    assert keep.atomic and keep.counts.shape[0] == n and keep.chunk_len % nb == 0, (keep.counts.shape, n, nb)
+    assert keep.chunks == -(-width // keep.chunk_len), (keep.chunks, width, keep.chunk_len)
+    return dict(floor_ptr=keep.floor, top_kept_ptr=keep.kept, top_id_ptr=keep.ids, top_count_ptr=keep.counts,
+                top_ptr=keep.tops, chunk_len=keep.chunk_len, chunks=keep.chunks, capacity=keep.kept.shape[-1],
+                KEEP=True, KEEP_PTX=not interpreting())
 
 
 def tall_fp8(device: torch.device, exact_in_bf16: bool) -> bool:
@@ -572,7 +631,7 @@ def warm_up_counts() -> list[tuple[int, int]]:
 
 
 def scores_warm_up(device: torch.device, heads: int, dim: int, keys_aligned: bool, fp8: bool = False,
-                   kept_block: int = 0, pad: bool = False) -> None:
+                   kept_block: int = 0, pad: bool = False, keep: bool = False) -> None:
     """Compile the scoring tiles (FP4-quantized queries), tall (prefill), short and few-query,
     for every specialization of warm_up_counts, before a worker serves; and the batched forms
     (a decode batch's runs in one launch, index_runs), whose rows are never 1. H200,
@@ -586,12 +645,13 @@ def scores_warm_up(device: torch.device, heads: int, dim: int, keys_aligned: boo
     form's loads and decode. fp8: a faithful worker's, whose tall tiles also take the FP8 form.
     kept_block: a model's candidate pool's block (0: none), whose tall and short tiles then
     also take the pool's blocks (`kept`). pad: rows padded as a worker pads them
-    (indexer.PADDED_ROWS: the padded width and row stride are specialized on)."""
-    launch_all(device, scores_warm_up_launches(device, heads, dim, keys_aligned, fp8, kept_block, pad))
+    (indexer.PADDED_ROWS: the padded width and row stride are specialized on). keep: the tall
+    tiles (of the mode's form) also as they fill a top-k's kept scores (indexer.KEEP_IN_SCORES)."""
+    launch_all(device, scores_warm_up_launches(device, heads, dim, keys_aligned, fp8, kept_block, pad, keep))
 
 
 def scores_warm_up_launches(device: torch.device, heads: int, dim: int, keys_aligned: bool, fp8: bool = False,
-                            kept_block: int = 0, pad: bool = False) -> list[Callable[[], object]]:
+                            kept_block: int = 0, pad: bool = False, keep: bool = False) -> list[Callable[[], object]]:
     """scores_warm_up's launches (for compile_threads.launch_all); the FP8 queries' encode they
     read is launched here."""
     launches = []
@@ -601,7 +661,8 @@ def scores_warm_up_launches(device: torch.device, heads: int, dim: int, keys_ali
     pages = torch.zeros(dim, dtype=torch.uint8, device=device)  # every entry reads one zero key
     # the FP8 tiles as a run takes them: its fp32 queries encoded once (fp8_queries), then scored
     encoded = fp8_queries(q.float(), w) if fp8 else None
-    for tall, on_fp8 in [(True, False), (False, False)] + [(True, True)] * fp8:
+    forms = [(True, False, False), (False, False, False)] + [(True, True, False)] * fp8 + [(True, fp8, True)] * keep
+    for tall, on_fp8, keeps in forms:
         queries = encoded if on_fp8 else (q, w)
         for n, N in warm_up_counts():
             offsets = torch.zeros(N, dtype=torch.long, device=device)
@@ -612,7 +673,7 @@ def scores_warm_up_launches(device: torch.device, heads: int, dim: int, keys_ali
                 launches.append(functools.partial(
                     _warm_up_scores, queries[0][:n], queries[1][:n], torch.full((n,), N, device=device), pages,
                     offsets, offsets, exact_in_bf16=True, tall=tall, keys_aligned=keys_aligned, fp8=on_fp8,
-                    encoded=on_fp8, kept=kept, pad=pad))
+                    encoded=on_fp8, kept=kept, pad=pad, keep=keeps))
     for n, N in warm_up_counts():
         if n > 1:  # two runs, the second from row n // 2
             offsets = torch.zeros(2, N, dtype=torch.long, device=device)
@@ -624,5 +685,10 @@ def scores_warm_up_launches(device: torch.device, heads: int, dim: int, keys_ali
     return launches
 
 
-def _warm_up_scores(*args, **kw) -> None:
+def _warm_up_scores(*args, keep: bool = False, **kw) -> None:
+    """indexer_scores(*args, **kw), with keep: into a top-k's work for its rows (zero floors)."""
+    if keep:
+        n, width = args[0].shape[0], padded_width(args[4].shape[-1]) if kw.get("pad") else args[4].shape[-1]
+        kw["keep"] = work = kept_work(n, width, 1, args[0].device, atomic=True)
+        work.floor.zero_()
     indexer_scores(*args, **kw)  # (looked up when it runs: tests wrap it)

@@ -119,6 +119,7 @@ _NEG_INF_KEY = tl.constexpr(0x007FFFFF)  # key of -inf; NaNs with the sign bit s
 _POS_INF_KEY = tl.constexpr(0xFF800000)  # key of +inf; NaNs without it lie above
 _LOW_KEY = tl.constexpr(0)  # -inf and negative NaNs: ranked last, never returned
 _HIGH_KEY = tl.constexpr(0xFFFFFFFF)  # positive NaNs: ranked first, never returned
+_NO_TOP = tl.constexpr(-2147483648)  # a chunk's highest kept signed key where it kept none (no kept key is it)
 
 
 def top_k_ascending_ref(scores: torch.Tensor, k: int) -> torch.Tensor:
@@ -198,6 +199,13 @@ def _signed_floor(floor):
     the finite scores beside it, and one at 0.0 takes -0.0 (signed -1) in too."""
     t = (tl.minimum(tl.maximum(floor, 0x00800000), 0xFF800001) ^ 0x80000000).to(tl.int32, bitcast=True)
     return tl.where(t == 0, -1, t)
+
+
+@triton.jit
+def _top_key(signed):
+    """The highest kept score's _signed_keys key (_NO_TOP: none kept) -> its _keys key (0: none).
+    (_collapsed_key keeps the keys' order, so the highest signed key gives the highest key.)"""
+    return tl.where(signed == _NO_TOP, 0, _collapsed_key(signed))
 
 
 @triton.jit
@@ -401,7 +409,7 @@ def _filter_kernel(x_ptr, floor_ptr, kept_ptr, id_ptr, count_ptr, top_ptr, N, sx
     """Program (row, chunk): the chunk's scores whose keys reach the row's floor (and are not
     -inf or a negative NaN, which are never returned), with their ids, into the chunk's
     CAPACITY places; how many there are (all of them, also past CAPACITY) and the highest
-    key among them (0 where none; as int32 bits). Their places come
+    signed key among them (_NO_TOP where none). Their places come
     from a prefix sum over each block (in id order), or with ATOMIC from an atomic count the
     kept scores take places from one by one (in any order; the count starts at 0): a few in a
     block of thousands, where the prefix sum costs every score."""
@@ -413,8 +421,7 @@ def _filter_kernel(x_ptr, floor_ptr, kept_ptr, id_ptr, count_ptr, top_ptr, N, sx
     x_row = x_ptr + row.to(tl.int64) * sxr
     kept_at, id_at = kept_ptr + at.to(tl.int64) * CAPACITY, id_ptr + at.to(tl.int64) * CAPACITY
     kept = tl.zeros((), tl.int32)
-    # each lane's highest kept signed key (-2^31: none; no score reaching a floor has it)
-    tops = tl.full((BLOCK,), -2147483648, tl.int32)
+    tops = tl.full((BLOCK,), _NO_TOP, tl.int32)  # each lane's highest kept signed key
     lo = chunk * chunk_len
     hi = tl.minimum(lo + chunk_len, N)
     for start in tl.range(lo, hi, BLOCK, num_stages=STAGES):
@@ -422,7 +429,7 @@ def _filter_kernel(x_ptr, floor_ptr, kept_ptr, id_ptr, count_ptr, top_ptr, N, sx
         score = tl.load(x_row + cols, mask=cols < hi, other=float("-inf"))
         key = _signed_keys(score)
         keep = (key >= floor).to(tl.int32)
-        tops = tl.maximum(tops, tl.where(keep != 0, key, -2147483648))
+        tops = tl.maximum(tops, tl.where(keep != 0, key, _NO_TOP))
         if ATOMIC:
             place = tl.atomic_add(count_ptr + at + tl.zeros_like(cols), 1, mask=keep != 0, sem="relaxed")
         else:
@@ -433,9 +440,77 @@ def _filter_kernel(x_ptr, floor_ptr, kept_ptr, id_ptr, count_ptr, top_ptr, N, sx
         tl.store(id_at + place, cols, mask=room)
     if not ATOMIC:
         tl.store(count_ptr + at, kept)
-    top = tl.max(tops)
-    top = tl.where(top == -2147483648, 0, _collapsed_key(top))  # (0 where none, as _keys' keys)
-    tl.store(top_ptr + at, top.to(tl.int32, bitcast=True))
+    tl.store(top_ptr + at, tl.max(tops))
+
+
+# A score's keep in PTX (one score an asm; labels made unique by LLVM's ${:uid}): its signed key
+# against the row's signed floor, and only where it reaches it (rare: ~1% of a long row) a place
+# from the chunk's count, its highest key, and the score and its id stored where the place fits.
+_KEEP_PTX = tl.constexpr("""{
+.reg .pred p;
+.reg .b32 k, s, place;
+.reg .b64 a;
+mov.b32 $0, 0;
+shr.s32 s, $1, 31;
+and.b32 s, s, 0x7FFFFFFF;
+xor.b32 k, $1, s;
+setp.ge.s32 p, k, $2;
+@!p bra SKIP${:uid};
+atom.global.relaxed.gpu.add.u32 place, [$3], 1;
+red.global.relaxed.gpu.max.s32 [$4], k;
+setp.lt.u32 p, place, $7;
+@!p bra SKIP${:uid};
+mul.wide.u32 a, place, 4;
+add.s64 a, a, $5;
+st.global.b32 [a], $1;
+mul.wide.u32 a, place, 4;
+add.s64 a, a, $6;
+st.global.b32 [a], $8;
+mov.b32 $0, 1;
+SKIP${:uid}:
+}""")
+
+
+@triton.jit
+def _keep_ptx(scores, floor, counts_at, tops_at, kept_at, ids_at, capacity, cols):
+    """keep_tile's work in PTX: a per-thread branch around the rare kept scores (Triton's form
+    computes every score's places and addresses). Returns 1 where a score was stored."""
+    return tl.inline_asm_elementwise(_KEEP_PTX, "=r,r,r,l,l,l,l,r,r",
+                                     [scores.to(tl.int32, bitcast=True), floor, counts_at, tops_at, kept_at, ids_at,
+                                      capacity, cols], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def keep_tile(scores, rows, live_rows, cols, chunk, floor_ptr, kept_ptr, id_ptr, count_ptr, top_ptr, chunks, capacity,
+              PTX: tl.constexpr = False):
+    """_filter_kernel's work for a tile of scores as they are made (the indexer's score tiles'
+    epilogue, KeptWork): scores [R, C] of top-k rows `rows` [R] (live_rows: which are rows) at
+    ids `cols` [C], all in chunk `chunk` of their rows; the scores reaching their row's floor
+    take places from the chunks' atomic counts (counts zeroed first, tops _NO_TOP). PTX (the
+    GPU): a branch a score around the kept ones' work (_keep_ptx); for sm_90 this form costs
+    the FP8 score tile's epilogue ~6 issued instructions a score and no registers, where
+    Triton's computes every score's places and addresses (2,320 -> 4,752 SASS instructions a
+    thread, 167 -> 255 registers with spills; 3,280 and 167 in PTX)."""
+    floor = tl.load(floor_ptr + rows, mask=live_rows, other=0).to(tl.uint32, bitcast=True)
+    floor = _signed_floor(tl.maximum(floor, _LOW_KEY + 1))
+    at = rows * chunks + chunk  # each row's count and top; its places from at * capacity
+    if PTX:
+        floor = tl.where(live_rows, floor, 2147483647)  # (no score's key passes it)
+        places = at.to(tl.int64) * capacity
+        _keep_ptx(scores, floor[:, None], (count_ptr + at).to(tl.int64, bitcast=True)[:, None],
+                  (top_ptr + at).to(tl.int64, bitcast=True)[:, None],
+                  (kept_ptr + places).to(tl.int64, bitcast=True)[:, None],
+                  (id_ptr + places).to(tl.int64, bitcast=True)[:, None], capacity, cols[None, :])
+    else:
+        key = _signed_keys(scores)
+        keep = (key >= floor[:, None]) & live_rows[:, None]
+        place = tl.atomic_add(count_ptr + tl.broadcast_to(at[:, None], scores.shape), 1, mask=keep, sem="relaxed")
+        spot = at.to(tl.int64)[:, None] * capacity + place
+        room = keep & (place < capacity)
+        tl.store(kept_ptr + spot, scores, mask=room)
+        tl.store(id_ptr + spot, tl.broadcast_to(cols[None, :], scores.shape), mask=room)
+        top = tl.max(tl.where(keep, key, _NO_TOP), axis=1)
+        tl.atomic_max(top_ptr + at, top, mask=live_rows & (top != _NO_TOP), sem="relaxed")
 
 
 @triton.jit
@@ -474,8 +549,7 @@ def _pick_kernel(x_ptr, floor_ptr, kept_ptr, id_ptr, count_ptr, top_ptr, out_ptr
     counts = tl.load(count_ptr + row * chunks + chunk_ids, mask=chunk_ids < chunks, other=0)
     floor = tl.maximum(_floor(floor_ptr, row), _LOW_KEY + 1)  # every kept key is at least this
     everything = floor == _LOW_KEY + 1
-    top = tl.max(tl.load(top_ptr + row * chunks + chunk_ids, mask=chunk_ids < chunks, other=0).to(
-        tl.uint32, bitcast=True))
+    top = _top_key(tl.max(tl.load(top_ptr + row * chunks + chunk_ids, mask=chunk_ids < chunks, other=_NO_TOP)))
     longest = tl.max(counts)
     if (longest <= CAPACITY) & ((tl.sum(counts) >= k) | everything):
         threshold = tl.zeros((), tl.uint32)
@@ -539,7 +613,6 @@ def top_k_ascending_kernel(scores: torch.Tensor, k: int, chunks: int | None = No
     if x.stride(-1) != 1:
         x = x.contiguous()
     filtered, chunks, chunk_len, block = launch_plan(n, N, k, chunks, block, filtered)
-    capacity = places(chunk_len, capacity)
     passes = triton.cdiv(32, radix_bits)
     if chunks == 1:  # one program per row: every pass in one launch
         _select_kernel[(n,)](x, out, k, N, x.stride(0), PASSES=passes, BITS=radix_bits, BLOCK=block, num_warps=8,
@@ -547,23 +620,13 @@ def top_k_ascending_kernel(scores: torch.Tensor, k: int, chunks: int | None = No
         return out
     grid = (n, chunks)
     if filtered:
-        floor = torch.empty(n, dtype=torch.int32, device=x.device)  # uint32 keys, as int32 bits
-        kept = torch.empty(n, chunks, capacity, dtype=torch.float32, device=x.device)
-        ids = torch.empty(n, chunks, capacity, dtype=torch.int32, device=x.device)
-        atomic = filter_plan(n).atomic
-        counts = (torch.zeros if atomic else torch.empty)(n, chunks, dtype=torch.int32, device=x.device)
-        tops = torch.empty(n, chunks, dtype=torch.int32, device=x.device)  # uint32 keys, as int32 bits
-        _sample_floor_kernel[(n,)](x, floor, N, x.stride(0), floor_rank(k, N, sample), SAMPLE=sample, PASSES=passes,
-                                   BITS=radix_bits, num_warps=8, **pdl.options(x.device))
-        _filter_kernel[grid](x, floor, kept, ids, counts, tops, N, x.stride(0), chunk_len, CAPACITY=capacity,
-                             BLOCK=block, STAGES=FILTER_STAGES, ATOMIC=atomic, num_warps=FILTER_WARPS,
-                             **pdl.options(x.device))
-        most = pick_chunks(n, chunks)
-        _pick_kernel[(n,)](x, floor, kept, ids, counts, tops, out, k, N, x.stride(0), chunks, CAPACITY=capacity,
-                           PASSES=passes, BITS=radix_bits, BLOCK=block, MAX_CHUNKS=most, J=max(PICK_TILE // most, 16),
-                           K_POW2=triton.next_power_of_2(k), SKIP_SHARED=PICK_SKIPS_SHARED_DIGITS,
-                           num_warps=PICK_WARPS, **pdl.options(x.device))
-        return out
+        work = kept_work(n, N, k, x.device, chunks, block, capacity)  # (the same chunks: see launch_plan)
+        _sample_floor_kernel[(n,)](x, work.floor, N, x.stride(0), floor_rank(k, N, sample), SAMPLE=sample,
+                                   PASSES=passes, BITS=radix_bits, num_warps=8, **pdl.options(x.device))
+        _filter_kernel[grid](x, work.floor, work.kept, work.ids, work.counts, work.tops, N, x.stride(0), chunk_len,
+                             CAPACITY=work.kept.shape[-1], BLOCK=block, STAGES=FILTER_STAGES, ATOMIC=work.atomic,
+                             num_warps=FILTER_WARPS, **pdl.options(x.device))
+        return pick_kept(x, k, work, radix_bits)
     hist = torch.zeros(passes, n, 1 << radix_bits, dtype=torch.int32, device=x.device)
     chunk_counts = torch.empty(n, chunks, (1 << radix_bits) + 1, dtype=torch.int32, device=x.device)
     for p in range(passes):
@@ -571,6 +634,69 @@ def top_k_ascending_kernel(scores: torch.Tensor, k: int, chunks: int | None = No
                             BITS=radix_bits, BLOCK=block, num_warps=8, **pdl.options(x.device))
     _write_kernel[grid](x, hist, chunk_counts, out, k, N, x.stride(0), chunk_len, PASSES=passes, BITS=radix_bits,
                         BLOCK=block, MAX_CHUNKS=triton.next_power_of_2(chunks), num_warps=8, **pdl.options(x.device))
+    return out
+
+
+class KeptWork(NamedTuple):
+    """The filtered form's work for n rows of N scores (launch_plan's chunks of chunk_len): each
+    row's floor (a _keys key as int32 bits); a chunk's kept scores and their ids in `places`
+    places ([n, chunks, places]), how many reached the floor (also past the places) and the
+    highest signed key among them (_NO_TOP: none) ([n, chunks])."""
+    floor: torch.Tensor
+    kept: torch.Tensor
+    ids: torch.Tensor
+    counts: torch.Tensor
+    tops: torch.Tensor
+    chunk_len: int
+    block: int  # scores a step of the pick's whole-row select
+    atomic: bool  # the places come from atomic counts (counts zeroed), not from prefix sums
+
+    @property
+    def chunks(self) -> int:
+        return self.counts.shape[1]
+
+
+def kept_work(n: int, N: int, k: int, device: torch.device, chunks: int | None = None, block: int | None = None,
+              capacity: int = CAPACITY, atomic: bool | None = None) -> KeptWork:
+    """The filtered form's work buffers for n rows of N scores (launch_plan, places; atomic: the
+    plan's unless given)."""
+    _, chunks, chunk_len, block = launch_plan(n, N, k, chunks, block, filtered=True)
+    width = places(chunk_len, capacity)
+    atomic = filter_plan(n).atomic if atomic is None else atomic
+    return KeptWork(torch.empty(n, dtype=torch.int32, device=device),
+                    torch.empty(n, chunks, width, dtype=torch.float32, device=device),
+                    torch.empty(n, chunks, width, dtype=torch.int32, device=device),
+                    (torch.zeros if atomic else torch.empty)(n, chunks, dtype=torch.int32, device=device),
+                    torch.full((n, chunks), -2**31, dtype=torch.int32, device=device), chunk_len, block, atomic)
+
+
+def sample_columns(N: int, device: torch.device, sample: int = SAMPLE) -> torch.Tensor:
+    """The ids whose scores the filtered form's floor is taken from: `sample` of them spread
+    evenly over a row of N (_sample_floor_kernel's)."""
+    return torch.arange(sample, device=device) * N // sample
+
+
+def floor_from_sample(sampled: torch.Tensor, k: int, N: int, work: KeptWork, radix_bits: int = RADIX_BITS) -> None:
+    """work.floor from each row's scores at sample_columns(N, sample) (sampled [n, sample]), for
+    rows whose kept scores are then filled where they are made (keep_tile)."""
+    n, sample = sampled.shape
+    assert work.atomic, "kept scores filled as tiles of them are made take their places atomically"
+    _sample_floor_kernel[(n,)](sampled, work.floor, sample, sampled.stride(0), floor_rank(k, N, sample),
+                               SAMPLE=sample, PASSES=triton.cdiv(32, radix_bits), BITS=radix_bits, num_warps=8,
+                               **pdl.options(sampled.device))
+
+
+def pick_kept(x: torch.Tensor, k: int, work: KeptWork, radix_bits: int = RADIX_BITS) -> torch.Tensor:
+    """The filtered form's last launch: each row's k best ids from its kept scores (work), or
+    from its whole row of x [n, N] where they do not hold them."""
+    n, N = x.shape
+    out = torch.empty(n, k, dtype=torch.long, device=x.device)
+    most = pick_chunks(n, work.chunks)
+    _pick_kernel[(n,)](x, work.floor, work.kept, work.ids, work.counts, work.tops, out, k, N, x.stride(0),
+                       work.chunks, CAPACITY=work.kept.shape[-1], PASSES=triton.cdiv(32, radix_bits), BITS=radix_bits,
+                       BLOCK=work.block, MAX_CHUNKS=most, J=max(PICK_TILE // most, 16),
+                       K_POW2=triton.next_power_of_2(k), SKIP_SHARED=PICK_SKIPS_SHARED_DIGITS,
+                       num_warps=PICK_WARPS, **pdl.options(x.device))
     return out
 
 

@@ -41,6 +41,14 @@ TOP_K_BESIDE = True
 # row length left them 4-byte loads: a decode step's every other token, a prompt's last
 # chunk). Untimed (forty-third session); off: rows of the entries.
 PADDED_ROWS = True
+# A tall run's filtered top-k (top_k.filters: rows of at least 128 k entries) filtered where its
+# scores are made: each slice's floors from the scores of top_k.SAMPLE entries first
+# (indexer_score.sampled_scores), then its score tiles keep the scores reaching them in
+# their epilogue (indexer_scores' keep), and the pick reads those: the filtering launch
+# (63 ms of a late 1M chunk's GPU time, forty-third session) does not read the scores back.
+# The same picks by construction (the floor sets only how much the pick reads). Untimed
+# (forty-fifth session).
+KEEP_IN_SCORES = False
 _SIDE_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
 
 
@@ -67,7 +75,8 @@ def warm_up_launches(device: torch.device, cfg: ModelConfig, layout: CacheLayout
     """warm_up's launches, both kernels' on one list (their compiles overlap on threads)."""
     return top_k.warm_up_launches(device, top_k_rows(cfg)) + scores_warm_up_launches(
         device, cfg.index_n_heads, cfg.index_head_dim, layout.keys_aligned, fp8=faithful,
-        kept_block=cfg.candidate_block_size if cfg.candidate_source_layer >= 0 else 0, pad=PADDED_ROWS)
+        kept_block=cfg.candidate_block_size if cfg.candidate_source_layer >= 0 else 0, pad=PADDED_ROWS,
+        keep=KEEP_IN_SCORES)
 
 
 def largest_top_k_slice(cfg: ModelConfig, rows: int, longest: int) -> tuple[int, int] | None:
@@ -120,8 +129,12 @@ def reserve_top_k_work(device: torch.device, cfg: ModelConfig, rows: int, longes
     top_k_ascending(scores, cfg.index_topk)  # (a run of one slice takes it on the main stream)
     if TOP_K_BESIDE:
         pick, join = _top_k_beside(device, slices=True)
+        work = None
+        if KEEP_IN_SCORES:  # (a slice's work then comes from the main stream's pool, picked beside)
+            work = top_k.kept_work(*shape, cfg.index_topk, device, capacity=top_k.CAPACITY, atomic=True)
+            work.floor.zero_()
         try:
-            pick(scores, cfg.index_topk)
+            pick(scores, cfg.index_topk, work)
         finally:
             join()
     torch.cuda.synchronize(device)
@@ -150,7 +163,8 @@ def _reference_scores(q, keys, w, visible):
     keys_t = keys.float().T.contiguous()
     total = keys.shape[0]
 
-    def score(lo: int, hi: int, kept: tuple[torch.Tensor, int] | None = None) -> torch.Tensor:
+    def score(lo: int, hi: int, kept: tuple[torch.Tensor, int] | None = None):
+        """(the scores of rows lo..hi, None: no top-k work of theirs)"""
         # sum_h w_h * ReLU(q_h . k) / sqrt(Di), one head at a time (no [c, Hi, N] tensor)
         out = torch.zeros(hi - lo, total, device=q.device)
         for h in range(q.shape[1]):
@@ -158,12 +172,12 @@ def _reference_scores(q, keys, w, visible):
         hidden = torch.arange(total, device=q.device) >= visible[lo:hi, None]
         if kept is not None:
             hidden |= ~candidate_entries(*kept, total)
-        return out.masked_fill(hidden, float("-inf"))
+        return out.masked_fill(hidden, float("-inf")), None
 
     return score
 
 
-def _kernel_scores(run, role, q, w, visible, total, qat: bool, fp8: bool):
+def _kernel_scores(run, role, q, w, visible, total, k: int, qat: bool, fp8: bool):
     cache = run.cache
     # index sources of one KV source share them (pages only grow)
     key_off, key_soff = run.once(("key offsets", role.kv_source, total), lambda: cache.entry_offsets(
@@ -174,10 +188,23 @@ def _kernel_scores(run, role, q, w, visible, total, qat: bool, fp8: bool):
     if encoded:  # once, not once a slice (a 1M prompt's 16K chunk scores 128 slices a layer)
         q, w = indexer_score.fp8_queries(q, w)
 
-    def score(lo: int, hi: int, kept: tuple[torch.Tensor, int] | None = None) -> torch.Tensor:
-        return indexer_scores(q[lo:hi], w[lo:hi], visible[lo:hi], pages, key_off, key_soff, exact_in_bf16=qat,
-                              tall=tall, keys_aligned=cache.layout.keys_aligned, fp8=fp8, encoded=encoded, kept=kept,
-                              pad=PADDED_ROWS)
+    options = dict(exact_in_bf16=qat, tall=tall, keys_aligned=cache.layout.keys_aligned, fp8=fp8, encoded=encoded)
+    width = _row_width(total)
+    sample = None
+    if KEEP_IN_SCORES and tall and top_k.filters(k, width):  # (the sampled entries once a layer, not a slice)
+        columns = top_k.sample_columns(total, q.device, top_k.SAMPLE)
+        sample = indexer_score.entry_sample(visible, key_off, key_soff, columns)
+
+    def score(lo: int, hi: int, kept: tuple[torch.Tensor, int] | None = None):
+        """(the scores of rows lo..hi, their top-k's KeptWork where the tiles filled it, else None)"""
+        work = None
+        if sample is not None:
+            work = top_k.kept_work(hi - lo, width, k, q.device, capacity=top_k.CAPACITY, atomic=True)
+            sampled = indexer_score.sampled_scores(q[lo:hi], w[lo:hi], pages, sample, slice(lo, hi), kept, **options)
+            top_k.floor_from_sample(sampled, k, total, work)
+        scores = indexer_scores(q[lo:hi], w[lo:hi], visible[lo:hi], pages, key_off, key_soff, **options, kept=kept,
+                                pad=PADDED_ROWS, keep=work)
+        return scores, work
 
     return score
 
@@ -212,7 +239,7 @@ def index(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, xa: torch.Tensor
     candidates_in = shared.get("candidates") if role.uses_candidates else None
     k = min(cfg.index_topk, total)
     if ops.reads_cache_in_place(run.cache):
-        score = _kernel_scores(run, role, q, w, visible, total, qat, fp8=ops.act_quant)  # faithful: FP8 dots
+        score = _kernel_scores(run, role, q, w, visible, total, k, qat, fp8=ops.act_quant)  # faithful: FP8 dots
     else:
         score = _reference_scores(q, run.cache.index_keys(role.kv_source).to(q.device), w, visible)
     chunk = max(1, _SCORE_BUDGET // total)
@@ -224,11 +251,11 @@ def index(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, xa: torch.Tensor
             # a candidate pool's unkept blocks score -inf where the scores are made
             kept = (None if candidates_in is None or role.is_candidate_source
                     else (candidates_in[lo:hi], cfg.candidate_block_size))
-            scores = score(lo, hi, kept)
+            scores, work = score(lo, hi, kept)
             if role.is_candidate_source:  # (a padded row's -inf past `total` is not a block of its own)
                 pools.append(select_candidate_blocks(scores[:, :total], visible[lo:hi], cfg.candidate_topk_blocks,
                                                      cfg.candidate_block_size))
-            picks.append(pick(scores, k))
+            picks.append(pick(scores, k, work))
     finally:
         join()
     if role.is_candidate_source:
@@ -240,8 +267,13 @@ def _no_join() -> None:
     pass
 
 
+def _top_k(scores: torch.Tensor, k: int, work: top_k.KeptWork | None = None) -> torch.Tensor:
+    """top_k_ascending of a slice's scores, or its pick from the kept scores its tiles filled."""
+    return top_k_ascending(scores, k) if work is None else top_k.pick_kept(scores, k, work)
+
+
 def _top_k_beside(device: torch.device, slices: bool):
-    """(pick, join): top_k_ascending, or with TOP_K_BESIDE where the scores come in several
+    """(pick, join): _top_k, or with TOP_K_BESIDE where the scores come in several
     slices on a GPU (not inside a graph capture) the same on a side stream behind the scores so
     far, so that the next slice's scores run beside it; join() makes the main stream wait for
     the picks before they are read. One slice's top-k is in flight at a time: before the
@@ -251,21 +283,21 @@ def _top_k_beside(device: torch.device, slices: bool):
     host runs ahead, so every slice took new memory, up to the allocator's limit and its
     device-wide sync.) Each picks tensor stays allocated until the main stream is done with it."""
     if not (TOP_K_BESIDE and slices and device.type == "cuda" and not torch.cuda.is_current_stream_capturing()):
-        return top_k_ascending, _no_join
+        return _top_k, _no_join
     side = _SIDE_STREAMS.get(device)
     if side is None:
         side = _SIDE_STREAMS[device] = torch.cuda.Stream(device)
     main = torch.cuda.current_stream(device)
-    in_flight: list[tuple[torch.Tensor, torch.cuda.Event]] = []  # (scores, their top-k's end)
+    in_flight: list[tuple[torch.Tensor, top_k.KeptWork | None, torch.cuda.Event]] = []  # (scores, work, top-k's end)
 
-    def pick(scores: torch.Tensor, k: int) -> torch.Tensor:
+    def pick(scores: torch.Tensor, k: int, work: top_k.KeptWork | None = None) -> torch.Tensor:
         if in_flight:  # the slice before: its scores free once the main stream has waited for it
-            main.wait_event(in_flight.pop()[1])
+            main.wait_event(in_flight.pop()[-1])
         side.wait_stream(main)
         done = torch.cuda.Event()
-        in_flight.append((scores, done))  # (held before the launches: an error in them keeps it too)
+        in_flight.append((scores, work, done))  # (held before the launches: an error in them keeps it too)
         with torch.cuda.stream(side):
-            picks = top_k_ascending(scores, k)
+            picks = _top_k(scores, k, work)
             done.record(side)
         picks.record_stream(main)
         return picks

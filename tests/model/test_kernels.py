@@ -28,6 +28,7 @@ from dsflash.model.kernels.hc_gates import hc_gates
 from dsflash.model.kernels.ring_write import write_rows
 from dsflash.model.kernels.quantize import fp8_grid_bf16
 from dsflash.model.kernels.top_experts import top_experts, top_experts_ref
+from dsflash.model.kernels.top_k import top_k_ascending_ref
 from dsflash.model.kernels.indexer_score import indexer_scores, indexer_scores_ref
 from dsflash.model.kernels.sparse_attention import (DECODE_KEY_SPLITS, launch_plan, sparse_attention,
                                                      sparse_attention_ref)
@@ -1311,15 +1312,18 @@ def test_a_workers_scores_warm_up_pads_a_runs_rows_as_its_prefill_pads_them(padd
     assert {pad for batched, pad in pads if batched} == {padded}
 
 
-@pytest.mark.parametrize("keys_aligned, fp8, kept_block", [(False, False, 0), (True, False, 0), (True, True, 0),
-                                                           (True, True, 8), (False, False, 8)])
-def test_the_scores_warm_up_compiles_every_form(keys_aligned, fp8, kept_block, monkeypatch):
+@pytest.mark.parametrize("keys_aligned, fp8, kept_block, keep", [(False, False, 0, False), (True, False, 0, False),
+                                                                 (True, True, 0, False), (True, True, 8, False),
+                                                                 (False, False, 8, False), (True, True, 8, True),
+                                                                 (False, False, 0, True)])
+def test_the_scores_warm_up_compiles_every_form(keys_aligned, fp8, kept_block, keep, monkeypatch):
     """The warm-up reaches each form a worker launches, alone and batched: the few-query form
     at 8 and 16 query columns (its entry counts are not specialized) with the loads and decode
     the pool's layout takes (aligned keys as words), the short tiles and the tall ones, and
     for a faithful worker (fp8) the tall ones' FP8 form too, and the queries' encode for them
     on fp32 queries, as a run's come; with a candidate pool (kept_block), the tall and short
-    tiles (FP8 too) with the pool's blocks."""
+    tiles (FP8 too) with the pool's blocks; with keep (indexer.KEEP_IN_SCORES), the mode's tall
+    tiles also as they fill a top-k's kept scores."""
     from dsflash.model.kernels import indexer_score
 
     forms = set()
@@ -1331,7 +1335,7 @@ def test_the_scores_warm_up_compiles_every_form(keys_aligned, fp8, kept_block, m
         def __getitem__(self, grid):
             def launch(*args, **kw):
                 forms.add((self.name, kw.get("QN", kw.get("QB")), kw["NB"], kw["RUNS"], kw.get("ALIGNED"),
-                           kw.get("FP8", False), kw.get("KEPT_BLOCK", 0)))
+                           kw.get("FP8", False), kw.get("KEEP", False), kw.get("KEPT_BLOCK", 0)))
                 return self.kernel[grid](*args, **kw)
             return launch
 
@@ -1346,16 +1350,20 @@ def test_the_scores_warm_up_compiles_every_form(keys_aligned, fp8, kept_block, m
 
     monkeypatch.setattr(indexer_score, "_fp8_queries_kernel", RecordingEncode())
     monkeypatch.setattr(indexer_score, "TALL_FP8", True)
-    indexer_score.scores_warm_up(torch.device(DEVICE), 4, 32, keys_aligned, fp8=fp8, kept_block=kept_block)
+    indexer_score.scores_warm_up(torch.device(DEVICE), 4, 32, keys_aligned, fp8=fp8, kept_block=kept_block,
+                                 keep=keep)
     assert encodes == ({torch.float32} if fp8 else set())  # as a run's queries come, and only so
     short, tall = indexer_score.TILES["short"], indexer_score.TILES["tall"]
     nb = indexer_score.FEW_TILES[0]
-    few_forms = {("_indexer_few_kernel", qn, nb, runs, keys_aligned, False, 0) for qn in (8, 16)
+    few_forms = {("_indexer_few_kernel", qn, nb, runs, keys_aligned, False, False, 0) for qn in (8, 16)
                  for runs in (False, True)}
-    tiles = {("_indexer_kernel", *short[:2], False, None, False, 0), ("_indexer_kernel", *short[:2], True, None, False, 0),
-             ("_indexer_kernel", *tall[:2], False, None, False, 0)}
+    tiles = {("_indexer_kernel", *short[:2], False, None, False, False, 0),
+             ("_indexer_kernel", *short[:2], True, None, False, False, 0),
+             ("_indexer_kernel", *tall[:2], False, None, False, False, 0)}
     if fp8:
-        tiles.add(("_indexer_kernel", *tall[:2], False, None, True, 0))
+        tiles.add(("_indexer_kernel", *tall[:2], False, None, True, False, 0))
+    if keep:
+        tiles.add(("_indexer_kernel", *tall[:2], False, None, fp8, True, 0))
     if kept_block:
         tiles |= {(*form[:-1], kept_block) for form in tiles if not form[3]}  # alone, never batched
     assert forms == few_forms | tiles
@@ -1680,3 +1688,47 @@ def test_a_prefill_chunk_attends_over_keys_decoded_once(golden_dir, golden, monk
         ref = golden[1]["logits"][chunk:n]
         d = (logits - ref).abs().amax(-1)
         assert (d <= 1e-2).float().mean() >= 0.9 and (logits.argmax(-1) == ref.argmax(-1)).all(), d
+
+
+@pytest.mark.parametrize("form", ["tall", "tall_fp8", "short"])
+def test_score_tiles_keep_the_filtered_top_ks_scores_as_they_make_them(form, paged, monkeypatch):
+    """indexer_scores' keep: the tiles' epilogue does the filtered top-k's filtering, against
+    floors from sampled_scores (bit for bit the full scores at those entries), and pick_kept
+    then gives top_k_ascending_ref's ids of the scores: in rows of several chunks, heavy ties
+    (entries that share keys), rows that see few entries (every returnable score kept), a
+    candidate pool, padded rows, and chunks that overflow their places (the whole-row select)."""
+    from dsflash.model.kernels import indexer_score, top_k
+
+    monkeypatch.setattr(indexer_score, "TALL_FP8", form == "tall_fp8")
+    g = _g(12)
+    cache, source = paged, 7
+    total = cache.num_entries(source)
+    n, N, k, sample = 70, 601, 20, 64
+    q, w = fake_quant_fp4(torch.randn(n, 16, 32, generator=g), 32), torch.randn(n, 16, generator=g)
+    visible = torch.randint(0, N + 1, (n,), generator=g)
+    visible[:3] = torch.tensor([0, 5, 30])  # fewer visible entries than k, or than the floor's rank
+    entries = torch.randint(0, total, (N,), generator=g)  # N entries over the cache's keys: ties
+    k_off, k_soff = cache.entry_offsets(source, entries, kind="key")
+    dev = lambda t: t.to(DEVICE)  # noqa: E731
+    args = (dev(q), dev(w), dev(visible), dev(cache.pool.pages_buffer), dev(k_off), dev(k_soff))
+    kw = dict(exact_in_bf16=True, tall=form.startswith("tall"), fp8=form == "tall_fp8")
+    width = indexer_score.padded_width(N)
+    columns = top_k.sample_columns(N, torch.device(DEVICE), sample)
+    for kept in (None, ((torch.rand(n, -(-N // 4), generator=g) < 0.7).to(DEVICE), 4)):
+        sample = indexer_score.entry_sample(args[2], args[4], args[5], columns)
+        sampled = indexer_score.sampled_scores(args[0], args[1], args[3], sample, slice(None), kept, **kw)
+        full = indexer_scores(*args, **kw, kept=kept, pad=True)
+        assert torch.equal(sampled.cpu(), full[:, columns].cpu())
+        for capacity in (256, 8):
+            work = top_k.kept_work(n, width, k, torch.device(DEVICE), chunks=3, block=128, capacity=capacity,
+                                   atomic=True)
+            assert work.chunks == 3
+            top_k.floor_from_sample(sampled, k, N, work)
+            scores = indexer_scores(*args, **kw, kept=kept, pad=True, keep=work)
+            assert torch.equal(scores.cpu(), full.cpu())
+            got = top_k.pick_kept(scores, k, work).cpu()
+            assert torch.equal(got, top_k_ascending_ref(scores.cpu(), k))
+            counts = work.counts.cpu()
+            held = (counts.amax(1) <= capacity) & (counts.sum(1) >= k)  # rows picked from their kept scores
+            overflowed = counts.amax(1) > capacity  # rows selected whole
+            assert (held.sum() if capacity == 256 else overflowed.sum()) > n // 2 and counts.sum() < n * N // 2
