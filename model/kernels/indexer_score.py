@@ -402,7 +402,7 @@ def indexer_scores(q: torch.Tensor, w: torch.Tensor, visible: torch.Tensor, page
     blocks[i, j // block] (B * block >= N), in the tall tiles' epilogue (the scores are not
     read back to mask them), after the launch in the few-query form.
     pad: rows of padded_width(N) scores, -inf past N (what the top-k reads: see padded_width).
-    keep: the filtered top-k's work for these rows, its floors taken (top_k.floor_from_sample):
+    keep: the filtered top-k's work for these rows, its floors taken (top_k.sample_floors):
     the tiles fill its kept scores as they make them (one run, not the few-query form); the
     scores are still written, for the pick's whole-row fallback (top_k.pick_kept)."""
     n, heads, dim = q.shape
@@ -476,7 +476,7 @@ def sampled_scores(q: torch.Tensor, w: torch.Tensor, pages: torch.Tensor, sample
     """[n, len(columns)]: indexer_scores(q, w, ...)[:, sample.columns] for queries `rows` of the
     sample's run (q and w: theirs) without the other entries' scores, bit for bit (a score
     depends on its query and entry alone): a row's filtered top-k floor
-    (top_k.floor_from_sample) before its scores are made. `options` as indexer_scores' but pad
+    (top_k.sample_floors) before its scores are made. `options` as indexer_scores' but pad
     and keep."""
     out = indexer_scores(q, w, sample.seen[rows], pages, sample.key_offsets, sample.key_scale_offsets, **options,
                          pad=False)

@@ -657,13 +657,18 @@ class KeptWork(NamedTuple):
 
 
 def kept_work(n: int, N: int, k: int, device: torch.device, chunks: int | None = None, block: int | None = None,
-              capacity: int = CAPACITY, atomic: bool | None = None) -> KeptWork:
+              capacity: int = CAPACITY, atomic: bool | None = None, floor: torch.Tensor | None = None) -> KeptWork:
     """The filtered form's work buffers for n rows of N scores (launch_plan, places; atomic: the
-    plan's unless given)."""
+    plan's unless given), with the rows' floors where they are taken already (sample_floors)."""
     _, chunks, chunk_len, block = launch_plan(n, N, k, chunks, block, filtered=True)
     width = places(chunk_len, capacity)
     atomic = filter_plan(n).atomic if atomic is None else atomic
-    return KeptWork(torch.empty(n, dtype=torch.int32, device=device),
+    assert floor is None or floor.shape == (n,) and floor.dtype == torch.int32
+    if floor is None:
+        floor = torch.empty(n, dtype=torch.int32, device=device)
+    elif floor.data_ptr() % 16:  # (a slice of a run's floors: Triton compiles again for pointers off 16 bytes)
+        floor = floor.clone()
+    return KeptWork(floor,
                     torch.empty(n, chunks, width, dtype=torch.float32, device=device),
                     torch.empty(n, chunks, width, dtype=torch.int32, device=device),
                     (torch.zeros if atomic else torch.empty)(n, chunks, dtype=torch.int32, device=device),
@@ -676,14 +681,18 @@ def sample_columns(N: int, device: torch.device, sample: int = SAMPLE) -> torch.
     return torch.arange(sample, device=device) * N // sample
 
 
-def floor_from_sample(sampled: torch.Tensor, k: int, N: int, work: KeptWork, radix_bits: int = RADIX_BITS) -> None:
-    """work.floor from each row's scores at sample_columns(N, sample) (sampled [n, sample]), for
-    rows whose kept scores are then filled where they are made (keep_tile)."""
+def sample_floors(sampled: torch.Tensor, k: int, N: int, out: torch.Tensor | None = None,
+                  radix_bits: int = RADIX_BITS) -> torch.Tensor:
+    """Each row's floor [n] (int32 bits of a _keys key) from its scores at sample_columns(N,
+    sample) (sampled [n, sample]), into `out` if given: for rows whose kept scores are then
+    filled where they are made (keep_tile, kept_work's floor)."""
     n, sample = sampled.shape
-    assert work.atomic, "kept scores filled as tiles of them are made take their places atomically"
-    _sample_floor_kernel[(n,)](sampled, work.floor, sample, sampled.stride(0), floor_rank(k, N, sample),
-                               SAMPLE=sample, PASSES=triton.cdiv(32, radix_bits), BITS=radix_bits, num_warps=8,
-                               **pdl.options(sampled.device))
+    out = torch.empty(n, dtype=torch.int32, device=sampled.device) if out is None else out
+    if n:
+        _sample_floor_kernel[(n,)](sampled, out, sample, sampled.stride(0), floor_rank(k, N, sample), SAMPLE=sample,
+                                   PASSES=triton.cdiv(32, radix_bits), BITS=radix_bits, num_warps=8,
+                                   **pdl.options(sampled.device))
+    return out
 
 
 def pick_kept(x: torch.Tensor, k: int, work: KeptWork, radix_bits: int = RADIX_BITS) -> torch.Tensor:

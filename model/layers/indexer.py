@@ -42,9 +42,9 @@ TOP_K_BESIDE = True
 # chunk). Untimed (forty-third session); off: rows of the entries.
 PADDED_ROWS = True
 # A tall run's filtered top-k (top_k.filters: rows of at least 128 k entries) filtered where its
-# scores are made: each slice's floors from the scores of top_k.SAMPLE entries first
-# (indexer_score.sampled_scores), then its score tiles keep the scores reaching them in
-# their epilogue (indexer_scores' keep), and the pick reads those: the filtering launch
+# scores are made: every row's floor from its scores of top_k.SAMPLE entries first
+# (_sampled_floors), then each slice's score tiles keep the scores reaching them in their
+# epilogue (indexer_scores' keep), and the pick reads those: the filtering launch
 # (63 ms of a late 1M chunk's GPU time, forty-third session) does not read the scores back.
 # The same picks by construction (the floor sets only how much the pick reads). Untimed
 # (forty-fifth session).
@@ -177,7 +177,8 @@ def _reference_scores(q, keys, w, visible):
     return score
 
 
-def _kernel_scores(run, role, q, w, visible, total, k: int, qat: bool, fp8: bool):
+def _kernel_scores(run, role, q, w, visible, total, k: int, qat: bool, fp8: bool,
+                   pool: tuple[torch.Tensor, int] | None):
     cache = run.cache
     # index sources of one KV source share them (pages only grow)
     key_off, key_soff = run.once(("key offsets", role.kv_source, total), lambda: cache.entry_offsets(
@@ -190,23 +191,39 @@ def _kernel_scores(run, role, q, w, visible, total, k: int, qat: bool, fp8: bool
 
     options = dict(exact_in_bf16=qat, tall=tall, keys_aligned=cache.layout.keys_aligned, fp8=fp8, encoded=encoded)
     width = _row_width(total)
-    sample = None
-    if KEEP_IN_SCORES and tall and top_k.filters(k, width):  # (the sampled entries once a layer, not a slice)
-        columns = top_k.sample_columns(total, q.device, top_k.SAMPLE)
-        sample = indexer_score.entry_sample(visible, key_off, key_soff, columns)
+    floors = None
+    if KEEP_IN_SCORES and tall and top_k.filters(k, width):
+        floors = _sampled_floors(q, w, visible, pages, key_off, key_soff, total, k, pool, options)
 
     def score(lo: int, hi: int, kept: tuple[torch.Tensor, int] | None = None):
         """(the scores of rows lo..hi, their top-k's KeptWork where the tiles filled it, else None)"""
         work = None
-        if sample is not None:
-            work = top_k.kept_work(hi - lo, width, k, q.device, capacity=top_k.CAPACITY, atomic=True)
-            sampled = indexer_score.sampled_scores(q[lo:hi], w[lo:hi], pages, sample, slice(lo, hi), kept, **options)
-            top_k.floor_from_sample(sampled, k, total, work)
+        if floors is not None:
+            work = top_k.kept_work(hi - lo, width, k, q.device, capacity=top_k.CAPACITY, atomic=True,
+                                   floor=floors[lo:hi])
         scores = indexer_scores(q[lo:hi], w[lo:hi], visible[lo:hi], pages, key_off, key_soff, **options, kept=kept,
                                 pad=PADDED_ROWS, keep=work)
         return scores, work
 
     return score
+
+
+def _sampled_floors(q, w, visible, pages, key_off, key_soff, total: int, k: int,
+                    pool: tuple[torch.Tensor, int] | None, options: dict) -> torch.Tensor:
+    """KEEP_IN_SCORES: every row's top-k floor [n] from its scores of top_k.SAMPLE sampled
+    entries, before any slice's scores: in launches of up to _SCORE_BUDGET sampled scores (not
+    two small ones a score slice: 197 slices in a late 1M chunk), whose memory the slices take
+    after them."""
+    n = q.shape[0]
+    sample = indexer_score.entry_sample(visible, key_off, key_soff, top_k.sample_columns(total, q.device, top_k.SAMPLE))
+    floors = torch.empty(n, dtype=torch.int32, device=q.device)
+    rows = max(1, _SCORE_BUDGET // top_k.SAMPLE)
+    for lo in range(0, n, rows):
+        hi = min(lo + rows, n)
+        kept = None if pool is None else (pool[0][lo:hi], pool[1])
+        sampled = indexer_score.sampled_scores(q[lo:hi], w[lo:hi], pages, sample, slice(lo, hi), kept, **options)
+        top_k.sample_floors(sampled, k, total, floors[lo:hi])
+    return floors
 
 
 def index_queries(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, xa: torch.Tensor, q_res: torch.Tensor,
@@ -238,8 +255,10 @@ def index(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, xa: torch.Tensor
     visible = (run.positions_on(q.device) + 1) // role.ratio
     candidates_in = shared.get("candidates") if role.uses_candidates else None
     k = min(cfg.index_topk, total)
+    # a candidate pool's unkept blocks score -inf where the scores are made
+    pool = None if candidates_in is None or role.is_candidate_source else (candidates_in, cfg.candidate_block_size)
     if ops.reads_cache_in_place(run.cache):
-        score = _kernel_scores(run, role, q, w, visible, total, k, qat, fp8=ops.act_quant)  # faithful: FP8 dots
+        score = _kernel_scores(run, role, q, w, visible, total, k, qat, ops.act_quant, pool)  # faithful: FP8 dots
     else:
         score = _reference_scores(q, run.cache.index_keys(role.kv_source).to(q.device), w, visible)
     chunk = max(1, _SCORE_BUDGET // total)
@@ -248,10 +267,7 @@ def index(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, xa: torch.Tensor
     try:
         for lo in range(0, run.n, chunk):
             hi = min(lo + chunk, run.n)
-            # a candidate pool's unkept blocks score -inf where the scores are made
-            kept = (None if candidates_in is None or role.is_candidate_source
-                    else (candidates_in[lo:hi], cfg.candidate_block_size))
-            scores, work = score(lo, hi, kept)
+            scores, work = score(lo, hi, None if pool is None else (pool[0][lo:hi], pool[1]))
             if role.is_candidate_source:  # (a padded row's -inf past `total` is not a block of its own)
                 pools.append(select_candidate_blocks(scores[:, :total], visible[lo:hi], cfg.candidate_topk_blocks,
                                                      cfg.candidate_block_size))

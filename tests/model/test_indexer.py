@@ -107,8 +107,8 @@ def test_faithful_prefill_sends_its_tall_score_tiles_to_the_fp8_form(golden_dir,
 def test_a_long_prompts_score_tiles_filter_its_top_k_as_they_make_the_scores(golden_dir, golden, monkeypatch,
                                                                              faithful):
     """KEEP_IN_SCORES: the tiny checkpoint's prompt on the kernel path in tall tiles and several
-    score slices a layer, its rows filtered (FILTER_SHARE lowered to their length): each slice's
-    floors from sampled scores, its kept scores from the tiles' epilogue, the picks from them
+    score slices a layer, its rows filtered (FILTER_SHARE lowered to their length): the rows'
+    floors from sampled scores, each slice's kept scores from the tiles' epilogue, the picks from them
     (pick_kept), and the logits those of the filtering launch's top-k to the bit, in both modes
     and through the candidate pool's layers."""
     from dsflash.model.kernels import top_k
@@ -118,7 +118,7 @@ def test_a_long_prompts_score_tiles_filter_its_top_k_as_they_make_the_scores(gol
     monkeypatch.setattr(indexer, "TALL_RUN", 16)
     monkeypatch.setattr(indexer, "_SCORE_BUDGET", 24 * 16)  # slices of 16 queries
     monkeypatch.setattr(top_k, "FILTER_SHARE", 1)
-    monkeypatch.setattr(top_k, "SAMPLE", 16)
+    monkeypatch.setattr(top_k, "SAMPLE", 32)  # the floors' sampled scores in two launches of 12 rows
     picked = []
     pick_kept = top_k.pick_kept
     monkeypatch.setattr(top_k, "pick_kept", lambda x, k, work: picked.append(work) or pick_kept(x, k, work))
@@ -130,6 +130,8 @@ def test_a_long_prompts_score_tiles_filter_its_top_k_as_they_make_the_scores(gol
         picked.clear()
         logits[on] = prefill(prompt, "last")
         assert bool(picked) == on
+        # (rows whose kept scores the tiles filled hold the picks: not every row selected whole)
+        assert not on or any(bool((work.counts.sum(1) >= 4).any()) for work in picked)
     assert torch.equal(logits[True], logits[False])
 
 

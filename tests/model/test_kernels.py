@@ -1721,9 +1721,8 @@ def test_score_tiles_keep_the_filtered_top_ks_scores_as_they_make_them(form, pag
         assert torch.equal(sampled.cpu(), full[:, columns].cpu())
         for capacity in (256, 8):
             work = top_k.kept_work(n, width, k, torch.device(DEVICE), chunks=3, block=128, capacity=capacity,
-                                   atomic=True)
+                                   atomic=True, floor=top_k.sample_floors(sampled, k, N))
             assert work.chunks == 3
-            top_k.floor_from_sample(sampled, k, N, work)
             scores = indexer_scores(*args, **kw, kept=kept, pad=True, keep=work)
             assert torch.equal(scores.cpu(), full.cpu())
             got = top_k.pick_kept(scores, k, work).cpu()
