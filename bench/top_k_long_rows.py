@@ -1,6 +1,7 @@
 """The indexer's top-k on long rows: the radix select over every score (four counting passes
 and a writing one, each reading the row) against the filtered form (a floor from a sample of
-each row, one read that keeps the scores above it, the radix select over those), on indexer
+each row, one read that keeps the scores above it, the radix select over those; "filtered_ptx"
+with top_k.FILTER_PTX switched), on indexer
 scores of FP4 keys at the shapes a long prefill takes (model/layers/indexer._SCORE_BUDGET:
 128 queries of 1M entries, 256 of 512K, 512 of 256K: a 1M-token prompt's last chunks, whose
 KV sources hold one entry per 4 tokens) and at decode's (6 rows of 1M entries, the candidate
@@ -45,17 +46,19 @@ for rows, entries, k, tall in ((128, 1 << 20, 512, True), (256, 1 << 19, 512, Tr
     want = top_k_ascending_ref(scores, k)
     read = scores.numel() * 4 / h200.HBM_BPS
     line = [f"scores {t_score * 1e6:.0f} us"]
-    defaults = top_k.FILTER_STAGES, top_k.FILTER_WARPS, dict(top_k.FILTER_PLANS)
+    defaults = top_k.FILTER_STAGES, top_k.FILTER_WARPS, dict(top_k.FILTER_PLANS), top_k.FILTER_PTX
     switched = {name: plan._replace(atomic=not plan.atomic) for name, plan in defaults[2].items()}
     for label, options, launch in (("radix", dict(filtered=False), defaults),
                                    ("filtered", dict(filtered=True), defaults),
-                                   ("filtered_places_switched", dict(filtered=True), defaults[:2] + (switched,)),
-                                   ("filtered_1_stage_8_warps", dict(filtered=True), (1, 8, defaults[2])),
+                                   ("filtered_ptx", dict(filtered=True), defaults[:3] + (not defaults[3],)),
+                                   ("filtered_places_switched", dict(filtered=True),
+                                    defaults[:2] + (switched, defaults[3])),
+                                   ("filtered_1_stage_8_warps", dict(filtered=True), (1, 8) + defaults[2:]),
                                    ("filtered_block1024", dict(filtered=True, block=1024), defaults),
                                    ("filtered_block2048", dict(filtered=True, block=2048), defaults),
                                    ("filtered_8_chunks", dict(filtered=True, chunks=8), defaults)):
         def pick():
-            top_k.FILTER_STAGES, top_k.FILTER_WARPS = launch[:2]
+            top_k.FILTER_STAGES, top_k.FILTER_WARPS, _, top_k.FILTER_PTX = launch
             top_k.FILTER_PLANS.update(launch[2])
             return top_k_ascending_kernel(scores, k, **options)
 
@@ -65,7 +68,7 @@ for rows, entries, k, tall in ((128, 1 << 20, 512, True), (256, 1 << 19, 512, Tr
         h200.record("top_k_long_rows", f"n{rows}_N{entries}_k{k}_{label}",
                     {"us": t * 1e6, "one_read_us": read * 1e6, "scores_us": t_score * 1e6, "matches_ref": same})
     # the filtered form's launches, each on its own
-    top_k.FILTER_STAGES, top_k.FILTER_WARPS = defaults[:2]
+    top_k.FILTER_STAGES, top_k.FILTER_WARPS, _, top_k.FILTER_PTX = defaults
     top_k.FILTER_PLANS.update(defaults[2])
     launches = [f"{name} {us:.0f} us" for name, us in
                 h200.launch_times(lambda: top_k_ascending_kernel(scores, k, filtered=True)).items()]

@@ -55,6 +55,7 @@ import triton
 import triton.language as tl
 
 from . import pdl
+from .common import interpreting
 from .compile_threads import launch_all
 
 RADIX_BITS = 8  # 4 counting passes of 256 bins (see Cost above)
@@ -78,6 +79,13 @@ CAPACITY = 8192  # kept scores a chunk has places for, at most (places: no more 
 # lane's highest kept key, reduced once after the loop: 331 (56 registers), the same kept
 # scores (a test over special values and floors). Untimed.
 FILTER_STAGES, FILTER_WARPS = 3, 4
+# The filtering launch's atomic plan keeps each score in PTX (_keep_ptx, as the score tiles'
+# epilogue does with indexer.KEEP_IN_SCORES): a branch a score around the rare kept ones, where
+# Triton's ops make every score's place and addresses. For sm_90 the hot path is ~8 issued
+# instructions a score (~41 in Triton's form, past the ~32 at which 4 warps keep up with HBM),
+# 32 registers where there were 56. Off until the GPU tests and bench/device/call_f.sh ran it
+# (forty-fifth session, built on the CPU; the interpreter runs Triton's form either way).
+FILTER_PTX = False
 
 
 class FilterPlan(NamedTuple):
@@ -405,14 +413,16 @@ def _floor(floor_ptr, row):
 @triton.jit
 def _filter_kernel(x_ptr, floor_ptr, kept_ptr, id_ptr, count_ptr, top_ptr, N, sxr, chunk_len,
                    CAPACITY: tl.constexpr, BLOCK: tl.constexpr, STAGES: tl.constexpr, ATOMIC: tl.constexpr,
-                   PDL: tl.constexpr):
+                   PDL: tl.constexpr, PTX: tl.constexpr = False):
     """Program (row, chunk): the chunk's scores whose keys reach the row's floor (and are not
     -inf or a negative NaN, which are never returned), with their ids, into the chunk's
     CAPACITY places; how many there are (all of them, also past CAPACITY) and the highest
     signed key among them (_NO_TOP where none). Their places come
     from a prefix sum over each block (in id order), or with ATOMIC from an atomic count the
     kept scores take places from one by one (in any order; the count starts at 0): a few in a
-    block of thousands, where the prefix sum costs every score."""
+    block of thousands, where the prefix sum costs every score. PTX (with ATOMIC, on the GPU):
+    each score kept as the score tiles keep theirs (_keep_ptx: a branch a score around the rare
+    kept ones; the top taken by an atomic max, so the tops start at _NO_TOP)."""
     pdl.wait_for_inputs(PDL)
     row = tl.program_id(0)
     chunk = tl.program_id(1)
@@ -420,6 +430,16 @@ def _filter_kernel(x_ptr, floor_ptr, kept_ptr, id_ptr, count_ptr, top_ptr, N, sx
     floor = _signed_floor(tl.maximum(_floor(floor_ptr, row), _LOW_KEY + 1))
     x_row = x_ptr + row.to(tl.int64) * sxr
     kept_at, id_at = kept_ptr + at.to(tl.int64) * CAPACITY, id_ptr + at.to(tl.int64) * CAPACITY
+    if PTX:
+        lo = chunk * chunk_len
+        hi = tl.minimum(lo + chunk_len, N)
+        for start in tl.range(lo, hi, BLOCK, num_stages=STAGES):
+            cols = start + tl.arange(0, BLOCK)
+            score = tl.load(x_row + cols, mask=cols < hi, other=float("-inf"))
+            _keep_ptx(score, floor, (count_ptr + at).to(tl.int64, bitcast=True),
+                      (top_ptr + at).to(tl.int64, bitcast=True), kept_at.to(tl.int64, bitcast=True),
+                      id_at.to(tl.int64, bitcast=True), CAPACITY, cols)
+        return
     kept = tl.zeros((), tl.int32)
     tops = tl.full((BLOCK,), _NO_TOP, tl.int32)  # each lane's highest kept signed key
     lo = chunk * chunk_len
@@ -625,7 +645,8 @@ def top_k_ascending_kernel(scores: torch.Tensor, k: int, chunks: int | None = No
                                    PASSES=passes, BITS=radix_bits, num_warps=8, **pdl.options(x.device))
         _filter_kernel[grid](x, work.floor, work.kept, work.ids, work.counts, work.tops, N, x.stride(0), chunk_len,
                              CAPACITY=work.kept.shape[-1], BLOCK=block, STAGES=FILTER_STAGES, ATOMIC=work.atomic,
-                             num_warps=FILTER_WARPS, **pdl.options(x.device))
+                             PTX=FILTER_PTX and work.atomic and not interpreting(), num_warps=FILTER_WARPS,
+                             **pdl.options(x.device))
         return pick_kept(x, k, work, radix_bits)
     hist = torch.zeros(passes, n, 1 << radix_bits, dtype=torch.int32, device=x.device)
     chunk_counts = torch.empty(n, chunks, (1 << radix_bits) + 1, dtype=torch.int32, device=x.device)

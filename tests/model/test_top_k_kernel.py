@@ -243,3 +243,24 @@ def test_the_filters_signed_keys_reach_a_floor_as_the_keys_do():
     reachable = collapsed > 0  # (kept scores only: -inf and negative NaNs never reach a floor)
     want = torch.where(collapsed >= 2**31, collapsed - 2**32, collapsed).to(torch.int32)
     assert torch.equal(back[reachable], want[reachable])
+
+
+def test_the_filtering_launch_in_ptx_picks_what_tritons_form_picks(monkeypatch):
+    """top_k.FILTER_PTX: the atomic plan's filtering launch keeping each score in PTX (a branch
+    a score; on the GPU, where the interpreter runs Triton's form): the reference's picks over
+    random rows, heavy ties, signed zeros, infinities and NaNs, rows with few returnable scores,
+    and chunks over their places (the whole-row select), at both plans and in several chunks."""
+    from dsflash.model.kernels import top_k
+
+    monkeypatch.setattr(top_k, "FILTER_PTX", True)
+    for name, plan in top_k.FILTER_PLANS.items():
+        monkeypatch.setitem(top_k.FILTER_PLANS, name, plan._replace(atomic=True))
+    g = torch.Generator().manual_seed(10)
+    rows = torch.randn(6, 600, generator=g)
+    rows[1] = rows[1].round()  # heavy ties
+    rows[2, ::4] = torch.tensor([-0.0, 0.0, INF, NAN])[torch.arange(0, 600, 4) % 4]
+    rows[3, 50:] = -INF  # 50 returnable scores
+    rows[4, ::7] = -NAN
+    for capacity in (256, 16):
+        _check(rows, 77, dict(sample=64, capacity=capacity), **SMALL_PLAN)
+    _check(torch.randn(40, 1200, generator=g), 33, dict(sample=128, capacity=256), chunks=4, block=128)
