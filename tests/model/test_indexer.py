@@ -103,14 +103,12 @@ def test_faithful_prefill_sends_its_tall_score_tiles_to_the_fp8_form(golden_dir,
     assert torch.equal(logits[True], logits[False])
 
 
-@pytest.mark.parametrize("faithful", [True, False])
-def test_a_long_prompts_score_tiles_filter_its_top_k_as_they_make_the_scores(golden_dir, golden, monkeypatch,
-                                                                             faithful):
+def test_a_long_prompts_score_tiles_filter_its_top_k_as_they_make_the_scores(golden_dir, golden, monkeypatch):
     """KEEP_IN_SCORES: the tiny checkpoint's prompt on the kernel path in tall tiles and several
     score slices a layer, its rows filtered (FILTER_SHARE lowered to their length): the rows'
     floors from sampled scores, each slice's kept scores from the tiles' epilogue, the picks from them
-    (pick_kept), and the logits those of the filtering launch's top-k to the bit, in both modes
-    and through the candidate pool's layers."""
+    (pick_kept), and the logits those of the filtering launch's top-k to the bit, in faithful
+    mode (the FP8 tiles) and through the candidate pool's layers."""
     from dsflash.model.kernels import top_k
     from dsflash.model.layers import indexer
     from tests.model.test_prefill_gemms import kernel_path_prefill
@@ -123,7 +121,7 @@ def test_a_long_prompts_score_tiles_filter_its_top_k_as_they_make_the_scores(gol
     pick_kept = top_k.pick_kept
     monkeypatch.setattr(top_k, "pick_kept", lambda x, k, work: picked.append(work) or pick_kept(x, k, work))
     prompt = golden[2]["input_ids"][:24]
-    prefill = kernel_path_prefill(golden_dir, faithful)
+    prefill = kernel_path_prefill(golden_dir, True)
     logits = {}
     for on in (True, False):
         monkeypatch.setattr(indexer, "KEEP_IN_SCORES", on)
