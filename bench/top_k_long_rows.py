@@ -53,6 +53,9 @@ for rows, entries, k, tall in ((128, 1 << 20, 512, True), (256, 1 << 19, 512, Tr
                                    ("filtered_ptx", dict(filtered=True), defaults[:3] + (not defaults[3],)),
                                    ("filtered_places_switched", dict(filtered=True),
                                     defaults[:2] + (switched, defaults[3])),
+                                   # (decode's rows take prefix sums, which the PTX form does not)
+                                   ("filtered_places_switched_ptx", dict(filtered=True),
+                                    defaults[:2] + (switched, not defaults[3])),
                                    ("filtered_1_stage_8_warps", dict(filtered=True), (1, 8) + defaults[2:]),
                                    ("filtered_block1024", dict(filtered=True, block=1024), defaults),
                                    ("filtered_block2048", dict(filtered=True, block=2048), defaults),
