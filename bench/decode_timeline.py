@@ -94,7 +94,7 @@ def instrument(marks: Marks, engine, fine: bool = False) -> None:
     marks.wrap(device_module.HostCopy, "get", "host copy")  # the drafts' wait, where the forward needs them
     marks.wrap(model_cls, "_outputs", "head")
     marks.wrap(model_cls, "_engram", "engram")
-    marks.wrap(model_cls, "block", lambda a: ("source" if (a[1].is_kv_source or a[1].is_index_source)
+    marks.wrap(model_cls, "_block", lambda a: ("source" if (a[1].is_kv_source or a[1].is_index_source)
                                               else "block") + str(a[1].index))
     marks.wrap(model_module, "update_sources", "compressor+indexer")
     marks.wrap(GraphCache, "run", lambda a: "graph:" + a[1][0])

@@ -384,8 +384,8 @@ class DeepseekV41:
             defer = (i + 1 < len(layers) and self._takes_pending(roles[layers[i + 1]], want_taps)
                      and self.ops.defers_expand(X))
             streams, X, pending = [X, *pending], None, ()  # (handed over: _block)
-            X, pre, *rest = self._block(role, streams, pre, runs, defer=defer)
-            pending = tuple(rest)
+            X, pre, *pending = self._block(role, streams, pre, runs, defer=defer)
+            pending = tuple(pending)  # (the list goes: nothing else holds the output through the next block)
         X = self._expanded(X, pending)
         return X, pre, (torch.cat(taps, dim=-1) if want_taps and taps and all(t is not None for t in taps) else None)
 

@@ -506,7 +506,8 @@ def keep_tile(scores, rows, live_rows, cols, chunk, floor_ptr, kept_ptr, id_ptr,
     """_filter_kernel's work for a tile of scores as they are made (the indexer's score tiles'
     epilogue, KeptWork): scores [R, C] of top-k rows `rows` [R] (live_rows: which are rows) at
     ids `cols` [C], all in chunk `chunk` of their rows; the scores reaching their row's floor
-    take places from the chunks' atomic counts (counts zeroed first, tops _NO_TOP). PTX (the
+    take places from the chunks' atomic counts (counts zeroed first, tops _NO_TOP); rows not
+    live_rows must score -inf (the score tiles' do), as their counts lie past the work. PTX (the
     GPU): a branch a score around the kept ones' work (_keep_ptx); for sm_90 this form costs
     the FP8 score tile's epilogue ~6 issued instructions a score and no registers, where
     Triton's computes every score's places and addresses (2,320 -> 4,752 SASS instructions a
@@ -515,7 +516,6 @@ def keep_tile(scores, rows, live_rows, cols, chunk, floor_ptr, kept_ptr, id_ptr,
     floor = _signed_floor(tl.maximum(floor, _LOW_KEY + 1))
     at = rows * chunks + chunk  # each row's count and top; its places from at * capacity
     if PTX:
-        floor = tl.where(live_rows, floor, 2147483647)  # (no score's key passes it)
         places = at.to(tl.int64) * capacity
         _keep_ptx(scores, floor[:, None], (count_ptr + at).to(tl.int64, bitcast=True)[:, None],
                   (top_ptr + at).to(tl.int64, bitcast=True)[:, None],
@@ -641,12 +641,7 @@ def top_k_ascending_kernel(scores: torch.Tensor, k: int, chunks: int | None = No
     grid = (n, chunks)
     if filtered:
         work = kept_work(n, N, k, x.device, chunks, block, capacity)  # (the same chunks: see launch_plan)
-        _sample_floor_kernel[(n,)](x, work.floor, N, x.stride(0), floor_rank(k, N, sample), SAMPLE=sample,
-                                   PASSES=passes, BITS=radix_bits, num_warps=8, **pdl.options(x.device))
-        _filter_kernel[grid](x, work.floor, work.kept, work.ids, work.counts, work.tops, N, x.stride(0), chunk_len,
-                             CAPACITY=work.kept.shape[-1], BLOCK=block, STAGES=FILTER_STAGES, ATOMIC=work.atomic,
-                             PTX=FILTER_PTX and work.atomic and not interpreting(), num_warps=FILTER_WARPS,
-                             **pdl.options(x.device))
+        filter_rows(x, k, work, sample, radix_bits)
         return pick_kept(x, k, work, radix_bits)
     hist = torch.zeros(passes, n, 1 << radix_bits, dtype=torch.int32, device=x.device)
     chunk_counts = torch.empty(n, chunks, (1 << radix_bits) + 1, dtype=torch.int32, device=x.device)
@@ -714,6 +709,21 @@ def sample_floors(sampled: torch.Tensor, k: int, N: int, out: torch.Tensor | Non
                                    PASSES=triton.cdiv(32, radix_bits), BITS=radix_bits, num_warps=8,
                                    **pdl.options(sampled.device))
     return out
+
+
+def filter_rows(x: torch.Tensor, k: int, work: KeptWork, sample: int = SAMPLE, radix_bits: int = RADIX_BITS) -> None:
+    """The filtered form's first two launches over rows x [n, N]: each row's floor from `sample`
+    of its scores, then each chunk's scores reaching it into `work` (FILTER_PTX: in PTX where
+    the places are atomic, on the GPU)."""
+    n, N = x.shape
+    _sample_floor_kernel[(n,)](x, work.floor, N, x.stride(0), floor_rank(k, N, sample), SAMPLE=sample,
+                               PASSES=triton.cdiv(32, radix_bits), BITS=radix_bits, num_warps=8,
+                               **pdl.options(x.device))
+    _filter_kernel[(n, work.chunks)](x, work.floor, work.kept, work.ids, work.counts, work.tops, N, x.stride(0),
+                                     work.chunk_len, CAPACITY=work.kept.shape[-1], BLOCK=work.block,
+                                     STAGES=FILTER_STAGES, ATOMIC=work.atomic,
+                                     PTX=FILTER_PTX and work.atomic and not interpreting(), num_warps=FILTER_WARPS,
+                                     **pdl.options(x.device))
 
 
 def pick_kept(x: torch.Tensor, k: int, work: KeptWork, radix_bits: int = RADIX_BITS) -> torch.Tensor:

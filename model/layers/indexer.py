@@ -100,9 +100,12 @@ def largest_top_k_slice(cfg: ModelConfig, rows: int, longest: int) -> tuple[int,
 
 
 def top_k_work_bytes(cfg: ModelConfig, rows: int, longest: int) -> int:
-    """The work memory of largest_top_k_slice's top-k (its scores too), 0 where there is none."""
+    """The work memory of largest_top_k_slice's top-k (its scores too), 0 where there is none;
+    with KEEP_IN_SCORES two slices' work (the main stream's, one slice's beside the next's)."""
     shape = _scores_shape(largest_top_k_slice(cfg, rows, longest))
-    return 0 if shape is None else top_k.work_bytes(*shape, cfg.index_topk) + shape[0] * shape[1] * 4
+    if shape is None:
+        return 0
+    return top_k.work_bytes(*shape, cfg.index_topk) * (2 if KEEP_IN_SCORES else 1) + shape[0] * shape[1] * 4
 
 
 def _scores_shape(slice_shape: tuple[int, int] | None) -> tuple[int, int] | None:

@@ -264,3 +264,22 @@ def test_the_filtering_launch_in_ptx_picks_what_tritons_form_picks(monkeypatch):
     for capacity in (256, 16):
         _check(rows, 77, dict(sample=64, capacity=capacity), **SMALL_PLAN)
     _check(torch.randn(40, 1200, generator=g), 33, dict(sample=128, capacity=256), chunks=4, block=128)
+    # what the launch leaves, as Triton's form leaves it: each chunk's count and highest key, and
+    # where every kept score fits its places, the same scores and ids (their order is the atomics')
+    x = rows.to(DEVICE)
+    works = {}
+    for ptx in (True, False):
+        monkeypatch.setattr(top_k, "FILTER_PTX", ptx)
+        works[ptx] = work = top_k.kept_work(6, 600, 77, x.device, capacity=128, **SMALL_PLAN)
+        top_k.filter_rows(x, 77, work, sample=64)
+    got, want = works[True], works[False]
+    assert torch.equal(got.counts.cpu(), want.counts.cpu()) and torch.equal(got.tops.cpu(), want.tops.cpu())
+    counts = want.counts.cpu()
+    assert (counts <= 128).any() and (counts > 0).any()
+    for row, chunk in (counts <= 128).nonzero().tolist():
+        places = slice(0, counts[row, chunk])
+        (ids, scores), (want_ids, want_scores) = [(w.ids[row, chunk, places].cpu(),
+                                                   w.kept[row, chunk, places].cpu().view(torch.int32))
+                                                  for w in (got, want)]
+        order, want_order = ids.argsort(), want_ids.argsort()
+        assert torch.equal(ids[order], want_ids[want_order]) and torch.equal(scores[order], want_scores[want_order])
