@@ -476,10 +476,10 @@ def sampled_scores(q: torch.Tensor, w: torch.Tensor, pages: torch.Tensor, sample
     """[n, len(columns)]: indexer_scores(q, w, ...)[:, sample.columns] for queries `rows` of the
     sample's run (q and w: theirs) without the other entries' scores, bit for bit (a score
     depends on its query and entry alone): a row's filtered top-k floor
-    (top_k.sample_floors) before its scores are made. `options` as indexer_scores' but pad
-    and keep."""
-    out = indexer_scores(q, w, sample.seen[rows], pages, sample.key_offsets, sample.key_scale_offsets, **options,
-                         pad=False)
+    (top_k.sample_floors) before its scores are made. `options` as indexer_scores' (pad and
+    keep left out: the sampled rows are neither)."""
+    out = indexer_scores(q, w, sample.seen[rows], pages, sample.key_offsets, sample.key_scale_offsets,
+                         **{**options, "pad": False, "keep": None})
     if kept is not None:  # (the pool's blocks of the columns, not of their places in the sample)
         blocks, block = kept
         out.masked_fill_(~blocks[:, sample.columns // block], float("-inf"))
