@@ -226,9 +226,10 @@ class DeepseekV41:
         unit = _rows_per_request(runs)
         prepared = (self._graphable_block_attention(role, runs, X.shape[0]) if block_mode
                     else self._graphable_attention(role, runs, X.shape[0], unit))
-        if prepared is not None:  # (a prefill chunk's rows, which the deferring is for, never fit its ring)
-            X, pending = self._expanded(X, pending), ()
         if prepared is not None:  # the whole block in one graph
+            # (with the pending output taken in first: a prefill chunk's rows, which the deferring
+            # is for, never fit its ring)
+            X, pending = self._expanded(X, pending), ()
             key = ("block", role.index, prepared.plan, prepared.pool.serial)
             out = self.graphs.run(key, lambda *t: self._whole_block(role, prepared, *t), (X, pre) + prepared.tensors,
                                   shared=len(prepared.tensors), unit=unit)

@@ -430,16 +430,6 @@ def _filter_kernel(x_ptr, floor_ptr, kept_ptr, id_ptr, count_ptr, top_ptr, N, sx
     floor = _signed_floor(tl.maximum(_floor(floor_ptr, row), _LOW_KEY + 1))
     x_row = x_ptr + row.to(tl.int64) * sxr
     kept_at, id_at = kept_ptr + at.to(tl.int64) * CAPACITY, id_ptr + at.to(tl.int64) * CAPACITY
-    if PTX:
-        lo = chunk * chunk_len
-        hi = tl.minimum(lo + chunk_len, N)
-        for start in tl.range(lo, hi, BLOCK, num_stages=STAGES):
-            cols = start + tl.arange(0, BLOCK)
-            score = tl.load(x_row + cols, mask=cols < hi, other=float("-inf"))
-            _keep_ptx(score, floor, (count_ptr + at).to(tl.int64, bitcast=True),
-                      (top_ptr + at).to(tl.int64, bitcast=True), kept_at.to(tl.int64, bitcast=True),
-                      id_at.to(tl.int64, bitcast=True), CAPACITY, cols)
-        return
     kept = tl.zeros((), tl.int32)
     tops = tl.full((BLOCK,), _NO_TOP, tl.int32)  # each lane's highest kept signed key
     lo = chunk * chunk_len
@@ -447,20 +437,26 @@ def _filter_kernel(x_ptr, floor_ptr, kept_ptr, id_ptr, count_ptr, top_ptr, N, sx
     for start in tl.range(lo, hi, BLOCK, num_stages=STAGES):
         cols = start + tl.arange(0, BLOCK)
         score = tl.load(x_row + cols, mask=cols < hi, other=float("-inf"))
-        key = _signed_keys(score)
-        keep = (key >= floor).to(tl.int32)
-        tops = tl.maximum(tops, tl.where(keep != 0, key, _NO_TOP))
-        if ATOMIC:
-            place = tl.atomic_add(count_ptr + at + tl.zeros_like(cols), 1, mask=keep != 0, sem="relaxed")
+        if PTX:
+            _keep_ptx(score, floor, (count_ptr + at).to(tl.int64, bitcast=True),
+                      (top_ptr + at).to(tl.int64, bitcast=True), kept_at.to(tl.int64, bitcast=True),
+                      id_at.to(tl.int64, bitcast=True), CAPACITY, cols)
         else:
-            place = kept + tl.cumsum(keep, 0) - keep
-            kept += tl.sum(keep)
-        room = (keep != 0) & (place < CAPACITY)
-        tl.store(kept_at + place, score, mask=room)
-        tl.store(id_at + place, cols, mask=room)
+            key = _signed_keys(score)
+            keep = (key >= floor).to(tl.int32)
+            tops = tl.maximum(tops, tl.where(keep != 0, key, _NO_TOP))
+            if ATOMIC:
+                place = tl.atomic_add(count_ptr + at + tl.zeros_like(cols), 1, mask=keep != 0, sem="relaxed")
+            else:
+                place = kept + tl.cumsum(keep, 0) - keep
+                kept += tl.sum(keep)
+            room = (keep != 0) & (place < CAPACITY)
+            tl.store(kept_at + place, score, mask=room)
+            tl.store(id_at + place, cols, mask=room)
     if not ATOMIC:
         tl.store(count_ptr + at, kept)
-    tl.store(top_ptr + at, tl.max(tops))
+    if not PTX:  # (the PTX form took the top by atomic max)
+        tl.store(top_ptr + at, tl.max(tops))
 
 
 # A score's keep in PTX (one score an asm; labels made unique by LLVM's ${:uid}): its signed key
@@ -673,11 +669,12 @@ class KeptWork(NamedTuple):
 
 
 def kept_work(n: int, N: int, k: int, device: torch.device, chunks: int | None = None, block: int | None = None,
-              capacity: int = CAPACITY, atomic: bool | None = None, floor: torch.Tensor | None = None) -> KeptWork:
-    """The filtered form's work buffers for n rows of N scores (launch_plan, places; atomic: the
-    plan's unless given), with the rows' floors where they are taken already (sample_floors)."""
+              capacity: int | None = None, atomic: bool | None = None, floor: torch.Tensor | None = None) -> KeptWork:
+    """The filtered form's work buffers for n rows of N scores (launch_plan, places of at most
+    `capacity`, CAPACITY unless given; atomic: the plan's unless given), with the rows' floors
+    where they are taken already (sample_floors)."""
     _, chunks, chunk_len, block = launch_plan(n, N, k, chunks, block, filtered=True)
-    width = places(chunk_len, capacity)
+    width = places(chunk_len, CAPACITY if capacity is None else capacity)
     atomic = filter_plan(n).atomic if atomic is None else atomic
     assert floor is None or floor.shape == (n,) and floor.dtype == torch.int32
     if floor is None:
@@ -688,26 +685,29 @@ def kept_work(n: int, N: int, k: int, device: torch.device, chunks: int | None =
                     torch.empty(n, chunks, width, dtype=torch.float32, device=device),
                     torch.empty(n, chunks, width, dtype=torch.int32, device=device),
                     (torch.zeros if atomic else torch.empty)(n, chunks, dtype=torch.int32, device=device),
-                    torch.full((n, chunks), -2**31, dtype=torch.int32, device=device), chunk_len, block, atomic)
+                    torch.full((n, chunks), _NO_TOP.value, dtype=torch.int32, device=device), chunk_len, block, atomic)
 
 
-def sample_columns(N: int, device: torch.device, sample: int = SAMPLE) -> torch.Tensor:
-    """The ids whose scores the filtered form's floor is taken from: `sample` of them spread
-    evenly over a row of N (_sample_floor_kernel's)."""
+def sample_columns(N: int, device: torch.device, sample: int | None = None) -> torch.Tensor:
+    """The ids whose scores the filtered form's floor is taken from: `sample` (SAMPLE unless
+    given) of them spread evenly over a row of N (_sample_floor_kernel's)."""
+    sample = SAMPLE if sample is None else sample
     return torch.arange(sample, device=device) * N // sample
 
 
-def sample_floors(sampled: torch.Tensor, k: int, N: int, out: torch.Tensor | None = None,
+def sample_floors(scores: torch.Tensor, k: int, N: int, out: torch.Tensor | None = None, sample: int | None = None,
                   radix_bits: int = RADIX_BITS) -> torch.Tensor:
-    """Each row's floor [n] (int32 bits of a _keys key) from its scores at sample_columns(N,
-    sample) (sampled [n, sample]), into `out` if given: for rows whose kept scores are then
-    filled where they are made (keep_tile, kept_work's floor)."""
-    n, sample = sampled.shape
-    out = torch.empty(n, dtype=torch.int32, device=sampled.device) if out is None else out
+    """Each row's floor [n] (int32 bits of a _keys key) for rows of N scores, into `out` if
+    given, from `sample` of scores [n, W] spread evenly over its W columns: a whole row's
+    (filter_rows), or by default all W of rows that hold its scores at sample_columns(N, W)
+    already (rows whose kept scores are then filled where they are made: keep_tile)."""
+    n, width = scores.shape
+    sample = width if sample is None else sample
+    out = torch.empty(n, dtype=torch.int32, device=scores.device) if out is None else out
     if n:
-        _sample_floor_kernel[(n,)](sampled, out, sample, sampled.stride(0), floor_rank(k, N, sample), SAMPLE=sample,
+        _sample_floor_kernel[(n,)](scores, out, width, scores.stride(0), floor_rank(k, N, sample), SAMPLE=sample,
                                    PASSES=triton.cdiv(32, radix_bits), BITS=radix_bits, num_warps=8,
-                                   **pdl.options(sampled.device))
+                                   **pdl.options(scores.device))
     return out
 
 
@@ -716,9 +716,7 @@ def filter_rows(x: torch.Tensor, k: int, work: KeptWork, sample: int = SAMPLE, r
     of its scores, then each chunk's scores reaching it into `work` (FILTER_PTX: in PTX where
     the places are atomic, on the GPU)."""
     n, N = x.shape
-    _sample_floor_kernel[(n,)](x, work.floor, N, x.stride(0), floor_rank(k, N, sample), SAMPLE=sample,
-                               PASSES=triton.cdiv(32, radix_bits), BITS=radix_bits, num_warps=8,
-                               **pdl.options(x.device))
+    sample_floors(x, k, N, work.floor, sample, radix_bits)
     _filter_kernel[(n, work.chunks)](x, work.floor, work.kept, work.ids, work.counts, work.tops, N, x.stride(0),
                                      work.chunk_len, CAPACITY=work.kept.shape[-1], BLOCK=work.block,
                                      STAGES=FILTER_STAGES, ATOMIC=work.atomic,

@@ -134,7 +134,7 @@ def reserve_top_k_work(device: torch.device, cfg: ModelConfig, rows: int, longes
         pick, join = _top_k_beside(device, slices=True)
         work = None
         if KEEP_IN_SCORES:  # (a slice's work then comes from the main stream's pool, picked beside)
-            work = top_k.kept_work(*shape, cfg.index_topk, device, capacity=top_k.CAPACITY, atomic=True)
+            work = top_k.kept_work(*shape, cfg.index_topk, device, atomic=True)
             work.floor.zero_()
         try:
             pick(scores, cfg.index_topk, work)
@@ -162,12 +162,18 @@ def select_candidate_blocks(scores: torch.Tensor, visible: torch.Tensor, topk_bl
     return keep[:, :-1]
 
 
-def _reference_scores(q, keys, w, visible):
+def _rows_of(pool: tuple[torch.Tensor, int] | None, lo: int, hi: int) -> tuple[torch.Tensor, int] | None:
+    """Rows lo..hi of a candidate pool (blocks, block), if any."""
+    return None if pool is None else (pool[0][lo:hi], pool[1])
+
+
+def _reference_scores(q, keys, w, visible, pool: tuple[torch.Tensor, int] | None):
     keys_t = keys.float().T.contiguous()
     total = keys.shape[0]
 
-    def score(lo: int, hi: int, kept: tuple[torch.Tensor, int] | None = None):
+    def score(lo: int, hi: int):
         """(the scores of rows lo..hi, None: no top-k work of theirs)"""
+        kept = _rows_of(pool, lo, hi)
         # sum_h w_h * ReLU(q_h . k) / sqrt(Di), one head at a time (no [c, Hi, N] tensor)
         out = torch.zeros(hi - lo, total, device=q.device)
         for h in range(q.shape[1]):
@@ -198,14 +204,13 @@ def _kernel_scores(run, role, q, w, visible, total, k: int, qat: bool, fp8: bool
     if KEEP_IN_SCORES and tall and top_k.filters(k, width):
         floors = _sampled_floors(q, w, visible, pages, key_off, key_soff, total, k, pool, options)
 
-    def score(lo: int, hi: int, kept: tuple[torch.Tensor, int] | None = None):
+    def score(lo: int, hi: int):
         """(the scores of rows lo..hi, their top-k's KeptWork where the tiles filled it, else None)"""
         work = None
         if floors is not None:
-            work = top_k.kept_work(hi - lo, width, k, q.device, capacity=top_k.CAPACITY, atomic=True,
-                                   floor=floors[lo:hi])
-        scores = indexer_scores(q[lo:hi], w[lo:hi], visible[lo:hi], pages, key_off, key_soff, **options, kept=kept,
-                                pad=PADDED_ROWS, keep=work)
+            work = top_k.kept_work(hi - lo, width, k, q.device, atomic=True, floor=floors[lo:hi])
+        scores = indexer_scores(q[lo:hi], w[lo:hi], visible[lo:hi], pages, key_off, key_soff, **options,
+                                kept=_rows_of(pool, lo, hi), pad=PADDED_ROWS, keep=work)
         return scores, work
 
     return score
@@ -218,13 +223,13 @@ def _sampled_floors(q, w, visible, pages, key_off, key_soff, total: int, k: int,
     two small ones a score slice: 197 slices in a late 1M chunk), whose memory the slices take
     after them."""
     n = q.shape[0]
-    sample = indexer_score.entry_sample(visible, key_off, key_soff, top_k.sample_columns(total, q.device, top_k.SAMPLE))
+    sample = indexer_score.entry_sample(visible, key_off, key_soff, top_k.sample_columns(total, q.device))
     floors = torch.empty(n, dtype=torch.int32, device=q.device)
     rows = max(1, _SCORE_BUDGET // top_k.SAMPLE)
     for lo in range(0, n, rows):
         hi = min(lo + rows, n)
-        kept = None if pool is None else (pool[0][lo:hi], pool[1])
-        sampled = indexer_score.sampled_scores(q[lo:hi], w[lo:hi], pages, sample, slice(lo, hi), kept, **options)
+        sampled = indexer_score.sampled_scores(q[lo:hi], w[lo:hi], pages, sample, slice(lo, hi),
+                                               _rows_of(pool, lo, hi), **options)
         top_k.sample_floors(sampled, k, total, floors[lo:hi])
     return floors
 
@@ -263,14 +268,14 @@ def index(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, xa: torch.Tensor
     if ops.reads_cache_in_place(run.cache):
         score = _kernel_scores(run, role, q, w, visible, total, k, qat, ops.act_quant, pool)  # faithful: FP8 dots
     else:
-        score = _reference_scores(q, run.cache.index_keys(role.kv_source).to(q.device), w, visible)
+        score = _reference_scores(q, run.cache.index_keys(role.kv_source).to(q.device), w, visible, pool)
     chunk = max(1, _SCORE_BUDGET // total)
     picks, pools = [], []
     pick, join = _top_k_beside(q.device, slices=run.n > chunk and not role.is_candidate_source)
     try:
         for lo in range(0, run.n, chunk):
             hi = min(lo + chunk, run.n)
-            scores, work = score(lo, hi, None if pool is None else (pool[0][lo:hi], pool[1]))
+            scores, work = score(lo, hi)
             if role.is_candidate_source:  # (a padded row's -inf past `total` is not a block of its own)
                 pools.append(select_candidate_blocks(scores[:, :total], visible[lo:hi], cfg.candidate_topk_blocks,
                                                      cfg.candidate_block_size))
