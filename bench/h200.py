@@ -954,9 +954,9 @@ def main() -> None:
     parser.add_argument("--prefill-switch", default="",
                         help="'package.module.ATTR=V1|V2|..': the prefill section once with each value (Python "
                              "literals); several switches joined by ';' take their i-th values together")
-    parser.add_argument("--expert-cache-bytes", default="0",
-                        help="prefill: comma-separated budgets, each in turn, for faithful mode's routed experts kept "
-                             "re-encoded for the FP8 tensor cores (TritonOps.keep_encoded_experts; 0: none)")
+    parser.add_argument("--weight-cache-bytes", default="0",
+                        help="prefill: comma-separated budgets, each in turn, for faithful mode's weights kept "
+                             "re-encoded for the FP8 tensor cores (TritonOps.keep_encoded_weights; 0: none)")
     parser.add_argument("--contexts", default="4096,1048576")
     parser.add_argument("--batches", default="1,8,32")
     parser.add_argument("--device", default="cuda")
@@ -1022,8 +1022,8 @@ def main() -> None:
             switches = [module_switch(path, values.split("|"))
                         for path, values in (one.split("=", 1) for one in args.prefill_switch.split(";") if one)]
             assert len({len(values) for _, _, values in switches}) <= 1, "every switch takes as many values"
-            for cache in (int(float(v)) for v in args.expert_cache_bytes.split(",")):
-                model.ops.keep_encoded_experts(cache)  # (its first run, a warm-up, fills it)
+            for cache in (int(float(v)) for v in args.weight_cache_bytes.split(",")):
+                model.ops.keep_encoded_weights(cache)  # (its first run, a warm-up, fills it)
                 chunk = ("" if args.chunk == 8192 else f"_chunk{args.chunk}") + (f"_experts{cache / 2**30:g}GiB"
                                                                                  if cache else "")
                 if switches:  # each value in turn, in one process: the records' last logits compare
@@ -1034,7 +1034,7 @@ def main() -> None:
                         prefill(model, lengths, f"prefill{mode}{chunk}_{i}_{label}", chunk=args.chunk)
                 else:
                     prefill(model, lengths, "prefill" + mode + chunk, chunk=args.chunk)
-            model.ops.keep_encoded_experts(0)
+            model.ops.keep_encoded_weights(0)
         if "reference" in sections:
             from dsflash.model.ops import ReferenceOps
 

@@ -106,9 +106,10 @@ def build_parser() -> argparse.ArgumentParser:
                                            "applied to this worker's KV transfers")
         if role == "prefill":
             _add(p, "--ced", action="store_true", help="bounded replay: decoder layers over the prompt tail only")
-            _add(p, "--expert-cache-bytes", type=_bytes, default="0",
-                 help="GPU memory for faithful mode's routed experts kept re-encoded for the FP8 tensor cores "
-                      "(twice their FP4 bytes), which every prompt chunk otherwise encodes again; taken at "
+            _add(p, "--weight-cache-bytes", type=_bytes, default="0",
+                 help="GPU memory for faithful mode's weights kept re-encoded for the FP8 tensor cores "
+                      "(dense FP8 weights at their own bytes, routed experts at twice their FP4 bytes, as "
+                      "a chunk meets them), which every prompt chunk otherwise encodes again; taken at "
                       "the start-up chunk (0 = none)")
         else:
             _add(p, "--spec-tokens", type=int, default=5, help="DSpark drafts verified per step (0 = off)")

@@ -118,7 +118,7 @@ def worker_settings(args, role: str):
                              f"{MAX_KERNEL_ROWS} tokens a step")
     extra = {}
     if role == "prefill":
-        extra.update(ced=args.ced, expert_cache_bytes=args.expert_cache_bytes)
+        extra.update(ced=args.ced, weight_cache_bytes=args.weight_cache_bytes)
     else:
         extra.update(spec_tokens=args.spec_tokens, host_cache_bytes=args.host_cache_bytes,
                      prefill_workers=_list(args.prefill))

@@ -61,8 +61,8 @@ class TritonOps(ReferenceOps):
         self._bf16: dict[str, torch.Tensor] = {}
         self._experts: dict[str, tuple[tuple[torch.Tensor, ...], bool]] = {}
         self._merged: dict[tuple[str, ...], tuple | bool] = {}  # linear_many's weights end to end
-        # faithful prefill's routed experts kept re-encoded for the FP8 tensor cores (keep_encoded_experts)
-        self.expert_cache: prefill_gemms.EncodedExperts | None = None
+        # faithful prefill's weights kept re-encoded for the FP8 tensor cores (keep_encoded_weights)
+        self.weight_cache: prefill_gemms.EncodedWeights | None = None
         self._side = None
         if self.device.type == "cuda":
             for lane in range(LANES):
@@ -81,7 +81,8 @@ class TritonOps(ReferenceOps):
         weight = self.weights[name]
         if isinstance(weight, Fp8Weight):
             packed, small = self._fp8(name)
-            return fp8_gemm(x.contiguous(), packed.weight, packed.scale, act_quant=self.act_quant, small=small)
+            return fp8_gemm(x.contiguous(), packed.weight, packed.scale, act_quant=self.act_quant, small=small,
+                            kept=self.weight_cache)
         rows = x.reshape(-1, x.shape[-1])
         bf16 = isinstance(weight, torch.Tensor) and weight.dtype == torch.bfloat16 and _kernels_run_on(x)
         prefill = bf16 and _wide_prefill(rows, weight)
@@ -110,7 +111,7 @@ class TritonOps(ReferenceOps):
         if not merged:
             return super().linear_many(x, names)
         codes, scales, small, rows = merged
-        out = fp8_gemm(x.contiguous(), codes, scales, act_quant=self.act_quant, small=small)
+        out = fp8_gemm(x.contiguous(), codes, scales, act_quant=self.act_quant, small=small, kept=self.weight_cache)
         return list(out.split(rows, dim=-1))
 
     def _merge(self, names: tuple[str, ...]) -> tuple | bool:
@@ -139,7 +140,7 @@ class TritonOps(ReferenceOps):
                 and prefill_gemms.swiglu_fits(gate, up, weight.shape[0])):
             return super().swiglu_linear(gate, up, limit, name)
         packed, _ = self._fp8(name)
-        return prefill_gemms.swiglu_fp8_product(gate, up, limit, packed.weight, packed.scale)
+        return prefill_gemms.swiglu_fp8_product(gate, up, limit, packed.weight, packed.scale, self.weight_cache)
 
     def gemm_input(self, x: torch.Tensor) -> torch.Tensor:
         """Faithful mode: x on the FP8 grid in one launch (torch's rounding is ~20), as bf16.
@@ -152,7 +153,8 @@ class TritonOps(ReferenceOps):
     def grouped_linear(self, x: torch.Tensor, name: str, groups: int) -> torch.Tensor:
         if isinstance(self.weights[name], Fp8Weight) and _kernels_run_on(x):
             packed, small = self._fp8(name)
-            out = grouped_fp8_gemm(x.contiguous(), packed.weight, packed.scale, groups, small, self.act_quant)
+            out = grouped_fp8_gemm(x.contiguous(), packed.weight, packed.scale, groups, small, self.act_quant,
+                                   kept=self.weight_cache)
             if out is not None:  # decode rows: one launch on the FP8 bytes, not an fp32 copy
                 return out
         return super().grouped_linear(x, name, groups)
@@ -269,10 +271,11 @@ class TritonOps(ReferenceOps):
             return super().norm_rope_fp4(x, cos, sin, block, e4m3_scales, norm_weight, eps)
         return compressor.norm_rope_fp4(x, cos, sin, block, e4m3_scales, norm_weight, eps)
 
-    def keep_encoded_experts(self, budget: int) -> None:
-        """Keep up to `budget` bytes of faithful prefill's routed experts re-encoded for the FP8
-        tensor cores from chunk to chunk (prefill_gemms.EncodedExperts; 0: encode every chunk)."""
-        self.expert_cache = prefill_gemms.EncodedExperts(budget) if budget > 0 else None
+    def keep_encoded_weights(self, budget: int) -> None:
+        """Keep up to `budget` bytes of faithful prefill's weights (dense and routed experts, as
+        the chunk meets them) re-encoded for the FP8 tensor cores from chunk to chunk
+        (prefill_gemms.EncodedWeights; 0: encode every chunk)."""
+        self.weight_cache = prefill_gemms.EncodedWeights(budget) if budget > 0 else None
 
     def routed_experts(self, prefix: str, local: range, x: torch.Tensor, idx: torch.Tensor,
                        weights: torch.Tensor, limit: float) -> torch.Tensor:
@@ -288,8 +291,8 @@ class TritonOps(ReferenceOps):
                            round_input=True)
         x = self.gemm_input(x)
         if prefill_gemms.takes_experts(x, idx.numel(), len(local)):  # a prefill chunk's pairs: cuBLAS
-            cache = self.expert_cache
-            encoded = None if cache is None else (cache.encoder((prefix, "w13")), cache.encoder((prefix, "w2")))
+            cache = self.weight_cache
+            encoded = None if cache is None else (cache.experts((prefix, "w13")), cache.experts((prefix, "w2")))
             return prefill_gemms.fp4_experts(x.contiguous(), own, weights, *tensors, limit, act_quant=self.act_quant,
                                              encoded=encoded)
         return fp4_moe(x.contiguous(), own, weights, *tensors, limit, small=small, act_quant=self.act_quant)

@@ -74,7 +74,7 @@ class PrefillWorker:
         except torch.cuda.OutOfMemoryError as exc:
             raise RuntimeError(f"a {tokens}-token prefill chunk (with a long prompt's top-k work) does not fit in "
                                f"GPU memory beside the KV pool: lower --pool-bytes, --prefill-token-budget or "
-                               f"--expert-cache-bytes") from exc
+                               f"--weight-cache-bytes") from exc
         log_event(log, "prefill_warm_up", tokens=n, seconds=round(time.monotonic() - start, 2))
 
     # ------------------------------------------------------------ engine thread side

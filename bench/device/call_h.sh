@@ -4,7 +4,7 @@
 # ways (G's bench/keep_in_scores.py), and last the 1M prefill with D's switches on.
 source bench/device/env.sh
 step gpu-tests 150 python3 -m pytest -q -rfE -p no:cacheprovider tests/model/test_kernels.py \
-  tests/model/test_prefill_gemms.py tests/model/test_indexer.py tests/model/test_top_k_kernel.py \
+  tests/model/test_prefill_gemms.py tests/model/test_fp8_blockwise.py tests/model/test_indexer.py tests/model/test_top_k_kernel.py \
   -k "site or tf32_heads or hc_ or mixes or kept_encoded or taken_into or keep or filter or ptx"
 step sites-32k 115 python3 bench/h200.py --sections prefill --act-quant --prefill 32768 --chunk 16384 \
   --prefill-switch "dsflash.model.kernels.hc_streams.SITE_ROWS=0|0|4096|4096|0|0|4096|4096;dsflash.model.kernels.common.TF32_HEADS=False|True|True|True|False|True|True|True;dsflash.model.kernels.hc_streams.DEFER_FFN_EXPAND=False|False|False|True|False|False|False|True" \

@@ -34,7 +34,7 @@ LOST_RANK_EXIT = 70  # the worker's exit status when one of its ranks died
 
 class Ranks:
     def __init__(self, devices: list[str], checkpoint: str, tier: str, act_quant: bool = False,
-                 expert_cache_bytes: int = 0):
+                 weight_cache_bytes: int = 0):
         """Start ranks 1..W-1 on devices[1:] and join their process group as rank 0 (blocks
         until every rank joined)."""
         from .worker import free_port
@@ -54,7 +54,7 @@ class Ranks:
             ours, theirs = ctx.Pipe()
             process = ctx.Process(target=_rank_main, name=f"dsflash-rank{rank}", daemon=True,
                                   args=(rank, world, rendezvous, devices[rank], checkpoint, tier, act_quant,
-                                        expert_cache_bytes, theirs, current_setup()))
+                                        weight_cache_bytes, theirs, current_setup()))
             process.start()
             theirs.close()
             self.processes.append(process)
@@ -104,28 +104,28 @@ class Ranks:
 
 
 def load_model(checkpoint: str, tier: str, device: str | torch.device, parallel: Parallel,
-               progress: bool = False, act_quant: bool = False, expert_cache_bytes: int = 0) -> DeepseekV41:
+               progress: bool = False, act_quant: bool = False, weight_cache_bytes: int = 0) -> DeepseekV41:
     """One rank's share of the checkpoint, on the Triton fast path on a GPU: loaded straight
     onto it, the experts stacked and their per-expert tensors freed (no host copy is kept);
-    with expert_cache_bytes, that much of its experts kept re-encoded for faithful prefill
-    (TritonOps.keep_encoded_experts)."""
+    with weight_cache_bytes, that much of its weights kept re-encoded for faithful prefill
+    (TritonOps.keep_encoded_weights)."""
     model = DeepseekV41.from_checkpoint(checkpoint, tier=tier, device=device, progress=progress, parallel=parallel,
                                         act_quant=act_quant)
     if model.device.type == "cuda":
         model.use_kernels(keep_unpacked=False)
-        model.ops.keep_encoded_experts(expert_cache_bytes)
+        model.ops.keep_encoded_weights(weight_cache_bytes)
     return model
 
 
 def _rank_main(rank: int, world: int, rendezvous: str, device: str, checkpoint: str, tier: str, act_quant: bool,
-               expert_cache_bytes: int, conn, logging_setup: tuple[str, str]) -> None:
+               weight_cache_bytes: int, conn, logging_setup: tuple[str, str]) -> None:
     _die_with_parent()
     setup_logging(*logging_setup)
     device = torch.device(device)
     if device.type == "cuda":
         torch.cuda.set_device(device)
     model = load_model(checkpoint, tier, device, init_parallel(rank, world, rendezvous, device), act_quant=act_quant,
-                       expert_cache_bytes=expert_cache_bytes)
+                       weight_cache_bytes=weight_cache_bytes)
     try:
         page_entries, num_pages, num_slots, name = conn.recv()
     except EOFError:

@@ -75,7 +75,7 @@ class WorkerSettings:
     conversation_lease_s: float = 3600.0
     drain_grace_s: float = 30.0
     ced: bool = False  # prefill: bounded replay of the decoder layers
-    expert_cache_bytes: int = 0  # prefill: routed experts kept re-encoded for the FP8 tensor cores
+    weight_cache_bytes: int = 0  # prefill: weights kept re-encoded for the FP8 tensor cores
     act_quant: bool = False  # faithful mode: FP8-rounded GEMM inputs (ReferenceOps)
     spec_tokens: int = 5  # decode: DSpark drafts per step
     prefill_token_budget: int = 8192
@@ -162,10 +162,10 @@ class WorkerRuntime:
         """This rank's share of the model; with several devices, the other ranks start first."""
         s, parallel = self.settings, SINGLE
         if len(s.devices) > 1:
-            self.ranks = Ranks(list(s.devices), s.checkpoint, tier, s.act_quant, s.expert_cache_bytes)
+            self.ranks = Ranks(list(s.devices), s.checkpoint, tier, s.act_quant, s.weight_cache_bytes)
             parallel = self.ranks.parallel
         return load_model(s.checkpoint, tier, s.device, parallel, progress=True, act_quant=s.act_quant,
-                          expert_cache_bytes=s.expert_cache_bytes)
+                          weight_cache_bytes=s.weight_cache_bytes)
 
     def add_standard_services(self, server: grpc.aio.Server, service_names: list[str]) -> None:
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)

@@ -242,31 +242,33 @@ def small_fp8_scales(scales: torch.Tensor) -> bool:
 
 
 def fp8_gemm(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, act_quant: bool = False,
-             tiles: dict | None = None, small: bool | None = None) -> torch.Tensor:
+             tiles: dict | None = None, small: bool | None = None,
+             kept: prefill_gemms.EncodedWeights | None = None) -> torch.Tensor:
     """x [M, K] @ (codes, scales)^T -> [M, N] fp32. `tiles` overrides the launch shape (and so
     keeps prefill rows on the kernel); small is small_fp8_scales(scales), worked out here when
-    not given."""
+    not given; kept: where prefill may keep the weight's FP8 tensor-core form."""
     N, K = codes.shape
     assert x.shape[1] == K and codes.dtype == torch.uint8, (x.shape, codes.shape, codes.dtype)
     assert scales.shape == (-(-N // 32), -(-K // 32)) and scales.dtype == torch.uint8
     if act_quant:
         if tiles is None and prefill_gemms.rounds_in_encode(x, N, K):  # prefill rows: rounded in the encode
-            return prefill_gemms.fp8_product(x, codes, scales, round_first=True)
+            return prefill_gemms.fp8_product(x, codes, scales, round_first=True, kept=kept)
         # FP8 values times powers of two are exact in bf16, so one part (not three) dots them.
         # (Rounding decode rows in the transposed kernel as it read them, not in a launch before
         # it, measured slower on the H200: 22.3 against 16.8 + 1.5 ms per two batch-1 steps.)
         x = fp8_grid_bf16(x)
     if tiles is None and prefill_gemms.takes(x):  # a prefill chunk's rows: cuBLAS on the weight decoded to bf16
-        return prefill_gemms.fp8_product(x, codes, scales)
+        return prefill_gemms.fp8_product(x, codes, scales, kept=kept)
     return _gemm(x, codes, scales, tiles, small_fp8_scales(scales) if small is None else small)
 
 
 def grouped_fp8_gemm(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, groups: int,
-                     small: bool | None = None, act_quant: bool = False) -> torch.Tensor | None:
+                     small: bool | None = None, act_quant: bool = False,
+                     kept: prefill_gemms.EncodedWeights | None = None) -> torch.Tensor | None:
     """Block-diagonal y [M, G*R] = x [M, G*K] with group g's rows g*R .. of (codes, scales)
     [G*R, K] applied to x's columns g*K ..: one launch for all groups (the attention output's
-    wo_a), on the FP8 bytes; act_quant rounds x as fp8_gemm does. None where no tile fits a
-    group (the caller keeps its einsum)."""
+    wo_a), on the FP8 bytes; act_quant rounds x and kept serves prefill as fp8_gemm's. None
+    where no tile fits a group (the caller keeps its einsum)."""
     M, GK = x.shape
     N, K = codes.shape
     rows = N // groups
@@ -274,10 +276,10 @@ def grouped_fp8_gemm(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor,
         return None
     if act_quant:
         if prefill_gemms.rounds_in_encode(x, rows, K):
-            return prefill_gemms.grouped_fp8_product(x, codes, scales, groups, round_first=True)
+            return prefill_gemms.grouped_fp8_product(x, codes, scales, groups, round_first=True, kept=kept)
         x = fp8_grid_bf16(x)
     if prefill_gemms.takes(x):
-        return prefill_gemms.grouped_fp8_product(x, codes, scales, groups)
+        return prefill_gemms.grouped_fp8_product(x, codes, scales, groups, kept=kept)
     block_n = min(_skinny_tiles(N, M)["BLOCK_N"], rows)  # as _skinny picks it: a power of two dividing R
     if (M <= SKINNY_ROWS and _skinny_layout(codes) and rows % block_n == 0 and block_n >= 16
             and block_n & (block_n - 1) == 0):

@@ -19,6 +19,9 @@ FP8 tensor cores (FP8_TENSOR_CORES, fp8_blockwise.py), whose 128-column scale bl
 
 from __future__ import annotations
 
+import functools
+import weakref
+
 import torch
 
 from . import fp8_blockwise
@@ -42,34 +45,71 @@ EXACT_EXPERTS = True
 FP8_TENSOR_CORES = True
 
 
-class EncodedExperts:
-    """Routed experts re-encoded for the FP8 tensor cores (fp8_blockwise.fp4_weight_128: e4m3
-    under 128 x 128 scale blocks, twice their FP4 bytes), kept from chunk to chunk up to
-    `budget` bytes, first come first kept; past it they are encoded each time, as without.
-    Each faithful prefill chunk otherwise encodes every layer's experts again: 21 ms of a 16K
-    chunk at the bench preset (40 launches, at their bytes; ~1.3 s of a 1M prompt), which a
-    prefill worker, whose KV pool holds only the prompts in flight, may rather spend memory on
-    (`dsflash prefill --expert-cache-bytes`: 1.7 GB a layer of the bench preset's 48 experts)."""
+class EncodedWeights:
+    """Weights re-encoded for the FP8 tensor cores (fp8_blockwise: e4m3 under 128 x 128 scale
+    blocks), kept from chunk to chunk up to `budget` bytes, first come first kept; past it they
+    are encoded each time, as without. Each faithful prefill chunk otherwise encodes every
+    weight again: the routed experts (fp4_weight_128, twice their FP4 bytes) 21 ms of a 16K
+    chunk at the bench preset (40 launches, at their bytes; ~1.3 s of a 1M prompt), the dense
+    FP8 weights (fp8_weight_128, their own bytes, 6.5 GB for the bench preset's 40 layers) ~3-6
+    ms (~0.2-0.4 s of a 1M prompt), which a prefill worker, whose KV pool holds only the
+    prompts in flight, may rather spend memory on (`dsflash prefill --weight-cache-bytes`: 1.7
+    GB a layer of the bench preset's 48 experts, ~0.16 GB a layer of dense weights)."""
 
     def __init__(self, budget: int):
         self.budget, self.used = budget, 0
         self._kept: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+        # a dense weight's encoding under its codes' id, with a reference to the codes whose end
+        # drops the entry (a weight replaced, as linear_many's merge replaces its parts)
+        self._dense: dict[int, tuple[weakref.ref, tuple[torch.Tensor, torch.Tensor]]] = {}
 
-    def encoder(self, key: tuple):
-        """encode(experts, units, scales) for one stacked matrix (`key`: which; its slices of
-        experts are kept apart)."""
+    @staticmethod
+    def _size(encoded: tuple[torch.Tensor, torch.Tensor]) -> int:
+        return sum(t.numel() * t.element_size() for t in encoded)
+
+    def _keep(self, encoded: tuple[torch.Tensor, torch.Tensor]) -> bool:
+        size = self._size(encoded)
+        if self.used + size > self.budget:
+            return False
+        self.used += size
+        return True
+
+    def dense(self, codes: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """fp8_weight_128(codes, scales), kept for these codes (the same tensor object each
+        chunk, as the ops hold their weights)."""
+        kept = self._dense.get(id(codes))
+        if kept is not None:
+            return kept[1]
+        encoded = fp8_blockwise.fp8_weight_128(codes, scales)
+        if self._keep(encoded):
+            self._dense[id(codes)] = weakref.ref(codes, functools.partial(self._forget, id(codes))), encoded
+        return encoded
+
+    def _forget(self, key: int, ref: weakref.ref) -> None:
+        kept = self._dense.get(key)
+        if kept is not None and kept[0] is ref:
+            del self._dense[key]
+            self.used -= self._size(kept[1])
+
+    def experts(self, key: tuple):
+        """encode(experts, units, scales) for one stacked matrix of routed experts (`key`: which;
+        its slices of experts are kept apart)."""
         def encode(experts: slice, units: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             at = key + (experts.start, experts.stop)
             kept = self._kept.get(at)
             if kept is not None:
                 return kept
-            w, w_scales = _encode(experts, units, scales)
-            size = w.numel() * w.element_size() + w_scales.numel() * w_scales.element_size()
-            if self.used + size <= self.budget:
-                self._kept[at] = w, w_scales
-                self.used += size
-            return w, w_scales
+            encoded = _encode(experts, units, scales)
+            if self._keep(encoded):
+                self._kept[at] = encoded
+            return encoded
         return encode
+
+
+def _weight_128(codes: torch.Tensor, scales: torch.Tensor,
+                kept: EncodedWeights | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """A dense FP8 weight under 128 x 128 blocks: from `kept` where given, else encoded now."""
+    return kept.dense(codes, scales) if kept is not None else fp8_blockwise.fp8_weight_128(codes, scales)
 
 
 def _encode(experts: slice, units: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -131,11 +171,14 @@ def rounds_in_encode(x: torch.Tensor, n: int, k: int) -> bool:
             and fp8_blockwise.runs_on(x.device, n, k))
 
 
-def fp8_product(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, round_first: bool = False) -> torch.Tensor:
+def fp8_product(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, round_first: bool = False,
+                kept: EncodedWeights | None = None) -> torch.Tensor:
     """x [M, K] @ (codes, scales)^T -> [M, N] fp32, as fp8_gemm computes it. round_first (on
-    the FP8 tensor cores, rounds_in_encode): x rounded onto faithful mode's FP8 grid first."""
+    the FP8 tensor cores, rounds_in_encode): x rounded onto faithful mode's FP8 grid first.
+    kept: where the weight's FP8 tensor-core form may be kept (EncodedWeights)."""
     if round_first or _tensor_cores(x, *codes.shape):
-        return _encoded_product(*fp8_blockwise.rows_1x128(x, round_first=round_first), x.shape[0], codes, scales)
+        return _encoded_product(*fp8_blockwise.rows_1x128(x, round_first=round_first), x.shape[0], codes, scales,
+                                kept)
     return bf16_product(x, fp8_weight_bf16(codes, scales))
 
 
@@ -147,32 +190,32 @@ def swiglu_fits(gate: torch.Tensor, up: torch.Tensor, n: int) -> bool:
 
 
 def swiglu_fp8_product(gate: torch.Tensor, up: torch.Tensor, limit: float, codes: torch.Tensor,
-                       scales: torch.Tensor) -> torch.Tensor:
+                       scales: torch.Tensor, kept: EncodedWeights | None = None) -> torch.Tensor:
     """fp8_product(fp8_grid_bf16(clamped_swiglu(gate, up, limit)), codes, scales) on the FP8
     tensor cores, the SwiGLU, its rounding and the operand's encode in one launch
     (fp8_blockwise.swiglu_rows_1x128: at a 16K chunk's shared expert, the SwiGLU's fp32 output,
     its bf16 rounding and their reads, ~0.5 GB a layer, are never written)."""
-    return _encoded_product(*fp8_blockwise.swiglu_rows_1x128(gate, up, limit), gate.shape[0], codes, scales)
+    return _encoded_product(*fp8_blockwise.swiglu_rows_1x128(gate, up, limit), gate.shape[0], codes, scales, kept)
 
 
 def _encoded_product(a: torch.Tensor, a_scales: torch.Tensor, m: int, codes: torch.Tensor,
-                     scales: torch.Tensor) -> torch.Tensor:
+                     scales: torch.Tensor, kept: EncodedWeights | None) -> torch.Tensor:
     """The first m rows of rows_1x128's operand (a, a_scales) times an FP8 weight re-encoded to 128 x 128 blocks."""
-    w, w_scales = fp8_blockwise.fp8_weight_128(codes, scales)
+    w, w_scales = _weight_128(codes, scales, kept)
     rows = a.shape[1]  # the m rows and the aligned rows after them
     return fp8_blockwise.product(a[0], fp8_blockwise.segment_scales(a_scales, codes.shape[1] // 128, 0, rows),
                                  w, w_scales)[:m]
 
 
 def grouped_fp8_product(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, groups: int,
-                        round_first: bool = False) -> torch.Tensor:
+                        round_first: bool = False, kept: EncodedWeights | None = None) -> torch.Tensor:
     """Block-diagonal y [M, G*R] = x [M, G*K], group g's rows of (codes, scales) [G*R, K] applied
     to x's columns g*K .. (the attention output's wo_a), as grouped_fp8_gemm computes it;
     round_first as fp8_product's."""
     M = x.shape[0]
     N, K = codes.shape
     if round_first or _tensor_cores(x, N // groups, K):
-        return _grouped_on_tensor_cores(x, codes, scales, groups, round_first)
+        return _grouped_on_tensor_cores(x, codes, scales, groups, round_first, kept)
     a, copies = _parts(x.view(M, groups, K).transpose(0, 1))  # [G, M, copies * K]
     w = fp8_weight_bf16(codes, scales).view(groups, N // groups, K)
     # each group's product written to its columns of y (cuBLAS takes the row stride): a [G, M, R]
@@ -183,13 +226,13 @@ def grouped_fp8_product(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tens
 
 
 def _grouped_on_tensor_cores(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, groups: int,
-                             round_first: bool) -> torch.Tensor:
+                             round_first: bool, kept: EncodedWeights | None) -> torch.Tensor:
     """grouped_fp8_product on the FP8 tensor cores: x's codes laid out a group at a time, one
     product a group into its columns of y."""
     N, K = codes.shape
     rows, blocks = N // groups, K // 128
     a, a_scales = fp8_blockwise.rows_1x128(x, groups, round_first=round_first)
-    w, w_scales = fp8_blockwise.fp8_weight_128(codes, scales)
+    w, w_scales = _weight_128(codes, scales, kept)
     M = a.shape[1]  # x's rows and the aligned rows after them
     y = torch.empty(M, N, dtype=torch.float32, device=x.device)
     for g in range(groups):
@@ -207,7 +250,7 @@ def fp4_experts(x: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor, w13: 
     to bf16 in one launch a matrix (up to DECODE_EXPERTS at a time: one launch an expert cost
     11.5 against 9.3 ms at 8,192 tokens), then each expert's run of rows is one product. Each
     token's k outputs are summed in pair order, as fp4_moe sums them (no atomics). `encoded`:
-    the gate/up and down matrices' encoders (EncodedExperts.encoder) where their FP8 forms are
+    the gate/up and down matrices' encoders (EncodedWeights.experts) where their FP8 forms are
     kept."""
     encode13, encode2 = encoded or (_encode, _encode)
     T, H = x.shape

@@ -291,6 +291,58 @@ def test_the_rounding_in_the_encode_gives_the_same_products(monkeypatch):
     assert (reference[False] - got[True][1]).abs().max() > 1e-2 * scale  # (the reference path rounds too)
 
 
+def test_dense_weights_kept_encoded_give_the_same_products(monkeypatch):
+    """TritonOps.keep_encoded_weights: faithful prefill's dense products (linear_many's merged
+    weights, linear, grouped_linear's wo_a, swiglu_linear's shared expert) give the same bits
+    with their weights' FP8 tensor-core forms kept as encoded each chunk. Kept, a second chunk
+    encodes no weight; a budget that holds only the first weight met keeps that one; a weight
+    that goes away takes its bytes off the budget. On CPU at a few rows with the products in
+    fp32; on a GPU at a prefill chunk's rows."""
+    import gc
+
+    from dsflash.model.fast_ops import TritonOps
+    from dsflash.model.weights import Fp8Weight
+
+    _switch(monkeypatch, True)
+    if DEVICE == "cpu":
+        monkeypatch.setattr(prefill_gemms, "takes", lambda x: x.shape[0] >= 16)
+    rows = prefill_gemms.ROWS + 67 if DEVICE == "cuda" else 37
+    x = _gate_up(rows, 128, 41).to(DEVICE)  # [rows, 256] fp32: rounded onto the FP8 grid in the encode
+    shapes = {"wq_a": (128, 256), "wkv": (128, 256), "wo_b": (384, 256), "wo_a": (256, 128), "w2": (256, 128)}
+    encodes = []
+    encode = fp8_blockwise.fp8_weight_128
+    monkeypatch.setattr(fp8_blockwise, "fp8_weight_128", lambda *a: encodes.append(a[0].shape) or encode(*a))
+
+    def ops(budget: int) -> TritonOps:
+        store = {name: Fp8Weight(*quantize_fp8_weight(torch.randn(*shape, generator=_g(42 + i))), (32, 32))
+                 for i, (name, shape) in enumerate(shapes.items())}
+        made = TritonOps(store, act_quant=True, device=DEVICE)
+        made.keep_encoded_weights(budget)
+        return made
+
+    def chunk(on: TritonOps) -> list[torch.Tensor]:
+        encodes.clear()
+        return [*on.linear_many(x, ("wq_a", "wkv")), on.linear(x, "wo_b"), on.grouped_linear(x, "wo_a", 2),
+                on.swiglu_linear(x[:, :128], x[:, 128:], 7.0, "w2")]
+
+    want = chunk(ops(0))
+    assert encodes == [(256, 256), (384, 256), (256, 128), (256, 128)]  # each product on the FP8 path
+    merged = 256 * 256 + 2 * 2 * 4  # the first weight met: its codes and fp32 128-block scales
+    everything = merged + 384 * 256 + 3 * 2 * 4 + 2 * (256 * 128 + 2 * 1 * 4)
+    for budget, encoded_again, used in ((1 << 30, 0, everything), (merged, 3, merged)):
+        kept = ops(budget)
+        assert all(torch.equal(a, b) for a, b in zip(chunk(kept), want)) and len(encodes) == 4
+        assert all(torch.equal(a, b) for a, b in zip(chunk(kept), want)) and len(encodes) == encoded_again
+        assert kept.weight_cache.used == used
+    cache = prefill_gemms.EncodedWeights(1 << 20)
+    codes, scales = [t.to(DEVICE) for t in quantize_fp8_weight(torch.randn(128, 128, generator=_g(47)))]
+    first = cache.dense(codes, scales)
+    assert cache.dense(codes, scales) is first and cache.used == 128 * 128 + 4
+    del codes, first
+    gc.collect()
+    assert cache.used == 0
+
+
 def test_the_check_at_first_use_holds_the_product_to_its_values(monkeypatch):
     """_runs_right (fits asks it once a GPU) compares a small product with the same codes' fp32
     product and says no where they differ or the product raises: those GPUs keep the bf16 path.

@@ -85,7 +85,7 @@ def test_experts_on_cublas_equal_the_reference(act_quant, decode_experts, monkey
 
 
 def test_experts_kept_encoded_are_the_encoded_experts():
-    """EncodedExperts: an encoder gives fp4_weight_128's codes and scales, keeps them up to its
+    """EncodedWeights: an encoder gives fp4_weight_128's codes and scales, keeps them up to its
     budget (a second call returns the kept tensors) and past it encodes them each time; and
     fp4_experts with kept encoders gives the same bits as without, first and second time (on the
     GPU the FP8 tensor cores take these widths and fill the cache; on the CPU the bf16 path runs,
@@ -97,19 +97,19 @@ def test_experts_kept_encoded_are_the_encoded_experts():
     units, scales, batch = experts[0], experts[1], slice(0, prefill_gemms.DECODE_EXPERTS)
     want = fp8_blockwise.fp4_weight_128(units[batch], scales[batch])
     size = sum(t.numel() * t.element_size() for t in want)
-    kept = prefill_gemms.EncodedExperts(budget=size)
-    encode = kept.encoder(("layer", "w13"))
+    kept = prefill_gemms.EncodedWeights(budget=size)
+    encode = kept.experts(("layer", "w13"))
     first = encode(batch, units, scales)
     assert all(torch.equal(a, b) for a, b in zip(first, want)) and kept.used == size
     assert all(a is b for a, b in zip(encode(batch, units, scales), first))
-    over = prefill_gemms.EncodedExperts(budget=size - 1)
-    again = [over.encoder(("layer", "w13"))(batch, units, scales) for _ in range(2)]
+    over = prefill_gemms.EncodedWeights(budget=size - 1)
+    again = [over.experts(("layer", "w13"))(batch, units, scales) for _ in range(2)]
     assert again[0][0] is not again[1][0] and torch.equal(again[0][0], again[1][0]) and over.used == 0
     xq = fake_quant_fp8(x).to(torch.bfloat16).to(DEVICE)
     args = (idx.to(DEVICE), weights.to(DEVICE), *experts, 0.7)
     plain = prefill_gemms.fp4_experts(xq, *args, act_quant=True)
-    cache = prefill_gemms.EncodedExperts(budget=1 << 30)
-    encoders = (cache.encoder(("layer", "w13")), cache.encoder(("layer", "w2")))
+    cache = prefill_gemms.EncodedWeights(budget=1 << 30)
+    encoders = (cache.experts(("layer", "w13")), cache.experts(("layer", "w2")))
     for _ in range(2):
         assert torch.equal(prefill_gemms.fp4_experts(xq, *args, act_quant=True, encoded=encoders), plain)
     assert (cache.used > 0) == prefill_gemms._tensor_cores(xq, 2 * 128, 128)

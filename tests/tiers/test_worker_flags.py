@@ -24,13 +24,13 @@ def test_a_prefill_token_budget_the_kernels_cannot_take_is_refused(role):
         settings("--prefill-token-budget", "0")
 
 
-def test_a_prefill_workers_expert_cache_is_its_flag_in_bytes():
-    """--expert-cache-bytes (prefill workers only) reaches WorkerSettings in bytes; 0 by default."""
+def test_a_prefill_workers_weight_cache_is_its_flag_in_bytes():
+    """--weight-cache-bytes (prefill workers only) reaches WorkerSettings in bytes; 0 by default."""
     def settings(role: str, *flags: str):
         return worker_settings(build_parser().parse_args([role, "--checkpoint", "ckpt", *flags]), role)
 
-    assert settings("prefill").expert_cache_bytes == 0
-    assert settings("prefill", "--expert-cache-bytes", "36GiB").expert_cache_bytes == 36 << 30
-    assert settings("decode").expert_cache_bytes == 0
+    assert settings("prefill").weight_cache_bytes == 0
+    assert settings("prefill", "--weight-cache-bytes", "36GiB").weight_cache_bytes == 36 << 30
+    assert settings("decode").weight_cache_bytes == 0
     with pytest.raises(SystemExit):
-        build_parser().parse_args(["decode", "--checkpoint", "ckpt", "--expert-cache-bytes", "1GiB"])
+        build_parser().parse_args(["decode", "--checkpoint", "ckpt", "--weight-cache-bytes", "1GiB"])
