@@ -98,12 +98,13 @@ KERNELS = {
     # its decoded form: bf16 keys by row (sparse_attention_gluon.prefill_attention_decoded)
     "attention_rows": Kernel(
         sparse_attention_gluon._attention_rows_kernel,
-        {"q_ptr": "*bf16", "window_keys": "*bf16", "win_rows": "*i64", "entry_keys": "*bf16", "ent_rows": "*i64",
+        {"q_ptr": lambda o: "*fp32" if o.get("HALF") else "*bf16", "cos_ptr": "*fp32", "sin_ptr": "*fp32",
+         "window_keys": "*bf16", "win_rows": "*i64", "entry_keys": "*bf16", "ent_rows": "*i64",
          "sink_ptr": "*fp32", "o_ptr": "*fp32", "scale": "fp32"},
         dict(D=sparse_attention_gluon.D_MODEL, HB=sparse_attention_gluon.HEADS, KT=sparse_attention_gluon.KEY_TILE,
-             SKIP=0, num_warps=sparse_attention_gluon.WARPS, num_stages=1),
-        "",
-        sample=dict(H=64, W=128, K=512, sqn=64 * 512, sqh=512, swn=128, sen=512, son=64 * 512, soh=512)),
+             HALF=0, SKIP=0, num_warps=sparse_attention_gluon.WARPS, num_stages=1),
+        ";HALF=32",  # the queries rotated as the kernel reads them (the release's 64 RoPE channels)
+        sample=dict(H=64, W=128, K=512, sqn=64 * 512, sqh=512, scn=32, swn=128, sen=512, son=64 * 512, soh=512)),
     "skinny": Kernel(
         fp8_gemm._skinny_kernel,
         {"x_ptr": "*fp32", "w_ptr": "*i32", "s_ptr": "*u8", "y_ptr": "*fp32", "out_ptr": "*fp32", "count_ptr": "*i32"},

@@ -9,7 +9,8 @@
 source bench/device/env.sh
 step gpu-tests 200 python3 -m pytest -q -rfE -p no:cacheprovider tests/model/test_kernels.py \
   tests/model/test_prefill_gemms.py tests/model/test_fp8_blockwise.py tests/model/test_indexer.py tests/model/test_top_k_kernel.py \
-  -k "site or tf32_heads or hc_ or mixes or kept_encoded or taken_into or keep or filter or top_k or fp32 or small_weight or expand_with or padded"
+  tests/model/test_sparse_attention_gluon.py \
+  -k "site or tf32_heads or hc_ or mixes or kept_encoded or taken_into or keep or filter or top_k or fp32 or small_weight or expand_with or padded or rotates"
 step keep-in-scores 80 python3 bench/keep_in_scores.py
 step top-k-rows 120 python3 bench/top_k_long_rows.py
 if [ "${1:-}" != lite ]; then

@@ -844,6 +844,15 @@ def decoded_form(q: torch.Tensor | Queries, dim: int) -> bool:
     return bool(t["TWO_PASS"] and t["DECODED_EXACT"])
 
 
+# Faithful prefill's queries go to the decoded Gluon form before RoPE, which rotates and rounds
+# them as it reads them (sparse_attention_gluon._rotated_queries), not rotated into a bf16 copy
+# by a launch first (attention_queries.query_parts: 442 us a layer of the forty-third session's
+# late 1M chunk of 16,384 queries, reading 2.1 GB and writing 1.1). The kernel then reads the
+# fp32 queries, 2.1 GB where it read the 1.1 GB copy: ~2.1 GB a layer fewer. The same bits;
+# off until timed on the GPU (sm_90: 255 registers and no spills either way).
+ROPE_IN_ROWS = False
+
+
 def attend_decoded(q: torch.Tensor | Queries, window_keys: torch.Tensor, window_rows: torch.Tensor,
                    entry_keys: torch.Tensor, entry_rows: torch.Tensor, sink: torch.Tensor, scale: float
                    ) -> torch.Tensor:
@@ -858,10 +867,15 @@ def attend_decoded(q: torch.Tensor | Queries, window_keys: torch.Tensor, window_
     out = torch.empty(first.shape, dtype=torch.float32, device=first.device)
     window_rows, entry_rows, sink = window_rows.contiguous(), entry_rows.contiguous(), sink.float().contiguous()
     if q.bf16 if isinstance(q, Queries) else q.dtype == torch.bfloat16:
-        queries = query_parts(q, 1, interleave=1)[0] if isinstance(q, Queries) else q.contiguous()
+        rope = None
+        if isinstance(q, Queries) and ROPE_IN_ROWS and q.raw.dtype == torch.float32:
+            queries = q.raw if q.raw.stride(-1) == 1 else q.raw.contiguous()
+            rope = q.cos.float().contiguous(), q.sin.float().contiguous()
+        else:
+            queries = query_parts(q, 1, interleave=1)[0] if isinstance(q, Queries) else q.contiguous()
         return sparse_attention_gluon.prefill_attention_decoded(queries, window_keys, window_rows, entry_keys,
                                                                 entry_rows, sink, scale, out,
-                                                                BF16_PREFILL_TILES.get("GLUON_SKIP", 0))
+                                                                BF16_PREFILL_TILES.get("GLUON_SKIP", 0), rope)
     t, ptx = PREFILL_TILES, not interpreting()
     parts = _query_parts(q, t["QP"], ptx, interleave=1)
     plan = launch_plan(n, entry_rows.shape[1], heads, dim, prefill=True)

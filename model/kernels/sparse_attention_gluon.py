@@ -200,6 +200,43 @@ def _queries(q_ptr, i, h0, H, sqn, sqh, HB: gl.constexpr, D: gl.constexpr, num_w
 
 
 @gluon.jit
+def _mul_rn(a, b):
+    """a * b rounded on its own, never contracted into an FMA with the sum after it (rope.mul_rn)."""
+    return gl.inline_asm_elementwise("mul.rn.f32 $0, $1, $2;", "=r,r,r", [a, b], dtype=gl.float32, is_pure=True,
+                                     pack=1)
+
+
+@gluon.jit
+def _rotated_queries(q_ptr, cos_ptr, sin_ptr, i, h0, H, sqn, sqh, scn, HB: gl.constexpr, D: gl.constexpr,
+                     HALF: gl.constexpr, num_warps: gl.constexpr):
+    """_queries of the fp32 queries before RoPE: rotated here (the last 2 * HALF channels in
+    pairs with row i's cos and sin [HALF], rounded as rope.rope_values rounds: two products,
+    then their sum) and cast to bf16, as attention_queries.query_parts(q, 1, 1) writes them, a
+    few heads at a time (a whole head block's fp32 values and partners would not fit the
+    registers)."""
+    ROWS: gl.constexpr = 8
+    blocked: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [num_warps, 1], [1, 0])
+    q_smem = gl.allocate_shared_memory(gl.bfloat16, [HB, D], gl.NVMMASharedLayout.get_default_for([HB, D],
+                                                                                                  gl.bfloat16))
+    d = gl.arange(0, D, layout=gl.SliceLayout(0, blocked))
+    r = d - (D - 2 * HALF)  # the channel's place among the rotated ones (< 0: not rotated)
+    rotates = r >= 0
+    pair = gl.where(rotates, r // 2, 0)
+    c = gl.expand_dims(gl.load(cos_ptr + i.to(gl.int64) * scn + pair, mask=rotates, other=1.0), 0)
+    sn = gl.expand_dims(gl.load(sin_ptr + i.to(gl.int64) * scn + pair, mask=rotates, other=0.0), 0)
+    sign = gl.expand_dims(gl.where(r % 2 == 0, -1.0, 1.0), 0)  # e' = e c - o s, o' = o c + e s
+    for r0 in gl.static_range(0, HB, ROWS):
+        qh = h0 + r0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, blocked))
+        row = q_ptr + i.to(gl.int64) * sqn + gl.expand_dims(qh, 1) * sqh
+        live = gl.expand_dims(qh < H, 1)
+        x = gl.load(row + gl.expand_dims(d, 0), mask=live, other=0.0)
+        partner = gl.load(row + gl.expand_dims(d ^ 1, 0), mask=live & gl.expand_dims(rotates, 0), other=0.0)
+        turned = gl.where(gl.expand_dims(rotates, 0), _mul_rn(x, c) + _mul_rn(partner, sn) * sign, x)
+        q_smem.slice(r0, ROWS).store(turned.to(gl.bfloat16))
+    return q_smem
+
+
+@gluon.jit
 def _softmax_start(HB: gl.constexpr, KT: gl.constexpr, D: gl.constexpr):
     """The probabilities' shared memory (the weighted sum's A operand), the running max and
     denominator, the output and the logits' zero accumulator, before a query's first tile."""
@@ -378,15 +415,17 @@ def _stage_keys_bf16(window_keys, entry_keys, rows_at, t, window_tiles, W, K, ds
 
 
 @gluon.jit
-def _attention_rows_kernel(q_ptr, window_keys, win_rows, entry_keys, ent_rows, sink_ptr, o_ptr, H, W, K, scale,
-                           sqn, sqh, swn, sen, son, soh, D: gl.constexpr, HB: gl.constexpr, KT: gl.constexpr,
-                           SKIP: gl.constexpr, num_warps: gl.constexpr):
+def _attention_rows_kernel(q_ptr, cos_ptr, sin_ptr, window_keys, win_rows, entry_keys, ent_rows, sink_ptr, o_ptr, H, W,
+                           K, scale, sqn, sqh, scn, swn, sen, son, soh, D: gl.constexpr, HB: gl.constexpr,
+                           KT: gl.constexpr, HALF: gl.constexpr, SKIP: gl.constexpr, num_warps: gl.constexpr):
     """The decoded form. Program (query i, head block): every key of the query, window tiles
     then entry tiles, as bf16 rows already decoded (decode_keys): a tile's keys land in shared
     memory by cp.async one tile ahead, in one of two buffers, while the tensor cores work on
     the tile before; its rows are staged two ahead (three buffers: a tile's rows are read in
     its own step and the one before). SKIP: as _attention_kernel's (2, 4, 8, and 16 the keys'
-    copies), a bench's ablation."""
+    copies), a bench's ablation. HALF > 0: q holds the fp32 queries before RoPE, rotated
+    (cos_ptr, sin_ptr: [n, HALF] by scn) as they are read (_rotated_queries); 0: bf16 and
+    rotated."""
     i = gl.program_id(0)
     h0 = gl.program_id(1) * HB
     o_layout: gl.constexpr = O_LAYOUT
@@ -407,7 +446,10 @@ def _attention_rows_kernel(q_ptr, window_keys, win_rows, entry_keys, ent_rows, s
                          num_warps)
     async_copy.commit_group()
 
-    q_smem = _queries(q_ptr, i, h0, H, sqn, sqh, HB, D, num_warps)
+    if HALF > 0:
+        q_smem = _rotated_queries(q_ptr, cos_ptr, sin_ptr, i, h0, H, sqn, sqh, scn, HB, D, HALF, num_warps)
+    else:
+        q_smem = _queries(q_ptr, i, h0, H, sqn, sqh, HB, D, num_warps)
     probs, m_i, l_i, o, s_init = _softmax_start(HB, KT, D)
     for t in range(tiles):
         # tile t's keys and tile t + 1's rows have landed, and tile t - 1's weighted sum (both
@@ -484,21 +526,34 @@ def prefill_attention(q: torch.Tensor, ring: torch.Tensor, window_offsets: torch
 
 def prefill_attention_decoded(q: torch.Tensor, window_keys: torch.Tensor, window_rows: torch.Tensor,
                               entry_keys: torch.Tensor, entry_rows: torch.Tensor, sink: torch.Tensor, scale: float,
-                              out: torch.Tensor, skip: int = 0) -> torch.Tensor:
+                              out: torch.Tensor, skip: int = 0,
+                              rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """q [n, h, D] bf16 (rotated); window_keys / entry_keys [*, D] bf16, the keys decoded
     (sparse_attention.decode_keys); window_rows [n, W] / entry_rows [n, k] int64 rows of them
     (< 0: masked); sink [h] fp32. Writes and returns out [n, h, D] fp32: what prefill_attention
-    computes over those keys in their FP8 and FP4 forms, bit for bit. `skip`: the kernel's SKIP
-    (a bench's ablation only)."""
+    computes over those keys in their FP8 and FP4 forms, bit for bit. rope (cos, sin [n, half]
+    fp32): q is fp32 before RoPE, rotated and rounded to bf16 as the kernel reads it, as
+    attention_queries.query_parts(q, 1, 1) would have. `skip`: the kernel's SKIP (a bench's
+    ablation only)."""
     n, heads, dim = q.shape
-    assert dim == D_MODEL and q.dtype == torch.bfloat16 and q.stride(-1) == 1 and out.stride(-1) == 1
+    assert dim == D_MODEL and q.stride(-1) == 1 and out.stride(-1) == 1
+    if rope is None:
+        assert q.dtype == torch.bfloat16
+        cos = sin = q.new_empty(0, dtype=torch.float32)
+        half = 0
+    else:
+        cos, sin = rope
+        half = cos.shape[-1]
+        assert q.dtype == torch.float32 and cos.shape == sin.shape == (n, half) and 0 < 2 * half <= dim
+        assert cos.dtype == sin.dtype == torch.float32 and cos.stride() == sin.stride() and cos.stride(-1) == 1
     for keys in (window_keys, entry_keys):
         assert keys.dtype == torch.bfloat16 and keys.is_contiguous() and keys.shape[-1] == dim
     assert window_rows.stride(-1) == 1 and entry_rows.stride(-1) == 1
     if n == 0:
         return out
     _attention_rows_kernel[(n, triton.cdiv(heads, HEADS))](
-        q, window_keys, window_rows, entry_keys, entry_rows, sink, out, heads, window_rows.shape[1],
-        entry_rows.shape[1], scale, q.stride(0), q.stride(1), window_rows.stride(0), entry_rows.stride(0),
-        out.stride(0), out.stride(1), D=dim, HB=HEADS, KT=KEY_TILE, SKIP=skip, num_warps=WARPS)
+        q, cos, sin, window_keys, window_rows, entry_keys, entry_rows, sink, out, heads, window_rows.shape[1],
+        entry_rows.shape[1], scale, q.stride(0), q.stride(1), cos.stride(0) if half else 0, window_rows.stride(0),
+        entry_rows.stride(0), out.stride(0), out.stride(1), D=dim, HB=HEADS, KT=KEY_TILE, HALF=half, SKIP=skip,
+        num_warps=WARPS)
     return out

@@ -139,7 +139,7 @@ def test_gluon_form_takes_queries_before_rope(monkeypatch):
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-@pytest.mark.parametrize("kernel, variants", [("attention_gluon", ";GATHERED=0"), ("attention_rows", "")])
+@pytest.mark.parametrize("kernel, variants", [("attention_gluon", ";GATHERED=0"), ("attention_rows", ";HALF=32")])
 def test_the_kernels_compile_for_hopper_anywhere(kernel, variants):
     """Gluon does not run in the interpreter, so CI compiles the kernels, every form, for sm_90
     instead (no GPU needed): the pinned Triton's Gluon API and the kernels' layouts stay in
@@ -198,3 +198,47 @@ def test_decoded_form_attends_as_the_byte_form(n, heads, W, K):
     got = attend_decoded(q, window_keys, w_rows.cuda(), entry_keys, e_rows.cuda(), sink, D**-0.5)
     assert torch.equal(got, byte_form)
     assert got[0].abs().max() == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n, heads, W, K", [(300, 64, 128, 512), (257, 40, 100, 37)])
+def test_decoded_form_rotates_queries_as_it_reads_them(n, heads, W, K, monkeypatch):
+    """sparse_attention.ROPE_IN_ROWS: the decoded form given the queries before RoPE (the fp32
+    projection's rows, strided as the model hands them over) rotates and rounds them as it
+    reads them: the same outputs bit for bit as from query_parts' rotated bf16 copy, and as
+    from torch's RoPE then bf16 (heads past the last masked too)."""
+    from dsflash.model.kernels import sparse_attention as sa
+    from dsflash.model.kernels.attention_queries import Queries
+    from dsflash.model.rope import apply_rope
+
+    if not sparse_attention_gluon.usable(torch.empty(1, device="cuda"), D):
+        pytest.skip("the Gluon form is for Hopper GPUs")
+    g = torch.Generator().manual_seed(n + heads)
+    rows, half = 2048, 32
+    ring, _, pages, _ = _keys(rows, g)
+    raw = torch.randn(n, heads + 3, D, generator=g) * 0.5
+    strided = raw.cuda()[:, 1:heads + 1]  # a view, as the model's: its rows strided past its heads
+    raw = raw[:, 1:heads + 1]
+    angles = torch.rand(n, half, generator=g) * 100
+    cos, sin = angles.cos(), angles.sin()
+    w_rows = torch.where(torch.rand(n, W, generator=g) > 0.1, torch.randint(0, rows, (n, W), generator=g), -1)
+    e_rows = torch.where(torch.rand(n, K, generator=g) > 0.2, torch.randint(0, rows, (n, K), generator=g), -1)
+    sink = torch.randn(heads, generator=g).cuda()
+    every = torch.arange(rows)
+    window_keys = decode_keys(ring.cuda(), (every * D).cuda(), (rows * D + every * (D // 32)).cuda(), D, fp4=False)
+    entry_keys = decode_keys(pages.cuda(), (every * (D // 2)).cuda(), (rows * (D // 2) + every * (D // 16)).cuda(),
+                             D, fp4=True)
+    keys = (window_keys, w_rows.cuda(), entry_keys, e_rows.cuda(), sink, D**-0.5)
+    queries = Queries(strided, cos.cuda(), sin.cuda(), True)
+    rotated = []
+    real = sparse_attention_gluon.prefill_attention_decoded
+    monkeypatch.setattr(sparse_attention_gluon, "prefill_attention_decoded",
+                        lambda *a: rotated.append(a[-1] is not None) or real(*a))
+    got = {}
+    for on in (False, True):
+        monkeypatch.setattr(sa, "ROPE_IN_ROWS", on)
+        got[on] = attend_decoded(queries, *keys)
+    assert rotated == [False, True]
+    assert torch.equal(got[True], got[False])
+    assert torch.equal(got[True], attend_decoded(apply_rope(raw, cos, sin).bfloat16().cuda(), *keys))
+
