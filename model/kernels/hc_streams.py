@@ -302,7 +302,12 @@ def hc_collapse_norm(X: torch.Tensor, pre: torch.Tensor, weight: torch.Tensor | 
 # read and a write (three reads and a write before): per layer 5 passes over the [T, 4, 5120]
 # streams where there were 8 (1.34 GB a pass at a 16K chunk). 0: never (off until timed; the
 # forty-second session's one-pass form, a decode-shaped tile of 16 tokens x 64 columns whose
-# mixes went through 80 parts a token, ran 2x slower than the separate launches).
+# mixes went through 80 parts a token, ran 2x slower than the separate launches). H100,
+# forty-sixth session, 16,384 rows (bench/prefill_passes.py --sections mixes,sites): the
+# attention site in one pass 1,530 us (4 warps; 2,136 on 8) against 1,341 for its mixes and
+# input apart; the FFN site with the expand 2,304 (4 warps; 3,792 on 8) against 2,406 apart.
+# The one pass is bound by its mixes' dots (the mixes alone in one pass: 752 us, 2.35x the
+# bytes), not by the streams' bytes, so it stays off.
 SITE_ROWS = 0
 # Where SITE_ROWS takes a site: a block's FFN output goes into the streams inside the next
 # block's attention site (its hc_site with the expand), not in an hc_expand of its own: one read
@@ -310,7 +315,7 @@ SITE_ROWS = 0
 # bytes). The same bits. Untimed (forty-fifth session).
 DEFER_FFN_EXPAND = True
 # TB tokens a program share each fn tile they read (fn is 2.6 MB: read T / TB times from L2).
-SITE_TILES = dict(TB=64, BLOCK=16, num_warps=8, num_stages=2)
+SITE_TILES = dict(TB=64, BLOCK=16, num_warps=4, num_stages=2)  # 8 warps: 1.4-1.6x slower (H100, see SITE_ROWS)
 
 
 def hc_site(X: torch.Tensor, fn: torch.Tensor, mix_eps: float, pre: torch.Tensor, weight: torch.Tensor | None,

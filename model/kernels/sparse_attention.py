@@ -848,9 +848,11 @@ def decoded_form(q: torch.Tensor | Queries, dim: int) -> bool:
 # them as it reads them (sparse_attention_gluon._rotated_queries), not rotated into a bf16 copy
 # by a launch first (attention_queries.query_parts, at a 16,384-query chunk reading 2.1 GB and
 # writing 1.1: 0.76 ms a layer at its bytes). The kernel then reads the fp32 queries, 2.1 GB
-# where it read the 1.1 GB copy: ~2.1 GB a layer fewer. The same bits;
-# off until timed on the GPU (sm_90: 255 registers and no spills either way).
-ROPE_IN_ROWS = False
+# where it read the 1.1 GB copy: ~2.1 GB a layer fewer. The same bits (GPU test); sm_90: 255
+# registers and no spills either way. H100, forty-sixth session (bench/rope_in_rows.py, 16,384
+# queries x 64 heads, 128 window keys and 512 entries, alternated three times): 5,501 -> 5,074
+# us a layer, RoPE launch included (~8.5 ms of a CED chunk's 20 layers).
+ROPE_IN_ROWS = True
 
 
 def attend_decoded(q: torch.Tensor | Queries, window_keys: torch.Tensor, window_rows: torch.Tensor,

@@ -83,9 +83,13 @@ FILTER_STAGES, FILTER_WARPS = 3, 4
 # epilogue does with indexer.KEEP_IN_SCORES): a branch a score around the rare kept ones, where
 # Triton's ops make every score's place and addresses. For sm_90 the hot path is ~8 issued
 # instructions a score (~41 in Triton's form, past the ~32 at which 4 warps keep up with HBM),
-# 32 registers where there were 56. Off until the GPU tests and bench/device/call_f.sh ran it
-# (forty-fifth session, built on the CPU; the interpreter runs Triton's form either way).
-FILTER_PTX = False
+# 32 registers where there were 56 (forty-fifth session; the interpreter runs Triton's form).
+# H100, forty-sixth session, the filtered top-k against Triton's form (bench/top_k_long_rows.py,
+# k 512): 128 x 1M 356 against 368 us, 512 x 256K 397 against 435, 256 x 512K 455 against 431,
+# 48 x 128K (k 2,048) 282 against 313; with the FP8 score slice before it (bench/
+# keep_in_scores.py) 128 x 1M 1,515 against 1,532 us, 512 x 256K 1,541 against 1,585. Its GPU
+# test picks what Triton's form picks.
+FILTER_PTX = True
 
 
 class FilterPlan(NamedTuple):

@@ -46,8 +46,10 @@ PADDED_ROWS = True
 # (_sampled_floors), then each slice's score tiles keep the scores reaching them in their
 # epilogue (indexer_scores' keep), and the pick reads those: the filtering launch
 # (63 ms of a late 1M chunk's GPU time, forty-third session) does not read the scores back.
-# The same picks by construction (the floor sets only how much the pick reads). Untimed
-# (forty-fifth session).
+# The same picks by construction (the floor sets only how much the pick reads). H100,
+# forty-sixth session (bench/keep_in_scores.py, the FP8 score slice and its top-k): 128 x 1M
+# 1,496 us against 1,515 with the filtering launch in PTX (top_k.FILTER_PTX), 512 x 256K 1,574
+# against 1,541: no gain, so off.
 KEEP_IN_SCORES = False
 _SIDE_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
 
