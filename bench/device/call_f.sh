@@ -1,15 +1,9 @@
-# Device call F (~420 s): a long prompt's top-k filtered where its scores are made
-# (indexer.KEEP_IN_SCORES, built on the CPU in the forty-fifth session, off until timed): each
-# score slice's floors from the scores of top_k.SAMPLE sampled entries first, then the tall
-# tiles' epilogue keeps the scores reaching them (in PTX, a branch a score: for sm_90 no more
-# registers, ~6 issued instructions a score), so the filtering launch (63 ms of the last 1M
-# chunk, on the side stream) does not read the scores back. First the GPU tests (the kernels'
-# PTX form against the top-k's reference, the prefill's logits the same with it on), then 256K
-# faithful prefills in 16K chunks with it off and on, alternated in one process, and between
-# them the filtering launch itself in the same PTX (top_k.FILTER_PTX: for sm_90 ~8 issued
-# instructions a score where Triton's form takes ~41); last the top-k on long rows with
-# FILTER_PTX on (bench/top_k_long_rows.py: 0.59 ms for 128 x 1M, k = 512, in the seventeenth
-# session).
+# Device call F (~420 s, H200): a long prompt's top-k, its filtering in the score tiles
+# (indexer.KEEP_IN_SCORES, off: no gain on the H100's score slices in the forty-sixth session)
+# and the filtering launch in PTX (top_k.FILTER_PTX, on since then, ahead on most H100 shapes),
+# in whole 256K faithful prefills where the H100 timed the kernels alone. First the GPU tests,
+# then 256K prefills in 16K chunks, alternated in one process: the shipped (PTX filter), the
+# Triton filter, the keep in the tiles; last the top-k on long rows (bench/top_k_long_rows.py).
 source bench/device/env.sh
 step gpu-tests 100 python3 -m pytest -q -rfE -p no:cacheprovider tests/model/test_kernels.py \
   tests/model/test_indexer.py tests/model/test_top_k_kernel.py -k "keep or filter or top_k"
