@@ -102,8 +102,8 @@ KERNELS = {
          "window_keys": "*bf16", "win_rows": "*i64", "entry_keys": "*bf16", "ent_rows": "*i64",
          "sink_ptr": "*fp32", "o_ptr": "*fp32", "scale": "fp32"},
         dict(D=sparse_attention_gluon.D_MODEL, HB=sparse_attention_gluon.HEADS, KT=sparse_attention_gluon.KEY_TILE,
-             HALF=0, SKIP=0, num_warps=sparse_attention_gluon.WARPS, num_stages=1),
-        ";HALF=32",  # the queries rotated as the kernel reads them (the release's 64 RoPE channels)
+             HALF=32, SKIP=0, num_warps=sparse_attention_gluon.WARPS, num_stages=1),  # the queries' RoPE inside
+        ";HALF=0",  # the queries rotated by a launch before (sparse_attention.ROPE_IN_ROWS off)
         sample=dict(H=64, W=128, K=512, sqn=64 * 512, sqh=512, scn=32, swn=128, sen=512, son=64 * 512, soh=512)),
     "skinny": Kernel(
         fp8_gemm._skinny_kernel,

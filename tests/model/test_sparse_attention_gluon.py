@@ -139,7 +139,7 @@ def test_gluon_form_takes_queries_before_rope(monkeypatch):
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-@pytest.mark.parametrize("kernel, variants", [("attention_gluon", ";GATHERED=0"), ("attention_rows", ";HALF=32")])
+@pytest.mark.parametrize("kernel, variants", [("attention_gluon", ";GATHERED=0"), ("attention_rows", ";HALF=0")])
 def test_the_kernels_compile_for_hopper_anywhere(kernel, variants):
     """Gluon does not run in the interpreter, so CI compiles the kernels, every form, for sm_90
     instead (no GPU needed): the pinned Triton's Gluon API and the kernels' layouts stay in
