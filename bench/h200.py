@@ -1022,9 +1022,14 @@ def main() -> None:
             switches = [module_switch(path, values.split("|"))
                         for path, values in (one.split("=", 1) for one in args.prefill_switch.split(";") if one)]
             assert len({len(values) for _, _, values in switches}) <= 1, "every switch takes as many values"
+            if "reference" not in sections:  # (the reference path reads the per-expert tensors)
+                # the routed experts held once, stacked, as a prefill worker holds them: stacked on
+                # first use beside their per-expert tensors, the bench preset's prefill ran out of
+                # an 80 GB H100's memory (forty-sixth session)
+                model.ops.stack_all_experts(model.config)
             for cache in (int(float(v)) for v in args.weight_cache_bytes.split(",")):
                 model.ops.keep_encoded_weights(cache)  # (its first run, a warm-up, fills it)
-                chunk = ("" if args.chunk == 8192 else f"_chunk{args.chunk}") + (f"_experts{cache / 2**30:g}GiB"
+                chunk = ("" if args.chunk == 8192 else f"_chunk{args.chunk}") + (f"_weights_kept{cache / 2**30:g}GiB"
                                                                                  if cache else "")
                 if switches:  # each value in turn, in one process: the records' last logits compare
                     for i in range(len(switches[0][2])):
