@@ -1,4 +1,4 @@
-# Device call D (~520 s, H200): the GPU tests of the forms built since the forty-third session
+# Device call D (~550 s, H200): the GPU tests of the forms built since the forty-third session
 # (all passed on an H100 in the forty-sixth), the mHC site's passes at an H200's bandwidth
 # (on the H100 the one pass lost: its mixes' dots bind it, not the streams' bytes), 32K
 # faithful prefills with the weights kept encoded (--weight-cache-bytes, the routed experts'
@@ -6,7 +6,7 @@
 # faithful prefill in 16K chunks with 40 GB of them kept (48.87 s with none in the forty-third
 # session, on another machine).
 source bench/device/env.sh
-step gpu-tests 150 python3 -m pytest -q -rfE -p no:cacheprovider tests/model/test_kernels.py \
+step gpu-tests 180 python3 -m pytest -q -rfE -p no:cacheprovider tests/model/test_kernels.py \
   tests/model/test_prefill_gemms.py tests/model/test_fp8_blockwise.py tests/model/test_sparse_attention_gluon.py \
   -k "site or tf32_heads or hc_ or mixes or kept_encoded or taken_into or rotates"
 step site-passes 80 python3 bench/prefill_passes.py --rows 16384 --sections mixes,sites --budget-s 75
