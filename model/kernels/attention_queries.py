@@ -38,6 +38,12 @@ class Queries(NamedTuple):
         """The same rows of the queries and of their cos and sin (`rows` picks them from any)."""
         return Queries(rows(self.raw), rows(self.cos), rows(self.sin), self.bf16)
 
+    def for_kernel(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(raw, cos, sin) as the kernels that rotate them read them: rows of contiguous
+        channels, fp32 angles in contiguous rows."""
+        raw = self.raw if self.raw.stride(-1) == 1 else self.raw.contiguous()
+        return raw, self.cos.float().contiguous(), self.sin.float().contiguous()
+
     def rotated(self) -> torch.Tensor:
         """What ReferenceOps.attention_query returns for them."""
         q = rope(self.raw, self.cos, self.sin)
@@ -70,8 +76,7 @@ def query_parts(q: Queries, splits: int, interleave: int) -> torch.Tensor:
     n, heads, D = q.raw.shape
     half = q.cos.shape[-1]
     assert q.cos.shape == q.sin.shape == (n, half) and 2 * half <= D and D % 2 == 0 and D % interleave == 0
-    x = q.raw if q.raw.stride(-1) == 1 else q.raw.contiguous()
-    cos, sin = q.cos.float().contiguous(), q.sin.float().contiguous()
+    x, cos, sin = q.for_kernel()
     out = torch.empty(splits, n, heads, D, dtype=torch.bfloat16, device=x.device)
     total = out[0].numel()
     if total:

@@ -871,8 +871,8 @@ def attend_decoded(q: torch.Tensor | Queries, window_keys: torch.Tensor, window_
     if q.bf16 if isinstance(q, Queries) else q.dtype == torch.bfloat16:
         rope = None
         if isinstance(q, Queries) and ROPE_IN_ROWS and q.raw.dtype == torch.float32:
-            queries = q.raw if q.raw.stride(-1) == 1 else q.raw.contiguous()
-            rope = q.cos.float().contiguous(), q.sin.float().contiguous()
+            queries, cos, sin = q.for_kernel()
+            rope = cos, sin
         else:
             queries = query_parts(q, 1, interleave=1)[0] if isinstance(q, Queries) else q.contiguous()
         return sparse_attention_gluon.prefill_attention_decoded(queries, window_keys, window_rows, entry_keys,

@@ -241,4 +241,3 @@ def test_decoded_form_rotates_queries_as_it_reads_them(n, heads, W, K, monkeypat
     assert rotated == [False, True]
     assert torch.equal(got[True], got[False])
     assert torch.equal(got[True], attend_decoded(apply_rope(raw, cos, sin).bfloat16().cuda(), *keys))
-
