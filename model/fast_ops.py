@@ -25,6 +25,7 @@ import torch
 from .kernels import compressor, hc_streams, prefill_gemms, swiglu
 from .kernels import rms_norm as norm_kernel
 from .kernels.common import interpreting, quad_units
+from .kernels.fp8_blockwise import Operand
 from .kernels.fp4_moe import fp4_moe, small_scales
 from .kernels.fp8_gemm import (LANES, bf16_decode_rows, bf16_gemm, counts_lane, fp32_gemm, fp8_gemm, grouped_fp8_gemm,
                                 small_fp8_scales, tile_counts)
@@ -150,7 +151,17 @@ class TritonOps(ReferenceOps):
             return super().gemm_input(x)
         return fp8_grid_bf16(x)
 
-    def grouped_linear(self, x: torch.Tensor, name: str, groups: int) -> torch.Tensor:
+    def takes_operand(self, name: str, rows: int, groups: int) -> bool:
+        weight = self.weights[name]
+        if not (self.act_quant and isinstance(weight, Fp8Weight)):
+            return False
+        n, k = weight.weight.shape
+        return prefill_gemms.encodes_rows(rows, self.device, n // groups, k)
+
+    def grouped_linear(self, x: torch.Tensor | Operand, name: str, groups: int) -> torch.Tensor:
+        if isinstance(x, Operand):  # (takes_operand)
+            packed, _ = self._fp8(name)
+            return prefill_gemms.grouped_fp8_product(x, packed.weight, packed.scale, groups, kept=self.weight_cache)
         if isinstance(self.weights[name], Fp8Weight) and _kernels_run_on(x):
             packed, small = self._fp8(name)
             out = grouped_fp8_gemm(x.contiguous(), packed.weight, packed.scale, groups, small, self.act_quant,

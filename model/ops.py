@@ -90,6 +90,12 @@ class ReferenceOps:
         out = torch.einsum("tgi,gri->tgr", x.float().view(x.shape[0], groups, -1), w.view(groups, -1, w.shape[-1]))
         return out.reshape(x.shape[0], -1)
 
+    def takes_operand(self, name: str, rows: int, groups: int) -> bool:
+        """Whether grouped_linear of `rows` fp32 rows through this weight also takes its FP8
+        operand already encoded by the launch that computed the rows (fp8_blockwise.Operand:
+        the fast path's faithful prefill)."""
+        return False
+
     def fp8_round_trip(self, x: torch.Tensor, block: int = 32) -> tuple[torch.Tensor, quant.Packed]:
         """x [..., n] on the FP8 grid (window KV) and the codes and scale bytes a cache stores."""
         return quant.fp8_round_trip(x, block)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import functools
 import logging
+from typing import NamedTuple
 
 import torch
 import triton
@@ -134,6 +135,30 @@ def rows_1x128(x: torch.Tensor, groups: int = 1, counts: list[int] | None = None
     rounded onto faithful mode's 1 x 32 FP8 grid in the same launch, as rows_1x128 of
     quantize.fp8_grid_bf16(x) would encode it (that launch's bf16 write and read never made)."""
     return _encode_rows(x, groups=groups, counts=counts, sources=sources, round_first=round_first)
+
+
+class Operand(NamedTuple):
+    """rows_1x128's operand of m rows made by the launch that computed them (the attention's
+    output: sparse_attention.ENCODE_IN_ROWS), handed to the product in place of the rows."""
+    codes: torch.Tensor  # uint8 [groups, rows, K / groups], rows m .. zeros
+    scales: torch.Tensor  # fp32 [K / 128 * rows]
+    m: int
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """The rows' [m, K] (a graph counts its inputs' rows by it)."""
+        return self.m, self.codes.shape[0] * self.codes.shape[2]
+
+
+def empty_operand(m: int, k: int, groups: int, device: torch.device) -> Operand:
+    """An Operand of m rows of k columns for a launch to fill: its rows past m, up to a multiple
+    of ROW_ALIGN, zero codes (their products are cut off)."""
+    rows = -(-m // ROW_ALIGN) * ROW_ALIGN
+    codes = torch.empty(groups, rows, k // groups, dtype=torch.uint8, device=device)
+    codes[:, m:].zero_()
+    scales = torch.empty(k // BLOCK * rows, dtype=torch.float32, device=device)
+    scales.view(k // BLOCK, rows)[:, m:] = 1.0
+    return Operand(codes, scales, m)
 
 
 def swiglu_rows_1x128(gate: torch.Tensor, up: torch.Tensor, limit: float, row_weights: torch.Tensor | None = None,

@@ -118,11 +118,17 @@ def _encode(experts: slice, units: torch.Tensor, scales: torch.Tensor) -> tuple[
 
 
 def takes(x: torch.Tensor) -> bool:
-    """Whether a dense product with input x runs here: prefill rows on the GPU (the CPU tests
-    call the functions below directly). Never inside a CUDA graph capture (a decode batch past
-    ROWS rows): a graph would keep every decoded weight in its memory pool, and fp4_experts
-    reads its row counts on the host."""
-    return x.shape[0] >= ROWS and x.is_cuda and not interpreting() and not torch.cuda.is_current_stream_capturing()
+    """Whether a dense product with input x runs here (takes_rows)."""
+    return takes_rows(x.shape[0], x.device)
+
+
+def takes_rows(rows: int, device: torch.device) -> bool:
+    """Whether a dense product of `rows` input rows on `device` runs here: prefill rows on the
+    GPU (the CPU tests call the functions below directly). Never inside a CUDA graph capture (a
+    decode batch past ROWS rows): a graph would keep every decoded weight in its memory pool,
+    and fp4_experts reads its row counts on the host."""
+    return (rows >= ROWS and device.type == "cuda" and not interpreting()
+            and not torch.cuda.is_current_stream_capturing())
 
 
 def takes_experts(x: torch.Tensor, pairs: int, experts: int) -> bool:
@@ -167,8 +173,17 @@ def rounds_in_encode(x: torch.Tensor, n: int, k: int) -> bool:
     """Whether faithful mode's 1 x 32 rounding of x (fp32 prefill rows) happens in the FP8
     operand's encode for an [n, k] weight's product (ROUND_IN_ENCODE) rather than in a launch
     before it."""
-    return (ROUND_IN_ENCODE and FP8_TENSOR_CORES and takes(x) and x.dtype == torch.float32
-            and fp8_blockwise.runs_on(x.device, n, k))
+    return x.dtype == torch.float32 and takes(x) and _rounds_in_encode_on(x.device, n, k)
+
+
+def encodes_rows(rows: int, device: torch.device, n: int, k: int) -> bool:
+    """rounds_in_encode for fp32 input rows of this count on `device`: where such a product may
+    also take its operand made by the launch that computed the rows (fp8_blockwise.Operand)."""
+    return takes_rows(rows, device) and _rounds_in_encode_on(device, n, k)
+
+
+def _rounds_in_encode_on(device: torch.device, n: int, k: int) -> bool:
+    return ROUND_IN_ENCODE and FP8_TENSOR_CORES and fp8_blockwise.runs_on(device, n, k)
 
 
 def fp8_product(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, round_first: bool = False,
@@ -207,14 +222,14 @@ def _encoded_product(a: torch.Tensor, a_scales: torch.Tensor, m: int, codes: tor
                                  w, w_scales)[:m]
 
 
-def grouped_fp8_product(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, groups: int,
-                        round_first: bool = False, kept: EncodedWeights | None = None) -> torch.Tensor:
+def grouped_fp8_product(x: torch.Tensor | fp8_blockwise.Operand, codes: torch.Tensor, scales: torch.Tensor,
+                        groups: int, round_first: bool = False, kept: EncodedWeights | None = None) -> torch.Tensor:
     """Block-diagonal y [M, G*R] = x [M, G*K], group g's rows of (codes, scales) [G*R, K] applied
     to x's columns g*K .. (the attention output's wo_a), as grouped_fp8_gemm computes it;
-    round_first as fp8_product's."""
+    round_first as fp8_product's. x may come encoded already (an Operand of those groups)."""
     M = x.shape[0]
     N, K = codes.shape
-    if round_first or _tensor_cores(x, N // groups, K):
+    if isinstance(x, fp8_blockwise.Operand) or round_first or _tensor_cores(x, N // groups, K):
         return _grouped_on_tensor_cores(x, codes, scales, groups, round_first, kept)
     a, copies = _parts(x.view(M, groups, K).transpose(0, 1))  # [G, M, copies * K]
     w = fp8_weight_bf16(codes, scales).view(groups, N // groups, K)
@@ -225,16 +240,20 @@ def grouped_fp8_product(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tens
     return y
 
 
-def _grouped_on_tensor_cores(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, groups: int,
-                             round_first: bool, kept: EncodedWeights | None) -> torch.Tensor:
+def _grouped_on_tensor_cores(x: torch.Tensor | fp8_blockwise.Operand, codes: torch.Tensor, scales: torch.Tensor,
+                             groups: int, round_first: bool, kept: EncodedWeights | None) -> torch.Tensor:
     """grouped_fp8_product on the FP8 tensor cores: x's codes laid out a group at a time, one
     product a group into its columns of y."""
     N, K = codes.shape
     rows, blocks = N // groups, K // 128
-    a, a_scales = fp8_blockwise.rows_1x128(x, groups, round_first=round_first)
+    if isinstance(x, fp8_blockwise.Operand):
+        assert x.codes.shape[0] == groups and x.codes.shape[2] == K, (x.codes.shape, groups, K)
+        a, a_scales = x.codes, x.scales
+    else:
+        a, a_scales = fp8_blockwise.rows_1x128(x, groups, round_first=round_first)
     w, w_scales = _weight_128(codes, scales, kept)
     M = a.shape[1]  # x's rows and the aligned rows after them
-    y = torch.empty(M, N, dtype=torch.float32, device=x.device)
+    y = torch.empty(M, N, dtype=torch.float32, device=a.device)
     for g in range(groups):
         fp8_blockwise.product(a[g], fp8_blockwise.segment_scales(a_scales, blocks, 0, M, g * blocks, groups * blocks),
                               w[g * rows:(g + 1) * rows], w_scales[g * rows // 128:(g + 1) * rows // 128],

@@ -15,7 +15,7 @@ import triton.language as tl
 
 from .common import (bf16_parts, bf16_rne, dot_exact_rhs, e2m1_to_float, e4m3_to_float, group_columns,
                      interpreting, pow2)
-from . import attention_queries, pdl, sparse_attention_gluon
+from . import attention_queries, fp8_blockwise, pdl, sparse_attention_gluon
 from .attention_queries import Queries, query_parts
 
 
@@ -853,31 +853,45 @@ def decoded_form(q: torch.Tensor | Queries, dim: int) -> bool:
 # queries x 64 heads, 128 window keys and 512 entries, alternated three times): 5,501 -> 5,074
 # us a layer, RoPE launch included (~8.5 ms of a CED chunk's 20 layers).
 ROPE_IN_ROWS = True
+# ... and, where its queries come so, it writes its outputs as wo_a's FP8 operand itself
+# (sparse_attention_gluon._finish_encoded: the inverse RoPE, faithful mode's 1 x 32 rounding
+# and the 128-column encode in its epilogue), not as fp32 rows that the inverse RoPE's launch
+# reads and writes and the operand's encode reads again: at a 16,384-query chunk 2.1 GB
+# written, 0.5 GB read and written, 2.1 GB read, against the operand's 0.5 GB written, ~4.5 GB
+# a layer fewer (~1 ms at the H200's read bandwidth). Off until timed on a GPU.
+ENCODE_IN_ROWS = False
 
 
 def attend_decoded(q: torch.Tensor | Queries, window_keys: torch.Tensor, window_rows: torch.Tensor,
-                   entry_keys: torch.Tensor, entry_rows: torch.Tensor, sink: torch.Tensor, scale: float
-                   ) -> torch.Tensor:
+                   entry_keys: torch.Tensor, entry_rows: torch.Tensor, sink: torch.Tensor, scale: float,
+                   operand_groups: int = 0) -> torch.Tensor | fp8_blockwise.Operand:
     """sparse_attention over keys decoded once (decode_keys): window_keys / entry_keys [*, D]
     bf16, and each query's rows of them, window_rows [n, W] and entry_rows [n, k] (< 0:
     masked), where decoded_form says. bf16 queries: the Gluon form, what sparse_attention
     computes over the same keys in their FP8 and FP4 bytes bit for bit; fp32 ones: the two-pass
     form with the queries' halves as their first and last columns (the same products, summed
-    in another order than the byte form's even and odd columns)."""
+    in another order than the byte form's even and odd columns). operand_groups > 0: where the
+    Gluon form can (ENCODE_IN_ROWS), it returns the outputs after the inverse RoPE as an
+    FP8 product's operand of that many groups (fp8_blockwise.Operand), not the fp32 rows."""
     first = q.raw if isinstance(q, Queries) else q
     n, heads, dim = first.shape
-    out = torch.empty(first.shape, dtype=torch.float32, device=first.device)
     window_rows, entry_rows, sink = window_rows.contiguous(), entry_rows.contiguous(), sink.float().contiguous()
     if q.bf16 if isinstance(q, Queries) else q.dtype == torch.bfloat16:
-        rope = None
+        rope = operand = None
         if isinstance(q, Queries) and ROPE_IN_ROWS and q.raw.dtype == torch.float32:
             queries, cos, sin = q.for_kernel()
             rope = cos, sin
+            if ENCODE_IN_ROWS and operand_groups:
+                operand = fp8_blockwise.empty_operand(n, heads * dim, operand_groups, first.device)
         else:
             queries = query_parts(q, 1, interleave=1)[0] if isinstance(q, Queries) else q.contiguous()
-        return sparse_attention_gluon.prefill_attention_decoded(queries, window_keys, window_rows, entry_keys,
-                                                                entry_rows, sink, scale, out,
-                                                                BF16_PREFILL_TILES.get("GLUON_SKIP", 0), rope)
+        out = None if operand is not None else torch.empty(first.shape, dtype=torch.float32, device=first.device)
+        out = sparse_attention_gluon.prefill_attention_decoded(queries, window_keys, window_rows, entry_keys,
+                                                               entry_rows, sink, scale, out,
+                                                               BF16_PREFILL_TILES.get("GLUON_SKIP", 0), rope,
+                                                               None if operand is None else operand[:2])
+        return out if operand is None else operand
+    out = torch.empty(first.shape, dtype=torch.float32, device=first.device)
     t, ptx = PREFILL_TILES, not interpreting()
     parts = _query_parts(q, t["QP"], ptx, interleave=1)
     plan = launch_plan(n, entry_rows.shape[1], heads, dim, prefill=True)

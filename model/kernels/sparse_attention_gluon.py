@@ -63,6 +63,8 @@ S_LAYOUT = gl.constexpr(gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=
 _barrier = getattr(gl, "thread_barrier", None) or gl.barrier
 # cp.async of a pointer tensor into shared memory: async_copy_global_to_shared in 3.6, async_load in 3.9
 _copy = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
+# shared memory seen as another type and shape: `reinterpret` in 3.9, `_reinterpret` in 3.6
+_REINTERPRET_39 = gl.constexpr(hasattr(gl.shared_memory_descriptor, "reinterpret"))
 
 
 @functools.cache
@@ -286,20 +288,101 @@ def _tile_products(q_smem, keys, probs, s_init, valid, scale, m_i, l_i, o, o_lay
 
 
 @gluon.jit
-def _finish(o, m_i, l_i, sink_ptr, o_ptr, i, h0, H, son, soh, HB: gl.constexpr, D: gl.constexpr,
-            o_layout: gl.constexpr):
-    """Query i's output rows: the sink joins the denominator only; a query that saw nothing
-    returns zeros (sparse_attention._finish)."""
+def _normalized(o, m_i, l_i, sink_ptr, h0, H, HB: gl.constexpr, o_layout: gl.constexpr):
+    """A query's output rows [HB, D] fp32 and their heads: the sink joins the denominator only;
+    a query that saw nothing returns zeros (sparse_attention._finish)."""
     heads = h0 + gl.arange(0, HB, layout=gl.SliceLayout(1, o_layout))
     m_o = gl.convert_layout(m_i, gl.SliceLayout(1, o_layout))
     l_o = gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))
     sink = gl.load(sink_ptr + heads, mask=heads < H, other=0.0)
     m_fin = gl.maximum(m_o, sink)
     denominator = l_o * gl.exp(m_o - m_fin) + gl.exp(sink - m_fin)
-    out = o * gl.expand_dims(gl.exp(m_o - m_fin) / denominator, 1)
+    return o * gl.expand_dims(gl.exp(m_o - m_fin) / denominator, 1), heads
+
+
+@gluon.jit
+def _finish(o, m_i, l_i, sink_ptr, o_ptr, i, h0, H, son, soh, HB: gl.constexpr, D: gl.constexpr,
+            o_layout: gl.constexpr):
+    """Query i's output rows (_normalized) into o_ptr."""
+    out, heads = _normalized(o, m_i, l_i, sink_ptr, h0, H, HB, o_layout)
     d = gl.arange(0, D, layout=gl.SliceLayout(0, o_layout))
     gl.store(o_ptr + i.to(gl.int64) * son + gl.expand_dims(heads, 1) * soh + gl.expand_dims(d, 0), out,
              mask=gl.expand_dims(heads < H, 1))
+
+
+# faithful mode's FP8 rounding (quantize.py): a block's scale is the power of two at or above
+# its largest magnitude (at least the floor) / 448
+_INV_FP8_MAX = gl.constexpr(1.0 / 448.0)
+_FP8_AMAX_FLOOR = gl.constexpr(1e-4)
+
+
+@gluon.jit
+def _pow2(exponent):
+    """The fp32 2^(e - 127) of a biased exponent e (common.pow2)."""
+    return (exponent << 23).to(gl.float32, bitcast=True)
+
+
+@gluon.jit
+def _scale_exponents(amax):
+    """Each block's biased scale exponent from its largest magnitude (quantize.fp8_block_exponents)."""
+    bits = (gl.maximum(amax, _FP8_AMAX_FLOOR) * _INV_FP8_MAX).to(gl.int32, bitcast=True)
+    return ((bits >> 23) & 0xFF) + ((bits & 0x7FFFFF) != 0).to(gl.int32)
+
+
+@gluon.jit
+def _unrotated(x, cos_ptr, sin_ptr, i, scn, PAIRS: gl.constexpr, HALF: gl.constexpr):
+    """Rows x [R, 2 * PAIRS] fp32 after the inverse RoPE: their last HALF pairs (e, o) turned by
+    row i's angles to (e c + o s, o c - e s), rounded as rope.rope_values rounds."""
+    R: gl.constexpr = x.shape[0]
+    even, odd = gl.split(gl.reshape(x, [R, PAIRS, 2]))
+    p = gl.arange(0, PAIRS, layout=gl.SliceLayout(0, even.type.layout)) - (PAIRS - HALF)
+    rotates = p >= 0
+    at = i.to(gl.int64) * scn + gl.where(rotates, p, 0)
+    c = gl.expand_dims(gl.load(cos_ptr + at, mask=rotates, other=1.0), 0)
+    sn = gl.expand_dims(gl.load(sin_ptr + at, mask=rotates, other=0.0), 0)
+    turns = gl.expand_dims(rotates, 0)
+    even_out = gl.where(turns, _mul_rn(even, c) + _mul_rn(odd, sn), even)
+    odd_out = gl.where(turns, _mul_rn(odd, c) - _mul_rn(even, sn), odd)
+    return gl.reshape(gl.join(even_out, odd_out), [R, 2 * PAIRS])
+
+
+@gluon.jit
+def _finish_encoded(o, m_i, l_i, sink_ptr, stage, cos_ptr, sin_ptr, codes_ptr, scales_ptr, i, h0, H, scn, ROWS,
+                    HB: gl.constexpr, D: gl.constexpr, HALF: gl.constexpr, GROUP_HEADS: gl.constexpr,
+                    o_layout: gl.constexpr, num_warps: gl.constexpr):
+    """Query i's output rows (_normalized) written as wo_a's FP8 operand, never as fp32: after
+    the inverse RoPE, each 32 columns rounded onto faithful mode's FP8 grid, then encoded in
+    128-column blocks, as fp8_blockwise.rows_1x128(rows, groups, round_first=True) encodes the
+    rows [n, H * D] (head h's columns in group h // GROUP_HEADS's codes [ROWS, GROUP_HEADS * D],
+    each block's fp32 scale at (h * D / 128 + block) * ROWS + i). The rows go through `stage`
+    (fp32 [HB, D] shared memory) into a layout where a warp holds a head's row: a block's
+    maxima then take shuffles, not shared memory."""
+    out, _ = _normalized(o, m_i, l_i, sink_ptr, h0, H, HB, o_layout)
+    _barrier()  # every warpgroup's last weighted sum is done with the keys' buffers `stage` reuses
+    stage.store(out)
+    _barrier()
+    SLAB: gl.constexpr = num_warps  # heads a pass
+    BLOCKS: gl.constexpr = D // 128
+    L2: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [num_warps, 1], [1, 0])
+    LS: gl.constexpr = gl.BlockedLayout([1, 1], [32 // BLOCKS, BLOCKS], [num_warps, 1], [1, 0])
+    d = gl.arange(0, D, layout=gl.SliceLayout(0, L2))
+    block = gl.arange(0, BLOCKS, layout=gl.SliceLayout(0, LS))
+    for s0 in gl.static_range(0, HB, SLAB):
+        x = stage.slice(s0, SLAB).load(L2)
+        x = gl.reshape(_unrotated(x, cos_ptr, sin_ptr, i, scn, D // 2, HALF), [SLAB, BLOCKS, 4, 32])
+        e32 = gl.expand_dims(_scale_exponents(gl.max(gl.abs(x), axis=3)), 3)
+        y = (x * _pow2(254 - e32)).to(gl.float8e4nv).to(gl.float32) * _pow2(e32)
+        e128 = _scale_exponents(gl.max(gl.max(gl.abs(y), axis=3), axis=2))  # [SLAB, BLOCKS]
+        inverse = gl.expand_dims(gl.expand_dims(_pow2(254 - e128), 2), 3)
+        code = gl.convert_layout(gl.reshape((y * inverse).to(gl.float8e4nv).to(gl.uint8, bitcast=True), [SLAB, D]),
+                                 L2)
+        heads = h0 + s0 + gl.arange(0, SLAB, layout=gl.SliceLayout(1, L2))
+        at = ((heads // GROUP_HEADS).to(gl.int64) * ROWS + i) * (GROUP_HEADS * D) + (heads % GROUP_HEADS) * D
+        gl.store(codes_ptr + gl.expand_dims(at, 1) + gl.expand_dims(d, 0), code, mask=gl.expand_dims(heads < H, 1))
+        scale_heads = h0 + s0 + gl.arange(0, SLAB, layout=gl.SliceLayout(1, LS))
+        scale_at = (gl.expand_dims(scale_heads, 1) * BLOCKS + gl.expand_dims(block, 0)).to(gl.int64) * ROWS + i
+        gl.store(scales_ptr + scale_at, gl.convert_layout(_pow2(e128), LS),
+                 mask=gl.expand_dims(scale_heads < H, 1))
 
 
 @gluon.jit
@@ -415,9 +498,10 @@ def _stage_keys_bf16(window_keys, entry_keys, rows_at, t, window_tiles, W, K, ds
 
 
 @gluon.jit
-def _attention_rows_kernel(q_ptr, cos_ptr, sin_ptr, window_keys, win_rows, entry_keys, ent_rows, sink_ptr, o_ptr, H, W,
-                           K, scale, sqn, sqh, scn, swn, sen, son, soh, D: gl.constexpr, HB: gl.constexpr,
-                           KT: gl.constexpr, HALF: gl.constexpr, SKIP: gl.constexpr, num_warps: gl.constexpr):
+def _attention_rows_kernel(q_ptr, cos_ptr, sin_ptr, window_keys, win_rows, entry_keys, ent_rows, sink_ptr, o_ptr,
+                           codes_ptr, scales_ptr, H, W, K, scale, sqn, sqh, scn, swn, sen, son, soh, ROWS,
+                           D: gl.constexpr, HB: gl.constexpr, KT: gl.constexpr, HALF: gl.constexpr,
+                           GROUP_HEADS: gl.constexpr, SKIP: gl.constexpr, num_warps: gl.constexpr):
     """The decoded form. Program (query i, head block): every key of the query, window tiles
     then entry tiles, as bf16 rows already decoded (decode_keys): a tile's keys land in shared
     memory by cp.async one tile ahead, in one of two buffers, while the tensor cores work on
@@ -425,7 +509,8 @@ def _attention_rows_kernel(q_ptr, cos_ptr, sin_ptr, window_keys, win_rows, entry
     its own step and the one before). SKIP: as _attention_kernel's (2, 4, 8, and 16 the keys'
     copies), a bench's ablation. HALF > 0: q holds the fp32 queries before RoPE, rotated
     (cos_ptr, sin_ptr: [n, HALF] by scn) as they are read (_rotated_queries); 0: bf16 and
-    rotated."""
+    rotated. GROUP_HEADS > 0 (with HALF): the outputs go out as wo_a's FP8 operand, codes and
+    scales of ROWS rows (_finish_encoded), not into o_ptr."""
     i = gl.program_id(0)
     h0 = gl.program_id(1) * HB
     o_layout: gl.constexpr = O_LAYOUT
@@ -469,7 +554,17 @@ def _attention_rows_kernel(q_ptr, cos_ptr, sin_ptr, window_keys, win_rows, entry
         current = keys.index(t % 2)
         m_i, l_i, o = _tile_products(q_smem, current, probs, s_init, valid, scale, m_i, l_i, o, o_layout, SKIP)
 
-    _finish(o, m_i, l_i, sink_ptr, o_ptr, i, h0, H, son, soh, HB, D, o_layout)
+    if GROUP_HEADS > 0:
+        gl.static_assert(HALF > 0 and KT == HB, "the inverse RoPE's angles; fp32 [HB, D] fills the keys' buffers")
+        fp32: gl.constexpr = gl.SwizzledSharedLayout(4, 1, 8, [1, 0])
+        if _REINTERPRET_39:
+            stage = keys.reinterpret(gl.float32, [HB, D], fp32)
+        else:
+            stage = keys._reinterpret(gl.float32, [HB, D], fp32)
+        _finish_encoded(o, m_i, l_i, sink_ptr, stage, cos_ptr, sin_ptr, codes_ptr, scales_ptr, i, h0, H, scn, ROWS, HB,
+                        D, HALF, GROUP_HEADS, o_layout, num_warps)
+    else:
+        _finish(o, m_i, l_i, sink_ptr, o_ptr, i, h0, H, son, soh, HB, D, o_layout)
 
 
 def offsets_on_16_bytes(codes: torch.Tensor, scales: torch.Tensor, base: tuple[int, int] = (0, 0)) -> bool:
@@ -526,17 +621,21 @@ def prefill_attention(q: torch.Tensor, ring: torch.Tensor, window_offsets: torch
 
 def prefill_attention_decoded(q: torch.Tensor, window_keys: torch.Tensor, window_rows: torch.Tensor,
                               entry_keys: torch.Tensor, entry_rows: torch.Tensor, sink: torch.Tensor, scale: float,
-                              out: torch.Tensor, skip: int = 0,
-                              rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+                              out: torch.Tensor | None, skip: int = 0,
+                              rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+                              operand: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor | None:
     """q [n, h, D] bf16 (rotated); window_keys / entry_keys [*, D] bf16, the keys decoded
     (sparse_attention.decode_keys); window_rows [n, W] / entry_rows [n, k] int64 rows of them
     (< 0: masked); sink [h] fp32. Writes and returns out [n, h, D] fp32: what prefill_attention
     computes over those keys in their FP8 and FP4 forms, bit for bit. rope (cos, sin [n, half]
     fp32): q is fp32 before RoPE, rotated and rounded to bf16 as the kernel reads it, as
     attention_queries.query_parts(q, 1, 1) would have. `skip`: the kernel's SKIP (a bench's
-    ablation only)."""
+    ablation only). operand (codes uint8 [groups, rows, heads / groups * D], scales fp32
+    [heads * D / 128 * rows], rows >= n; with rope): the outputs go there instead of into
+    out, as fp8_blockwise.rows_1x128(apply_rope(out, cos, sin, inverse=True).flatten(1),
+    groups, round_first=True) would encode them (rows n .. untouched); returns None."""
     n, heads, dim = q.shape
-    assert dim == D_MODEL and q.stride(-1) == 1 and out.stride(-1) == 1
+    assert dim == D_MODEL and q.stride(-1) == 1 and (operand is not None or out.stride(-1) == 1)
     if rope is None:
         assert q.dtype == torch.bfloat16
         cos = sin = q.new_empty(0, dtype=torch.float32)
@@ -549,11 +648,20 @@ def prefill_attention_decoded(q: torch.Tensor, window_keys: torch.Tensor, window
     for keys in (window_keys, entry_keys):
         assert keys.dtype == torch.bfloat16 and keys.is_contiguous() and keys.shape[-1] == dim
     assert window_rows.stride(-1) == 1 and entry_rows.stride(-1) == 1
+    codes, scales, rows, group_heads = out, out, 0, 0  # (pointers the kernel does not read)
+    if operand is not None:
+        codes, scales = operand
+        rows, group_heads = codes.shape[1], heads // codes.shape[0]
+        assert half and rows >= n and codes.dtype == torch.uint8 and codes.is_contiguous() and dim % 128 == 0
+        assert codes.shape[2] == group_heads * dim and heads % codes.shape[0] == 0
+        assert scales.dtype == torch.float32 and scales.numel() == heads * dim // 128 * rows
+        out = None
     if n == 0:
         return out
     _attention_rows_kernel[(n, triton.cdiv(heads, HEADS))](
-        q, cos, sin, window_keys, window_rows, entry_keys, entry_rows, sink, out, heads, window_rows.shape[1],
-        entry_rows.shape[1], scale, q.stride(0), q.stride(1), cos.stride(0) if half else 0, window_rows.stride(0),
-        entry_rows.stride(0), out.stride(0), out.stride(1), D=dim, HB=HEADS, KT=KEY_TILE, HALF=half, SKIP=skip,
-        num_warps=WARPS)
+        q, cos, sin, window_keys, window_rows, entry_keys, entry_rows, sink, codes if out is None else out, codes,
+        scales, heads, window_rows.shape[1], entry_rows.shape[1], scale, q.stride(0), q.stride(1),
+        cos.stride(0) if half else 0, window_rows.stride(0), entry_rows.stride(0), 0 if out is None else out.stride(0),
+        0 if out is None else out.stride(1), rows, D=dim, HB=HEADS, KT=KEY_TILE, HALF=half, GROUP_HEADS=group_heads,
+        SKIP=skip, num_warps=WARPS)
     return out

@@ -19,6 +19,7 @@ import torch
 
 from ..batch import SeqRun
 from ..config import LayerRole, ModelConfig
+from ..kernels.fp8_blockwise import Operand
 from ..kernels.sparse_attention import sparse_attention_ref
 from ..ops import ReferenceOps
 from ..rope import Rope
@@ -123,10 +124,11 @@ def _block_window(run: SeqRun, role: LayerRole, kv: torch.Tensor):
     return keys, mask
 
 
-def grouped_output(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, o: torch.Tensor) -> torch.Tensor:
-    """o [T, h, D] -> [T, H]: block-diagonal wo_a over o_groups, then wo_b (summed over ranks)."""
+def grouped_output(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, o: torch.Tensor | Operand) -> torch.Tensor:
+    """o [T, h, D] -> [T, H]: block-diagonal wo_a over o_groups, then wo_b (summed over ranks).
+    o may come as wo_a's FP8 operand already (attention_kernel.attend_updated)."""
     p = role.prefix
     groups = cfg.o_groups // ops.parallel.world
-    flat = o.reshape(o.shape[0], -1)
+    flat = o if isinstance(o, Operand) else o.reshape(o.shape[0], -1)
     u = ops.grouped_linear(flat, f"{p}.attn.wo_a", groups)  # [T, G*r]
     return ops.parallel.all_reduce(ops.linear(u, f"{p}.attn.wo_b"))

@@ -28,6 +28,7 @@ from ..batch import SeqRun, cat, end_to_end, offsets, run_rows
 from ..config import LayerRole, ModelConfig
 from ..device import tables_to_device, to_device
 from ..kernels.attention_queries import Queries
+from ..kernels.fp8_blockwise import Operand
 from ..kernels.ring_write import write_rows
 from ..kernels.sparse_attention import (LaunchPlan, attend_decoded, decode_keys, decoded_form, launch_plan,
                                         prefill_form_fits, sparse_attention)
@@ -68,8 +69,10 @@ def update_sources(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, xa: tor
 
 
 def attend_updated(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, q_all: torch.Tensor, kv_all: torch.Tensor,
-                   runs: list[SeqRun], rope: Rope) -> torch.Tensor:
-    """attend_in_place after update_sources: RoPE, the ring writes and the attention -> o [T, h, D]."""
+                   runs: list[SeqRun], rope: Rope) -> torch.Tensor | Operand:
+    """attend_in_place after update_sources: RoPE, the ring writes and the attention -> o [T, h, D]
+    after the inverse RoPE, or where the attention's launch can make it (one run: a prefill
+    chunk), wo_a's FP8 operand of those rows (Operand; grouped_output takes either)."""
     prepared = prepare(cfg, role, runs, rope, q_all.shape[0], q_all.shape[1])
     if prepared is not None:
         o = attend_prepared(ops, cfg, role, prepared, q_all, kv_all, *prepared.tensors)
@@ -78,8 +81,10 @@ def attend_updated(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, q_all: 
     cos, sin = rope.for_runs(role.rope, runs)  # [T, rope/2]
     q = Queries(q_all, cos, sin, ops.act_quant)
     kv, packed = ops.fp8_round_trip(ops.rope(kv_all, cos, sin))
-    o = _attention(cfg, role, q, kv, packed, runs, ops.w(f"{role.prefix}.attn.attn_sink"))
-    return ops.rope(o, cos, sin, inverse=True, overwrite=True)
+    groups = cfg.o_groups // ops.parallel.world
+    operand = len(runs) == 1 and ops.takes_operand(f"{role.prefix}.attn.wo_a", q_all.shape[0], groups)
+    o = _attention(cfg, role, q, kv, packed, runs, ops.w(f"{role.prefix}.attn.attn_sink"), groups if operand else 0)
+    return o if isinstance(o, Operand) else ops.rope(o, cos, sin, inverse=True, overwrite=True)
 
 
 # From this many rows a decode batch attends with one program per query and column parity,
@@ -228,9 +233,11 @@ def _attend_block(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, prepared
     return ops.rope(o, cos, sin, inverse=True, overwrite=True)
 
 
-def _attention(cfg: ModelConfig, role: LayerRole, q: Queries, kv, packed, runs: list[SeqRun], sink) -> torch.Tensor:
+def _attention(cfg: ModelConfig, role: LayerRole, q: Queries, kv, packed, runs: list[SeqRun], sink,
+               operand_groups: int = 0) -> torch.Tensor | Operand:
     """What `prepare` does not take (runs too long for their rings, several pools or launch
-    plans): writes the rows that fit into their rings, then attends, one launch per layout."""
+    plans): writes the rows that fit into their rings, then attends, one launch per layout.
+    operand_groups (one run): as attend_decoded's, where the run takes scratch_attention."""
     layer, heads = role.index, q.raw.shape[1]
     fits = [_fits_in_ring(cfg, run, layer) for run in runs]
     entries, widths = _entry_offsets(role, runs, q.raw.device)
@@ -242,7 +249,8 @@ def _attention(cfg: ModelConfig, role: LayerRole, q: Queries, kv, packed, runs: 
             rows = run.rows
             own, run_packed = tuple(e[rows, :width] for e in entries), (packed[0][rows], packed[1][rows])
             own_q = q.take(lambda t: t[rows])
-            outputs[run.offset] = scratch_attention(cfg, run, role, own_q, kv[rows], run_packed, own, sink)
+            outputs[run.offset] = scratch_attention(cfg, run, role, own_q, kv[rows], run_packed, own, sink,
+                                                    operand_groups)
             continue
         plan = (launch_plan(run.n, width, heads, cfg.head_dim), id(run.cache.pool))
         groups.setdefault(plan, []).append((run, width))
@@ -390,12 +398,12 @@ def _pad(ids: torch.Tensor, width: int, value: int) -> torch.Tensor:
 
 
 def scratch_attention(cfg: ModelConfig, run: SeqRun, role: LayerRole, q: Queries, kv, packed, entries,
-                      sink) -> torch.Tensor:
+                      sink, operand_groups: int = 0) -> torch.Tensor | Operand:
     """A run too long for the ring (or after a gap in it): old window rows and this run's rows go
     into one small scratch buffer (a long chunk would overwrite its own early rows in the ring);
     entries are read where they live in the pages. Where decoded_form says (a prefill chunk),
     the scratch's keys and the source's entries are decoded once into bf16 rows instead, and
-    each query reads its rows of them (attend_decoded)."""
+    each query reads its rows of them (attend_decoded, which takes operand_groups)."""
     cache, layer, window, D = run.cache, role.index, cfg.sliding_window, cfg.head_dim
     device = q.raw.device  # the pool's device too (ops.reads_cache_in_place): every index is built here
     cached_pos = cache.window_positions(layer, run.start - window + 1, run.start, device=device)
@@ -415,7 +423,8 @@ def scratch_attention(cfg: ModelConfig, run: SeqRun, role: LayerRole, q: Queries
         key_rows = torch.arange(codes.shape[0], device=device)
         window_keys = decode_keys(scratch, key_rows * D, codes.numel() + key_rows * (D // 32), D, fp4=False)
         entry_keys, entry_rows = _decoded_entries(role, run, device)
-        return attend_decoded(q, window_keys, torch.where(valid, rows, -1), entry_keys, entry_rows, sink, D**-0.5)
+        return attend_decoded(q, window_keys, torch.where(valid, rows, -1), entry_keys, entry_rows, sink, D**-0.5,
+                              operand_groups)
     win_off = torch.where(valid, rows * D, -1)
     win_soff = codes.numel() + rows.clamp_min(0) * (D // 32)
     return sparse_attention(q, scratch, win_off, win_soff, cache.pool.pages_buffer, *entries, sink, D**-0.5)

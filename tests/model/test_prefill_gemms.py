@@ -64,6 +64,29 @@ def test_grouped_fp8_product_is_block_diagonal(dtype):
     assert (got - ref).abs().max() < 1e-6 * ref.abs().max()
 
 
+def test_grouped_fp8_product_takes_its_operand_encoded_already():
+    """wo_a's operand made by the launch that computed its rows (fp8_blockwise.Operand, as
+    sparse_attention.ENCODE_IN_ROWS makes it) gives what the fp32 rows rounded in the
+    product's own encode give, bit for bit; the operand's rows past m (empty_operand's zeros
+    under unit scales) are cut off."""
+    from dsflash.model.kernels import fp8_blockwise
+
+    g = _g(6)
+    m, groups, k = 21, 4, 256
+    codes, scales = quantize_fp8_weight(torch.randn(groups * 128, k, generator=g))
+    x = (torch.randn(m, groups * k, generator=g) * torch.exp2(torch.arange(groups * k) // 128 * 2.0 - 6.0)).to(DEVICE)
+    codes, scales = codes.to(DEVICE), scales.to(DEVICE)
+    want = prefill_gemms.grouped_fp8_product(x, codes, scales, groups, round_first=True)
+    a, a_scales = fp8_blockwise.rows_1x128(x, groups, round_first=True)
+    operand = fp8_blockwise.empty_operand(m, groups * k, groups, x.device)
+    rows = operand.codes.shape[1]
+    operand.codes[:, :m] = a[:, :m]
+    operand.scales.view(-1, rows)[:, :m] = a_scales.view(-1, rows)[:, :m]
+    assert operand.shape == (m, groups * k) and not operand.codes[:, m:].any()
+    got = prefill_gemms.grouped_fp8_product(operand, codes, scales, groups)
+    assert got.shape == want.shape and torch.equal(got, want)
+
+
 @pytest.mark.parametrize("act_quant, decode_experts", [(False, 64), (True, 64), (True, 2)])
 def test_experts_on_cublas_equal_the_reference(act_quant, decode_experts, monkeypatch):
     """fp4_moe's arguments, fp4_moe_ref's result: exact mode (fp32 x, three parts), faithful mode

@@ -139,7 +139,8 @@ def test_gluon_form_takes_queries_before_rope(monkeypatch):
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-@pytest.mark.parametrize("kernel, variants", [("attention_gluon", ";GATHERED=0"), ("attention_rows", ";HALF=0")])
+@pytest.mark.parametrize("kernel, variants", [("attention_gluon", ";GATHERED=0"),
+                                              ("attention_rows", ";HALF=0;GROUP_HEADS=8")])
 def test_the_kernels_compile_for_hopper_anywhere(kernel, variants):
     """Gluon does not run in the interpreter, so CI compiles the kernels, every form, for sm_90
     instead (no GPU needed): the pinned Triton's Gluon API and the kernels' layouts stay in
@@ -241,3 +242,49 @@ def test_decoded_form_rotates_queries_as_it_reads_them(n, heads, W, K, monkeypat
     assert rotated == [False, True]
     assert torch.equal(got[True], got[False])
     assert torch.equal(got[True], attend_decoded(apply_rope(raw, cos, sin).bfloat16().cuda(), *keys))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n, heads, groups, W, K", [(300, 64, 8, 128, 512), (257, 40, 5, 100, 37)])
+def test_decoded_form_writes_its_outputs_as_wo_as_operand(n, heads, groups, W, K, monkeypatch):
+    """sparse_attention.ENCODE_IN_ROWS: the decoded form, given the queries before RoPE and
+    wo_a's groups, writes its outputs as that product's FP8 operand: the codes and scales
+    that the fast path's inverse RoPE launch, then rows_1x128 with faithful mode's rounding
+    inside, make of its fp32 outputs, bit for bit (group g's heads g * heads / groups ..,
+    heads past the last masked); the rows past n, up to the product's row alignment, zeros."""
+    from dsflash.model.kernels import fp8_blockwise
+    from dsflash.model.kernels import sparse_attention as sa
+    from dsflash.model.kernels.attention_queries import Queries
+    from dsflash.model.kernels.rope import rope
+
+    if not sparse_attention_gluon.usable(torch.empty(1, device="cuda"), D):
+        pytest.skip("the Gluon form is for Hopper GPUs")
+    g = torch.Generator().manual_seed(n + groups)
+    rows, half = 2048, 32
+    ring, _, pages, _ = _keys(rows, g)
+    raw = (torch.randn(n, heads, D, generator=g) * 0.5).cuda()
+    angles = torch.rand(n, half, generator=g) * 100
+    cos, sin = angles.cos().cuda(), angles.sin().cuda()
+    w_rows = torch.where(torch.rand(n, W, generator=g) > 0.1, torch.randint(0, rows, (n, W), generator=g), -1)
+    e_rows = torch.where(torch.rand(n, K, generator=g) > 0.2, torch.randint(0, rows, (n, K), generator=g), -1)
+    w_rows[0], e_rows[0] = -1, -1  # a query that sees nothing: zeros, encoded at the scales' floor
+    every = torch.arange(rows)
+    window_keys = decode_keys(ring.cuda(), (every * D).cuda(), (rows * D + every * (D // 32)).cuda(), D, fp4=False)
+    entry_keys = decode_keys(pages.cuda(), (every * (D // 2)).cuda(), (rows * (D // 2) + every * (D // 16)).cuda(),
+                             D, fp4=True)
+    keys = (window_keys, w_rows.cuda(), entry_keys, e_rows.cuda(), torch.randn(heads, generator=g).cuda(), D**-0.5)
+    queries = Queries(raw, cos, sin, True)
+    monkeypatch.setattr(sa, "ROPE_IN_ROWS", True)
+    monkeypatch.setattr(sa, "ENCODE_IN_ROWS", True)
+    plain = attend_decoded(queries, *keys)
+    got = attend_decoded(queries, *keys, operand_groups=groups)
+    assert isinstance(plain, torch.Tensor) and isinstance(got, fp8_blockwise.Operand) and got.m == n
+    codes, scales = fp8_blockwise.rows_1x128(rope(plain, cos, sin, inverse=True).reshape(n, -1), groups,
+                                             round_first=True)
+    blocks = heads * D // 128
+    assert got.codes.shape == codes.shape and got.scales.shape == scales.shape
+    assert torch.equal(got.codes[:, :n], codes[:, :n])
+    assert torch.equal(got.scales.view(blocks, -1)[:, :n], scales.view(blocks, -1)[:, :n])
+    assert not got.codes[:, n:].any()
+    monkeypatch.setattr(sa, "ENCODE_IN_ROWS", False)  # the switch off: the fp32 rows
+    assert torch.equal(attend_decoded(queries, *keys, operand_groups=groups), plain)
