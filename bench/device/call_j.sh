@@ -3,13 +3,16 @@
 # GPU test and the rows kernel's others (bit for bit against the inverse RoPE launch and
 # rows_1x128); then 32K faithful prefills in 16K chunks with it off and on, alternated in one
 # process (the records' last logits compare: the same bits); on an H200 (more than 100 GB), the
-# 1M prefill with it on, against call H's plain one.
+# 1M prefill with it on where its test passed, against call H's plain one.
 source bench/device/env.sh
 step gpu-tests 200 python3 -m pytest -q -rfE -p no:cacheprovider tests/model/test_sparse_attention_gluon.py \
   tests/model/test_prefill_gemms.py -k "operand or rotates or decoded_form"
 step encode-32k 150 python3 bench/h200.py --sections prefill --act-quant --prefill 32768 --chunk 16384 \
   --prefill-switch "dsflash.model.kernels.sparse_attention.ENCODE_IN_ROWS=False|True|False|True" --budget-s 140
+# (the 1M run with it on only where the GPU tests passed: else with it off, the shipped switches)
+ON=False
+grep -q "=== gpu-tests rc=0 " "$LOG" && ON=True
 if [ "$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)" -gt 100000 ]; then
 step encode-1m 170 python3 bench/h200.py --sections prefill --act-quant --prefill 1048576 --chunk 16384 \
-  --prefill-switch "dsflash.model.kernels.sparse_attention.ENCODE_IN_ROWS=True" --budget-s 165
+  --prefill-switch "dsflash.model.kernels.sparse_attention.ENCODE_IN_ROWS=$ON" --budget-s 165
 fi
