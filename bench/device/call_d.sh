@@ -11,6 +11,6 @@ step gpu-tests 180 python3 -m pytest -q -rfE -p no:cacheprovider tests/model/tes
   -k "site or tf32_heads or hc_ or mixes or kept_encoded or taken_into or rotates"
 step site-passes 80 python3 bench/prefill_passes.py --rows 16384 --sections mixes,sites --budget-s 75
 step cache-32k 100 python3 bench/h200.py --sections prefill --act-quant --prefill 32768 --chunk 16384 \
-  --weight-cache-bytes 0,40e9,0,40e9 --budget-s 95
+  --weight-cache-bytes 0,40e9,0,40e9 --budget-s 900
 step cache-1m 185 python3 bench/h200.py --sections prefill --act-quant --prefill 1048576 --chunk 16384 \
   --weight-cache-bytes 40e9 --budget-s 180

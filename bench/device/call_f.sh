@@ -9,5 +9,5 @@ step gpu-tests 180 python3 -m pytest -q -rfE -p no:cacheprovider tests/model/tes
   tests/model/test_indexer.py tests/model/test_top_k_kernel.py -k "keep or filter or top_k"
 step keep-256k 200 python3 bench/h200.py --sections prefill --act-quant --prefill 262144 --chunk 16384 \
   --prefill-switch "dsflash.model.layers.indexer.KEEP_IN_SCORES=False|False|True|False|False|True;dsflash.model.kernels.top_k.FILTER_PTX=False|True|False|False|True|False" \
-  --budget-s 195
+  --budget-s 900
 step top-k-rows 120 python3 bench/top_k_long_rows.py

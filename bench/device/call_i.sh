@@ -1,14 +1,14 @@
-# Device call I (~450 s, an 80 GB H100): whole-model faithful prefills of the bench preset,
+# Device call I (~300 s, an 80 GB H100): whole-model faithful prefills of the bench preset,
 # which fit an H100 since bench/h200.py holds the routed experts stacked once (46.5 GiB of
-# weights; stacked beside their per-expert tensors they ran out of memory in the forty-sixth
-# session). For a session whose only machine is an H100: 32K prefills in 16K chunks with 10 GB
-# of weights kept encoded (--weight-cache-bytes) off and on, alternated; the queries' RoPE in
-# the rows kernel (ROPE_IN_ROWS) off and on, alternated; a 256K prefill with the shipped
-# switches (the chunks' growth with the context). Compare with H200 figures only as ratios.
+# weights, ~61.5 GiB at the peak of a 16K chunk). It ran in the forty-seventh session
+# (docs/bench/h100-2026-12-05-fortyseventh-call-i.txt): ROPE_IN_ROWS (with ENCODE_IN_ROWS) off
+# and on alternated at 32K, and a 256K prefill; its 32K prefills with 10 GB of weights kept
+# encoded ran out of memory (14 GiB of the allocator's blocks reserved but unused). Left for an
+# H100: the weight cache at 32K with 6 GB, off and on alternated, the allocator's segments
+# expandable; then the 1M prefill in 32K chunks, if it fits.
 source bench/device/env.sh
+export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 step cache-32k 150 python3 bench/h200.py --sections prefill --act-quant --prefill 32768 --chunk 16384 \
-  --weight-cache-bytes 0,10e9,0,10e9 --budget-s 140
-step rope-32k 130 python3 bench/h200.py --sections prefill --act-quant --prefill 32768 --chunk 16384 \
-  --prefill-switch "dsflash.model.kernels.sparse_attention.ROPE_IN_ROWS=False|True|False|True" --budget-s 120
-step prefill-256k 150 python3 bench/h200.py --sections prefill --act-quant --prefill 262144 --chunk 16384 \
-  --budget-s 140
+  --weight-cache-bytes 0,6e9,0,6e9 --budget-s 900
+step prefill-1m-32k-chunks 200 python3 bench/h200.py --sections prefill --act-quant --prefill 1048576 --chunk 32768 \
+  --budget-s 900
