@@ -23,10 +23,10 @@ from . import pdl
 from .common import e2m1_to_float, grouped_column, pow2
 
 _TILE_ELEMENTS = 2048  # elements per program: few programs for the interpreter, ample for decode sizes
-_INV_FP8_MAX = tl.constexpr(1.0 / quant.FP8_MAX)  # the reference multiplies by this fp32 constant
+INV_FP8_MAX = tl.constexpr(1.0 / quant.FP8_MAX)  # the reference multiplies by this fp32 constant
 _FP4_MAX = tl.constexpr(quant.FP4_MAX)
 _INV_FP4_MAX = tl.constexpr(1.0 / quant.FP4_MAX)
-_FP8_AMAX_FLOOR = tl.constexpr(1e-4)
+FP8_AMAX_FLOOR = tl.constexpr(1e-4)
 _FP4_AMAX_FLOOR_E8M0 = tl.constexpr(quant.FP4_MAX * 2.0**-126)
 _FP4_AMAX_FLOOR_E4M3 = tl.constexpr(quant.FP4_MAX * 2.0**-9)
 
@@ -73,8 +73,8 @@ def _e2m1_rne(q):
 def fp8_block_exponents(x):
     """x [blocks, block] fp32 -> each row's e8m0 scale exponent (biased), as quant.fp8_round_trip
     picks it: the power of two at or above its largest magnitude / 448."""
-    amax = tl.maximum(tl.max(tl.abs(x), axis=1), _FP8_AMAX_FLOOR)
-    return _pow2_ceil_exponent(amax * _INV_FP8_MAX)
+    amax = tl.maximum(tl.max(tl.abs(x), axis=1), FP8_AMAX_FLOOR)
+    return _pow2_ceil_exponent(amax * INV_FP8_MAX)
 
 
 @triton.jit

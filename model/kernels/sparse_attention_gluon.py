@@ -48,6 +48,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma
 
+from .quantize import FP8_AMAX_FLOOR, INV_FP8_MAX
+
 D_MODEL = 512  # the head dim this form is laid out for (the release's)
 HEADS = 64  # heads a program: the wgmma's M
 KEY_TILE = 64  # keys a step: the queries, a bf16 [64, 512] tile and its staged bytes take 190 KB of shared memory
@@ -310,12 +312,6 @@ def _finish(o, m_i, l_i, sink_ptr, o_ptr, i, h0, H, son, soh, HB: gl.constexpr, 
              mask=gl.expand_dims(heads < H, 1))
 
 
-# faithful mode's FP8 rounding (quantize.py): a block's scale is the power of two at or above
-# its largest magnitude (at least the floor) / 448
-_INV_FP8_MAX = gl.constexpr(1.0 / 448.0)
-_FP8_AMAX_FLOOR = gl.constexpr(1e-4)
-
-
 @gluon.jit
 def _pow2(exponent):
     """The fp32 2^(e - 127) of a biased exponent e (common.pow2)."""
@@ -325,7 +321,7 @@ def _pow2(exponent):
 @gluon.jit
 def _scale_exponents(amax):
     """Each block's biased scale exponent from its largest magnitude (quantize.fp8_block_exponents)."""
-    bits = (gl.maximum(amax, _FP8_AMAX_FLOOR) * _INV_FP8_MAX).to(gl.int32, bitcast=True)
+    bits = (gl.maximum(amax, FP8_AMAX_FLOOR) * INV_FP8_MAX).to(gl.int32, bitcast=True)
     return ((bits >> 23) & 0xFF) + ((bits & 0x7FFFFF) != 0).to(gl.int32)
 
 
