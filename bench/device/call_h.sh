@@ -10,10 +10,13 @@
 # - the 1M prefill with the shipped switches (since the forty-seventh session ENCODE_IN_ROWS too:
 #   51.98 -> 51.06 s on an H100): first plain, for the headline against the forty-third
 #   session's 48.87 s, then with 40 GB of weights kept encoded.
+# `bash bench/device/call_h.sh 1m` (~380 s) runs the two 1M prefills alone.
 source bench/device/env.sh
+if [ "${1:-}" != 1m ]; then
 step rope-in-rows 40 python3 bench/rope_in_rows.py
 step cache-32k 100 python3 bench/h200.py --sections prefill --act-quant --prefill 32768 --chunk 16384 \
   --weight-cache-bytes 0,40e9,0,40e9 --budget-s 900
+fi
 step plain-1m 185 python3 bench/h200.py --sections prefill --act-quant --prefill 1048576 --chunk 16384 --budget-s 180
 step cache-1m 185 python3 bench/h200.py --sections prefill --act-quant --prefill 1048576 --chunk 16384 \
   --weight-cache-bytes 40e9 --budget-s 180
