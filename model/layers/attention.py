@@ -54,8 +54,10 @@ def project(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, xa: torch.Tens
 
 def attend(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, xa: torch.Tensor, q_res: torch.Tensor,
            q_all: torch.Tensor, kv_all: torch.Tensor, runs: list[SeqRun], rope: Rope, qat: bool,
-           block_mode: bool = False, queries: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
-    """Each run's RoPE, cache writes, compressor, indexer and attention -> o [T, h, D].
+           block_mode: bool = False, queries: tuple[torch.Tensor, torch.Tensor] | None = None
+           ) -> torch.Tensor | Operand:
+    """Each run's RoPE, cache writes, compressor, indexer and attention -> o [T, h, D], or on the
+    kernel path's prefill wo_a's FP8 operand of it (attention_kernel.attend_updated).
     `queries`: the indexer's queries and weights of every row, where computed already."""
     if qat and all(ops.reads_cache_in_place(run.cache) for run in runs):  # all runs at once
         if not block_mode:

@@ -49,9 +49,10 @@ def update_entries(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, xa: tor
 
 def attend_in_place(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, xa: torch.Tensor, q_res: torch.Tensor,
                     q_all: torch.Tensor, kv_all: torch.Tensor, runs: list[SeqRun], rope: Rope,
-                    queries: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
-    """`attend` with the quantizers on and every cache read in place -> o [T, h, D]; `queries`:
-    the indexer's (indexer.index_queries), where computed already."""
+                    queries: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor | Operand:
+    """`attend` with the quantizers on and every cache read in place -> o [T, h, D] (or wo_a's
+    operand: attend_updated); `queries`: the indexer's (indexer.index_queries), where computed
+    already."""
     update_sources(ops, cfg, role, xa, q_res, runs, rope, queries)
     return attend_updated(ops, cfg, role, q_all, kv_all, runs, rope)
 
