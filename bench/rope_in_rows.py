@@ -1,8 +1,12 @@
 """Faithful prefill's attention over decoded keys (the Gluon rows kernel) at a 16K chunk's
-shape, its queries rotated two ways: by attention_queries.query_parts' launch into a bf16 copy
-first (as shipped), and inside the kernel as it reads the fp32 queries
-(sparse_attention.ROPE_IN_ROWS). Alternated in one process, each next to the queries' bytes
-at the measured HBM rate; the outputs compared bit for bit.
+shape, from the queries before RoPE to wo_a's FP8 operand, three ways:
+- query_parts_first: attention_queries.query_parts rotates the queries into a bf16 copy, the
+  kernel writes fp32 outputs, the inverse RoPE's launch and rows_1x128 make the operand;
+- rotated_in_kernel: the kernel rotates the fp32 queries as it reads them
+  (sparse_attention.ROPE_IN_ROWS), then as the first;
+- encoded_in_kernel: the kernel also writes the operand itself (sparse_attention.ENCODE_IN_ROWS).
+Alternated in one process, each next to the fp32 queries' and outputs' bytes at the measured
+HBM rate; the operands compared bit for bit.
 
     python bench/rope_in_rows.py [--queries 16384]
 """
@@ -14,13 +18,15 @@ import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 import h200  # noqa: E402
+from dsflash.model.kernels import fp8_blockwise  # noqa: E402
 from dsflash.model.kernels import sparse_attention as sa  # noqa: E402
 from dsflash.model.kernels.attention_queries import Queries  # noqa: E402
+from dsflash.model.kernels.rope import rope  # noqa: E402
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--queries", type=int, default=16384)
 args = parser.parse_args()
-n, heads, D, half, W, K, keys = args.queries, 64, 512, 32, 128, 512, 1 << 16
+n, heads, D, half, W, K, keys, groups = args.queries, 64, 512, 32, 128, 512, 1 << 16, 8
 g = torch.Generator(device="cuda").manual_seed(0)
 raw = torch.randn(n, heads, D, device="cuda", generator=g) * 0.5
 angles = torch.rand(n, half, device="cuda", generator=g) * 100
@@ -31,25 +37,32 @@ window_rows = torch.randint(0, keys, (n, W), device="cuda", generator=g)
 entry_rows = torch.randint(0, keys, (n, K), device="cuda", generator=g)
 sink = torch.randn(heads, device="cuda", generator=g)
 q = Queries(raw, cos, sin, True)
+FORMS = {"query_parts_first": (False, False), "rotated_in_kernel": (True, False), "encoded_in_kernel": (True, True)}
 
 
-def attend():
-    return sa.attend_decoded(q, window_keys, window_rows, entry_keys, entry_rows, sink, D**-0.5)
+def operand():
+    """wo_a's operand of the attention's outputs, as attention_kernel.attend_updated and
+    grouped_fp8_gemm make it under the switches set."""
+    o = sa.attend_decoded(q, window_keys, window_rows, entry_keys, entry_rows, sink, D**-0.5, groups)
+    if isinstance(o, fp8_blockwise.Operand):
+        return o.codes[:, :n], o.scales.view(heads * D // 128, -1)[:, :n]
+    codes, scales = fp8_blockwise.rows_1x128(rope(o, cos, sin, inverse=True, overwrite=True).view(n, -1), groups,
+                                             round_first=True)
+    return codes[:, :n], scales.view(heads * D // 128, -1)[:, :n]
 
 
-hbm = h200.HBM_BPS
-times, outs = {False: [], True: []}, {}
+times, outs = {form: [] for form in FORMS}, {}
 for _ in range(3):
-    for on in (False, True):
-        sa.ROPE_IN_ROWS = on
-        outs[on] = attend()
-        times[on].append(h200.cuda_time(attend, iters=10))
-q_bytes = raw.numel() * 4
-for on in (False, True):
-    best = min(times[on])
-    label = "rotated_in_kernel" if on else "query_parts_first"
-    h200.record("rope_in_rows", f"n{n}_{label}", {"us": best * 1e6, "fp32_queries_read_us": q_bytes / hbm * 1e6})
-print(f"[rope_in_rows] {n} queries x {heads} heads: query_parts first {min(times[False]) * 1e6:.0f} us, "
-      f"rotated in the kernel {min(times[True]) * 1e6:.0f} us (runs {[round(t * 1e6) for t in times[False]]} / "
-      f"{[round(t * 1e6) for t in times[True]]}); the fp32 queries' one read {q_bytes / hbm * 1e6:.0f} us; "
-      f"same bits: {torch.equal(outs[False], outs[True])}", flush=True)
+    for form, (rotate, encode) in FORMS.items():
+        sa.ROPE_IN_ROWS, sa.ENCODE_IN_ROWS = rotate, encode
+        outs[form] = operand()
+        times[form].append(h200.cuda_time(operand, iters=10))
+fp32_bytes = raw.numel() * 4  # the queries' one read, and the outputs' one write
+same = all(torch.equal(a, b) for out in outs.values() for a, b in zip(out, outs["query_parts_first"]))
+for form in FORMS:
+    h200.record("rope_in_rows", f"n{n}_{form}", {"us": min(times[form]) * 1e6,
+                                                  "fp32_rows_once_us": fp32_bytes / h200.HBM_BPS * 1e6})
+print(f"[rope_in_rows] {n} queries x {heads} heads to wo_a's operand: "
+      + ", ".join(f"{form} {min(times[form]) * 1e6:.0f} us {[round(t * 1e6) for t in times[form]]}" for form in FORMS)
+      + f"; fp32 [n, {heads}, {D}] read or written once {fp32_bytes / h200.HBM_BPS * 1e6:.0f} us; same bits: {same}",
+      flush=True)
