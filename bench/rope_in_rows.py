@@ -58,11 +58,13 @@ for _ in range(3):
         outs[form] = operand()
         times[form].append(h200.cuda_time(operand, iters=10))
 fp32_bytes = raw.numel() * 4  # the queries' one read, and the outputs' one write
-same = all(torch.equal(a, b) for out in outs.values() for a, b in zip(out, outs["query_parts_first"]))
+same = all(torch.equal(a, b) for form in FORMS if form != "query_parts_first"
+           for a, b in zip(outs[form], outs["query_parts_first"]))
 for form in FORMS:
     h200.record("rope_in_rows", f"n{n}_{form}", {"us": min(times[form]) * 1e6,
-                                                  "fp32_rows_once_us": fp32_bytes / h200.HBM_BPS * 1e6})
+                                                  "fp32_rows_once_us_at_4.2TBps": fp32_bytes / h200.HBM_BPS * 1e6})
 print(f"[rope_in_rows] {n} queries x {heads} heads to wo_a's operand: "
       + ", ".join(f"{form} {min(times[form]) * 1e6:.0f} us {[round(t * 1e6) for t in times[form]]}" for form in FORMS)
-      + f"; fp32 [n, {heads}, {D}] read or written once {fp32_bytes / h200.HBM_BPS * 1e6:.0f} us; same bits: {same}",
+      + f"; fp32 [n, {heads}, {D}] read or written once {fp32_bytes / h200.HBM_BPS * 1e6:.0f} us at the H200's "
+      f"{h200.HBM_BPS / 1e12:.1f} TB/s; same bits: {same}",
       flush=True)

@@ -29,6 +29,7 @@ from .device import to_device
 from .engram_hash import EngramHasher, RunHashes, compressed_map
 from . import graphs as graph_module
 from .graphs import GraphCache
+from .kernels.fp8_blockwise import Operand
 from .layers.attention import attend, grouped_output, project
 from .layers.attention_kernel import (Prepared, attend_prepared, attend_updated, note_ring_writes, prepare,
                                       prepare_block, update_sources)
@@ -345,7 +346,7 @@ class DeepseekV41:
         q_res, q_all, kv_all, extra = project(self.ops, c, role, xa, sources if yarn or compressor else None)
         return streams + (a_pre, a_post, a_comb, xa, q_res, q_all, kv_all) + extra
 
-    def _attn_out_ffn(self, role: LayerRole, o: torch.Tensor, X: torch.Tensor, a_pre: torch.Tensor,
+    def _attn_out_ffn(self, role: LayerRole, o: torch.Tensor | Operand, X: torch.Tensor, a_pre: torch.Tensor,
                       a_post: torch.Tensor, a_comb: torch.Tensor, defer: bool = False) -> tuple[torch.Tensor, ...]:
         """Attention output into the streams, then the whole FFN site (dense: one graph per T):
         (streams, the FFN site's pre), with `defer` (streams without the FFN output, pre, the
@@ -359,8 +360,9 @@ class DeepseekV41:
 
     def _dense(self, part: str, role: LayerRole, fn, *inputs: torch.Tensor, shared: int = 0,
                unit: int = 0, variant: tuple = ()) -> tuple[torch.Tensor, ...]:
-        """fn(role, *inputs), from a graph per (part, layer, variant) and rows where graphs are on."""
-        if self.graphs is None:
+        """fn(role, *inputs), from a graph per (part, layer, variant) and rows where graphs are on
+        (never for wo_a's operand in place of the attention's output: prefill rows only)."""
+        if self.graphs is None or isinstance(inputs[0], Operand):
             return fn(role, *inputs)
         return self.graphs.run((part, role.index) + variant, lambda *t: fn(role, *t), inputs, shared=shared,
                                unit=unit)

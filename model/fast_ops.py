@@ -152,11 +152,12 @@ class TritonOps(ReferenceOps):
         return fp8_grid_bf16(x)
 
     def takes_operand(self, name: str, rows: int, groups: int) -> bool:
+        # where grouped_fp8_gemm would round fp32 rows in the operand's encode (rounds_in_encode)
         weight = self.weights[name]
         if not (self.act_quant and isinstance(weight, Fp8Weight)):
             return False
         n, k = weight.weight.shape
-        return prefill_gemms.encodes_rows(rows, self.device, n // groups, k)
+        return prefill_gemms.takes_operand(rows, self.device, n // groups, k)
 
     def grouped_linear(self, x: torch.Tensor | Operand, name: str, groups: int) -> torch.Tensor:
         if isinstance(x, Operand):  # (takes_operand)

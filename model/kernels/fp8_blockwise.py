@@ -146,13 +146,15 @@ class Operand(NamedTuple):
 
     @property
     def shape(self) -> tuple[int, int]:
-        """The rows' [m, K] (a graph counts its inputs' rows by it)."""
+        """The rows' [m, K]. (Only prefill rows come so, never a CUDA graph's input:
+        DeepseekV41._dense.)"""
         return self.m, self.codes.shape[0] * self.codes.shape[2]
 
 
 def empty_operand(m: int, k: int, groups: int, device: torch.device) -> Operand:
     """An Operand of m rows of k columns for a launch to fill: its rows past m, up to a multiple
-    of ROW_ALIGN, zero codes (their products are cut off)."""
+    of ROW_ALIGN, zero codes under unit scales (rows_1x128 writes the floor's scale there; the
+    products of those rows are cut off either way)."""
     rows = -(-m // ROW_ALIGN) * ROW_ALIGN
     codes = torch.empty(groups, rows, k // groups, dtype=torch.uint8, device=device)
     codes[:, m:].zero_()

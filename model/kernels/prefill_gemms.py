@@ -176,9 +176,10 @@ def rounds_in_encode(x: torch.Tensor, n: int, k: int) -> bool:
     return x.dtype == torch.float32 and takes(x) and _rounds_in_encode_on(x.device, n, k)
 
 
-def encodes_rows(rows: int, device: torch.device, n: int, k: int) -> bool:
-    """rounds_in_encode for fp32 input rows of this count on `device`: where such a product may
-    also take its operand made by the launch that computed the rows (fp8_blockwise.Operand)."""
+def takes_operand(rows: int, device: torch.device, n: int, k: int) -> bool:
+    """Whether a product of `rows` fp32 input rows on `device` and an [n, k] weight rounds them
+    in its encode (rounds_in_encode), and so may take instead the operand made by the launch
+    that computed the rows (fp8_blockwise.Operand)."""
     return takes_rows(rows, device) and _rounds_in_encode_on(device, n, k)
 
 

@@ -878,22 +878,20 @@ def attend_decoded(q: torch.Tensor | Queries, window_keys: torch.Tensor, window_
     first = q.raw if isinstance(q, Queries) else q
     n, heads, dim = first.shape
     window_rows, entry_rows, sink = window_rows.contiguous(), entry_rows.contiguous(), sink.float().contiguous()
-    if q.bf16 if isinstance(q, Queries) else q.dtype == torch.bfloat16:
-        rope = operand = None
-        if isinstance(q, Queries) and ROPE_IN_ROWS and q.raw.dtype == torch.float32:
-            queries, cos, sin = q.for_kernel()
-            rope = cos, sin
-            if ENCODE_IN_ROWS and operand_groups:
-                operand = fp8_blockwise.empty_operand(n, heads * dim, operand_groups, first.device)
-        else:
-            queries = query_parts(q, 1, interleave=1)[0] if isinstance(q, Queries) else q.contiguous()
-        out = None if operand is not None else torch.empty(first.shape, dtype=torch.float32, device=first.device)
-        out = sparse_attention_gluon.prefill_attention_decoded(queries, window_keys, window_rows, entry_keys,
-                                                               entry_rows, sink, scale, out,
-                                                               BF16_PREFILL_TILES.get("GLUON_SKIP", 0), rope,
-                                                               None if operand is None else operand[:2])
-        return out if operand is None else operand
-    out = torch.empty(first.shape, dtype=torch.float32, device=first.device)
+    bf16 = q.bf16 if isinstance(q, Queries) else q.dtype == torch.bfloat16
+    rope = operand = None
+    if bf16 and isinstance(q, Queries) and ROPE_IN_ROWS and q.raw.dtype == torch.float32:
+        queries, cos, sin = q.for_kernel()
+        rope = cos, sin
+        if ENCODE_IN_ROWS and operand_groups:
+            operand = fp8_blockwise.empty_operand(n, heads * dim, operand_groups, first.device)
+    elif bf16:
+        queries = query_parts(q, 1, interleave=1)[0] if isinstance(q, Queries) else q.contiguous()
+    out = operand if operand is not None else torch.empty(first.shape, dtype=torch.float32, device=first.device)
+    if bf16:
+        return sparse_attention_gluon.prefill_attention_decoded(queries, window_keys, window_rows, entry_keys,
+                                                                entry_rows, sink, scale, out,
+                                                                BF16_PREFILL_TILES.get("GLUON_SKIP", 0), rope)
     t, ptx = PREFILL_TILES, not interpreting()
     parts = _query_parts(q, t["QP"], ptx, interleave=1)
     plan = launch_plan(n, entry_rows.shape[1], heads, dim, prefill=True)

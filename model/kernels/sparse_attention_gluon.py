@@ -48,6 +48,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma
 
+from .fp8_blockwise import Operand
 from .quantize import FP8_AMAX_FLOOR, INV_FP8_MAX
 
 D_MODEL = 512  # the head dim this form is laid out for (the release's)
@@ -314,13 +315,15 @@ def _finish(o, m_i, l_i, sink_ptr, o_ptr, i, h0, H, son, soh, HB: gl.constexpr, 
 
 @gluon.jit
 def _pow2(exponent):
-    """The fp32 2^(e - 127) of a biased exponent e (common.pow2)."""
+    """The fp32 2^(e - 127) of a biased exponent e: common.pow2's Gluon twin (a Gluon kernel
+    cannot call Triton's @jit functions)."""
     return (exponent << 23).to(gl.float32, bitcast=True)
 
 
 @gluon.jit
 def _scale_exponents(amax):
-    """Each block's biased scale exponent from its largest magnitude (quantize.fp8_block_exponents)."""
+    """Each block's biased scale exponent from its largest magnitude: quantize.fp8_block_exponents'
+    Gluon twin."""
     bits = (gl.maximum(amax, FP8_AMAX_FLOOR) * INV_FP8_MAX).to(gl.int32, bitcast=True)
     return ((bits >> 23) & 0xFF) + ((bits & 0x7FFFFF) != 0).to(gl.int32)
 
@@ -328,7 +331,8 @@ def _scale_exponents(amax):
 @gluon.jit
 def _unrotated(x, cos_ptr, sin_ptr, i, scn, PAIRS: gl.constexpr, HALF: gl.constexpr):
     """Rows x [R, 2 * PAIRS] fp32 after the inverse RoPE: their last HALF pairs (e, o) turned by
-    row i's angles to (e c + o s, o c - e s), rounded as rope.rope_values rounds."""
+    row i's angles to (e c + o s, o c - e s), rounded as rope.rope_values rounds. (Each pair
+    lies in one thread here, so it splits in registers; _rotated_queries loads its partners.)"""
     R: gl.constexpr = x.shape[0]
     even, odd = gl.split(gl.reshape(x, [R, PAIRS, 2]))
     p = gl.arange(0, PAIRS, layout=gl.SliceLayout(0, even.type.layout)) - (PAIRS - HALF)
@@ -617,21 +621,19 @@ def prefill_attention(q: torch.Tensor, ring: torch.Tensor, window_offsets: torch
 
 def prefill_attention_decoded(q: torch.Tensor, window_keys: torch.Tensor, window_rows: torch.Tensor,
                               entry_keys: torch.Tensor, entry_rows: torch.Tensor, sink: torch.Tensor, scale: float,
-                              out: torch.Tensor | None, skip: int = 0,
-                              rope: tuple[torch.Tensor, torch.Tensor] | None = None,
-                              operand: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor | None:
+                              out: torch.Tensor | Operand, skip: int = 0,
+                              rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor | Operand:
     """q [n, h, D] bf16 (rotated); window_keys / entry_keys [*, D] bf16, the keys decoded
     (sparse_attention.decode_keys); window_rows [n, W] / entry_rows [n, k] int64 rows of them
     (< 0: masked); sink [h] fp32. Writes and returns out [n, h, D] fp32: what prefill_attention
     computes over those keys in their FP8 and FP4 forms, bit for bit. rope (cos, sin [n, half]
     fp32): q is fp32 before RoPE, rotated and rounded to bf16 as the kernel reads it, as
-    attention_queries.query_parts(q, 1, 1) would have. `skip`: the kernel's SKIP (a bench's
-    ablation only). operand (codes uint8 [groups, rows, heads / groups * D], scales fp32
-    [heads * D / 128 * rows], rows >= n; with rope): the outputs go there instead of into
-    out, as fp8_blockwise.rows_1x128(apply_rope(out, cos, sin, inverse=True).flatten(1),
-    groups, round_first=True) would encode them (rows n .. untouched); returns None."""
+    attention_queries.query_parts(q, 1, 1) would have; out may then be wo_a's operand
+    (fp8_blockwise.empty_operand of n rows, h * D columns), which gets the outputs as
+    rows_1x128(apply_rope(outputs, cos, sin, inverse=True).flatten(1), groups, round_first=True)
+    encodes them. `skip`: the kernel's SKIP (a bench's ablation only)."""
     n, heads, dim = q.shape
-    assert dim == D_MODEL and q.stride(-1) == 1 and (operand is not None or out.stride(-1) == 1)
+    assert dim == D_MODEL and q.stride(-1) == 1
     if rope is None:
         assert q.dtype == torch.bfloat16
         cos = sin = q.new_empty(0, dtype=torch.float32)
@@ -644,16 +646,24 @@ def prefill_attention_decoded(q: torch.Tensor, window_keys: torch.Tensor, window
     for keys in (window_keys, entry_keys):
         assert keys.dtype == torch.bfloat16 and keys.is_contiguous() and keys.shape[-1] == dim
     assert window_rows.stride(-1) == 1 and entry_rows.stride(-1) == 1
-    codes, scales, rows, group_heads = out, out, 0, 0  # (pointers the kernel does not read)
-    if operand is not None:
-        codes, scales = operand
-        rows, group_heads = codes.shape[1], heads // codes.shape[0]
-        assert half and rows >= n and codes.dtype == torch.uint8 and codes.is_contiguous() and dim % 128 == 0
-        assert codes.shape[2] == group_heads * dim and heads % codes.shape[0] == 0
-        assert scales.dtype == torch.float32 and scales.numel() == heads * dim // 128 * rows
-        out = None
+    if isinstance(out, Operand):
+        codes, scales = out.codes, out.scales
+        groups, rows = codes.shape[:2]
+        assert half and out.m == n and heads % groups == 0 and codes.shape[2] == heads // groups * dim
+        assert codes.is_contiguous() and scales.numel() == heads * dim // 128 * rows and dim % 128 == 0
+        o_ptr, son, soh, group_heads = codes, 0, 0, heads // groups  # (o_ptr not written)
+    else:
+        assert out.stride(-1) == 1
+        codes = scales = o_ptr = out  # (codes and scales not written)
+        son, soh, rows, group_heads = out.stride(0), out.stride(1), 0, 0
     if n == 0:
         return out
+    _attention_rows_kernel[(n, triton.cdiv(heads, HEADS))](
+        q, cos, sin, window_keys, window_rows, entry_keys, entry_rows, sink, o_ptr, codes, scales, heads,
+        window_rows.shape[1], entry_rows.shape[1], scale, q.stride(0), q.stride(1), cos.stride(0) if half else 0,
+        window_rows.stride(0), entry_rows.stride(0), son, soh, rows, D=dim, HB=HEADS, KT=KEY_TILE, HALF=half,
+        GROUP_HEADS=group_heads, SKIP=skip, num_warps=WARPS)
+    return out
     _attention_rows_kernel[(n, triton.cdiv(heads, HEADS))](
         q, cos, sin, window_keys, window_rows, entry_keys, entry_rows, sink, codes if out is None else out, codes,
         scales, heads, window_rows.shape[1], entry_rows.shape[1], scale, q.stride(0), q.stride(1),

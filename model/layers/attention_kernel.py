@@ -239,12 +239,13 @@ def _attention(cfg: ModelConfig, role: LayerRole, q: Queries, kv, packed, runs: 
     """What `prepare` does not take (runs too long for their rings, several pools or launch
     plans): writes the rows that fit into their rings, then attends, one launch per layout.
     operand_groups (one run): as attend_decoded's, where the run takes scratch_attention."""
+    assert not operand_groups or len(runs) == 1, "wo_a's operand is made for one run's rows"
     layer, heads = role.index, q.raw.shape[1]
     fits = [_fits_in_ring(cfg, run, layer) for run in runs]
     entries, widths = _entry_offsets(role, runs, q.raw.device)
     _ring_store([run for run, fit in zip(runs, fits) if fit], layer, kv, packed)
     groups: dict[tuple, list[tuple[SeqRun, int]]] = {}
-    outputs: dict[int, torch.Tensor] = {}
+    outputs: dict[int, torch.Tensor | Operand] = {}
     for run, fit, width in zip(runs, fits, widths):
         if not fit:
             rows = run.rows

@@ -288,3 +288,43 @@ def test_decoded_form_writes_its_outputs_as_wo_as_operand(n, heads, groups, W, K
     assert not got.codes[:, n:].any()
     monkeypatch.setattr(sa, "ENCODE_IN_ROWS", False)  # the switch off: the fp32 rows
     assert torch.equal(attend_decoded(queries, *keys, operand_groups=groups), plain)
+
+
+def test_the_rows_kernels_launch_takes_the_fp32_outputs_or_wo_as_operand(monkeypatch):
+    """The decoded form's launch as attend_decoded makes it, recorded on any machine (the
+    kernel runs on Hopper only; the GPU tests above check what it writes): fp32 outputs go to
+    o_ptr under their strides; with the queries before RoPE, operand_groups and ENCODE_IN_ROWS,
+    wo_a's operand goes to codes and scales, with its aligned rows and each group's heads, and
+    attend_decoded returns it; the switch off, the fp32 outputs again."""
+    from dsflash.model.kernels import fp8_blockwise
+    from dsflash.model.kernels import sparse_attention as sa
+    from dsflash.model.kernels.attention_queries import Queries
+
+    names = sparse_attention_gluon._attention_rows_kernel.arg_names
+    launches = []
+
+    class Recorded:
+        def __getitem__(self, grid):
+            return lambda *args, **kw: launches.append((grid, {**dict(zip(names, args)), **kw}))
+
+    monkeypatch.setattr(sparse_attention_gluon, "_attention_rows_kernel", Recorded())
+    monkeypatch.setattr(sa, "ROPE_IN_ROWS", True)
+    n, heads, groups, half = 20, 40, 5, 32
+    g = torch.Generator().manual_seed(7)
+    queries = Queries(torch.randn(n, heads, D, generator=g), torch.rand(n, half, generator=g),
+                      torch.rand(n, half, generator=g), True)
+    keys = (torch.zeros(16, D, dtype=torch.bfloat16), torch.zeros(n, 8, dtype=torch.long),
+            torch.zeros(16, D, dtype=torch.bfloat16), torch.zeros(n, 4, dtype=torch.long), torch.zeros(heads), 0.1)
+    results = {}
+    for encode in (True, False):
+        monkeypatch.setattr(sa, "ENCODE_IN_ROWS", encode)
+        results[encode] = attend_decoded(queries, *keys, operand_groups=groups)
+    operand, plain = results[True], results[False]
+    assert isinstance(operand, fp8_blockwise.Operand) and operand.m == n and operand.codes.shape == (groups, 32, 8 * D)
+    assert plain.shape == (n, heads, D) and plain.dtype == torch.float32
+    (grid, encoded), (_, fp32) = launches
+    assert grid == (n, 1) and encoded["HALF"] == fp32["HALF"] == half
+    assert encoded["codes_ptr"] is operand.codes and encoded["scales_ptr"] is operand.scales
+    assert (encoded["ROWS"], encoded["GROUP_HEADS"], encoded["son"], encoded["soh"]) == (32, 8, 0, 0)
+    assert fp32["o_ptr"] is plain and (fp32["son"], fp32["soh"], fp32["GROUP_HEADS"]) == (heads * D, D, 0)
+    assert encoded["q_ptr"].dtype == torch.float32 and encoded["scn"] == half
