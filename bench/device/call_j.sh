@@ -8,7 +8,7 @@
 # (more than 100 GB), the 1M prefill with it on where the tests passed.
 source bench/device/env.sh
 step gpu-tests 200 python3 -m pytest -q -rfE -p no:cacheprovider tests/model/test_sparse_attention_gluon.py \
-  tests/model/test_prefill_gemms.py -k "operand or rotates or decoded_form"
+  tests/model/test_prefill_gemms.py -k "operand or rotates or decoded_form or projects"
 step encode-32k 150 python3 bench/h200.py --sections prefill --act-quant --prefill 32768 --chunk 16384 \
   --prefill-switch "dsflash.model.kernels.sparse_attention.ENCODE_IN_ROWS=False|True|False|True" --budget-s 900
 # (the 1M run with it on only where the GPU tests passed: else with it off, the shipped switches)

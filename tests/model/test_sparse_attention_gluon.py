@@ -328,3 +328,52 @@ def test_the_rows_kernels_launch_takes_the_fp32_outputs_or_wo_as_operand(monkeyp
     assert (encoded["ROWS"], encoded["GROUP_HEADS"], encoded["son"], encoded["soh"]) == (32, 8, 0, 0)
     assert fp32["o_ptr"] is plain and (fp32["son"], fp32["soh"], fp32["GROUP_HEADS"]) == (heads * D, D, 0)
     assert encoded["q_ptr"].dtype == torch.float32 and encoded["scn"] == half
+
+
+@pytest.mark.gpu
+def test_the_attention_output_projects_alike_from_the_kernels_operand(monkeypatch):
+    """The model's route for a prefill chunk's attention output (1,040 rows, 64 heads, wo_a in 8
+    groups of 128 rows, then wo_b) through TritonOps (layers/attention.grouped_output): the
+    same bits from the rows kernel's operand (ENCODE_IN_ROWS) as from its fp32 outputs after
+    the inverse RoPE launch, the way attention_kernel.attend_updated hands either over; and
+    ops.takes_operand asks for the operand there."""
+    from types import SimpleNamespace
+
+    from dsflash.model.fast_ops import TritonOps
+    from dsflash.model.kernels import fp8_blockwise
+    from dsflash.model.kernels import sparse_attention as sa
+    from dsflash.model.kernels.attention_queries import Queries
+    from dsflash.model.layers.attention import grouped_output
+    from dsflash.model.quant import quantize_fp8_weight
+    from dsflash.model.weights import Fp8Weight
+
+    if not sparse_attention_gluon.usable(torch.empty(1, device="cuda"), D):
+        pytest.skip("the Gluon form is for Hopper GPUs")
+    g = torch.Generator().manual_seed(11)
+    n, heads, groups, rank, hidden, rows, half = 1040, 64, 8, 128, 256, 1024, 32
+    ring, _, pages, _ = _keys(rows, g)
+    angles = torch.rand(n, half, generator=g) * 100
+    cos, sin = angles.cos().cuda(), angles.sin().cuda()
+    queries = Queries((torch.randn(n, heads, D, generator=g) * 0.5).cuda(), cos, sin, True)
+    every = torch.arange(rows)
+    keys = (decode_keys(ring.cuda(), (every * D).cuda(), (rows * D + every * (D // 32)).cuda(), D, fp4=False),
+            torch.randint(0, rows, (n, 128), generator=g).cuda(),
+            decode_keys(pages.cuda(), (every * (D // 2)).cuda(), (rows * (D // 2) + every * (D // 16)).cuda(), D,
+                        fp4=True),
+            torch.randint(0, rows, (n, 64), generator=g).cuda(), torch.randn(heads, generator=g).cuda(), D**-0.5)
+    weights = {"l.attn.wo_a": Fp8Weight(*quantize_fp8_weight(torch.randn(groups * rank, heads * D // groups,
+                                                                         generator=g) * 0.02), (32, 32)),
+               "l.attn.wo_b": Fp8Weight(*quantize_fp8_weight(torch.randn(hidden, groups * rank, generator=g) * 0.05),
+                                        (32, 32))}
+    ops = TritonOps(weights, act_quant=True, device="cuda")
+    config, role = SimpleNamespace(o_groups=groups), SimpleNamespace(prefix="l")
+    monkeypatch.setattr(sa, "ROPE_IN_ROWS", True)
+    monkeypatch.setattr(sa, "ENCODE_IN_ROWS", True)
+    assert ops.takes_operand("l.attn.wo_a", n, groups)
+    plain = sa.attend_decoded(queries, *keys)
+    operand = sa.attend_decoded(queries, *keys, operand_groups=groups)
+    assert isinstance(operand, fp8_blockwise.Operand)
+    want = grouped_output(ops, config, role, ops.rope(plain, cos, sin, inverse=True, overwrite=True))
+    got = grouped_output(ops, config, role, operand)
+    assert got.shape == (n, hidden) and torch.isfinite(got).all()
+    assert torch.equal(got, want)
