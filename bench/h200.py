@@ -777,6 +777,20 @@ def profile_steps(engine, name: str, steps: int = 2, stacks: bool = False):
     return done
 
 
+PREFILL_RUNS: list[tuple[int, float]] = []  # (tokens, seconds with its warm-up) of each prefill run so far
+
+
+def prefill_fits(n: int, left: float) -> bool:
+    """Whether a prefill of n tokens should start with `left` seconds of the budget: the first
+    run of a process needs 90 (its compiles); a later one 1.3x the last run's seconds, scaled
+    up to its length, plus 10. (A flat 90 s left a step of four 32K runs under a 140 s budget
+    one run, forty-seventh session.)"""
+    if not PREFILL_RUNS:
+        return left >= 90
+    tokens, seconds = PREFILL_RUNS[-1]
+    return left >= 1.3 * seconds * max(n / tokens, 1.0) + 10
+
+
 def prefill(model, lengths, label: str = "prefill", warm_first: bool = True, chunk: int = 8192) -> None:
     from dsflash.kvcache.layout import CacheLayout
     from dsflash.kvcache.pool import CachePool, plain_allocator
@@ -787,9 +801,10 @@ def prefill(model, lengths, label: str = "prefill", warm_first: bool = True, chu
     layout = CacheLayout.for_model(config, page_entries=256)
     # chunk: tokens a prefill step takes (the scheduler's token budget; the workers' default)
     for n in lengths:
-        if time_left() < 90:
+        if not prefill_fits(n, time_left()):
             record(label, f"T{n}", {"skipped": "device time budget"})
             continue
+        run_began = time.perf_counter()
         # compile the GPU kernels for prefill shapes first. A prompt up to 64K is prefilled whole
         # once: a full chunk and a part did not cover every shape of the later chunks, and a run
         # on a machine whose Triton cache lacked them timed their compiles (seventh session: a
@@ -858,6 +873,7 @@ def prefill(model, lengths, label: str = "prefill", warm_first: bool = True, chu
                                     "TFLOP": flops / 1e12, "progress": progress, "last_steps_s": last_steps,
                                     "peak_GiB": peak_gib()})
         done[0].cache.release()
+        PREFILL_RUNS.append((n, time.perf_counter() - run_began))
         if PROFILE[0] and n == lengths[0]:  # one chunk after a warm one, into a new cache
             # two chunks: the first warms, the second is profiled (a prompt of one chunk left
             # the profiled step nothing to do: 16,384-token chunks, nineteenth session)

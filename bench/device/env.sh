@@ -8,8 +8,8 @@ for d in model kvcache prefill_worker decode_worker gateway; do ln -sfn "../$d" 
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,memory.used --format=csv
 LOG=${OUT:-/tmp}/log.txt
 # step NAME SECONDS CMD...: one part under its own limit, its output in the log and its files
-# (bench/h200.py's h200.json) under $OUT/NAME, and go on. (bench/h200.py skips a run once fewer
-# than 90 s of its --budget-s are left: a step of several runs gives it more than the step's
-# limit, which is the one that holds.)
+# (bench/h200.py's h200.json) under $OUT/NAME, and go on. (bench/h200.py starts a prefill run
+# only where its --budget-s leaves room for it, 90 s for the first, by the last run's time for
+# later ones: the calls give it more than the step's limit, which is the one that holds.)
 step() { local name=$1 limit=$2; shift 2; echo "=== $name ($(date -u +%T))" | tee -a "$LOG";
          OUT="${OUT:-/tmp}/$name" timeout "$limit" "$@" 2>&1 | tee -a "$LOG"; echo "=== $name rc=$? " | tee -a "$LOG"; }

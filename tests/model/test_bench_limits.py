@@ -87,3 +87,17 @@ def test_a_steps_weights_count_the_heads_as_the_step_reads_them(h200):
     got = h200.step_bytes(store, config, 1, 0) - h200.kv_bytes(config, 1, 0)
     experts = got - want
     assert 0 < experts < sum(size(n) for n in store.names() if isinstance(store[n], Fp4Weight))
+
+
+def test_a_prefill_run_starts_where_its_estimate_fits_the_budget(h200, monkeypatch):
+    """bench/h200.py's prefill runs under --budget-s: the first needs 90 s left; a later one
+    1.3x the last run's seconds scaled up to its length, plus 10 (four 32K runs of ~15 s fit
+    a 140 s budget after a 45 s first; a 1M run after a 32K one does not fit 100 s)."""
+    monkeypatch.setattr(h200, "PREFILL_RUNS", [])
+    assert not h200.prefill_fits(32768, 89) and h200.prefill_fits(32768, 90)
+    h200.PREFILL_RUNS.append((32768, 45.0))
+    assert h200.prefill_fits(32768, 95) and not h200.prefill_fits(32768, 60)
+    h200.PREFILL_RUNS.append((32768, 15.0))
+    assert h200.prefill_fits(32768, 30) and not h200.prefill_fits(32768, 28)
+    assert h200.prefill_fits(16384, 30)  # a shorter run is held to the last one's seconds
+    assert not h200.prefill_fits(1 << 20, 100)
