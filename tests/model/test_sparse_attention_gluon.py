@@ -32,6 +32,16 @@ def _keys(rows: int, g: torch.Generator):
     return ring, window, pages, entries
 
 
+def _every_key_decoded(ring: torch.Tensor, pages: torch.Tensor, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every one of _keys' `rows` window keys and entries decoded on the GPU (decode_keys): the
+    decoded form's bf16 rows, row r of each being key r."""
+    every = torch.arange(rows)
+    window_keys = decode_keys(ring.cuda(), (every * D).cuda(), (rows * D + every * (D // 32)).cuda(), D, fp4=False)
+    entry_keys = decode_keys(pages.cuda(), (every * (D // 2)).cuda(), (rows * (D // 2) + every * (D // 16)).cuda(),
+                             D, fp4=True)
+    return window_keys, entry_keys
+
+
 def _attend_both_ways(n: int, heads: int, W: int, K: int, seed: int, monkeypatch, gather: int, base: tuple[int, int]):
     g = torch.Generator().manual_seed(seed)
     rows = 4096
@@ -192,10 +202,7 @@ def test_decoded_form_attends_as_the_byte_form(n, heads, W, K):
     e_off, e_soff = torch.where(e_rows >= 0, e_rows * (D // 2), -1), rows * (D // 2) + e_rows.clamp_min(0) * (D // 16)
     byte_form = sparse_attention(q, ring.cuda(), w_off.cuda(), w_soff.cuda(), pages.cuda(), e_off.cuda(),
                                  e_soff.cuda(), sink, D**-0.5, prefill=True)
-    every = torch.arange(rows)
-    window_keys = decode_keys(ring.cuda(), (every * D).cuda(), (rows * D + every * (D // 32)).cuda(), D, fp4=False)
-    entry_keys = decode_keys(pages.cuda(), (every * (D // 2)).cuda(), (rows * (D // 2) + every * (D // 16)).cuda(),
-                             D, fp4=True)
+    window_keys, entry_keys = _every_key_decoded(ring, pages, rows)
     got = attend_decoded(q, window_keys, w_rows.cuda(), entry_keys, e_rows.cuda(), sink, D**-0.5)
     assert torch.equal(got, byte_form)
     assert got[0].abs().max() == 0
@@ -225,10 +232,7 @@ def test_decoded_form_rotates_queries_as_it_reads_them(n, heads, W, K, monkeypat
     w_rows = torch.where(torch.rand(n, W, generator=g) > 0.1, torch.randint(0, rows, (n, W), generator=g), -1)
     e_rows = torch.where(torch.rand(n, K, generator=g) > 0.2, torch.randint(0, rows, (n, K), generator=g), -1)
     sink = torch.randn(heads, generator=g).cuda()
-    every = torch.arange(rows)
-    window_keys = decode_keys(ring.cuda(), (every * D).cuda(), (rows * D + every * (D // 32)).cuda(), D, fp4=False)
-    entry_keys = decode_keys(pages.cuda(), (every * (D // 2)).cuda(), (rows * (D // 2) + every * (D // 16)).cuda(),
-                             D, fp4=True)
+    window_keys, entry_keys = _every_key_decoded(ring, pages, rows)
     keys = (window_keys, w_rows.cuda(), entry_keys, e_rows.cuda(), sink, D**-0.5)
     queries = Queries(strided, cos.cuda(), sin.cuda(), True)
     rotated = []
@@ -268,10 +272,7 @@ def test_decoded_form_writes_its_outputs_as_wo_as_operand(n, heads, groups, W, K
     w_rows = torch.where(torch.rand(n, W, generator=g) > 0.1, torch.randint(0, rows, (n, W), generator=g), -1)
     e_rows = torch.where(torch.rand(n, K, generator=g) > 0.2, torch.randint(0, rows, (n, K), generator=g), -1)
     w_rows[0], e_rows[0] = -1, -1  # a query that sees nothing: zeros, encoded at the scales' floor
-    every = torch.arange(rows)
-    window_keys = decode_keys(ring.cuda(), (every * D).cuda(), (rows * D + every * (D // 32)).cuda(), D, fp4=False)
-    entry_keys = decode_keys(pages.cuda(), (every * (D // 2)).cuda(), (rows * (D // 2) + every * (D // 16)).cuda(),
-                             D, fp4=True)
+    window_keys, entry_keys = _every_key_decoded(ring, pages, rows)
     keys = (window_keys, w_rows.cuda(), entry_keys, e_rows.cuda(), torch.randn(heads, generator=g).cuda(), D**-0.5)
     queries = Queries(raw, cos, sin, True)
     monkeypatch.setattr(sa, "ROPE_IN_ROWS", True)
@@ -355,11 +356,8 @@ def test_the_attention_output_projects_alike_from_the_kernels_operand(monkeypatc
     angles = torch.rand(n, half, generator=g) * 100
     cos, sin = angles.cos().cuda(), angles.sin().cuda()
     queries = Queries((torch.randn(n, heads, D, generator=g) * 0.5).cuda(), cos, sin, True)
-    every = torch.arange(rows)
-    keys = (decode_keys(ring.cuda(), (every * D).cuda(), (rows * D + every * (D // 32)).cuda(), D, fp4=False),
-            torch.randint(0, rows, (n, 128), generator=g).cuda(),
-            decode_keys(pages.cuda(), (every * (D // 2)).cuda(), (rows * (D // 2) + every * (D // 16)).cuda(), D,
-                        fp4=True),
+    window_keys, entry_keys = _every_key_decoded(ring, pages, rows)
+    keys = (window_keys, torch.randint(0, rows, (n, 128), generator=g).cuda(), entry_keys,
             torch.randint(0, rows, (n, 64), generator=g).cuda(), torch.randn(heads, generator=g).cuda(), D**-0.5)
     weights = {"l.attn.wo_a": Fp8Weight(*quantize_fp8_weight(torch.randn(groups * rank, heads * D // groups,
                                                                          generator=g) * 0.02), (32, 32)),
