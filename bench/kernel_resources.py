@@ -101,12 +101,12 @@ KERNELS = {
         {"q_ptr": lambda o: "*fp32" if o.get("HALF") else "*bf16", "cos_ptr": "*fp32", "sin_ptr": "*fp32",
          "window_keys": "*bf16", "win_rows": "*i64", "entry_keys": "*bf16", "ent_rows": "*i64",
          "sink_ptr": "*fp32", "o_ptr": "*fp32", "codes_ptr": "*u8", "scales_ptr": "*fp32", "scale": "fp32"},
-        # the queries' RoPE inside
+        # as shipped: the queries' RoPE inside, the outputs as wo_a's FP8 operand (8 heads a group)
         dict(D=sparse_attention_gluon.D_MODEL, HB=sparse_attention_gluon.HEADS, KT=sparse_attention_gluon.KEY_TILE,
-             HALF=32, GROUP_HEADS=0, SKIP=0, num_warps=sparse_attention_gluon.WARPS, num_stages=1),
-        # the queries rotated by a launch before (sparse_attention.ROPE_IN_ROWS off); the outputs
-        # as wo_a's FP8 operand (sparse_attention.ENCODE_IN_ROWS)
-        ";HALF=0;GROUP_HEADS=8",
+             HALF=32, GROUP_HEADS=8, SKIP=0, num_warps=sparse_attention_gluon.WARPS, num_stages=1),
+        # fp32 outputs (sparse_attention.ENCODE_IN_ROWS off); the queries rotated by a launch
+        # before too (ROPE_IN_ROWS off)
+        ";GROUP_HEADS=0;HALF=0,GROUP_HEADS=0",
         sample=dict(H=64, W=128, K=512, sqn=64 * 512, sqh=512, scn=32, swn=128, sen=512, son=64 * 512, soh=512,
                     ROWS=16384)),
     "skinny": Kernel(
