@@ -38,7 +38,7 @@ from triton.compiler import ASTSource
 from triton.experimental.gluon._runtime import GluonASTSource
 
 from dsflash.model.kernels import (common, fp4_moe, fp8_blockwise, fp8_gemm, hc_streams, indexer_score,
-                                   sparse_attention_gluon, top_k)
+                                   sparse_attention_gluon, sparse_attention_pingpong, top_k)
 from dsflash.model.kernels import sparse_attention as sa
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
@@ -106,6 +106,18 @@ KERNELS = {
              HALF=32, GROUP_HEADS=8, SKIP=0, num_warps=sparse_attention_gluon.WARPS, num_stages=1),
         # fp32 outputs (sparse_attention.ENCODE_IN_ROWS off); the queries rotated by a launch
         # before too (ROPE_IN_ROWS off)
+        ";GROUP_HEADS=0;HALF=0,GROUP_HEADS=0",
+        sample=dict(H=64, W=128, K=512, sqn=64 * 512, sqh=512, scn=32, swn=128, sen=512, son=64 * 512, soh=512,
+                    ROWS=16384)),
+    # the same work with its warps specialized (sparse_attention_pingpong): the loader and two
+    # compute warpgroups, the registers set per warpgroup
+    "attention_pingpong": Kernel(
+        sparse_attention_pingpong._attention_pingpong_kernel,
+        {"q_ptr": lambda o: "*fp32" if o.get("HALF") else "*bf16", "cos_ptr": "*fp32", "sin_ptr": "*fp32",
+         "window_keys": "*bf16", "win_rows": "*i64", "entry_keys": "*bf16", "ent_rows": "*i64",
+         "sink_ptr": "*fp32", "o_ptr": "*fp32", "codes_ptr": "*u8", "scales_ptr": "*fp32", "scale": "fp32"},
+        dict(D=sparse_attention_gluon.D_MODEL, HB=sparse_attention_gluon.HEADS, KT=sparse_attention_gluon.KEY_TILE,
+             HALF=32, GROUP_HEADS=8, num_warps=4, num_stages=1, maxnreg=sparse_attention_pingpong.MAX_REGS),
         ";GROUP_HEADS=0;HALF=0,GROUP_HEADS=0",
         sample=dict(H=64, W=128, K=512, sqn=64 * 512, sqh=512, scn=32, swn=128, sen=512, son=64 * 512, soh=512,
                     ROWS=16384)),
@@ -218,8 +230,8 @@ KERNELS = {
 def compile_for_sm90(kernel: Kernel, options: dict):
     fn = kernel.fn
     gluon = fn.is_gluon()  # a Gluon kernel takes num_warps as a constexpr argument too
-    constexprs = {k: v for k, v in options.items() if k not in ("num_warps", "num_stages") or (
-        gluon and k in fn.arg_names)}
+    launch = ("num_warps", "num_stages", "maxnreg")
+    constexprs = {k: v for k, v in options.items() if k not in launch or (gluon and k in fn.arg_names)}
     ones = {n: 1 for n, v in (kernel.sample or {}).items() if v == 1}
     constexprs.update(ones)
     types = {n: ty(options) if callable(ty) else ty for n, ty in kernel.pointers.items()}
@@ -233,7 +245,7 @@ def compile_for_sm90(kernel: Kernel, options: dict):
         os.environ["DISABLE_MMA_V3"] = "1"
     try:
         return triton.compile(source, target=GPUTarget("cuda", 90, 32),
-                              options=dict(num_warps=options["num_warps"], num_stages=options["num_stages"]))
+                              options={k: options[k] for k in launch if k in options})
     finally:
         os.environ.pop("DISABLE_MMA_V3", None)
 

@@ -15,7 +15,7 @@ import triton.language as tl
 
 from .common import (bf16_parts, bf16_rne, dot_exact_rhs, e2m1_to_float, e4m3_to_float, group_columns,
                      interpreting, pow2)
-from . import attention_queries, fp8_blockwise, pdl, sparse_attention_gluon
+from . import attention_queries, fp8_blockwise, pdl, sparse_attention_gluon, sparse_attention_pingpong
 from .attention_queries import Queries, query_parts
 
 
@@ -862,6 +862,11 @@ ROPE_IN_ROWS = True
 # forty-seventh session, faithful prefills in 16K chunks alternated in one process: 32K 1.326 /
 # 1.327 -> 1.304 / 1.309 s; 1M 51.98 -> 51.06 s (peak memory 62.95 -> 61.47 GiB).
 ENCODE_IN_ROWS = True
+# PINGPONG_ROWS: those rows go to the warp-specialized form instead (sparse_attention_pingpong:
+# a loader warpgroup, two compute warpgroups on alternate key tiles, out of phase), the same
+# work summed in another order (its GPU test: within fp32 rounding of the rows kernel's). Built
+# in the forty-eighth session, untimed: off.
+PINGPONG_ROWS = False
 
 
 def attend_decoded(q: torch.Tensor | Queries, window_keys: torch.Tensor, window_rows: torch.Tensor,
@@ -889,9 +894,12 @@ def attend_decoded(q: torch.Tensor | Queries, window_keys: torch.Tensor, window_
         queries = query_parts(q, 1, interleave=1)[0] if isinstance(q, Queries) else q.contiguous()
     out = operand if operand is not None else torch.empty(first.shape, dtype=torch.float32, device=first.device)
     if bf16:
+        skip = BF16_PREFILL_TILES.get("GLUON_SKIP", 0)
+        if PINGPONG_ROWS and not skip:
+            return sparse_attention_pingpong.prefill_attention_pingpong(queries, window_keys, window_rows, entry_keys,
+                                                                        entry_rows, sink, scale, out, rope)
         return sparse_attention_gluon.prefill_attention_decoded(queries, window_keys, window_rows, entry_keys,
-                                                                entry_rows, sink, scale, out,
-                                                                BF16_PREFILL_TILES.get("GLUON_SKIP", 0), rope)
+                                                                entry_rows, sink, scale, out, skip, rope)
     t, ptx = PREFILL_TILES, not interpreting()
     parts = _query_parts(q, t["QP"], ptx, interleave=1)
     plan = launch_plan(n, entry_rows.shape[1], heads, dim, prefill=True)

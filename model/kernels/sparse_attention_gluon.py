@@ -44,6 +44,7 @@ import functools
 import torch
 import triton
 from triton.experimental import gluon
+from triton.runtime.jit import constexpr_function
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma
@@ -214,31 +215,76 @@ def _mul_rn(a, b):
 @gluon.jit
 def _rotated_queries(q_ptr, cos_ptr, sin_ptr, i, h0, H, sqn, sqh, scn, HB: gl.constexpr, D: gl.constexpr,
                      HALF: gl.constexpr, num_warps: gl.constexpr):
-    """_queries of the fp32 queries before RoPE: rotated here (the last 2 * HALF channels in
-    pairs with row i's cos and sin [HALF], rounded as rope.rope_values rounds: two products,
-    then their sum) and cast to bf16, as attention_queries.query_parts(q, 1, 1) writes them, a
-    few heads at a time (a whole head block's fp32 values and partners would not fit the
-    registers)."""
-    ROWS: gl.constexpr = 8
-    blocked: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [num_warps, 1], [1, 0])
+    """_queries of the fp32 queries before RoPE (_rotate_queries_into)."""
     q_smem = gl.allocate_shared_memory(gl.bfloat16, [HB, D], gl.NVMMASharedLayout.get_default_for([HB, D],
                                                                                                   gl.bfloat16))
-    d = gl.arange(0, D, layout=gl.SliceLayout(0, blocked))
-    r = d - (D - 2 * HALF)  # the channel's place among the rotated ones (< 0: not rotated)
-    rotates = r >= 0
-    pair = gl.where(rotates, r // 2, 0)
-    c = gl.expand_dims(gl.load(cos_ptr + i.to(gl.int64) * scn + pair, mask=rotates, other=1.0), 0)
-    sn = gl.expand_dims(gl.load(sin_ptr + i.to(gl.int64) * scn + pair, mask=rotates, other=0.0), 0)
-    sign = gl.expand_dims(gl.where(r % 2 == 0, -1.0, 1.0), 0)  # e' = e c - o s, o' = o c + e s
+    _rotate_queries_into(q_ptr, cos_ptr, sin_ptr, i, h0, H, sqn, sqh, scn, q_smem, 0, HB, D, D, HALF, num_warps)
+    return q_smem
+
+
+@gluon.jit
+def _rotate_queries_into(q_ptr, cos_ptr, sin_ptr, i, h0, H, sqn, sqh, scn, dst, COL0: gl.constexpr,
+                         HB: gl.constexpr, WIDTH: gl.constexpr, D: gl.constexpr, HALF: gl.constexpr,
+                         num_warps: gl.constexpr):
+    """Query i's heads h0 .. h0 + HB (zeros past H), columns COL0 .. COL0 + WIDTH, into dst [HB,
+    WIDTH] bf16 shared memory. HALF > 0: q holds the fp32 queries before RoPE, rotated here (the
+    last HALF channel pairs with row i's cos and sin [HALF], _turned) and cast to bf16, as
+    attention_queries.query_parts(q, 1, 1) writes them; 0: bf16 queries, rotated. A few heads at
+    a time (a whole head block's fp32 values would not fit the registers)."""
+    ROWS: gl.constexpr = 32  # rows a pass: their loads in flight together (8 left a program ~1 us a pass)
+    blocked: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [num_warps, 1], [1, 0])
+    d = COL0 + gl.arange(0, WIDTH, layout=gl.SliceLayout(0, blocked))
+    if HALF > 0:
+        angles = _pair_angles(cos_ptr, sin_ptr, i, scn, COL0 // 2, WIDTH // 2, D // 2 - HALF,
+                              _pairs_layout(8, num_warps))
     for r0 in gl.static_range(0, HB, ROWS):
         qh = h0 + r0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, blocked))
         row = q_ptr + i.to(gl.int64) * sqn + gl.expand_dims(qh, 1) * sqh
-        live = gl.expand_dims(qh < H, 1)
-        x = gl.load(row + gl.expand_dims(d, 0), mask=live, other=0.0)
-        partner = gl.load(row + gl.expand_dims(d ^ 1, 0), mask=live & gl.expand_dims(rotates, 0), other=0.0)
-        turned = gl.where(gl.expand_dims(rotates, 0), _mul_rn(x, c) + _mul_rn(partner, sn) * sign, x)
-        q_smem.slice(r0, ROWS).store(turned.to(gl.bfloat16))
-    return q_smem
+        x = gl.load(row + gl.expand_dims(d, 0), mask=gl.expand_dims(qh < H, 1), other=0.0)
+        if HALF > 0:
+            x = _turned(x, angles, False)
+        dst.slice(r0, ROWS).store(x.to(gl.bfloat16))
+
+
+@constexpr_function
+def _pairs_layout(per_thread: int, num_warps: int) -> gl.SliceLayout:
+    """The layout of a pair's angle beside rows in BlockedLayout([1, per_thread], [1, 32],
+    [num_warps, 1]) split into their (even, odd) channels (_turned): the split's own."""
+    pairs = gl.BlockedLayout([1, per_thread // 2, 2], [1, 32, 1], [num_warps, 1, 1], [2, 1, 0])
+    return gl.SliceLayout(0, gl.SliceLayout(2, pairs))
+
+
+@gluon.jit
+def _pair_angles(cos_ptr, sin_ptr, i, scn, FIRST: gl.constexpr, PAIRS: gl.constexpr, UNTURNED: gl.constexpr,
+                 layout: gl.constexpr):
+    """Row i's cos and sin of channel pairs FIRST .. FIRST + PAIRS, and which pairs turn: those
+    from UNTURNED on (RoPE's HALF angles)."""
+    p = FIRST + gl.arange(0, PAIRS, layout=layout) - UNTURNED
+    turns = p >= 0
+    at = i.to(gl.int64) * scn + gl.where(turns, p, 0)
+    return gl.load(cos_ptr + at, mask=turns, other=1.0), gl.load(sin_ptr + at, mask=turns, other=0.0), turns
+
+
+@gluon.jit
+def _turned(x, angles, INVERSE: gl.constexpr):
+    """Rows x [R, W] fp32 with each turning channel pair (e, o) turned by its angle (angles:
+    _pair_angles' cos, sin and turns [W // 2]): (e c - o s, o c + e s), or INVERSE (e c + o s,
+    o c - e s), each product rounded on its own and then summed, as rope.rope_values rounds;
+    the other pairs as they were. A pair lies in one thread, so it splits in registers."""
+    R: gl.constexpr = x.shape[0]
+    W: gl.constexpr = x.shape[1]
+    c, sn, turns = angles
+    even, odd = gl.split(gl.reshape(x, [R, W // 2, 2]))
+    c = gl.expand_dims(c, 0)
+    sn = gl.expand_dims(sn, 0)
+    turns = gl.expand_dims(turns, 0)
+    if INVERSE:
+        even_out = _mul_rn(even, c) + _mul_rn(odd, sn)
+        odd_out = _mul_rn(odd, c) - _mul_rn(even, sn)
+    else:
+        even_out = _mul_rn(even, c) - _mul_rn(odd, sn)
+        odd_out = _mul_rn(odd, c) + _mul_rn(even, sn)
+    return gl.reshape(gl.join(gl.where(turns, even_out, even), gl.where(turns, odd_out, odd)), [R, W])
 
 
 @gluon.jit
@@ -329,24 +375,6 @@ def _scale_exponents(amax):
 
 
 @gluon.jit
-def _unrotated(x, cos_ptr, sin_ptr, i, scn, PAIRS: gl.constexpr, HALF: gl.constexpr):
-    """Rows x [R, 2 * PAIRS] fp32 after the inverse RoPE: their last HALF pairs (e, o) turned by
-    row i's angles to (e c + o s, o c - e s), rounded as rope.rope_values rounds. (Each pair
-    lies in one thread here, so it splits in registers; _rotated_queries loads its partners.)"""
-    R: gl.constexpr = x.shape[0]
-    even, odd = gl.split(gl.reshape(x, [R, PAIRS, 2]))
-    p = gl.arange(0, PAIRS, layout=gl.SliceLayout(0, even.type.layout)) - (PAIRS - HALF)
-    rotates = p >= 0
-    at = i.to(gl.int64) * scn + gl.where(rotates, p, 0)
-    c = gl.expand_dims(gl.load(cos_ptr + at, mask=rotates, other=1.0), 0)
-    sn = gl.expand_dims(gl.load(sin_ptr + at, mask=rotates, other=0.0), 0)
-    turns = gl.expand_dims(rotates, 0)
-    even_out = gl.where(turns, _mul_rn(even, c) + _mul_rn(odd, sn), even)
-    odd_out = gl.where(turns, _mul_rn(odd, c) - _mul_rn(even, sn), odd)
-    return gl.reshape(gl.join(even_out, odd_out), [R, 2 * PAIRS])
-
-
-@gluon.jit
 def _finish_encoded(o, m_i, l_i, sink_ptr, stage, cos_ptr, sin_ptr, codes_ptr, scales_ptr, i, h0, H, scn, ROWS,
                     HB: gl.constexpr, D: gl.constexpr, HALF: gl.constexpr, GROUP_HEADS: gl.constexpr,
                     o_layout: gl.constexpr, num_warps: gl.constexpr):
@@ -361,28 +389,40 @@ def _finish_encoded(o, m_i, l_i, sink_ptr, stage, cos_ptr, sin_ptr, codes_ptr, s
     _barrier()  # every warpgroup's last weighted sum is done with the keys' buffers `stage` reuses
     stage.store(out)
     _barrier()
-    SLAB: gl.constexpr = num_warps  # heads a pass
+    _encode_staged(stage, cos_ptr, sin_ptr, codes_ptr, scales_ptr, i, h0, H, scn, ROWS, 0, HB, D, HALF, GROUP_HEADS,
+                   num_warps)
+
+
+@gluon.jit
+def _encode_staged(stage, cos_ptr, sin_ptr, codes_ptr, scales_ptr, i, h0, H, scn, ROWS, FIRST: gl.constexpr,
+                   COUNT: gl.constexpr, D: gl.constexpr, HALF: gl.constexpr, GROUP_HEADS: gl.constexpr,
+                   num_warps: gl.constexpr):
+    """Rows FIRST .. FIRST + COUNT of `stage` (query i's normalized fp32 outputs [HB, D], heads
+    from h0) written as wo_a's FP8 operand (_finish_encoded), a warp a head's row."""
+    SLAB: gl.constexpr = 8  # heads a pass (the staging layout's swizzle spans 8 rows)
     BLOCKS: gl.constexpr = D // 128
     L2: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [num_warps, 1], [1, 0])
     LS: gl.constexpr = gl.BlockedLayout([1, 1], [32 // BLOCKS, BLOCKS], [num_warps, 1], [1, 0])
     d = gl.arange(0, D, layout=gl.SliceLayout(0, L2))
     block = gl.arange(0, BLOCKS, layout=gl.SliceLayout(0, LS))
-    for s0 in gl.static_range(0, HB, SLAB):
-        x = stage.slice(s0, SLAB).load(L2)
-        x = gl.reshape(_unrotated(x, cos_ptr, sin_ptr, i, scn, D // 2, HALF), [SLAB, BLOCKS, 4, 32])
-        e32 = gl.expand_dims(_scale_exponents(gl.max(gl.abs(x), axis=3)), 3)
-        y = (x * _pow2(254 - e32)).to(gl.float8e4nv).to(gl.float32) * _pow2(e32)
-        e128 = _scale_exponents(gl.max(gl.max(gl.abs(y), axis=3), axis=2))  # [SLAB, BLOCKS]
-        inverse = gl.expand_dims(gl.expand_dims(_pow2(254 - e128), 2), 3)
-        code = gl.convert_layout(gl.reshape((y * inverse).to(gl.float8e4nv).to(gl.uint8, bitcast=True), [SLAB, D]),
-                                 L2)
-        heads = h0 + s0 + gl.arange(0, SLAB, layout=gl.SliceLayout(1, L2))
-        at = ((heads // GROUP_HEADS).to(gl.int64) * ROWS + i) * (GROUP_HEADS * D) + (heads % GROUP_HEADS) * D
-        gl.store(codes_ptr + gl.expand_dims(at, 1) + gl.expand_dims(d, 0), code, mask=gl.expand_dims(heads < H, 1))
-        scale_heads = h0 + s0 + gl.arange(0, SLAB, layout=gl.SliceLayout(1, LS))
-        scale_at = (gl.expand_dims(scale_heads, 1) * BLOCKS + gl.expand_dims(block, 0)).to(gl.int64) * ROWS + i
-        gl.store(scales_ptr + scale_at, gl.convert_layout(_pow2(e128), LS),
-                 mask=gl.expand_dims(scale_heads < H, 1))
+    angles = _pair_angles(cos_ptr, sin_ptr, i, scn, 0, D // 2, D // 2 - HALF, _pairs_layout(4, num_warps))
+    for s0 in gl.static_range(FIRST, FIRST + COUNT, SLAB):
+        if h0 + s0 < H:  # a tensor-parallel rank's head block ends short of HB
+            x = gl.reshape(_turned(stage.slice(s0, SLAB).load(L2), angles, True), [SLAB, BLOCKS, 4, 32])
+            e32 = gl.expand_dims(_scale_exponents(gl.max(gl.abs(x), axis=3)), 3)
+            y = (x * _pow2(254 - e32)).to(gl.float8e4nv).to(gl.float32) * _pow2(e32)
+            e128 = _scale_exponents(gl.max(gl.max(gl.abs(y), axis=3), axis=2))  # [SLAB, BLOCKS]
+            inverse = gl.expand_dims(gl.expand_dims(_pow2(254 - e128), 2), 3)
+            code = gl.convert_layout(
+                gl.reshape((y * inverse).to(gl.float8e4nv).to(gl.uint8, bitcast=True), [SLAB, D]), L2)
+            heads = h0 + s0 + gl.arange(0, SLAB, layout=gl.SliceLayout(1, L2))
+            at = ((heads // GROUP_HEADS).to(gl.int64) * ROWS + i) * (GROUP_HEADS * D) + (heads % GROUP_HEADS) * D
+            gl.store(codes_ptr + gl.expand_dims(at, 1) + gl.expand_dims(d, 0), code,
+                     mask=gl.expand_dims(heads < H, 1))
+            scale_heads = h0 + s0 + gl.arange(0, SLAB, layout=gl.SliceLayout(1, LS))
+            scale_at = (gl.expand_dims(scale_heads, 1) * BLOCKS + gl.expand_dims(block, 0)).to(gl.int64) * ROWS + i
+            gl.store(scales_ptr + scale_at, gl.convert_layout(_pow2(e128), LS),
+                     mask=gl.expand_dims(scale_heads < H, 1))
 
 
 @gluon.jit
@@ -488,10 +528,19 @@ def _stage_keys_bf16(window_keys, entry_keys, rows_at, t, window_tiles, W, K, ds
     [KT, D] by cp.async, 16 bytes a copy; masked keys come as zeros."""
     L: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [num_warps, 1], [1, 0])
     rows, live = _tile_rows(rows_at, t, window_tiles, W, K, KT, gl.SliceLayout(1, L))
-    columns = gl.arange(0, D, layout=gl.SliceLayout(0, L))
+    _copy_key_rows(window_keys, entry_keys, rows, live, t < window_tiles, dst, 0, D, D, L)
+
+
+@gluon.jit
+def _copy_key_rows(window_keys, entry_keys, rows, live, window, dst, COL0: gl.constexpr,
+                   WIDTH: gl.constexpr, D: gl.constexpr, L: gl.constexpr):
+    """Start copying columns COL0 .. COL0 + WIDTH of the bf16 key rows `rows` (of window_keys
+    where `window`, else of entry_keys; live [KT] in SliceLayout(1, L)) into dst [KT, WIDTH] by
+    cp.async, 16 bytes a copy; the keys not live come as zeros."""
+    columns = COL0 + gl.arange(0, WIDTH, layout=gl.SliceLayout(0, L))
     at = gl.expand_dims(gl.where(live, rows, 0) * D, 1) + gl.expand_dims(columns, 0)
     at = gl.max_contiguous(gl.multiple_of(at, [1, 8]), [1, 8])
-    if t < window_tiles:
+    if window:
         _copy(dst, window_keys + at, mask=gl.expand_dims(live, 1))
     else:
         _copy(dst, entry_keys + at, mask=gl.expand_dims(live, 1))
@@ -632,6 +681,20 @@ def prefill_attention_decoded(q: torch.Tensor, window_keys: torch.Tensor, window
     (fp8_blockwise.empty_operand of n rows, h * D columns), which gets the outputs as
     rows_1x128(apply_rope(outputs, cos, sin, inverse=True).flatten(1), groups, round_first=True)
     encodes them. `skip`: the kernel's SKIP (a bench's ablation only)."""
+    arguments, constants = launch_arguments(q, window_keys, window_rows, entry_keys, entry_rows, sink, scale, out,
+                                            rope)
+    n, heads = q.shape[:2]
+    if n:
+        _attention_rows_kernel[(n, triton.cdiv(heads, HEADS))](*arguments, **constants, HB=HEADS, KT=KEY_TILE,
+                                                               SKIP=skip, num_warps=WARPS)
+    return out
+
+
+def launch_arguments(q: torch.Tensor, window_keys: torch.Tensor, window_rows: torch.Tensor, entry_keys: torch.Tensor,
+                     entry_rows: torch.Tensor, sink: torch.Tensor, scale: float, out: torch.Tensor | Operand,
+                     rope: tuple[torch.Tensor, torch.Tensor] | None) -> tuple[list, dict]:
+    """prefill_attention_decoded's arguments checked, as a decoded-form kernel takes them: its
+    positional arguments and the constants D, HALF and GROUP_HEADS."""
     n, heads, dim = q.shape
     assert dim == D_MODEL and q.stride(-1) == 1
     if rope is None:
@@ -656,18 +719,7 @@ def prefill_attention_decoded(q: torch.Tensor, window_keys: torch.Tensor, window
         assert out.stride(-1) == 1
         codes = scales = o_ptr = out  # (codes and scales not written)
         son, soh, rows, group_heads = out.stride(0), out.stride(1), 0, 0
-    if n == 0:
-        return out
-    _attention_rows_kernel[(n, triton.cdiv(heads, HEADS))](
-        q, cos, sin, window_keys, window_rows, entry_keys, entry_rows, sink, o_ptr, codes, scales, heads,
-        window_rows.shape[1], entry_rows.shape[1], scale, q.stride(0), q.stride(1), cos.stride(0) if half else 0,
-        window_rows.stride(0), entry_rows.stride(0), son, soh, rows, D=dim, HB=HEADS, KT=KEY_TILE, HALF=half,
-        GROUP_HEADS=group_heads, SKIP=skip, num_warps=WARPS)
-    return out
-    _attention_rows_kernel[(n, triton.cdiv(heads, HEADS))](
-        q, cos, sin, window_keys, window_rows, entry_keys, entry_rows, sink, codes if out is None else out, codes,
-        scales, heads, window_rows.shape[1], entry_rows.shape[1], scale, q.stride(0), q.stride(1),
-        cos.stride(0) if half else 0, window_rows.stride(0), entry_rows.stride(0), 0 if out is None else out.stride(0),
-        0 if out is None else out.stride(1), rows, D=dim, HB=HEADS, KT=KEY_TILE, HALF=half, GROUP_HEADS=group_heads,
-        SKIP=skip, num_warps=WARPS)
-    return out
+    arguments = [q, cos, sin, window_keys, window_rows, entry_keys, entry_rows, sink, o_ptr, codes, scales, heads,
+                 window_rows.shape[1], entry_rows.shape[1], scale, q.stride(0), q.stride(1),
+                 cos.stride(0) if half else 0, window_rows.stride(0), entry_rows.stride(0), son, soh, rows]
+    return arguments, dict(D=dim, HALF=half, GROUP_HEADS=group_heads)

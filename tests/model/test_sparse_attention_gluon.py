@@ -150,7 +150,8 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__
 
 
 @pytest.mark.parametrize("kernel, variants", [("attention_gluon", ";GATHERED=0"),
-                                              ("attention_rows", ";GROUP_HEADS=0;HALF=0,GROUP_HEADS=0")])
+                                              ("attention_rows", ";GROUP_HEADS=0;HALF=0,GROUP_HEADS=0"),
+                                              ("attention_pingpong", ";GROUP_HEADS=0;HALF=0,GROUP_HEADS=0")])
 def test_the_kernels_compile_for_hopper_anywhere(kernel, variants):
     """Gluon does not run in the interpreter, so CI compiles the kernels, every form, for sm_90
     instead (no GPU needed): the pinned Triton's Gluon API and the kernels' layouts stay in
@@ -248,22 +249,15 @@ def test_decoded_form_rotates_queries_as_it_reads_them(n, heads, W, K, monkeypat
     assert torch.equal(got[True], attend_decoded(apply_rope(raw, cos, sin).bfloat16().cuda(), *keys))
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("n, heads, groups, W, K", [(300, 64, 8, 128, 512), (257, 40, 5, 100, 37)])
-def test_decoded_form_writes_its_outputs_as_wo_as_operand(n, heads, groups, W, K, monkeypatch):
-    """sparse_attention.ENCODE_IN_ROWS: the decoded form, given the queries before RoPE and
-    wo_a's groups, writes its outputs as that product's FP8 operand: the codes and scales
-    that the fast path's inverse RoPE launch, then rows_1x128 with faithful mode's rounding
-    inside, make of its fp32 outputs, bit for bit (group g's heads g * heads / groups ..,
-    heads past the last masked); the rows past n, up to the product's row alignment, zeros."""
-    from dsflash.model.kernels import fp8_blockwise
-    from dsflash.model.kernels import sparse_attention as sa
+def _queries_before_rope(n: int, heads: int, W: int, K: int, seed: int):
+    """A prefill chunk's attention as the decoded form takes it on the GPU: fp32 queries before
+    RoPE (attention_queries.Queries) and the keys' arguments of attend_decoded (decoded keys,
+    rows with ~10% / 20% masked, the sink, the scale); query 0 sees nothing. Skips off Hopper."""
     from dsflash.model.kernels.attention_queries import Queries
-    from dsflash.model.kernels.rope import rope
 
     if not sparse_attention_gluon.usable(torch.empty(1, device="cuda"), D):
         pytest.skip("the Gluon form is for Hopper GPUs")
-    g = torch.Generator().manual_seed(n + groups)
+    g = torch.Generator().manual_seed(seed)
     rows, half = 2048, 32
     ring, _, pages, _ = _keys(rows, g)
     raw = (torch.randn(n, heads, D, generator=g) * 0.5).cuda()
@@ -274,7 +268,23 @@ def test_decoded_form_writes_its_outputs_as_wo_as_operand(n, heads, groups, W, K
     w_rows[0], e_rows[0] = -1, -1  # a query that sees nothing: zeros, encoded at the scales' floor
     window_keys, entry_keys = _every_key_decoded(ring, pages, rows)
     keys = (window_keys, w_rows.cuda(), entry_keys, e_rows.cuda(), torch.randn(heads, generator=g).cuda(), D**-0.5)
-    queries = Queries(raw, cos, sin, True)
+    return Queries(raw, cos, sin, True), keys
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n, heads, groups, W, K", [(300, 64, 8, 128, 512), (257, 40, 5, 100, 37)])
+def test_decoded_form_writes_its_outputs_as_wo_as_operand(n, heads, groups, W, K, monkeypatch):
+    """sparse_attention.ENCODE_IN_ROWS: the decoded form, given the queries before RoPE and
+    wo_a's groups, writes its outputs as that product's FP8 operand: the codes and scales
+    that the fast path's inverse RoPE launch, then rows_1x128 with faithful mode's rounding
+    inside, make of its fp32 outputs, bit for bit (group g's heads g * heads / groups ..,
+    heads past the last masked); the rows past n, up to the product's row alignment, zeros."""
+    from dsflash.model.kernels import fp8_blockwise
+    from dsflash.model.kernels import sparse_attention as sa
+    from dsflash.model.kernels.rope import rope
+
+    queries, keys = _queries_before_rope(n, heads, W, K, n + groups)
+    cos, sin = queries.cos, queries.sin
     monkeypatch.setattr(sa, "ROPE_IN_ROWS", True)
     monkeypatch.setattr(sa, "ENCODE_IN_ROWS", True)
     plain = attend_decoded(queries, *keys)
@@ -289,6 +299,60 @@ def test_decoded_form_writes_its_outputs_as_wo_as_operand(n, heads, groups, W, K
     assert not got.codes[:, n:].any()
     monkeypatch.setattr(sa, "ENCODE_IN_ROWS", False)  # the switch off: the fp32 rows
     assert torch.equal(attend_decoded(queries, *keys, operand_groups=groups), plain)
+
+
+def _exact_attention(q: torch.Tensor, window_keys: torch.Tensor, window_rows: torch.Tensor, entry_keys: torch.Tensor,
+                     entry_rows: torch.Tensor, sink: torch.Tensor, scale: float) -> torch.Tensor:
+    """attend_decoded's attention in float64 (no rounding of the probabilities): the bar for
+    how far a form's bf16 probabilities may take it."""
+    keys = torch.cat([window_keys[window_rows.clamp_min(0)], entry_keys[entry_rows.clamp_min(0)]], 1).double()
+    valid = torch.cat([window_rows >= 0, entry_rows >= 0], 1)
+    logits = torch.einsum("nhd,nkd->nhk", q.double(), keys) * scale
+    logits = logits.masked_fill(~valid[:, None], float("-inf"))
+    sinks = sink.double().view(1, -1, 1)
+    top = torch.maximum(logits.amax(-1, keepdim=True), sinks)
+    weights = torch.exp(logits - top)
+    return torch.einsum("nhk,nkd->nhd", weights, keys) / (weights.sum(-1, keepdim=True) + torch.exp(sinks - top))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n, heads, groups, W, K", [(300, 64, 8, 128, 512), (257, 40, 5, 100, 37), (64, 64, 8, 128, 0)])
+def test_the_warp_specialized_form_agrees_with_the_rows_kernel(n, heads, groups, W, K, monkeypatch):
+    """sparse_attention.PINGPONG_ROWS (sparse_attention_pingpong): the same attention as the
+    rows kernel's, summed in another order, so within fp32 rounding of its outputs (bf16
+    probabilities under other maxima: 1e-2 of the largest output), for the queries before RoPE
+    and for bf16 ones rotated; a query that sees nothing gets zeros; its wo_a operand is
+    rows_1x128 of its own fp32 outputs after the inverse RoPE, bit for bit. Odd tile counts
+    (100 + 37 keys: three tiles, a pair's second empty) and a head block short of 64 included."""
+    from dsflash.model.kernels import fp8_blockwise
+    from dsflash.model.kernels import sparse_attention as sa
+    from dsflash.model.kernels.rope import rope
+    from dsflash.model.rope import apply_rope
+
+    queries, keys = _queries_before_rope(n, heads, W, K, n + heads)
+    cos, sin = queries.cos, queries.sin
+    monkeypatch.setattr(sa, "ROPE_IN_ROWS", True)
+    monkeypatch.setattr(sa, "ENCODE_IN_ROWS", True)
+    rotated = apply_rope(queries.raw, cos, sin).bfloat16()
+    for q in (queries, rotated):
+        monkeypatch.setattr(sa, "PINGPONG_ROWS", False)
+        rows_kernel = attend_decoded(q, *keys)
+        monkeypatch.setattr(sa, "PINGPONG_ROWS", True)
+        got = attend_decoded(q, *keys)
+        assert got.shape == rows_kernel.shape and torch.isfinite(got).all()
+        assert not got[0].any()
+        assert (got - rows_kernel).abs().max() <= 1e-2 * rows_kernel.abs().max()
+    # as close to the exact attention (float64) as the rows kernel is: its error, not a new one
+    exact = _exact_attention(rotated, *keys)
+    errors = [((out - exact).abs().max() / exact.abs().max()).item() for out in (got, rows_kernel)]
+    assert errors[0] <= 2 * errors[1] + 1e-6, errors
+    operand = attend_decoded(queries, *keys, operand_groups=groups)
+    plain = attend_decoded(queries, *keys)
+    codes, scales = fp8_blockwise.rows_1x128(rope(plain, cos, sin, inverse=True).reshape(n, -1), groups,
+                                             round_first=True)
+    blocks = heads * D // 128
+    assert torch.equal(operand.codes[:, :n], codes[:, :n])
+    assert torch.equal(operand.scales.view(blocks, -1)[:, :n], scales.view(blocks, -1)[:, :n])
 
 
 def test_the_rows_kernels_launch_takes_the_fp32_outputs_or_wo_as_operand(monkeypatch):

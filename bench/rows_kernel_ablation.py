@@ -1,0 +1,74 @@
+"""Where the Gluon rows kernel's time goes, in the form faithful prefill ships (fp32 queries
+before RoPE in, wo_a's FP8 operand out: ROPE_IN_ROWS and ENCODE_IN_ROWS), at a 16K chunk's
+shape: 64 heads, a 128-key window and 512 entries a query. Each line leaves parts out:
+- SKIP (sparse_attention_gluon's ablation): 2 the logits' wgmma, 4 the softmax, 8 the
+  weighted sum's wgmma, 16 the keys' copies; 30 all four (the loop's skeleton: rows, waits,
+  barriers);
+- no_keys: no key at all (W = K = 0), what a program costs outside its loop: the queries'
+  read and rotation, the epilogue's encode and writes;
+- random_rows: every query's rows drawn from the whole key set (a gather with little reuse in
+  L2) where the others take a prompt's locality (neighbouring windows, entries from a nearby
+  range);
+- pingpong: the warp-specialized form (sparse_attention_pingpong) on the same work, with no
+  keys and with random rows too.
+Each next to the FLOP rate of the whole form's products (the measured bf16 limit: 694
+TFLOP/s on an H200) and the bytes a program must move at the measured HBM read rate.
+
+    python bench/rows_kernel_ablation.py [--queries 16384]
+"""
+import argparse
+import pathlib
+import sys
+
+import torch
+
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+import h200  # noqa: E402
+from dsflash.model.kernels import fp8_blockwise  # noqa: E402
+from dsflash.model.kernels import sparse_attention_gluon as gluon_form  # noqa: E402
+from dsflash.model.kernels import sparse_attention_pingpong as pingpong  # noqa: E402
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--queries", type=int, default=16384)
+parser.add_argument("--skips", default="0,2,4,8,16,30")
+args = parser.parse_args()
+n, heads, D, half, W, K, keys, groups = args.queries, 64, 512, 32, 128, 512, 1 << 16, 8
+dev = "cuda"
+g = torch.Generator(device=dev).manual_seed(0)
+raw = torch.randn(n, heads, D, device=dev, generator=g) * 0.5
+angles = torch.rand(n, half, device=dev, generator=g) * 100
+cos, sin = angles.cos(), angles.sin()
+window_keys = (torch.randn(keys, D, device=dev, generator=g) * 0.1).bfloat16()
+entry_keys = (torch.randn(keys, D, device=dev, generator=g) * 0.1).bfloat16()
+sink = torch.randn(heads, device=dev, generator=g)
+base = torch.arange(n, device=dev)[:, None]
+local = (((base + torch.arange(W, device=dev)) % keys),  # a prompt's windows: neighbours share 127 keys
+         (base // 64 * 64 + torch.randint(0, 4096, (n, K), device=dev, generator=g)) % keys)
+random = (torch.randint(0, keys, (n, W), device=dev, generator=g), torch.randint(0, keys, (n, K), device=dev,
+                                                                                      generator=g))
+none = (torch.empty(n, 0, dtype=torch.int64, device=dev),) * 2
+flops = 4 * n * heads * (W + K) * D
+# a program's own bytes: its fp32 queries, its operand's codes and scales (keys come through L2)
+own_bytes = n * heads * D * 4 + n * heads * D * (1 + 4 / 128)
+
+
+def launch(rows, skip):
+    out = fp8_blockwise.empty_operand(n, heads * D, groups, raw.device)
+    if skip == "pingpong":
+        return lambda: pingpong.prefill_attention_pingpong(raw, window_keys, rows[0], entry_keys, rows[1], sink,
+                                                           D**-0.5, out, (cos, sin))
+    return lambda: gluon_form.prefill_attention_decoded(raw, window_keys, rows[0], entry_keys, rows[1], sink,
+                                                        D**-0.5, out, skip, (cos, sin))
+
+
+cases = [(f"SKIP={s}", local, int(s)) for s in args.skips.split(",")]
+cases += [("no_keys", none, 0), ("random_rows", random, 0)]
+# the warp-specialized form (sparse_attention.PINGPONG_ROWS) beside the shipped one
+cases += [("pingpong", local, "pingpong"), ("pingpong_no_keys", none, "pingpong"),
+          ("pingpong_random_rows", random, "pingpong")]
+for round_ in range(2):
+    for name, rows, skip in cases:
+        seconds = h200.cuda_time(launch(rows, skip), iters=10, warmup=2)
+        print(f"[rows] round {round_} {name}: {seconds * 1e6:.0f} us ({flops / seconds / 1e12:.0f} TFLOP/s of the"
+              f" whole form's products against {h200.BF16_FLOPS / 1e12:.0f}; own bytes"
+              f" {own_bytes / seconds / 1e12:.2f} TB/s against {h200.HBM_BPS / 1e12:.1f})", flush=True)
