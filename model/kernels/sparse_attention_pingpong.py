@@ -13,6 +13,12 @@ barriers: ~30% of the bf16 rate at a 16K chunk (H100, forty-seventh session). He
 - the two warpgroups run out of phase: warpgroup 0's weighted sum over its own tile (its
   probabilities from registers) runs while warpgroup 1 does its softmax, and so on.
 
+Measured (forty-eighth session; sparse_attention.PINGPONG_ROWS, off): correct by its GPU
+tests, and slower than the rows kernel, 8.8 against 5.0 ms at 16,384 queries on an H100 (8.1
+against 5.1 on an H200). Likely, not yet measured: no key buffer is spare, so each half-tile's
+refill waits for its last reader and every pair waits on a fresh gather; and the compute
+partitions spill their wgmma descriptors (docs/performance.md, item 6).
+
 A pair of tiles (a = 2j for warpgroup 0, b = 2j + 1 for warpgroup 1), each warpgroup holding
 its output half O_w [64 heads, 256], its max m and its denominator part l_w:
 - wg 0: S_a = Q K_a^T; m0 = max(m, rowmax S_a); P_a = exp(S_a - m0); O_0 = O_0 exp(m - m0) +
