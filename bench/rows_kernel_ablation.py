@@ -9,12 +9,12 @@ shape: 64 heads, a 128-key window and 512 entries a query. Each line leaves part
 - random_rows: every query's rows drawn from the whole key set (a gather with little reuse in
   L2) where the others take a prompt's locality (neighbouring windows, entries from a nearby
   range);
-- pingpong: the warp-specialized form (sparse_attention_pingpong) on the same work, with no
-  keys and with random rows too.
+- pingpong: the warp-specialized form (sparse_attention_pingpong) on the same work, without
+  its keys' copies (the loader only signals), with no keys and with random rows too.
 Each next to the FLOP rate of the whole form's products (the measured bf16 limit: 694
 TFLOP/s on an H200) and the bytes a program must move at the measured HBM read rate.
 
-    python bench/rows_kernel_ablation.py [--queries 16384]
+    python bench/rows_kernel_ablation.py [--queries 16384] [--only "SKIP=0,pingpong,pingpong_SKIP=16"]
 """
 import argparse
 import pathlib
@@ -31,6 +31,7 @@ from dsflash.model.kernels import sparse_attention_pingpong as pingpong  # noqa:
 parser = argparse.ArgumentParser()
 parser.add_argument("--queries", type=int, default=16384)
 parser.add_argument("--skips", default="0,2,4,8,16,30")
+parser.add_argument("--only", default="", help="','-separated cases to time (all where empty)")
 args = parser.parse_args()
 n, heads, D, half, W, K, keys, groups = args.queries, 64, 512, 32, 128, 512, 1 << 16, 8
 dev = "cuda"
@@ -54,9 +55,9 @@ own_bytes = n * heads * D * 4 + n * heads * D * (1 + 4 / 128)
 
 def launch(rows, skip):
     out = fp8_blockwise.empty_operand(n, heads * D, groups, raw.device)
-    if skip == "pingpong":
+    if isinstance(skip, str):  # "pingpong" or "pingpong SKIP=16"
         return lambda: pingpong.prefill_attention_pingpong(raw, window_keys, rows[0], entry_keys, rows[1], sink,
-                                                           D**-0.5, out, (cos, sin))
+                                                           D**-0.5, out, (cos, sin), 16 if "16" in skip else 0)
     return lambda: gluon_form.prefill_attention_decoded(raw, window_keys, rows[0], entry_keys, rows[1], sink,
                                                         D**-0.5, out, skip, (cos, sin))
 
@@ -64,8 +65,9 @@ def launch(rows, skip):
 cases = [(f"SKIP={s}", local, int(s)) for s in args.skips.split(",")]
 cases += [("no_keys", none, 0), ("random_rows", random, 0)]
 # the warp-specialized form (sparse_attention.PINGPONG_ROWS) beside the shipped one
-cases += [("pingpong", local, "pingpong"), ("pingpong_no_keys", none, "pingpong"),
-          ("pingpong_random_rows", random, "pingpong")]
+cases += [("pingpong", local, "pingpong"), ("pingpong_SKIP=16", local, "pingpong SKIP=16"),
+          ("pingpong_no_keys", none, "pingpong"), ("pingpong_random_rows", random, "pingpong")]
+cases = [case for case in cases if not args.only or case[0] in args.only.split(",")]
 for round_ in range(2):
     for name, rows, skip in cases:
         seconds = h200.cuda_time(launch(rows, skip), iters=10, warmup=2)

@@ -82,14 +82,15 @@ def _tile_keys(win_rows, ent_rows, i, t, window_tiles, W, K, swn, sen, KT: gl.co
 
 
 @gluon.jit
-def _load_half(window_keys, entry_keys, win_rows, ent_rows, i, t, window_tiles, W, K, swn, sen, dst, ready,
+def _load_half(window_keys, entry_keys, win_rows, ent_rows, i, t, window_tiles, W, K, swn, sen, dst, ready, skip,
                COL0: gl.constexpr, KT: gl.constexpr, WIDTH: gl.constexpr, D: gl.constexpr,
                num_warps: gl.constexpr):
     """Copy key tile t's columns COL0 .. COL0 + WIDTH into dst [KT, WIDTH] by cp.async (masked
     keys as zeros); `ready` completes when every loader thread's copies have landed."""
     L: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [num_warps, 1], [1, 0])
     rows, live = _tile_keys(win_rows, ent_rows, i, t, window_tiles, W, K, swn, sen, KT, gl.SliceLayout(1, L))
-    _copy_key_rows(window_keys, entry_keys, rows, live, t < window_tiles, dst, COL0, WIDTH, D, L)
+    if (skip & 16) == 0:
+        _copy_key_rows(window_keys, entry_keys, rows, live, t < window_tiles, dst, COL0, WIDTH, D, L)
     async_copy.mbarrier_arrive(ready, increment_count=False)
 
 
@@ -99,7 +100,7 @@ def _loader(args, D: gl.constexpr, HB: gl.constexpr, KT: gl.constexpr, HALF: gl.
     """The loader warpgroup: each pair's four key halves, in the order their readers free them
     (warpgroup 0 frees its tile's left half first, warpgroup 1 its tile's right half)."""
     (q_ptr, cos_ptr, sin_ptr, window_keys, win_rows, entry_keys, ent_rows, sink_ptr, o_ptr, codes_ptr, scales_ptr, H,
-     W, K, scale, sqn, sqh, scn, swn, sen, son, soh, ROWS, q_halves, keys, probs, maxima, sums, bars) = args
+     W, K, scale, sqn, sqh, scn, swn, sen, son, soh, ROWS, skip, q_halves, keys, probs, maxima, sums, bars) = args
     i = gl.program_id(0)
     window_tiles = gl.cdiv(W, KT)
     pairs = gl.cdiv(window_tiles + gl.cdiv(K, KT), 2)
@@ -110,7 +111,7 @@ def _loader(args, D: gl.constexpr, HB: gl.constexpr, KT: gl.constexpr, HALF: gl.
             fence_async_shared()  # the readers' wgmmas (the async proxy) are done with the buffer
             _load_half(window_keys, entry_keys, win_rows, ent_rows, i, 2 * j + step % 2, window_tiles, W, K, swn, sen,
                        keys.index(2 * (step % 2) + ((step % 2) ^ (step // 2))),
-                       bars.index(READY + 2 * (step % 2) + ((step % 2) ^ (step // 2))),
+                       bars.index(READY + 2 * (step % 2) + ((step % 2) ^ (step // 2))), skip,
                        ((step % 2) ^ (step // 2)) * (D // 2), KT, D // 2, D, LOADER_WARPS)
 
 
@@ -120,7 +121,7 @@ def _logits(args, j, WG: gl.constexpr, phase, HB: gl.constexpr, KT: gl.constexpr
     that are not: -inf), from its two key halves as they land, its own half first (the loader's
     order)."""
     (q_ptr, cos_ptr, sin_ptr, window_keys, win_rows, entry_keys, ent_rows, sink_ptr, o_ptr, codes_ptr, scales_ptr, H,
-     W, K, scale, sqn, sqh, scn, swn, sen, son, soh, ROWS, q_halves, keys, probs, maxima, sums, bars) = args
+     W, K, scale, sqn, sqh, scn, swn, sen, son, soh, ROWS, skip, q_halves, keys, probs, maxima, sums, bars) = args
     _, valid = _tile_keys(win_rows, ent_rows, gl.program_id(0), 2 * j + WG, gl.cdiv(W, KT), W, K, swn, sen, KT,
                           gl.SliceLayout(0, S_WG))
     s = gl.zeros([HB, KT], gl.float32, layout=S_WG)
@@ -159,7 +160,7 @@ def _finish_half(o, m, l_own, args, WG: gl.constexpr, D: gl.constexpr, HB: gl.co
     into o_ptr, or staged with the other half, then half of the heads encoded as wo_a's
     operand."""
     (q_ptr, cos_ptr, sin_ptr, window_keys, win_rows, entry_keys, ent_rows, sink_ptr, o_ptr, codes_ptr, scales_ptr, H,
-     W, K, scale, sqn, sqh, scn, swn, sen, son, soh, ROWS, q_halves, keys, probs, maxima, sums, bars) = args
+     W, K, scale, sqn, sqh, scn, swn, sen, son, soh, ROWS, skip, q_halves, keys, probs, maxima, sums, bars) = args
     i = gl.program_id(0)
     h0 = gl.program_id(1) * HB
     rows_layout: gl.constexpr = gl.SliceLayout(1, O_WG)
@@ -196,7 +197,7 @@ def _warpgroup0(args, D: gl.constexpr, HB: gl.constexpr, KT: gl.constexpr, HALF:
     """Compute warpgroup 0 (the default partition): the queries into shared memory, then each
     pair's tile a and the left half of the output."""
     (q_ptr, cos_ptr, sin_ptr, window_keys, win_rows, entry_keys, ent_rows, sink_ptr, o_ptr, codes_ptr, scales_ptr, H,
-     W, K, scale, sqn, sqh, scn, swn, sen, son, soh, ROWS, q_halves, keys, probs, maxima, sums, bars) = args
+     W, K, scale, sqn, sqh, scn, swn, sen, son, soh, ROWS, skip, q_halves, keys, probs, maxima, sums, bars) = args
     i = gl.program_id(0)
     h0 = gl.program_id(1) * HB
     for half in gl.static_range(2):
@@ -239,7 +240,7 @@ def _warpgroup1(args, D: gl.constexpr, HB: gl.constexpr, KT: gl.constexpr, HALF:
                 GROUP_HEADS: gl.constexpr):
     """Compute warpgroup 1: each pair's tile b and the right half of the output."""
     (q_ptr, cos_ptr, sin_ptr, window_keys, win_rows, entry_keys, ent_rows, sink_ptr, o_ptr, codes_ptr, scales_ptr, H,
-     W, K, scale, sqn, sqh, scn, swn, sen, son, soh, ROWS, q_halves, keys, probs, maxima, sums, bars) = args
+     W, K, scale, sqn, sqh, scn, swn, sen, son, soh, ROWS, skip, q_halves, keys, probs, maxima, sums, bars) = args
     mbarrier.wait(bars.index(Q_READY), 0)
     rows_layout: gl.constexpr = gl.SliceLayout(1, S_WG)
     m, l_own, o = _running_start(HB, D)
@@ -282,11 +283,12 @@ def _stage(keys, HB: gl.constexpr, D: gl.constexpr):
 @gluon.jit
 def _attention_pingpong_kernel(q_ptr, cos_ptr, sin_ptr, window_keys, win_rows, entry_keys, ent_rows, sink_ptr,
                                o_ptr, codes_ptr, scales_ptr, H, W, K, scale, sqn, sqh, scn, swn, sen, son, soh, ROWS,
-                               D: gl.constexpr, HB: gl.constexpr, KT: gl.constexpr, HALF: gl.constexpr,
+                               skip, D: gl.constexpr, HB: gl.constexpr, KT: gl.constexpr, HALF: gl.constexpr,
                                GROUP_HEADS: gl.constexpr):
     """Program (query i, head block): every key of the query, in pairs of tiles, by three
     warpgroups (the module's docstring). Arguments as sparse_attention_gluon's
-    _attention_rows_kernel's."""
+    _attention_rows_kernel's; skip 16 leaves the keys' copies out (a bench's ablation: the
+    loader only signals, its outputs are wrong)."""
     gl.static_assert(HB == 64 and KT == 64 and D % 256 == 0, "the wgmma shapes above")
     halves: gl.constexpr = gl.NVMMASharedLayout.get_default_for([HB, D // 2], gl.bfloat16)
     q_halves = gl.allocate_shared_memory(gl.bfloat16, [2, HB, D // 2], halves)
@@ -304,8 +306,8 @@ def _attention_pingpong_kernel(q_ptr, cos_ptr, sin_ptr, window_keys, win_rows, e
         mbarrier.init(bars.index(b), count=1)
     mbarrier.init(bars.index(STAGED), count=2)
     args = (q_ptr, cos_ptr, sin_ptr, window_keys, win_rows, entry_keys, ent_rows, sink_ptr, o_ptr, codes_ptr,
-            scales_ptr, H, W, K, scale, sqn, sqh, scn, swn, sen, son, soh, ROWS, q_halves, keys, probs, maxima, sums,
-            bars)
+            scales_ptr, H, W, K, scale, sqn, sqh, scn, swn, sen, son, soh, ROWS, skip, q_halves, keys, probs, maxima,
+            sums, bars)
     # (the constants go in the calls' own tuples: a tuple held in a variable loses them)
     gl.warp_specialize([(_warpgroup0, (args, D, HB, KT, HALF, GROUP_HEADS)),
                         (_warpgroup1, (args, D, HB, KT, HALF, GROUP_HEADS)),
@@ -316,13 +318,14 @@ def _attention_pingpong_kernel(q_ptr, cos_ptr, sin_ptr, window_keys, win_rows, e
 def prefill_attention_pingpong(q: torch.Tensor, window_keys: torch.Tensor, window_rows: torch.Tensor,
                                entry_keys: torch.Tensor, entry_rows: torch.Tensor, sink: torch.Tensor, scale: float,
                                out: torch.Tensor | Operand,
-                               rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor | Operand:
-    """sparse_attention_gluon.prefill_attention_decoded's work (the same arguments, no `skip`)
-    by the warp-specialized kernel."""
+                               rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+                               skip: int = 0) -> torch.Tensor | Operand:
+    """sparse_attention_gluon.prefill_attention_decoded's work (the same arguments) by the
+    warp-specialized kernel; `skip`: its ablation (16: no key copies; a bench's only)."""
     n, heads = q.shape[:2]
     arguments, constants = launch_arguments(q, window_keys, window_rows, entry_keys, entry_rows, sink, scale, out,
                                             rope)
     if n:
-        _attention_pingpong_kernel[(n, triton.cdiv(heads, HEADS))](*arguments, **constants, HB=HEADS, KT=KEY_TILE,
-                                                                   num_warps=4, maxnreg=MAX_REGS)
+        _attention_pingpong_kernel[(n, triton.cdiv(heads, HEADS))](*arguments, skip, **constants, HB=HEADS,
+                                                                   KT=KEY_TILE, num_warps=4, maxnreg=MAX_REGS)
     return out
