@@ -120,7 +120,7 @@ KERNELS = {
              HALF=32, GROUP_HEADS=8, num_warps=4, num_stages=1, maxnreg=sparse_attention_pingpong.MAX_REGS),
         ";GROUP_HEADS=0;HALF=0,GROUP_HEADS=0",
         sample=dict(H=64, W=128, K=512, sqn=64 * 512, sqh=512, scn=32, swn=128, sen=512, son=64 * 512, soh=512,
-                    ROWS=16384)),
+                    ROWS=16384, skip=0)),
     "skinny": Kernel(
         fp8_gemm._skinny_kernel,
         {"x_ptr": "*fp32", "w_ptr": "*i32", "s_ptr": "*u8", "y_ptr": "*fp32", "out_ptr": "*fp32", "count_ptr": "*i32"},

@@ -10,7 +10,7 @@ shape: 64 heads, a 128-key window and 512 entries a query. Each line leaves part
   L2) where the others take a prompt's locality (neighbouring windows, entries from a nearby
   range);
 - pingpong: the warp-specialized form (sparse_attention_pingpong) on the same work, without
-  its keys' copies (the loader only signals), with no keys and with random rows too.
+  its keys' copies (the loader signals without copying), with no keys and with random rows too.
 Each next to the FLOP rate of the whole form's products (the measured bf16 limit: 694
 TFLOP/s on an H200) and the bytes a program must move at the measured HBM read rate.
 
@@ -57,7 +57,7 @@ def launch(rows, skip):
     out = fp8_blockwise.empty_operand(n, heads * D, groups, raw.device)
     if isinstance(skip, str):  # "pingpong" or "pingpong SKIP=16"
         return lambda: pingpong.prefill_attention_pingpong(raw, window_keys, rows[0], entry_keys, rows[1], sink,
-                                                           D**-0.5, out, (cos, sin), 16 if "16" in skip else 0)
+                                                           D**-0.5, out, 16 if "16" in skip else 0, (cos, sin))
     return lambda: gluon_form.prefill_attention_decoded(raw, window_keys, rows[0], entry_keys, rows[1], sink,
                                                         D**-0.5, out, skip, (cos, sin))
 

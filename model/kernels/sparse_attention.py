@@ -898,7 +898,7 @@ def attend_decoded(q: torch.Tensor | Queries, window_keys: torch.Tensor, window_
         skip = BF16_PREFILL_TILES.get("GLUON_SKIP", 0)
         if PINGPONG_ROWS and not skip:
             return sparse_attention_pingpong.prefill_attention_pingpong(queries, window_keys, window_rows, entry_keys,
-                                                                        entry_rows, sink, scale, out, rope)
+                                                                        entry_rows, sink, scale, out, 0, rope)
         return sparse_attention_gluon.prefill_attention_decoded(queries, window_keys, window_rows, entry_keys,
                                                                 entry_rows, sink, scale, out, skip, rope)
     t, ptx = PREFILL_TILES, not interpreting()

@@ -351,10 +351,10 @@ def _normalized(o, m_i, l_i, sink_ptr, h0, H, HB: gl.constexpr, o_layout: gl.con
 
 @gluon.jit
 def _finish(o, m_i, l_i, sink_ptr, o_ptr, i, h0, H, son, soh, HB: gl.constexpr, D: gl.constexpr,
-            o_layout: gl.constexpr):
-    """Query i's output rows (_normalized) into o_ptr."""
+            o_layout: gl.constexpr, COL0: gl.constexpr):
+    """Query i's output rows (_normalized; o holds their D columns from COL0) into o_ptr."""
     out, heads = _normalized(o, m_i, l_i, sink_ptr, h0, H, HB, o_layout)
-    d = gl.arange(0, D, layout=gl.SliceLayout(0, o_layout))
+    d = COL0 + gl.arange(0, D, layout=gl.SliceLayout(0, o_layout))
     gl.store(o_ptr + i.to(gl.int64) * son + gl.expand_dims(heads, 1) * soh + gl.expand_dims(d, 0), out,
              mask=gl.expand_dims(heads < H, 1))
 
@@ -398,7 +398,8 @@ def _encode_staged(stage, cos_ptr, sin_ptr, codes_ptr, scales_ptr, i, h0, H, scn
                    COUNT: gl.constexpr, D: gl.constexpr, HALF: gl.constexpr, GROUP_HEADS: gl.constexpr,
                    num_warps: gl.constexpr):
     """Rows FIRST .. FIRST + COUNT of `stage` (query i's normalized fp32 outputs [HB, D], heads
-    from h0) written as wo_a's FP8 operand (_finish_encoded), a warp a head's row."""
+    from h0) written as wo_a's FP8 operand (_finish_encoded), 8 heads a pass, each warp
+    holding whole rows."""
     SLAB: gl.constexpr = 8  # heads a pass (the staging layout's swizzle spans 8 rows)
     BLOCKS: gl.constexpr = D // 128
     L2: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [num_warps, 1], [1, 0])
@@ -496,7 +497,7 @@ def _attention_kernel(q_ptr, ring_ptr, win_off, win_soff, page_ptr, ent_off, ent
         async_copy.commit_group()
         m_i, l_i, o = _tile_products(q_smem, keys, probs, s_init, valid, scale, m_i, l_i, o, o_layout, SKIP)
 
-    _finish(o, m_i, l_i, sink_ptr, o_ptr, i, h0, H, son, soh, HB, D, o_layout)
+    _finish(o, m_i, l_i, sink_ptr, o_ptr, i, h0, H, son, soh, HB, D, o_layout, 0)
 
 
 @gluon.jit
@@ -605,15 +606,22 @@ def _attention_rows_kernel(q_ptr, cos_ptr, sin_ptr, window_keys, win_rows, entry
 
     if GROUP_HEADS > 0:
         gl.static_assert(HALF > 0 and KT == HB, "the inverse RoPE's angles; fp32 [HB, D] fills the keys' buffers")
-        fp32: gl.constexpr = gl.SwizzledSharedLayout(4, 1, 8, [1, 0])
-        if _REINTERPRET_39:
-            stage = keys.reinterpret(gl.float32, [HB, D], fp32)
-        else:
-            stage = keys._reinterpret(gl.float32, [HB, D], fp32)
-        _finish_encoded(o, m_i, l_i, sink_ptr, stage, cos_ptr, sin_ptr, codes_ptr, scales_ptr, i, h0, H, scn, ROWS, HB,
+        _finish_encoded(o, m_i, l_i, sink_ptr, _fp32_stage(keys, HB, D), cos_ptr, sin_ptr, codes_ptr, scales_ptr, i, h0, H, scn, ROWS, HB,
                         D, HALF, GROUP_HEADS, o_layout, num_warps)
     else:
-        _finish(o, m_i, l_i, sink_ptr, o_ptr, i, h0, H, son, soh, HB, D, o_layout)
+        _finish(o, m_i, l_i, sink_ptr, o_ptr, i, h0, H, son, soh, HB, D, o_layout, 0)
+
+
+@gluon.jit
+def _fp32_stage(keys, HB: gl.constexpr, D: gl.constexpr):
+    """The keys' buffers seen as a query's normalized fp32 outputs [HB, D] (they hold 128 KB
+    either way), swizzled so the accumulator layout's stores and the epilogue's row loads meet
+    no bank conflicts."""
+    fp32: gl.constexpr = gl.SwizzledSharedLayout(4, 1, 8, [1, 0])
+    if _REINTERPRET_39:
+        return keys.reinterpret(gl.float32, [HB, D], fp32)
+    else:
+        return keys._reinterpret(gl.float32, [HB, D], fp32)
 
 
 def offsets_on_16_bytes(codes: torch.Tensor, scales: torch.Tensor, base: tuple[int, int] = (0, 0)) -> bool:

@@ -50,8 +50,8 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, warpgroup_mma
 
 from .fp8_blockwise import Operand
-from .sparse_attention_gluon import (D_MODEL, HEADS, KEY_TILE, _REINTERPRET_39, _barrier, _copy_key_rows,
-                                     _encode_staged, _rotate_queries_into, launch_arguments)
+from .sparse_attention_gluon import (D_MODEL, HEADS, KEY_TILE, _barrier, _copy_key_rows, _encode_staged, _finish,
+                                     _fp32_stage, _normalized, _rotate_queries_into, launch_arguments)
 
 HALF_D = D_MODEL // 2  # a compute warpgroup's output columns, and a key buffer's
 LOADER_WARPS = gl.constexpr(4)
@@ -59,12 +59,20 @@ LOADER_WARPS = gl.constexpr(4)
 S_WG = gl.constexpr(gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, KEY_TILE, 16]))
 O_WG = gl.constexpr(gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HALF_D, 16]))
 P_OPERAND = gl.constexpr(gl.DotOperandLayout(operand_index=0, parent=O_WG, k_width=2))
-# registers a thread: the two compute warpgroups and the loader share the SM's 64K (8 * 63)
-COMPUTE_REGS, LOADER_REGS, MAX_REGS = gl.constexpr(232), gl.constexpr(48), 168
+# registers a thread: maxnreg 168 gives the three warpgroups 168 * 3 a thread between them;
+# warpgroup 1 asks 224 and the loader 48, and warpgroup 0 (the default partition) gets the
+# rest, 232 (sm_90 SASS: setmaxnreg 232, 224, 48)
+COMPUTE_REGS, LOADER_REGS, MAX_REGS = gl.constexpr(224), gl.constexpr(48), 168
 # mbarriers: the key halves' ready (loader -> readers) and free (last reader -> loader),
 # buffer 2 * tile_of_pair + column_half; then the warpgroups' exchanges
 READY, FREE, Q_READY, MAX0, MAX1, P0, P1, L0, L1, STAGED, BARRIERS = (
     gl.constexpr(b) for b in (0, 4, 8, 9, 10, 11, 12, 13, 14, 15, 16))
+
+
+@gluon.jit
+def _pairs(W, K, KT: gl.constexpr):
+    """A query's pairs of key tiles: its window's tiles, then its entries', two at a time."""
+    return gl.cdiv(gl.cdiv(W, KT) + gl.cdiv(K, KT), 2)
 
 
 @gluon.jit
@@ -103,16 +111,16 @@ def _loader(args, D: gl.constexpr, HB: gl.constexpr, KT: gl.constexpr, HALF: gl.
      W, K, scale, sqn, sqh, scn, swn, sen, son, soh, ROWS, skip, q_halves, keys, probs, maxima, sums, bars) = args
     i = gl.program_id(0)
     window_tiles = gl.cdiv(W, KT)
-    pairs = gl.cdiv(window_tiles + gl.cdiv(K, KT), 2)
-    for j in range(pairs):
+    for j in range(_pairs(W, K, KT)):
         free_phase = (j & 1) ^ 1  # a fresh mbarrier's phase 1 counts as complete
         for step in gl.static_range(4):  # tiles a, b, a, b; halves left, right, right, left
-            mbarrier.wait(bars.index(FREE + 2 * (step % 2) + ((step % 2) ^ (step // 2))), free_phase)
+            half = (step % 2) ^ (step // 2)
+            buffer = 2 * (step % 2) + half
+            mbarrier.wait(bars.index(FREE + buffer), free_phase)
             fence_async_shared()  # the readers' wgmmas (the async proxy) are done with the buffer
             _load_half(window_keys, entry_keys, win_rows, ent_rows, i, 2 * j + step % 2, window_tiles, W, K, swn, sen,
-                       keys.index(2 * (step % 2) + ((step % 2) ^ (step // 2))),
-                       bars.index(READY + 2 * (step % 2) + ((step % 2) ^ (step // 2))), skip,
-                       ((step % 2) ^ (step // 2)) * (D // 2), KT, D // 2, D, LOADER_WARPS)
+                       keys.index(buffer), bars.index(READY + buffer), skip, half * (D // 2), KT, D // 2, D,
+                       LOADER_WARPS)
 
 
 @gluon.jit
@@ -163,22 +171,15 @@ def _finish_half(o, m, l_own, args, WG: gl.constexpr, D: gl.constexpr, HB: gl.co
      W, K, scale, sqn, sqh, scn, swn, sen, son, soh, ROWS, skip, q_halves, keys, probs, maxima, sums, bars) = args
     i = gl.program_id(0)
     h0 = gl.program_id(1) * HB
-    rows_layout: gl.constexpr = gl.SliceLayout(1, O_WG)
     sums.index(WG).store(l_own)
     _barrier()
     mbarrier.arrive(bars.index(L0 + WG))
     mbarrier.wait(bars.index(L1 - WG), 0)
     l_other = sums.index(1 - WG).load(gl.SliceLayout(1, S_WG))
-    heads = h0 + gl.arange(0, HB, layout=rows_layout)
-    total = gl.convert_layout(l_own if WG == 0 else l_other, rows_layout) + gl.convert_layout(
-        l_other if WG == 0 else l_own, rows_layout)  # l_0 + l_1 in both warpgroups: the same bits
-    m_o = gl.convert_layout(m, rows_layout)
-    sink = gl.load(sink_ptr + heads, mask=heads < H, other=0.0)
-    m_fin = gl.maximum(m_o, sink)
-    denominator = total * gl.exp(m_o - m_fin) + gl.exp(sink - m_fin)
-    out = o * gl.expand_dims(gl.exp(m_o - m_fin) / denominator, 1)
+    total = l_own + l_other if WG == 0 else l_other + l_own  # l_0 + l_1 in both: the same bits
     if GROUP_HEADS > 0:
-        stage = _stage(keys, HB, D)
+        out, _ = _normalized(o, m, total, sink_ptr, h0, H, HB, O_WG)
+        stage = _fp32_stage(keys, HB, D)
         stage.slice(WG * (D // 2), D // 2, dim=1).store(out)
         _barrier()
         mbarrier.arrive(bars.index(STAGED))
@@ -186,9 +187,7 @@ def _finish_half(o, m, l_own, args, WG: gl.constexpr, D: gl.constexpr, HB: gl.co
         _encode_staged(stage, cos_ptr, sin_ptr, codes_ptr, scales_ptr, i, h0, H, scn, ROWS, WG * (HB // 2), HB // 2,
                        D, HALF, GROUP_HEADS, 4)
     else:
-        d = WG * (D // 2) + gl.arange(0, D // 2, layout=gl.SliceLayout(0, O_WG))
-        gl.store(o_ptr + i.to(gl.int64) * son + gl.expand_dims(heads, 1) * soh + gl.expand_dims(d, 0), out,
-                 mask=gl.expand_dims(heads < H, 1))
+        _finish(o, m, total, sink_ptr, o_ptr, i, h0, H, son, soh, HB, D // 2, O_WG, WG * (D // 2))
 
 
 @gluon.jit
@@ -208,7 +207,7 @@ def _warpgroup0(args, D: gl.constexpr, HB: gl.constexpr, KT: gl.constexpr, HALF:
     mbarrier.arrive(bars.index(Q_READY))
     rows_layout: gl.constexpr = gl.SliceLayout(1, S_WG)
     m, l_own, o = _running_start(HB, D)
-    for j in range(gl.cdiv(gl.cdiv(W, KT) + gl.cdiv(K, KT), 2)):
+    for j in range(_pairs(W, K, KT)):
         phase = j & 1
         logits = _logits(args, j, 0, phase, HB, KT)
         m0 = gl.maximum(m, gl.max(logits, axis=1))
@@ -229,7 +228,7 @@ def _warpgroup0(args, D: gl.constexpr, HB: gl.constexpr, KT: gl.constexpr, HALF:
         mbarrier.arrive(bars.index(P0))
         l_own = l_own * beta
         m = m1
-        mbarrier.wait(bars.index(P1), phase)
+        mbarrier.wait(bars.index(P1), phase)  # (tile b's left half landed: warpgroup 1 waited for it)
         o = warpgroup_mma(probs.index(1), keys.index(2), _rescaled(o, beta))
         mbarrier.arrive(bars.index(FREE + 2))  # tile b's left half
     _finish_half(o, m, l_own, args, 0, D, HB, HALF, GROUP_HEADS)
@@ -244,7 +243,7 @@ def _warpgroup1(args, D: gl.constexpr, HB: gl.constexpr, KT: gl.constexpr, HALF:
     mbarrier.wait(bars.index(Q_READY), 0)
     rows_layout: gl.constexpr = gl.SliceLayout(1, S_WG)
     m, l_own, o = _running_start(HB, D)
-    for j in range(gl.cdiv(gl.cdiv(W, KT) + gl.cdiv(K, KT), 2)):
+    for j in range(_pairs(W, K, KT)):
         phase = j & 1
         logits = _logits(args, j, 1, phase, HB, KT)
         mbarrier.wait(bars.index(MAX0), phase)
@@ -263,21 +262,11 @@ def _warpgroup1(args, D: gl.constexpr, HB: gl.constexpr, KT: gl.constexpr, HALF:
         fence_async_shared()
         _barrier()
         mbarrier.arrive(bars.index(P1))
-        mbarrier.wait(bars.index(P0), phase)
+        mbarrier.wait(bars.index(P0), phase)  # (tile a's right half landed: warpgroup 0 waited for it)
         o = warpgroup_mma(probs.index(0), keys.index(1), o)
         mbarrier.arrive(bars.index(FREE + 1))  # tile a's right half
         m = m1
     _finish_half(o, m, l_own, args, 1, D, HB, HALF, GROUP_HEADS)
-
-
-@gluon.jit
-def _stage(keys, HB: gl.constexpr, D: gl.constexpr):
-    """The keys' buffers (128 KB) seen as the normalized outputs' fp32 [HB, D]."""
-    fp32: gl.constexpr = gl.SwizzledSharedLayout(4, 1, 8, [1, 0])
-    if _REINTERPRET_39:
-        return keys.reinterpret(gl.float32, [HB, D], fp32)
-    else:
-        return keys._reinterpret(gl.float32, [HB, D], fp32)
 
 
 @gluon.jit
@@ -288,8 +277,10 @@ def _attention_pingpong_kernel(q_ptr, cos_ptr, sin_ptr, window_keys, win_rows, e
     """Program (query i, head block): every key of the query, in pairs of tiles, by three
     warpgroups (the module's docstring). Arguments as sparse_attention_gluon's
     _attention_rows_kernel's; skip 16 leaves the keys' copies out (a bench's ablation: the
-    loader only signals, its outputs are wrong)."""
+    loader still reads the rows and waits for free buffers, then signals without copying;
+    the outputs are wrong)."""
     gl.static_assert(HB == 64 and KT == 64 and D % 256 == 0, "the wgmma shapes above")
+    gl.static_assert(HALF > 0 or GROUP_HEADS == 0, "wo_a's operand takes the inverse RoPE's angles")
     halves: gl.constexpr = gl.NVMMASharedLayout.get_default_for([HB, D // 2], gl.bfloat16)
     q_halves = gl.allocate_shared_memory(gl.bfloat16, [2, HB, D // 2], halves)
     keys = gl.allocate_shared_memory(gl.bfloat16, [4, KT, D // 2], halves)
@@ -317,9 +308,8 @@ def _attention_pingpong_kernel(q_ptr, cos_ptr, sin_ptr, window_keys, win_rows, e
 
 def prefill_attention_pingpong(q: torch.Tensor, window_keys: torch.Tensor, window_rows: torch.Tensor,
                                entry_keys: torch.Tensor, entry_rows: torch.Tensor, sink: torch.Tensor, scale: float,
-                               out: torch.Tensor | Operand,
-                               rope: tuple[torch.Tensor, torch.Tensor] | None = None,
-                               skip: int = 0) -> torch.Tensor | Operand:
+                               out: torch.Tensor | Operand, skip: int = 0,
+                               rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor | Operand:
     """sparse_attention_gluon.prefill_attention_decoded's work (the same arguments) by the
     warp-specialized kernel; `skip`: its ablation (16: no key copies; a bench's only)."""
     n, heads = q.shape[:2]
