@@ -180,7 +180,6 @@ def _decode_entries(raw_e, raw_es, keys, KT: gl.constexpr, SUB: gl.constexpr, D:
     times one e4m3 scale a 16 columns. An e2m1 code's three magnitude bits shifted left by two
     are the e4m3 code of its value times 2^-6, subnormal 0.5 included, and its sign goes to
     bit 7: so the hardware's e4m3 conversion decodes it, and the scale carries the 2^6."""
-    B: gl.constexpr = D // 16
     L3: gl.constexpr = gl.BlockedLayout([1, 1, 8], [1, 32, 1], [num_warps, 1, 1], [2, 1, 0])
     for r0 in gl.static_range(0, KT, SUB):
         packed = raw_e.slice(r0, SUB).load(L3)
