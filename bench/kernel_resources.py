@@ -70,6 +70,14 @@ _EXPERT_VARIANTS = ";BLOCK_M=4;num_stages=2;BLOCK_KU=32;BLOCK_N=128;num_warps=8;
 # batch 1's 6 tokens over the release's widths (hidden 5,120, 2,304 a routed expert): exact
 # mode's 3 parts of x as [parts, 4 pieces, tokens, 1,280], h as [parts, 4 pieces, 64 rows, 576]
 _EXPERT_SAMPLE = dict(H=5120, INTER=2304, shs=4 * 64 * 576, shq=64 * 576, shp=576)
+# the decoded attention forms' pointers and a 16K chunk's integers (both kernels take the same)
+_DECODED_POINTERS = {"q_ptr": lambda o: "*fp32" if o.get("HALF") else "*bf16", "cos_ptr": "*fp32",
+                     "sin_ptr": "*fp32", "window_keys": "*bf16", "win_rows": "*i64", "entry_keys": "*bf16",
+                     "ent_rows": "*i64", "sink_ptr": "*fp32", "o_ptr": "*fp32", "codes_ptr": "*u8",
+                     "scales_ptr": "*fp32", "scale": "fp32"}
+_DECODED_SAMPLE = dict(H=64, W=128, K=512, sqn=64 * 512, sqh=512, scn=32, swn=128, sen=512, son=64 * 512, soh=512,
+                       ROWS=16384)
+
 KERNELS = {
     # one-pass prefill form at the release's shapes as faithful mode launches it (one bf16 part,
     # BF16_PREFILL_TILES); the parity programs it replaced; exact mode's two parts
@@ -98,29 +106,23 @@ KERNELS = {
     # its decoded form: bf16 keys by row (sparse_attention_gluon.prefill_attention_decoded)
     "attention_rows": Kernel(
         sparse_attention_gluon._attention_rows_kernel,
-        {"q_ptr": lambda o: "*fp32" if o.get("HALF") else "*bf16", "cos_ptr": "*fp32", "sin_ptr": "*fp32",
-         "window_keys": "*bf16", "win_rows": "*i64", "entry_keys": "*bf16", "ent_rows": "*i64",
-         "sink_ptr": "*fp32", "o_ptr": "*fp32", "codes_ptr": "*u8", "scales_ptr": "*fp32", "scale": "fp32"},
+        _DECODED_POINTERS,
         # as shipped: the queries' RoPE inside, the outputs as wo_a's FP8 operand (8 heads a group)
         dict(D=sparse_attention_gluon.D_MODEL, HB=sparse_attention_gluon.HEADS, KT=sparse_attention_gluon.KEY_TILE,
              HALF=32, GROUP_HEADS=8, SKIP=0, num_warps=sparse_attention_gluon.WARPS, num_stages=1),
         # fp32 outputs (sparse_attention.ENCODE_IN_ROWS off); the queries rotated by a launch
         # before too (ROPE_IN_ROWS off)
         ";GROUP_HEADS=0;HALF=0,GROUP_HEADS=0",
-        sample=dict(H=64, W=128, K=512, sqn=64 * 512, sqh=512, scn=32, swn=128, sen=512, son=64 * 512, soh=512,
-                    ROWS=16384)),
+        sample=_DECODED_SAMPLE),
     # the same work with its warps specialized (sparse_attention_pingpong): the loader and two
     # compute warpgroups, the registers set per warpgroup
     "attention_pingpong": Kernel(
         sparse_attention_pingpong._attention_pingpong_kernel,
-        {"q_ptr": lambda o: "*fp32" if o.get("HALF") else "*bf16", "cos_ptr": "*fp32", "sin_ptr": "*fp32",
-         "window_keys": "*bf16", "win_rows": "*i64", "entry_keys": "*bf16", "ent_rows": "*i64",
-         "sink_ptr": "*fp32", "o_ptr": "*fp32", "codes_ptr": "*u8", "scales_ptr": "*fp32", "scale": "fp32"},
+        _DECODED_POINTERS,
         dict(D=sparse_attention_gluon.D_MODEL, HB=sparse_attention_gluon.HEADS, KT=sparse_attention_gluon.KEY_TILE,
              HALF=32, GROUP_HEADS=8, num_warps=4, num_stages=1, maxnreg=sparse_attention_pingpong.MAX_REGS),
         ";GROUP_HEADS=0;HALF=0,GROUP_HEADS=0",
-        sample=dict(H=64, W=128, K=512, sqn=64 * 512, sqh=512, scn=32, swn=128, sen=512, son=64 * 512, soh=512,
-                    ROWS=16384, skip=0)),
+        sample=dict(_DECODED_SAMPLE, skip=0)),
     "skinny": Kernel(
         fp8_gemm._skinny_kernel,
         {"x_ptr": "*fp32", "w_ptr": "*i32", "s_ptr": "*u8", "y_ptr": "*fp32", "out_ptr": "*fp32", "count_ptr": "*i32"},

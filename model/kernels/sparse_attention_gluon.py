@@ -605,8 +605,8 @@ def _attention_rows_kernel(q_ptr, cos_ptr, sin_ptr, window_keys, win_rows, entry
 
     if GROUP_HEADS > 0:
         gl.static_assert(HALF > 0 and KT == HB, "the inverse RoPE's angles; fp32 [HB, D] fills the keys' buffers")
-        _finish_encoded(o, m_i, l_i, sink_ptr, _fp32_stage(keys, HB, D), cos_ptr, sin_ptr, codes_ptr, scales_ptr, i, h0, H, scn, ROWS, HB,
-                        D, HALF, GROUP_HEADS, o_layout, num_warps)
+        _finish_encoded(o, m_i, l_i, sink_ptr, _fp32_stage(keys, HB, D), cos_ptr, sin_ptr, codes_ptr, scales_ptr, i,
+                        h0, H, scn, ROWS, HB, D, HALF, GROUP_HEADS, o_layout, num_warps)
     else:
         _finish(o, m_i, l_i, sink_ptr, o_ptr, i, h0, H, son, soh, HB, D, o_layout, 0)
 

@@ -155,6 +155,15 @@ def _safe(m):
 
 
 @gluon.jit
+def _probabilities(logits, m, m_new, l_own):
+    """A tile's step of the running softmax from max m to m_new: the output's factor
+    exp(m - m_new), the tile's probabilities exp(logits - m_new) and the denominator part."""
+    alpha = gl.exp(m - _safe(m_new))
+    p = gl.exp(logits - gl.expand_dims(_safe(m_new), 1))
+    return alpha, p, l_own * alpha + gl.sum(p, axis=1)
+
+
+@gluon.jit
 def _rescaled(o, factor):
     return o * gl.expand_dims(gl.convert_layout(factor, gl.SliceLayout(1, O_WG)), 1)
 
@@ -211,9 +220,7 @@ def _warpgroup0(args, D: gl.constexpr, HB: gl.constexpr, KT: gl.constexpr, HALF:
         phase = j & 1
         logits = _logits(args, j, 0, phase, HB, KT)
         m0 = gl.maximum(m, gl.max(logits, axis=1))
-        alpha = gl.exp(m - _safe(m0))
-        p = gl.exp(logits - gl.expand_dims(_safe(m0), 1))
-        l_own = l_own * alpha + gl.sum(p, axis=1)
+        alpha, p, l_own = _probabilities(logits, m, m0, l_own)
         maxima.index(0).store(m0)
         _barrier()
         mbarrier.arrive(bars.index(MAX0))
@@ -249,9 +256,7 @@ def _warpgroup1(args, D: gl.constexpr, HB: gl.constexpr, KT: gl.constexpr, HALF:
         mbarrier.wait(bars.index(MAX0), phase)
         m0 = maxima.index(0).load(rows_layout)
         m1 = gl.maximum(m0, gl.max(logits, axis=1))
-        alpha = gl.exp(m - _safe(m1))
-        p = gl.exp(logits - gl.expand_dims(_safe(m1), 1))
-        l_own = l_own * alpha + gl.sum(p, axis=1)
+        alpha, p, l_own = _probabilities(logits, m, m1, l_own)
         maxima.index(1).store(m1)
         _barrier()
         mbarrier.arrive(bars.index(MAX1))
