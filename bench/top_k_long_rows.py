@@ -8,8 +8,12 @@ KV sources hold one entry per 4 tokens) and at decode's (6 rows of 1M entries, t
 blocks' 48 rows of 128K). Each next to the time one read of the scores takes at the measured
 HBM rate, and beside the time of the scores themselves (the prefill's tall tiles).
 
-    python bench/top_k_long_rows.py
+    python bench/top_k_long_rows.py [--shapes "16384,8191,512;2048,65535,512"] [--labels radix,filtered]
+
+--shapes: those slices only (rows, entries, k; the tall score tiles), e.g. a prefill chunk's at
+contexts under 256K tokens, whose rows the top-k takes unfiltered (shorter than FILTER_SHARE k).
 """
+import argparse
 import pathlib
 import sys
 
@@ -33,9 +37,16 @@ def slice_inputs(rows: int, entries: int) -> tuple:
     return q, torch.randn(rows, heads, device=dev), torch.full((rows,), entries, device=dev), pages, k_off, k_soff
 
 
+parser = argparse.ArgumentParser()
+parser.add_argument("--shapes", default="", help="';'-separated rows,entries,k slices (tall tiles) instead")
+parser.add_argument("--labels", default="", help="','-separated forms to time (all where empty)")
+args = parser.parse_args()
+shapes = ((128, 1 << 20, 512, True), (256, 1 << 19, 512, True), (512, 1 << 18, 512, True),
+          (6, 1 << 20, 512, False), (48, 1 << 17, 2048, False))
+if args.shapes:
+    shapes = tuple((*(int(v) for v in shape.split(",")), True) for shape in args.shapes.split(";"))
 torch.manual_seed(0)
-for rows, entries, k, tall in ((128, 1 << 20, 512, True), (256, 1 << 19, 512, True), (512, 1 << 18, 512, True),
-                               (6, 1 << 20, 512, False), (48, 1 << 17, 2048, False)):
+for rows, entries, k, tall in shapes:
     inputs = slice_inputs(rows, entries)
 
     def score():
@@ -60,6 +71,9 @@ for rows, entries, k, tall in ((128, 1 << 20, 512, True), (256, 1 << 19, 512, Tr
                                    ("filtered_block1024", dict(filtered=True, block=1024), defaults),
                                    ("filtered_block2048", dict(filtered=True, block=2048), defaults),
                                    ("filtered_8_chunks", dict(filtered=True, chunks=8), defaults)):
+        if args.labels and label not in args.labels.split(","):
+            continue
+
         def pick():
             top_k.FILTER_STAGES, top_k.FILTER_WARPS, _, top_k.FILTER_PTX = launch
             top_k.FILTER_PLANS.update(launch[2])
@@ -82,7 +96,7 @@ for rows, entries, k, tall in ((128, 1 << 20, 512, True), (256, 1 << 19, 512, Tr
 # a multiple of 16), its scores in rows of that length, against the same scores in rows padded
 # to a multiple of 16 with -inf (indexer.PADDED_ROWS): the top-k's loads are 4 bytes wide on
 # the first, 16 on the second (sm_90 SASS). The scores themselves alike (their stores).
-for rows, entries, k in ((128, (1 << 20) - 1, 512), (256, (1 << 19) - 1, 512)):
+for rows, entries, k in () if args.shapes else ((128, (1 << 20) - 1, 512), (256, (1 << 19) - 1, 512)):
     inputs = slice_inputs(rows, entries)
     line, picks = [], {}
     for pad in (False, True):

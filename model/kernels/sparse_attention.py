@@ -866,7 +866,8 @@ ENCODE_IN_ROWS = True
 # a loader warpgroup, two compute warpgroups on alternate key tiles, out of phase), the same
 # work summed in another order (its GPU test: as near the float64 attention as the rows
 # kernel). Slower so far, so off: 16,384 queries 8.8 against 5.0 ms (H100), 8.1 against 5.1
-# (H200); a 32K prefill 1.46 against 1.31 s (H100; forty-eighth session).
+# (H200); a 32K prefill 1.46 against 1.31 s (H100; forty-eighth session). Without the key
+# copies 6.66 against 4.42 ms (H200, forty-ninth session): its compute schedule, not its loads.
 PINGPONG_ROWS = False
 
 

@@ -15,9 +15,11 @@ barriers: ~30% of the bf16 rate at a 16K chunk (H100, forty-seventh session). He
 
 Measured (forty-eighth session; sparse_attention.PINGPONG_ROWS, off): correct by its GPU
 tests, and slower than the rows kernel, 8.8 against 5.0 ms at 16,384 queries on an H100 (8.1
-against 5.1 on an H200). Likely, not yet measured: no key buffer is spare, so each half-tile's
-refill waits for its last reader and every pair waits on a fresh gather; and the compute
-partitions spill their wgmma descriptors (docs/performance.md, item 6).
+against 5.1 on an H200). Not the key copies (forty-ninth session, H200,
+bench/rows_kernel_ablation.py): without them it takes 6.66 ms, where the rows kernel takes 4.42
+without its own; the compute warpgroups' chain is what is slow: each pair's softmax in one
+waits on the other's maximum, and each of its wgmmas is waited where it is issued, so the two
+rarely overlap (docs/performance.md, item 6).
 
 A pair of tiles (a = 2j for warpgroup 0, b = 2j + 1 for warpgroup 1), each warpgroup holding
 its output half O_w [64 heads, 256], its max m and its denominator part l_w:

@@ -25,12 +25,13 @@ runs in one program and one launch instead (_select_kernel): in an eager decode 
 launch cost the host more than its GPU work.
 
 Long rows (at least FILTER_SHARE times k scores: a long prefill's slices of 128 queries by
-1M entries, decode at long context) are filtered first, so the passes read a few thousand
-scores a row instead of the row five times: one program a row takes the floor, the
-rank-th best key of SAMPLE scores spread over the row (floor_rank: about four times the
-sample's share of the k best); one launch keeps, per chunk, the scores whose keys reach it
-(CAPACITY places a chunk); one program a row runs the radix select over the kept scores of
-all its chunks at once (their order does not matter: ties are settled by their ids). The
+1M entries, decode at long context; PREFILL_FILTER_SHARE times k in launches of many rows)
+are filtered first, so the passes read a few thousand scores a row instead of the row five
+times: one program a row takes the floor, the rank-th best key of SAMPLE scores spread over
+the row (floor_rank: about four times the sample's share of the k best); one launch keeps,
+per chunk, the scores whose keys reach it (CAPACITY places a chunk); one program a row runs
+the radix select over the kept scores of all its chunks at once (their order does not
+matter: ties are settled by their ids). The
 kept scores hold the row's k best whenever every chunk's fit their places and there are at
 least k (or the floor let every returnable score through). Where not (the sample misjudged
 the row: rare), that program selects over the whole row instead: slow, never wrong. Three
@@ -68,6 +69,14 @@ _MIN_CHUNK = 8 * _BLOCK  # a chunk also re-derives the digits and reads the chun
 # (decode): 0.12 against 0.19; 48 x 128K, k = 2048: 0.22 against 0.19, so rows shorter than
 # 128 k stay unfiltered.
 FILTER_SHARE = 128  # rows of at least 128 k scores are filtered
+# ... and from 32 k in launches of many rows (a prefill chunk's score slices at contexts under
+# 256K tokens: a slice of 2^27 scores is 2,048 to 8,192 rows there), where the radix select's
+# one program a row reads each row five times. H100, forty-ninth session (bench/
+# top_k_long_rows.py --shapes), k = 512, radix against filtered: 16,384 x 8,191 3,334 against
+# 5,510 us (the pick's ~2K kept a row: left unfiltered), 8,192 x 16,383 3,231 against 2,168,
+# 4,096 x 32,767 3,420 against 1,108, 2,048 x 65,535 3,519 against 749; the same picks.
+# Decode's few rows keep FILTER_SHARE (48 x 128K at k = 2,048: 0.22 ms filtered, 0.19 not).
+PREFILL_FILTER_SHARE, PREFILL_FILTER_ROWS = 32, 1024
 SAMPLE = 4096
 FLOOR_MARGIN, FLOOR_SLACK = 4, 16
 CAPACITY = 8192  # kept scores a chunk has places for, at most (places: no more than its scores)
@@ -746,7 +755,7 @@ def launch_plan(n: int, N: int, k: int, chunks: int | None = None, block: int | 
                 filtered: bool | None = None) -> tuple[bool, int, int, int]:
     """(filtered, chunks a row, chunk length, scores a step) for n rows of N scores; chunks,
     block and filtered override the choice (tests)."""
-    filtered = filters(k, N) if filtered is None else filtered
+    filtered = filters(k, N, n) if filtered is None else filtered
     if chunks is None and filtered:
         chunks = filter_plan(n).chunks
     elif chunks is None:
@@ -781,20 +790,26 @@ def work_bytes(n: int, N: int, k: int) -> int:
     return n * chunks * places(chunk_len) * 8 if filtered else 0
 
 
-def filtered_lengths(k: int, most: int) -> list[int]:
-    """Row lengths from FILTER_SHARE * k to `most` at each multiple of a block, and one past
-    each (not divisible by 16): every variant the filtered form compiles, and its work, changes only
-    between them (places follow the chunk length, a multiple of the block)."""
-    first = FILTER_SHARE * k
+def filtered_lengths(k: int, most: int, n: int = PREFILL_FILTER_ROWS) -> list[int]:
+    """Row lengths from the first that launches of n rows filter (filter_share) to `most` at
+    each multiple of a block, and one past each (not divisible by 16): every variant the
+    filtered form compiles, and its work, changes only between them (places follow the chunk
+    length, a multiple of the block)."""
+    first = filter_share(n) * k
     step = min(plan.block for plan in FILTER_PLANS.values())
     blocks = range(-(-first // step) * step, most + 1, step)
     lengths = {first, first + 1, most} | {n + d for n in blocks for d in (0, 1)}
     return sorted(n for n in lengths if first <= n <= most)
 
 
-def filters(k: int, N: int) -> bool:
-    """Whether rows of N scores take the floor first: the k best are a small share of them."""
-    return N >= FILTER_SHARE * k and k <= 4096  # (the picks are sorted in one program's registers)
+def filter_share(n: int) -> int:
+    """Scores a row, in multiples of k, from which launches of n rows filter."""
+    return PREFILL_FILTER_SHARE if n >= PREFILL_FILTER_ROWS else FILTER_SHARE
+
+
+def filters(k: int, N: int, n: int = 1) -> bool:
+    """Whether n rows of N scores take the floor first: the k best are a small share of them."""
+    return N >= filter_share(n) * k and k <= 4096  # (the picks are sorted in one program's registers)
 
 
 def warm_up_rows(longest: dict[int, int]) -> list[tuple[int, int, int, int | None, bool | None]]:
@@ -806,28 +821,30 @@ def warm_up_rows(longest: dict[int, int]) -> list[tuple[int, int, int, int | Non
     of places (`places`) their row lengths meet, likewise."""
     launches = []
     for k, most in sorted(longest.items()):
-        radix_most = min(most, FILTER_SHARE * k - 1) if k <= 4096 else most
+        radix_most = min(most, filter_share(1) * k - 1) if k <= 4096 else most
         chunks = 1
         while chunks == 1 or (chunks // 2) * _MIN_CHUNK < radix_most:
             N = max(chunks * _MIN_CHUNK, k + 1)
             launches += [(1, N, k, chunks, False), (1, N - 1, k, chunks, False)]
             chunks *= 2
-        if filters(k, most):
+        if filters(k, most, PREFILL_FILTER_ROWS):
             launches += _filtered_warm_up(k, most)
     return launches
 
 
-def _filtered_warm_up(k: int, most: int) -> list[tuple[int, int, int, None, None]]:
-    """The filtered form's launches for rows of FILTER_SHARE * k to `most` scores: one a plan,
-    number of places and divisibility by 16 (the compiled variants) of filtered_lengths."""
+def _filtered_warm_up(k: int, most: int) -> list[tuple[int, int, int, None, bool]]:
+    """The filtered form's launches for rows from the first filtered length to `most` scores:
+    one a plan, number of places and divisibility by 16 (the compiled variants) of
+    filtered_lengths, the many rows' plan from the prefill slices' first length (on MANY_ROWS
+    rows: the same compiles as PREFILL_FILTER_ROWS'), the few rows' from decode's."""
     launches, seen = [], set()
-    for rows in (MANY_ROWS, 1):
-        for N in filtered_lengths(k, most):
+    for rows, lengths in ((MANY_ROWS, filtered_lengths(k, most)), (1, filtered_lengths(k, most, 1))):
+        for N in lengths:
             _, chunks, chunk_len, block = launch_plan(rows, N, k, filtered=True)
             key = (pick_chunks(rows, chunks), block, places(chunk_len), N % 16 == 0)
             if key not in seen:
                 seen.add(key)
-                launches.append((rows, N, k, None, None))
+                launches.append((rows, N, k, None, True))
     return launches
 
 

@@ -203,7 +203,7 @@ def _kernel_scores(run, role, q, w, visible, total, k: int, qat: bool, fp8: bool
     options = dict(exact_in_bf16=qat, tall=tall, keys_aligned=cache.layout.keys_aligned, fp8=fp8, encoded=encoded)
     width = _row_width(total)
     floors = None
-    if KEEP_IN_SCORES and tall and top_k.filters(k, width):
+    if KEEP_IN_SCORES and tall and top_k.filters(k, width, min(run.n, max(1, _SCORE_BUDGET // total))):
         floors = _sampled_floors(q, w, visible, pages, key_off, key_soff, total, k, pool, options)
 
     def score(lo: int, hi: int):

@@ -203,8 +203,9 @@ def test_the_largest_top_k_slice_takes_the_most_work_memory(rows):
 
         queries, entries = indexer.largest_top_k_slice(cfg, rows, 1 << 20)
         assert queries == min(rows, indexer._SCORE_BUDGET // entries)
-        first = top_k.FILTER_SHARE * k
-        lengths = [n + d for n in range(first, 1 << 20, 512) for d in (0, 1, 7)] + list(range(first - 20, first))
+        first = top_k.filter_share(rows) * k  # (a slice's rows are all of them up to 2^27 / 16,384 entries)
+        lengths = [n + d for n in range(-(-first // 512) * 512, 1 << 20, 512) for d in (0, 1, 7)]
+        lengths += list(range(first - 20, first + 2))
         assert work(entries) == max(work(n) for n in lengths) > 0
         width = indexer_score.padded_width(entries)
         assert indexer.top_k_work_bytes(cfg, rows, 1 << 20) == work(entries) + queries * width * 4

@@ -130,9 +130,14 @@ def test_filtered_form_with_atomic_places(monkeypatch):
 
 
 def test_filtered_form_by_default_on_long_rows():
-    from dsflash.model.kernels.top_k import FILTER_SHARE, filters
+    """Rows of FILTER_SHARE k scores and more are filtered; in launches of PREFILL_FILTER_ROWS
+    rows and more (a prefill chunk's score slices) from PREFILL_FILTER_SHARE k already."""
+    from dsflash.model.kernels.top_k import FILTER_SHARE, PREFILL_FILTER_ROWS, PREFILL_FILTER_SHARE, filters
 
     assert filters(512, 512 * FILTER_SHARE) and not filters(512, 512 * FILTER_SHARE - 1)
+    assert filters(512, 512 * FILTER_SHARE, 6) and not filters(512, 512 * FILTER_SHARE - 1, PREFILL_FILTER_ROWS - 1)
+    assert filters(512, 512 * PREFILL_FILTER_SHARE, PREFILL_FILTER_ROWS)
+    assert not filters(512, 512 * PREFILL_FILTER_SHARE - 1, 1 << 14)
     g = torch.Generator().manual_seed(4)
     scores = torch.randn(2, 4096, generator=g)
     want = top_k_ascending_ref(scores, 16)
@@ -145,7 +150,7 @@ def test_long_rows_take_two_filtered_plans_which_the_warm_up_compiles():
     fewer where the rounded chunk length leaves them: the same pick kernel, whose integer
     arguments are not specialized) and blocks; the warm-up's rows take the same two plans, so a
     worker compiles them at start."""
-    from dsflash.model.kernels.top_k import FILTER_PLANS, FILTER_SHARE, MANY_ROWS, launch_plan
+    from dsflash.model.kernels.top_k import FILTER_PLANS, FILTER_SHARE, MANY_ROWS, launch_plan, pick_chunks
 
     def plan(n, N):
         filtered, chunks, _, block = launch_plan(n, N, 512)
@@ -157,12 +162,17 @@ def test_long_rows_take_two_filtered_plans_which_the_warm_up_compiles():
     warm = 2 * FILTER_SHARE * 512  # the warm-up's filtered rows
     assert plan(MANY_ROWS, warm) == many and plan(1, warm) == few
     assert launch_plan(6, 1 << 14, 512)[:2] == (False, 1)  # decode at short context: one program a row
+    # a prefill chunk's slices at 64K to 256K tokens of context (2^27 scores a slice) are filtered
+    for n, N in ((8192, 16384), (4096, 32767), (2048, 65535)):
+        filtered, chunks, _, block = launch_plan(n, N, 512)
+        assert filtered and (pick_chunks(n, chunks), block) == many[1:]
+    assert launch_plan(16384, 8191, 512)[:2] == (False, 1) and not launch_plan(192, 65535, 512)[0]
 
 
 @pytest.mark.parametrize("longest", [{512: 1 << 20, 2048: 1 << 17}, {64: 20000, 16: 15000}])
 def test_the_warm_up_covers_every_plan_prompts_and_decode_steps_meet(longest):
-    """Each launch a prefill slice (128 rows), the candidate blocks (48) or a decode step (6)
-    makes, at any row length up to the longest, compiles kernels the warm-up compiled: the
+    """Each launch a prefill slice (4,096 or 128 rows), the candidate blocks (48) or a decode
+    step (6) makes, at any row length up to the longest, compiles kernels the warm-up compiled: the
     same form, the same power of two of chunks (the write and pick kernels' constexpr), the
     same places a chunk (the filtered form's), and the same divisibility of the row length by
     16 (the kernels' specialization)."""
@@ -178,7 +188,7 @@ def test_the_warm_up_covers_every_plan_prompts_and_decode_steps_meet(longest):
 
     warmed = {key(*launch) for launch in warm_up_rows(longest)}
     for k, most in longest.items():
-        for n in (128, 48, 6):
+        for n in (4096, 128, 48, 6):
             for N in list(range(k + 1, most, 997)) + [most]:
                 assert key(n, N, k) in warmed, (n, N, k)
 
@@ -190,7 +200,8 @@ def test_empty_shapes():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("n, N, k", [(128, 1 << 20, 512), (48, 1 << 16, 2048), (6, 1 << 18, 512)])
+@pytest.mark.parametrize("n, N, k", [(128, 1 << 20, 512), (2048, (1 << 15) + 1, 512), (48, 1 << 16, 2048),
+                                     (6, 1 << 18, 512)])
 def test_large_shapes_on_the_gpu(n, N, k):
     g = torch.Generator(device="cuda").manual_seed(n)
     scores = torch.randn(n, N, device="cuda", generator=g)
