@@ -29,6 +29,13 @@ from ..rope import Rope
 # fp32 elements of one [queries, entries] score chunk: 128 queries at 1M entries (the torch
 # top-k, used off the GPU, takes ~6x the scores' bytes while it runs; the kernel ~none)
 _SCORE_BUDGET = 1 << 27
+
+
+def _slice_queries(rows: int, entries: int) -> int:
+    """Queries a score slice of a run of `rows` queries over `entries` entries holds."""
+    return max(1, min(rows, _SCORE_BUDGET // entries))
+
+
 # A long prompt's chunks score in slices (_SCORE_BUDGET): each slice's top-k on a side stream
 # while the next slice's scores are computed. The scores keep the tensor cores busy, the
 # top-k's filter reads them back at the HBM rate (at the end of a 1M prompt, 42 + 16 ms of a
@@ -94,7 +101,7 @@ def largest_top_k_slice(cfg: ModelConfig, rows: int, longest: int) -> tuple[int,
         lengths |= {n - indexer_score.ROW_ALIGN + 1 for n in lengths}
     best, shape = 0, None
     for entries in sorted(n for n in lengths if 1 <= n <= most):
-        queries = max(1, min(rows, _SCORE_BUDGET // entries))
+        queries = _slice_queries(rows, entries)
         work = top_k.work_bytes(queries, _row_width(entries), k)
         if work > best:
             best, shape = work, (queries, entries)
@@ -203,7 +210,7 @@ def _kernel_scores(run, role, q, w, visible, total, k: int, qat: bool, fp8: bool
     options = dict(exact_in_bf16=qat, tall=tall, keys_aligned=cache.layout.keys_aligned, fp8=fp8, encoded=encoded)
     width = _row_width(total)
     floors = None
-    if KEEP_IN_SCORES and tall and top_k.filters(k, width, min(run.n, max(1, _SCORE_BUDGET // total))):
+    if KEEP_IN_SCORES and tall and top_k.filters(k, width, _slice_queries(run.n, total)):
         floors = _sampled_floors(q, w, visible, pages, key_off, key_soff, total, k, pool, options)
 
     def score(lo: int, hi: int):
@@ -271,7 +278,7 @@ def index(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, xa: torch.Tensor
         score = _kernel_scores(run, role, q, w, visible, total, k, qat, ops.act_quant, pool)  # faithful: FP8 dots
     else:
         score = _reference_scores(q, run.cache.index_keys(role.kv_source).to(q.device), w, visible, pool)
-    chunk = max(1, _SCORE_BUDGET // total)
+    chunk = _slice_queries(run.n, total)
     picks, pools = [], []
     pick, join = _top_k_beside(q.device, slices=run.n > chunk and not role.is_candidate_source)
     try:
