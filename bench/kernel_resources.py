@@ -203,9 +203,9 @@ KERNELS = {
         hc_streams._hc_site_kernel,
         {**{n: "*fp32" for n in ("x_ptr", "y_ptr", "post_ptr", "comb_ptr", "pre_ptr", "fn_ptr", "w_ptr",
                                  "streams_ptr", "mixes_ptr", "row_ptr")}, "mix_eps": "fp32", "norm_eps": "fp32"},
-        dict(S=4, NP=32, EXPAND=True, PDL=False, TF32_HEADS=common.TF32_HEADS, **hc_streams.SITE_TILES),
-        ";EXPAND=0;TF32_HEADS=1;EXPAND=0,TF32_HEADS=1;TB=64,BLOCK=32,TF32_HEADS=1;TB=128,BLOCK=16,TF32_HEADS=1;"
-        "num_warps=4,TF32_HEADS=1",
+        dict(S=4, NP=32, EXPAND=True, PDL=False, **hc_streams._dots(), **hc_streams.SITE_TILES[True]),
+        ";EXPAND=0,TB=64;RAW_HEADS=0;RAW_HEADS=0,TF32_HEADS=1;EXPAND=0,TB=64,RAW_HEADS=0,TF32_HEADS=1;TB=64;"
+        "TB=64,BLOCK=16;num_warps=8",
         sample=dict(T=16384, H=5120, N=24, sxt=20480, sxs=5120, syt=5120, sst=20480, sss=5120, sfn=20480, smt=24,
                     srt=5120)),
     # a prefill mHC site's mixes alone (hc_streams.hc_mixes, shipped while hc_site is off)
@@ -213,7 +213,8 @@ KERNELS = {
         hc_streams._hc_mixes_kernel,
         {"x_ptr": "*fp32", "fn_ptr": "*fp32", "out_ptr": "*fp32", "part_ptr": "*fp32", "squares_ptr": "*fp32",
          "eps": "fp32"},
-        dict(BLOCK_N=32, PDL=False, TF32_HEADS=common.TF32_HEADS, **hc_streams.MIXES_TILES), ";TF32_HEADS=1",
+        dict(BLOCK_N=32, PDL=False, **hc_streams._dots(), **hc_streams.MIXES_TILES),
+        ";RAW_HEADS=0;RAW_HEADS=0,TF32_HEADS=1",
         sample=dict(T=16384, N=24, K=20480, K_PER_SPLIT=5120, sxt=20480, sfn=20480, sot=24)),
     # decode's few-query form: a verify block's 6 queries against 1M entries, the 32 heads in one dot
     "indexer_few": Kernel(

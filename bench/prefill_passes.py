@@ -7,8 +7,8 @@ fused them, at the bench preset's shapes (8,192 rows; 64 heads of 512; mHC 4 x 5
 - the attention output's inverse RoPE: all channels into a new tensor, against in place on
   the 64 rotated ones;
 - an mHC site's mixes: RMSNorm of the flattened streams, then torch's fp32 GEMM, against one
-  pass that projects and scales (hc_streams.hc_mixes), its dots in Triton's tf32x3 and in
-  common.dot_fp32's masked heads (common.TF32_HEADS);
+  pass that projects and scales (hc_streams.hc_mixes), its dots in each form (FORMS: the
+  shipped raw heads, common.RAW_HEADS);
 - (sites) a prefill mHC site's launches (the attention site's mixes, gates and input; the
   FFN site's with the attention's expand before them) against one pass over its streams
   (hc_streams.hc_site, SITE_ROWS), in a few tiles.
@@ -38,6 +38,10 @@ from dsflash.model.kernels.common import bf16_parts  # noqa: E402
 from dsflash.model.kernels.rope import rope  # noqa: E402
 
 HEADS, DIM, HALF, STREAMS, HIDDEN, MIXES = 64, 512, 32, 4, 5120, 24
+# The mixes' fp32-accurate dots (hc_streams._project): the shipped raw heads, common.dot_fp32's
+# masked heads, Triton's tf32x3.
+FORMS = {"raw_heads": dict(RAW_HEADS=True), "tf32_heads": dict(RAW_HEADS=False, TF32_HEADS=True),
+         "tf32x3": dict(RAW_HEADS=False, TF32_HEADS=False)}
 
 
 def report(key: str, seconds: float, nbytes: float, **extra) -> None:
@@ -88,11 +92,11 @@ def mixes(rows: int) -> None:
     report("mixes_norm_then_gemm", h200.cuda_time(before, iters=10), 3 * size)
     report("mixes_one_pass", h200.cuda_time(after, iters=10), size,
            max_rel_diff=((got - want).abs().max() / want.abs().max()).item())
-    heads = lambda: hc_streams.hc_mixes(X, fn, 1e-6, dict(TF32_HEADS=True))  # noqa: E731
     exact = (norm_kernel.rms_norm(X.flatten(-2), None, 1e-6).double() @ fn.double().T).float()
-    report("mixes_one_pass_tf32_heads", h200.cuda_time(heads, iters=10), size,
-           max_rel_diff_fp64=((heads() - exact).abs().max() / exact.abs().max()).item(),
-           tf32x3_max_rel_diff_fp64=((got - exact).abs().max() / exact.abs().max()).item())
+    for form, dots in FORMS.items():
+        run = lambda: hc_streams.hc_mixes(X, fn, 1e-6, dots)  # noqa: E731
+        report(f"mixes_one_pass_{form}", h200.cuda_time(run, iters=10), size,
+               max_rel_diff_fp64=((run() - exact).abs().max() / exact.abs().max()).item())
     for block_t, block_k, warps, stages, splits in ((128, 64, 8, 3, 4), (64, 32, 4, 4, 4), (128, 32, 8, 4, 2),
                                                     (128, 32, 8, 3, 8), (256, 32, 8, 3, 4)):
         tiles = dict(BLOCK_T=block_t, BLOCK_K=block_k, num_warps=warps, num_stages=stages, SPLITS=splits)
@@ -121,9 +125,9 @@ def sites(rows: int) -> None:
     weight = torch.rand(HIDDEN, device="cuda") + 0.5
     streams, row = 4 * X.numel(), 4 * y.numel()
 
-    def apart(expand: bool, heads: bool = False):
+    def apart(expand: bool, dots: dict | None = None):
         Z = hc_streams.hc_expand(y, X, post, comb) if expand else X
-        gates = hc_gates(hc_streams.hc_mixes(Z, fn, 1e-6, dict(TF32_HEADS=heads)), base, scale, 20, 1e-6)
+        gates = hc_gates(hc_streams.hc_mixes(Z, fn, 1e-6, dots), base, scale, 20, 1e-6)
         return gates, hc_streams.hc_collapse_norm(Z, pre, weight, 1e-6)
 
     def one(expand: bool, tiles: dict):
@@ -134,13 +138,12 @@ def sites(rows: int) -> None:
     for expand, site in ((False, "attention_site"), (True, "ffn_site_with_expand")):
         writes = streams if expand else 0
         want_gates, want = apart(expand)
-        for heads in (False, True):
-            report(f"{site}_apart{'_tf32_heads' if heads else ''}",
-                   h200.cuda_time(lambda: apart(expand, heads), iters=10),
+        for form, dots in FORMS.items():
+            report(f"{site}_apart_{form}", h200.cuda_time(lambda: apart(expand, dots), iters=10),
                    (3 if expand else 2) * streams + writes + row * (2 if expand else 1))
-        for tiles in (dict(TF32_HEADS=True), dict(TF32_HEADS=False), dict(TB=32, BLOCK=32, TF32_HEADS=True),
-                      dict(TB=64, BLOCK=32, TF32_HEADS=True), dict(TB=128, BLOCK=16, TF32_HEADS=True),
-                      dict(num_stages=3, TF32_HEADS=True), dict(num_warps=4, TF32_HEADS=True)):
+        for tiles in (dict(RAW_HEADS=True), FORMS["tf32_heads"], dict(TB=32, BLOCK=32), dict(TB=64, BLOCK=32),
+                      dict(TB=32, BLOCK=64), dict(TB=16, BLOCK=64), dict(TB=32, BLOCK=32, num_stages=3),
+                      dict(TB=64, BLOCK=32, num_stages=3), dict(TB=64, BLOCK=16)):
             label = "_".join(f"{k}{int(v) if isinstance(v, bool) else v}" for k, v in tiles.items())
             try:
                 got_gates, got = one(expand, tiles)

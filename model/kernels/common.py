@@ -47,6 +47,18 @@ _SPLIT_ONE = tl.constexpr(DOT.value == "tf32x3")
 # forty-sixth session, 16,384 rows: the mixes 752 -> 736 us, the attention site's launches 1,341
 # -> 1,320, the FFN site's 2,406 -> 2,387 (~1-2%); decode's small products untimed, so off.
 TF32_HEADS = False
+# The mHC kernels' fp32 dots (hc_streams: the mixes at prefill, hc_site, the decode rows'
+# expand with the next site's mixes) as dot_fp32_raw's three TF32 passes whose heads are the
+# operands as they lie. Read at each launch (ahead of TF32_HEADS). H100, fiftieth session,
+# 16,384 rows of 4 x 5,120 (bench/mixes_parts.py): the mixes' loop 724-782 us in Triton's
+# tf32x3, 705-771 in dot_fp32's heads, 532-562 with the raw heads (the loop without its dots
+# 494-525, with one TF32 dot 492-534); the largest error against the float64 product 3.5e-7
+# of the largest result in both older forms, 4.6e-7 with the raw heads (an fp32 GEMM's ~5e-7).
+RAW_HEADS = True
+# The GPU's tensor cores read an fp32 operand of a TF32 dot truncated (its low 13 mantissa bits
+# dropped); the interpreter computes such a dot in full fp32, so there dot_fp32_raw makes its
+# heads itself (where tests force _SPLIT_ONE to check how the passes are put together).
+_READS_TRUNCATED = tl.constexpr(not interpreting())
 
 
 # Kernels whose dots compile to Ampere-style mma.sync instead of Hopper's wgmma (see
@@ -124,6 +136,28 @@ def dot_fp32(a, b, acc):
         part = tl.dot(a_head, b - b_head, tl.zeros(acc.shape, tl.float32), input_precision="tf32")
         part = tl.dot(a - a_head, b_head, part, input_precision="tf32")
         return acc + tl.dot(a_head, b_head, part, input_precision="tf32")
+    return tl.dot(a, b, acc, input_precision=DOT)
+
+
+@triton.jit
+def dot_fp32_raw(a, b, acc):
+    """acc + a @ b for finite a and b to fp32's accuracy in three TF32 passes, as dot_fp32 but
+    with the operands as they lie for heads: the tensor cores read them truncated to TF32, so
+    only the remainders (x - _tf32_head(x), exact in fp32, up to 13 significant bits, read
+    truncated in turn) are made, ~2 instructions a value, and the loaded operand goes to the
+    tensor cores as it was loaded (no head of it to write for them). Each remainder's
+    truncation loses at most 2^-21 of its product, so rows of 20,480 columns keep an fp32
+    GEMM's accuracy (RAW_HEADS' figures). The passes sum from zero and join acc by an fp32 add,
+    as in dot_fp32."""
+    if _SPLIT_ONE:
+        a_rest = a - _tf32_head(a)
+        b_rest = b - _tf32_head(b)
+        if not _READS_TRUNCATED:
+            a = a - a_rest
+            b = b - b_rest
+        part = tl.dot(a, b_rest, tl.zeros(acc.shape, tl.float32), input_precision="tf32")
+        part = tl.dot(a_rest, b, part, input_precision="tf32")
+        return acc + tl.dot(a, b, part, input_precision="tf32")
     return tl.dot(a, b, acc, input_precision=DOT)
 
 

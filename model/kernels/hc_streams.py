@@ -21,13 +21,16 @@ import triton
 import triton.language as tl
 
 from . import common, pdl
-from .common import DOT, dot_fp32
+from .common import DOT, dot_fp32, dot_fp32_raw
 
 
 @triton.jit
-def _project(x, w, acc, TF32_HEADS: tl.constexpr):
-    """acc + x @ w^T to fp32's accuracy: TF32_HEADS (common.TF32_HEADS unless the tiles say),
-    common.dot_fp32's masked heads, else Triton's tf32x3 (exact fp32 in the interpreter)."""
+def _project(x, w, acc, TF32_HEADS: tl.constexpr, RAW_HEADS: tl.constexpr):
+    """acc + x @ w^T to fp32's accuracy: RAW_HEADS (common.RAW_HEADS unless the tiles say),
+    common.dot_fp32_raw's heads as the operands lie; TF32_HEADS, common.dot_fp32's masked
+    heads; else Triton's tf32x3 (exact fp32 in the interpreter)."""
+    if RAW_HEADS:
+        return dot_fp32_raw(x, tl.trans(w), acc)
     if TF32_HEADS:
         return dot_fp32(x, tl.trans(w), acc)
     return tl.dot(x, tl.trans(w), acc, input_precision=DOT)
@@ -55,7 +58,7 @@ def _hc_expand_kernel(y_ptr, x_ptr, post_ptr, comb_ptr, out_ptr, H, syt, sxt, sx
 def _hc_expand_mix_parts_kernel(y_ptr, x_ptr, post_ptr, comb_ptr, out_ptr, fn_ptr, part_ptr, sq_ptr, T, H, N,
                                 syt, sxt, sxs, sot, sos, sfn, S: tl.constexpr, TB: tl.constexpr,
                                 BLOCK: tl.constexpr, NP: tl.constexpr, TF32_HEADS: tl.constexpr,
-                                PDL: tl.constexpr):
+                                RAW_HEADS: tl.constexpr, PDL: tl.constexpr):
     """Program (TB tokens, column block): the hc_expand of those columns, and their part of the
     next site's mixes while the new streams are in registers: the projections onto fn's rows
     (flat column k * H + d) [TB, NP] at part_ptr[t, block] and the sums of squares at
@@ -81,7 +84,7 @@ def _hc_expand_mix_parts_kernel(y_ptr, x_ptr, post_ptr, comb_ptr, out_ptr, fn_pt
         squares += out * out
         w = tl.load(fn_ptr + n[:, None] * sfn + (k * H + d)[None, :], mask=(n < N)[:, None] & (d < H)[None, :],
                     other=0.0)
-        proj = _project(out, w, proj, TF32_HEADS)
+        proj = _project(out, w, proj, TF32_HEADS, RAW_HEADS)
     at = t * tl.num_programs(1) + block
     tl.store(part_ptr + at[:, None] * NP + n[None, :], proj, mask=tok[:, None])
     tl.store(sq_ptr + at, tl.sum(squares, axis=1), mask=tok)
@@ -107,7 +110,7 @@ def _hc_collapse_norm_kernel(x_ptr, pre_ptr, w_ptr, out_ptr, H, eps, sxt, sxs, s
 @triton.jit
 def _hc_mixes_kernel(x_ptr, fn_ptr, out_ptr, part_ptr, squares_ptr, T, N, K, K_PER_SPLIT, eps, sxt, sfn, sot,
                      BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLITS: tl.constexpr,
-                     TF32_HEADS: tl.constexpr, PDL: tl.constexpr):
+                     TF32_HEADS: tl.constexpr, RAW_HEADS: tl.constexpr, PDL: tl.constexpr):
     """Program (BLOCK_T rows, K split): their projections and sums of squares in one pass over
     the split's columns (fp32-accurate dots: tf32x3 on the GPU). One split scales and stores
     the mixes; several leave [SPLITS, T, BLOCK_N] projections and [SPLITS, T] sums of squares."""
@@ -125,7 +128,7 @@ def _hc_mixes_kernel(x_ptr, fn_ptr, out_ptr, part_ptr, squares_ptr, T, N, K, K_P
         # fn's rows are contiguous along K: loaded as they lie (coalesced), then transposed
         w = tl.load(fn_ptr + n[:, None] * sfn + k[None, :], mask=(n < N)[:, None] & (k < K)[None, :], other=0.0)
         squares += x * x
-        acc = _project(x, w, acc, TF32_HEADS)
+        acc = _project(x, w, acc, TF32_HEADS, RAW_HEADS)
     squares = tl.sum(squares, axis=1)
     if SPLITS == 1:
         inv = 1.0 / tl.sqrt(squares / K + eps)
@@ -141,7 +144,7 @@ def _hc_mixes_kernel(x_ptr, fn_ptr, out_ptr, part_ptr, squares_ptr, T, N, K, K_P
 def _hc_site_kernel(x_ptr, y_ptr, post_ptr, comb_ptr, pre_ptr, fn_ptr, w_ptr, streams_ptr, mixes_ptr, row_ptr,
                     T, H, N, sxt, sxs, syt, sst, sss, sfn, smt, srt, mix_eps, norm_eps, S: tl.constexpr,
                     TB: tl.constexpr, BLOCK: tl.constexpr, NP: tl.constexpr, EXPAND: tl.constexpr,
-                    TF32_HEADS: tl.constexpr, PDL: tl.constexpr):
+                    TF32_HEADS: tl.constexpr, RAW_HEADS: tl.constexpr, PDL: tl.constexpr):
     """Program (TB tokens, every column): an mHC site of those tokens in one read of their
     streams. EXPAND: the streams are first the sublayer's output y taken in (hc_expand), and
     written to streams_ptr. Of the (new) streams, column block by column block: the site's
@@ -179,7 +182,7 @@ def _hc_site_kernel(x_ptr, y_ptr, post_ptr, comb_ptr, pre_ptr, fn_ptr, w_ptr, st
             squares += stream * stream
             w = tl.load(fn_ptr + n[:, None] * sfn + (k * H + d)[None, :], mask=(n < N)[:, None] & (d < H)[None, :],
                         other=0.0)
-            proj = _project(stream, w, proj, TF32_HEADS)
+            proj = _project(stream, w, proj, TF32_HEADS, RAW_HEADS)
             row += tl.load(pre_ptr + t * S + k, mask=tok, other=0.0)[:, None] * stream
         tl.store(row_ptr + t[:, None] * srt + d[None, :], row, mask=live)
         row_squares += row * row
@@ -193,6 +196,11 @@ def _hc_site_kernel(x_ptr, y_ptr, post_ptr, comb_ptr, pre_ptr, fn_ptr, w_ptr, st
         row = tl.load(row_ptr + t[:, None] * srt + d[None, :], mask=live, other=0.0)
         scale = tl.load(w_ptr + d, mask=d < H, other=0.0).to(tl.float32)
         tl.store(row_ptr + t[:, None] * srt + d[None, :], scale[None, :] * (row * inv[:, None]), mask=live)
+
+
+def _dots() -> dict:
+    """The mixes' dots' form as the switches say at this launch (_project)."""
+    return dict(TF32_HEADS=common.TF32_HEADS, RAW_HEADS=common.RAW_HEADS)
 
 
 # From this many rows (prefill) a site's mixes take hc_mixes; decode rows keep RMSNorm and the
@@ -218,7 +226,7 @@ def hc_mixes(X: torch.Tensor, fn: torch.Tensor, eps: float, tiles: dict | None =
     out = torch.empty(T, N, dtype=torch.float32, device=X.device)
     if T == 0:
         return out
-    t = {**MIXES_TILES, "TF32_HEADS": common.TF32_HEADS, **(tiles or {})}
+    t = {**MIXES_TILES, **_dots(), **(tiles or {})}
     splits, block_n = t["SPLITS"], max(16, triton.next_power_of_2(N))
     per_split = triton.cdiv(triton.cdiv(K, splits), t["BLOCK_K"]) * t["BLOCK_K"]
     parts = torch.empty(splits, T, block_n, device=X.device) if splits > 1 else out
@@ -280,7 +288,7 @@ def hc_expand_mix_parts(y: torch.Tensor, X: torch.Tensor, post: torch.Tensor, co
     if T:
         _hc_expand_mix_parts_kernel[(triton.cdiv(T, t["TB"]), blocks)](
             y, X, post, comb, out, fn, parts, squares, T, H, N, y.stride(0), X.stride(0), X.stride(1), out.stride(0),
-            out.stride(1), fn.stride(0), S=S, NP=np_, TF32_HEADS=common.TF32_HEADS, **t, **pdl.options(y.device))
+            out.stride(1), fn.stride(0), S=S, NP=np_, **_dots(), **t, **pdl.options(y.device))
     return out, parts, squares
 
 
@@ -306,16 +314,26 @@ def hc_collapse_norm(X: torch.Tensor, pre: torch.Tensor, weight: torch.Tensor | 
 # forty-sixth session, 16,384 rows (bench/prefill_passes.py --sections mixes,sites): the
 # attention site in one pass 1,530 us (4 warps; 2,136 on 8) against 1,341 for its mixes and
 # input apart; the FFN site with the expand 2,304 (4 warps; 3,792 on 8) against 2,406 apart.
-# The one pass is bound by its mixes' dots (the mixes alone in one pass: 752 us, 2.35x the
-# bytes), not by the streams' bytes, so it stays off.
-SITE_ROWS = 0
+# The one pass was bound by its mixes' dots (the mixes alone in one pass: 752 us, 2.35x the
+# bytes). With the raw heads (common.RAW_HEADS) and SITE_TILES, fiftieth session: on. H100,
+# 32K faithful prefills alternated in one process (16K chunks): 1.275 / 1.263 / 1.267 s off,
+# 1.245 / 1.252 / 1.253 s on (the sites' tiles at 2 stages), ~14 ms a chunk.
+SITE_ROWS = 4096
 # Where SITE_ROWS takes a site: a block's FFN output goes into the streams inside the next
 # block's attention site (its hc_site with the expand), not in an hc_expand of its own: one read
 # of the streams fewer a layer (5 passes -> 4; 1.34 GB, ~0.32 ms a layer at a 16K chunk by its
-# bytes). The same bits. Untimed (forty-fifth session).
+# bytes). The same bits. Timed with SITE_ROWS only (fiftieth session, above).
 DEFER_FFN_EXPAND = True
-# TB tokens a program share each fn tile they read (fn is 2.6 MB: read T / TB times from L2).
-SITE_TILES = dict(TB=64, BLOCK=16, num_warps=4, num_stages=2)  # 8 warps: 1.4-1.6x slower (H100, see SITE_ROWS)
+# TB tokens a program share each fn tile they read (fn is 2.6 MB: read T / TB times from L2),
+# by whether the site takes an expand first. 8 warps: 1.4-1.6x slower (H100, see SITE_ROWS).
+# H100, fiftieth session, 16,384 rows, the raw heads (bench/prefill_passes.py --sections
+# sites, us): without the expand 1,084 at (TB 64, BLOCK 32, 3 stages), 1,153 at 2 stages, 1,485
+# at (64, 16), 1,699-1,784 at (32, 32), 2,247-2,419 at BLOCK 64; with it 1,791 at (32, 32, 3
+# stages), 1,981 at 2, 1,933 at (16, 64), 2,283 at (64, 16), 2,770-3,925 at (64, 32) (888
+# stack bytes of spills at 2 stages), 6,546 at (32, 64). Apart, the two launches of the
+# attention site took 1,145 and the FFN site's three 2,198.
+SITE_TILES = {False: dict(TB=64, BLOCK=32, num_warps=4, num_stages=3),
+              True: dict(TB=32, BLOCK=32, num_warps=4, num_stages=3)}
 
 
 def hc_site(X: torch.Tensor, fn: torch.Tensor, mix_eps: float, pre: torch.Tensor, weight: torch.Tensor | None,
@@ -330,7 +348,7 @@ def hc_site(X: torch.Tensor, fn: torch.Tensor, mix_eps: float, pre: torch.Tensor
     T, S, H = X.shape
     N = fn.shape[0]
     assert fn.shape[1] == S * H and fn.dtype == torch.float32 and supported(X), (fn.shape, X.shape, X.dtype)
-    t = {**SITE_TILES, "TF32_HEADS": common.TF32_HEADS, **(tiles or {})}
+    t = {**SITE_TILES[expand is not None], **_dots(), **(tiles or {})}
     fn, pre = fn.contiguous(), pre.float().contiguous()
     w = torch.ones(H, device=X.device) if weight is None else weight.contiguous()
     np_ = max(16, triton.next_power_of_2(N))

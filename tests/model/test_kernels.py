@@ -568,13 +568,30 @@ def _mhc_site(g: torch.Generator, T: int, H: int) -> tuple:
     return S, N, X, y, post, comb, fn, torch.randn(N, generator=g), torch.rand(3, generator=g) + 0.5
 
 
+FP32_DOTS = ["tf32x3", "heads", "raw"]
+
+
+def _fp32_dots(monkeypatch, form: str) -> None:
+    """The mixes' dots in Triton's tf32x3, common.dot_fp32's three TF32 passes of masked heads
+    (TF32_HEADS) or dot_fp32_raw's of the operands as they lie (RAW_HEADS); in the interpreter,
+    which computes a TF32 dot in full fp32, the latter two check how the passes are put
+    together (on the GPU the tensor cores round as they do in serving)."""
+    monkeypatch.setattr(common, "TF32_HEADS", form == "heads")
+    monkeypatch.setattr(common, "RAW_HEADS", form == "raw")
+    if form != "tf32x3" and interpreting():
+        monkeypatch.setattr(common, "_SPLIT_ONE", tl.constexpr(True))
+
+
+@pytest.mark.parametrize("form", ["tf32x3", "raw"])
 @pytest.mark.parametrize("T, H", [(6, 64), (20, 300)])  # 20 rows: a partly masked second token block
-def test_an_expand_with_the_next_sites_mixes_matches_expand_then_mix(T, H):
+def test_an_expand_with_the_next_sites_mixes_matches_expand_then_mix(T, H, form, monkeypatch):
     """hc_streams.hc_expand_mix_parts then hc_gates_from_parts (a decode row's FFN site: two
     launches) against hc_expand, then RMSNorm, the projection and the gates (layers/mhc.py);
-    each token's gates do not depend on the other tokens of the launch."""
+    each token's gates do not depend on the other tokens of the launch. Its dots in Triton's
+    tf32x3 and in the raw heads (_fp32_dots)."""
     from dsflash.model.kernels.hc_gates import hc_gates_from_parts
 
+    _fp32_dots(monkeypatch, form)
     g = _g(10)
     S, N, X, y, post, comb, fn, base, scale = _mhc_site(g, T, H)
     want_X = mhc.hc_expand(y, X, post, comb)
@@ -594,21 +611,11 @@ def test_an_expand_with_the_next_sites_mixes_matches_expand_then_mix(T, H):
     assert torch.equal(alone_X, got_X[2:3]) and all(torch.equal(a, o[2:3]) for a, o in zip(alone, got))
 
 
-def _tf32_heads(monkeypatch, heads: bool) -> None:
-    """With `heads`, the mixes' dots as common.dot_fp32's three TF32 passes (common.TF32_HEADS);
-    in the interpreter, which computes a TF32 dot in full fp32, that checks how the passes are
-    put together (on the GPU the tensor cores round as they do in serving)."""
-    monkeypatch.setattr(common, "TF32_HEADS", heads)
-    if heads and interpreting():
-        monkeypatch.setattr(common, "_SPLIT_ONE", tl.constexpr(True))
-
-
-@pytest.mark.parametrize("heads", [False, True])
-def test_the_mixes_dots_in_tf32_heads_give_the_fp32_mixes(monkeypatch, heads):
-    """hc_streams.hc_mixes with its dots in Triton's tf32x3 or in common.dot_fp32's masked
-    heads (TF32_HEADS) against the float64 product, at a release row's 20,480 columns: within
-    fp32's accuracy either way."""
-    _tf32_heads(monkeypatch, heads)
+@pytest.mark.parametrize("form", FP32_DOTS)
+def test_the_mixes_dots_in_tf32_passes_give_the_fp32_mixes(monkeypatch, form):
+    """hc_streams.hc_mixes with its dots in each form (_fp32_dots) against the float64 product,
+    at a release row's 20,480 columns: within fp32's accuracy each way."""
+    _fp32_dots(monkeypatch, form)
     g = _g(12)
     X = torch.randn(40, 4, 5120, generator=g) * 3
     fn = torch.randn(24, 4 * 5120, generator=g) / (4 * 5120) ** 0.5
@@ -618,17 +625,17 @@ def test_the_mixes_dots_in_tf32_heads_give_the_fp32_mixes(monkeypatch, heads):
     assert (got - want).abs().max() < 2e-6 * want.abs().max()
 
 
-@pytest.mark.parametrize("heads", [False, True])
+@pytest.mark.parametrize("form", FP32_DOTS)
 @pytest.mark.parametrize("expand", [False, True])
 @pytest.mark.parametrize("T, H", [(6, 64), (40, 300)])  # 40 rows: a partly masked second token block
-def test_a_site_in_one_pass_gives_its_streams_mixes_and_input(T, H, expand, heads, monkeypatch):
+def test_a_site_in_one_pass_gives_its_streams_mixes_and_input(T, H, expand, form, monkeypatch):
     """hc_streams.hc_site (a prefill site: its streams read once), with and without the expand
     before it, against hc_expand, hc_mixes and hc_collapse_norm of the same streams
     (layers/mhc.py): the new streams to the bit of the expand kernel; the mixes and the input
     within their sums' reordering (by column block); each token's results do not depend on the
-    other tokens of the launch, and other tiles give them within the same reordering. Both
-    forms of the mixes' dots (TF32_HEADS)."""
-    _tf32_heads(monkeypatch, heads)
+    other tokens of the launch, and other tiles give them within the same reordering. Each
+    form of the mixes' dots (_fp32_dots)."""
+    _fp32_dots(monkeypatch, form)
     g = _g(11)
     S, N, X, y, post, comb, fn, _, _ = _mhc_site(g, T, H)
     pre = torch.rand(T, S, generator=g) + 0.1
