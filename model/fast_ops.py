@@ -290,8 +290,11 @@ class TritonOps(ReferenceOps):
         self.weight_cache = prefill_gemms.EncodedWeights(budget) if budget > 0 else None
 
     def routed_experts(self, prefix: str, local: range, x: torch.Tensor, idx: torch.Tensor,
-                       weights: torch.Tensor, limit: float) -> torch.Tensor:
-        """Pairs routed to this rank's experts `local`; the others are left to their ranks."""
+                       weights: torch.Tensor, limit: float, plus: Callable[[], torch.Tensor] | None = None
+                       ) -> torch.Tensor:
+        """Pairs routed to this rank's experts `local`; the others are left to their ranks.
+        plus: gives [T, H] fp32 to add to every token's sum (the shared expert's output, waited
+        for only there): in a prefill chunk's pair sums, else after them."""
         tensors, small = self._stacked(prefix, local)
         own = idx  # one rank holds every expert: ids are its own (five kernels fewer a layer)
         if self.parallel.world > 1:  # len(local): not ours, dropped
@@ -299,15 +302,16 @@ class TritonOps(ReferenceOps):
             own = torch.where((own >= 0) & (own < len(local)), own, len(local))
         if self.act_quant and _kernels_run_on(x) and not prefill_gemms.takes(x):
             # decode rows: fp4_moe rounds x in the launch that lays out its pieces
-            return fp4_moe(x.contiguous(), own, weights, *tensors, limit, small=small, act_quant=True,
-                           round_input=True)
+            y = fp4_moe(x.contiguous(), own, weights, *tensors, limit, small=small, act_quant=True, round_input=True)
+            return y if plus is None else y.add_(plus())
         x = self.gemm_input(x)
         if prefill_gemms.takes_experts(x, idx.numel(), len(local)):  # a prefill chunk's pairs: cuBLAS
             cache = self.weight_cache
             encoded = None if cache is None else (cache.experts((prefix, "w13")), cache.experts((prefix, "w2")))
             return prefill_gemms.fp4_experts(x.contiguous(), own, weights, *tensors, limit, act_quant=self.act_quant,
-                                             encoded=encoded)
-        return fp4_moe(x.contiguous(), own, weights, *tensors, limit, small=small, act_quant=self.act_quant)
+                                             encoded=encoded, plus=None if plus is None else plus())
+        y = fp4_moe(x.contiguous(), own, weights, *tensors, limit, small=small, act_quant=self.act_quant)
+        return y if plus is None else y.add_(plus())
 
     def stack_all_experts(self, config) -> None:
         """Stack every loaded layer's routed experts now (a prefill tier has no DSpark stages),

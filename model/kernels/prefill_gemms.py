@@ -264,14 +264,14 @@ def _grouped_on_tensor_cores(x: torch.Tensor | fp8_blockwise.Operand, codes: tor
 
 def fp4_experts(x: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor, w13: torch.Tensor, s13: torch.Tensor,
                 w2: torch.Tensor, s2: torch.Tensor, limit: float, act_quant: bool = False,
-                encoded: tuple | None = None) -> torch.Tensor:
+                encoded: tuple | None = None, plus: torch.Tensor | None = None) -> torch.Tensor:
     """fp4_moe's result ([T, H] fp32) for the same arguments (ids past the last expert: other
     ranks' pairs, left 0). The pairs are sorted by expert once; the experts' weights are decoded
     to bf16 in one launch a matrix (up to DECODE_EXPERTS at a time: one launch an expert cost
     11.5 against 9.3 ms at 8,192 tokens), then each expert's run of rows is one product. Each
     token's k outputs are summed in pair order, as fp4_moe sums them (no atomics). `encoded`:
     the gate/up and down matrices' encoders (EncodedWeights.experts) where their FP8 forms are
-    kept."""
+    kept. plus [T, H] fp32: added to each token's sum (pair_sums), after its pairs."""
     encode13, encode2 = encoded or (_encode, _encode)
     T, H = x.shape
     k = idx.shape[1]
@@ -281,7 +281,8 @@ def fp4_experts(x: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor, w13: 
     counts = torch.bincount(flat, minlength=E)[:E].tolist()  # one sync: the products' row counts
     live = order[:sum(counts)]
     if not live.numel():  # every pair is another rank's
-        return torch.zeros(T, H, dtype=torch.float32, device=x.device)
+        zeros = torch.zeros(T, H, dtype=torch.float32, device=x.device)
+        return zeros if plus is None else zeros.add_(plus)
     # the FP8 tensor cores take each expert's run of rows padded to fp8_blockwise.ROW_ALIGN: the
     # padding rows repeat token 0 with routing weight 0, and no pair reads their results
     align = fp8_blockwise.ROW_ALIGN if _tensor_cores(x, two_i, H) else 1
@@ -294,7 +295,7 @@ def fp4_experts(x: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor, w13: 
     down = _down_projection(x, gate_up, runs, row_weights, w2, s2, limit, act_quant, encode2)
     place = torch.full((flat.shape[0],), -1, dtype=torch.int64, device=x.device)
     place[live] = at  # pair -> its row of `down` (-1: none)
-    return pair_sums(down, place.view(T, k))
+    return pair_sums(down, place.view(T, k), plus)
 
 
 def _down_projection(x: torch.Tensor, gate_up: torch.Tensor, runs: list[int], row_weights: torch.Tensor,

@@ -43,6 +43,8 @@ def moe(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, x: torch.Tensor) -
     if not SHARED_FIRST:
         shared = ops.beside(shared_expert, xs.shape[0])
     local = ops.parallel.split(role.n_routed_experts)  # every expert on one rank
+    if ops.fast and ops.parallel.world == 1:  # (the shared expert's rows are every row)
+        return ops.routed_experts(f"{p}.ffn.experts", local, x, idx, weights, limit, plus=shared)
     if ops.fast:
         y = ops.routed_experts(f"{p}.ffn.experts", local, x, idx, weights, limit)
     else:

@@ -402,6 +402,8 @@ def test_pair_sums_add_a_tokens_rows_in_pair_order_and_skip_the_rest():
     assert torch.equal(own_pair_sums(rows.to(DEVICE), ids.to(DEVICE), 6).cpu(), want)
     place = torch.where(kept, torch.arange(T * k).view(T, k), -1)
     assert torch.equal(pair_sums(rows.to(DEVICE), place.to(DEVICE)).cpu(), want)
+    plus = torch.randn(T, H, generator=g)  # the shared expert's output, added after the pairs: its add's bits
+    assert torch.equal(pair_sums(rows.to(DEVICE), place.to(DEVICE), plus.to(DEVICE)).cpu(), want + plus)
 
 
 @pytest.mark.parametrize("T, block_m, step", [(11, 64, 8), (30, 64, 32)])

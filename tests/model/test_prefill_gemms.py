@@ -152,6 +152,18 @@ def test_other_ranks_experts_are_left_to_them():
     assert not none.any()  # a rank none of whose experts were picked
 
 
+def test_the_shared_experts_output_joins_the_pair_sums_to_the_bit():
+    """fp4_experts(plus=...) (the shared expert's output, added inside the pair sums where a
+    prefill chunk's MoE adds it: moe.moe) gives the bits of adding it after them, also where
+    every pair is another rank's."""
+    stack, x, idx, weights = _moe_case(_g(7), 17, E=4, H=64, inter=32, k=2)
+    plus = torch.randn(17, 64, generator=_g(8)).to(DEVICE)
+    args = (x.to(DEVICE), idx.to(DEVICE), weights.to(DEVICE), *_device_experts(stack), 0.7)
+    assert torch.equal(prefill_gemms.fp4_experts(*args, plus=plus), prefill_gemms.fp4_experts(*args) + plus)
+    elsewhere = (args[0], torch.full_like(args[1], 2), *args[2:3], *[t[:2] for t in args[3:7]], 0.7)
+    assert torch.equal(prefill_gemms.fp4_experts(*elsewhere, plus=plus), plus)
+
+
 def test_only_prefill_rows_on_the_gpu_take_cublas():
     """Dense products from ROWS rows; the experts from EXPERT_PAIRS pairs an expert."""
     rows = prefill_gemms.ROWS
