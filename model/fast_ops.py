@@ -22,7 +22,7 @@ from typing import Callable
 
 import torch
 
-from .kernels import compressor, hc_streams, prefill_gemms, swiglu
+from .kernels import compressor, hc_streams, prefill_gemms, swiglu, tall_bf16
 from .kernels import rms_norm as norm_kernel
 from .kernels.common import interpreting, quad_units
 from .kernels.fp8_blockwise import Operand
@@ -86,6 +86,10 @@ class TritonOps(ReferenceOps):
                             kept=self.weight_cache)
         rows = x.reshape(-1, x.shape[-1])
         bf16 = isinstance(weight, torch.Tensor) and weight.dtype == torch.bfloat16 and _kernels_run_on(x)
+        if bf16 and tall_bf16.takes(rows.shape[0], x, weight):
+            # a prefill chunk's fp32 rows against the routers' and compressors' weights: one read
+            # of the rows on the TF32 tensor cores (tall_bf16)
+            return tall_bf16.product(rows.contiguous(), self._bf16_weight(name)).view(*x.shape[:-1], weight.shape[0])
         prefill = bf16 and _wide_prefill(rows, weight)
         if bf16 and (bf16_decode_rows(rows.shape[0], weight) or weight.shape[0] >= WIDE_OUTPUT or prefill):
             # bf16 tensor cores at fp32 accuracy on the weight as stored (half the bytes of an
@@ -94,12 +98,17 @@ class TritonOps(ReferenceOps):
             # (2.6x faster than the fp32 matmul at 48 rows), and a prefill chunk's rows against
             # the compressor's weights (cuBLAS on three bf16 parts: the fp32 product ran at the
             # CUDA cores' rate). Other shapes keep torch's fp32 product.
-            dense = self._bf16.get(name)
-            if dense is None:
-                dense = self._bf16[name] = weight.to(self.device).contiguous()
+            dense = self._bf16_weight(name)
             gemm = prefill_gemms.bf16_product if prefill else bf16_gemm
             return gemm(rows.contiguous(), dense).view(*x.shape[:-1], dense.shape[0])
         return super().linear(x, name)
+
+    def _bf16_weight(self, name: str) -> torch.Tensor:
+        """A bf16 weight on the device, contiguous (kept)."""
+        dense = self._bf16.get(name)
+        if dense is None:
+            dense = self._bf16[name] = self.weights[name].to(self.device).contiguous()
+        return dense
 
     def linear_many(self, x: torch.Tensor, names: tuple[str, ...]) -> list[torch.Tensor]:
         """One GEMM for FP8 weights of one input width in whole 32-row blocks: at decode each

@@ -162,6 +162,18 @@ def dot_fp32_raw(a, b, acc):
 
 
 @triton.jit
+def dot_exact_rhs_raw(a, b, acc):
+    """dot_exact_rhs with a as it lies for its head (as dot_fp32_raw): on the GPU the tensor
+    cores read a truncated to TF32, the head dot_exact_rhs makes, so the products are the same
+    and only the remainder is made."""
+    if _SPLIT_ONE:
+        rest = a - _tf32_head(a)
+        head = a if _READS_TRUNCATED else a - rest
+        return tl.dot(rest, b, tl.dot(head, b, acc, input_precision="tf32"), input_precision="tf32")
+    return tl.dot(a, b, acc, input_precision=DOT)
+
+
+@triton.jit
 def dot_exact_lhs(a, b, acc):
     """acc + a @ b where every value of a is exact in TF32 (the mirror of dot_exact_rhs)."""
     if _SPLIT_ONE:

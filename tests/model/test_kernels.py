@@ -176,6 +176,49 @@ def test_grouped_fp8_gemm_declines_groups_no_tile_fits():
     assert grouped_fp8_gemm(torch.randn(17, 4 * 64).to(DEVICE), codes.to(DEVICE), scales.to(DEVICE), 4) is None
 
 
+@pytest.mark.parametrize("raw", [False, True])
+@pytest.mark.parametrize("N", [48, 130])  # a router's outputs; two column blocks, the second partly masked
+def test_tall_bf16_product_keeps_fp32_accuracy(N, raw, monkeypatch):
+    """tall_bf16.product (a prefill chunk's fp32 rows times a bf16 weight: the routers', the
+    compressors') against the float64 product: within fp32's accuracy over 5,120 columns, rows
+    and columns past a tile masked. `raw`: its two TF32 passes put together as on the GPU (the
+    interpreter computes a TF32 dot in full fp32, so it checks the passes' sum there)."""
+    from dsflash.model.kernels import tall_bf16
+
+    if raw and interpreting():
+        monkeypatch.setattr(common, "_SPLIT_ONE", tl.constexpr(True))
+    g = _g(N)
+    x = torch.randn(200, 5120, generator=g) * 3
+    weight = (torch.randn(N, 5120, generator=g) / 70).to(torch.bfloat16)
+    want = x.double() @ weight.double().T
+    got = tall_bf16.product(x.to(DEVICE), weight.to(DEVICE), dict(BLOCK_M=64)).cpu().double()
+    assert (got - want).abs().max() < 2e-6 * want.abs().max()
+
+
+def test_prefill_rows_against_a_small_bf16_weight_take_the_tall_kernel(monkeypatch):
+    """TritonOps.linear: from tall_bf16.ROWS rows, fp32 rows against a bf16 weight of up to
+    tall_bf16.OUTPUTS outputs take tall_bf16.product; bf16 rows and wider weights do not."""
+    from dsflash.model.kernels import tall_bf16
+
+    monkeypatch.setattr(tall_bf16, "ROWS", 32)
+    calls = []
+    product = tall_bf16.product
+    monkeypatch.setattr(tall_bf16, "product", lambda *a, **k: calls.append(a[1].shape) or product(*a, **k))
+    g = _g(13)
+    weights = {"router": torch.randn(48, 256, generator=g).to(torch.bfloat16),
+               "wide": torch.randn(2048, 256, generator=g).to(torch.bfloat16)}
+    ops = TritonOps(weights, device=DEVICE)
+    monkeypatch.setattr(tall_bf16, "OUTPUTS", 1024)
+    x = torch.randn(2, 20, 256, generator=g)
+    got = ops.linear(x.to(DEVICE), "router").cpu()
+    assert calls == [(48, 256)] and got.shape == (2, 20, 48)
+    assert torch.allclose(got, x @ weights["router"].float().T, rtol=1e-5, atol=1e-4)
+    ops.linear(x[:1, :20].to(DEVICE), "router")  # 20 rows
+    ops.linear(x.to(DEVICE).to(torch.bfloat16), "router")
+    ops.linear(x.to(DEVICE), "wide")
+    assert calls == [(48, 256)]
+
+
 @pytest.mark.parametrize("heads", [False, True])
 @pytest.mark.parametrize("m", [1, 16, 40])
 def test_fp32_gemm_matches_the_fp32_product(m, heads, monkeypatch):
