@@ -96,8 +96,8 @@ class TritonOps(ReferenceOps):
             # fp32 copy): decode rows (one launch, the parts cut in the kernel; up to 256 rows
             # of the small weights, fp8_gemm.BF16_SKINNY_ROWS), the LM heads
             # (2.6x faster than the fp32 matmul at 48 rows), and a prefill chunk's rows against
-            # the compressor's weights (cuBLAS on three bf16 parts: the fp32 product ran at the
-            # CUDA cores' rate). Other shapes keep torch's fp32 product.
+            # weights wider than tall_bf16 takes (cuBLAS on three bf16 parts: the fp32 product ran
+            # at the CUDA cores' rate). Other shapes keep torch's fp32 product.
             dense = self._bf16_weight(name)
             gemm = prefill_gemms.bf16_product if prefill else bf16_gemm
             return gemm(rows.contiguous(), dense).view(*x.shape[:-1], dense.shape[0])
@@ -362,8 +362,9 @@ class TritonOps(ReferenceOps):
 
 def _wide_prefill(rows: torch.Tensor, weight: torch.Tensor) -> bool:
     """A prefill chunk's rows against a bf16 weight of enough outputs that cuBLAS's three bf16
-    parts pay for making them (the compressor's 512; the router's 48 keep the fp32 product),
-    short of the LM heads (their weight repeated three times along K would be 4 GB)."""
+    parts pay for making them, short of the LM heads (their weight repeated three times along K
+    would be 4 GB). Fp32 rows against up to tall_bf16.OUTPUTS outputs (the compressors' 512, the
+    routers') take tall_bf16 first."""
     return 256 <= weight.shape[0] < WIDE_OUTPUT and prefill_gemms.takes(rows)
 
 

@@ -62,7 +62,7 @@ def _hc_expand_mix_parts_kernel(y_ptr, x_ptr, post_ptr, comb_ptr, out_ptr, fn_pt
     """Program (TB tokens, column block): the hc_expand of those columns, and their part of the
     next site's mixes while the new streams are in registers: the projections onto fn's rows
     (flat column k * H + d) [TB, NP] at part_ptr[t, block] and the sums of squares at
-    sq_ptr[t, block] (hc_gates sums the blocks' parts in order). fp32-accurate dots: tf32x3."""
+    sq_ptr[t, block] (hc_gates sums the blocks' parts in order). fp32-accurate dots: _project."""
     pdl.wait_for_inputs(PDL)
     t = (tl.program_id(0) * TB + tl.arange(0, TB)).to(tl.int64)
     block = tl.program_id(1)
@@ -112,7 +112,7 @@ def _hc_mixes_kernel(x_ptr, fn_ptr, out_ptr, part_ptr, squares_ptr, T, N, K, K_P
                      BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLITS: tl.constexpr,
                      TF32_HEADS: tl.constexpr, RAW_HEADS: tl.constexpr, PDL: tl.constexpr):
     """Program (BLOCK_T rows, K split): their projections and sums of squares in one pass over
-    the split's columns (fp32-accurate dots: tf32x3 on the GPU). One split scales and stores
+    the split's columns (fp32-accurate dots: _project). One split scales and stores
     the mixes; several leave [SPLITS, T, BLOCK_N] projections and [SPLITS, T] sums of squares."""
     pdl.wait_for_inputs(PDL)
     rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
