@@ -176,16 +176,17 @@ KERNELS = {
     # experts' down projections (SEGMENTS), bf16 rows, or the SwiGLU of fp32 gate/up in the launch
     "fp8_rows": Kernel(
         fp8_blockwise._rows_kernel,
-        {"x_ptr": lambda o: "*fp32" if o["SWIGLU"] or o["ROUND_FIRST"] else "*bf16", "up_ptr": "*fp32",
+        {"x_ptr": lambda o: "*u8" if o["ENCODED"] else "*fp32" if o["SWIGLU"] or o["ROUND_FIRST"] else "*bf16",
+         "up_ptr": "*fp32",
          "weights_ptr": "*fp32",
          "codes_ptr": "*u8", "scales_ptr": "*fp32", "starts_ptr": "*i32", "counts_ptr": "*i32", "source_ptr": "*i64",
          "limit": "fp32"},
         dict(GROUP_K=2304, TILE_ROWS=fp8_blockwise.ROW_TILE[0], TILE_BLOCKS=fp8_blockwise.ROW_TILE[1],
-             SEGMENTS=True, GATHER=False, SWIGLU=False, WEIGHTED=False, ROUND_FIRST=False, HW_FP8=True,
-             num_warps=4, num_stages=3),
+             SEGMENTS=True, GATHER=False, SWIGLU=False, WEIGHTED=False, ROUND_FIRST=False, ENCODED=False,
+             HW_FP8=True, num_warps=4, num_stages=3),
         ";SWIGLU=1,WEIGHTED=1;TILE_ROWS=32,TILE_BLOCKS=1;TILE_ROWS=32,TILE_BLOCKS=1,SWIGLU=1,WEIGHTED=1"
-        ";ROUND_FIRST=1;TILE_ROWS=32,TILE_BLOCKS=1,ROUND_FIRST=1;GATHER=1",
-        sample=dict(M=98304, ROWS=98304, K_ALL=2304, sxm=4608)),
+        ";ROUND_FIRST=1;TILE_ROWS=32,TILE_BLOCKS=1,ROUND_FIRST=1;GATHER=1;GATHER=1,ENCODED=1",
+        sample=dict(M=98304, ROWS=98304, K_ALL=2304, sxm=4608, SRC_ROWS=16384)),
     # the top-k's filtering launch over score rows padded to a multiple of 16 (indexer.PADDED_ROWS):
     # 256 rows of 512K entries (a prefill slice), 32 chunks a row. Rows of an odd length made its
     # loads 4-byte LDGSTS (24 a step against 6 LDGSTS.128), forty-third session

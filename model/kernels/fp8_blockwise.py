@@ -67,9 +67,9 @@ def runs_on(device: torch.device, n: int, k: int) -> bool:
 
 @triton.jit
 def _rows_kernel(x_ptr, up_ptr, weights_ptr, codes_ptr, scales_ptr, starts_ptr, counts_ptr, source_ptr, M, ROWS,
-                 K_ALL, sxm, limit, GROUP_K: tl.constexpr, TILE_ROWS: tl.constexpr, TILE_BLOCKS: tl.constexpr,
-                 SEGMENTS: tl.constexpr, GATHER: tl.constexpr, SWIGLU: tl.constexpr, WEIGHTED: tl.constexpr,
-                 ROUND_FIRST: tl.constexpr, HW_FP8: tl.constexpr):
+                 K_ALL, sxm, limit, SRC_ROWS, GROUP_K: tl.constexpr, TILE_ROWS: tl.constexpr,
+                 TILE_BLOCKS: tl.constexpr, SEGMENTS: tl.constexpr, GATHER: tl.constexpr, SWIGLU: tl.constexpr,
+                 WEIGHTED: tl.constexpr, ROUND_FIRST: tl.constexpr, ENCODED: tl.constexpr, HW_FP8: tl.constexpr):
     """Program (TILE_ROWS rows of ROWS, TILE_BLOCKS 128-column blocks, held as one 128-wide row a
     row and block): e4m3 codes under each block's power-of-two scale, as quant.fp8_round_trip
     with 128-column blocks rounds (rows from M on read as zeros). Codes go to group g's [ROWS,
@@ -79,7 +79,9 @@ def _rows_kernel(x_ptr, up_ptr, weights_ptr, codes_ptr, scales_ptr, starts_ptr, 
     blocks] with strides (1, count). GATHER: row r is x's row source[r]. SWIGLU: x is the gate
     and up_ptr the up projection (x's row stride); the row is their clamped SwiGLU, times
     weights[r] where WEIGHTED. SWIGLU or ROUND_FIRST: the row is first rounded onto faithful
-    mode's 1 x 32 FP8 grid (to the bit as quantize.fp8_grid_bf16 or swiglu.py's fp8_grid)."""
+    mode's 1 x 32 FP8 grid (to the bit as quantize.fp8_grid_bf16 or swiglu.py's fp8_grid).
+    ENCODED: x is an operand's codes already (rows of sxm bytes) and up_ptr its scales (block b
+    of row s at b * SRC_ROWS + s): the codes and scales are copied, not made."""
     unit = tl.arange(0, TILE_ROWS * TILE_BLOCKS)
     r = tl.program_id(0) * TILE_ROWS + unit // TILE_BLOCKS
     b = tl.program_id(1) * TILE_BLOCKS + unit % TILE_BLOCKS
@@ -89,17 +91,22 @@ def _rows_kernel(x_ptr, up_ptr, weights_ptr, codes_ptr, scales_ptr, starts_ptr, 
     reads = live & (r < M)
     row = tl.minimum(r, M - 1)
     source = tl.load(source_ptr + row, mask=reads, other=0).to(tl.int64) if GATHER else row.to(tl.int64)
-    x = tl.load(x_ptr + source[:, None] * sxm + cols, mask=reads[:, None], other=0.0).to(tl.float32)
-    if SWIGLU:  # (rows from M on: gate and up 0, so h 0)
-        up = tl.load(up_ptr + source[:, None] * sxm + cols, mask=reads[:, None], other=0.0).to(tl.float32)
-        x = clamped_swiglu_tile(x, up, limit)
-        if WEIGHTED:
-            x = x * tl.load(weights_ptr + row, mask=reads, other=0.0)[:, None]
-    if SWIGLU or ROUND_FIRST:
-        x = tl.reshape(_on_fp8_grid(tl.reshape(x, (TILE_ROWS * TILE_BLOCKS * 4, 32)), HW_FP8),
-                       (TILE_ROWS * TILE_BLOCKS, 128))
-    exponent = fp8_block_exponents(x)
-    code = _e4m3_codes(x * pow2(254 - exponent)[:, None], HW_FP8)
+    if ENCODED:  # (rows from M on: zero codes under unit scales)
+        code = tl.load(x_ptr + source[:, None] * sxm + cols, mask=reads[:, None], other=0)
+        scale = tl.load(up_ptr + b * SRC_ROWS + source, mask=reads, other=1.0)
+    else:
+        x = tl.load(x_ptr + source[:, None] * sxm + cols, mask=reads[:, None], other=0.0).to(tl.float32)
+        if SWIGLU:  # (rows from M on: gate and up 0, so h 0)
+            up = tl.load(up_ptr + source[:, None] * sxm + cols, mask=reads[:, None], other=0.0).to(tl.float32)
+            x = clamped_swiglu_tile(x, up, limit)
+            if WEIGHTED:
+                x = x * tl.load(weights_ptr + row, mask=reads, other=0.0)[:, None]
+        if SWIGLU or ROUND_FIRST:
+            x = tl.reshape(_on_fp8_grid(tl.reshape(x, (TILE_ROWS * TILE_BLOCKS * 4, 32)), HW_FP8),
+                           (TILE_ROWS * TILE_BLOCKS, 128))
+        exponent = fp8_block_exponents(x)
+        code = _e4m3_codes(x * pow2(254 - exponent)[:, None], HW_FP8)
+        scale = pow2(exponent)
     at = (cols // GROUP_K).to(tl.int64) * ROWS * GROUP_K + r[:, None].to(tl.int64) * GROUP_K + cols % GROUP_K
     tl.store(codes_ptr + at, code, mask=live[:, None])
     if SEGMENTS:
@@ -108,7 +115,7 @@ def _rows_kernel(x_ptr, up_ptr, weights_ptr, codes_ptr, scales_ptr, starts_ptr, 
     else:
         start = 0
         count = ROWS
-    tl.store(scales_ptr + blocks * start + b * count + (r - start), pow2(exponent), mask=live)
+    tl.store(scales_ptr + blocks * start + b * count + (r - start), scale, mask=live)
 
 
 @triton.jit
@@ -174,10 +181,19 @@ def swiglu_rows_1x128(gate: torch.Tensor, up: torch.Tensor, limit: float, row_we
     return _encode_rows(gate, counts=counts, swiglu=(up, weights, float(limit)))
 
 
+def gathered_1x128(operand: Operand, counts: list[int], sources: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """rows_1x128(rows, counts=counts, sources=sources) of the rows `operand` encodes (one group),
+    from its codes and scales: each source row's bytes copied, none re-encoded (the routed
+    experts' pairs: a token's row encoded once, not once a pair)."""
+    assert operand.codes.shape[0] == 1, operand.codes.shape
+    return _encode_rows(operand.codes[0], counts=counts, sources=sources, encoded=operand.scales)
+
+
 def _encode_rows(x: torch.Tensor, groups: int = 1, counts: list[int] | None = None,
-                 sources: torch.Tensor | None = None, swiglu: tuple | None = None, round_first: bool = False
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """rows_1x128's launch; swiglu (up, row weights or None, limit): x is the gate (_rows_kernel's SWIGLU)."""
+                 sources: torch.Tensor | None = None, swiglu: tuple | None = None, round_first: bool = False,
+                 encoded: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """rows_1x128's launch; swiglu (up, row weights or None, limit): x is the gate (_rows_kernel's
+    SWIGLU); encoded (an operand's scales): x is its codes (ENCODED)."""
     M, K = x.shape if sources is None else (sources.shape[0], x.shape[1])
     assert K % (BLOCK * groups) == 0 and x.stride(1) == 1
     rows = M if counts is not None else -(-M // ROW_ALIGN) * ROW_ALIGN
@@ -188,15 +204,15 @@ def _encode_rows(x: torch.Tensor, groups: int = 1, counts: list[int] | None = No
         sizes = torch.tensor(counts, device=x.device)
         lengths = torch.repeat_interleave(sizes, sizes, output_size=M).to(torch.int32)
         starts = torch.repeat_interleave(torch.cumsum(sizes, 0) - sizes, sizes, output_size=M).to(torch.int32)
-    up, weights, limit = swiglu or (x, None, 0.0)
+    up, weights, limit = swiglu or (x if encoded is None else encoded, None, 0.0)
     tile_rows, tile_blocks = ROW_TILE
     if rows:
         _rows_kernel[(triton.cdiv(rows, tile_rows), triton.cdiv(K // BLOCK, tile_blocks))](
             x, up, scales if weights is None else weights, codes, scales, starts, lengths,
-            scales if sources is None else sources, M, rows, K, x.stride(0), limit, GROUP_K=K // groups,
+            scales if sources is None else sources, M, rows, K, x.stride(0), limit, x.shape[0], GROUP_K=K // groups,
             TILE_ROWS=tile_rows, TILE_BLOCKS=tile_blocks, SEGMENTS=counts is not None, GATHER=sources is not None,
             SWIGLU=swiglu is not None, WEIGHTED=weights is not None, ROUND_FIRST=round_first,
-            HW_FP8=not interpreting())
+            ENCODED=encoded is not None, HW_FP8=not interpreting())
     return codes, scales
 
 

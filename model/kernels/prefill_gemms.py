@@ -136,6 +136,17 @@ def takes_experts(x: torch.Tensor, pairs: int, experts: int) -> bool:
     return takes(x) and (EXACT_EXPERTS or x.dtype == torch.bfloat16) and pairs >= EXPERT_PAIRS * experts
 
 
+def expert_rows_operand(x: torch.Tensor, pairs: int, experts: int, w13: torch.Tensor
+                        ) -> fp8_blockwise.Operand | None:
+    """Faithful mode's fp32 rows x of a prefill chunk's routed pairs, encoded once for the FP8
+    tensor cores with the rounding inside (EXPERT_ROWS_ENCODED_ONCE), for fp4_experts; None
+    where they go as the bf16 rows of the rounding launch."""
+    if not (EXPERT_ROWS_ENCODED_ONCE and FP8_TENSOR_CORES and x.dtype == torch.float32 and takes(x)
+            and pairs >= EXPERT_PAIRS * experts and fp8_blockwise.runs_on(x.device, w13.shape[1], x.shape[1])):
+        return None
+    return fp8_blockwise.Operand(*fp8_blockwise.rows_1x128(x.contiguous(), round_first=True), x.shape[0])
+
+
 def _product(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """a @ b (2-D or batched 3-D) for bf16 a and b, accumulated in and returned as fp32: cuBLAS
     on the GPU; elsewhere (the CPU tests) the fp32 product of the same values."""
@@ -165,7 +176,11 @@ def bf16_product(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return _product(a, _repeated(weight, copies).T)
 
 
-def _tensor_cores(x: torch.Tensor, n: int, k: int) -> bool:
+def _tensor_cores(x: torch.Tensor | fp8_blockwise.Operand, n: int, k: int) -> bool:
+    """Whether x's product with an [n, k] weight runs on the FP8 tensor cores (x: faithful mode's
+    bf16 rows, or an operand encoded for them)."""
+    if isinstance(x, fp8_blockwise.Operand):
+        return fp8_blockwise.runs_on(x.codes.device, n, k)
     return FP8_TENSOR_CORES and fp8_blockwise.fits(x, n, k)
 
 
@@ -262,18 +277,22 @@ def _grouped_on_tensor_cores(x: torch.Tensor | fp8_blockwise.Operand, codes: tor
     return y[:x.shape[0]]
 
 
-def fp4_experts(x: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor, w13: torch.Tensor, s13: torch.Tensor,
-                w2: torch.Tensor, s2: torch.Tensor, limit: float, act_quant: bool = False,
-                encoded: tuple | None = None, plus: torch.Tensor | None = None) -> torch.Tensor:
+def fp4_experts(x: torch.Tensor | fp8_blockwise.Operand, idx: torch.Tensor, weights: torch.Tensor,
+                w13: torch.Tensor, s13: torch.Tensor, w2: torch.Tensor, s2: torch.Tensor, limit: float,
+                act_quant: bool = False, encoded: tuple | None = None, plus: torch.Tensor | None = None
+                ) -> torch.Tensor:
     """fp4_moe's result ([T, H] fp32) for the same arguments (ids past the last expert: other
     ranks' pairs, left 0). The pairs are sorted by expert once; the experts' weights are decoded
     to bf16 in one launch a matrix (up to DECODE_EXPERTS at a time: one launch an expert cost
     11.5 against 9.3 ms at 8,192 tokens), then each expert's run of rows is one product. Each
     token's k outputs are summed in pair order, as fp4_moe sums them (no atomics). `encoded`:
     the gate/up and down matrices' encoders (EncodedWeights.experts) where their FP8 forms are
-    kept. plus [T, H] fp32: added to each token's sum (pair_sums), after its pairs."""
+    kept. plus [T, H] fp32: added to each token's sum (pair_sums), after its pairs. x may come
+    as faithful mode's operand of the tokens' rows (EXPERT_ROWS_ENCODED_ONCE): each pair's row is
+    then gathered from its codes (fp8_blockwise.gathered_1x128), not encoded again."""
     encode13, encode2 = encoded or (_encode, _encode)
     T, H = x.shape
+    device = idx.device
     k = idx.shape[1]
     E, two_i, _ = w13.shape
     flat = idx.reshape(-1)
@@ -281,19 +300,19 @@ def fp4_experts(x: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor, w13: 
     counts = torch.bincount(flat, minlength=E)[:E].tolist()  # one sync: the products' row counts
     live = order[:sum(counts)]
     if not live.numel():  # every pair is another rank's
-        zeros = torch.zeros(T, H, dtype=torch.float32, device=x.device)
+        zeros = torch.zeros(T, H, dtype=torch.float32, device=device)
         return zeros if plus is None else zeros.add_(plus)
     # the FP8 tensor cores take each expert's run of rows padded to fp8_blockwise.ROW_ALIGN: the
     # padding rows repeat token 0 with routing weight 0, and no pair reads their results
     align = fp8_blockwise.ROW_ALIGN if _tensor_cores(x, two_i, H) else 1
     runs = [-(-count // align) * align for count in counts]
     at = _run_rows(flat[live], counts, runs)  # sorted pair -> its row
-    tokens = torch.zeros(sum(runs), dtype=torch.int64, device=x.device).index_copy_(0, at, live // k)
-    row_weights = torch.zeros(sum(runs), dtype=weights.dtype, device=x.device).index_copy_(
+    tokens = torch.zeros(sum(runs), dtype=torch.int64, device=device).index_copy_(0, at, live // k)
+    row_weights = torch.zeros(sum(runs), dtype=weights.dtype, device=device).index_copy_(
         0, at, weights.reshape(-1)[live])
     gate_up = _by_expert(x, runs, w13, s13, tokens, encode13)
     down = _down_projection(x, gate_up, runs, row_weights, w2, s2, limit, act_quant, encode2)
-    place = torch.full((flat.shape[0],), -1, dtype=torch.int64, device=x.device)
+    place = torch.full((flat.shape[0],), -1, dtype=torch.int64, device=device)
     place[live] = at  # pair -> its row of `down` (-1: none)
     return pair_sums(down, place.view(T, k), plus)
 
@@ -307,7 +326,7 @@ def _down_projection(x: torch.Tensor, gate_up: torch.Tensor, runs: list[int], ro
     on_grid = act_quant and inter % 32 == 0
     if on_grid and SWIGLU_ENCODE and _tensor_cores(x, x.shape[1], inter):  # all of it in the operand's encode
         a, a_scales = fp8_blockwise.swiglu_rows_1x128(gate, up, limit, row_weights, counts=runs)
-        out = torch.empty(sum(runs), x.shape[1], dtype=torch.float32, device=x.device)
+        out = torch.empty(sum(runs), x.shape[1], dtype=torch.float32, device=gate_up.device)
         return _expert_products(a, a_scales, runs, w2, s2, out, encode)
     if SWIGLU_EPILOGUE:  # the routing weights and the rounding in the SwiGLU's launch
         h = clamped_swiglu(gate, up, limit, row_weights=row_weights, fp8_grid=on_grid)
@@ -348,20 +367,31 @@ SWIGLU_ENCODE = True
 # 32-row tiles), its last logits the same to the bit.
 ROUND_IN_ENCODE = True
 
+# Faithful prefill's routed experts take their tokens' rows as one operand, encoded once from
+# the fp32 rows with the rounding inside (rows_1x128's round_first), each pair's row then copied
+# from its codes (fp8_blockwise.gathered_1x128): the same operand bits as the rounding launch
+# (TritonOps.gemm_input's bf16 rows) and an encode of each pair's row. At a 16K chunk (6 pairs a
+# token, 5,120 columns) ~1.4 GB of a layer's traffic where that was ~2.0 (~0.2 ms on an H100 by
+# the bytes). Off until timed (fiftieth session: built, its GPU tests and timing owed; call T).
+EXPERT_ROWS_ENCODED_ONCE = False
+
 # Experts decoded to bf16 at once, one matrix kind at a time: at the release widths 47.2 MB an
 # expert for gate/up, 23.6 for down (3.0 GB at most for gate/up).
 DECODE_EXPERTS = 64
 
 
-def _by_expert(rows: torch.Tensor, counts: list[int], units: torch.Tensor, scales: torch.Tensor,
-               sources: torch.Tensor | None = None, encode=_encode) -> torch.Tensor:
+def _by_expert(rows: torch.Tensor | fp8_blockwise.Operand, counts: list[int], units: torch.Tensor,
+               scales: torch.Tensor, sources: torch.Tensor | None = None, encode=_encode) -> torch.Tensor:
     """Each expert's run of rows (in expert order, counts[e] each; with sources, rows' rows
-    sources[i]) times its weight (quad units [E, N, K/4] and scales, decoded here) -> [rows, N]
+    sources[i]; rows may be an operand of them) times its weight (quad units [E, N, K/4] and scales, decoded here) -> [rows, N]
     fp32. fp32 rows go in as three bf16 parts stacked as rows, their products summed after: side
     by side along K (as the dense products take them) each expert's weight would be copied
     three times over, 6.8 GB a layer."""
     N = units.shape[1]
-    out = torch.empty(sum(counts), N, dtype=torch.float32, device=rows.device)
+    out = torch.empty(sum(counts), N, dtype=torch.float32, device=units.device)
+    if isinstance(rows, fp8_blockwise.Operand):  # the tokens' rows encoded once: each pair's copied
+        return _expert_products(*fp8_blockwise.gathered_1x128(rows, counts, sources), counts, units, scales, out,
+                                encode)
     if _tensor_cores(rows, N, 4 * units.shape[2]):  # faithful rows: their codes made once, read where they lie
         return _expert_products(*fp8_blockwise.rows_1x128(rows, counts=counts, sources=sources), counts, units,
                                 scales, out, encode)

@@ -206,6 +206,18 @@ def test_the_swiglu_in_the_encode_is_the_swiglu_then_the_encode(tile, monkeypatc
     assert got[0].shape[1] == fp8_blockwise.ROW_ALIGN and all(torch.equal(a, b) for a, b in zip(got, want))
 
 
+def _prefill_moe_case(monkeypatch, seed: int) -> tuple:
+    """Six experts (H 256, inter 128) and the rows of a prefill chunk's 3 pairs a token on the
+    FP8 path (on CPU a few rows, the products in fp32): (rows, stack, x, weights, idx on the device)."""
+    _switch(monkeypatch, True)
+    if DEVICE == "cpu":
+        monkeypatch.setattr(prefill_gemms, "takes", lambda x: x.shape[0] >= 16)
+    rows = prefill_gemms.ROWS + 67 if DEVICE == "cuda" else 37
+    stack, xe, _, weights = _moe_case(_g(seed), rows, E=6, H=256, inter=128, k=3)
+    idx = torch.stack([torch.randperm(6, generator=_g(seed + 1 + t))[:3] for t in range(rows)]).to(DEVICE)
+    return rows, stack, xe, weights, idx
+
+
 def test_the_swiglu_in_the_encode_gives_the_same_products(monkeypatch):
     """prefill_gemms.SWIGLU_ENCODE changes no bit: the routed experts (fp4_experts) and the
     shared expert's down projection, called directly and through TritonOps.swiglu_linear (the
@@ -217,12 +229,7 @@ def test_the_swiglu_in_the_encode_gives_the_same_products(monkeypatch):
     from dsflash.model.ops import ReferenceOps
     from dsflash.model.weights import Fp8Weight
 
-    _switch(monkeypatch, True)
-    if DEVICE == "cpu":
-        monkeypatch.setattr(prefill_gemms, "takes", lambda x: x.shape[0] >= 16)
-    rows = prefill_gemms.ROWS + 67 if DEVICE == "cuda" else 37
-    stack, xe, _, weights = _moe_case(_g(22), rows, E=6, H=256, inter=128, k=3)
-    idx = torch.stack([torch.randperm(6, generator=_g(23 + t))[:3] for t in range(rows)]).to(DEVICE)
+    rows, stack, xe, weights, idx = _prefill_moe_case(monkeypatch, 22)
     xe = fake_quant_fp8(xe).to(torch.bfloat16).to(DEVICE)
     experts = (xe, idx, weights.to(DEVICE), *_device_experts(stack), 0.7)
     got = {}
@@ -248,6 +255,58 @@ def test_the_swiglu_in_the_encode_gives_the_same_products(monkeypatch):
     reference = ReferenceOps(store, act_quant=True, device=DEVICE).swiglu_linear(gate, up, 7.0, "w2")
     assert fused["w2"] == 1  # exact mode and the reference path: linear of the SwiGLU
     assert (reference - want).abs().max() < 1e-3 * want.abs().max()
+
+
+@pytest.mark.parametrize("tile", TILES)
+def test_an_operands_rows_gathered_are_the_encode_of_the_gathered_rows(tile, monkeypatch):
+    """gathered_1x128 of fp32 rows encoded once (rounded inside) gives, to the bit, the codes and
+    scales rows_1x128 makes of the rounding launch's bf16 rows gathered (the routed experts'
+    pairs: runs with an empty one, a token taken by several pairs, rows in any order)."""
+    from dsflash.model.kernels.quantize import fp8_grid_bf16
+
+    monkeypatch.setattr(fp8_blockwise, "ROW_TILE", tile)
+    x = _gate_up(13, 192, 31).to(DEVICE)  # 13 rows (padded to 16 in the operand), 384 columns
+    operand = fp8_blockwise.Operand(*fp8_blockwise.rows_1x128(x, round_first=True), 13)
+    sources = torch.tensor([3, 0, 12, 3, 7, 7, 1, 0, 5, 11, 12], device=DEVICE)
+    counts = [4, 0, 7]
+    got = fp8_blockwise.gathered_1x128(operand, counts, sources)
+    want = fp8_blockwise.rows_1x128(fp8_grid_bf16(x), counts=counts, sources=sources)
+    assert all(torch.equal(a, b) for a, b in zip(got, want)) and got[0].any()
+
+
+def test_the_experts_rows_encoded_once_give_the_same_products(monkeypatch):
+    """prefill_gemms.EXPERT_ROWS_ENCODED_ONCE changes no bit: fp4_experts of the tokens' fp32
+    rows encoded once (expert_rows_operand) against fp4_experts of the rounding launch's bf16
+    rows, and TritonOps.routed_experts with the switch off and on. On CPU at a few rows with
+    the products in fp32; on a GPU at a prefill chunk's rows."""
+    from dsflash.model.fast_ops import TritonOps
+    from dsflash.model.kernels.quantize import fp8_grid_bf16
+    from dsflash.model.weights import Fp4Weight
+
+    rows, stack, xe, weights, idx = _prefill_moe_case(monkeypatch, 32)
+    x = (xe * 3).to(DEVICE)
+    experts = (idx, weights.to(DEVICE), *_device_experts(stack), 0.7)
+    monkeypatch.setattr(prefill_gemms, "EXPERT_PAIRS", 1)
+    want = prefill_gemms.fp4_experts(fp8_grid_bf16(x), *experts, act_quant=True)
+    assert prefill_gemms.expert_rows_operand(x, idx.numel(), 6, stack[0]) is None  # (off)
+    monkeypatch.setattr(prefill_gemms, "EXPERT_ROWS_ENCODED_ONCE", True)
+    operand = prefill_gemms.expert_rows_operand(x, idx.numel(), 6, stack[0].to(DEVICE))
+    assert operand is not None and torch.equal(prefill_gemms.fp4_experts(operand, *experts, act_quant=True), want)
+    assert prefill_gemms.expert_rows_operand(x.to(torch.bfloat16), idx.numel(), 6, stack[0]) is None
+    store = {}
+    for e in range(6):  # the experts as a checkpoint holds them: w1 and w3 the halves of w13
+        store[f"e.{e}.w1"] = Fp4Weight(stack[0][e, :128], stack[1][e, :128])
+        store[f"e.{e}.w3"] = Fp4Weight(stack[0][e, 128:], stack[1][e, 128:])
+        store[f"e.{e}.w2"] = Fp4Weight(stack[2][e], stack[3][e])
+    got, gathers = {}, []
+    gathered = fp8_blockwise.gathered_1x128
+    monkeypatch.setattr(fp8_blockwise, "gathered_1x128", lambda *a: gathers.append(1) or gathered(*a))
+    for on in (False, True):
+        monkeypatch.setattr(prefill_gemms, "EXPERT_ROWS_ENCODED_ONCE", on)
+        got[on] = TritonOps(store, act_quant=True, device=DEVICE).routed_experts("e", range(6), x, idx,
+                                                                                 weights.to(DEVICE), 0.7)
+        assert len(gathers) == on  # (the switch took the operand's path)
+    assert torch.equal(got[True], got[False]) and torch.equal(got[True], want)
 
 
 def test_the_rounding_in_the_encode_gives_the_same_products(monkeypatch):
