@@ -209,7 +209,7 @@ KERNELS = {
         "TB=64,BLOCK=16;num_warps=8",
         sample=dict(T=16384, H=5120, N=24, sxt=20480, sxs=5120, syt=5120, sst=20480, sss=5120, sfn=20480, smt=24,
                     srt=5120)),
-    # a prefill mHC site's mixes alone (hc_streams.hc_mixes, shipped while hc_site is off)
+    # a prefill mHC site's mixes alone (hc_streams.hc_mixes: where hc_site does not take a site)
     "hc_mixes": Kernel(
         hc_streams._hc_mixes_kernel,
         {"x_ptr": "*fp32", "fn_ptr": "*fp32", "out_ptr": "*fp32", "part_ptr": "*fp32", "squares_ptr": "*fp32",

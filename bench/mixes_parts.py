@@ -2,8 +2,8 @@
 of 4 x 5,120 fp32 streams it takes 746-807 us in every tile shape tried, ~1.7x its 1.34 GB at
 the H100's HBM rate (forty-sixth session). This times, per tile shape, the same loop over the
 streams with its dots left out (the rows' reads and sums of squares only), with one TF32 dot,
-and with fp32-accurate dots (common.dot_fp32's masked heads; Triton's tf32x3, the shipped
-one), next to hc_mixes itself:
+and with fp32-accurate dots (common.dot_fp32's masked heads; Triton's tf32x3; the shipped
+common.dot_fp32_raw), next to hc_mixes itself:
 whether the reads' pattern (each step a 128-byte piece of BLOCK_T rows 80 KB apart) or the
 dots bind it.
 
@@ -20,19 +20,18 @@ import triton.language as tl
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 import h200  # noqa: E402
 from dsflash.model.kernels import hc_streams  # noqa: E402
-from dsflash.model.kernels.common import dot_fp32  # noqa: E402
+from dsflash.model.kernels.common import dot_fp32, dot_fp32_raw  # noqa: E402
 
 STREAMS, HIDDEN, MIXES = 4, 5120, 24
 
 
 @triton.jit
-def _loop_kernel(x_ptr, fn_ptr, lo_ptr, out_ptr, sq_ptr, T, K, K_PER_SPLIT, sxt, sfn, BLOCK_T: tl.constexpr,
+def _loop_kernel(x_ptr, fn_ptr, out_ptr, sq_ptr, T, K, K_PER_SPLIT, sxt, sfn, BLOCK_T: tl.constexpr,
                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOTS: tl.constexpr):
     """hc_mixes' loop over a split's columns with DOTS 0 (reads and squares), 1 (one TF32 dot),
-    2 (dot_fp32's masked heads), 3 (Triton's tf32x3, hc_mixes' own) or 4 (the streams as they
-    lie, which the tensor cores read truncated to TF32, and their remainders, times fn's TF32
-    heads (fn_ptr) and remainders (lo_ptr) split once beforehand); the projections [split,
-    rows, BLOCK_N] land in out, the sums of squares [split, rows] in sq."""
+    2 (dot_fp32's masked heads), 3 (Triton's tf32x3, hc_mixes' before the fiftieth session) or
+    4 (dot_fp32_raw, hc_mixes' since: the operands as they lie for their TF32 heads); the
+    projections [split, rows, BLOCK_N] land in out, the sums of squares [split, rows] in sq."""
     rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     split = tl.program_id(1)
     n = tl.arange(0, BLOCK_N)
@@ -52,20 +51,10 @@ def _loop_kernel(x_ptr, fn_ptr, lo_ptr, out_ptr, sq_ptr, T, K, K_PER_SPLIT, sxt,
             elif DOTS == 3:
                 acc = tl.dot(x, tl.trans(w), acc, input_precision="tf32x3")
             else:
-                lo = tl.load(lo_ptr + n[:, None] * sfn + k[None, :])
-                rest = x - (x.to(tl.int32, bitcast=True) & -8192).to(tl.float32, bitcast=True)
-                part = tl.dot(x, tl.trans(lo), tl.zeros(acc.shape, tl.float32), input_precision="tf32")
-                part = tl.dot(rest, tl.trans(w), part, input_precision="tf32")
-                acc += tl.dot(x, tl.trans(w), part, input_precision="tf32")
+                acc = dot_fp32_raw(x, tl.trans(w), acc)
     at = split * T + rows
     tl.store(out_ptr + at[:, None] * BLOCK_N + n[None, :], acc, mask=live[:, None])
     tl.store(sq_ptr + at, tl.sum(squares, axis=1), mask=live)
-
-
-def split_tf32(fn: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """fn's nearest TF32 values and the remainders (exact in fp32)."""
-    head = ((fn.view(torch.int32) + 4096) & -8192).view(torch.float32)
-    return head, fn - head
 
 
 def loop(X: torch.Tensor, fn: torch.Tensor, block_t: int, block_k: int, warps: int, stages: int, splits: int,
@@ -77,8 +66,7 @@ def loop(X: torch.Tensor, fn: torch.Tensor, block_t: int, block_k: int, warps: i
     per_split = triton.cdiv(triton.cdiv(K, splits), block_k) * block_k
     out = torch.empty(splits, T, fn.shape[0], device=X.device)
     squares = torch.empty(splits, T, device=X.device)
-    head, lo = split_tf32(fn) if dots == 4 else (fn, fn)
-    _loop_kernel[(triton.cdiv(T, block_t), splits)](flat, head, lo, out, squares, T, K, per_split, flat.stride(0),
+    _loop_kernel[(triton.cdiv(T, block_t), splits)](flat, fn, out, squares, T, K, per_split, flat.stride(0),
                                                      fn.stride(0), BLOCK_T=block_t, BLOCK_N=fn.shape[0],
                                                      BLOCK_K=block_k, DOTS=dots, num_warps=warps, num_stages=stages)
     return out.sum(0)

@@ -30,7 +30,7 @@ import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 import h200  # noqa: E402
-from dsflash.model.kernels import attention_queries, hc_streams  # noqa: E402
+from dsflash.model.kernels import attention_queries, common, hc_streams  # noqa: E402
 from dsflash.model.kernels import rope as rope_kernel  # noqa: E402
 from dsflash.model.kernels import rms_norm as norm_kernel  # noqa: E402
 from dsflash.model.kernels.attention_queries import Queries, query_parts  # noqa: E402
@@ -156,13 +156,17 @@ def sites(rows: int) -> None:
 
 
 MIXES_ROWS = [hc_streams.MIXES_ROWS]  # --mixes-rows: the mixes' threshold when the fusions are on
+SHIPPED = {"SITE_ROWS": hc_streams.SITE_ROWS, "RAW_HEADS": common.RAW_HEADS}
 
 
 def fused(on: bool) -> None:
-    """The three fusions on, or off (the passes as they were before them)."""
+    """The three fusions on, or off (the passes as they were before them: no one-pass sites and
+    the mixes' dots in Triton's tf32x3 either, which came later)."""
     attention_queries.ONE_PASS = on
     rope_kernel.IN_PLACE = on
     hc_streams.MIXES_ROWS = MIXES_ROWS[0] if on else 1 << 62
+    hc_streams.SITE_ROWS = SHIPPED["SITE_ROWS"] if on else 0
+    common.RAW_HEADS = SHIPPED["RAW_HEADS"] and on
 
 
 def whole(n: int, rounds: int, act_quant: bool) -> None:

@@ -95,9 +95,9 @@ class TritonOps(ReferenceOps):
             # bf16 tensor cores at fp32 accuracy on the weight as stored (half the bytes of an
             # fp32 copy): decode rows (one launch, the parts cut in the kernel; up to 256 rows
             # of the small weights, fp8_gemm.BF16_SKINNY_ROWS), the LM heads
-            # (2.6x faster than the fp32 matmul at 48 rows), and a prefill chunk's rows against
-            # weights wider than tall_bf16 takes (cuBLAS on three bf16 parts: the fp32 product ran
-            # at the CUDA cores' rate). Other shapes keep torch's fp32 product.
+            # (2.6x faster than the fp32 matmul at 48 rows), and a prefill chunk's rows that
+            # tall_bf16 does not take, from 256 outputs (cuBLAS on three bf16 parts: the fp32
+            # product ran at the CUDA cores' rate). Other shapes keep torch's fp32 product.
             dense = self._bf16_weight(name)
             gemm = prefill_gemms.bf16_product if prefill else bf16_gemm
             return gemm(rows.contiguous(), dense).view(*x.shape[:-1], dense.shape[0])
@@ -303,7 +303,9 @@ class TritonOps(ReferenceOps):
                        ) -> torch.Tensor:
         """Pairs routed to this rank's experts `local`; the others are left to their ranks.
         plus: gives [T, H] fp32 to add to every token's sum (the shared expert's output, waited
-        for only there): in a prefill chunk's pair sums, else after them."""
+        for only there): in a prefill chunk's pair sums, else after them. One rank only (each
+        rank's shared expert takes its own rows)."""
+        assert plus is None or self.parallel.world == 1, "the shared expert's rows are every row on one rank only"
         tensors, small = self._stacked(prefix, local)
         own = idx  # one rank holds every expert: ids are its own (five kernels fewer a layer)
         if self.parallel.world > 1:  # len(local): not ours, dropped

@@ -39,21 +39,22 @@ _SPLIT_ONE = tl.constexpr(DOT.value == "tf32x3")
 
 
 # fp32-accurate dots of two fp32 operands as dot_fp32's three TF32 passes of masked heads
-# (False: Triton's tf32x3; the interpreter computes either exactly): the mHC mixes at prefill
-# (hc_streams.hc_mixes, hc_site) and the fp32 weights of the decode GEMM (fp8_gemm's skinny
-# kernel: the mHC mixes at decode rows). Read at each launch. sm_90 SASS
+# (False: Triton's tf32x3; the interpreter computes either exactly): the fp32 weights of the
+# decode GEMM (fp8_gemm's skinny kernel: the mHC mixes at decode rows), and the mHC kernels'
+# where RAW_HEADS does not take them. Read at each launch. sm_90 SASS
 # (bench/kernel_resources.py): hc_mixes' loop 264 -> 191 instructions a thread, hc_site's 741 ->
 # 573, the skinny kernel's on an fp32 weight 652 -> 455; the same accuracy (dot_fp32). H100,
 # forty-sixth session, 16,384 rows: the mixes 752 -> 736 us, the attention site's launches 1,341
 # -> 1,320, the FFN site's 2,406 -> 2,387 (~1-2%); decode's small products untimed, so off.
 TF32_HEADS = False
-# The mHC kernels' fp32 dots (hc_streams: the mixes at prefill, hc_site, the decode rows'
-# expand with the next site's mixes) as dot_fp32_raw's three TF32 passes whose heads are the
-# operands as they lie. Read at each launch (ahead of TF32_HEADS). H100, fiftieth session,
-# 16,384 rows of 4 x 5,120 (bench/mixes_parts.py): the mixes' loop 724-782 us in Triton's
-# tf32x3, 705-771 in dot_fp32's heads, 532-562 with the raw heads (the loop without its dots
-# 494-525, with one TF32 dot 492-534); the largest error against the float64 product 3.5e-7
-# of the largest result in both older forms, 4.6e-7 with the raw heads (an fp32 GEMM's ~5e-7).
+# The mHC kernels' fp32 dots at prefill rows (hc_streams: hc_mixes, hc_site; decode rows'
+# hc_expand_mix_parts with hc_streams.RAW_HEADS_AT_DECODE) as dot_fp32_raw's three TF32 passes
+# whose heads are the operands as they lie. Read at each launch (ahead of TF32_HEADS). H100,
+# fiftieth session, 16,384 rows of 4 x 5,120 (bench/prefill_passes.py --sections mixes):
+# hc_mixes 744 us in Triton's tf32x3, 730 in dot_fp32's heads, 545.5 with the raw heads; the
+# largest error against the float64 product 4.0e-7 of the largest result in both older forms,
+# 6.1e-7 with the raw heads. bench/mixes_parts.py placed it: the loop without its dots
+# 494-525 us, with one TF32 dot 492-534.
 RAW_HEADS = True
 # The GPU's tensor cores read an fp32 operand of a TF32 dot truncated (its low 13 mantissa bits
 # dropped); the interpreter computes such a dot in full fp32, so there dot_fp32_raw makes its
@@ -145,9 +146,10 @@ def dot_fp32_raw(a, b, acc):
     with the operands as they lie for heads: the tensor cores read them truncated to TF32, so
     only the remainders (x - _tf32_head(x), exact in fp32, up to 13 significant bits, read
     truncated in turn) are made, ~2 instructions a value, and the loaded operand goes to the
-    tensor cores as it was loaded (no head of it to write for them). Each remainder's
-    truncation loses at most 2^-21 of its product, so rows of 20,480 columns keep an fp32
-    GEMM's accuracy (RAW_HEADS' figures). The passes sum from zero and join acc by an fp32 add,
+    tensor cores as it was loaded (no head of it to write for them). A remainder is below 2^-10
+    of its value and its truncation loses up to 2^-10 of it, so at most 2^-20 of a product
+    (2^-21 with dot_fp32's nearest heads); rows of 20,480 columns stay near an fp32 GEMM's
+    accuracy (RAW_HEADS' figures). The passes sum from zero and join acc by an fp32 add,
     as in dot_fp32."""
     if _SPLIT_ONE:
         a_rest = a - _tf32_head(a)
@@ -163,13 +165,16 @@ def dot_fp32_raw(a, b, acc):
 
 @triton.jit
 def dot_exact_rhs_raw(a, b, acc):
-    """dot_exact_rhs with a as it lies for its head (as dot_fp32_raw): on the GPU the tensor
-    cores read a truncated to TF32, the head dot_exact_rhs makes, so the products are the same
-    and only the remainder is made."""
+    """acc + a @ b where every value of b is exact in TF32, with a as it lies for its head (as
+    dot_fp32_raw; on the GPU the tensor cores read a truncated to TF32, the head dot_exact_rhs
+    makes). The two passes sum from zero and join acc by an fp32 add: chained into acc over a
+    5,120-column row, the tensor cores' truncating sums lost 2.5e-5 of the largest result
+    (tall_bf16 on an H100, fiftieth session)."""
     if _SPLIT_ONE:
         rest = a - _tf32_head(a)
         head = a if _READS_TRUNCATED else a - rest
-        return tl.dot(rest, b, tl.dot(head, b, acc, input_precision="tf32"), input_precision="tf32")
+        part = tl.dot(head, b, tl.zeros(acc.shape, tl.float32), input_precision="tf32")
+        return acc + tl.dot(rest, b, part, input_precision="tf32")
     return tl.dot(a, b, acc, input_precision=DOT)
 
 

@@ -198,9 +198,14 @@ def _hc_site_kernel(x_ptr, y_ptr, post_ptr, comb_ptr, pre_ptr, fn_ptr, w_ptr, st
         tl.store(row_ptr + t[:, None] * srt + d[None, :], scale[None, :] * (row * inv[:, None]), mask=live)
 
 
-def _dots() -> dict:
+# Decode rows' hc_expand_mix_parts takes common.RAW_HEADS too: its GPU tests passed (fiftieth
+# session), its speed at decode is untimed (bench/decode_ab.py), so off.
+RAW_HEADS_AT_DECODE = False
+
+
+def _dots(decode: bool = False) -> dict:
     """The mixes' dots' form as the switches say at this launch (_project)."""
-    return dict(TF32_HEADS=common.TF32_HEADS, RAW_HEADS=common.RAW_HEADS)
+    return dict(TF32_HEADS=common.TF32_HEADS, RAW_HEADS=common.RAW_HEADS and (RAW_HEADS_AT_DECODE or not decode))
 
 
 # From this many rows (prefill) a site's mixes take hc_mixes; decode rows keep RMSNorm and the
@@ -288,7 +293,7 @@ def hc_expand_mix_parts(y: torch.Tensor, X: torch.Tensor, post: torch.Tensor, co
     if T:
         _hc_expand_mix_parts_kernel[(triton.cdiv(T, t["TB"]), blocks)](
             y, X, post, comb, out, fn, parts, squares, T, H, N, y.stride(0), X.stride(0), X.stride(1), out.stride(0),
-            out.stride(1), fn.stride(0), S=S, NP=np_, **_dots(), **t, **pdl.options(y.device))
+            out.stride(1), fn.stride(0), S=S, NP=np_, **_dots(decode=True), **t, **pdl.options(y.device))
     return out, parts, squares
 
 

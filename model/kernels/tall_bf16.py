@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 
 from . import pdl
-from .common import dot_exact_rhs_raw
+from .common import dot_exact_rhs_raw, interpreting
 
 # From this many rows (a prefill chunk) and up to this many outputs, an fp32 x against a bf16
 # weight takes this kernel (TritonOps.linear; 0 outputs: never). Wider weights (the LM heads)
@@ -32,9 +32,10 @@ TILES = dict(BLOCK_M=128, BLOCK_K=32, num_warps=8, num_stages=3)
 
 
 def takes(rows: int, x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether x [rows, K] times this weight runs here."""
+    """Whether x [rows, K] times this weight runs here: on a GPU (the CPU tests call product
+    directly; under the interpreter the model's rows keep the fp32 product)."""
     return (rows >= ROWS and weight.shape[0] <= OUTPUTS and x.dtype == torch.float32
-            and weight.dtype == torch.bfloat16)
+            and weight.dtype == torch.bfloat16 and x.device.type == "cuda" and not interpreting())
 
 
 @triton.jit
@@ -51,9 +52,7 @@ def _tall_kernel(x_ptr, w_ptr, out_ptr, M, N, K, sxm, swn, som, BLOCK_M: tl.cons
         x = tl.load(x_ptr + rows[:, None].to(tl.int64) * sxm + k[None, :], mask=(rows < M)[:, None] & (k < K)[None, :],
                     other=0.0)
         w = tl.load(w_ptr + cols[:, None] * swn + k[None, :], mask=(cols < N)[:, None] & (k < K)[None, :], other=0.0)
-        # each step's two passes from zero, then an fp32 add: chained into acc over the whole row,
-        # the tensor cores' truncating sums lost 2.5e-5 of the largest result at 5,120 columns
-        acc += dot_exact_rhs_raw(x, tl.trans(w.to(tl.float32)), tl.zeros((BLOCK_M, BLOCK_N), tl.float32))
+        acc = dot_exact_rhs_raw(x, tl.trans(w.to(tl.float32)), acc)
     tl.store(out_ptr + rows[:, None].to(tl.int64) * som + cols[None, :], acc,
              mask=(rows < M)[:, None] & (cols < N)[None, :])
 

@@ -43,10 +43,11 @@ def moe(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, x: torch.Tensor) -
     if not SHARED_FIRST:
         shared = ops.beside(shared_expert, xs.shape[0])
     local = ops.parallel.split(role.n_routed_experts)  # every expert on one rank
-    if ops.fast and ops.parallel.world == 1:  # (the shared expert's rows are every row)
-        return ops.routed_experts(f"{p}.ffn.experts", local, x, idx, weights, limit, plus=shared)
     if ops.fast:
-        y = ops.routed_experts(f"{p}.ffn.experts", local, x, idx, weights, limit)
+        one_rank = ops.parallel.world == 1  # (then the shared expert's rows are every row: added in the sums)
+        y = ops.routed_experts(f"{p}.ffn.experts", local, x, idx, weights, limit, plus=shared if one_rank else None)
+        if one_rank:
+            return y
     else:
         y = _routed_reference(ops, p, local, x, idx, weights, limit)
     # in place on the view (`y[rows] +=` would add, then copy the rows onto themselves)

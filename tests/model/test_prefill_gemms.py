@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dsflash.model.kernels import hc_streams, prefill_gemms
+from dsflash.model.kernels import hc_streams, prefill_gemms, tall_bf16
 from dsflash.model.kernels.common import quad_units
 from dsflash.model.kernels.dequantize import fp4_quads_bf16, fp8_weight_bf16
 from dsflash.model.kernels.fp4_moe import fp4_moe_ref
@@ -254,8 +254,8 @@ def _logits_both_ways(golden_dir, act_quant: bool, prompt: torch.Tensor, send, w
 @pytest.mark.parametrize("act_quant", [False, True])
 def test_a_prefill_chunk_on_cublas_gives_the_kernels_logits(golden_dir, act_quant, monkeypatch):
     """The tiny checkpoint on the kernel path, a prompt of a prefill chunk's size, with its
-    FP8 and FP4 products on cuBLAS and its mHC mixes in one pass (hc_streams.hc_mixes), and
-    with both on the decode rows' kernels: the same next token, logits within what the fp32
+    FP8 and FP4 products on cuBLAS, its mHC sites in one pass (hc_streams.hc_mixes, hc_site)
+    and its routers' products on tall_bf16, and with all on the decode rows' kernels: the same next token, logits within what the fp32
     sums' reordering moves them by. That is more than the sums' last bits: on this prompt the
     reference path with its products summed in float64 moves the largest logit by 1.1e-3 of it
     in exact mode (a top-k choice flips) and by 0.95-1.5e-2 in faithful mode, where a last-bit
@@ -273,6 +273,8 @@ def test_a_prefill_chunk_on_cublas_gives_the_kernels_logits(golden_dir, act_quan
     def send(on):
         monkeypatch.setattr(prefill_gemms, "ROWS", rows if on else 1 << 62)
         monkeypatch.setattr(hc_streams, "MIXES_ROWS", rows if on else 1 << 62)
+        monkeypatch.setattr(hc_streams, "SITE_ROWS", rows if on else 0)
+        monkeypatch.setattr(tall_bf16, "ROWS", rows if on else 1 << 62)
 
     logits = _logits_both_ways(golden_dir, act_quant, prompt, send, "last")
     assert logits[True].argmax() == logits[False].argmax()
