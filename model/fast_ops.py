@@ -22,7 +22,7 @@ from typing import Callable
 
 import torch
 
-from .kernels import compressor, hc_streams, prefill_gemms, swiglu, tall_bf16
+from .kernels import compressor, engram_gate, hc_streams, prefill_gemms, swiglu, tall_bf16
 from .kernels import rms_norm as norm_kernel
 from .kernels.common import interpreting, quad_units
 from .kernels.fp8_blockwise import Operand
@@ -221,6 +221,12 @@ class TritonOps(ReferenceOps):
         else:
             mixes = hc_mixes(X, fn, norm_eps, fp32_gemm if kernels else None, self.rms_norm)
         return hc_gates(mixes, base, scale, iters, hc_eps)
+
+    def engram_gated(self, X: torch.Tensor, key: torch.Tensor, value: torch.Tensor, wqk: torch.Tensor,
+                     eps: float) -> torch.Tensor:
+        if not (_kernels_run_on(X) and engram_gate.supported(X, key, value, wqk)):
+            return super().engram_gated(X, key, value, wqk, eps)
+        return engram_gate.engram_gated(X, key, value, wqk, eps)
 
     def hc_expand(self, y: torch.Tensor, X: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
         if not (_kernels_run_on(X) and hc_streams.supported(X)):

@@ -17,6 +17,7 @@ from . import quant
 from .kernels.compressor import norm_rope_fp4_ref, pool_norm_ref
 from .kernels.swiglu import clamped_swiglu_ref
 from .kernels.top_experts import top_experts_ref
+from .layers.engram_gate import engram_gated
 from .layers.mhc import hc_collapse, hc_expand, hc_mix
 from .layers.norm import rms_norm
 from .parallel import SINGLE, Parallel
@@ -164,6 +165,12 @@ class ReferenceOps:
                hc_eps: float, norm_eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """An mHC site's gates (layers/mhc.py); the fast path fuses the Sinkhorn loop."""
         return hc_mix(X, fn, base, scale, iters, hc_eps, norm_eps)
+
+    def engram_gated(self, X: torch.Tensor, key: torch.Tensor, value: torch.Tensor, wqk: torch.Tensor,
+                     eps: float) -> torch.Tensor:
+        """Engram's gated value added to the streams (layers/engram_gate.py); one launch on the
+        fast path."""
+        return engram_gated(X, key, value, wqk, eps)
 
     def hc_expand(self, y: torch.Tensor, X: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
         """A sublayer's output into the streams (layers/mhc.py); one launch on the fast path."""

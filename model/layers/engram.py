@@ -33,11 +33,8 @@ def engram_mix(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, X: torch.Te
                ) -> torch.Tensor:
     """X with the gated values of the table rows [T, C, d] added to each stream: shapes set by
     T alone (one CUDA graph per row count at decode)."""
-    p, S, H, eps = role.prefix, cfg.hc_mult, cfg.hidden_size, cfg.rms_norm_eps
+    p, S, H = role.prefix, cfg.hc_mult, cfg.hidden_size
     kv = ops.linear(rows.flatten(-2), f"{p}.engram.wkv")
     key, value = kv[:, : S * H].view(-1, S, H), kv[:, S * H:]
     wqk = ops.w(f"{p}.engram.q_weight") * ops.w(f"{p}.engram.k_weight")  # [S, H]
-    rstd = torch.rsqrt(X.square().mean(-1) + eps) * torch.rsqrt(key.square().mean(-1) + eps)
-    dot = (X * wqk * key).sum(-1) * rstd * H**-0.5
-    gate = torch.sigmoid(torch.copysign(dot.abs().clamp_min(1e-6).sqrt(), dot))
-    return X + gate.unsqueeze(-1) * value.unsqueeze(-2)
+    return ops.engram_gated(X, key, value, wqk, cfg.rms_norm_eps)

@@ -176,6 +176,36 @@ def test_grouped_fp8_gemm_declines_groups_no_tile_fits():
     assert grouped_fp8_gemm(torch.randn(17, 4 * 64).to(DEVICE), codes.to(DEVICE), scales.to(DEVICE), 4) is None
 
 
+@pytest.mark.parametrize("T, H", [(5, 300), (3, 5120)])  # a masked row block; the release's width
+def test_the_engram_gate_in_one_launch_matches_the_reference(T, H, monkeypatch):
+    """engram_gate.engram_gated (one launch) against layers/engram_gate.py's torch ops, with the
+    key and value as views of one projection's rows (as engram_mix takes them): to fp32's
+    accuracy, a key of zeros (its dot exactly 0, copysign's +0) among them; TritonOps takes it
+    only with FUSED."""
+    from dsflash.model.kernels import engram_gate
+    from dsflash.model.layers.engram_gate import engram_gated
+
+    g = _g(T)
+    S = 4
+    X = torch.randn(T, S, H, generator=g) * 2
+    kv = torch.randn(T, (S + 1) * H, generator=g)
+    kv[1, :H] = 0.0  # token 1's first key
+    key, value = kv[:, : S * H].view(T, S, H), kv[:, S * H:]
+    wqk = torch.randn(S, H, generator=g)
+    want = engram_gated(X, key, value, wqk, 1e-6)
+    dev = kv.to(DEVICE)
+    args = (X.to(DEVICE), dev[:, : S * H].view(T, S, H), dev[:, S * H:], wqk.to(DEVICE), 1e-6)
+    got = engram_gate.engram_gated(*args).cpu()
+    assert torch.allclose(got, want, rtol=1e-5, atol=1e-5)
+    calls = []
+    monkeypatch.setattr(engram_gate, "engram_gated", lambda *a: calls.append(1) or want.to(DEVICE))
+    ops = TritonOps({}, device=DEVICE)
+    for fused in (False, True):
+        monkeypatch.setattr(engram_gate, "FUSED", fused)
+        ops.engram_gated(*args)
+    assert calls == [1]
+
+
 @pytest.mark.parametrize("raw", [False, True])
 @pytest.mark.parametrize("N", [48, 130])  # a router's outputs; two column blocks, the second partly masked
 def test_tall_bf16_product_keeps_fp32_accuracy(N, raw, monkeypatch):

@@ -328,6 +328,25 @@ def test_a_prefill_sites_streams_read_once_give_the_same_logits(golden_dir, gold
     assert (logits[0] - logits[1]).abs().max() < 1e-4 * logits[0].abs().max()
 
 
+def test_the_engram_gate_in_one_launch_gives_the_models_logits(golden_dir, monkeypatch):
+    """engram_gate.FUSED: the tiny checkpoint's Engram sites gated in one launch give the torch
+    form's logits within the sums' reordering (faithful mode: an FP8 step may move), the same
+    next tokens."""
+    from dsflash.model.kernels import engram_gate
+
+    prefill = kernel_path_prefill(golden_dir, True)
+    prompt = torch.randint(3, Checkpoint(golden_dir).config.vocab_size, (24,), generator=_g(12))
+    launches = []
+    fused = engram_gate.engram_gated
+    monkeypatch.setattr(engram_gate, "engram_gated", lambda *a: launches.append(1) or fused(*a))
+    logits = {}
+    for on in (False, True):
+        monkeypatch.setattr(engram_gate, "FUSED", on)
+        logits[on] = prefill(prompt, "all")
+    assert launches and torch.equal(logits[True].argmax(-1), logits[False].argmax(-1))
+    assert (logits[True] - logits[False]).abs().max() < 1e-3 * logits[False].abs().max()  # (CPU: 2.9e-7)
+
+
 def test_a_blocks_ffn_output_taken_into_the_next_sites_pass_gives_the_same_bits(golden_dir, golden, monkeypatch):
     """hc_streams.DEFER_FFN_EXPAND with SITE_ROWS lowered to every row: each block's FFN output
     goes into the streams inside the next block's attention site (its one pass with the expand)
