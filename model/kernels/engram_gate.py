@@ -33,15 +33,17 @@ def _engram_gate_kernel(x_ptr, key_ptr, value_ptr, wqk_ptr, out_ptr, H, sxt, sxs
     wqk = tl.load(wqk_ptr + s * H + d, mask=live, other=0.0)
     rstd = (1.0 / tl.sqrt(tl.sum(x * x, axis=0) / H + eps)) * (1.0 / tl.sqrt(tl.sum(key * key, axis=0) / H + eps))
     dot = tl.sum(x * wqk * key, axis=0) * rstd * scale
-    size = tl.sqrt(tl.maximum(tl.abs(dot), 1e-6))
-    gate = tl.sigmoid(tl.where(dot.to(tl.int32, bitcast=True) < 0, -size, size))  # copysign: -0.0 too
+    size = tl.sqrt(tl.maximum(tl.abs(dot), 1e-6, propagate_nan=tl.PropagateNan.ALL))  # (as clamp_min: NaN stays)
+    gate = tl.sigmoid(tl.where(dot.to(tl.int32, bitcast=True) < 0, -size, size))  # copysign, by the sign bit
     value = tl.load(value_ptr + t * svt + d, mask=live, other=0.0).to(tl.float32)
     tl.store(out_ptr + t * sot + s * sos + d, x + gate * value, mask=live)
 
 
 def supported(X: torch.Tensor, key: torch.Tensor, value: torch.Tensor, wqk: torch.Tensor) -> bool:
-    """fp32 streams [T, S, H], key [T, S, H] and value [T, H] rows of contiguous columns, wqk [S, H]."""
-    return (FUSED and X.dim() == 3 and X.dtype == torch.float32 and wqk.dtype == torch.float32
+    """fp32 streams [T, S, H], key [T, S, H] and value [T, H] rows of contiguous columns, wqk [S, H],
+    all on one device."""
+    return (FUSED and X.dim() == 3 and all(t.dtype == torch.float32 and t.device == X.device
+                                            for t in (X, key, value, wqk))
             and X.stride(-1) == 1 and key.stride(-1) == 1 and value.stride(-1) == 1 and key.shape == X.shape
             and value.shape == (X.shape[0], X.shape[2]) and wqk.shape == X.shape[1:])
 

@@ -91,7 +91,7 @@ def _rows_kernel(x_ptr, up_ptr, weights_ptr, codes_ptr, scales_ptr, starts_ptr, 
     reads = live & (r < M)
     row = tl.minimum(r, M - 1)
     source = tl.load(source_ptr + row, mask=reads, other=0).to(tl.int64) if GATHER else row.to(tl.int64)
-    if ENCODED:  # (rows from M on: zero codes under unit scales)
+    if ENCODED:  # (always in runs, so every row reads)
         code = tl.load(x_ptr + source[:, None] * sxm + cols, mask=reads[:, None], other=0)
         scale = tl.load(up_ptr + b * SRC_ROWS + source, mask=reads, other=1.0)
     else:
@@ -146,7 +146,8 @@ def rows_1x128(x: torch.Tensor, groups: int = 1, counts: list[int] | None = None
 
 class Operand(NamedTuple):
     """rows_1x128's operand of m rows made by the launch that computed them (the attention's
-    output: sparse_attention.ENCODE_IN_ROWS), handed to the product in place of the rows."""
+    output: sparse_attention.ENCODE_IN_ROWS) or once for several products (the routed experts'
+    rows: prefill_gemms.expert_rows_operand), handed to the product in place of the rows."""
     codes: torch.Tensor  # uint8 [groups, rows, K / groups], rows m .. zeros
     scales: torch.Tensor  # fp32 [K / 128 * rows]
     m: int
@@ -196,6 +197,7 @@ def _encode_rows(x: torch.Tensor, groups: int = 1, counts: list[int] | None = No
     SWIGLU); encoded (an operand's scales): x is its codes (ENCODED)."""
     M, K = x.shape if sources is None else (sources.shape[0], x.shape[1])
     assert K % (BLOCK * groups) == 0 and x.stride(1) == 1
+    assert encoded is None or counts is not None  # (runs: no padding rows, whose scales rows_1x128 makes)
     rows = M if counts is not None else -(-M // ROW_ALIGN) * ROW_ALIGN
     codes = torch.empty(groups, rows, K // groups, dtype=torch.uint8, device=x.device)
     scales = torch.empty(K // BLOCK * rows, dtype=torch.float32, device=x.device)
@@ -209,7 +211,8 @@ def _encode_rows(x: torch.Tensor, groups: int = 1, counts: list[int] | None = No
     if rows:
         _rows_kernel[(triton.cdiv(rows, tile_rows), triton.cdiv(K // BLOCK, tile_blocks))](
             x, up, scales if weights is None else weights, codes, scales, starts, lengths,
-            scales if sources is None else sources, M, rows, K, x.stride(0), limit, x.shape[0], GROUP_K=K // groups,
+            scales if sources is None else sources, M, rows, K, x.stride(0), limit,
+            0 if encoded is None else x.shape[0], GROUP_K=K // groups,
             TILE_ROWS=tile_rows, TILE_BLOCKS=tile_blocks, SEGMENTS=counts is not None, GATHER=sources is not None,
             SWIGLU=swiglu is not None, WEIGHTED=weights is not None, ROUND_FIRST=round_first,
             ENCODED=encoded is not None, HW_FP8=not interpreting())

@@ -317,8 +317,9 @@ def fp4_experts(x: torch.Tensor | fp8_blockwise.Operand, idx: torch.Tensor, weig
     return pair_sums(down, place.view(T, k), plus)
 
 
-def _down_projection(x: torch.Tensor, gate_up: torch.Tensor, runs: list[int], row_weights: torch.Tensor,
-                     w2: torch.Tensor, s2: torch.Tensor, limit: float, act_quant: bool, encode=_encode) -> torch.Tensor:
+def _down_projection(x: torch.Tensor | fp8_blockwise.Operand, gate_up: torch.Tensor, runs: list[int],
+                     row_weights: torch.Tensor, w2: torch.Tensor, s2: torch.Tensor, limit: float, act_quant: bool,
+                     encode=_encode) -> torch.Tensor:
     """Each pair's clamped SwiGLU of its gate/up row times its routing weight (in faithful mode
     on the FP8 grid, fake_quant_fp8) through its expert's down projection -> [rows, H] fp32."""
     inter = gate_up.shape[1] // 2
@@ -383,8 +384,8 @@ DECODE_EXPERTS = 64
 def _by_expert(rows: torch.Tensor | fp8_blockwise.Operand, counts: list[int], units: torch.Tensor,
                scales: torch.Tensor, sources: torch.Tensor | None = None, encode=_encode) -> torch.Tensor:
     """Each expert's run of rows (in expert order, counts[e] each; with sources, rows' rows
-    sources[i]; rows may be an operand of them) times its weight (quad units [E, N, K/4] and scales, decoded here) -> [rows, N]
-    fp32. fp32 rows go in as three bf16 parts stacked as rows, their products summed after: side
+    sources[i]; rows may be an operand of them) times its weight (quad units [E, N, K/4] and
+    scales, decoded here) -> [rows, N] fp32. fp32 rows go in as three bf16 parts stacked as rows, their products summed after: side
     by side along K (as the dense products take them) each expert's weight would be copied
     three times over, 6.8 GB a layer."""
     N = units.shape[1]

@@ -180,8 +180,8 @@ def test_grouped_fp8_gemm_declines_groups_no_tile_fits():
 def test_the_engram_gate_in_one_launch_matches_the_reference(T, H, monkeypatch):
     """engram_gate.engram_gated (one launch) against layers/engram_gate.py's torch ops, with the
     key and value as views of one projection's rows (as engram_mix takes them): to fp32's
-    accuracy, a key of zeros (its dot exactly 0, copysign's +0) among them; TritonOps takes it
-    only with FUSED."""
+    accuracy, a key of zeros among them (its dot exactly 0: the gate of copysign's +0; a sum of
+    zeros is +0 in both forms); TritonOps takes it only with FUSED."""
     from dsflash.model.kernels import engram_gate
     from dsflash.model.layers.engram_gate import engram_gated
 
@@ -189,7 +189,7 @@ def test_the_engram_gate_in_one_launch_matches_the_reference(T, H, monkeypatch):
     S = 4
     X = torch.randn(T, S, H, generator=g) * 2
     kv = torch.randn(T, (S + 1) * H, generator=g)
-    kv[1, :H] = 0.0  # token 1's first key
+    kv[1, :H] = 0.0  # token 1's first key: its dot +0
     key, value = kv[:, : S * H].view(T, S, H), kv[:, S * H:]
     wqk = torch.randn(S, H, generator=g)
     want = engram_gated(X, key, value, wqk, 1e-6)
