@@ -320,17 +320,16 @@ class TritonOps(ReferenceOps):
         if self.act_quant and _kernels_run_on(x) and not prefill_gemms.takes(x):
             # decode rows: fp4_moe rounds x in the launch that lays out its pieces
             y = fp4_moe(x.contiguous(), own, weights, *tensors, limit, small=small, act_quant=True, round_input=True)
-            return y if plus is None else y.add_(plus())
-        operand = (prefill_gemms.expert_rows_operand(x, idx.numel(), len(local), tensors[0]) if self.act_quant
-                   else None)
-        x = self.gemm_input(x) if operand is None else operand
-        if operand is not None or prefill_gemms.takes_experts(x, idx.numel(), len(local)):  # a chunk's pairs: cuBLAS
-            cache = self.weight_cache
-            encoded = None if cache is None else (cache.experts((prefix, "w13")), cache.experts((prefix, "w2")))
-            return prefill_gemms.fp4_experts(x if operand is not None else x.contiguous(), own, weights, *tensors,
-                                             limit, act_quant=self.act_quant, encoded=encoded,
-                                             plus=None if plus is None else plus())
-        y = fp4_moe(x.contiguous(), own, weights, *tensors, limit, small=small, act_quant=self.act_quant)
+        else:
+            operand = (prefill_gemms.expert_rows_operand(x, idx.numel(), len(local), tensors[0]) if self.act_quant
+                       else None)
+            rows = self.gemm_input(x).contiguous() if operand is None else operand
+            if operand is not None or prefill_gemms.takes_experts(rows, idx.numel(), len(local)):  # cuBLAS
+                cache = self.weight_cache
+                encoded = None if cache is None else (cache.experts((prefix, "w13")), cache.experts((prefix, "w2")))
+                return prefill_gemms.fp4_experts(rows, own, weights, *tensors, limit, act_quant=self.act_quant,
+                                                 encoded=encoded, plus=None if plus is None else plus())
+            y = fp4_moe(rows, own, weights, *tensors, limit, small=small, act_quant=self.act_quant)
         return y if plus is None else y.add_(plus())
 
     def stack_all_experts(self, config) -> None:

@@ -133,7 +133,12 @@ def takes_rows(rows: int, device: torch.device) -> bool:
 
 def takes_experts(x: torch.Tensor, pairs: int, experts: int) -> bool:
     """Whether the routed experts of these pairs run here (fp4_experts) rather than on fp4_moe."""
-    return takes(x) and (EXACT_EXPERTS or x.dtype == torch.bfloat16) and pairs >= EXPERT_PAIRS * experts
+    return (EXACT_EXPERTS or x.dtype == torch.bfloat16) and _chunk_pairs(x, pairs, experts)
+
+
+def _chunk_pairs(x: torch.Tensor, pairs: int, experts: int) -> bool:
+    """Whether rows x and their pairs are a prefill chunk's, as this path takes them."""
+    return takes(x) and pairs >= EXPERT_PAIRS * experts
 
 
 def expert_rows_operand(x: torch.Tensor, pairs: int, experts: int, w13: torch.Tensor
@@ -141,8 +146,8 @@ def expert_rows_operand(x: torch.Tensor, pairs: int, experts: int, w13: torch.Te
     """Faithful mode's fp32 rows x of a prefill chunk's routed pairs, encoded once for the FP8
     tensor cores with the rounding inside (EXPERT_ROWS_ENCODED_ONCE), for fp4_experts; None
     where they go as the bf16 rows of the rounding launch."""
-    if not (EXPERT_ROWS_ENCODED_ONCE and FP8_TENSOR_CORES and x.dtype == torch.float32 and takes(x)
-            and pairs >= EXPERT_PAIRS * experts and fp8_blockwise.runs_on(x.device, w13.shape[1], x.shape[1])):
+    if not (EXPERT_ROWS_ENCODED_ONCE and FP8_TENSOR_CORES and x.dtype == torch.float32
+            and _chunk_pairs(x, pairs, experts) and fp8_blockwise.runs_on(x.device, w13.shape[1], x.shape[1])):
         return None
     return fp8_blockwise.Operand(*fp8_blockwise.rows_1x128(x.contiguous(), round_first=True), x.shape[0])
 
@@ -385,9 +390,9 @@ def _by_expert(rows: torch.Tensor | fp8_blockwise.Operand, counts: list[int], un
                scales: torch.Tensor, sources: torch.Tensor | None = None, encode=_encode) -> torch.Tensor:
     """Each expert's run of rows (in expert order, counts[e] each; with sources, rows' rows
     sources[i]; rows may be an operand of them) times its weight (quad units [E, N, K/4] and
-    scales, decoded here) -> [rows, N] fp32. fp32 rows go in as three bf16 parts stacked as rows, their products summed after: side
-    by side along K (as the dense products take them) each expert's weight would be copied
-    three times over, 6.8 GB a layer."""
+    scales, decoded here) -> [rows, N] fp32. fp32 rows go in as three bf16 parts stacked as
+    rows, their products summed after: side by side along K (as the dense products take them)
+    each expert's weight would be copied three times over, 6.8 GB a layer."""
     N = units.shape[1]
     out = torch.empty(sum(counts), N, dtype=torch.float32, device=units.device)
     if isinstance(rows, fp8_blockwise.Operand):  # the tokens' rows encoded once: each pair's copied

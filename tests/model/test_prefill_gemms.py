@@ -253,18 +253,18 @@ def _logits_both_ways(golden_dir, act_quant: bool, prompt: torch.Tensor, send, w
 @pytest.mark.gpu
 @pytest.mark.parametrize("act_quant", [False, True])
 def test_a_prefill_chunk_on_cublas_gives_the_kernels_logits(golden_dir, act_quant, monkeypatch):
-    """The tiny checkpoint on the kernel path, a prompt of a prefill chunk's size, with its
-    FP8 and FP4 products on cuBLAS, its mHC sites in one pass (hc_streams.hc_mixes, hc_site)
-    and its routers' products on tall_bf16, and with all on the decode rows' kernels: the same next token, logits within what the fp32
-    sums' reordering moves them by. That is more than the sums' last bits: on this prompt the
-    reference path with its products summed in float64 moves the largest logit by 1.1e-3 of it
-    in exact mode (a top-k choice flips) and by 0.95-1.5e-2 in faithful mode, where a last-bit
-    change moves an FP8-rounded input by a whole FP8 step (bench/order_sensitivity.py); the
-    H200 measured 1.75e-2 between the two paths in faithful mode (sixteenth session). The
-    prompt's seed is 10: seed 8's exact logits sit on such a near-tie, where the paths differed
-    by 1.19e-3 with the attention's keys decoded once (DECODED_EXACT) and by 1.1e-5 without,
-    each path 0.4-1.1e-3 from the reference; seeds 9 and 10 gave 1.7e-4 and 2.9e-6 (H200,
-    twenty-third session)."""
+    """The tiny checkpoint on the kernel path, a prompt of a prefill chunk's size, with its FP8
+    and FP4 products on cuBLAS, its mHC sites in one pass (hc_streams.hc_mixes, hc_site) and its
+    routers' products on tall_bf16, and with all on the decode rows' kernels: the same next
+    token, logits within what the fp32 sums' reordering moves them by. That is more than the
+    sums' last bits: on this prompt the reference path with its products summed in float64 moves
+    the largest logit by 1.1e-3 of it in exact mode (a top-k choice flips) and by 0.95-1.5e-2 in
+    faithful mode, where a last-bit change moves an FP8-rounded input by a whole FP8 step
+    (bench/order_sensitivity.py); the H200 measured 1.75e-2 between the two paths in faithful
+    mode (sixteenth session). The prompt's seed is 10: seed 8's exact logits sit on such a
+    near-tie, where the paths differed by 1.19e-3 with the attention's keys decoded once
+    (DECODED_EXACT) and by 1.1e-5 without, each path 0.4-1.1e-3 from the reference; seeds 9 and
+    10 gave 1.7e-4 and 2.9e-6 (H200, twenty-third session)."""
     monkeypatch.setattr(prefill_gemms, "EXPERT_PAIRS", 1)  # the tiny checkpoint's few pairs too
     rows = prefill_gemms.ROWS
     vocab = Checkpoint(golden_dir).config.vocab_size
