@@ -115,14 +115,36 @@ class TritonOps(ReferenceOps):
         launch costs a fixed ~10 us beside its weight's bytes. Their codes and scales are put
         end to end once, and each weight becomes a view of its rows there (no second copy);
         the output is split back. Other weights run one by one."""
-        merged = self._merged.get(names)
-        if merged is None:
-            merged = self._merged[names] = self._merge(names)
+        merged = self._merged_of(names)
+        if isinstance(x, Operand):  # (ffn_operand: only where the weights merge)
+            codes, scales, _, rows = merged
+            out = prefill_gemms.operand_product(x, codes, scales, kept=self.weight_cache)
+            return list(out.split(rows, dim=-1))
         if not merged:
             return super().linear_many(x, names)
         codes, scales, small, rows = merged
         out = fp8_gemm(x.contiguous(), codes, scales, act_quant=self.act_quant, small=small, kept=self.weight_cache)
         return list(out.split(rows, dim=-1))
+
+    def _merged_of(self, names: tuple[str, ...]) -> tuple | bool:
+        merged = self._merged.get(names)
+        if merged is None:
+            merged = self._merged[names] = self._merge(names)
+        return merged
+
+    def ffn_operand(self, x: torch.Tensor, experts: str, local: range, k: int, shared: tuple[str, ...]
+                    ) -> Operand | None:
+        """Faithful prefill on one rank: the FFN's rows x encoded once for the FP8 tensor cores,
+        for the shared expert's merged `shared` weights and the routed experts' pairs (k a
+        token), which both encode x alike (rows_1x128, the rounding inside); None where either
+        takes x otherwise (then each makes its own)."""
+        if not (self.act_quant and self.parallel.world == 1 and _kernels_run_on(x) and prefill_gemms.takes(x)):
+            return None
+        merged = self._merged_of(shared)
+        if not (merged and prefill_gemms.rounds_in_encode(x, *merged[0].shape)):
+            return None
+        tensors, _ = self._stacked(experts, local)
+        return prefill_gemms.expert_rows_operand(x, x.shape[0] * k, len(local), tensors[0])
 
     def _merge(self, names: tuple[str, ...]) -> tuple | bool:
         weights = [self.weights[name] for name in names]
@@ -305,12 +327,12 @@ class TritonOps(ReferenceOps):
         self.weight_cache = prefill_gemms.EncodedWeights(budget) if budget > 0 else None
 
     def routed_experts(self, prefix: str, local: range, x: torch.Tensor, idx: torch.Tensor,
-                       weights: torch.Tensor, limit: float, plus: Callable[[], torch.Tensor] | None = None
-                       ) -> torch.Tensor:
+                       weights: torch.Tensor, limit: float, plus: Callable[[], torch.Tensor] | None = None,
+                       operand: Operand | None = None) -> torch.Tensor:
         """Pairs routed to this rank's experts `local`; the others are left to their ranks.
         plus: gives [T, H] fp32 to add to every token's sum (the shared expert's output, waited
         for only there): in a prefill chunk's pair sums, else after them. One rank only (each
-        rank's shared expert takes its own rows)."""
+        rank's shared expert takes its own rows). operand: x encoded already (ffn_operand)."""
         assert plus is None or self.parallel.world == 1, "the shared expert's rows are every row on one rank only"
         tensors, small = self._stacked(prefix, local)
         own = idx  # one rank holds every expert: ids are its own (five kernels fewer a layer)
@@ -321,8 +343,8 @@ class TritonOps(ReferenceOps):
             # decode rows: fp4_moe rounds x in the launch that lays out its pieces
             y = fp4_moe(x.contiguous(), own, weights, *tensors, limit, small=small, act_quant=True, round_input=True)
         else:
-            operand = (prefill_gemms.expert_rows_operand(x, idx.numel(), len(local), tensors[0]) if self.act_quant
-                       else None)
+            if operand is None and self.act_quant:
+                operand = prefill_gemms.expert_rows_operand(x, idx.numel(), len(local), tensors[0])
             rows = self.gemm_input(x).contiguous() if operand is None else operand
             if operand is not None or prefill_gemms.takes_experts(rows, idx.numel(), len(local)):  # cuBLAS
                 cache = self.weight_cache

@@ -77,6 +77,11 @@ class ReferenceOps:
         GEMM where it can)."""
         return [self.linear(x, name) for name in names]
 
+    def ffn_operand(self, x: torch.Tensor, experts: str, local: range, k: int, shared: tuple[str, ...]):
+        """The FFN's rows x encoded once for the shared and the routed experts (the fast path's
+        faithful prefill); None: each takes x."""
+        return None
+
     def gemm_input(self, x: torch.Tensor) -> torch.Tensor:
         """x as an FP8/FP4-weight GEMM takes it: rounded onto the FP8 grid in faithful mode."""
         return quant.fake_quant_fp8(x) if self.act_quant else x

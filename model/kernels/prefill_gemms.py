@@ -218,6 +218,13 @@ def fp8_product(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, roun
     return bf16_product(x, fp8_weight_bf16(codes, scales))
 
 
+def operand_product(x: fp8_blockwise.Operand, codes: torch.Tensor, scales: torch.Tensor,
+                    kept: EncodedWeights | None = None) -> torch.Tensor:
+    """fp8_product of rows encoded already (an Operand of one group), as fp8_product with
+    round_first makes them."""
+    return _encoded_product(x.codes, x.scales, x.m, codes, scales, kept)
+
+
 def swiglu_fits(gate: torch.Tensor, up: torch.Tensor, n: int) -> bool:
     """Whether swiglu_fp8_product runs for faithful mode's SwiGLU of gate and up (prefill rows,
     one layout) into an [n, I] FP8 weight (the shared expert's down projection)."""
@@ -378,8 +385,9 @@ ROUND_IN_ENCODE = True
 # from its codes (fp8_blockwise.gathered_1x128): the same operand bits as the rounding launch
 # (TritonOps.gemm_input's bf16 rows) and an encode of each pair's row. At a 16K chunk (6 pairs a
 # token, 5,120 columns) ~1.4 GB of a layer's traffic where that was ~2.0 (~0.2 ms on an H100 by
-# the bytes). Off until timed (fiftieth session: built, its GPU tests and timing owed; call T).
-EXPERT_ROWS_ENCODED_ONCE = False
+# the bytes). H100 32K faithful prefill, alternated (fifty-first session, call T): 1.233 / 1.210 ->
+# 1.204 / 1.200 s, the same last logits.
+EXPERT_ROWS_ENCODED_ONCE = True
 
 # Experts decoded to bf16 at once, one matrix kind at a time: at the release widths 47.2 MB an
 # expert for gate/up, 23.6 for down (3.0 GB at most for gate/up).

@@ -33,7 +33,10 @@ SHARED_FIRST = True
 def moe(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, x: torch.Tensor) -> torch.Tensor:
     p, limit = role.prefix, cfg.swiglu_limit
     s, rows = f"{p}.ffn.shared_experts", ops.parallel.rows(x.shape[0])
-    xs = x[rows]
+    local = ops.parallel.split(role.n_routed_experts)  # every expert on one rank
+    # a faithful prefill chunk's rows encoded once for the shared and the routed experts (one rank)
+    encoded = ops.ffn_operand(x, f"{p}.ffn.experts", local, role.num_experts_per_tok, (f"{s}.w1", f"{s}.w3"))
+    xs = x[rows] if encoded is None else encoded
 
     def shared_expert() -> torch.Tensor:
         return ops.swiglu_linear(*ops.linear_many(xs, (f"{s}.w1", f"{s}.w3")), limit, f"{s}.w2")
@@ -42,10 +45,10 @@ def moe(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, x: torch.Tensor) -
     weights, idx = route(ops, cfg, role, x)
     if not SHARED_FIRST:
         shared = ops.beside(shared_expert, xs.shape[0])
-    local = ops.parallel.split(role.n_routed_experts)  # every expert on one rank
     if ops.fast:
         one_rank = ops.parallel.world == 1  # (then the shared expert's rows are every row: added in the sums)
-        y = ops.routed_experts(f"{p}.ffn.experts", local, x, idx, weights, limit, plus=shared if one_rank else None)
+        y = ops.routed_experts(f"{p}.ffn.experts", local, x, idx, weights, limit, plus=shared if one_rank else None,
+                               operand=encoded)
         if one_rank:
             return y
     else:

@@ -257,6 +257,51 @@ def test_the_swiglu_in_the_encode_gives_the_same_products(monkeypatch):
     assert (reference - want).abs().max() < 1e-3 * want.abs().max()
 
 
+def test_a_prefill_chunks_ffn_rows_are_encoded_once_for_the_shared_and_the_routed_experts(monkeypatch):
+    """moe() in faithful prefill on one rank (EXPERT_ROWS_ENCODED_ONCE): the rows encoded once
+    (TritonOps.ffn_operand) for the shared expert's gate/up product and the routed experts'
+    pairs, the layer's output the bits of each encoding its own; the operand's product the bits
+    of the rows'. On CPU at a few rows with the products in fp32; on a GPU at a prefill chunk's."""
+    from types import SimpleNamespace
+
+    from dsflash.model.fast_ops import TritonOps
+    from dsflash.model.layers.moe import moe
+    from dsflash.model.weights import Fp4Weight, Fp8Weight
+
+    rows, stack, xe, _, _ = _prefill_moe_case(monkeypatch, 34)
+    monkeypatch.setattr(prefill_gemms, "EXPERT_PAIRS", 1)
+    x = (xe * 3).to(DEVICE)
+    store = {}
+    for e in range(6):
+        store[f"L.ffn.experts.{e}.w1"] = Fp4Weight(stack[0][e, :128], stack[1][e, :128])
+        store[f"L.ffn.experts.{e}.w3"] = Fp4Weight(stack[0][e, 128:], stack[1][e, 128:])
+        store[f"L.ffn.experts.{e}.w2"] = Fp4Weight(stack[2][e], stack[3][e])
+    for i, (name, shape) in enumerate((("w1", (128, 256)), ("w3", (128, 256)), ("w2", (256, 128)))):
+        store[f"L.ffn.shared_experts.{name}"] = Fp8Weight(
+            *quantize_fp8_weight(torch.randn(*shape, generator=_g(35 + i)) / 8), (32, 32))
+    store["L.ffn.gate.weight"] = (torch.randn(6, 256, generator=_g(38)) / 16).to(torch.bfloat16)
+    store["L.ffn.gate.bias"] = torch.zeros(6)
+    cfg = SimpleNamespace(swiglu_limit=0.7, gate_temp=1.0, norm_topk_prob=True, routed_scaling_factor=1.5)
+    role = SimpleNamespace(prefix="L", n_routed_experts=6, num_experts_per_tok=3)
+    shared = ("L.ffn.shared_experts.w1", "L.ffn.shared_experts.w3")
+    encodes, encode = [], fp8_blockwise.rows_1x128
+    monkeypatch.setattr(fp8_blockwise, "rows_1x128", lambda *a, **kw: encodes.append(kw) or encode(*a, **kw))
+    out, rounding_encodes = {}, {}
+    for on in (False, True):
+        monkeypatch.setattr(prefill_gemms, "EXPERT_ROWS_ENCODED_ONCE", on)
+        ops = TritonOps(dict(store), act_quant=True, device=DEVICE)
+        operand = ops.ffn_operand(x, "L.ffn.experts", range(6), 3, shared)
+        assert (operand is not None) == on
+        if on:
+            parts = zip(ops.linear_many(operand, shared), ops.linear_many(x, shared))
+            assert all(torch.equal(a, b) for a, b in parts)
+        encodes.clear()
+        out[on] = moe(ops, cfg, role, x)
+        rounding_encodes[on] = sum(bool(kw.get("round_first")) for kw in encodes)
+    assert torch.equal(out[True], out[False]) and out[True].abs().max() > 0
+    assert rounding_encodes == {False: 1, True: 1}  # the shared expert's, or the one both take
+
+
 @pytest.mark.parametrize("tile", TILES)
 def test_an_operands_rows_gathered_are_the_encode_of_the_gathered_rows(tile, monkeypatch):
     """gathered_1x128 of fp32 rows encoded once (rounded inside) gives, to the bit, the codes and
@@ -288,7 +333,8 @@ def test_the_experts_rows_encoded_once_give_the_same_products(monkeypatch):
     experts = (idx, weights.to(DEVICE), *_device_experts(stack), 0.7)
     monkeypatch.setattr(prefill_gemms, "EXPERT_PAIRS", 1)
     want = prefill_gemms.fp4_experts(fp8_grid_bf16(x), *experts, act_quant=True)
-    assert prefill_gemms.expert_rows_operand(x, idx.numel(), 6, stack[0]) is None  # (off)
+    monkeypatch.setattr(prefill_gemms, "EXPERT_ROWS_ENCODED_ONCE", False)
+    assert prefill_gemms.expert_rows_operand(x, idx.numel(), 6, stack[0]) is None
     monkeypatch.setattr(prefill_gemms, "EXPERT_ROWS_ENCODED_ONCE", True)
     operand = prefill_gemms.expert_rows_operand(x, idx.numel(), 6, stack[0].to(DEVICE))
     assert operand is not None and torch.equal(prefill_gemms.fp4_experts(operand, *experts, act_quant=True), want)
