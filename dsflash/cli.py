@@ -102,8 +102,8 @@ def build_parser() -> argparse.ArgumentParser:
              default=PREFILL_WORKER_TOKEN_BUDGET if role == "prefill" else 8192,
              help="prompt tokens per engine step, %(default)s by default (a decode worker's recomputed prompts "
                   "hold its batch that long; a prefill worker's longer steps amortize each step's weight "
-                  "encodes: on one H200 a 1M faithful prompt took 46.2 s at 16384 and 43.5 s at 65536, 97 GiB at "
-                  "peak; a short prompt behind a long one waits up to a step)")
+                  "encodes: on one H200 a 1M faithful prompt took 44.3 s at 16384 and 42.2 s at 32768 with "
+                  "--weight-cache-bytes 80GB, 108 GiB at peak; a short prompt behind a long one waits up to a step)")
         _add(p, "--inject-kv-fault", help="testing only: corrupt:BYTE | delay:SECONDS | drop:BYTES[,count:N] "
                                            "applied to this worker's KV transfers")
         if role == "prefill":

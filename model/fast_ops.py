@@ -137,8 +137,9 @@ class TritonOps(ReferenceOps):
         """Faithful prefill on one rank: the FFN's rows x encoded once for the FP8 tensor cores,
         for the shared expert's merged `shared` weights and the routed experts' pairs (k a
         token), which both encode x alike (rows_1x128, the rounding inside); None where either
-        takes x otherwise (then each makes its own)."""
-        if not (self.act_quant and self.parallel.world == 1 and _kernels_run_on(x) and prefill_gemms.takes(x)):
+        takes x otherwise, or prefill_gemms.SHARED_EXPERT_OPERAND is off (each makes its own)."""
+        if not (prefill_gemms.SHARED_EXPERT_OPERAND and self.act_quant and self.parallel.world == 1
+                and _kernels_run_on(x) and prefill_gemms.takes(x)):
             return None
         merged = self._merged_of(shared)
         if not (merged and prefill_gemms.rounds_in_encode(x, *merged[0].shape)):

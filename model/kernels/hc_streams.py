@@ -198,8 +198,10 @@ def _hc_site_kernel(x_ptr, y_ptr, post_ptr, comb_ptr, pre_ptr, fn_ptr, w_ptr, st
         tl.store(row_ptr + t[:, None] * srt + d[None, :], scale[None, :] * (row * inv[:, None]), mask=live)
 
 
-# Decode rows' hc_expand_mix_parts takes common.RAW_HEADS too: its GPU tests passed (fiftieth
-# session), its speed at decode is untimed (bench/decode_ab.py), so off.
+# Decode rows' hc_expand_mix_parts takes common.RAW_HEADS too. Its GPU tests pass, and it gains
+# nothing there (H200, fifty-first session, bench/decode_ab.py, faithful 4K, two rounds, ms a
+# step: batch 1 21.77, 20.12 off against 22.20, 20.18 on; batch 8 37.53, 36.69 against 36.67,
+# 36.61), so decode keeps tf32x3's smaller error.
 RAW_HEADS_AT_DECODE = False
 
 

@@ -258,10 +258,11 @@ def test_the_swiglu_in_the_encode_gives_the_same_products(monkeypatch):
 
 
 def test_a_prefill_chunks_ffn_rows_are_encoded_once_for_the_shared_and_the_routed_experts(monkeypatch):
-    """moe() in faithful prefill on one rank (EXPERT_ROWS_ENCODED_ONCE): the rows encoded once
-    (TritonOps.ffn_operand) for the shared expert's gate/up product and the routed experts'
-    pairs, the layer's output the bits of each encoding its own; the operand's product the bits
-    of the rows'. On CPU at a few rows with the products in fp32; on a GPU at a prefill chunk's."""
+    """moe() in faithful prefill on one rank (SHARED_EXPERT_OPERAND with EXPERT_ROWS_ENCODED_ONCE):
+    the rows encoded once (TritonOps.ffn_operand) for the shared expert's gate/up product and the
+    routed experts' pairs, the layer's output the bits of each encoding its own; the operand's
+    product the bits of the rows'. On CPU at a few rows with the products in fp32; on a GPU at a
+    prefill chunk's."""
     from types import SimpleNamespace
 
     from dsflash.model.fast_ops import TritonOps
@@ -270,6 +271,7 @@ def test_a_prefill_chunks_ffn_rows_are_encoded_once_for_the_shared_and_the_route
 
     rows, stack, xe, _, _ = _prefill_moe_case(monkeypatch, 34)
     monkeypatch.setattr(prefill_gemms, "EXPERT_PAIRS", 1)
+    monkeypatch.setattr(prefill_gemms, "SHARED_EXPERT_OPERAND", True)
     x = (xe * 3).to(DEVICE)
     store = {}
     for e in range(6):
