@@ -30,13 +30,13 @@ from .engram_hash import EngramHasher, RunHashes, compressed_map
 from . import graphs as graph_module
 from .graphs import GraphCache
 from .kernels.fp8_blockwise import Operand
-from .layers.attention import attend, grouped_output, project
+from .layers.attention import attend, grouped_output, input_weights, project
 from .layers.attention_kernel import (Prepared, attend_prepared, attend_updated, note_ring_writes, prepare,
                                       prepare_block, update_sources)
 from .layers.compressor import compress, compressor_projections
 from .layers.engram import engram, engram_mix, engram_rows
 from .layers.indexer import index_queries
-from .layers.moe import moe
+from .layers.moe import moe, shared_input_weights
 from .ops import ReferenceOps
 from .parallel import SINGLE, Parallel, check_divisible, check_fits, rank_tensors, shard_attention
 from .rope import Rope
@@ -336,10 +336,11 @@ class DeepseekV41:
         expand, yarn = rest[:pending], rest[pending:]
         streams = ()
         if expand:
-            X, (a_pre, a_post, a_comb), xa = self.ops.hc_expand_mix_collapse(expand[0], X, *expand[1:], *site)
+            X, (a_pre, a_post, a_comb), xa = self.ops.hc_expand_mix_collapse(expand[0], X, *expand[1:], *site,
+                                                                             encode_for=input_weights(p))
             streams = (X,)
         else:
-            (a_pre, a_post, a_comb), xa = self.ops.hc_mix_collapse(X, *site)
+            (a_pre, a_post, a_comb), xa = self.ops.hc_mix_collapse(X, *site, encode_for=input_weights(p))
         def sources(q_res: torch.Tensor) -> tuple[torch.Tensor, ...]:
             queries = index_queries(self.ops, c, role, xa, q_res, *yarn, self.qat) if yarn else ()
             return tuple(queries) + (compressor_projections(self.ops, role, xa) if compressor else ())
@@ -352,9 +353,11 @@ class DeepseekV41:
         (streams, the FFN site's pre), with `defer` (streams without the FFN output, pre, the
         output, post, comb) for the next block's attention site (_block)."""
         c, w, p = self.config, self.ops.w, role.prefix
+        one_rank = self.ops.parallel.world == 1  # (else each rank's shared expert takes its own rows)
         X, (f_pre, f_post, f_comb), xf = self.ops.hc_expand_mix_collapse(
             grouped_output(self.ops, c, role, o), X, a_post, a_comb, w(f"{p}.hc_ffn_fn"), w(f"{p}.hc_ffn_base"),
-            w(f"{p}.hc_ffn_scale"), c.hc_sinkhorn_iters, c.hc_eps, c.rms_norm_eps, a_pre, w(f"{p}.ffn_norm.weight"))
+            w(f"{p}.hc_ffn_scale"), c.hc_sinkhorn_iters, c.hc_eps, c.rms_norm_eps, a_pre, w(f"{p}.ffn_norm.weight"),
+            encode_for=shared_input_weights(p) if one_rank else ())
         y = moe(self.ops, c, role, xf)
         return (X, f_pre, y, f_post, f_comb) if defer else (self.ops.hc_expand(y, X, f_post, f_comb), f_pre)
 

@@ -25,7 +25,7 @@ import torch
 from .kernels import compressor, engram_gate, hc_streams, prefill_gemms, swiglu, tall_bf16
 from .kernels import rms_norm as norm_kernel
 from .kernels.common import interpreting, quad_units
-from .kernels.fp8_blockwise import Operand
+from .kernels.fp8_blockwise import Operand, empty_operand
 from .kernels.fp4_moe import fp4_moe, small_scales
 from .kernels.fp8_gemm import (LANES, bf16_decode_rows, bf16_gemm, counts_lane, fp32_gemm, fp8_gemm, grouped_fp8_gemm,
                                 small_fp8_scales, tile_counts)
@@ -62,6 +62,7 @@ class TritonOps(ReferenceOps):
         self._bf16: dict[str, torch.Tensor] = {}
         self._experts: dict[str, tuple[tuple[torch.Tensor, ...], bool]] = {}
         self._merged: dict[tuple[str, ...], tuple | bool] = {}  # linear_many's weights end to end
+        self._site_input: tuple[torch.Tensor, Operand] | None = None  # (encoded_input)
         # faithful prefill's weights kept re-encoded for the FP8 tensor cores (keep_encoded_weights)
         self.weight_cache: prefill_gemms.EncodedWeights | None = None
         self._side = None
@@ -134,10 +135,15 @@ class TritonOps(ReferenceOps):
 
     def ffn_operand(self, x: torch.Tensor, experts: str, local: range, k: int, shared: tuple[str, ...]
                     ) -> Operand | None:
-        """Faithful prefill on one rank: the FFN's rows x encoded once for the FP8 tensor cores,
-        for the shared expert's merged `shared` weights and the routed experts' pairs (k a
-        token), which both encode x alike (rows_1x128, the rounding inside); None where either
-        takes x otherwise, or prefill_gemms.SHARED_EXPERT_OPERAND is off (each makes its own)."""
+        """Faithful prefill on one rank: the FFN's rows x encoded for the FP8 tensor cores as the
+        shared expert's merged `shared` weights and the routed experts' pairs (k a token) both
+        encode them (rows_1x128, the rounding inside): made by the FFN site's pass (its
+        encode_for `shared`: hc_streams.SITE_OPERAND), or here once for both
+        (prefill_gemms.SHARED_EXPERT_OPERAND); None: each encodes x itself. The routed experts
+        take it only where their pairs would be encoded once (routed_experts)."""
+        made = self.encoded_input(x)
+        if made is not None:  # (made only where the shared expert's product takes it: _site_operand)
+            return made
         if not (prefill_gemms.SHARED_EXPERT_OPERAND and self.act_quant and self.parallel.world == 1
                 and _kernels_run_on(x) and prefill_gemms.takes(x)):
             return None
@@ -275,22 +281,43 @@ class TritonOps(ReferenceOps):
         return hc_streams.hc_collapse_norm(X, pre, weight, eps)
 
     def hc_mix_collapse(self, X: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor,
-                        iters: int, hc_eps: float, norm_eps: float, pre: torch.Tensor, weight: torch.Tensor | None
+                        iters: int, hc_eps: float, norm_eps: float, pre: torch.Tensor, weight: torch.Tensor | None,
+                        encode_for: tuple[str, ...] = ()
                         ) -> tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]:
         if not _one_site_pass(X, fn):
             return super().hc_mix_collapse(X, fn, base, scale, iters, hc_eps, norm_eps, pre, weight)
-        _, mixes, x = hc_streams.hc_site(X, fn, norm_eps, pre, weight, norm_eps)
+        operand = self._site_operand(X, encode_for)
+        _, mixes, x = hc_streams.hc_site(X, fn, norm_eps, pre, weight, norm_eps, operand=operand)
+        self._site_input = None if operand is None else (x, operand)
         return hc_gates(mixes, base, scale, iters, hc_eps), x
 
     def hc_expand_mix_collapse(self, y: torch.Tensor, X: torch.Tensor, post: torch.Tensor, comb: torch.Tensor,
                                fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, iters: int, hc_eps: float,
-                               norm_eps: float, pre: torch.Tensor, weight: torch.Tensor | None
+                               norm_eps: float, pre: torch.Tensor, weight: torch.Tensor | None,
+                               encode_for: tuple[str, ...] = ()
                                ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]:
         if not _one_site_pass(X, fn):
             return super().hc_expand_mix_collapse(y, X, post, comb, fn, base, scale, iters, hc_eps, norm_eps, pre,
                                                   weight)
-        X, mixes, x = hc_streams.hc_site(X, fn, norm_eps, pre, weight, norm_eps, expand=(y, post, comb))
+        operand = self._site_operand(X, encode_for)
+        X, mixes, x = hc_streams.hc_site(X, fn, norm_eps, pre, weight, norm_eps, expand=(y, post, comb),
+                                         operand=operand)
+        self._site_input = None if operand is None else (x, operand)
         return X, hc_gates(mixes, base, scale, iters, hc_eps), x
+
+    def _site_operand(self, X: torch.Tensor, names: tuple[str, ...]) -> Operand | None:
+        """An empty operand for a site's input to fill (hc_streams.SITE_OPERAND), where faithful
+        mode's merged FP8 weights `names` would encode that input themselves (takes_operand)."""
+        if not (names and self.act_quant and hc_streams.encodes_input(X.shape[2])):
+            return None
+        merged = self._merged_of(names)
+        if not (merged and prefill_gemms.takes_operand(X.shape[0], X.device, *merged[0].shape)):
+            return None
+        return empty_operand(X.shape[0], X.shape[2], 1, X.device)
+
+    def encoded_input(self, x: torch.Tensor) -> Operand | None:
+        held, self._site_input = self._site_input, None
+        return held[1] if held is not None and held[0] is x else None
 
     def fp8_round_trip(self, x: torch.Tensor, block: int = 32) -> tuple[torch.Tensor, Packed]:
         if not _kernels_run_on(x):
@@ -344,7 +371,10 @@ class TritonOps(ReferenceOps):
             # decode rows: fp4_moe rounds x in the launch that lays out its pieces
             y = fp4_moe(x.contiguous(), own, weights, *tensors, limit, small=small, act_quant=True, round_input=True)
         else:
-            if operand is None and self.act_quant:
+            if not (self.act_quant and prefill_gemms.takes_expert_rows_operand(x, idx.numel(), len(local),
+                                                                               tensors[0])):
+                operand = None  # (the pairs take the rounding launch's rows, as before)
+            elif operand is None:
                 operand = prefill_gemms.expert_rows_operand(x, idx.numel(), len(local), tensors[0])
             rows = self.gemm_input(x).contiguous() if operand is None else operand
             if operand is not None or prefill_gemms.takes_experts(rows, idx.numel(), len(local)):  # cuBLAS

@@ -201,20 +201,30 @@ class ReferenceOps:
         return rms_norm(hc_collapse(X, pre), weight, eps)
 
     def hc_mix_collapse(self, X: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor,
-                        iters: int, hc_eps: float, norm_eps: float, pre: torch.Tensor, weight: torch.Tensor | None
+                        iters: int, hc_eps: float, norm_eps: float, pre: torch.Tensor, weight: torch.Tensor | None,
+                        encode_for: tuple[str, ...] = ()
                         ) -> tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]:
         """A site's gates (hc_mix) and its input (hc_collapse_norm by the previous site's `pre`),
-        both of the same streams: (gates, input); the fast path's prefill rows read them once."""
+        both of the same streams: (gates, input); the fast path's prefill rows read them once.
+        encode_for: the FP8 weights (merged) that read the input first, for which the fast path
+        may encode it in the same pass (encoded_input)."""
         return self.hc_mix(X, fn, base, scale, iters, hc_eps, norm_eps), self.hc_collapse_norm(X, pre, weight, norm_eps)
 
     def hc_expand_mix_collapse(self, y: torch.Tensor, X: torch.Tensor, post: torch.Tensor, comb: torch.Tensor,
                                fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, iters: int, hc_eps: float,
-                               norm_eps: float, pre: torch.Tensor, weight: torch.Tensor | None
+                               norm_eps: float, pre: torch.Tensor, weight: torch.Tensor | None,
+                               encode_for: tuple[str, ...] = ()
                                ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]:
         """hc_expand_mix, then the next site's input from the new streams (hc_collapse_norm by
-        `pre`): (streams, gates, input); the fast path's prefill rows make all three in one pass."""
+        `pre`): (streams, gates, input); the fast path's prefill rows make all three in one pass.
+        encode_for: as hc_mix_collapse's."""
         X, gates = self.hc_expand_mix(y, X, post, comb, fn, base, scale, iters, hc_eps, norm_eps)
         return X, gates, self.hc_collapse_norm(X, pre, weight, norm_eps)
+
+    def encoded_input(self, x: torch.Tensor):
+        """The FP8 operand the last mHC site made of its input x for its encode_for weights (an
+        fp8_blockwise.Operand, handed out once), or None: they take x."""
+        return None
 
 
 def same_device(a: str | torch.device, b: str | torch.device) -> bool:

@@ -101,12 +101,7 @@ def _rows_kernel(x_ptr, up_ptr, weights_ptr, codes_ptr, scales_ptr, starts_ptr, 
             x = clamped_swiglu_tile(x, up, limit)
             if WEIGHTED:
                 x = x * tl.load(weights_ptr + row, mask=reads, other=0.0)[:, None]
-        if SWIGLU or ROUND_FIRST:
-            x = tl.reshape(_on_fp8_grid(tl.reshape(x, (TILE_ROWS * TILE_BLOCKS * 4, 32)), HW_FP8),
-                           (TILE_ROWS * TILE_BLOCKS, 128))
-        exponent = fp8_block_exponents(x)
-        code = _e4m3_codes(x * pow2(254 - exponent)[:, None], HW_FP8)
-        scale = pow2(exponent)
+        code, scale = encode_blocks(x, TILE_ROWS * TILE_BLOCKS, SWIGLU or ROUND_FIRST, HW_FP8)
     at = (cols // GROUP_K).to(tl.int64) * ROWS * GROUP_K + r[:, None].to(tl.int64) * GROUP_K + cols % GROUP_K
     tl.store(codes_ptr + at, code, mask=live[:, None])
     if SEGMENTS:
@@ -116,6 +111,17 @@ def _rows_kernel(x_ptr, up_ptr, weights_ptr, codes_ptr, scales_ptr, starts_ptr, 
         start = 0
         count = ROWS
     tl.store(scales_ptr + blocks * start + b * count + (r - start), scale, mask=live)
+
+
+@triton.jit
+def encode_blocks(x, BLOCKS: tl.constexpr, ROUND_FIRST: tl.constexpr, HW_FP8: tl.constexpr):
+    """x [BLOCKS, 128] fp32, a row's 128-column block each -> (e4m3 codes uint8 [BLOCKS, 128],
+    fp32 scales [BLOCKS]) under each block's power-of-two scale; ROUND_FIRST: x first rounded
+    onto faithful mode's 1 x 32 FP8 grid (rows_1x128's round_first)."""
+    if ROUND_FIRST:
+        x = tl.reshape(_on_fp8_grid(tl.reshape(x, (BLOCKS * 4, 32)), HW_FP8), (BLOCKS, 128))
+    exponent = fp8_block_exponents(x)
+    return _e4m3_codes(x * pow2(254 - exponent)[:, None], HW_FP8), pow2(exponent)
 
 
 @triton.jit

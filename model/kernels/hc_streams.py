@@ -21,7 +21,9 @@ import triton
 import triton.language as tl
 
 from . import common, pdl
-from .common import DOT, dot_fp32, dot_fp32_raw
+from .common import DOT, dot_fp32, dot_fp32_raw, interpreting
+from .fp8_blockwise import BLOCK as ENCODE_BLOCK
+from .fp8_blockwise import Operand, encode_blocks
 
 
 @triton.jit
@@ -142,9 +144,10 @@ def _hc_mixes_kernel(x_ptr, fn_ptr, out_ptr, part_ptr, squares_ptr, T, N, K, K_P
 
 @triton.jit
 def _hc_site_kernel(x_ptr, y_ptr, post_ptr, comb_ptr, pre_ptr, fn_ptr, w_ptr, streams_ptr, mixes_ptr, row_ptr,
-                    T, H, N, sxt, sxs, syt, sst, sss, sfn, smt, srt, mix_eps, norm_eps, S: tl.constexpr,
-                    TB: tl.constexpr, BLOCK: tl.constexpr, NP: tl.constexpr, EXPAND: tl.constexpr,
-                    TF32_HEADS: tl.constexpr, RAW_HEADS: tl.constexpr, PDL: tl.constexpr):
+                    codes_ptr, scales_ptr, T, H, N, sxt, sxs, syt, sst, sss, sfn, smt, srt, CODE_ROWS, mix_eps,
+                    norm_eps, S: tl.constexpr, TB: tl.constexpr, BLOCK: tl.constexpr, NP: tl.constexpr,
+                    EXPAND: tl.constexpr, ENCODE: tl.constexpr, HW_FP8: tl.constexpr, TF32_HEADS: tl.constexpr,
+                    RAW_HEADS: tl.constexpr, PDL: tl.constexpr):
     """Program (TB tokens, every column): an mHC site of those tokens in one read of their
     streams. EXPAND: the streams are first the sublayer's output y taken in (hc_expand), and
     written to streams_ptr. Of the (new) streams, column block by column block: the site's
@@ -154,7 +157,9 @@ def _hc_site_kernel(x_ptr, y_ptr, post_ptr, comb_ptr, pre_ptr, fn_ptr, w_ptr, st
     as it is made, then RMS-normalized times w in a second pass over these tokens' rows: 4 bytes
     a column read back and written again where the streams would be read again (16). At a
     16K chunk they come back from HBM, not L2: ~132 resident programs write 1.3 MB of rows
-    each, over L2's 50 MB."""
+    each, over L2's 50 MB. ENCODE: that second pass also writes the input's FP8 operand as
+    rows_1x128(input, round_first=True) makes it (codes [CODE_ROWS, H], scales of block b at
+    b * CODE_ROWS + row), 128 columns a step."""
     pdl.wait_for_inputs(PDL)
     t = (tl.program_id(0) * TB + tl.arange(0, TB)).to(tl.int64)
     tok = t < T
@@ -190,12 +195,18 @@ def _hc_site_kernel(x_ptr, y_ptr, post_ptr, comb_ptr, pre_ptr, fn_ptr, w_ptr, st
     tl.store(mixes_ptr + t[:, None] * smt + n[None, :], proj * inv[:, None], mask=tok[:, None] & (n < N)[None, :])
     inv = 1.0 / tl.sqrt(tl.sum(row_squares, axis=1) / H + norm_eps)
     tl.debug_barrier()  # (the layouts may give a row's columns back to other threads than wrote them)
-    for d0 in range(0, H, BLOCK):
-        d = d0 + tl.arange(0, BLOCK)
+    STEP: tl.constexpr = 128 if ENCODE else BLOCK  # (ENCODE: H a multiple of 128)
+    for d0 in range(0, H, STEP):
+        d = d0 + tl.arange(0, STEP)
         live = tok[:, None] & (d < H)[None, :]
         row = tl.load(row_ptr + t[:, None] * srt + d[None, :], mask=live, other=0.0)
         scale = tl.load(w_ptr + d, mask=d < H, other=0.0).to(tl.float32)
-        tl.store(row_ptr + t[:, None] * srt + d[None, :], scale[None, :] * (row * inv[:, None]), mask=live)
+        row = scale[None, :] * (row * inv[:, None])
+        tl.store(row_ptr + t[:, None] * srt + d[None, :], row, mask=live)
+        if ENCODE:
+            codes, scales = encode_blocks(row, TB, True, HW_FP8)
+            tl.store(codes_ptr + t[:, None] * H + d[None, :], codes, mask=live)
+            tl.store(scales_ptr + (d0 // 128) * CODE_ROWS + t, scales, mask=tok)
 
 
 # Decode rows' hc_expand_mix_parts takes common.RAW_HEADS too. Its GPU tests pass, and it gains
@@ -341,17 +352,25 @@ DEFER_FFN_EXPAND = True
 # attention site took 1,145 and the FFN site's three 2,198.
 SITE_TILES = {False: dict(TB=64, BLOCK=32, num_warps=4, num_stages=3),
               True: dict(TB=32, BLOCK=32, num_warps=4, num_stages=3)}
+# A site's pass also writes its input's FP8 operand (hc_site's operand) for the FP8 product that
+# reads it first: the attention site's for wq_a and wkv (merged: attention.project), the FFN
+# site's for the shared expert's gate and up and the routed experts' pairs (TritonOps.ffn_operand).
+# Their own encode read the [T, H] fp32 input back (335 MB at a 16K chunk, ~0.08 ms a site by
+# the bytes) to write the same codes. The same bits by the CPU tests. Off until its GPU tests and
+# timing run (fifty-first session: built after the device time was spent; bench/device/call_z.sh).
+SITE_OPERAND = False
 
 
 def hc_site(X: torch.Tensor, fn: torch.Tensor, mix_eps: float, pre: torch.Tensor, weight: torch.Tensor | None,
-            norm_eps: float, expand: tuple | None = None, tiles: dict | None = None
+            norm_eps: float, expand: tuple | None = None, tiles: dict | None = None, operand: Operand | None = None
             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """An mHC site in one launch: X [T, S, H] fp32 streams, fn [N, S*H] fp32 -> (streams, the
     site's mixes [T, N] as hc_mixes(streams, fn, mix_eps), its input [T, H] fp32 as
     hc_collapse_norm(streams, pre, weight, norm_eps)); streams = hc_expand(y, X, post, comb)
     with expand (y, post, comb), else X. The sums run by column block, so the mixes and the
     input are the separate launches' within their reordering, not to the bit; `tiles`
-    overrides SITE_TILES."""
+    overrides SITE_TILES. operand: fp8_blockwise.empty_operand(T, H, 1, ...) (encodes_input),
+    filled with the input's FP8 operand, to the bit rows_1x128(input, round_first=True)'s."""
     T, S, H = X.shape
     N = fn.shape[0]
     assert fn.shape[1] == S * H and fn.dtype == torch.float32 and supported(X), (fn.shape, X.shape, X.dtype)
@@ -365,9 +384,17 @@ def hc_site(X: torch.Tensor, fn: torch.Tensor, mix_eps: float, pre: torch.Tensor
     if expand is not None:
         y, post, comb = expand[0].contiguous(), expand[1].float().contiguous(), expand[2].float().contiguous()
         streams = torch.empty(T, S, H, dtype=torch.float32, device=X.device)
+    assert operand is None or (encodes_input(H) and operand.codes.shape[0] == 1 and operand.shape == (T, H))
+    codes, scales = (row, row) if operand is None else (operand.codes, operand.scales)
     if T:
         _hc_site_kernel[(triton.cdiv(T, t["TB"]),)](
-            X, y, post, comb, pre, fn, w, streams, mixes, row, T, H, N, X.stride(0), X.stride(1), y.stride(0),
-            streams.stride(0), streams.stride(1), fn.stride(0), mixes.stride(0), row.stride(0), mix_eps, norm_eps,
-            S=S, NP=np_, EXPAND=expand is not None, **t, **pdl.options(X.device))
+            X, y, post, comb, pre, fn, w, streams, mixes, row, codes, scales, T, H, N, X.stride(0), X.stride(1),
+            y.stride(0), streams.stride(0), streams.stride(1), fn.stride(0), mixes.stride(0), row.stride(0),
+            codes.shape[1], mix_eps, norm_eps, S=S, NP=np_, EXPAND=expand is not None, ENCODE=operand is not None,
+            HW_FP8=not interpreting(), **t, **pdl.options(X.device))
     return streams, mixes, row
+
+
+def encodes_input(H: int) -> bool:
+    """Whether hc_site can write its [T, H] input's FP8 operand too (SITE_OPERAND: whole 128-blocks)."""
+    return SITE_OPERAND and H % ENCODE_BLOCK == 0

@@ -146,10 +146,16 @@ def expert_rows_operand(x: torch.Tensor, pairs: int, experts: int, w13: torch.Te
     """Faithful mode's fp32 rows x of a prefill chunk's routed pairs, encoded once for the FP8
     tensor cores with the rounding inside (EXPERT_ROWS_ENCODED_ONCE), for fp4_experts; None
     where they go as the bf16 rows of the rounding launch."""
-    if not (EXPERT_ROWS_ENCODED_ONCE and FP8_TENSOR_CORES and x.dtype == torch.float32
-            and _chunk_pairs(x, pairs, experts) and fp8_blockwise.runs_on(x.device, w13.shape[1], x.shape[1])):
+    if not takes_expert_rows_operand(x, pairs, experts, w13):
         return None
     return fp8_blockwise.Operand(*fp8_blockwise.rows_1x128(x.contiguous(), round_first=True), x.shape[0])
+
+
+def takes_expert_rows_operand(x: torch.Tensor, pairs: int, experts: int, w13: torch.Tensor) -> bool:
+    """Whether the routed pairs of rows x take them encoded once (expert_rows_operand's, or the
+    same operand made elsewhere: TritonOps.ffn_operand)."""
+    return (EXPERT_ROWS_ENCODED_ONCE and FP8_TENSOR_CORES and x.dtype == torch.float32
+            and _chunk_pairs(x, pairs, experts) and fp8_blockwise.runs_on(x.device, w13.shape[1], x.shape[1]))
 
 
 def _product(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:

@@ -34,6 +34,11 @@ from .attention_kernel import attend_block_in_place, attend_in_place, update_ent
 SIDE_BESIDE_WQ_B = True
 
 
+def input_weights(prefix: str) -> tuple[str, str]:
+    """The FP8 weights that read a block's attention input first (project's one product)."""
+    return f"{prefix}.attn.wq_a", f"{prefix}.attn.wkv"
+
+
 def project(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, xa: torch.Tensor,
             side: Callable[[torch.Tensor], tuple] | None = None
             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, tuple]:
@@ -43,7 +48,8 @@ def project(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, xa: torch.Tens
     replay them (model/graphs.py); `attend` between them follows each request's cache."""
     p, eps, hd = role.prefix, cfg.rms_norm_eps, cfg.head_dim
     heads = cfg.num_heads // ops.parallel.world  # this rank's heads (model/parallel.py)
-    q_lora, kv = ops.linear_many(xa, (f"{p}.attn.wq_a", f"{p}.attn.wkv"))
+    encoded = ops.encoded_input(xa)  # (the site's pass may have encoded xa for them: input_weights)
+    q_lora, kv = ops.linear_many(xa if encoded is None else encoded, input_weights(p))
     q_res = ops.rms_norm(q_lora, ops.w(f"{p}.attn.q_norm.weight"), eps)
     work = (lambda: side(q_res)) if side is not None else (lambda: ())
     joined = ops.beside(work, xa.shape[0]) if side is not None and SIDE_BESIDE_WQ_B else None

@@ -30,16 +30,22 @@ def route(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, x: torch.Tensor)
 SHARED_FIRST = True
 
 
+def shared_input_weights(prefix: str) -> tuple[str, str]:
+    """The FP8 weights that read a block's FFN input as one product: the shared expert's gate
+    and up (ops.linear_many)."""
+    return f"{prefix}.ffn.shared_experts.w1", f"{prefix}.ffn.shared_experts.w3"
+
+
 def moe(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, x: torch.Tensor) -> torch.Tensor:
     p, limit = role.prefix, cfg.swiglu_limit
     s, rows = f"{p}.ffn.shared_experts", ops.parallel.rows(x.shape[0])
     local = ops.parallel.split(role.n_routed_experts)  # every expert on one rank
     # a faithful prefill chunk's rows encoded once for the shared and the routed experts (one rank)
-    encoded = ops.ffn_operand(x, f"{p}.ffn.experts", local, role.num_experts_per_tok, (f"{s}.w1", f"{s}.w3"))
+    encoded = ops.ffn_operand(x, f"{p}.ffn.experts", local, role.num_experts_per_tok, shared_input_weights(p))
     xs = x[rows] if encoded is None else encoded
 
     def shared_expert() -> torch.Tensor:
-        return ops.swiglu_linear(*ops.linear_many(xs, (f"{s}.w1", f"{s}.w3")), limit, f"{s}.w2")
+        return ops.swiglu_linear(*ops.linear_many(xs, shared_input_weights(p)), limit, f"{s}.w2")
     if SHARED_FIRST:
         shared = ops.beside(shared_expert, xs.shape[0])
     weights, idx = route(ops, cfg, role, x)

@@ -302,6 +302,79 @@ def test_a_prefill_chunks_ffn_rows_are_encoded_once_for_the_shared_and_the_route
         rounding_encodes[on] = sum(bool(kw.get("round_first")) for kw in encodes)
     assert torch.equal(out[True], out[False]) and out[True].abs().max() > 0
     assert rounding_encodes == {False: 1, True: 1}  # the shared expert's, or the one both take
+    # the FFN site's pass encoding its input for both (hc_streams.SITE_OPERAND): no encode of x
+    # left in the layer, the same bits
+    from dsflash.model.kernels import hc_streams
+    from dsflash.model.layers.moe import shared_input_weights
+    from tests.model.test_kernels import _mhc_site
+
+    monkeypatch.setattr(hc_streams, "SITE_ROWS", 1)
+    monkeypatch.setattr(hc_streams, "SITE_OPERAND", True)
+    if DEVICE == "cpu":
+        monkeypatch.setattr(prefill_gemms, "takes_rows", lambda rows, device: rows >= 16)
+    S, N, X, y, post, comb, fn, base, hc_scale = [t.to(DEVICE) if torch.is_tensor(t) else t
+                                                  for t in _mhc_site(_g(48), rows, 256)]
+    pre = (torch.rand(rows, S, generator=_g(49)) + 0.1).to(DEVICE)
+    ops = TritonOps(dict(store), act_quant=True, device=DEVICE)
+    _, _, xf = ops.hc_expand_mix_collapse(y, X, post, comb, fn, base, hc_scale, 2, 1e-6, 1e-6, pre, None,
+                                          encode_for=shared_input_weights("L"))
+    encodes.clear()
+    got = moe(ops, cfg, role, xf)
+    assert sum(bool(kw.get("round_first")) for kw in encodes) == 0
+    assert torch.equal(got, moe(TritonOps(dict(store), act_quant=True, device=DEVICE), cfg, role, xf))
+
+
+def test_an_attention_sites_pass_encodes_its_input_for_wq_a_and_wkv(monkeypatch):
+    """hc_streams.SITE_OPERAND through TritonOps: a one-pass site (with and without the expand)
+    asked to encode for the merged wq_a and wkv (attention.input_weights) hands its input's
+    operand out once, to that input only (encoded_input), their products from it the bits of
+    theirs from the input; attention.project takes it, to the same bits; off, None. On CPU at a
+    few rows with the products in fp32; on a GPU at a prefill chunk's."""
+    from types import SimpleNamespace
+
+    from dsflash.model.fast_ops import TritonOps
+    from dsflash.model.kernels import hc_streams
+    from dsflash.model.layers.attention import input_weights, project
+    from dsflash.model.weights import Fp8Weight
+    from tests.model.test_kernels import _mhc_site
+
+    _switch(monkeypatch, True)
+    if DEVICE == "cpu":
+        monkeypatch.setattr(prefill_gemms, "takes_rows", lambda rows, device: rows >= 16)
+    monkeypatch.setattr(hc_streams, "SITE_ROWS", 1)
+    monkeypatch.setattr(hc_streams, "SITE_OPERAND", True)
+    T, H = (prefill_gemms.ROWS + 67 if DEVICE == "cuda" else 20), 256
+    S, N, X, y, post, comb, fn, base, scale = [t.to(DEVICE) if torch.is_tensor(t) else t
+                                               for t in _mhc_site(_g(40), T, H)]
+    names = input_weights("L")
+    store = {name: Fp8Weight(*quantize_fp8_weight(torch.randn(n, H, generator=_g(41 + n)) / 16), (32, 32))
+             for name, n in zip(names, (128, 256))}
+    store["L.attn.wq_b"] = Fp8Weight(*quantize_fp8_weight(torch.randn(128, 128, generator=_g(45)) / 16), (32, 32))
+    store["L.attn.q_norm.weight"] = torch.rand(128, generator=_g(46)) + 0.5
+    store["L.attn.kv_norm.weight"] = torch.rand(256, generator=_g(47)) + 0.5
+    ops = TritonOps(store, act_quant=True, device=DEVICE)
+    pre = (torch.rand(T, S, generator=_g(43)) + 0.1).to(DEVICE)
+    site = (fn, base, scale, 2, 1e-6, 1e-6, pre, (torch.rand(H, generator=_g(44)) + 0.5).to(DEVICE))
+    for expand in (False, True):
+        if expand:
+            _, _, xa = ops.hc_expand_mix_collapse(y, X, post, comb, *site, encode_for=names)
+        else:
+            _, xa = ops.hc_mix_collapse(X, *site, encode_for=names)
+        operand = ops.encoded_input(xa)
+        assert operand is not None and ops.encoded_input(xa) is None  # (once)
+        assert all(torch.equal(a, b) for a, b in zip(ops.linear_many(operand, names), ops.linear_many(xa, names)))
+    _, xa = ops.hc_mix_collapse(X, *site, encode_for=names)
+    assert ops.encoded_input(xa.clone()) is None
+    cfg, role = SimpleNamespace(rms_norm_eps=1e-6, head_dim=64, num_heads=2), SimpleNamespace(prefix="L")
+    taken, many = [], ops.linear_many
+    monkeypatch.setattr(ops, "linear_many", lambda x, n: taken.append(type(x).__name__) or many(x, n))
+    _, xa = ops.hc_mix_collapse(X, *site, encode_for=names)
+    got = project(ops, cfg, role, xa)
+    want = project(ops, cfg, role, xa)  # (handed out once: now the input's own encode)
+    assert taken == ["Operand", "Tensor"] and all(torch.equal(a, b) for a, b in zip(got[:3], want[:3]))
+    monkeypatch.setattr(hc_streams, "SITE_OPERAND", False)
+    _, xa = ops.hc_mix_collapse(X, *site, encode_for=names)
+    assert ops.encoded_input(xa) is None
 
 
 @pytest.mark.parametrize("tile", TILES)

@@ -743,6 +743,36 @@ def test_a_site_in_one_pass_gives_its_streams_mixes_and_input(T, H, expand, form
     assert torch.allclose(unweighted, rms_norm(mhc.hc_collapse(want_X, pre), None, 1e-6), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("expand", [False, True])
+@pytest.mark.parametrize("tiles", [None, dict(TB=16, BLOCK=16, num_warps=4)])
+def test_a_sites_pass_writes_its_inputs_fp8_operand(expand, tiles, monkeypatch):
+    """hc_streams.SITE_OPERAND: hc_site filling an empty operand gives its input's FP8 operand to
+    the bit of rows_1x128(input, round_first=True), its rows past the tokens zeros under unit
+    scales (20 tokens: a partly masked token block, 32 aligned rows), and its other outputs
+    unchanged; the shipped tiles and one of 16 tokens."""
+    from dsflash.model.kernels import fp8_blockwise
+
+    monkeypatch.setattr(hc_streams, "SITE_OPERAND", True)
+    T, H = 20, 256
+    g = _g(12)
+    S, N, X, y, post, comb, fn, _, _ = _mhc_site(g, T, H)
+    pre = torch.rand(T, S, generator=g) + 0.1
+    weight = torch.rand(H, generator=g) + 0.5
+    X[3] *= 1e-3  # a token of small values: its blocks' scales differ from the others'
+    args = [t.to(DEVICE) for t in (X, fn)] + [1e-6, pre.to(DEVICE), weight.to(DEVICE), 1e-6]
+    before = [t.to(DEVICE) for t in (y, post, comb)] if expand else None
+    assert hc_streams.encodes_input(H) and not hc_streams.encodes_input(300)
+    operand = fp8_blockwise.empty_operand(T, H, 1, torch.device(DEVICE))
+    got = hc_streams.hc_site(*args, expand=before, tiles=tiles, operand=operand)
+    plain = hc_streams.hc_site(*args, expand=before, tiles=tiles)
+    assert all(torch.equal(a, b) for a, b in zip(got, plain))
+    codes, scales = fp8_blockwise.rows_1x128(got[2], round_first=True)
+    assert torch.equal(operand.codes, codes) and operand.codes[:, T:].eq(0).all() and operand.codes.any()
+    rows = codes.shape[1]
+    assert torch.equal(operand.scales.view(H // 128, rows)[:, :T], scales.view(H // 128, rows)[:, :T])
+    assert operand.scales.view(H // 128, rows)[:, T:].eq(1.0).all()
+
+
 @pytest.mark.parametrize("H", [64, 300, 20480])  # 20480: an mHC mix's S*H row in the release
 def test_rms_norm_kernel_matches_the_torch_form(H):
     g = _g(6)
