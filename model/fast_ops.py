@@ -117,7 +117,8 @@ class TritonOps(ReferenceOps):
         end to end once, and each weight becomes a view of its rows there (no second copy);
         the output is split back. Other weights run one by one."""
         merged = self._merged_of(names)
-        if isinstance(x, Operand):  # (ffn_operand: only where the weights merge)
+        if isinstance(x, Operand):  # (an mHC site's or ffn_operand's: made only where the weights merge)
+            assert merged and x.codes.shape[0] == 1 and x.shape[1] == merged[0].shape[1], (names, x.shape)
             codes, scales, _, rows = merged
             out = prefill_gemms.operand_product(x, codes, scales, kept=self.weight_cache)
             return list(out.split(rows, dim=-1))
@@ -135,14 +136,13 @@ class TritonOps(ReferenceOps):
 
     def ffn_operand(self, x: torch.Tensor, experts: str, local: range, k: int, shared: tuple[str, ...]
                     ) -> Operand | None:
-        """Faithful prefill on one rank: the FFN's rows x encoded for the FP8 tensor cores as the
-        shared expert's merged `shared` weights and the routed experts' pairs (k a token) both
-        encode them (rows_1x128, the rounding inside): made by the FFN site's pass (its
-        encode_for `shared`: hc_streams.SITE_OPERAND), or here once for both
-        (prefill_gemms.SHARED_EXPERT_OPERAND); None: each encodes x itself. The routed experts
-        take it only where their pairs would be encoded once (routed_experts)."""
+        """Faithful prefill on one rank: the FFN's rows x encoded once (rows_1x128, the rounding
+        inside) for the shared expert's merged gate/up product (`shared`) and, where they take
+        it, the routed experts' pairs (k a token; routed_experts): from the FFN site's pass (its
+        encode_for: hc_streams.SITE_OPERAND), else made here (prefill_gemms.SHARED_EXPERT_OPERAND);
+        None: each encodes x itself."""
         made = self.encoded_input(x)
-        if made is not None:  # (made only where the shared expert's product takes it: _site_operand)
+        if made is not None and self.parallel.world == 1:  # (made only where the product takes it: _site_operand)
             return made
         if not (prefill_gemms.SHARED_EXPERT_OPERAND and self.act_quant and self.parallel.world == 1
                 and _kernels_run_on(x) and prefill_gemms.takes(x)):
@@ -284,6 +284,7 @@ class TritonOps(ReferenceOps):
                         iters: int, hc_eps: float, norm_eps: float, pre: torch.Tensor, weight: torch.Tensor | None,
                         encode_for: tuple[str, ...] = ()
                         ) -> tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]:
+        self._site_input = None  # (an operand never taken goes with its site)
         if not _one_site_pass(X, fn):
             return super().hc_mix_collapse(X, fn, base, scale, iters, hc_eps, norm_eps, pre, weight)
         operand = self._site_operand(X, encode_for)
@@ -296,6 +297,7 @@ class TritonOps(ReferenceOps):
                                norm_eps: float, pre: torch.Tensor, weight: torch.Tensor | None,
                                encode_for: tuple[str, ...] = ()
                                ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]:
+        self._site_input = None
         if not _one_site_pass(X, fn):
             return super().hc_expand_mix_collapse(y, X, post, comb, fn, base, scale, iters, hc_eps, norm_eps, pre,
                                                   weight)

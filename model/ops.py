@@ -206,8 +206,8 @@ class ReferenceOps:
                         ) -> tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]:
         """A site's gates (hc_mix) and its input (hc_collapse_norm by the previous site's `pre`),
         both of the same streams: (gates, input); the fast path's prefill rows read them once.
-        encode_for: the FP8 weights (merged) that read the input first, for which the fast path
-        may encode it in the same pass (encoded_input)."""
+        encode_for: the merged FP8 weights whose product reads this input first: the fast path
+        may encode the input for them in the same pass (encoded_input)."""
         return self.hc_mix(X, fn, base, scale, iters, hc_eps, norm_eps), self.hc_collapse_norm(X, pre, weight, norm_eps)
 
     def hc_expand_mix_collapse(self, y: torch.Tensor, X: torch.Tensor, post: torch.Tensor, comb: torch.Tensor,
@@ -223,7 +223,8 @@ class ReferenceOps:
 
     def encoded_input(self, x: torch.Tensor):
         """The FP8 operand the last mHC site made of its input x for its encode_for weights (an
-        fp8_blockwise.Operand, handed out once), or None: they take x."""
+        fp8_blockwise.Operand), or None: they take x. Handed out once: the first call after the
+        site takes it, whichever tensor it asks for (another tensor's call drops it unused)."""
         return None
 
 

@@ -356,8 +356,9 @@ SITE_TILES = {False: dict(TB=64, BLOCK=32, num_warps=4, num_stages=3),
 # reads it first: the attention site's for wq_a and wkv (merged: attention.project), the FFN
 # site's for the shared expert's gate and up and the routed experts' pairs (TritonOps.ffn_operand).
 # Their own encode read the [T, H] fp32 input back (335 MB at a 16K chunk, ~0.08 ms a site by
-# the bytes) to write the same codes. The same bits by the CPU tests. Off until its GPU tests and
-# timing run (fifty-first session: built after the device time was spent; bench/device/call_z.sh).
+# the bytes) to write the same codes. The FFN site's on one rank only (DeepseekV41._attn_out_ffn).
+# The same bits by the CPU tests. Off until its GPU tests and timing run (fifty-first session:
+# built after the device time was spent; bench/device/call_z.sh).
 SITE_OPERAND = False
 
 

@@ -320,7 +320,9 @@ def test_a_prefill_chunks_ffn_rows_are_encoded_once_for_the_shared_and_the_route
                                           encode_for=shared_input_weights("L"))
     encodes.clear()
     got = moe(ops, cfg, role, xf)
-    assert sum(bool(kw.get("round_first")) for kw in encodes) == 0
+    assert sum(bool(kw.get("round_first")) for kw in encodes) == 0 and ops.encoded_input(xf) is None
+    for switch in ("SITE_OPERAND", "SHARED_EXPERT_OPERAND", "EXPERT_ROWS_ENCODED_ONCE"):  # each encodes its own
+        monkeypatch.setattr(hc_streams if switch == "SITE_OPERAND" else prefill_gemms, switch, False)
     assert torch.equal(got, moe(TritonOps(dict(store), act_quant=True, device=DEVICE), cfg, role, xf))
 
 

@@ -349,11 +349,13 @@ def test_the_engram_gate_in_one_launch_matches_torch_at_the_models_sites(golden_
     monkeypatch.setattr(engram_gate, "FUSED", True)
     kernel_path_prefill(golden_dir, True)(prompt, "last")
     assert len(errors) == len(Checkpoint(golden_dir).config.engram_layers) and max(errors) < 1e-6, errors
-    monkeypatch.setattr(engram_gate, "engram_gated", fused)
+    launches = []
+    monkeypatch.setattr(engram_gate, "engram_gated", lambda *a: launches.append(1) or fused(*a))
     prefill, logits = kernel_path_prefill(golden_dir, False), {}
     for on in (False, True):
         monkeypatch.setattr(engram_gate, "FUSED", on)
         logits[on] = prefill(prompt, "all")
+        assert bool(launches) == on  # (exact mode's tensors take it too)
     assert torch.equal(logits[True].argmax(-1), logits[False].argmax(-1))
     assert (logits[True] - logits[False]).abs().max() < 1e-3 * logits[False].abs().max()  # (H100: 6.5e-4)
 
