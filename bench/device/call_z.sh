@@ -5,7 +5,7 @@
 # alternating it (the same last logits: the same operand bits). After call Y.
 source bench/device/env.sh
 step gpu-tests 150 python3 -m pytest -q -rfE -p no:cacheprovider tests/model/test_kernels.py \
-  tests/model/test_fp8_blockwise.py -k "fp8_operand or site_in_one_pass or attention_sites_pass or ffn_rows or rows_are"
+  tests/model/test_fp8_blockwise.py -k "fp8_operand or site_in_one_pass or attention_sites_pass or ffn_rows or rows_are or sites_operands"
 grep -q "=== gpu-tests rc=0 " "$LOG" || exit 1
 step prefill-32k 150 python3 bench/h200.py --sections prefill --act-quant --prefill 32768 --chunk 16384 \
   --prefill-switch "dsflash.model.kernels.hc_streams.SITE_OPERAND=False|True|False|True" --budget-s 900

@@ -614,3 +614,33 @@ def test_every_product_of_a_faithful_chunk_on_the_fp8_tensor_cores_keeps_its_bou
     for name, bound in bounds.items():
         assert took[name] and all(took[name]), (name, took[name])
         assert max(shares[name]) < bound, (name, max(shares[name]))
+
+
+@pytest.mark.gpu
+def test_the_sites_operands_give_a_faithful_chunks_logits_to_the_bit(tmp_path, monkeypatch):
+    """hc_streams.SITE_OPERAND through the model (the small preset: H 512, whole 128-blocks): a
+    faithful chunk's every mHC site writes its input's operand and every one is taken (the
+    attention's by project, the FFN's by ffn_operand), and the last logits are the bits of the
+    chunk where each product encodes its own input (the same operand bits, the same products)."""
+    from dsflash.model.checkpoint_writer import write_checkpoint
+    from dsflash.model.fast_ops import TritonOps
+    from dsflash.model.kernels import hc_streams
+    from tests.model.test_prefill_gemms import kernel_path_prefill
+
+    write_checkpoint(tmp_path, "small")
+    monkeypatch.setattr(prefill_gemms, "EXPERT_PAIRS", 1)  # (the chunk's pairs take the encoded-once path)
+    monkeypatch.setattr(hc_streams, "SITE_ROWS", 1)
+    made, taken = [], []
+    site, handed = hc_streams.hc_site, TritonOps.encoded_input
+    monkeypatch.setattr(hc_streams, "hc_site", lambda *a, **kw: made.append(kw.get("operand") is not None)
+                        or site(*a, **kw))
+    monkeypatch.setattr(TritonOps, "encoded_input", lambda self, x: taken.append(handed(self, x)) or taken[-1])
+    prefill = kernel_path_prefill(tmp_path, True)
+    prompt = torch.randint(3, 6000, (prefill_gemms.ROWS + 100,), generator=_g(13))
+    logits = {}
+    for on in (False, True):
+        monkeypatch.setattr(hc_streams, "SITE_OPERAND", on)
+        made.clear(), taken.clear()
+        logits[on] = prefill(prompt, "last")
+        assert made and all(made) == on and sum(t is not None for t in taken) == sum(made), (made, taken)
+    assert torch.equal(logits[True], logits[False])
