@@ -11,7 +11,8 @@ fused them, at the bench preset's shapes (8,192 rows; 64 heads of 512; mHC 4 x 5
   shipped raw heads, common.RAW_HEADS);
 - (sites) a prefill mHC site's launches (the attention site's mixes, gates and input; the
   FFN site's with the attention's expand before them) against one pass over its streams
-  (hc_streams.hc_site, SITE_ROWS), in a few tiles.
+  (hc_streams.hc_site, SITE_ROWS), in a few tiles; and the pass writing its input's FP8
+  operand (SITE_OPERAND) against the pass and then the operand's own encode.
 
 Each figure next to the time its bytes take at the measured 4.2 TB/s HBM read. With
 --whole N, whole prefills of N tokens on the bench preset too, the three fusions off and on
@@ -153,6 +154,36 @@ def sites(rows: int) -> None:
                        comb_max_diff=(got_gates[2] - want_gates[2]).abs().max().item())
             except Exception as exc:  # a tile that needs more shared memory than an SM has
                 h200.record("passes", f"{site}_one_pass_{label}", {"error": f"{type(exc).__name__}: {exc}"[:200]})
+        site_operand(site, expand, X, y, post, comb, fn, pre, weight)
+
+
+def site_operand(site: str, expand: bool, X, y, post, comb, fn, pre, weight) -> None:
+    """The site's input then its FP8 operand (rows_1x128 with the rounding inside, as the first
+    product that reads it encodes it), against the site's pass writing the operand too
+    (hc_streams.SITE_OPERAND), in the shipped tiles; the codes must be the same bits."""
+    from dsflash.model.kernels import fp8_blockwise
+
+    rows, before = X.shape[0], (y, post, comb) if expand else None
+    streams, row, codes = 4 * X.numel(), 4 * y.numel(), y.numel()
+
+    def then_encoded():
+        _, _, x = hc_streams.hc_site(X, fn, 1e-6, pre, weight, 1e-6, expand=before)
+        return fp8_blockwise.rows_1x128(x, round_first=True)
+
+    def in_the_pass():
+        operand = fp8_blockwise.empty_operand(rows, HIDDEN, 1, X.device)
+        hc_streams.hc_site(X, fn, 1e-6, pre, weight, 1e-6, expand=before, operand=operand)
+        return operand.codes, operand.scales
+
+    was, hc_streams.SITE_OPERAND = hc_streams.SITE_OPERAND, True
+    try:
+        want, got = then_encoded(), in_the_pass()
+        moved = (streams if expand else 0) + streams + row * (4 if expand else 3)
+        report(f"{site}_then_encoded", h200.cuda_time(then_encoded, iters=10), moved + row + codes)
+        report(f"{site}_encoding_in_the_pass", h200.cuda_time(in_the_pass, iters=10), moved + codes,
+               same_codes=torch.equal(want[0], got[0]), same_scales=torch.equal(want[1], got[1]))
+    finally:
+        hc_streams.SITE_OPERAND = was
 
 
 MIXES_ROWS = [hc_streams.MIXES_ROWS]  # --mixes-rows: the mixes' threshold when the fusions are on
