@@ -118,9 +118,9 @@ class TritonOps(ReferenceOps):
         the output is split back. Other weights run one by one."""
         merged = self._merged_of(names)
         if isinstance(x, Operand):  # (an mHC site's or ffn_operand's: made only where the weights merge)
-            assert merged and x.codes.shape[0] == 1 and x.shape[1] == merged[0].shape[1], (names, x.shape)
+            assert merged, names
             codes, scales, _, rows = merged
-            out = prefill_gemms.operand_product(x, codes, scales, kept=self.weight_cache)
+            out = prefill_gemms.fp8_product(x, codes, scales, kept=self.weight_cache)
             return list(out.split(rows, dim=-1))
         if not merged:
             return super().linear_many(x, names)
@@ -287,9 +287,7 @@ class TritonOps(ReferenceOps):
         self._site_input = None  # (an operand never taken goes with its site)
         if not _one_site_pass(X, fn):
             return super().hc_mix_collapse(X, fn, base, scale, iters, hc_eps, norm_eps, pre, weight)
-        operand = self._site_operand(X, encode_for)
-        _, mixes, x = hc_streams.hc_site(X, fn, norm_eps, pre, weight, norm_eps, operand=operand)
-        self._site_input = None if operand is None else (x, operand)
+        _, mixes, x = self._site_pass(X, fn, norm_eps, pre, weight, encode_for)
         return hc_gates(mixes, base, scale, iters, hc_eps), x
 
     def hc_expand_mix_collapse(self, y: torch.Tensor, X: torch.Tensor, post: torch.Tensor, comb: torch.Tensor,
@@ -301,11 +299,18 @@ class TritonOps(ReferenceOps):
         if not _one_site_pass(X, fn):
             return super().hc_expand_mix_collapse(y, X, post, comb, fn, base, scale, iters, hc_eps, norm_eps, pre,
                                                   weight)
-        operand = self._site_operand(X, encode_for)
-        X, mixes, x = hc_streams.hc_site(X, fn, norm_eps, pre, weight, norm_eps, expand=(y, post, comb),
-                                         operand=operand)
-        self._site_input = None if operand is None else (x, operand)
+        X, mixes, x = self._site_pass(X, fn, norm_eps, pre, weight, encode_for, expand=(y, post, comb))
         return X, hc_gates(mixes, base, scale, iters, hc_eps), x
+
+    def _site_pass(self, X: torch.Tensor, fn: torch.Tensor, norm_eps: float, pre: torch.Tensor,
+                   weight: torch.Tensor | None, encode_for: tuple[str, ...], expand: tuple | None = None
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """hc_streams.hc_site, its input encoded for `encode_for` where _site_operand makes room
+        for it (then held for encoded_input)."""
+        operand = self._site_operand(X, encode_for)
+        X, mixes, x = hc_streams.hc_site(X, fn, norm_eps, pre, weight, norm_eps, expand=expand, operand=operand)
+        self._site_input = None if operand is None else (x, operand)
+        return X, mixes, x
 
     def _site_operand(self, X: torch.Tensor, names: tuple[str, ...]) -> Operand | None:
         """An empty operand for a site's input to fill (hc_streams.SITE_OPERAND), where faithful

@@ -213,22 +213,19 @@ def _rounds_in_encode_on(device: torch.device, n: int, k: int) -> bool:
     return ROUND_IN_ENCODE and FP8_TENSOR_CORES and fp8_blockwise.runs_on(device, n, k)
 
 
-def fp8_product(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, round_first: bool = False,
-                kept: EncodedWeights | None = None) -> torch.Tensor:
+def fp8_product(x: torch.Tensor | fp8_blockwise.Operand, codes: torch.Tensor, scales: torch.Tensor,
+                round_first: bool = False, kept: EncodedWeights | None = None) -> torch.Tensor:
     """x [M, K] @ (codes, scales)^T -> [M, N] fp32, as fp8_gemm computes it. round_first (on
     the FP8 tensor cores, rounds_in_encode): x rounded onto faithful mode's FP8 grid first.
+    x may come encoded already (an Operand of one group: an mHC site's, TritonOps.ffn_operand's).
     kept: where the weight's FP8 tensor-core form may be kept (EncodedWeights)."""
+    if isinstance(x, fp8_blockwise.Operand):
+        assert x.codes.shape[0] == 1 and x.shape[1] == codes.shape[1], (x.codes.shape, codes.shape)
+        return _encoded_product(x.codes, x.scales, x.m, codes, scales, kept)
     if round_first or _tensor_cores(x, *codes.shape):
         return _encoded_product(*fp8_blockwise.rows_1x128(x, round_first=round_first), x.shape[0], codes, scales,
                                 kept)
     return bf16_product(x, fp8_weight_bf16(codes, scales))
-
-
-def operand_product(x: fp8_blockwise.Operand, codes: torch.Tensor, scales: torch.Tensor,
-                    kept: EncodedWeights | None = None) -> torch.Tensor:
-    """fp8_product of rows encoded already (an Operand of one group), as fp8_product with
-    round_first makes them."""
-    return _encoded_product(x.codes, x.scales, x.m, codes, scales, kept)
 
 
 def swiglu_fits(gate: torch.Tensor, up: torch.Tensor, n: int) -> bool:
