@@ -262,7 +262,7 @@ class _CompletionFormat(_ChatFormat):
 async def _respond(ctx: Context, request: Request, spec: GenerationSpec, stream: bool, fmt):
     metrics = ctx.metrics.start(spec)
     if stream:
-        return StreamingResponse(_stream(ctx, spec, fmt, metrics), media_type="text/event-stream",
+        return _ClosingStream(_stream(ctx, spec, fmt, metrics), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Request-Id": spec.request_id})
     task = asyncio.ensure_future(_collect(ctx, spec, metrics))
     watcher = asyncio.ensure_future(_cancel_on_disconnect(request, task))
@@ -273,6 +273,19 @@ async def _respond(ctx: Context, request: Request, spec: GenerationSpec, stream:
     finally:
         watcher.cancel()
     return JSONResponse(fmt.body(choices), headers={"X-Request-Id": spec.request_id})
+
+
+class _ClosingStream(StreamingResponse):
+    """A StreamingResponse that closes its generator however the response ends. Starlette
+    leaves a generator a disconnect interrupted suspended at its yield, to be closed when it is
+    garbage collected: its `finally` (which cancels the worker's stream) ran seconds later or
+    not at all, so a worker kept decoding for a client that had gone."""
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self.body_iterator.aclose()
 
 
 async def _collect(ctx: Context, spec: GenerationSpec, metrics):

@@ -241,9 +241,13 @@ class DeepseekV41:
         graphed_sources = self.graphs is not None and not block_mode and self._sources_in_place(role, runs)
         # there the compressor's projections join the site's graph as the indexer's queries do
         compressor = graphed_sources and role.is_kv_source and not any(run.skip_compressor for run in runs)
-        attn_in = functools.partial(self._attn_in, compressor=compressor, pending=len(pending))
+        # the input read by wq_a and wkv alone: a layer that is no source, its attention reading the pages in place
+        only_projected = not (role.is_kv_source or role.is_index_source) and self.qat and self._in_place(runs)
+        attn_in = functools.partial(self._attn_in, compressor=compressor, pending=len(pending),
+                                    keep_input=not only_projected)
         site = self._dense("attn_in", role, attn_in, X, pre, *pending, *yarn, shared=len(yarn), unit=unit,
-                           variant=(("compressor",) if compressor else ()) + (("deferred",) if pending else ()))
+                           variant=(("compressor",) if compressor else ()) + (("deferred",) if pending else ())
+                           + (("projected",) if only_projected else ()))
         if pending:  # (the streams with the block before's FFN output in them come first)
             (X, *site), pending = site, ()
         a_pre, a_post, a_comb, xa, q_res, q_all, kv_all, *extra = site
@@ -324,23 +328,25 @@ class DeepseekV41:
         return self._attn_out_ffn(role, o, X, a_pre, a_post, a_comb)
 
     def _attn_in(self, role: LayerRole, X: torch.Tensor, pre: torch.Tensor, *rest: torch.Tensor,
-                 compressor: bool = False, pending: int = 0) -> tuple[torch.Tensor, ...]:
+                 compressor: bool = False, pending: int = 0, keep_input: bool = True) -> tuple[torch.Tensor, ...]:
         """The attention site's gates and its input, projected (dense: one graph per T); with
         the indexer's RoPE tables also its queries and head weights; with `compressor` then
         the compressor's projections (compressor_projections). `rest`: the block before's FFN
         output, post and comb where `pending` (3), taken into the streams first, which then
-        come first in the result (_block); then the RoPE tables if any."""
+        come first in the result (_block); then the RoPE tables if any. keep_input False: only
+        the projections read the input (ops.hc_mix_collapse's)."""
         c, w, p = self.config, self.ops.w, role.prefix
         site = (w(f"{p}.hc_attn_fn"), w(f"{p}.hc_attn_base"), w(f"{p}.hc_attn_scale"), c.hc_sinkhorn_iters, c.hc_eps,
                 c.rms_norm_eps, pre, w(f"{p}.attn_norm.weight"))
         expand, yarn = rest[:pending], rest[pending:]
         streams = ()
         if expand:
-            X, (a_pre, a_post, a_comb), xa = self.ops.hc_expand_mix_collapse(expand[0], X, *expand[1:], *site,
-                                                                             encode_for=input_weights(p))
+            X, (a_pre, a_post, a_comb), xa = self.ops.hc_expand_mix_collapse(
+                expand[0], X, *expand[1:], *site, encode_for=input_weights(p), keep_input=keep_input)
             streams = (X,)
         else:
-            (a_pre, a_post, a_comb), xa = self.ops.hc_mix_collapse(X, *site, encode_for=input_weights(p))
+            (a_pre, a_post, a_comb), xa = self.ops.hc_mix_collapse(X, *site, encode_for=input_weights(p),
+                                                                   keep_input=keep_input)
         def sources(q_res: torch.Tensor) -> tuple[torch.Tensor, ...]:
             queries = index_queries(self.ops, c, role, xa, q_res, *yarn, self.qat) if yarn else ()
             return tuple(queries) + (compressor_projections(self.ops, role, xa) if compressor else ())

@@ -282,35 +282,39 @@ class TritonOps(ReferenceOps):
 
     def hc_mix_collapse(self, X: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor,
                         iters: int, hc_eps: float, norm_eps: float, pre: torch.Tensor, weight: torch.Tensor | None,
-                        encode_for: tuple[str, ...] = ()
-                        ) -> tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]:
+                        encode_for: tuple[str, ...] = (), keep_input: bool = True
+                        ) -> tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor | Operand]:
         self._site_input = None  # (an operand never taken goes with its site)
         if not _one_site_pass(X, fn):
             return super().hc_mix_collapse(X, fn, base, scale, iters, hc_eps, norm_eps, pre, weight)
-        _, mixes, x = self._site_pass(X, fn, norm_eps, pre, weight, encode_for)
+        _, mixes, x = self._site_pass(X, fn, norm_eps, pre, weight, encode_for, keep_input)
         return hc_gates(mixes, base, scale, iters, hc_eps), x
 
     def hc_expand_mix_collapse(self, y: torch.Tensor, X: torch.Tensor, post: torch.Tensor, comb: torch.Tensor,
                                fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, iters: int, hc_eps: float,
                                norm_eps: float, pre: torch.Tensor, weight: torch.Tensor | None,
-                               encode_for: tuple[str, ...] = ()
-                               ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]:
+                               encode_for: tuple[str, ...] = (), keep_input: bool = True
+                               ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+                                          torch.Tensor | Operand]:
         self._site_input = None
         if not _one_site_pass(X, fn):
             return super().hc_expand_mix_collapse(y, X, post, comb, fn, base, scale, iters, hc_eps, norm_eps, pre,
                                                   weight)
-        X, mixes, x = self._site_pass(X, fn, norm_eps, pre, weight, encode_for, expand=(y, post, comb))
+        X, mixes, x = self._site_pass(X, fn, norm_eps, pre, weight, encode_for, keep_input, expand=(y, post, comb))
         return X, hc_gates(mixes, base, scale, iters, hc_eps), x
 
     def _site_pass(self, X: torch.Tensor, fn: torch.Tensor, norm_eps: float, pre: torch.Tensor,
-                   weight: torch.Tensor | None, encode_for: tuple[str, ...], expand: tuple | None = None
-                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                   weight: torch.Tensor | None, encode_for: tuple[str, ...], keep_input: bool,
+                   expand: tuple | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | Operand]:
         """hc_streams.hc_site, its input encoded for `encode_for` where _site_operand makes room
-        for it (then held for encoded_input)."""
+        for it (then held for encoded_input), or without keep_input (hc_streams.UNREAD_INPUT_LEFT)
+        that operand alone in the input's place."""
         operand = self._site_operand(X, encode_for)
-        X, mixes, x = hc_streams.hc_site(X, fn, norm_eps, pre, weight, norm_eps, expand=expand, operand=operand)
-        self._site_input = None if operand is None else (x, operand)
-        return X, mixes, x
+        keep_input = keep_input or operand is None or not hc_streams.UNREAD_INPUT_LEFT
+        X, mixes, x = hc_streams.hc_site(X, fn, norm_eps, pre, weight, norm_eps, expand=expand, operand=operand,
+                                         keep_input=keep_input)
+        self._site_input = (x, operand) if keep_input and operand is not None else None
+        return X, mixes, x if keep_input else operand
 
     def _site_operand(self, X: torch.Tensor, names: tuple[str, ...]) -> Operand | None:
         """An empty operand for a site's input to fill (hc_streams.SITE_OPERAND), where faithful

@@ -202,22 +202,24 @@ class ReferenceOps:
 
     def hc_mix_collapse(self, X: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor,
                         iters: int, hc_eps: float, norm_eps: float, pre: torch.Tensor, weight: torch.Tensor | None,
-                        encode_for: tuple[str, ...] = ()
+                        encode_for: tuple[str, ...] = (), keep_input: bool = True
                         ) -> tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]:
         """A site's gates (hc_mix) and its input (hc_collapse_norm by the previous site's `pre`),
         both of the same streams: (gates, input); the fast path's prefill rows read them once.
         encode_for: the merged FP8 weights whose product reads this input first: the fast path
-        may encode the input for them in the same pass (encoded_input)."""
+        may encode the input for them in the same pass (encoded_input). keep_input False: that
+        product is all that reads it, so where the pass encodes it, the fast path may return
+        that operand (an fp8_blockwise.Operand) in the input's place and never write the input."""
         return self.hc_mix(X, fn, base, scale, iters, hc_eps, norm_eps), self.hc_collapse_norm(X, pre, weight, norm_eps)
 
     def hc_expand_mix_collapse(self, y: torch.Tensor, X: torch.Tensor, post: torch.Tensor, comb: torch.Tensor,
                                fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, iters: int, hc_eps: float,
                                norm_eps: float, pre: torch.Tensor, weight: torch.Tensor | None,
-                               encode_for: tuple[str, ...] = ()
+                               encode_for: tuple[str, ...] = (), keep_input: bool = True
                                ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]:
         """hc_expand_mix, then the next site's input from the new streams (hc_collapse_norm by
         `pre`): (streams, gates, input); the fast path's prefill rows make all three in one pass.
-        encode_for: as hc_mix_collapse's."""
+        encode_for, keep_input: as hc_mix_collapse's."""
         X, gates = self.hc_expand_mix(y, X, post, comb, fn, base, scale, iters, hc_eps, norm_eps)
         return X, gates, self.hc_collapse_norm(X, pre, weight, norm_eps)
 

@@ -147,7 +147,7 @@ def _hc_site_kernel(x_ptr, y_ptr, post_ptr, comb_ptr, pre_ptr, fn_ptr, w_ptr, st
                     codes_ptr, scales_ptr, T, H, N, sxt, sxs, syt, sst, sss, sfn, smt, srt, CODE_ROWS, mix_eps,
                     norm_eps, S: tl.constexpr, TB: tl.constexpr, BLOCK: tl.constexpr, NP: tl.constexpr,
                     EXPAND: tl.constexpr, ENCODE: tl.constexpr, HW_FP8: tl.constexpr, TF32_HEADS: tl.constexpr,
-                    RAW_HEADS: tl.constexpr, PDL: tl.constexpr):
+                    RAW_HEADS: tl.constexpr, PDL: tl.constexpr, ROW_OUT: tl.constexpr = True):
     """Program (TB tokens, every column): an mHC site of those tokens in one read of their
     streams. EXPAND: the streams are first the sublayer's output y taken in (hc_expand), and
     written to streams_ptr. Of the (new) streams, column block by column block: the site's
@@ -159,7 +159,8 @@ def _hc_site_kernel(x_ptr, y_ptr, post_ptr, comb_ptr, pre_ptr, fn_ptr, w_ptr, st
     16K chunk they come back from HBM, not L2: ~132 resident programs write 1.3 MB of rows
     each, over L2's 50 MB. ENCODE: that second pass also writes the input's FP8 operand as
     rows_1x128(input, round_first=True) makes it (codes [CODE_ROWS, H], scales of block b at
-    b * CODE_ROWS + row), 128 columns a step."""
+    b * CODE_ROWS + row), 128 columns a step; without ROW_OUT (with ENCODE) only that: row_ptr
+    is then the first pass's scratch, left holding the rows before their norm."""
     pdl.wait_for_inputs(PDL)
     t = (tl.program_id(0) * TB + tl.arange(0, TB)).to(tl.int64)
     tok = t < T
@@ -202,7 +203,8 @@ def _hc_site_kernel(x_ptr, y_ptr, post_ptr, comb_ptr, pre_ptr, fn_ptr, w_ptr, st
         row = tl.load(row_ptr + t[:, None] * srt + d[None, :], mask=live, other=0.0)
         scale = tl.load(w_ptr + d, mask=d < H, other=0.0).to(tl.float32)
         row = scale[None, :] * (row * inv[:, None])
-        tl.store(row_ptr + t[:, None] * srt + d[None, :], row, mask=live)
+        if ROW_OUT:
+            tl.store(row_ptr + t[:, None] * srt + d[None, :], row, mask=live)
         if ENCODE:
             codes, scales = encode_blocks(row, TB, True, HW_FP8)
             tl.store(codes_ptr + t[:, None] * H + d[None, :], codes, mask=live)
@@ -357,21 +359,31 @@ SITE_TILES = {False: dict(TB=64, BLOCK=32, num_warps=4, num_stages=3),
 # site's for the shared expert's gate and up and the routed experts' pairs (TritonOps.ffn_operand).
 # Their own encode read the [T, H] fp32 input back (335 MB at a 16K chunk, ~0.08 ms a site by
 # the bytes) to write the same codes. The FFN site's on one rank only (DeepseekV41._attn_out_ffn).
-# The same bits by the CPU tests. Off until its GPU tests and timing run (fifty-first session:
-# built after the device time was spent; bench/device/call_z.sh).
-SITE_OPERAND = False
+# The same bits (CPU tests; on the H100 the codes and scales of 16,384 rows equal). 16,384 rows
+# (bench/prefill_passes.py, fifty-second session, call Z): the attention site then its encode
+# 1,157 us, in the pass 1,013; the FFN site 1,862 -> 1,701. H100 32K faithful prefill,
+# alternated: 1.179 / 1.176 -> 1.164 / 1.159 s, the same last logits.
+SITE_OPERAND = True
+# With it, a site whose input nothing but that product reads (the attention site of a layer that
+# is neither a KV nor an index source: 32 of the bench preset's 40) leaves the fp32 input out
+# (hc_site's keep_input): 268 MB of writes at a 16K chunk, ~0.06 ms a layer by the bytes, ~0.13 s
+# of a 1M prefill. The same operand bits (the pass is the same). H100 32K faithful prefill,
+# alternated (fifty-second session, call AB): 1.214 / 1.223 -> 1.212 / 1.213 s, the same last logits.
+UNREAD_INPUT_LEFT = True
 
 
 def hc_site(X: torch.Tensor, fn: torch.Tensor, mix_eps: float, pre: torch.Tensor, weight: torch.Tensor | None,
-            norm_eps: float, expand: tuple | None = None, tiles: dict | None = None, operand: Operand | None = None
-            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+            norm_eps: float, expand: tuple | None = None, tiles: dict | None = None, operand: Operand | None = None,
+            keep_input: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """An mHC site in one launch: X [T, S, H] fp32 streams, fn [N, S*H] fp32 -> (streams, the
     site's mixes [T, N] as hc_mixes(streams, fn, mix_eps), its input [T, H] fp32 as
     hc_collapse_norm(streams, pre, weight, norm_eps)); streams = hc_expand(y, X, post, comb)
     with expand (y, post, comb), else X. The sums run by column block, so the mixes and the
     input are the separate launches' within their reordering, not to the bit; `tiles`
     overrides SITE_TILES. operand: fp8_blockwise.empty_operand(T, H, 1, ...) (encodes_input),
-    filled with the input's FP8 operand, to the bit rows_1x128(input, round_first=True)'s."""
+    filled with the input's FP8 operand, to the bit rows_1x128(input, round_first=True)'s;
+    with it, keep_input False leaves the fp32 input out (its second-pass write: 4 bytes a
+    column) and returns None in its place, for a site whose input only that product reads."""
     T, S, H = X.shape
     N = fn.shape[0]
     assert fn.shape[1] == S * H and fn.dtype == torch.float32 and supported(X), (fn.shape, X.shape, X.dtype)
@@ -386,14 +398,15 @@ def hc_site(X: torch.Tensor, fn: torch.Tensor, mix_eps: float, pre: torch.Tensor
         y, post, comb = expand[0].contiguous(), expand[1].float().contiguous(), expand[2].float().contiguous()
         streams = torch.empty(T, S, H, dtype=torch.float32, device=X.device)
     assert operand is None or (encodes_input(H) and operand.codes.shape[0] == 1 and operand.shape == (T, H))
+    assert keep_input or operand is not None, "the site's input goes somewhere"
     codes, scales = (row, row) if operand is None else (operand.codes, operand.scales)
     if T:
         _hc_site_kernel[(triton.cdiv(T, t["TB"]),)](
             X, y, post, comb, pre, fn, w, streams, mixes, row, codes, scales, T, H, N, X.stride(0), X.stride(1),
             y.stride(0), streams.stride(0), streams.stride(1), fn.stride(0), mixes.stride(0), row.stride(0),
             codes.shape[1], mix_eps, norm_eps, S=S, NP=np_, EXPAND=expand is not None, ENCODE=operand is not None,
-            HW_FP8=not interpreting(), **t, **pdl.options(X.device))
-    return streams, mixes, row
+            HW_FP8=not interpreting(), ROW_OUT=keep_input, **t, **pdl.options(X.device))
+    return streams, mixes, row if keep_input else None
 
 
 def encodes_input(H: int) -> bool:

@@ -393,9 +393,9 @@ ROUND_IN_ENCODE = True
 EXPERT_ROWS_ENCODED_ONCE = True
 # With it, the shared expert's gate/up product takes the same operand (TritonOps.ffn_operand:
 # both encode the FFN rows alike), one encode of the [T, H] fp32 rows a layer fewer (~0.1 ms at a
-# 16K chunk by the bytes), the same bits by construction (CPU test). Off until its GPU test and
-# timing run (fifty-first session: built after the device time was spent; bench/device/call_y.sh).
-SHARED_EXPERT_OPERAND = False
+# 16K chunk by the bytes), the same bits by construction (CPU test). H100 32K faithful prefill,
+# alternated (fifty-second session, call Y): 1.177 / 1.181 -> 1.172 / 1.170 s, the same last logits.
+SHARED_EXPERT_OPERAND = True
 
 # Experts decoded to bf16 at once, one matrix kind at a time: at the release widths 47.2 MB an
 # expert for gate/up, 23.6 for down (3.0 GB at most for gate/up).

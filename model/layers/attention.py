@@ -39,16 +39,18 @@ def input_weights(prefix: str) -> tuple[str, str]:
     return f"{prefix}.attn.wq_a", f"{prefix}.attn.wkv"
 
 
-def project(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, xa: torch.Tensor,
+def project(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, xa: torch.Tensor | Operand,
             side: Callable[[torch.Tensor], tuple] | None = None
             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, tuple]:
-    """xa [T, H] -> q_res [T, q_lora], q [T, h, D], kv [T, D]: before RoPE and quantization,
+    """xa [T, H] (or its site's FP8 operand alone, where nothing else reads it: the site's
+    keep_input) -> q_res [T, q_lora], q [T, h, D], kv [T, D]: before RoPE and quantization,
     and side(q_res) (or ()), which the fast path runs beside wq_b, the largest GEMM here
     (ops.beside). This and `grouped_output` have shapes set by T alone, so a CUDA graph can
     replay them (model/graphs.py); `attend` between them follows each request's cache."""
     p, eps, hd = role.prefix, cfg.rms_norm_eps, cfg.head_dim
     heads = cfg.num_heads // ops.parallel.world  # this rank's heads (model/parallel.py)
-    encoded = ops.encoded_input(xa)  # (the site's pass may have encoded xa for them: input_weights)
+    # (the site's pass may have encoded xa for them: input_weights)
+    encoded = xa if isinstance(xa, Operand) else ops.encoded_input(xa)
     q_lora, kv = ops.linear_many(xa if encoded is None else encoded, input_weights(p))
     q_res = ops.rms_norm(q_lora, ops.w(f"{p}.attn.q_norm.weight"), eps)
     work = (lambda: side(q_res)) if side is not None else (lambda: ())

@@ -14,7 +14,17 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-CALLS = sorted((REPO / "bench" / "device").glob("call_*.sh"))
+CALLS = sorted((REPO / "bench" / "device").glob("call_*.sh"), key=lambda p: (len(p.name), p.name))
+
+
+def _call_name(i: int) -> str:
+    """The i-th call's name: call_a .. call_z, then call_aa, call_ab, .. (as spreadsheet columns)."""
+    letters = ""
+    i += 1
+    while i:
+        i, r = divmod(i - 1, 26)
+        letters = chr(ord("a") + r) + letters
+    return f"call_{letters}.sh"
 
 
 def _text(script: Path) -> str:
@@ -31,7 +41,7 @@ def _steps(script: Path) -> list[list[str]]:
 
 
 def test_the_plan_has_its_calls_and_they_parse():
-    assert [c.name for c in CALLS] == [f"call_{chr(ord('a') + i)}.sh" for i in range(len(CALLS))] and CALLS
+    assert [c.name for c in CALLS] == [_call_name(i) for i in range(len(CALLS))] and CALLS
     assert all(_steps(c) for c in CALLS)
     for script in [*CALLS, REPO / "bench" / "device" / "env.sh", REPO / "bench" / "device" / "prepare.sh"]:
         subprocess.run(["bash", "-n", str(script)], check=True)

@@ -374,6 +374,20 @@ def test_an_attention_sites_pass_encodes_its_input_for_wq_a_and_wkv(monkeypatch)
     got = project(ops, cfg, role, xa)
     want = project(ops, cfg, role, xa)  # (handed out once: now the input's own encode)
     assert taken == ["Operand", "Tensor"] and all(torch.equal(a, b) for a, b in zip(got[:3], want[:3]))
+    # an input only the projections read (keep_input False): with UNREAD_INPUT_LEFT, the operand
+    # comes in its place, to project's same bits; without it, the input as before
+    def site_input(expand: bool, keep_input: bool):
+        if expand:
+            return ops.hc_expand_mix_collapse(y, X, post, comb, *site, encode_for=names, keep_input=keep_input)[2]
+        return ops.hc_mix_collapse(X, *site, encode_for=names, keep_input=keep_input)[1]
+
+    for left in (True, False):
+        monkeypatch.setattr(hc_streams, "UNREAD_INPUT_LEFT", left)
+        for expand in (False, True):
+            want = project(ops, cfg, role, site_input(expand, True))
+            xa = site_input(expand, False)
+            assert isinstance(xa, fp8_blockwise.Operand) == left
+            assert all(torch.equal(a, b) for a, b in zip(project(ops, cfg, role, xa)[:3], want[:3]))
     monkeypatch.setattr(hc_streams, "SITE_OPERAND", False)
     _, xa = ops.hc_mix_collapse(X, *site, encode_for=names)
     assert ops.encoded_input(xa) is None
@@ -640,7 +654,17 @@ def test_the_sites_operands_give_a_faithful_chunks_logits_to_the_bit(tmp_path, m
     logits = {}
     for on in (False, True):
         monkeypatch.setattr(hc_streams, "SITE_OPERAND", on)
+        monkeypatch.setattr(hc_streams, "UNREAD_INPUT_LEFT", False)
         made.clear(), taken.clear()
         logits[on] = prefill(prompt, "last")
         assert made and all(made) == on and sum(t is not None for t in taken) == sum(made), (made, taken)
     assert torch.equal(logits[True], logits[False])
+    # the attention sites of layers that are no source leave their fp32 input out (UNREAD_INPUT_LEFT):
+    # their operands go to project directly, the same bits again
+    monkeypatch.setattr(hc_streams, "UNREAD_INPUT_LEFT", True)
+    made.clear(), taken.clear()
+    left = []
+    monkeypatch.setattr(hc_streams, "hc_site", lambda *a, **kw: made.append(kw.get("operand") is not None)
+                        or left.append(not kw.get("keep_input", True)) or site(*a, **kw))
+    assert torch.equal(prefill(prompt, "last"), logits[False])
+    assert any(left) and sum(t is not None for t in taken) == sum(made) - sum(left), (made, taken, left)

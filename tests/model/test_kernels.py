@@ -771,6 +771,13 @@ def test_a_sites_pass_writes_its_inputs_fp8_operand(expand, tiles, monkeypatch):
     rows = codes.shape[1]
     assert torch.equal(operand.scales.view(H // 128, rows)[:, :T], scales.view(H // 128, rows)[:, :T])
     assert operand.scales.view(H // 128, rows)[:, T:].eq(1.0).all()
+    # the input left out (keep_input, hc_streams.UNREAD_INPUT_LEFT): the same operand, streams and mixes
+    alone = fp8_blockwise.empty_operand(T, H, 1, torch.device(DEVICE))
+    streams, mixes, none = hc_streams.hc_site(*args, expand=before, tiles=tiles, operand=alone, keep_input=False)
+    assert none is None and torch.equal(streams, got[0]) and torch.equal(mixes, got[1])
+    assert torch.equal(alone.codes, operand.codes) and torch.equal(alone.scales, operand.scales)
+    with pytest.raises(AssertionError, match="goes somewhere"):
+        hc_streams.hc_site(*args, expand=before, tiles=tiles, keep_input=False)
 
 
 @pytest.mark.parametrize("H", [64, 300, 20480])  # 20480: an mHC mix's S*H row in the release
