@@ -38,7 +38,7 @@ from triton.compiler import ASTSource
 from triton.experimental.gluon._runtime import GluonASTSource
 
 from dsflash.model.kernels import (common, fp4_moe, fp8_blockwise, fp8_gemm, hc_streams, indexer_score,
-                                   sparse_attention_gluon, sparse_attention_pingpong, top_k)
+                                   indexer_score_gluon, sparse_attention_gluon, sparse_attention_pingpong, top_k)
 from dsflash.model.kernels import sparse_attention as sa
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
@@ -166,6 +166,13 @@ KERNELS = {
         # the GPU's form, a branch a score; without it the interpreter's, which spills)
         sample=dict(n=8192, N=131071, NP=131072, HI=32, sqn=32 * 128, sqh=128, swn=32, son=131072, skr=131071,
                     skn=16384, kept_row=0)),
+    # the FP8 tall tiles in Gluon (indexer_score_gluon), the same launch's shapes
+    "indexer_gluon": Kernel(
+        indexer_score_gluon._scores_kernel,
+        {"q_ptr": "*fp8e4nv", "w_ptr": "*fp32", "vis_ptr": "*i64", "page_ptr": "*u8", "k_off": "*i64",
+         "k_soff": "*i64", "o_ptr": "*fp32"},
+        dict(DI=128, HI=32, num_warps=4), "",
+        sample=dict(n=8192, N=131071, NP=131072, sqn=32 * 128, swn=32, son=131072)),
     # faithful prefill's index queries as e4m3 codes (fp8_queries): 32 rows of a head a program
     "fp8_queries": Kernel(
         indexer_score._fp8_queries_kernel,

@@ -1,11 +1,15 @@
-# Device call AC (~400 s, an H200: the weights kept need more than an H100's 80 GB; needs_h200):
+# Device call AC (~450 s, an H200: the weights kept need more than an H100's 80 GB; needs_h200):
 # the 1M faithful prefill with the fifty-second session's three prefill switches on (the shared
 # expert's operand shared with the routed experts, the mHC sites writing their input's operand,
 # the attention site's unread fp32 input left out) against all three off, alternated in one
 # process in the best set-up so far (32K chunks, every weight kept: 42.19 s in the fifty-first
-# session's call W), then with the shipped defaults (16K chunks, nothing kept: 44.28 s).
+# session's call W); where the Gluon score tiles' GPU test passes first (call AD's), a run with
+# them too (indexer_score.GLUON_TALL). Then the shipped defaults (16K chunks, nothing kept: 44.28 s).
 source bench/device/env.sh
-step kept32k-ab 250 python3 bench/h200.py --sections prefill --act-quant --prefill 1048576 --chunk 32768 \
-  --weight-cache-bytes 80e9 --budget-s 600 \
-  --prefill-switch "dsflash.model.kernels.prefill_gemms.SHARED_EXPERT_OPERAND=True|False;dsflash.model.kernels.hc_streams.SITE_OPERAND=True|False;dsflash.model.kernels.hc_streams.UNREAD_INPUT_LEFT=True|False"
+step gpu-tests 120 python3 -m pytest -q -rfE -p no:cacheprovider tests/model/test_kernels.py -k "gluon_tall_tiles"
+S="dsflash.model.kernels.prefill_gemms.SHARED_EXPERT_OPERAND=True|False;dsflash.model.kernels.hc_streams.SITE_OPERAND=True|False;dsflash.model.kernels.hc_streams.UNREAD_INPUT_LEFT=True|False"
+G="dsflash.model.kernels.prefill_gemms.SHARED_EXPERT_OPERAND=True|True|False;dsflash.model.kernels.hc_streams.SITE_OPERAND=True|True|False;dsflash.model.kernels.hc_streams.UNREAD_INPUT_LEFT=True|True|False;dsflash.model.kernels.indexer_score.GLUON_TALL=True|False|False"
+grep -q "=== gpu-tests rc=0 " "$LOG" && S=$G && step indexer-fp8 90 python3 bench/h200.py --sections indexer_fp8
+step kept32k-ab 300 python3 bench/h200.py --sections prefill --act-quant --prefill 1048576 --chunk 32768 \
+  --weight-cache-bytes 80e9 --budget-s 600 --prefill-switch "$S"
 step shipped-1m 130 python3 bench/h200.py --sections prefill --act-quant --prefill 1048576 --chunk 16384 --budget-s 200

@@ -366,6 +366,10 @@ QUERY_TILES_BY_TMA = True  # off: tall tiles read the queries by pointers (bench
 # bf16 form's; a 32K faithful prefill 1.257 s against 1.274, its last logits the same to the
 # bit. Tall tiles at 2,048 queries x 16K entries lose (652 against 452 us): not yet looked into.
 TALL_FP8 = True
+# Those tiles in Gluon (indexer_score_gluon: a head's wgmma in flight under the previous head's
+# epilogue; the same scores bit for bit), for one run's launches without a candidate pool or a
+# kept top-k. Off until timed (fifty-second session: bench/device/call_ad.sh).
+GLUON_TALL = False
 
 
 def _on_16_bytes(t: torch.Tensor) -> torch.Tensor:
@@ -437,6 +441,10 @@ def indexer_scores(q: torch.Tensor, w: torch.Tensor, visible: torch.Tensor, page
         if kept is not None:
             out[:, :N].masked_fill_(~candidate_entries(blocks, block, N), float("-inf"))
         return out
+    if fp8 and GLUON_TALL and not interpreting():
+        from . import indexer_score_gluon
+        if indexer_score_gluon.takes(q, runs, kept, keep):
+            return indexer_score_gluon.scores(q, w, visible, pages, key_offsets, key_scale_offsets, out)
     if runs is None:
         first = count = visible  # unused
         grid = (triton.cdiv(n, qb), triton.cdiv(width, nb), 1)

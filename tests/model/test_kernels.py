@@ -1191,6 +1191,45 @@ def test_faithful_tall_tiles_on_the_fp8_tensor_cores_score_as_the_bf16_dots(page
     assert (got - want)[finite].abs().max() <= 2.0**-9 * largest
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("heads, dim", [(32, 128), (8, 64)])
+def test_the_gluon_tall_tiles_score_as_the_triton_fp8_tiles(heads, dim, monkeypatch):
+    """indexer_score.GLUON_TALL (indexer_score_gluon): faithful prefill's FP8 tall tiles with a
+    head's wgmma under the previous head's epilogue give the Triton form's scores bit for bit:
+    encoded FP4 queries (a head of zeros, a block 12 binades down), keys whose blocks' scales
+    span up to 12 binades (some the e8m0 byte 0), rows past a block of 64 queries, visible
+    counts from 0 to every entry, and padded rows' -inf past N."""
+    from dsflash.model.kernels import indexer_score, indexer_score_gluon
+
+    monkeypatch.setattr(indexer_score, "TALL_FP8", True)
+    g = _g(21)
+    n, N = 150, 1000
+    q = fake_quant_fp4(torch.randn(n, heads, dim, generator=g), 32)
+    q[2, 3] = 0
+    q[5, 1, :32] *= 2.0**-12
+    w = torch.randn(n, heads, generator=g)
+    code_bytes, scale_bytes = dim // 2, dim // 32
+    pages = torch.randint(0, 256, (N * (code_bytes + scale_bytes),), dtype=torch.uint8, generator=g)
+    scales = torch.randint(108, 121, (N * scale_bytes,), dtype=torch.uint8, generator=g)
+    scales[::37] = 0
+    pages[N * code_bytes:] = scales
+    k_off = torch.arange(N) * code_bytes
+    k_soff = N * code_bytes + torch.arange(N) * scale_bytes
+    visible = torch.randint(0, N + 1, (n,), generator=g)
+    visible[:3] = torch.tensor([0, 1, N])
+    args = [t.to(DEVICE) for t in (visible, pages, k_off, k_soff)]
+    codes, scaled = indexer_score.fp8_queries(q.to(DEVICE), w.to(DEVICE))
+    launched, scores = [], indexer_score_gluon.scores
+    monkeypatch.setattr(indexer_score_gluon, "scores", lambda *a: launched.append(1) or scores(*a))
+    got = {}
+    for on in (False, True):
+        monkeypatch.setattr(indexer_score, "GLUON_TALL", on)
+        got[on] = indexer_scores(codes, scaled, *args, exact_in_bf16=True, tall=True, fp8=True, encoded=True,
+                                 pad=True).cpu()
+    assert launched == [1] and got[True].shape == (n, indexer_score.padded_width(N))
+    assert torch.equal(got[True], got[False]) and torch.isfinite(got[True]).sum() > n * N // 4
+
+
 @pytest.mark.parametrize("form, block", [("tall", 4), ("tall_fp8", 4), ("short", 4), ("few", 4), ("tall", 256),
                                          ("short", 64), ("short", 128)])
 def test_a_candidate_pool_masks_the_scores_where_they_are_made(form, block, paged, monkeypatch):
