@@ -441,7 +441,7 @@ def indexer_scores(q: torch.Tensor, w: torch.Tensor, visible: torch.Tensor, page
         if kept is not None:
             out[:, :N].masked_fill_(~candidate_entries(blocks, block, N), float("-inf"))
         return out
-    if fp8 and GLUON_TALL and not interpreting():
+    if fp8 and GLUON_TALL and tiles is None and not interpreting():
         from . import indexer_score_gluon
         if indexer_score_gluon.takes(q, runs, kept, keep):
             return indexer_score_gluon.scores(q, w, visible, pages, key_offsets, key_scale_offsets, out)

@@ -79,7 +79,7 @@ def _weighted(acc, logits, w_ptr, rq, in_rows, h, swn):
     return acc + gl.maximum(logits, 0.0) * gl.expand_dims(w, 1)
 
 
-@gluon.jit
+@gluon.jit(do_not_specialize=["n", "N"])  # one compile for every slice's rows and entry count
 def _scores_kernel(q_ptr, w_ptr, vis_ptr, page_ptr, k_off, k_soff, o_ptr, n, N, NP, sqn, swn, son,
                    DI: gl.constexpr, HI: gl.constexpr, num_warps: gl.constexpr):
     """Program (query block of QB, entry block of NB): indexer_score._indexer_kernel's FP8 tile
