@@ -246,8 +246,7 @@ class DeepseekV41:
         attn_in = functools.partial(self._attn_in, compressor=compressor, pending=len(pending),
                                     keep_input=not only_projected)
         site = self._dense("attn_in", role, attn_in, X, pre, *pending, *yarn, shared=len(yarn), unit=unit,
-                           variant=(("compressor",) if compressor else ()) + (("deferred",) if pending else ())
-                           + (("projected",) if only_projected else ()))
+                           variant=(("compressor",) if compressor else ()) + (("deferred",) if pending else ()))
         if pending:  # (the streams with the block before's FFN output in them come first)
             (X, *site), pending = site, ()
         a_pre, a_post, a_comb, xa, q_res, q_all, kv_all, *extra = site

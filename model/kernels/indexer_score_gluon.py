@@ -24,17 +24,11 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
 
-from .sparse_attention_gluon import _barrier, _copy
+from .sparse_attention_gluon import _barrier, _copy, _pow2
 
 QB = gl.constexpr(64)  # queries a program: one warpgroup's wgmma M
 NB = gl.constexpr(128)  # entries a program: the wgmma's N
 STAGES = gl.constexpr(3)  # query buffers: one head landing while one is read and one waits
-
-
-@gluon.jit
-def _pow2(exponent):
-    """fp32 2^(e - 127) of a biased exponent e (common.pow2's Gluon twin)."""
-    return (exponent << 23).to(gl.float32, bitcast=True)
 
 
 @gluon.jit
