@@ -338,7 +338,7 @@ def indexer_kernels(tiles: tuple[tuple[int, int, int], ...] = (), fp8_only: bool
     before (fp8_queries, as a long run's slices take them) and that encode alone (one launch,
     and torch's passes). fp8_only
     (section indexer_fp8): the bf16 and FP8 tall tiles and `tiles` in FP8, no top-k."""
-    from dsflash.model.kernels import indexer_score
+    from dsflash.model.kernels import indexer_score, indexer_score_gluon
     from dsflash.model.kernels.indexer_score import indexer_scores
     from dsflash.model.kernels.top_k import top_k_ascending
     from dsflash.model.quant import fake_quant_fp4
@@ -360,7 +360,9 @@ def indexer_kernels(tiles: tuple[tuple[int, int, int], ...] = (), fp8_only: bool
         variants = (("bf16_tall", dict(exact_in_bf16=True, tall=True)),
                     ("fp8_tall", dict(exact_in_bf16=True, tall=True, fp8=True)),
                     ("fp8_tall_encoded", dict(exact_in_bf16=True, tall=True, fp8=True, encoded=True)),
-                    ("fp8_tall_encoded_gluon", dict(exact_in_bf16=True, tall=True, fp8=True, encoded=True, gluon=True)))
+                    ("fp8_tall_encoded_gluon", dict(exact_in_bf16=True, tall=True, fp8=True, encoded=True, gluon=True)),
+                    ("fp8_tall_encoded_gluon_nb64", dict(exact_in_bf16=True, tall=True, fp8=True, encoded=True,
+                                                         gluon=True, gluon_entries=64)))
         if fp8_only:
             variants += tuple((f"fp8_{qb}x{nb}_w{warps}_encoded", dict(exact_in_bf16=True, tiles=(qb, nb, warps),
                                                                       fp8=True, encoded=True))
@@ -375,19 +377,21 @@ def indexer_kernels(tiles: tuple[tuple[int, int, int], ...] = (), fp8_only: bool
                 kw = dict(kw)
                 indexer_score.QUERY_TILES_BY_TMA = kw.pop("tma", True)
                 indexer_score.GLUON_TALL = kw.pop("gluon", False)
+                indexer_score_gluon.ENTRIES = kw.pop("gluon_entries", 128)
                 indexer_score.TALL_FP8 = kw.get("fp8", False)
                 qw = encoded if kw.get("encoded") else (q, w)
                 return indexer_scores(*qw, visible, page_bytes, k_off, k_soff, **kw)
 
             t, got = cuda_time(score, iters=5), score()
             indexer_score.QUERY_TILES_BY_TMA, indexer_score.TALL_FP8, indexer_score.GLUON_TALL = True, False, False
+            indexer_score_gluon.ENTRIES = 128
             figures = {"us": t * 1e6, "TFLOPs": flops / t / 1e12, "ratio_to_bf16_roofline": t / (flops / BF16_FLOPS),
                        "max_rel_diff": ((got - ref).abs().max() / ref.abs().max()).item()}
             if label == "bf16_tall":
                 bf16_tall = got
             if label == "fp8_tall_encoded":
                 triton_fp8 = got
-            if label == "fp8_tall_encoded_gluon":  # (indexer_score_gluon: the Triton tiles' scores bit for bit)
+            if label.startswith("fp8_tall_encoded_gluon"):  # (indexer_score_gluon: the Triton tiles' scores bit for bit)
                 figures["equal_to_fp8_tall_encoded"] = torch.equal(got, triton_fp8)
             if label.startswith("fp8"):  # the bf16 tiles' scores bit for bit wherever the FP8 MMA sums exactly
                 figures.update(ratio_to_fp8_roofline=t / (flops / FP8_FLOPS),

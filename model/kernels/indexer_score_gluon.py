@@ -27,7 +27,9 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 from .sparse_attention_gluon import _barrier, _copy, _pow2
 
 QB = gl.constexpr(64)  # queries a program: one warpgroup's wgmma M
-NB = gl.constexpr(128)  # entries a program: the wgmma's N
+# Entries a program (the wgmma's N): 128 as the Triton tiles take them; 64 halves the two
+# accumulators' registers (more programs an SM) for twice the query reads from L2 a score.
+ENTRIES = 128
 STAGES = gl.constexpr(3)  # query buffers: one head landing while one is read and one waits
 
 
@@ -75,7 +77,7 @@ def _weighted(acc, logits, w_ptr, rq, in_rows, h, swn):
 
 @gluon.jit(do_not_specialize=["n", "N"])  # one compile for every slice's rows and entry count
 def _scores_kernel(q_ptr, w_ptr, vis_ptr, page_ptr, k_off, k_soff, o_ptr, n, N, NP, sqn, swn, son,
-                   DI: gl.constexpr, HI: gl.constexpr, num_warps: gl.constexpr):
+                   DI: gl.constexpr, HI: gl.constexpr, NB: gl.constexpr, num_warps: gl.constexpr):
     """Program (query block of QB, entry block of NB): indexer_score._indexer_kernel's FP8 tile
     (one run, no candidate pool, no kept top-k): scores [QB, NB] into o_ptr, -inf where an entry
     is past a query's visible count or past N (columns up to NP)."""
@@ -146,7 +148,7 @@ def scores(q: torch.Tensor, w: torch.Tensor, visible: torch.Tensor, pages: torch
     width] fp32 (width >= N: padded_width's -inf columns)."""
     n, heads, dim = q.shape
     N, width = key_offsets.shape[0], out.shape[1]
-    grid = (triton.cdiv(n, QB), triton.cdiv(width, NB))
+    grid = (triton.cdiv(n, QB), triton.cdiv(width, ENTRIES))
     _scores_kernel[grid](q, w, visible, pages, key_offsets, key_scale_offsets, out, n, N, width, q.stride(0),
-                         w.stride(0), out.stride(0), DI=dim, HI=heads, num_warps=4)
+                         w.stride(0), out.stride(0), DI=dim, HI=heads, NB=ENTRIES, num_warps=4)
     return out
