@@ -6,14 +6,8 @@
 # session's call W); where the Gluon score tiles' GPU test passes first (call AD's), a run with
 # them too (indexer_score.GLUON_TALL). Then the shipped defaults (16K chunks, nothing kept: 44.28 s).
 source bench/device/env.sh
-step gpu-tests 120 python3 -m pytest -q -rfE -p no:cacheprovider tests/model/test_kernels.py -k "gluon_tall_tiles"
-S="dsflash.model.kernels.prefill_gemms.SHARED_EXPERT_OPERAND=True|False;dsflash.model.kernels.hc_streams.SITE_OPERAND=True|False;dsflash.model.kernels.hc_streams.UNREAD_INPUT_LEFT=True|False"
-if grep -q "=== gpu-tests rc=0 " "$LOG"; then
-  step indexer-fp8 100 python3 bench/h200.py --sections indexer_fp8
-  E=$(gluon_entries "${OUT:-/tmp}/indexer-fp8/h200.json"); echo "gluon entries: $E" | tee -a "$LOG"
-  S="${S//=True|False/=True|True|False};dsflash.model.kernels.indexer_score.GLUON_TALL=True|False|False"
-  S="$S;dsflash.model.kernels.indexer_score_gluon.ENTRIES=$E|128|128"
-fi
+S=$THREE_SWITCHES
+gluon_checked && S="${S//=True|False/=True|True|False};dsflash.model.kernels.indexer_score.GLUON_TALL=True|False|False;dsflash.model.kernels.indexer_score_gluon.ENTRIES=$E|128|128"
 step kept32k-ab 300 python3 bench/h200.py --sections prefill --act-quant --prefill 1048576 --chunk 32768 \
   --weight-cache-bytes 80e9 --budget-s 600 --prefill-switch "$S"
 step shipped-1m 130 python3 bench/h200.py --sections prefill --act-quant --prefill 1048576 --chunk 16384 --budget-s 200

@@ -13,11 +13,21 @@ LOG=${OUT:-/tmp}/log.txt
 # later ones: the calls give it more than the step's limit, which is the one that holds.)
 step() { local name=$1 limit=$2; shift 2; echo "=== $name ($(date -u +%T))" | tee -a "$LOG";
          OUT="${OUT:-/tmp}/$name" timeout "$limit" "$@" 2>&1 | tee -a "$LOG"; echo "=== $name rc=$? " | tee -a "$LOG"; }
-# gluon_entries JSON: the entry tile (128 or 64) in which bench/h200.py --sections indexer_fp8
-# found the Gluon score tiles fastest at 128 x 1M while equal to the Triton tiles' (128 if none).
-gluon_entries() { python3 -c '
+# Calls AC and AE: the fifty-second session's three prefill switches, on | off.
+THREE_SWITCHES="dsflash.model.kernels.prefill_gemms.SHARED_EXPERT_OPERAND=True|False;dsflash.model.kernels.hc_streams.SITE_OPERAND=True|False;dsflash.model.kernels.hc_streams.UNREAD_INPUT_LEFT=True|False"
+# gluon_checked: the Gluon score tiles' GPU test; where it passed, the score tiles timed alone
+# (bench/h200.py --sections indexer_fp8) and E set to the entry tile (128 or 64) in which the
+# Gluon form ran fastest at 128 x 1M while equal to the Triton tiles' scores (128 if none did).
+# Fails where the test did.
+gluon_checked() {
+  step gpu-tests 120 python3 -m pytest -q -rfE -p no:cacheprovider tests/model/test_kernels.py -k "gluon_tall_tiles"
+  grep -q "=== gpu-tests rc=0 " "$LOG" || return 1
+  step indexer-fp8 100 python3 bench/h200.py --sections indexer_fp8
+  E=$(python3 -c '
 import json, sys
 r = json.load(open(sys.argv[1])).get("kernel_indexer_prefill", {})
 forms = ((128, "N1048576_n128_fp8_tall_encoded_gluon"), (64, "N1048576_n128_fp8_tall_encoded_gluon_nb64"))
 print(min(((r[k]["us"], e) for e, k in forms if r.get(k, {}).get("equal_to_fp8_tall_encoded")), default=(0, 128))[1])
-' "$1" 2>/dev/null || echo 128; }
+' "${OUT:-/tmp}/indexer-fp8/h200.json" 2>/dev/null || echo 128)
+  echo "gluon entries: $E" | tee -a "$LOG"
+}
