@@ -28,10 +28,14 @@ def _call_name(i: int) -> str:
 
 
 def _text(script: Path) -> str:
-    """A call's lines, continuations joined, one-word variables ($M) expanded."""
+    """A call's lines, continuations joined, one-word variables ($M, the call's own and
+    env.sh's, which every call sources) expanded, also where one names another."""
     text = script.read_text().replace("\\\n", "")
-    for name, value in re.findall(r"^(\w+)=(\S+)$", text, re.M):
-        text = text.replace(f"${name}", value)
+    shared = (REPO / "bench" / "device" / "env.sh").read_text()
+    assignments = re.findall(r"^(\w+)=(\S+)$", text + "\n" + shared, re.M)
+    for _ in range(3):
+        for name, value in assignments:
+            text = text.replace(f"${name}", value)
     return text
 
 
