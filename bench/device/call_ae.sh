@@ -1,16 +1,10 @@
-# Device call AE (~400 s, any card; an H100 holds it: 16K chunks, no weight kept): call AD's
+# Device call AE (~450 s, any card; an H100 holds it: 16K chunks, no weight kept): call AD's
 # Gluon score tiles (GPU test in tiles of 128 and 64 entries, then the forms timed alone), then
 # the 1M faithful prefill in the shipped set-up alternated in one process: the Gluon tiles (in
 # the entry tile that ran faster alone) on and off (where their test fails, this session's
-# three prefill switches on and off instead). Last, one more 1M run with its last chunk
-# profiled (performance.md item 9: what grows with the context), the Gluon tiles on where
-# their test passed.
+# three prefill switches on and off instead).
 source bench/device/env.sh
 S=$THREE_SWITCHES
-P=""
-gluon_checked && S="dsflash.model.kernels.indexer_score.GLUON_TALL=True|False;dsflash.model.kernels.indexer_score_gluon.ENTRIES=$E|128" \
-  && P="dsflash.model.kernels.indexer_score.GLUON_TALL=True;dsflash.model.kernels.indexer_score_gluon.ENTRIES=$E"
+gluon_checked && S="dsflash.model.kernels.indexer_score.GLUON_TALL=True|False;dsflash.model.kernels.indexer_score_gluon.ENTRIES=$E|128"
 step shipped-1m-ab 280 python3 bench/h200.py --sections prefill --act-quant --prefill 1048576 --chunk 16384 \
   --budget-s 600 --prefill-switch "$S"
-step last-chunk-profile 150 python3 bench/h200.py --sections prefill --act-quant --prefill 1048576 --chunk 16384 \
-  --budget-s 200 --profile ${P:+--prefill-switch "$P"}
