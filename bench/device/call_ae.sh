@@ -1,4 +1,4 @@
-# Device call AE (~450 s, any card; an H100 holds it: 16K chunks, no weight kept): call AD's
+# Device call AE (~300 s, any card; an H100 holds it: 16K chunks, no weight kept): call AD's
 # Gluon score tiles (GPU test in tiles of 128 and 64 entries, then the forms timed alone), then
 # the 1M faithful prefill in the shipped set-up alternated in one process: the Gluon tiles (in
 # the entry tile that ran faster alone) on and off (where their test fails, this session's
