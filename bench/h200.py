@@ -360,9 +360,9 @@ def indexer_kernels(tiles: tuple[tuple[int, int, int], ...] = (), fp8_only: bool
         variants = (("bf16_tall", dict(exact_in_bf16=True, tall=True)),
                     ("fp8_tall", dict(exact_in_bf16=True, tall=True, fp8=True)),
                     ("fp8_tall_encoded", dict(exact_in_bf16=True, tall=True, fp8=True, encoded=True)),
-                    ("fp8_tall_encoded_gluon", dict(exact_in_bf16=True, tall=True, fp8=True, encoded=True, gluon=True)),
-                    ("fp8_tall_encoded_gluon_nb64", dict(exact_in_bf16=True, tall=True, fp8=True, encoded=True,
-                                                         gluon=True, gluon_entries=64)))
+                    *((f"fp8_tall_encoded_gluon_{qb}x{nb}", dict(exact_in_bf16=True, tall=True, fp8=True, encoded=True,
+                                                                 gluon=(qb, nb)))
+                      for qb, nb in ((64, 128), (64, 64), (128, 64))))
         if fp8_only:
             variants += tuple((f"fp8_{qb}x{nb}_w{warps}_encoded", dict(exact_in_bf16=True, tiles=(qb, nb, warps),
                                                                       fp8=True, encoded=True))
@@ -376,15 +376,16 @@ def indexer_kernels(tiles: tuple[tuple[int, int, int], ...] = (), fp8_only: bool
             def score(kw=kw):
                 kw = dict(kw)
                 indexer_score.QUERY_TILES_BY_TMA = kw.pop("tma", True)
-                indexer_score.GLUON_TALL = kw.pop("gluon", False)
-                indexer_score_gluon.ENTRIES = kw.pop("gluon_entries", 128)
+                gluon = kw.pop("gluon", None)
+                indexer_score.GLUON_TALL = gluon is not None
+                indexer_score_gluon.QUERIES, indexer_score_gluon.ENTRIES = gluon or (64, 128)
                 indexer_score.TALL_FP8 = kw.get("fp8", False)
                 qw = encoded if kw.get("encoded") else (q, w)
                 return indexer_scores(*qw, visible, page_bytes, k_off, k_soff, **kw)
 
             t, got = cuda_time(score, iters=5), score()
             indexer_score.QUERY_TILES_BY_TMA, indexer_score.TALL_FP8, indexer_score.GLUON_TALL = True, False, False
-            indexer_score_gluon.ENTRIES = 128
+            indexer_score_gluon.QUERIES, indexer_score_gluon.ENTRIES = 64, 128
             figures = {"us": t * 1e6, "TFLOPs": flops / t / 1e12, "ratio_to_bf16_roofline": t / (flops / BF16_FLOPS),
                        "max_rel_diff": ((got - ref).abs().max() / ref.abs().max()).item()}
             if label == "bf16_tall":

@@ -171,7 +171,7 @@ KERNELS = {
         indexer_score_gluon._scores_kernel,
         {"q_ptr": "*fp8e4nv", "w_ptr": "*fp32", "vis_ptr": "*i64", "page_ptr": "*u8", "k_off": "*i64",
          "k_soff": "*i64", "o_ptr": "*fp32"},
-        dict(DI=128, HI=32, NB=128, num_warps=4), ";NB=64",
+        dict(DI=128, HI=32, QB=64, NB=128, num_warps=4), ";NB=64;QB=128,num_warps=8;QB=128,NB=64,num_warps=8",
         sample=dict(n=8192, N=131071, NP=131072, sqn=32 * 128, swn=32, son=131072)),
     # faithful prefill's index queries as e4m3 codes (fp8_queries): 32 rows of a head a program
     "fp8_queries": Kernel(

@@ -7,7 +7,7 @@
 # them too (indexer_score.GLUON_TALL). Then the shipped defaults (16K chunks, nothing kept: 44.28 s).
 source bench/device/env.sh
 S=$THREE_SWITCHES
-gluon_checked && S="${S//=True|False/=True|True|False};dsflash.model.kernels.indexer_score.GLUON_TALL=True|False|False;dsflash.model.kernels.indexer_score_gluon.ENTRIES=$E|128|128"
+gluon_checked && S="${S//=True|False/=True|True|False};dsflash.model.kernels.indexer_score.GLUON_TALL=True|False|False;dsflash.model.kernels.indexer_score_gluon.QUERIES=$QB|64|64;dsflash.model.kernels.indexer_score_gluon.ENTRIES=$NB|128|128"
 step kept32k-ab 300 python3 bench/h200.py --sections prefill --act-quant --prefill 1048576 --chunk 32768 \
   --weight-cache-bytes 80e9 --budget-s 600 --prefill-switch "$S"
 step shipped-1m 130 python3 bench/h200.py --sections prefill --act-quant --prefill 1048576 --chunk 16384 --budget-s 200

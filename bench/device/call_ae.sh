@@ -5,6 +5,6 @@
 # three prefill switches on and off instead).
 source bench/device/env.sh
 S=$THREE_SWITCHES
-gluon_checked && S="dsflash.model.kernels.indexer_score.GLUON_TALL=True|False;dsflash.model.kernels.indexer_score_gluon.ENTRIES=$E|128"
+gluon_checked && S="dsflash.model.kernels.indexer_score.GLUON_TALL=True|False;dsflash.model.kernels.indexer_score_gluon.QUERIES=$QB|64;dsflash.model.kernels.indexer_score_gluon.ENTRIES=$NB|128"
 step shipped-1m-ab 280 python3 bench/h200.py --sections prefill --act-quant --prefill 1048576 --chunk 16384 \
   --budget-s 600 --prefill-switch "$S"

@@ -16,18 +16,19 @@ step() { local name=$1 limit=$2; shift 2; echo "=== $name ($(date -u +%T))" | te
 # Calls AC and AE: the fifty-second session's three prefill switches, on | off.
 THREE_SWITCHES="dsflash.model.kernels.prefill_gemms.SHARED_EXPERT_OPERAND=True|False;dsflash.model.kernels.hc_streams.SITE_OPERAND=True|False;dsflash.model.kernels.hc_streams.UNREAD_INPUT_LEFT=True|False"
 # gluon_checked: the Gluon score tiles' GPU test; where it passed, the score tiles timed alone
-# (bench/h200.py --sections indexer_fp8) and E set to the entry tile (128 or 64) in which the
-# Gluon form ran fastest at 128 x 1M while equal to the Triton tiles' scores (128 if none did).
-# Fails where the test did.
+# (bench/h200.py --sections indexer_fp8) and QB, NB set to the tile (queries, entries) in which
+# the Gluon form ran fastest at 128 x 1M while equal to the Triton tiles' scores (64, 128 if
+# none did). Fails where the test did.
 gluon_checked() {
-  step gpu-tests 120 python3 -m pytest -q -rfE -p no:cacheprovider tests/model/test_kernels.py -k "gluon_tall_tiles"
+  step gpu-tests 150 python3 -m pytest -q -rfE -p no:cacheprovider tests/model/test_kernels.py -k "gluon_tall_tiles"
   grep -q "=== gpu-tests rc=0 " "$LOG" || return 1
-  step indexer-fp8 100 python3 bench/h200.py --sections indexer_fp8
-  E=$(python3 -c '
+  step indexer-fp8 120 python3 bench/h200.py --sections indexer_fp8
+  read -r QB NB <<< "$(python3 -c '
 import json, sys
 r = json.load(open(sys.argv[1])).get("kernel_indexer_prefill", {})
-forms = ((128, "N1048576_n128_fp8_tall_encoded_gluon"), (64, "N1048576_n128_fp8_tall_encoded_gluon_nb64"))
-print(min(((r[k]["us"], e) for e, k in forms if r.get(k, {}).get("equal_to_fp8_tall_encoded")), default=(0, 128))[1])
-' "${OUT:-/tmp}/indexer-fp8/h200.json" 2>/dev/null || echo 128)
-  echo "gluon entries: $E" | tee -a "$LOG"
+tiles = [(f["us"], k.split("_")[-1].split("x")) for k, f in r.items()
+         if k.startswith("N1048576_n128_fp8_tall_encoded_gluon_") and f.get("equal_to_fp8_tall_encoded")]
+print(*min(tiles, default=(0, (64, 128)))[1])
+' "${OUT:-/tmp}/indexer-fp8/h200.json" 2>/dev/null || echo 64 128)"
+  echo "gluon tile: $QB x $NB" | tee -a "$LOG"
 }

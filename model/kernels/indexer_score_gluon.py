@@ -26,7 +26,10 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 
 from .sparse_attention_gluon import _barrier, _copy, _pow2
 
-QB = gl.constexpr(64)  # queries a program: one warpgroup's wgmma M
+# Queries a program: 64, one warpgroup's wgmma M; 128, two warpgroups on the same keys (each
+# key tile decoded for twice the products, each query tile read from L2 half as often; one
+# program an SM at 255 registers, as two of 64).
+QUERIES = 64
 # Entries a program (the wgmma's N): 128 as the Triton tiles take them; 64 halves the two
 # accumulators' registers (more programs an SM) for twice the query reads from L2 a score.
 ENTRIES = 128
@@ -59,7 +62,7 @@ def _keys(page_ptr, k_off, k_soff, rj, live, DI: gl.constexpr, layout: gl.conste
 
 
 @gluon.jit
-def _load_head(q_ptr, row0, n, h, sqn, dst, DI: gl.constexpr, layout: gl.constexpr):
+def _load_head(q_ptr, row0, n, h, sqn, dst, QB: gl.constexpr, DI: gl.constexpr, layout: gl.constexpr):
     """Start copying head h's query codes of rows row0 .. row0 + QB ([QB, DI] e4m3) into dst by
     cp.async, 16 bytes a copy; rows past n come as zeros."""
     r = row0 + gl.arange(0, QB, layout=gl.SliceLayout(1, layout))
@@ -77,12 +80,13 @@ def _weighted(acc, logits, w_ptr, rq, in_rows, h, swn):
 
 @gluon.jit(do_not_specialize=["n", "N"])  # one compile for every slice's rows and entry count
 def _scores_kernel(q_ptr, w_ptr, vis_ptr, page_ptr, k_off, k_soff, o_ptr, n, N, NP, sqn, swn, son,
-                   DI: gl.constexpr, HI: gl.constexpr, NB: gl.constexpr, num_warps: gl.constexpr):
+                   DI: gl.constexpr, HI: gl.constexpr, QB: gl.constexpr, NB: gl.constexpr,
+                   num_warps: gl.constexpr):
     """Program (query block of QB, entry block of NB): indexer_score._indexer_kernel's FP8 tile
     (one run, no candidate pool, no kept top-k): scores [QB, NB] into o_ptr, -inf where an entry
     is past a query's visible count or past N (columns up to NP)."""
-    gl.static_assert(num_warps == 4, "one warpgroup: the wgmma's 64 rows")
-    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+    gl.static_assert(num_warps * 16 == QB, "a warpgroup a wgmma's 64 rows")
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                          instr_shape=[16, NB, 32])
     copy_layout: gl.constexpr = gl.BlockedLayout([1, 16], [32 * 16 // DI, DI // 16], [num_warps, 1], [1, 0])
     key_layout: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [num_warps, 1], [1, 0])
@@ -93,7 +97,7 @@ def _scores_kernel(q_ptr, w_ptr, vis_ptr, page_ptr, k_off, k_soff, o_ptr, n, N, 
                                      gl.NVMMASharedLayout.get_default_for([NB, DI], gl.float8e4nv))
     for s in gl.static_range(STAGES - 1):
         if s < HI:
-            _load_head(q_ptr, row0, n, s, sqn, queries.index(s), DI, copy_layout)
+            _load_head(q_ptr, row0, n, s, sqn, queries.index(s), QB, DI, copy_layout)
         async_copy.commit_group()
 
     rj_keys = gl.program_id(1) * NB + gl.arange(0, NB, layout=gl.SliceLayout(1, key_layout))
@@ -115,7 +119,7 @@ def _scores_kernel(q_ptr, w_ptr, vis_ptr, page_ptr, k_off, k_soff, o_ptr, n, N, 
             done = warpgroup_mma_wait(1, deps=[pending])  # head h - 1's, while head h's runs
             _barrier()  # every warp is past head h - 1's MMA: its buffer takes head h + STAGES - 1
         if h + STAGES - 1 < HI:
-            _load_head(q_ptr, row0, n, h + STAGES - 1, sqn, queries.index((h + STAGES - 1) % STAGES), DI,
+            _load_head(q_ptr, row0, n, h + STAGES - 1, sqn, queries.index((h + STAGES - 1) % STAGES), QB, DI,
                        copy_layout)
         async_copy.commit_group()
         if h > 0:
@@ -148,7 +152,8 @@ def scores(q: torch.Tensor, w: torch.Tensor, visible: torch.Tensor, pages: torch
     width] fp32 (width >= N: padded_width's -inf columns)."""
     n, heads, dim = q.shape
     N, width = key_offsets.shape[0], out.shape[1]
-    grid = (triton.cdiv(n, QB), triton.cdiv(width, ENTRIES))
+    grid = (triton.cdiv(n, QUERIES), triton.cdiv(width, ENTRIES))
     _scores_kernel[grid](q, w, visible, pages, key_offsets, key_scale_offsets, out, n, N, width, q.stride(0),
-                         w.stride(0), out.stride(0), DI=dim, HI=heads, NB=ENTRIES, num_warps=4)
+                         w.stride(0), out.stride(0), DI=dim, HI=heads, QB=QUERIES, NB=ENTRIES,
+                         num_warps=QUERIES // 16)
     return out

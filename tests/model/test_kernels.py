@@ -1192,17 +1192,19 @@ def test_faithful_tall_tiles_on_the_fp8_tensor_cores_score_as_the_bf16_dots(page
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("heads, dim, entries", [(32, 128, 128), (8, 64, 128), (32, 128, 64)])
-def test_the_gluon_tall_tiles_score_as_the_triton_fp8_tiles(heads, dim, entries, monkeypatch):
+@pytest.mark.parametrize("heads, dim, queries, entries", [(32, 128, 64, 128), (8, 64, 64, 128), (32, 128, 64, 64),
+                                                         (32, 128, 128, 64)])
+def test_the_gluon_tall_tiles_score_as_the_triton_fp8_tiles(heads, dim, queries, entries, monkeypatch):
     """indexer_score.GLUON_TALL (indexer_score_gluon): faithful prefill's FP8 tall tiles with a
     head's wgmma under the previous head's epilogue give the Triton form's scores bit for bit
-    (in tiles of 128 entries and of 64, indexer_score_gluon.ENTRIES):
+    (in tiles of 64 or 128 queries and 128 or 64 entries, indexer_score_gluon.QUERIES, ENTRIES):
     encoded FP4 queries (a head of zeros, a block 12 binades down), keys whose blocks' scales
     span up to 12 binades (some the e8m0 byte 0), rows past a block of 64 queries, visible
     counts from 0 to every entry, and padded rows' -inf past N."""
     from dsflash.model.kernels import indexer_score, indexer_score_gluon
 
     monkeypatch.setattr(indexer_score, "TALL_FP8", True)
+    monkeypatch.setattr(indexer_score_gluon, "QUERIES", queries)
     monkeypatch.setattr(indexer_score_gluon, "ENTRIES", entries)
     g = _g(21)
     n, N = 150, 1000
