@@ -13,6 +13,11 @@ the heads' order, the entry scales applied last.
 
 GPU only (Gluon has no interpreter form): the Triton form stays for the CPU and for launches
 this does not take (batched runs, a candidate pool, the top-k kept in the epilogue).
+
+Slower than the Triton form in every tile (H100, fifty-third session: 1,542-1,714 against
+1,139 us at 128 x 1M), so off (indexer_score.GLUON_TALL): each head's cp.async wait, two CTA
+barriers and proxy fence cost more than the overlap gains against Triton's three programs an
+SM. Kept as the base of a form with the queries by TMA on mbarriers (docs/performance.md, item 5).
 """
 
 from __future__ import annotations
