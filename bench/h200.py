@@ -372,20 +372,21 @@ def indexer_kernels(tiles: tuple[tuple[int, int, int], ...] = (), fp8_only: bool
                         ("bf16_tall_query_pointers", dict(exact_in_bf16=True, tall=True, tma=False)),
                         *((f"bf16_{qb}x{nb}_w{warps}", dict(exact_in_bf16=True, tiles=(qb, nb, warps)))
                           for qb, nb, warps in ((128, 128, 8),) + tuple(tiles)))
+        shipped_tile = indexer_score_gluon.QUERIES, indexer_score_gluon.ENTRIES  # (restored after each variant)
         for label, kw in variants:
             def score(kw=kw):
                 kw = dict(kw)
                 indexer_score.QUERY_TILES_BY_TMA = kw.pop("tma", True)
                 gluon = kw.pop("gluon", None)
                 indexer_score.GLUON_TALL = gluon is not None
-                indexer_score_gluon.QUERIES, indexer_score_gluon.ENTRIES = gluon or (64, 128)
+                indexer_score_gluon.QUERIES, indexer_score_gluon.ENTRIES = gluon or shipped_tile
                 indexer_score.TALL_FP8 = kw.get("fp8", False)
                 qw = encoded if kw.get("encoded") else (q, w)
                 return indexer_scores(*qw, visible, page_bytes, k_off, k_soff, **kw)
 
             t, got = cuda_time(score, iters=5), score()
             indexer_score.QUERY_TILES_BY_TMA, indexer_score.TALL_FP8, indexer_score.GLUON_TALL = True, False, False
-            indexer_score_gluon.QUERIES, indexer_score_gluon.ENTRIES = 64, 128
+            indexer_score_gluon.QUERIES, indexer_score_gluon.ENTRIES = shipped_tile
             figures = {"us": t * 1e6, "TFLOPs": flops / t / 1e12, "ratio_to_bf16_roofline": t / (flops / BF16_FLOPS),
                        "max_rel_diff": ((got - ref).abs().max() / ref.abs().max()).item()}
             if label == "bf16_tall":
