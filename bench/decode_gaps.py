@@ -24,32 +24,19 @@ import torch
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 import h200  # noqa: E402
 
-GPU_CATEGORIES = {"kernel", "gpu_memcpy", "gpu_memset"}
-MIN_GAP_US = 1.0  # shorter idle stretches are the GPU's own switch between kernels
-
-
 def gaps(trace: dict) -> tuple[float, float, list[tuple[float, str]]]:
     """(GPU busy us, span us, [(gap us, place)]) of a Chrome trace from torch.profiler."""
-    events = trace["traceEvents"]
-    gpu = sorted((e for e in events if e.get("cat") in GPU_CATEGORIES), key=lambda e: e["ts"])
-    launches = {e["args"]["correlation"]: e for e in events  # runtime calls, and Triton's driver ones
+    launches = {e["args"]["correlation"]: e for e in trace["traceEvents"]  # runtime calls, and Triton's driver ones
                 if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})}
     frames = defaultdict(list)  # host thread -> its Python frames (start, end, name), by start
-    for e in events:
+    for e in trace["traceEvents"]:
         if e.get("cat") == "python_function":
             frames[e["tid"]].append((e["ts"], e["ts"] + e.get("dur", 0), e["name"]))
     for stack in frames.values():
         stack.sort()
     starts = {tid: [f[0] for f in stack] for tid, stack in frames.items()}
-    busy, end, found = 0.0, None, []
-    for e in gpu:
-        stop = e["ts"] + e.get("dur", 0)
-        if end is not None and e["ts"] - end > MIN_GAP_US:
-            found.append((e["ts"] - end, _place(e, launches, frames, starts)))
-        if end is None or stop > end:
-            busy += stop - max(e["ts"], end if end is not None else e["ts"])
-            end = stop
-    return busy, (end - gpu[0]["ts"]) if gpu else 0.0, found
+    busy, span, found = h200.gpu_gaps(trace)
+    return busy, span, [(us, _place(e, launches, frames, starts)) for us, e in found]
 
 
 def _place(kernel: dict, launches: dict, frames: dict, starts: dict) -> str:
@@ -95,7 +82,7 @@ def main() -> None:
     n = args.steps
     lines = [f"batch {args.batch}, context {args.context}{', faithful' if args.act_quant else ''}: "
              f"step {step_ms:.2f} ms unprofiled; profiled, per step: GPU busy {busy / n / 1e3:.2f} ms, "
-             f"first to last GPU work {span / n / 1e3:.2f} ms, idle gaps over {MIN_GAP_US:g} us "
+             f"first to last GPU work {span / n / 1e3:.2f} ms, idle gaps over {h200.MIN_GAP_US:g} us "
              f"{sum(us for us, _ in found) / n / 1e3:.2f} ms in {len(found) / n:.0f} gaps",
              "gap ms per step | gaps per step | launched from (the innermost dsflash frames)"]
     for place, (us, count) in sorted(by_place.items(), key=lambda kv: -kv[1][0])[:40]:

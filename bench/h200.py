@@ -687,6 +687,26 @@ def new_graphs(model) -> None:
         model.graphs = type(model.graphs)()
 
 
+GPU_CATEGORIES = {"kernel", "gpu_memcpy", "gpu_memset"}
+MIN_GAP_US = 1.0  # shorter idle stretches are the GPU's own switch between kernels
+
+
+def gpu_gaps(trace: dict) -> tuple[float, float, list[tuple[float, dict]]]:
+    """(GPU busy us, first to last GPU work us, [(idle us, the GPU event ending it)]) of a
+    Chrome trace from torch.profiler: busy is the union of every kernel, copy and set, so work
+    overlapping on side streams counts once; a gap is a stretch over MIN_GAP_US with none."""
+    gpu = sorted((e for e in trace["traceEvents"] if e.get("cat") in GPU_CATEGORIES), key=lambda e: e["ts"])
+    busy, end, found = 0.0, None, []
+    for e in gpu:
+        stop = e["ts"] + e.get("dur", 0)
+        if end is not None and e["ts"] - end > MIN_GAP_US:
+            found.append((e["ts"] - end, e))
+        if end is None or stop > end:
+            busy += stop - max(e["ts"], end if end is not None else e["ts"])
+            end = stop
+    return busy, (end - gpu[0]["ts"]) if gpu else 0.0, found
+
+
 def chrome_trace(prof) -> dict:
     """A finished torch.profiler run as its Chrome trace (the events with their args: a
     kernel's grid, block and registers, its launch's correlation id)."""
@@ -765,7 +785,8 @@ def host_profile(engine, name: str, steps: int = 2) -> None:
 def profile_steps(engine, name: str, steps: int = 2, stacks: bool = False):
     """Where a step's time goes: the top operators by host and by device time; with `stacks`
     also by the Python lines that launched them (which torch ops come from which layer code).
-    Returns the last step's result (a prefill run's finished requests)."""
+    Returns the last step's result (a prefill run's finished requests); GPU_IDLE[name] gets
+    the GPU's busy and idle time in the profiled steps (gpu_idle)."""
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if DEV.startswith("cuda") else [])
@@ -773,11 +794,16 @@ def profile_steps(engine, name: str, steps: int = 2, stacks: bool = False):
     config = torch._C._profiler._ExperimentalConfig(verbose=True) if stacks else None
     with torch.inference_mode(), profile(activities=activities, with_stack=stacks,
                                          experimental_config=config) as prof:
+        began = time.perf_counter()
         for _ in range(steps):
             done = engine.step()
         sync()
+        wall_s = time.perf_counter() - began
     table = prof.key_averages()
     text = [table.table(sort_by="self_cpu_time_total", row_limit=30)]
+    if DEV.startswith("cuda"):
+        GPU_IDLE[name] = gpu_idle(chrome_trace(prof), wall_s)
+        text.insert(0, "\n".join(f"{k}: {v}" for k, v in GPU_IDLE[name].items()))
     if DEV.startswith("cuda"):
         text.append(table.table(sort_by="self_cuda_time_total", row_limit=20))
     if stacks:  # by device time (prefill: the GPU is the limit) and by host time (decode: the host is)
@@ -787,6 +813,27 @@ def profile_steps(engine, name: str, steps: int = 2, stacks: bool = False):
     (out_dir() / f"profile_{name}.txt").write_text("\n".join(text))
     print("\n".join(t[:6000] for t in text), flush=True)
     return done
+
+
+GPU_IDLE: dict[str, dict] = {}  # profile_steps' name -> gpu_idle of its steps
+
+
+def gpu_idle(trace: dict, wall_s: float, top: int = 12) -> dict:
+    """Where profiled steps left the GPU idle: its busy time against their wall time (the
+    profiler slows the host, so idle here is an upper bound: compare busy with an unprofiled
+    step's wall), and the idle time before each kind of GPU work, the largest first (what
+    waited on the host: a sync before it, or launches too slow to keep ahead)."""
+    busy, span, found = gpu_gaps(trace)
+    before = {}
+    for us, event in found:
+        name = event.get("name", "?")[:70]
+        total, count = before.get(name, (0.0, 0))
+        before[name] = (total + us, count + 1)
+    largest = sorted(before.items(), key=lambda kv: -kv[1][0])[:top]
+    return {"wall_ms": round(wall_s * 1e3, 2), "gpu_busy_ms": round(busy / 1e3, 2),
+            "first_to_last_gpu_ms": round(span / 1e3, 2),
+            "idle_gaps_ms": round(sum(us for us, _ in found) / 1e3, 2), "gaps": len(found),
+            "idle_before_ms": {name: [round(us / 1e3, 3), count] for name, (us, count) in largest}}
 
 
 PREFILL_RUNS: list[tuple[int, float]] = []  # (tokens, seconds with its warm-up) of each prefill run so far
@@ -883,7 +930,9 @@ def prefill(model, lengths, label: str = "prefill", warm_first: bool = True, chu
                                     "limit_s": limit, "ratio_to_limit": seconds / limit,
                                     "roofline_s_bf16": flops / BF16_FLOPS, "ratio_to_roofline": seconds / (flops / BF16_FLOPS),
                                     "TFLOP": flops / 1e12, "progress": progress, "last_steps_s": last_steps,
-                                    "peak_GiB": peak_gib()})
+                                    "peak_GiB": peak_gib(),
+                                    **({"last_chunk_gpu": GPU_IDLE.get(f"prefill_last_chunk_T{n}")}
+                                       if profile_last else {})})
         done[0].cache.release()
         PREFILL_RUNS.append((n, time.perf_counter() - run_began))
         if PROFILE[0] and n == lengths[0]:  # one chunk after a warm one, into a new cache
@@ -893,6 +942,8 @@ def prefill(model, lengths, label: str = "prefill", warm_first: bool = True, chu
             with torch.inference_mode():
                 engine.step()
             profile_steps(engine, f"{label}_chunk{chunk}", steps=1, stacks=True)
+            if DEV.startswith("cuda"):
+                record(label, f"T{n}_profiled_second_chunk_gpu", GPU_IDLE[f"{label}_chunk{chunk}"])
         del engine, pool
         if DEV.startswith("cuda"):
             torch.cuda.empty_cache()

@@ -101,3 +101,23 @@ def test_a_prefill_run_starts_where_its_estimate_fits_the_budget(h200, monkeypat
     assert h200.prefill_fits(32768, 30) and not h200.prefill_fits(32768, 28)
     assert h200.prefill_fits(16384, 30)  # a shorter run is held to the last one's seconds
     assert not h200.prefill_fits(1 << 20, 100)
+
+
+def test_the_gpus_idle_time_counts_overlapping_streams_once(h200):
+    """gpu_idle: busy is the union of the GPU's work (a side stream's kernel under the main
+    one's counts once), a gap is idle time over MIN_GAP_US, named by the work that ends it."""
+    def event(name, ts, dur, cat="kernel"):
+        return {"name": name, "cat": cat, "ts": ts, "dur": dur}
+
+    trace = {"traceEvents": [
+        event("scores", 0, 100), event("top_k", 50, 80),  # overlapping: busy 0-130
+        event("aten::item", 60, 5, cat="cpu_op"),  # host work is not the GPU's
+        event("gemm", 130.5, 20),  # a gap under MIN_GAP_US: the switch between kernels
+        event("gemm", 200, 50),  # 49.5 us idle before it
+        event("Memcpy HtoD", 260, 10, cat="gpu_memcpy"),  # 10 us idle before it
+    ]}
+    idle = h200.gpu_idle(trace, wall_s=300e-6)
+    assert idle["gpu_busy_ms"] == round((130 + 20 + 50 + 10) / 1e3, 2)
+    assert idle["first_to_last_gpu_ms"] == 0.27 and idle["gaps"] == 2
+    assert idle["idle_before_ms"] == {"gemm": [0.05, 1], "Memcpy HtoD": [0.01, 1]}
+    assert idle["wall_ms"] == 0.3
