@@ -43,6 +43,11 @@ def _slice_queries(rows: int, entries: int) -> int:
 # H200, forty-second session: a 256K faithful prefill in 16K chunks 10.78 s against 11.07,
 # its last logits the same to the bit.
 TOP_K_BESIDE = True
+# The side stream's priority (torch: lower is higher; CUDA maps it into the device's range).
+# The scores' programs fill every SM's registers, so the top-k's programs run where a score
+# program has ended: at 0 the block scheduler takes the two launches' programs as they come;
+# at -1 the top-k's go first (its slice's picks sooner, the next scores behind them). Untimed.
+TOP_K_SIDE_PRIORITY = 0
 # A run's score rows padded to a multiple of 16 scores, -inf past the layer's entries
 # (indexer_score.padded_width): the top-k's kernels then read them in 16-byte loads (an odd
 # row length left them 4-byte loads: a decode step's every other token, a prompt's last
@@ -58,7 +63,7 @@ PADDED_ROWS = True
 # 1,496 us against 1,515 with the filtering launch in PTX (top_k.FILTER_PTX), 512 x 256K 1,574
 # against 1,541: no gain, so off.
 KEEP_IN_SCORES = False
-_SIDE_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
+_SIDE_STREAMS: dict[tuple[torch.device, int], torch.cuda.Stream] = {}  # by (device, priority)
 
 
 def top_k_rows(cfg: ModelConfig) -> dict[int, int]:
@@ -317,9 +322,9 @@ def _top_k_beside(device: torch.device, slices: bool):
     device-wide sync.) Each picks tensor stays allocated until the main stream is done with it."""
     if not (TOP_K_BESIDE and slices and device.type == "cuda" and not torch.cuda.is_current_stream_capturing()):
         return _top_k, _no_join
-    side = _SIDE_STREAMS.get(device)
+    side = _SIDE_STREAMS.get((device, TOP_K_SIDE_PRIORITY))
     if side is None:
-        side = _SIDE_STREAMS[device] = torch.cuda.Stream(device)
+        side = _SIDE_STREAMS[device, TOP_K_SIDE_PRIORITY] = torch.cuda.Stream(device, priority=TOP_K_SIDE_PRIORITY)
     main = torch.cuda.current_stream(device)
     in_flight: list[tuple[torch.Tensor, top_k.KeptWork | None, torch.cuda.Event]] = []  # (scores, work, top-k's end)
 
