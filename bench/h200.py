@@ -819,10 +819,12 @@ GPU_IDLE: dict[str, dict] = {}  # profile_steps' name -> gpu_idle of its steps
 
 
 def gpu_idle(trace: dict, wall_s: float, top: int = 12) -> dict:
-    """Where profiled steps left the GPU idle: its busy time against their wall time (the
-    profiler slows the host, so idle here is an upper bound: compare busy with an unprofiled
-    step's wall), and the idle time before each kind of GPU work, the largest first (what
-    waited on the host: a sync before it, or launches too slow to keep ahead)."""
+    """Where profiled steps left the GPU idle: its busy time (the union of its work) against
+    their wall time (the profiler slows the host, so idle here is an upper bound: compare busy
+    with an unprofiled step's wall) and against the sum of its work's times (the excess ran
+    beside other work, on side streams); and the idle time before each kind of GPU work, the
+    largest first (what waited on the host: a sync before it, or launches too slow to keep
+    ahead)."""
     busy, span, found = gpu_gaps(trace)
     before = {}
     for us, event in found:
@@ -830,7 +832,9 @@ def gpu_idle(trace: dict, wall_s: float, top: int = 12) -> dict:
         total, count = before.get(name, (0.0, 0))
         before[name] = (total + us, count + 1)
     largest = sorted(before.items(), key=lambda kv: -kv[1][0])[:top]
+    work = sum(e.get("dur", 0) for e in trace["traceEvents"] if e.get("cat") in GPU_CATEGORIES)
     return {"wall_ms": round(wall_s * 1e3, 2), "gpu_busy_ms": round(busy / 1e3, 2),
+            "gpu_work_ms": round(work / 1e3, 2),  # over busy: what ran beside other work (side streams)
             "first_to_last_gpu_ms": round(span / 1e3, 2),
             "idle_gaps_ms": round(sum(us for us, _ in found) / 1e3, 2), "gaps": len(found),
             "idle_before_ms": {name: [round(us / 1e3, 3), count] for name, (us, count) in largest}}
