@@ -366,6 +366,13 @@ QUERY_TILES_BY_TMA = True  # off: tall tiles read the queries by pointers (bench
 # bf16 form's; a 32K faithful prefill 1.257 s against 1.274, its last logits the same to the
 # bit. Tall tiles at 2,048 queries x 16K entries lose (652 against 452 us): not yet looked into.
 TALL_FP8 = True
+# Registers a thread those FP8 tiles may take (0: as Triton chooses, 167 for sm_90). Three of
+# their programs fill an SM's 64K registers, so the index top-k's filtering launch on its side
+# stream (indexer.TOP_K_BESIDE; 4 warps, 32 registers in PTX) runs only where a score program
+# has ended, and barely overlaps them (fifty-fourth session: ~4 of a 128K chunk's ~17 ms of
+# top-k). At 160 (159 for sm_90, no spills, the same 820-instruction loop) three score programs
+# leave 4,096 registers: one filtering program beside them on every SM. Untimed.
+TALL_FP8_MAXNREG = 0
 # Those tiles in Gluon (indexer_score_gluon: a head's wgmma in flight under the previous head's
 # epilogue; the same scores bit for bit), for one run's launches without a candidate pool or a
 # kept top-k. Exact and slower (H100, fifty-third session, 128 x 1M: 1,542-1,714 us in its three
@@ -460,6 +467,7 @@ def indexer_scores(q: torch.Tensor, w: torch.Tensor, visible: torch.Tensor, page
                           key_offsets.stride(0), DI=dim, QB=qb, NB=nb, RUNS=runs is not None, BF16=bf16,
                           TMA=tma, FP8=fp8, HW_FP8=fp8 and not interpreting(),
                           **_kept_arguments(kept), **_keep_arguments(keep, n, width, nb), num_warps=warps,
+                          **({"maxnreg": TALL_FP8_MAXNREG} if fp8 and TALL_FP8_MAXNREG else {}),
                           **pdl.options(q.device))
     return out
 

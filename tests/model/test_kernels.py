@@ -1152,15 +1152,18 @@ def test_the_fp8_queries_launch_gives_the_torch_passes_bits(dtype):
     assert (got[1][3, 2] == w[3, 2].float()).all() and got[1][7, 4] == w[7, 4].float() * 2.0**-3
 
 
-def test_faithful_tall_tiles_on_the_fp8_tensor_cores_score_as_the_bf16_dots(paged, monkeypatch):
+@pytest.mark.parametrize("maxnreg", [0, pytest.param(160, marks=pytest.mark.gpu)])
+def test_faithful_tall_tiles_on_the_fp8_tensor_cores_score_as_the_bf16_dots(paged, monkeypatch, maxnreg):
     """indexer_scores' fp8 form (faithful prefill's tall tiles, e4m3 queries under a scale a
     row and head folded into w, e4m3 keys under a scale an entry): the bf16 form's scores bit
     for bit, alone and batched, while every query's and key's block scales span at most 8
     binades (a head of zeros too); a head spread over 12 binades rounds its smallest block,
-    its scores then within 2^-9 of that head's largest term."""
+    its scores then within 2^-9 of that head's largest term. maxnreg: the FP8 tiles held to
+    fewer registers a thread (TALL_FP8_MAXNREG; a launch option, so on a GPU only)."""
     from dsflash.model.kernels import indexer_score
 
     monkeypatch.setattr(indexer_score, "TALL_FP8", True)
+    monkeypatch.setattr(indexer_score, "TALL_FP8_MAXNREG", maxnreg)
     g = _g(5)
     cache, source = paged, 7
     total = cache.num_entries(source)
