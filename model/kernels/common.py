@@ -9,6 +9,7 @@ codes are decoded arithmetically to fp32 (exact for every code); both give the s
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 
 import torch
@@ -20,6 +21,13 @@ from . import pdl
 
 def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+@functools.cache
+def sm_count(device: torch.device) -> int:
+    """The GPU's SMs; 2 for the interpreter's CPU, so that programs sized by it take several
+    pieces of work each in CPU tests."""
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 2
 
 
 def fp8_tensor_cores(device) -> bool:

@@ -18,7 +18,6 @@ so the sum is deterministic and no second launch is needed.
 from __future__ import annotations
 
 import contextlib
-import functools
 
 import torch
 import triton
@@ -27,7 +26,7 @@ import triton.language as tl
 from ..quant import dequantize_fp8_weight, fake_quant_fp8
 from . import common, pdl, prefill_gemms
 from .common import (DOT, bf16_head, bf16_parts, dot_exact_lhs, dot_exact_rhs, dot_fp32, e4m3_to_float,
-                     e4m3_words, interpreting, mma_sync, scale_bytes_within, word_scales)
+                     e4m3_words, interpreting, mma_sync, scale_bytes_within, sm_count, word_scales)
 from .quantize import fp8_grid_bf16
 
 
@@ -410,16 +409,11 @@ def _split_k(K: int, block_k: int, output_tiles: int, device: torch.device, weig
     the launch): 12 MB (shared expert w1) 20.1 us in one wave, 23.3 in two; 42 MB (wq_b,
     wo_b) 42.3 and 46.7 us in one, 35.6 and 38.3 in two."""
     waves = 2 if weight_bytes >= TWO_WAVES_BYTES else 1
-    wanted = INTERPRETER_SPLITS if interpreting() else waves * _sm_count(device) // output_tiles
+    wanted = INTERPRETER_SPLITS if interpreting() else waves * sm_count(device) // output_tiles
     splits = max(1, min(triton.cdiv(K, block_k), wanted))
     per_split = triton.cdiv(triton.cdiv(K, splits), block_k) * block_k
     return triton.cdiv(K, per_split), per_split
 
-
-
-@functools.cache
-def _sm_count(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 # per (device, lane): one int32 count per output tile

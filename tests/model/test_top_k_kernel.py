@@ -129,6 +129,24 @@ def test_filtered_form_with_atomic_places(monkeypatch):
         _check(rows, 77, dict(sample=64, capacity=capacity), **SMALL_PLAN)
 
 
+@pytest.mark.parametrize("atomic", [False, True])
+def test_the_filtering_launchs_programs_take_its_row_chunks_in_turn(monkeypatch, atomic):
+    """top_k.FILTER_PROGRAMS: a filtering launch of a few programs an SM (2 SMs on the CPU),
+    each taking (row, chunk) pairs in turn, picks what one program a pair picks, with either
+    way of placing the kept scores and the whole-row fallback where a chunk overflows."""
+    from dsflash.model.kernels import top_k
+
+    monkeypatch.setattr(top_k, "FILTER_PROGRAMS", 1)
+    for name, plan in top_k.FILTER_PLANS.items():
+        monkeypatch.setitem(top_k.FILTER_PLANS, name, plan._replace(atomic=atomic))
+    g = torch.Generator().manual_seed(11)
+    rows = torch.randn(5, 600, generator=g)
+    rows[1] = rows[1].round()  # heavy ties
+    rows[3, 50:] = -INF
+    for capacity in (256, 16):
+        _check(rows, 77, dict(sample=64, capacity=capacity), **SMALL_PLAN)
+
+
 def test_filtered_form_by_default_on_long_rows():
     """Rows of FILTER_SHARE k scores and more are filtered; in launches of PREFILL_FILTER_ROWS
     rows and more (a prefill chunk's score slices) from PREFILL_FILTER_SHARE k already."""
