@@ -202,9 +202,9 @@ KERNELS = {
         {"x_ptr": "*fp32", "floor_ptr": "*i32", "kept_ptr": "*fp32", "id_ptr": "*i32", "count_ptr": "*i32",
          "top_ptr": "*i32"},
         dict(CAPACITY=top_k.CAPACITY, BLOCK=top_k.FILTER_PLANS["many rows"].block, STAGES=top_k.FILTER_STAGES,
-             ATOMIC=True, num_warps=top_k.FILTER_WARPS, num_stages=3, PDL=False, PTX=False),
-        ";ATOMIC=0;PTX=1",
-        sample=dict(N=524288, sxr=524288, chunk_len=16384)),
+             ATOMIC=True, num_warps=top_k.FILTER_WARPS, num_stages=3, PDL=False, PTX=False, IN_TURN=False),
+        ";ATOMIC=0;PTX=1;PTX=1,IN_TURN=1",
+        sample=dict(N=524288, sxr=524288, chunk_len=16384, chunks=32, pairs=4096)),
     # a prefill mHC site in one read of its streams (hc_streams.hc_site): the FFN site's with the
     # attention's expand (the shipped tiles), the attention site's without, and other tiles
     "hc_site": Kernel(

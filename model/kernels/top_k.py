@@ -102,7 +102,8 @@ FILTER_PTX = True
 # The filtering launch's programs an SM (0: a program each (row, chunk), 4,096 for a 128 x 1M
 # slice, which fill the SMs until they are done). 1: one an SM, each taking (row, chunk) pairs
 # in turn: beside the next slice's score tiles (three programs an SM at
-# indexer_score.TALL_FP8_MAXNREG 160) it can then run on every SM at once. Untimed.
+# indexer_score.TALL_FP8_MAXNREG 160) it can then run on every SM at once. Untimed. sm_90 SASS
+# (PTX form): 32 registers either way, the loop 431 instructions in turn against 308.
 FILTER_PROGRAMS = 0
 
 
@@ -431,51 +432,64 @@ def _floor(floor_ptr, row):
 @triton.jit
 def _filter_kernel(x_ptr, floor_ptr, kept_ptr, id_ptr, count_ptr, top_ptr, N, sxr, chunk_len, chunks, pairs,
                    CAPACITY: tl.constexpr, BLOCK: tl.constexpr, STAGES: tl.constexpr, ATOMIC: tl.constexpr,
-                   PDL: tl.constexpr, PTX: tl.constexpr = False):
-    """Each (row, chunk) of the `pairs` = rows x `chunks`, taken in turn by the programs (one
-    each where there are as many programs): the chunk's scores whose keys reach the row's floor
-    (and are not -inf or a negative NaN, which are never returned), with their ids, into the
-    chunk's CAPACITY places; how many there are (all of them, also past CAPACITY) and the
-    highest signed key among them (_NO_TOP where none). Their places come
+                   PDL: tl.constexpr, PTX: tl.constexpr = False, IN_TURN: tl.constexpr = False):
+    """Each (row, chunk) of the `pairs` = rows x `chunks`, a program each, or with IN_TURN
+    taken in turn by fewer programs (FILTER_PROGRAMS): the chunk's scores whose keys reach the
+    row's floor (and are not -inf or a negative NaN, which are never returned), with their ids,
+    into the chunk's CAPACITY places; how many there are (all of them, also past CAPACITY) and
+    the highest signed key among them (_NO_TOP where none). Their places come
     from a prefix sum over each block (in id order), or with ATOMIC from an atomic count the
     kept scores take places from one by one (in any order; the count starts at 0): a few in a
     block of thousands, where the prefix sum costs every score. PTX (with ATOMIC, on the GPU):
     each score kept as the score tiles keep theirs (_keep_ptx: a branch a score around the rare
     kept ones; the top taken by an atomic max, so the tops start at _NO_TOP)."""
     pdl.wait_for_inputs(PDL)
-    for pair in range(tl.program_id(0), pairs, tl.num_programs(0)):
-        at = pair + tl.zeros((), tl.int32)  # (a tensor in the interpreter too)
-        row = at // chunks
-        floor = _signed_floor(tl.maximum(_floor(floor_ptr, row), _LOW_KEY + 1))
-        x_row = x_ptr + row.to(tl.int64) * sxr
-        kept_at, id_at = kept_ptr + at.to(tl.int64) * CAPACITY, id_ptr + at.to(tl.int64) * CAPACITY
-        kept = tl.zeros((), tl.int32)
-        tops = tl.full((BLOCK,), _NO_TOP, tl.int32)  # each lane's highest kept signed key
-        lo = (at % chunks) * chunk_len
-        hi = tl.minimum(lo + chunk_len, N)
-        for start in tl.range(lo, hi, BLOCK, num_stages=STAGES):
-            cols = start + tl.arange(0, BLOCK)
-            score = tl.load(x_row + cols, mask=cols < hi, other=float("-inf"))
-            if PTX:
-                _keep_ptx(score, floor, (count_ptr + at).to(tl.int64, bitcast=True),
-                          (top_ptr + at).to(tl.int64, bitcast=True), kept_at.to(tl.int64, bitcast=True),
-                          id_at.to(tl.int64, bitcast=True), CAPACITY, cols)
+    if IN_TURN:  # grid (programs, 1)
+        for pair in range(tl.program_id(0), pairs, tl.num_programs(0)):
+            at = pair + tl.zeros((), tl.int32)  # (a tensor in the interpreter too)
+            _filter_pair(at // chunks, at % chunks, at, x_ptr, floor_ptr, kept_ptr, id_ptr, count_ptr, top_ptr, N,
+                         sxr, chunk_len, CAPACITY, BLOCK, STAGES, ATOMIC, PTX)
+    else:  # grid (rows, chunks), a program a pair
+        row, chunk = tl.program_id(0), tl.program_id(1)
+        _filter_pair(row, chunk, row * tl.num_programs(1) + chunk, x_ptr, floor_ptr, kept_ptr, id_ptr, count_ptr,
+                     top_ptr, N, sxr, chunk_len, CAPACITY, BLOCK, STAGES, ATOMIC, PTX)
+
+
+@triton.jit
+def _filter_pair(row, chunk, at, x_ptr, floor_ptr, kept_ptr, id_ptr, count_ptr, top_ptr, N, sxr, chunk_len,
+                 CAPACITY: tl.constexpr, BLOCK: tl.constexpr, STAGES: tl.constexpr, ATOMIC: tl.constexpr,
+                 PTX: tl.constexpr):
+    """_filter_kernel's work for one (row, chunk), the at-th pair."""
+    floor = _signed_floor(tl.maximum(_floor(floor_ptr, row), _LOW_KEY + 1))
+    x_row = x_ptr + row.to(tl.int64) * sxr
+    kept_at, id_at = kept_ptr + at.to(tl.int64) * CAPACITY, id_ptr + at.to(tl.int64) * CAPACITY
+    kept = tl.zeros((), tl.int32)
+    tops = tl.full((BLOCK,), _NO_TOP, tl.int32)  # each lane's highest kept signed key
+    lo = chunk * chunk_len
+    hi = tl.minimum(lo + chunk_len, N)
+    for start in tl.range(lo, hi, BLOCK, num_stages=STAGES):
+        cols = start + tl.arange(0, BLOCK)
+        score = tl.load(x_row + cols, mask=cols < hi, other=float("-inf"))
+        if PTX:
+            _keep_ptx(score, floor, (count_ptr + at).to(tl.int64, bitcast=True),
+                      (top_ptr + at).to(tl.int64, bitcast=True), kept_at.to(tl.int64, bitcast=True),
+                      id_at.to(tl.int64, bitcast=True), CAPACITY, cols)
+        else:
+            key = _signed_keys(score)
+            keep = (key >= floor).to(tl.int32)
+            tops = tl.maximum(tops, tl.where(keep != 0, key, _NO_TOP))
+            if ATOMIC:
+                place = tl.atomic_add(count_ptr + at + tl.zeros_like(cols), 1, mask=keep != 0, sem="relaxed")
             else:
-                key = _signed_keys(score)
-                keep = (key >= floor).to(tl.int32)
-                tops = tl.maximum(tops, tl.where(keep != 0, key, _NO_TOP))
-                if ATOMIC:
-                    place = tl.atomic_add(count_ptr + at + tl.zeros_like(cols), 1, mask=keep != 0, sem="relaxed")
-                else:
-                    place = kept + tl.cumsum(keep, 0) - keep
-                    kept += tl.sum(keep)
-                room = (keep != 0) & (place < CAPACITY)
-                tl.store(kept_at + place, score, mask=room)
-                tl.store(id_at + place, cols, mask=room)
-        if not ATOMIC:
-            tl.store(count_ptr + at, kept)
-        if not PTX:  # (the PTX form took the top by atomic max)
-            tl.store(top_ptr + at, tl.max(tops))
+                place = kept + tl.cumsum(keep, 0) - keep
+                kept += tl.sum(keep)
+            room = (keep != 0) & (place < CAPACITY)
+            tl.store(kept_at + place, score, mask=room)
+            tl.store(id_at + place, cols, mask=room)
+    if not ATOMIC:
+        tl.store(count_ptr + at, kept)
+    if not PTX:  # (the PTX form took the top by atomic max)
+        tl.store(top_ptr + at, tl.max(tops))
 
 
 # A score's keep in PTX (one score an asm; labels made unique by LLVM's ${:uid}): its signed key
@@ -738,10 +752,12 @@ def filter_rows(x: torch.Tensor, k: int, work: KeptWork, sample: int = SAMPLE, r
     sample_floors(x, k, N, work.floor, sample, radix_bits)
     pairs = n * work.chunks
     programs = min(pairs, FILTER_PROGRAMS * sm_count(x.device)) if FILTER_PROGRAMS else pairs
-    _filter_kernel[(programs,)](x, work.floor, work.kept, work.ids, work.counts, work.tops, N, x.stride(0),
+    grid = (programs, 1) if programs < pairs else (n, work.chunks)
+    _filter_kernel[grid](x, work.floor, work.kept, work.ids, work.counts, work.tops, N, x.stride(0),
                                      work.chunk_len, work.chunks, pairs, CAPACITY=work.kept.shape[-1], BLOCK=work.block,
                                      STAGES=FILTER_STAGES, ATOMIC=work.atomic,
-                                     PTX=FILTER_PTX and work.atomic and not interpreting(), num_warps=FILTER_WARPS,
+                                     PTX=FILTER_PTX and work.atomic and not interpreting(), IN_TURN=programs < pairs,
+                                     num_warps=FILTER_WARPS,
                                      **pdl.options(x.device))
 
 
