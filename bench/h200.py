@@ -804,7 +804,6 @@ def profile_steps(engine, name: str, steps: int = 2, stacks: bool = False):
     if DEV.startswith("cuda"):
         GPU_IDLE[name] = gpu_idle(chrome_trace(prof), wall_s)
         text.insert(0, "\n".join(f"{k}: {v}" for k, v in GPU_IDLE[name].items()))
-    if DEV.startswith("cuda"):
         text.append(table.table(sort_by="self_cuda_time_total", row_limit=20))
     if stacks:  # by device time (prefill: the GPU is the limit) and by host time (decode: the host is)
         by_stack = prof.key_averages(group_by_stack_n=4)

@@ -752,13 +752,12 @@ def filter_rows(x: torch.Tensor, k: int, work: KeptWork, sample: int = SAMPLE, r
     sample_floors(x, k, N, work.floor, sample, radix_bits)
     pairs = n * work.chunks
     programs = min(pairs, FILTER_PROGRAMS * sm_count(x.device)) if FILTER_PROGRAMS else pairs
-    grid = (programs, 1) if programs < pairs else (n, work.chunks)
-    _filter_kernel[grid](x, work.floor, work.kept, work.ids, work.counts, work.tops, N, x.stride(0),
-                                     work.chunk_len, work.chunks, pairs, CAPACITY=work.kept.shape[-1], BLOCK=work.block,
-                                     STAGES=FILTER_STAGES, ATOMIC=work.atomic,
-                                     PTX=FILTER_PTX and work.atomic and not interpreting(), IN_TURN=programs < pairs,
-                                     num_warps=FILTER_WARPS,
-                                     **pdl.options(x.device))
+    in_turn = programs < pairs
+    _filter_kernel[(programs, 1) if in_turn else (n, work.chunks)](
+        x, work.floor, work.kept, work.ids, work.counts, work.tops, N, x.stride(0), work.chunk_len, work.chunks, pairs,
+        CAPACITY=work.kept.shape[-1], BLOCK=work.block, STAGES=FILTER_STAGES, ATOMIC=work.atomic,
+        PTX=FILTER_PTX and work.atomic and not interpreting(), IN_TURN=in_turn, num_warps=FILTER_WARPS,
+        **pdl.options(x.device))
 
 
 def pick_kept(x: torch.Tensor, k: int, work: KeptWork, radix_bits: int = RADIX_BITS) -> torch.Tensor:
