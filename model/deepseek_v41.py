@@ -36,6 +36,7 @@ from .layers.attention_kernel import (Prepared, attend_prepared, attend_updated,
 from .layers.compressor import compress, compressor_projections
 from .layers.engram import engram, engram_mix, engram_rows
 from .layers.indexer import index_queries
+from .layers.mhc import stream_dtype
 from .layers.moe import moe, shared_input_weights
 from .ops import ReferenceOps
 from .parallel import SINGLE, Parallel, check_divisible, check_fits, rank_tensors, shard_attention
@@ -204,7 +205,7 @@ class DeepseekV41:
     def embed(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         S = self.config.hc_mult
         e = self.ops.rows("embed.weight", to_device(tokens, self.device))
-        X = e.unsqueeze(1).expand(-1, S, -1).contiguous()
+        X = e.to(stream_dtype(self.ops.act_quant)).unsqueeze(1).expand(-1, S, -1).contiguous()
         pre = torch.zeros(e.shape[0], S, device=self.device)
         pre[:, 0] = 1.0
         return X, pre
@@ -391,7 +392,7 @@ class DeepseekV41:
             if role.engram_slot is not None:
                 X = self._engram(role, X, hashes, runs)
             if want_taps and role.tap_slot is not None:
-                taps[role.tap_slot] = X.mean(dim=1)
+                taps[role.tap_slot] = X.mean(dim=1).float()  # (bf16 streams: the mean rounded once, as stored)
             defer = (i + 1 < len(layers) and self._takes_pending(roles[layers[i + 1]], want_taps)
                      and self.ops.defers_expand(X))
             streams, X, pending = [X, *pending], None, ()  # (handed over: _block)

@@ -101,7 +101,7 @@ class GraphCache:
         padded = self.padded_rows(rows, unit)
         if padded > self.max_rows:
             return fn(*inputs)
-        key = key + tuple((padded,) + tuple(t.shape[1:]) for t in inputs)
+        key = key + tuple((padded,) + tuple(t.shape[1:]) + (t.dtype,) for t in inputs)  # (bf16 or fp32 streams)
         entry = self._entries.get(key)
         if entry is None:
             self._entries[key] = "warm"

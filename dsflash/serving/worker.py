@@ -30,6 +30,7 @@ from ..kvcache.transport import FaultPlan, MultiTransferEngine, TransportConfig,
 from ..logs import log_event
 from ..metrics import Metrics
 from ..model.deepseek_v41 import DeepseekV41
+from ..model.layers.mhc import stream_dtype
 from ..model.parallel import SINGLE
 from .ranks import Ranks, load_model
 
@@ -132,8 +133,11 @@ class WorkerRuntime:
         self.model = model
         self.layout = CacheLayout.for_model(self.model.config, page_entries=s.page_entries)
         # Peers share caches only when they computed them alike: faithful mode's rounded GEMM
-        # inputs give other bytes than the exact products (a mixed pair recomputes instead).
+        # inputs give other bytes than the exact products (a mixed pair recomputes instead), and
+        # so do its streams stored in bf16 (mhc.BF16_STREAMS).
         precision = "act-quant" if model.ops.act_quant else "exact"
+        if stream_dtype(model.ops.act_quant) == torch.bfloat16:
+            precision += "/bf16-streams"
         config = TransportConfig(compatibility_hash=make_compatibility_hash(
             self.layout.model_fingerprint, f"fp8-window/fp4-global/{precision}", self.layout.fingerprint()))
         self.transfer = open_engines(config, s.kv_transports, tcp_host=_bind_host(s.host),

@@ -454,6 +454,15 @@ def bf16_rne(x):
 
 
 @triton.jit
+def as_stored(x, BF16: tl.constexpr):
+    """fp32 x as a tensor of BF16 stores it (bf16_rne), so that what a kernel goes on to compute
+    from a value it stores is computed from the stored value; as fp32."""
+    if BF16:
+        x = bf16_rne(x)
+    return x
+
+
+@triton.jit
 def grouped_column(col, C, G: tl.constexpr):
     """Where column col of a C-wide row goes when the row's columns are grouped by their
     remainder mod G (group_columns' layout, as fp4_moe reads its activations)."""

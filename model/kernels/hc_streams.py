@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 
 from . import common, pdl
-from .common import DOT, dot_fp32, dot_fp32_raw, interpreting
+from .common import DOT, as_stored, dot_fp32, dot_fp32_raw, interpreting
 from .fp8_blockwise import BLOCK as ENCODE_BLOCK
 from .fp8_blockwise import Operand, encode_blocks
 
@@ -40,19 +40,20 @@ def _project(x, w, acc, TF32_HEADS: tl.constexpr, RAW_HEADS: tl.constexpr):
 
 @triton.jit
 def _hc_expand_kernel(y_ptr, x_ptr, post_ptr, comb_ptr, out_ptr, H, syt, sxt, sxs, sot, sos,
-                      S: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
-    """Program (token t, column block): all S output streams of those columns."""
+                      S: tl.constexpr, BLOCK: tl.constexpr, BF16: tl.constexpr, PDL: tl.constexpr):
+    """Program (token t, column block): all S output streams of those columns (BF16: bf16
+    streams, read into fp32, the new ones rounded once as stored)."""
     pdl.wait_for_inputs(PDL)
     t = tl.program_id(0).to(tl.int64)  # (t * sxt passes 2^31 from ~105K tokens of 4 x 5120 streams)
     d = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     s = tl.arange(0, S)
     live = d < H
-    x = tl.load(x_ptr + t * sxt + s[:, None] * sxs + d[None, :], mask=live[None, :], other=0.0)  # [j, d]
+    x = tl.load(x_ptr + t * sxt + s[:, None] * sxs + d[None, :], mask=live[None, :], other=0.0).to(tl.float32)
     y = tl.load(y_ptr + t * syt + d, mask=live, other=0.0).to(tl.float32)
     comb = tl.load(comb_ptr + t * S * S + s[:, None] * S + s[None, :])  # [j, k]
     post = tl.load(post_ptr + t * S + s)
     mixed = tl.sum(comb[:, :, None] * x[:, None, :], axis=0)  # [k, d]
-    out = post[:, None] * y[None, :] + mixed
+    out = as_stored(post[:, None] * y[None, :] + mixed, BF16)
     tl.store(out_ptr + t * sot + s[:, None] * sos + d[None, :], out, mask=live[None, :])
 
 
@@ -60,11 +61,12 @@ def _hc_expand_kernel(y_ptr, x_ptr, post_ptr, comb_ptr, out_ptr, H, syt, sxt, sx
 def _hc_expand_mix_parts_kernel(y_ptr, x_ptr, post_ptr, comb_ptr, out_ptr, fn_ptr, part_ptr, sq_ptr, T, H, N,
                                 syt, sxt, sxs, sot, sos, sfn, S: tl.constexpr, TB: tl.constexpr,
                                 BLOCK: tl.constexpr, NP: tl.constexpr, TF32_HEADS: tl.constexpr,
-                                RAW_HEADS: tl.constexpr, PDL: tl.constexpr):
+                                RAW_HEADS: tl.constexpr, BF16: tl.constexpr, PDL: tl.constexpr):
     """Program (TB tokens, column block): the hc_expand of those columns, and their part of the
     next site's mixes while the new streams are in registers: the projections onto fn's rows
     (flat column k * H + d) [TB, NP] at part_ptr[t, block] and the sums of squares at
-    sq_ptr[t, block] (hc_gates sums the blocks' parts in order). fp32-accurate dots: _project."""
+    sq_ptr[t, block] (hc_gates sums the blocks' parts in order). fp32-accurate dots: _project.
+    BF16: as _hc_expand_kernel's, the parts made from the rounded streams."""
     pdl.wait_for_inputs(PDL)
     t = (tl.program_id(0) * TB + tl.arange(0, TB)).to(tl.int64)
     block = tl.program_id(1)
@@ -74,14 +76,14 @@ def _hc_expand_mix_parts_kernel(y_ptr, x_ptr, post_ptr, comb_ptr, out_ptr, fn_pt
     tok = t < T
     live = tok[:, None] & (d < H)[None, :]
     x = tl.load(x_ptr + t[:, None, None] * sxt + j[None, :, None] * sxs + d[None, None, :],
-                mask=live[:, None, :], other=0.0)  # [t, j, d]
+                mask=live[:, None, :], other=0.0).to(tl.float32)  # [t, j, d]
     y = tl.load(y_ptr + t[:, None] * syt + d[None, :], mask=live, other=0.0).to(tl.float32)
     proj = tl.zeros((TB, NP), tl.float32)
     squares = tl.zeros((TB, BLOCK), tl.float32)
     for k in tl.static_range(S):
         comb = tl.load(comb_ptr + t[:, None] * S * S + j[None, :] * S + k, mask=tok[:, None], other=0.0)  # [t, j]
         post = tl.load(post_ptr + t * S + k, mask=tok, other=0.0)
-        out = post[:, None] * y + tl.sum(comb[:, :, None] * x, axis=1)
+        out = as_stored(post[:, None] * y + tl.sum(comb[:, :, None] * x, axis=1), BF16)
         tl.store(out_ptr + t[:, None] * sot + k * sos + d[None, :], out, mask=live)
         squares += out * out
         w = tl.load(fn_ptr + n[:, None] * sfn + (k * H + d)[None, :], mask=(n < N)[:, None] & (d < H)[None, :],
@@ -101,7 +103,7 @@ def _hc_collapse_norm_kernel(x_ptr, pre_ptr, w_ptr, out_ptr, H, eps, sxt, sxs, s
     d = tl.arange(0, BLOCK)
     s = tl.arange(0, S)
     live = d < H
-    x = tl.load(x_ptr + t * sxt + s[:, None] * sxs + d[None, :], mask=live[None, :], other=0.0)
+    x = tl.load(x_ptr + t * sxt + s[:, None] * sxs + d[None, :], mask=live[None, :], other=0.0).to(tl.float32)
     pre = tl.load(pre_ptr + t * S + s)
     row = tl.sum(pre[:, None] * x, axis=0)
     inv = 1.0 / tl.sqrt(tl.sum(row * row, axis=0) / H + eps)
@@ -126,7 +128,7 @@ def _hc_mixes_kernel(x_ptr, fn_ptr, out_ptr, part_ptr, squares_ptr, T, N, K, K_P
     for k0 in range(split * K_PER_SPLIT, tl.minimum(K, (split + 1) * K_PER_SPLIT), BLOCK_K):
         k = k0 + tl.arange(0, BLOCK_K)
         x = tl.load(x_ptr + rows[:, None].to(tl.int64) * sxt + k[None, :], mask=live[:, None] & (k < K)[None, :],
-                    other=0.0)
+                    other=0.0).to(tl.float32)
         # fn's rows are contiguous along K: loaded as they lie (coalesced), then transposed
         w = tl.load(fn_ptr + n[:, None] * sfn + k[None, :], mask=(n < N)[:, None] & (k < K)[None, :], other=0.0)
         squares += x * x
@@ -147,7 +149,8 @@ def _hc_site_kernel(x_ptr, y_ptr, post_ptr, comb_ptr, pre_ptr, fn_ptr, w_ptr, st
                     codes_ptr, scales_ptr, T, H, N, sxt, sxs, syt, sst, sss, sfn, smt, srt, CODE_ROWS, mix_eps,
                     norm_eps, S: tl.constexpr, TB: tl.constexpr, BLOCK: tl.constexpr, NP: tl.constexpr,
                     EXPAND: tl.constexpr, ENCODE: tl.constexpr, HW_FP8: tl.constexpr, TF32_HEADS: tl.constexpr,
-                    RAW_HEADS: tl.constexpr, PDL: tl.constexpr, ROW_OUT: tl.constexpr = True):
+                    RAW_HEADS: tl.constexpr, PDL: tl.constexpr, ROW_OUT: tl.constexpr = True,
+                    BF16: tl.constexpr = False):
     """Program (TB tokens, every column): an mHC site of those tokens in one read of their
     streams. EXPAND: the streams are first the sublayer's output y taken in (hc_expand), and
     written to streams_ptr. Of the (new) streams, column block by column block: the site's
@@ -160,7 +163,8 @@ def _hc_site_kernel(x_ptr, y_ptr, post_ptr, comb_ptr, pre_ptr, fn_ptr, w_ptr, st
     each, over L2's 50 MB. ENCODE: that second pass also writes the input's FP8 operand as
     rows_1x128(input, round_first=True) makes it (codes [CODE_ROWS, H], scales of block b at
     b * CODE_ROWS + row), 128 columns a step; without ROW_OUT (with ENCODE) only that: row_ptr
-    is then the first pass's scratch, left holding the rows before their norm."""
+    is then the first pass's scratch, left holding the rows before their norm. BF16: bf16
+    streams, read into fp32; the new ones rounded once as stored, before anything reads them."""
     pdl.wait_for_inputs(PDL)
     t = (tl.program_id(0) * TB + tl.arange(0, TB)).to(tl.int64)
     tok = t < T
@@ -174,17 +178,17 @@ def _hc_site_kernel(x_ptr, y_ptr, post_ptr, comb_ptr, pre_ptr, fn_ptr, w_ptr, st
         live = tok[:, None] & (d < H)[None, :]
         if EXPAND:  # all S streams of these columns: each new stream mixes them
             x = tl.load(x_ptr + t[:, None, None] * sxt + j[None, :, None] * sxs + d[None, None, :],
-                        mask=live[:, None, :], other=0.0)  # [t, j, d]
+                        mask=live[:, None, :], other=0.0).to(tl.float32)  # [t, j, d]
             y = tl.load(y_ptr + t[:, None] * syt + d[None, :], mask=live, other=0.0).to(tl.float32)
         row = tl.zeros((TB, BLOCK), tl.float32)
         for k in tl.static_range(S):
             if EXPAND:
                 comb = tl.load(comb_ptr + t[:, None] * S * S + j[None, :] * S + k, mask=tok[:, None], other=0.0)
                 post = tl.load(post_ptr + t * S + k, mask=tok, other=0.0)
-                stream = post[:, None] * y + tl.sum(comb[:, :, None] * x, axis=1)
+                stream = as_stored(post[:, None] * y + tl.sum(comb[:, :, None] * x, axis=1), BF16)
                 tl.store(streams_ptr + t[:, None] * sst + k * sss + d[None, :], stream, mask=live)
             else:
-                stream = tl.load(x_ptr + t[:, None] * sxt + k * sxs + d[None, :], mask=live, other=0.0)
+                stream = tl.load(x_ptr + t[:, None] * sxt + k * sxs + d[None, :], mask=live, other=0.0).to(tl.float32)
             squares += stream * stream
             w = tl.load(fn_ptr + n[:, None] * sfn + (k * H + d)[None, :], mask=(n < N)[:, None] & (d < H)[None, :],
                         other=0.0)
@@ -235,7 +239,7 @@ MIXES_TILES = dict(BLOCK_T=128, BLOCK_K=32, num_warps=8, num_stages=3, SPLITS=4)
 
 
 def hc_mixes(X: torch.Tensor, fn: torch.Tensor, eps: float, tiles: dict | None = None) -> torch.Tensor:
-    """X [T, S, H] fp32 streams, fn [N, S*H] fp32 -> the mixes [T, N] fp32 in one launch, or
+    """X [T, S, H] streams (supported), fn [N, S*H] fp32 -> the mixes [T, N] fp32 in one launch, or
     with SPLITS > 1 one and the sum of the splits' parts in fixed order (`tiles` overrides
     MIXES_TILES)."""
     T = X.shape[0]
@@ -261,21 +265,30 @@ def hc_mixes(X: torch.Tensor, fn: torch.Tensor, eps: float, tiles: dict | None =
 
 
 def supported(X: torch.Tensor) -> bool:
-    """fp32 streams [T, S, H] with S a power of two and rows of contiguous columns."""
+    """fp32 or bf16 streams [T, S, H] (layers/mhc.stream_dtype) with S a power of two and rows of
+    contiguous columns."""
     S = X.shape[1]
-    return X.dim() == 3 and X.dtype == torch.float32 and S & (S - 1) == 0 and X.stride(-1) == 1
+    return X.dim() == 3 and X.dtype in STREAM_DTYPES and S & (S - 1) == 0 and X.stride(-1) == 1
+
+
+STREAM_DTYPES = (torch.float32, torch.bfloat16)
+
+
+def _bf16(X: torch.Tensor) -> bool:
+    """Whether the new streams a launch makes from X are rounded to bf16 as stored."""
+    return X.dtype == torch.bfloat16
 
 
 def hc_expand(y: torch.Tensor, X: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
-    """y [T, H], X [T, S, H] fp32, post [T, S], comb [T, S, S] -> [T, S, H] fp32."""
+    """y [T, H], X [T, S, H] (supported), post [T, S], comb [T, S, S] -> [T, S, H] as X."""
     T, S, H = X.shape
     y, post, comb = y.contiguous(), post.float().contiguous(), comb.float().contiguous()
-    out = torch.empty(T, S, H, dtype=torch.float32, device=X.device)
+    out = torch.empty(T, S, H, dtype=X.dtype, device=X.device)
     if T:
         block = 256
         _hc_expand_kernel[(T, triton.cdiv(H, block))](y, X, post, comb, out, H, y.stride(0), X.stride(0), X.stride(1),
                                                       out.stride(0), out.stride(1), S=S, BLOCK=block,
-                                                      **pdl.options(y.device))
+                                                      BF16=_bf16(X), **pdl.options(y.device))
     return out
 
 
@@ -302,18 +315,19 @@ def hc_expand_mix_parts(y: torch.Tensor, X: torch.Tensor, post: torch.Tensor, co
     y, post, comb, fn = y.contiguous(), post.float().contiguous(), comb.float().contiguous(), fn.contiguous()
     t = EXPAND_MIX_TILES
     blocks, np_ = triton.cdiv(H, t["BLOCK"]), max(16, triton.next_power_of_2(N))
-    out = torch.empty(T, S, H, dtype=torch.float32, device=X.device)
+    out = torch.empty(T, S, H, dtype=X.dtype, device=X.device)
     parts = torch.empty(T, blocks, np_, dtype=torch.float32, device=X.device)
     squares = torch.empty(T, blocks, dtype=torch.float32, device=X.device)
     if T:
         _hc_expand_mix_parts_kernel[(triton.cdiv(T, t["TB"]), blocks)](
             y, X, post, comb, out, fn, parts, squares, T, H, N, y.stride(0), X.stride(0), X.stride(1), out.stride(0),
-            out.stride(1), fn.stride(0), S=S, NP=np_, **_dots(decode=True), **t, **pdl.options(y.device))
+            out.stride(1), fn.stride(0), S=S, NP=np_, BF16=_bf16(X), **_dots(decode=True), **t,
+            **pdl.options(y.device))
     return out, parts, squares
 
 
 def hc_collapse_norm(X: torch.Tensor, pre: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
-    """X [T, S, H] fp32, pre [T, S] -> RMSNorm(sum_j pre_j X_j) [T, H] fp32, times weight if given."""
+    """X [T, S, H] (supported), pre [T, S] -> RMSNorm(sum_j pre_j X_j) [T, H] fp32, times weight if given."""
     T, S, H = X.shape
     pre = pre.float().contiguous()
     w = torch.ones(H, device=X.device) if weight is None else weight.contiguous()
@@ -375,7 +389,7 @@ UNREAD_INPUT_LEFT = True
 def hc_site(X: torch.Tensor, fn: torch.Tensor, mix_eps: float, pre: torch.Tensor, weight: torch.Tensor | None,
             norm_eps: float, expand: tuple | None = None, tiles: dict | None = None, operand: Operand | None = None,
             keep_input: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """An mHC site in one launch: X [T, S, H] fp32 streams, fn [N, S*H] fp32 -> (streams, the
+    """An mHC site in one launch: X [T, S, H] streams (supported), fn [N, S*H] fp32 -> (streams, the
     site's mixes [T, N] as hc_mixes(streams, fn, mix_eps), its input [T, H] fp32 as
     hc_collapse_norm(streams, pre, weight, norm_eps)); streams = hc_expand(y, X, post, comb)
     with expand (y, post, comb), else X. The sums run by column block, so the mixes and the
@@ -396,7 +410,7 @@ def hc_site(X: torch.Tensor, fn: torch.Tensor, mix_eps: float, pre: torch.Tensor
     streams, y, post, comb = X, X, pre, pre
     if expand is not None:
         y, post, comb = expand[0].contiguous(), expand[1].float().contiguous(), expand[2].float().contiguous()
-        streams = torch.empty(T, S, H, dtype=torch.float32, device=X.device)
+        streams = torch.empty(T, S, H, dtype=X.dtype, device=X.device)
     assert operand is None or (encodes_input(H) and operand.codes.shape[0] == 1 and operand.shape == (T, H))
     assert keep_input or operand is not None, "the site's input goes somewhere"
     codes, scales = (row, row) if operand is None else (operand.codes, operand.scales)
@@ -405,7 +419,7 @@ def hc_site(X: torch.Tensor, fn: torch.Tensor, mix_eps: float, pre: torch.Tensor
             X, y, post, comb, pre, fn, w, streams, mixes, row, codes, scales, T, H, N, X.stride(0), X.stride(1),
             y.stride(0), streams.stride(0), streams.stride(1), fn.stride(0), mixes.stride(0), row.stride(0),
             codes.shape[1], mix_eps, norm_eps, S=S, NP=np_, EXPAND=expand is not None, ENCODE=operand is not None,
-            HW_FP8=not interpreting(), ROW_OUT=keep_input, **t, **pdl.options(X.device))
+            HW_FP8=not interpreting(), ROW_OUT=keep_input, BF16=_bf16(X), **t, **pdl.options(X.device))
     return streams, mixes, row if keep_input else None
 
 

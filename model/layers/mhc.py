@@ -11,6 +11,18 @@ import torch
 
 from .norm import rms_norm
 
+# Faithful mode's streams stored in bf16, each new stream rounded once (to nearest, ties to even)
+# as the reference inference code stores them (its hc_post, M:962-966, returns the model's
+# bf16; so do the Engram site and the embedding's rows): half the bytes of every pass over
+# [T, 4, 5120] streams (1.34 GB -> 0.67 GB at a 16K chunk). Everything read from them is still
+# computed in fp32. Exact mode keeps fp32 streams (the golden logits' precision). Off until timed.
+BF16_STREAMS = False
+
+
+def stream_dtype(act_quant: bool) -> torch.dtype:
+    """The dtype a model's streams are stored in: bf16 in faithful mode where BF16_STREAMS says."""
+    return torch.bfloat16 if act_quant and BF16_STREAMS else torch.float32
+
 
 def hc_mixes(X: torch.Tensor, fn: torch.Tensor, norm_eps: float, project=None, norm=rms_norm) -> torch.Tensor:
     """X [T, S, H] -> the site's raw mixes [T, (2+S)*S]: a projection of the normalized streams
@@ -46,6 +58,6 @@ def hc_collapse(X: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
 
 
 def hc_expand(y: torch.Tensor, X: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
-    """Stream k <- post_k * y + sum_j comb[j, k] X_j."""
-    mixed = torch.einsum("tjk,tjd->tkd", comb, X)
-    return post.unsqueeze(-1) * y.unsqueeze(-2) + mixed
+    """Stream k <- post_k * y + sum_j comb[j, k] X_j, in fp32, stored as X is (stream_dtype)."""
+    mixed = torch.einsum("tjk,tjd->tkd", comb, X.float())
+    return (post.unsqueeze(-1) * y.float().unsqueeze(-2) + mixed).to(X.dtype)
