@@ -12,6 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..layers.mhc import STREAM_DTYPES
 from . import pdl
 from .common import as_stored
 
@@ -45,7 +46,7 @@ def _engram_gate_kernel(x_ptr, key_ptr, value_ptr, wqk_ptr, out_ptr, H, sxt, sxs
 def supported(X: torch.Tensor, key: torch.Tensor, value: torch.Tensor, wqk: torch.Tensor) -> bool:
     """fp32 or bf16 streams [T, S, H], fp32 key [T, S, H] and value [T, H] rows of contiguous
     columns, wqk [S, H], all on one device."""
-    return (FUSED and X.dim() == 3 and X.dtype in (torch.float32, torch.bfloat16)
+    return (FUSED and X.dim() == 3 and X.dtype in STREAM_DTYPES
             and all(t.dtype == torch.float32 and t.device == X.device for t in (key, value, wqk))
             and X.stride(-1) == 1 and key.stride(-1) == 1 and value.stride(-1) == 1 and key.shape == X.shape
             and value.shape == (X.shape[0], X.shape[2]) and wqk.shape == X.shape[1:])
@@ -61,5 +62,6 @@ def engram_gated(X: torch.Tensor, key: torch.Tensor, value: torch.Tensor, wqk: t
         block = triton.next_power_of_2(H)
         _engram_gate_kernel[(T, S)](X, key, value, wqk, out, H, X.stride(0), X.stride(1), key.stride(0),
                                     key.stride(1), value.stride(0), out.stride(0), out.stride(1), eps, H**-0.5,
-                                    BLOCK=block, BF16=X.dtype == torch.bfloat16, num_warps=8 if block >= 4096 else 4, **pdl.options(X.device))
+                                    BLOCK=block, BF16=X.dtype == torch.bfloat16, num_warps=8 if block >= 4096 else 4,
+                                    **pdl.options(X.device))
     return out

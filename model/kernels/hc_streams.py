@@ -20,6 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..layers.mhc import STREAM_DTYPES
 from . import common, pdl
 from .common import DOT, as_stored, dot_fp32, dot_fp32_raw, interpreting
 from .fp8_blockwise import BLOCK as ENCODE_BLOCK
@@ -269,9 +270,6 @@ def supported(X: torch.Tensor) -> bool:
     contiguous columns."""
     S = X.shape[1]
     return X.dim() == 3 and X.dtype in STREAM_DTYPES and S & (S - 1) == 0 and X.stride(-1) == 1
-
-
-STREAM_DTYPES = (torch.float32, torch.bfloat16)
 
 
 def _bf16(X: torch.Tensor) -> bool:

@@ -371,7 +371,10 @@ TALL_FP8 = True
 # stream (indexer.TOP_K_BESIDE; 4 warps, 32 registers in PTX) runs only where a score program
 # has ended, and barely overlaps them (fifty-fourth session: ~4 of a 128K chunk's ~17 ms of
 # top-k). At 160 (159 for sm_90, no spills, the same 820-instruction loop) three score programs
-# leave 4,096 registers: one filtering program beside them on every SM. Untimed.
+# leave 4,096 registers: one filtering program beside them on every SM. H100, fifty-fifth
+# session (call AJ), a 512K faithful prefill in 16K chunks alternated in one process: 22.09 /
+# 21.21 s at 0, 21.25 s at 160 alone, 27.70 s at 160 with top_k.FILTER_PROGRAMS 1 (the same
+# last logits): no gain. Stays 0.
 TALL_FP8_MAXNREG = 0
 # Those tiles in Gluon (indexer_score_gluon: a head's wgmma in flight under the previous head's
 # epilogue; the same scores bit for bit), for one run's launches without a candidate pool or a
