@@ -218,15 +218,17 @@ KERNELS = {
         "TB=64,BLOCK=16;num_warps=8;ENCODE=1;EXPAND=0,TB=64,ENCODE=1",
         sample=dict(T=16384, H=5120, N=24, sxt=20480, sxs=5120, syt=5120, sst=20480, sss=5120, sfn=20480, smt=24,
                     srt=5120, CODE_ROWS=16384)),
-    # the same site on bf16 streams (layers/mhc.BF16_STREAMS): half the bytes, the same dots
+    # the same site on bf16 streams (layers/mhc.BF16_STREAMS): half the bytes, the same dots or
+    # (FN_PARTS, hc_streams.BF16_DOTS) bf16 MMAs against fn's three bf16 parts
     "hc_site_bf16": Kernel(
         hc_streams._hc_site_kernel,
         {**{n: "*fp32" for n in ("y_ptr", "post_ptr", "comb_ptr", "pre_ptr", "fn_ptr", "w_ptr", "mixes_ptr",
                                  "row_ptr", "scales_ptr")}, "x_ptr": "*bf16", "streams_ptr": "*bf16",
-         "codes_ptr": "*u8", "mix_eps": "fp32", "norm_eps": "fp32"},
-        dict(S=4, NP=32, EXPAND=True, ENCODE=False, HW_FP8=True, PDL=False, BF16=True, **hc_streams._dots(),
-             **hc_streams.SITE_TILES[True]),
-        ";EXPAND=0,TB=64",
+         "fnp_ptr": "*bf16", "codes_ptr": "*u8", "mix_eps": "fp32", "norm_eps": "fp32"},
+        dict(S=4, NP=32, EXPAND=True, ENCODE=False, HW_FP8=True, PDL=False, BF16=True, FN_PARTS=False,
+             **hc_streams._dots(), **hc_streams.SITE_TILES[True]),
+        ";EXPAND=0,TB=64;FN_PARTS=1;EXPAND=0,TB=64,FN_PARTS=1;FN_PARTS=1,TB=64;FN_PARTS=1,TB=16;"
+        "FN_PARTS=1,BLOCK=64;FN_PARTS=1,num_warps=8",
         sample=dict(T=16384, H=5120, N=24, sxt=20480, sxs=5120, syt=5120, sst=20480, sss=5120, sfn=20480, smt=24,
                     srt=5120, CODE_ROWS=16384)),
     # a prefill mHC site's mixes alone (hc_streams.hc_mixes: where hc_site does not take a site)

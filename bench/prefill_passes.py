@@ -12,7 +12,9 @@ fused them, at the bench preset's shapes (8,192 rows; 64 heads of 512; mHC 4 x 5
 - (sites) a prefill mHC site's launches (the attention site's mixes, gates and input; the
   FFN site's with the attention's expand before them) against one pass over its streams
   (hc_streams.hc_site, SITE_ROWS), in a few tiles; and the pass writing its input's FP8
-  operand (SITE_OPERAND) against the pass and then the operand's own encode.
+  operand (SITE_OPERAND) against the pass and then the operand's own encode;
+- (bf16, not by default) the one-pass site on bf16 streams, its dots in TF32 passes or
+  as bf16 MMAs against fn's bf16 parts (hc_streams.BF16_DOTS), against fp32 streams.
 
 Each figure next to the time its bytes take at the measured 4.2 TB/s HBM read. With
 --whole N, whole prefills of N tokens on the bench preset too, the three fusions off and on
@@ -157,6 +159,44 @@ def sites(rows: int) -> None:
         site_operand(site, expand, X, y, post, comb, fn, pre, weight)
 
 
+def bf16_sites(rows: int) -> None:
+    """A prefill mHC site on bf16 streams (layers/mhc.BF16_STREAMS: half the bytes), its mixes'
+    dots in the TF32 passes or (hc_streams.BF16_DOTS) as bf16 MMAs against fn's three bf16
+    parts, in a few tiles, against the shipped site on the same values in fp32; each form's
+    mixes next to the fp32 site's (the same values: fp32's accuracy apart)."""
+    X = torch.randn(rows, STREAMS, HIDDEN, device="cuda").bfloat16()
+    y = torch.randn(rows, HIDDEN, device="cuda")
+    post, pre = torch.rand(rows, STREAMS, device="cuda") * 2, torch.rand(rows, STREAMS, device="cuda")
+    comb = torch.softmax(torch.randn(rows, STREAMS, STREAMS, device="cuda"), -1)
+    fn = torch.randn(MIXES, STREAMS * HIDDEN, device="cuda") / (STREAMS * HIDDEN) ** 0.5
+    weight = torch.rand(HIDDEN, device="cuda") + 0.5
+    parts = hc_streams.fn_parts(fn)
+    row = 4 * y.numel()
+    for expand, site in ((False, "attention_site"), (True, "ffn_site_with_expand")):
+        before = (y, post, comb) if expand else None
+        for form, Z, with_parts in (("fp32_streams", X.float(), None), ("bf16_streams", X, None),
+                                    ("bf16_streams_bf16_dots", X, parts)):
+            streams = Z.element_size() * Z.numel()
+            tiling = [None] if with_parts is None else [None, hc_streams.SITE_TILES[expand],  # (PARTS_TILES first)
+                                                        dict(TB=64, BLOCK=16, num_stages=2),
+                                                        dict(TB=32, BLOCK=16, num_stages=2)]
+            for tiles in tiling:
+                label = "" if tiles is None else "_" + "_".join(f"{k}{v}" for k, v in tiles.items())
+
+                def one():
+                    return hc_streams.hc_site(Z, fn, 1e-6, pre, weight, 1e-6, expand=before, tiles=tiles,
+                                              parts=with_parts)
+                try:
+                    mixes = one()[1]
+                    if form == "fp32_streams":
+                        want = mixes
+                    report(f"{site}_{form}{label}", h200.cuda_time(one, iters=10),
+                           streams * (2 if expand else 1) + row * (4 if expand else 3),
+                           mixes_max_rel_diff=((mixes - want).abs().max() / want.abs().max()).item())
+                except Exception as exc:  # a tile that needs more shared memory than an SM has
+                    h200.record("passes", f"{site}_{form}{label}", {"error": f"{type(exc).__name__}: {exc}"[:200]})
+
+
 def site_operand(site: str, expand: bool, X, y, post, comb, fn, pre, weight) -> None:
     """The site's input then its FP8 operand (rows_1x128 with the rounding inside, as the first
     product that reads it encodes it), against the site's pass writing the operand too
@@ -224,7 +264,8 @@ def main() -> None:
     MIXES_ROWS[0] = args.mixes_rows
     h200.DEADLINE[0] = time.monotonic() + args.budget_s
     torch.backends.cuda.matmul.allow_tf32 = False
-    for name, section in (("queries", queries), ("rope", output_rope), ("mixes", mixes), ("sites", sites)):
+    for name, section in (("queries", queries), ("rope", output_rope), ("mixes", mixes), ("sites", sites),
+                          ("bf16", bf16_sites)):
         if name in args.sections:
             section(args.rows)
     if args.whole:

@@ -63,6 +63,7 @@ class TritonOps(ReferenceOps):
         self._experts: dict[str, tuple[tuple[torch.Tensor, ...], bool]] = {}
         self._merged: dict[tuple[str, ...], tuple | bool] = {}  # linear_many's weights end to end
         self._site_input: tuple[torch.Tensor, Operand] | None = None  # (encoded_input)
+        self._fn_parts_of: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # (_fn_parts)
         # faithful prefill's weights kept re-encoded for the FP8 tensor cores (keep_encoded_weights)
         self.weight_cache: prefill_gemms.EncodedWeights | None = None
         self._side = None
@@ -311,10 +312,21 @@ class TritonOps(ReferenceOps):
         that operand alone in the input's place."""
         operand = self._site_operand(X, encode_for)
         keep_input = keep_input or operand is None or not hc_streams.UNREAD_INPUT_LEFT
+        parts = self._fn_parts(fn) if hc_streams.BF16_DOTS and X.dtype == torch.bfloat16 else None
         X, mixes, x = hc_streams.hc_site(X, fn, norm_eps, pre, weight, norm_eps, expand=expand, operand=operand,
-                                         keep_input=keep_input)
+                                         keep_input=keep_input, parts=parts)
         self._site_input = (x, operand) if keep_input and operand is not None else None
         return X, mixes, x if keep_input else operand
+
+    def _fn_parts(self, fn: torch.Tensor) -> torch.Tensor:
+        """A site's fn as hc_streams.fn_parts gives it, made once per weight where w keeps its
+        weights (held with the weight, so that its id stays its own), else at each use."""
+        if not self.cache_dense:
+            return hc_streams.fn_parts(fn)
+        held = self._fn_parts_of.get(id(fn))
+        if held is None or held[0] is not fn:
+            held = self._fn_parts_of[id(fn)] = (fn, hc_streams.fn_parts(fn))
+        return held[1]
 
     def _site_operand(self, X: torch.Tensor, names: tuple[str, ...]) -> Operand | None:
         """An empty operand for a site's input to fill (hc_streams.SITE_OPERAND), where faithful

@@ -455,10 +455,16 @@ def bf16_rne(x):
 
 @triton.jit
 def as_stored(x, BF16: tl.constexpr):
-    """fp32 x as a tensor of BF16 stores it (bf16_rne), so that what a kernel goes on to compute
-    from a value it stores is computed from the stored value; as fp32."""
+    """fp32 x as a tensor of BF16 stores it (to nearest, ties to even), so that what a kernel
+    goes on to compute from a value it stores is computed from the stored value; as fp32. On
+    the GPU by its conversion (one instruction; a NaN stays a NaN, where bf16_rne's carry
+    would wrap the GPU's 0x7FFFFFFF to -0.0); in the interpreter, whose conversion truncates,
+    by bf16_rne, NaNs passed by."""
     if BF16:
-        x = bf16_rne(x)
+        if _READS_TRUNCATED:  # (on the GPU)
+            x = x.to(tl.bfloat16, fp_downcast_rounding="rtne").to(tl.float32)
+        else:
+            x = tl.where(x != x, x, bf16_rne(x))
     return x
 
 

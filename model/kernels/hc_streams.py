@@ -40,6 +40,19 @@ def _project(x, w, acc, TF32_HEADS: tl.constexpr, RAW_HEADS: tl.constexpr):
 
 
 @triton.jit
+def _project_parts(x, fnp_ptr, n, cols, N, K, live, acc, HW_DOTS: tl.constexpr):
+    """acc + x @ fn^T where x is exact in bf16 (bf16 streams) and fn is given as its three bf16
+    parts [3, N, K] (fn_parts): three bf16 MMAs, each product exact, the smallest part first.
+    The interpreter computes a bf16 dot wrong: there the same exact values in an fp32 dot."""
+    xb = x.to(tl.bfloat16) if HW_DOTS else x
+    for i in tl.static_range(3):
+        w = tl.load(fnp_ptr + (2 - i) * N * K + n[:, None] * K + cols[None, :], mask=(n < N)[:, None] & live[None, :],
+                    other=0.0)
+        acc = tl.dot(xb, tl.trans(w if HW_DOTS else w.to(tl.float32)), acc)
+    return acc
+
+
+@triton.jit
 def _hc_expand_kernel(y_ptr, x_ptr, post_ptr, comb_ptr, out_ptr, H, syt, sxt, sxs, sot, sos,
                       S: tl.constexpr, BLOCK: tl.constexpr, BF16: tl.constexpr, PDL: tl.constexpr):
     """Program (token t, column block): all S output streams of those columns (BF16: bf16
@@ -151,7 +164,7 @@ def _hc_site_kernel(x_ptr, y_ptr, post_ptr, comb_ptr, pre_ptr, fn_ptr, w_ptr, st
                     norm_eps, S: tl.constexpr, TB: tl.constexpr, BLOCK: tl.constexpr, NP: tl.constexpr,
                     EXPAND: tl.constexpr, ENCODE: tl.constexpr, HW_FP8: tl.constexpr, TF32_HEADS: tl.constexpr,
                     RAW_HEADS: tl.constexpr, PDL: tl.constexpr, ROW_OUT: tl.constexpr = True,
-                    BF16: tl.constexpr = False):
+                    BF16: tl.constexpr = False, fnp_ptr=None, FN_PARTS: tl.constexpr = False):
     """Program (TB tokens, every column): an mHC site of those tokens in one read of their
     streams. EXPAND: the streams are first the sublayer's output y taken in (hc_expand), and
     written to streams_ptr. Of the (new) streams, column block by column block: the site's
@@ -165,7 +178,9 @@ def _hc_site_kernel(x_ptr, y_ptr, post_ptr, comb_ptr, pre_ptr, fn_ptr, w_ptr, st
     rows_1x128(input, round_first=True) makes it (codes [CODE_ROWS, H], scales of block b at
     b * CODE_ROWS + row), 128 columns a step; without ROW_OUT (with ENCODE) only that: row_ptr
     is then the first pass's scratch, left holding the rows before their norm. BF16: bf16
-    streams, read into fp32; the new ones rounded once as stored, before anything reads them."""
+    streams, read into fp32; the new ones rounded once as stored, before anything reads them.
+    FN_PARTS (with BF16): the mixes' dots as bf16 MMAs against fn's three bf16 parts at fnp_ptr
+    (_project_parts), not fn's fp32 rows in TF32 passes."""
     pdl.wait_for_inputs(PDL)
     t = (tl.program_id(0) * TB + tl.arange(0, TB)).to(tl.int64)
     tok = t < T
@@ -191,9 +206,12 @@ def _hc_site_kernel(x_ptr, y_ptr, post_ptr, comb_ptr, pre_ptr, fn_ptr, w_ptr, st
             else:
                 stream = tl.load(x_ptr + t[:, None] * sxt + k * sxs + d[None, :], mask=live, other=0.0).to(tl.float32)
             squares += stream * stream
-            w = tl.load(fn_ptr + n[:, None] * sfn + (k * H + d)[None, :], mask=(n < N)[:, None] & (d < H)[None, :],
-                        other=0.0)
-            proj = _project(stream, w, proj, TF32_HEADS, RAW_HEADS)
+            if FN_PARTS:
+                proj = _project_parts(stream, fnp_ptr, n, k * H + d, N, S * H, d < H, proj, HW_FP8)  # (on the GPU)
+            else:
+                w = tl.load(fn_ptr + n[:, None] * sfn + (k * H + d)[None, :],
+                            mask=(n < N)[:, None] & (d < H)[None, :], other=0.0)
+                proj = _project(stream, w, proj, TF32_HEADS, RAW_HEADS)
             row += tl.load(pre_ptr + t * S + k, mask=tok, other=0.0)[:, None] * stream
         tl.store(row_ptr + t[:, None] * srt + d[None, :], row, mask=live)
         row_squares += row * row
@@ -382,24 +400,53 @@ SITE_OPERAND = True
 # of a 1M prefill. The same operand bits (the pass is the same). H100 32K faithful prefill,
 # alternated (fifty-second session, call AB): 1.214 / 1.223 -> 1.212 / 1.213 s, the same last logits.
 UNREAD_INPUT_LEFT = True
+# On bf16 streams (layers/mhc.BF16_STREAMS) a prefill site's mixes take bf16 MMAs: a stream is
+# exact in bf16, fn is given as three bf16 parts (fn_parts), so each product is exact and the
+# sums are fp32's, as the TF32 passes' are. The sites are bound by their latency (fifty-fifth
+# session: half the bytes, the same 1.6 ms at 16K rows on the H100); this shortens each step's
+# chain: sm_90 SASS (bench/kernel_resources.py --kernel hc_site_bf16 --loop) with the expand
+# 1,233 -> 715 instructions a thread a step (HMMA 192 -> 96, no TF32 splits), 255 registers
+# either way; without it 1,145 -> 765, 255 -> 198 registers (still two programs an SM).
+# Untimed: call AK.
+BF16_DOTS = False
+# Its tiles, by whether the site takes an expand, chosen by sm_90 SASS alone (untimed): without
+# the expand 32 tokens a program on 2 stages take 127 registers and 32 KB of shared memory, four
+# programs an SM where the TF32 form's 64 fit two (476 instructions a step of half the tokens);
+# with it SITE_TILES' (255 registers; 64 x 16 on 2 stages 214, 634 instructions).
+PARTS_TILES = {False: dict(TB=32, BLOCK=32, num_warps=4, num_stages=2),
+               True: dict(TB=32, BLOCK=32, num_warps=4, num_stages=3)}
+
+
+def fn_parts(fn: torch.Tensor) -> torch.Tensor:
+    """fn [N, K] as three bf16 parts [3, N, K], largest first, each the bf16 rounding of what
+    the parts before it leave: their sum is fn but where a part underflows bf16 (residues below
+    ~1e-38, none in an mHC site's fn)."""
+    parts, rest = [], fn.float()
+    for _ in range(3):
+        part = rest.bfloat16()
+        parts.append(part)
+        rest = rest - part.float()
+    return torch.stack(parts).contiguous()
 
 
 def hc_site(X: torch.Tensor, fn: torch.Tensor, mix_eps: float, pre: torch.Tensor, weight: torch.Tensor | None,
             norm_eps: float, expand: tuple | None = None, tiles: dict | None = None, operand: Operand | None = None,
-            keep_input: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+            keep_input: bool = True, parts: torch.Tensor | None = None
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """An mHC site in one launch: X [T, S, H] streams (supported), fn [N, S*H] fp32 -> (streams, the
     site's mixes [T, N] as hc_mixes(streams, fn, mix_eps), its input [T, H] fp32 as
     hc_collapse_norm(streams, pre, weight, norm_eps)); streams = hc_expand(y, X, post, comb)
     with expand (y, post, comb), else X. The sums run by column block, so the mixes and the
     input are the separate launches' within their reordering, not to the bit; `tiles`
-    overrides SITE_TILES. operand: fp8_blockwise.empty_operand(T, H, 1, ...) (encodes_input),
+    overrides SITE_TILES (PARTS_TILES with parts). operand: fp8_blockwise.empty_operand(T, H, 1, ...) (encodes_input),
     filled with the input's FP8 operand, to the bit rows_1x128(input, round_first=True)'s;
     with it, keep_input False leaves the fp32 input out (its second-pass write: 4 bytes a
-    column) and returns None in its place, for a site whose input only that product reads."""
+    column) and returns None in its place, for a site whose input only that product reads.
+    parts: fn_parts(fn), for bf16 streams (BF16_DOTS): the mixes' dots as bf16 MMAs against them."""
     T, S, H = X.shape
     N = fn.shape[0]
     assert fn.shape[1] == S * H and fn.dtype == torch.float32 and supported(X), (fn.shape, X.shape, X.dtype)
-    t = {**SITE_TILES[expand is not None], **_dots(), **(tiles or {})}
+    t = {**(SITE_TILES if parts is None else PARTS_TILES)[expand is not None], **_dots(), **(tiles or {})}
     fn, pre = fn.contiguous(), pre.float().contiguous()
     w = torch.ones(H, device=X.device) if weight is None else weight.contiguous()
     np_ = max(16, triton.next_power_of_2(N))
@@ -412,12 +459,15 @@ def hc_site(X: torch.Tensor, fn: torch.Tensor, mix_eps: float, pre: torch.Tensor
     assert operand is None or (encodes_input(H) and operand.codes.shape[0] == 1 and operand.shape == (T, H))
     assert keep_input or operand is not None, "the site's input goes somewhere"
     codes, scales = (row, row) if operand is None else (operand.codes, operand.scales)
+    assert parts is None or (_bf16(X) and parts.shape == (3, N, S * H) and parts.dtype == torch.bfloat16), \
+        "fn's bf16 parts take bf16 streams"
     if T:
         _hc_site_kernel[(triton.cdiv(T, t["TB"]),)](
             X, y, post, comb, pre, fn, w, streams, mixes, row, codes, scales, T, H, N, X.stride(0), X.stride(1),
             y.stride(0), streams.stride(0), streams.stride(1), fn.stride(0), mixes.stride(0), row.stride(0),
             codes.shape[1], mix_eps, norm_eps, S=S, NP=np_, EXPAND=expand is not None, ENCODE=operand is not None,
-            HW_FP8=not interpreting(), ROW_OUT=keep_input, BF16=_bf16(X), **t, **pdl.options(X.device))
+            HW_FP8=not interpreting(), ROW_OUT=keep_input, BF16=_bf16(X), fnp_ptr=parts,
+            FN_PARTS=parts is not None, **t, **pdl.options(X.device))
     return streams, mixes, row if keep_input else None
 
 

@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from dsflash.model.kernels import engram_gate, hc_streams
+from dsflash.model.kernels.common import as_stored
 from dsflash.model.kernels.hc_gates import hc_gates_from_parts
 from dsflash.model.layers import mhc
 from dsflash.model.layers.engram_gate import engram_gated
@@ -95,6 +98,51 @@ def test_the_stream_kernels_round_the_streams_they_make_before_reading_them(T, H
                  hc_streams.hc_collapse_norm(X.to(DEVICE), pre.to(DEVICE), weight.to(DEVICE), 1e-6))
 
 
+@triton.jit
+def _stored(x_ptr, out_ptr, BF16: tl.constexpr):
+    i = tl.arange(0, 16)
+    tl.store(out_ptr + i, as_stored(tl.load(x_ptr + i), BF16))
+
+
+def test_a_stored_value_is_rounded_to_nearest_even_and_a_nan_stays_a_nan():
+    """common.as_stored on bit patterns: ties either way, the largest finite values, infinities
+    and NaNs (0x7FFFFFFF, the GPU's, whose rounding carry would wrap to -0.0 on the bits)."""
+    bits = torch.tensor([0x3F808000, 0x3F818000, 0x3F808001, 0xBF818000, 0x7F7FFFFF, 0x7F7F7FFF, 0x7F800000,
+                         0xFF800000, 0x7FFFFFFF, 0xFFFFFFFF, 0x7FC00000, 0x00000001, 0x80000000, 0x00400000,
+                         0x3EAAAAAB, 0x42F6E979], dtype=torch.int64).to(torch.int32)
+    x = bits.view(torch.float32)
+    out = torch.empty(16, device=DEVICE)
+    _stored[(1,)](x.to(DEVICE), out, True)
+    got, want = out.cpu(), x.bfloat16().float()
+    assert torch.equal(got.isnan(), want.isnan()) and got.isnan().sum() == 3
+    assert torch.equal(got[~got.isnan()], want[~want.isnan()])
+    _stored[(1,)](x.to(DEVICE), out, False)
+    assert torch.equal(out.cpu().view(torch.int32), bits)
+
+
+@pytest.mark.parametrize("expand", [False, True])
+def test_a_sites_mixes_as_bf16_dots_against_fns_parts_keep_fp32s_accuracy(expand):
+    """hc_streams.BF16_DOTS: on bf16 streams a site's mixes as bf16 MMAs against fn's three bf16
+    parts (fn_parts: their sum is fn) against the float64 mixes, at a release row's 20,480
+    columns: within fp32's accuracy, as the TF32 passes' are; the streams and the input the
+    same bits as without the parts; the parts refused on fp32 streams."""
+    T, H = 40, 5120
+    X, y, post, comb, pre, fn, weight = _site(T, H, seed=3)
+    parts = hc_streams.fn_parts(fn)
+    assert parts.dtype == torch.bfloat16 and torch.equal(parts.float().sum(0), fn)
+    args = _dev(X.bfloat16(), fn) + [1e-6] + _dev(pre, weight) + [1e-6]
+    before = tuple(_dev(y, post, comb)) if expand else None
+    plain = hc_streams.hc_site(*args, expand=before)
+    got = hc_streams.hc_site(*args, expand=before, parts=parts.to(DEVICE))
+    assert torch.equal(got[0].cpu(), plain[0].cpu()) and torch.equal(got[2].cpu(), plain[2].cpu())
+    x = got[0].float().cpu().flatten(-2).double()
+    want = (x * torch.rsqrt(x.square().mean(-1, keepdim=True) + 1e-6)) @ fn.double().T
+    for mixes in (got[1], plain[1]):
+        assert (mixes.cpu().double() - want).abs().max() < 2e-6 * want.abs().max()
+    with pytest.raises(AssertionError, match="bf16 streams"):
+        hc_streams.hc_site(X.to(DEVICE), *args[1:], parts=parts.to(DEVICE))
+
+
 def test_the_engram_gate_rounds_the_streams_it_makes():
     X, *_ = _site(5, 300, seed=1)
     g = torch.Generator().manual_seed(2)
@@ -107,9 +155,11 @@ def test_the_engram_gate_rounds_the_streams_it_makes():
     assert got.dtype == torch.bfloat16 and torch.equal(got, made.bfloat16())
 
 
-@pytest.mark.parametrize("site_rows", [hc_streams.SITE_ROWS, 1])  # 1: the sites in one pass (a prefill chunk's)
+# site rows 1: the sites in one pass (a prefill chunk's), their mixes' dots as bf16 MMAs or not
+@pytest.mark.parametrize("site_rows, bf16_dots", [(hc_streams.SITE_ROWS, False), (1, False), (1, True)])
 def test_the_kernel_paths_bf16_streams_leave_the_reference_paths_only_at_rounding_ties(golden_dir, golden,
-                                                                                        monkeypatch, site_rows):
+                                                                                        monkeypatch, site_rows,
+                                                                                        bf16_dots):
     """The faithful tiny model with bf16 streams, block by block on one prompt, the kernel path
     against the reference path: the streams stay bf16, and where they first differ (fp32 sums in
     another order put a value on the other side of a tie, which the random model then spreads)
@@ -120,6 +170,11 @@ def test_the_kernel_paths_bf16_streams_leave_the_reference_paths_only_at_roundin
 
     monkeypatch.setattr(mhc, "BF16_STREAMS", True)
     monkeypatch.setattr(hc_streams, "SITE_ROWS", site_rows)
+    monkeypatch.setattr(hc_streams, "BF16_DOTS", bf16_dots)
+    fn_parts, parted = hc_streams.fn_parts, []
+    monkeypatch.setattr(hc_streams, "fn_parts", lambda fn: parted.append(1) or fn_parts(fn))
+    supported, taken = hc_streams.supported, []
+    monkeypatch.setattr(hc_streams, "supported", lambda X: taken.append(X.dtype) or supported(X))
     model = DeepseekV41.from_checkpoint(golden_dir, device=DEVICE, act_quant=True)
     made: dict[str, list[torch.Tensor]] = {"reference": [], "kernels": []}
     block, path = model._block, "reference"
@@ -136,6 +191,8 @@ def test_the_kernel_paths_bf16_streams_leave_the_reference_paths_only_at_roundin
         model.use_kernels()
         path = "kernels"
         prompt_logits(model, ids, "full")
+    assert taken and set(taken) == {torch.bfloat16}  # the stream kernels took bf16 streams
+    assert bool(parted) == bf16_dots
     assert len(made["reference"]) == len(made["kernels"]) and None not in made["reference"]
     pairs = [(a, b) for a, b in zip(made["reference"], made["kernels"]) if b is not None]
     assert len(pairs) >= 3 and all(a.dtype == b.dtype == torch.bfloat16 for a, b in pairs)
