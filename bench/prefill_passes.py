@@ -14,7 +14,8 @@ fused them, at the bench preset's shapes (8,192 rows; 64 heads of 512; mHC 4 x 5
   (hc_streams.hc_site, SITE_ROWS), in a few tiles; and the pass writing its input's FP8
   operand (SITE_OPERAND) against the pass and then the operand's own encode;
 - (bf16, not by default) the one-pass site on bf16 streams, its dots in TF32 passes or
-  as bf16 MMAs against fn's bf16 parts (hc_streams.BF16_DOTS), against fp32 streams.
+  as bf16 MMAs against fn's bf16 parts (hc_streams.BF16_DOTS), against fp32 streams; and the
+  FFN site's expand in a launch of its own before it (hc_streams.SPLIT_EXPAND).
 
 Each figure next to the time its bytes take at the measured 4.2 TB/s HBM read. With
 --whole N, whole prefills of N tokens on the bench preset too, the three fusions off and on
@@ -195,6 +196,15 @@ def bf16_sites(rows: int) -> None:
                            mixes_max_rel_diff=((mixes - want).abs().max() / want.abs().max()).item())
                 except Exception as exc:  # a tile that needs more shared memory than an SM has
                     h200.record("passes", f"{site}_{form}{label}", {"error": f"{type(exc).__name__}: {exc}"[:200]})
+        if expand:  # (hc_streams.SPLIT_EXPAND) the expand in its own launch, then the site without it
+
+            def split():
+                streams = hc_streams.hc_expand(y, X, post, comb)
+                return hc_streams.hc_site(streams, fn, 1e-6, pre, weight, 1e-6, parts=parts)
+            mixes = split()[1]
+            report(f"{site}_bf16_streams_bf16_dots_split", h200.cuda_time(split, iters=10),
+                   2 * X.element_size() * X.numel() + row * 4,
+                   mixes_max_rel_diff=((mixes - want).abs().max() / want.abs().max()).item())
 
 
 def site_operand(site: str, expand: bool, X, y, post, comb, fn, pre, weight) -> None:

@@ -313,6 +313,8 @@ class TritonOps(ReferenceOps):
         operand = self._site_operand(X, encode_for)
         keep_input = keep_input or operand is None or not hc_streams.UNREAD_INPUT_LEFT
         parts = self._fn_parts(fn) if hc_streams.BF16_DOTS and X.dtype == torch.bfloat16 else None
+        if parts is not None and expand is not None and hc_streams.SPLIT_EXPAND:
+            X, expand = hc_streams.hc_expand(expand[0], X, *expand[1:]), None
         X, mixes, x = hc_streams.hc_site(X, fn, norm_eps, pre, weight, norm_eps, expand=expand, operand=operand,
                                          keep_input=keep_input, parts=parts)
         self._site_input = (x, operand) if keep_input and operand is not None else None

@@ -415,6 +415,14 @@ BF16_DOTS = False
 # with it SITE_TILES' (255 registers; 64 x 16 on 2 stages 214, 634 instructions).
 PARTS_TILES = {False: dict(TB=32, BLOCK=32, num_warps=4, num_stages=2),
                True: dict(TB=32, BLOCK=32, num_warps=4, num_stages=3)}
+# With BF16_DOTS, a site that takes an expand takes it in hc_expand first (bandwidth-bound: the
+# bf16 streams read and written, ~0.55 ms at 16K rows on an H100 by the bytes), then the site
+# without it at four programs an SM (PARTS_TILES[False]), where the one pass with the expand
+# holds two. The same streams, to the bit of the site's own expand; the mixes and the input
+# within their sums' order. With fp32 streams the split loses (H100, 16K rows: the expand
+# 1.06 ms, forty-ninth session, and the site without it 1.08, against 1.79 in one pass,
+# fiftieth). Untimed: call AK.
+SPLIT_EXPAND = False
 
 
 def fn_parts(fn: torch.Tensor) -> torch.Tensor:

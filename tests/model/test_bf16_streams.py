@@ -141,6 +141,11 @@ def test_a_sites_mixes_as_bf16_dots_against_fns_parts_keep_fp32s_accuracy(expand
         assert (mixes.cpu().double() - want).abs().max() < 2e-6 * want.abs().max()
     with pytest.raises(AssertionError, match="bf16 streams"):
         hc_streams.hc_site(X.to(DEVICE), *args[1:], parts=parts.to(DEVICE))
+    if expand:  # (hc_streams.SPLIT_EXPAND) the expand in its own launch, then the site without it
+        streams = hc_streams.hc_expand(before[0], args[0], *before[1:])
+        split = hc_streams.hc_site(streams, *args[1:], parts=parts.to(DEVICE))
+        assert torch.equal(streams.cpu(), got[0].cpu()) and _same(split[2], got[2])
+        assert (split[1].cpu().double() - want).abs().max() < 2e-6 * want.abs().max()
 
 
 def test_the_engram_gate_rounds_the_streams_it_makes():
@@ -155,11 +160,13 @@ def test_the_engram_gate_rounds_the_streams_it_makes():
     assert got.dtype == torch.bfloat16 and torch.equal(got, made.bfloat16())
 
 
-# site rows 1: the sites in one pass (a prefill chunk's), their mixes' dots as bf16 MMAs or not
-@pytest.mark.parametrize("site_rows, bf16_dots", [(hc_streams.SITE_ROWS, False), (1, False), (1, True)])
+# site rows 1: the sites in one pass (a prefill chunk's), their mixes' dots as bf16 MMAs or not,
+# with the expands in their own launch or not
+@pytest.mark.parametrize("site_rows, bf16_dots, split", [(hc_streams.SITE_ROWS, False, False), (1, False, False),
+                                                         (1, True, False), (1, True, True)])
 def test_the_kernel_paths_bf16_streams_leave_the_reference_paths_only_at_rounding_ties(golden_dir, golden,
                                                                                         monkeypatch, site_rows,
-                                                                                        bf16_dots):
+                                                                                        bf16_dots, split):
     """The faithful tiny model with bf16 streams, block by block on one prompt, the kernel path
     against the reference path: the streams stay bf16, and where they first differ (fp32 sums in
     another order put a value on the other side of a tie, which the random model then spreads)
@@ -171,6 +178,9 @@ def test_the_kernel_paths_bf16_streams_leave_the_reference_paths_only_at_roundin
     monkeypatch.setattr(mhc, "BF16_STREAMS", True)
     monkeypatch.setattr(hc_streams, "SITE_ROWS", site_rows)
     monkeypatch.setattr(hc_streams, "BF16_DOTS", bf16_dots)
+    monkeypatch.setattr(hc_streams, "SPLIT_EXPAND", split)
+    expand, expanded = hc_streams.hc_expand, []
+    monkeypatch.setattr(hc_streams, "hc_expand", lambda *a: expanded.append(1) or expand(*a))
     fn_parts, parted = hc_streams.fn_parts, []
     monkeypatch.setattr(hc_streams, "fn_parts", lambda fn: parted.append(1) or fn_parts(fn))
     supported, taken = hc_streams.supported, []
@@ -192,7 +202,7 @@ def test_the_kernel_paths_bf16_streams_leave_the_reference_paths_only_at_roundin
         path = "kernels"
         prompt_logits(model, ids, "full")
     assert taken and set(taken) == {torch.bfloat16}  # the stream kernels took bf16 streams
-    assert bool(parted) == bf16_dots
+    assert bool(parted) == bf16_dots and (not split or expanded)
     assert len(made["reference"]) == len(made["kernels"]) and None not in made["reference"]
     pairs = [(a, b) for a, b in zip(made["reference"], made["kernels"]) if b is not None]
     assert len(pairs) >= 3 and all(a.dtype == b.dtype == torch.bfloat16 for a, b in pairs)
