@@ -212,8 +212,8 @@ KERNELS = {
         {**{n: "*fp32" for n in ("x_ptr", "y_ptr", "post_ptr", "comb_ptr", "pre_ptr", "fn_ptr", "w_ptr",
                                  "streams_ptr", "mixes_ptr", "row_ptr", "scales_ptr")}, "codes_ptr": "*u8",
          "mix_eps": "fp32", "norm_eps": "fp32"},
-        dict(S=4, NP=32, EXPAND=True, ENCODE=False, HW_FP8=True, PDL=False, **hc_streams._dots(),
-             **hc_streams.SITE_TILES[True]),
+        dict(S=4, NP=32, EXPAND=True, ENCODE=False, HW_FP8=True, PDL=False, BF16=False, FN_PARTS=False,
+             **hc_streams._dots(), **hc_streams.SITE_TILES[True]),
         ";EXPAND=0,TB=64;RAW_HEADS=0;RAW_HEADS=0,TF32_HEADS=1;EXPAND=0,TB=64,RAW_HEADS=0,TF32_HEADS=1;TB=64;"
         "TB=64,BLOCK=16;num_warps=8;ENCODE=1;EXPAND=0,TB=64,ENCODE=1",
         sample=dict(T=16384, H=5120, N=24, sxt=20480, sxs=5120, syt=5120, sst=20480, sss=5120, sfn=20480, smt=24,

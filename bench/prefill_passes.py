@@ -147,7 +147,9 @@ def sites(rows: int) -> None:
                    (3 if expand else 2) * streams + writes + row * (2 if expand else 1))
         for tiles in (dict(RAW_HEADS=True), FORMS["tf32_heads"], dict(TB=32, BLOCK=32), dict(TB=64, BLOCK=32),
                       dict(TB=32, BLOCK=64), dict(TB=16, BLOCK=64), dict(TB=32, BLOCK=32, num_stages=3),
-                      dict(TB=64, BLOCK=32, num_stages=3), dict(TB=64, BLOCK=16)):
+                      dict(TB=64, BLOCK=32, num_stages=3), dict(TB=64, BLOCK=16),
+                      # (sm_90: 94 registers without the expand, five programs an SM; 168 with it, three)
+                      dict(TB=16, BLOCK=32, num_stages=2), dict(TB=16, BLOCK=32, num_stages=3)):
             label = "_".join(f"{k}{int(v) if isinstance(v, bool) else v}" for k, v in tiles.items())
             try:
                 got_gates, got = one(expand, tiles)
