@@ -5,10 +5,6 @@ reference path only where an fp32 sum's last bit moves a value across a bf16 rou
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 import triton
@@ -19,6 +15,8 @@ from dsflash.model.kernels.common import as_stored
 from dsflash.model.kernels.hc_gates import hc_gates_from_parts
 from dsflash.model.layers import mhc
 from dsflash.model.layers.engram_gate import engram_gated
+
+from .hopper_compile import assert_compiles_for_hopper
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -106,15 +104,9 @@ def test_the_stream_kernels_round_the_streams_they_make_before_reading_them(T, H
                                               ("hc_site", ";EXPAND=0,TB=16,num_stages=2;TB=16,num_stages=2")])
 def test_the_site_forms_compile_for_hopper_anywhere(kernel, variants):
     """The interpreter computes a bf16 dot in fp32 (its own is wrong), so CI compiles the site's
-    forms for sm_90 instead (no GPU needed, as bench/kernel_resources.py does): on bf16 streams
-    with and without fn's bf16 parts, and the fp32 sites at 16 tokens a program."""
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    done = subprocess.run([sys.executable, "bench/kernel_resources.py", "--kernel", kernel, "--variants", variants],
-                          env=env, cwd=root, capture_output=True, text=True, timeout=600)
-    compiled = [line for line in done.stdout.splitlines() if line.startswith(f"[resources] {kernel} ")]
-    assert done.returncode == 0 and len(compiled) == len(variants.split(";")), done.stderr[-3000:]
-    assert all("REG:" in line for line in compiled), compiled
+    forms for sm_90 instead (no GPU needed): on bf16 streams with and without fn's bf16 parts,
+    and the fp32 sites at 16 tokens a program."""
+    assert_compiles_for_hopper(kernel, variants)
 
 
 @triton.jit

@@ -1,15 +1,14 @@
 """Faithful prefill attention's Gluon form (model/kernels/sparse_attention_gluon.py) against
 the reference and against the Triton form it replaces, on a Hopper GPU: Gluon does not run in
 Triton's interpreter. On any machine: its in-place rule, and a compile for sm_90."""
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
 
 from dsflash.model.kernels import sparse_attention_gluon
 from dsflash.model.kernels.sparse_attention import attend_decoded, decode_keys, sparse_attention, sparse_attention_ref
+
+from .hopper_compile import assert_compiles_for_hopper
 
 D = 512
 E2M1 = torch.tensor([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6])
@@ -143,12 +142,6 @@ def test_gluon_form_takes_queries_before_rope(monkeypatch):
     assert torch.equal(got, want)
 
 
-# run apart from the test process, as the bench's compile-only tool: under TRITON_INTERPRET (CI)
-# the language's own helpers that Gluon calls (gl.max, gl.sum) are interpreter objects, which
-# the compiler cannot take. It compiles a launch's specialization (pointers on 16 bytes).
-_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
 @pytest.mark.parametrize("kernel, variants", [("attention_gluon", ";GATHERED=0"),
                                               ("attention_rows", ";GROUP_HEADS=0;HALF=0,GROUP_HEADS=0"),
                                               ("attention_pingpong", ";GROUP_HEADS=0;HALF=0,GROUP_HEADS=0")])
@@ -156,12 +149,7 @@ def test_the_kernels_compile_for_hopper_anywhere(kernel, variants):
     """Gluon does not run in the interpreter, so CI compiles the kernels, every form, for sm_90
     instead (no GPU needed): the pinned Triton's Gluon API and the kernels' layouts stay in
     step. The GPU tests above check what they compute."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    done = subprocess.run([sys.executable, "bench/kernel_resources.py", "--kernel", kernel, "--variants", variants],
-                          env=env, cwd=_ROOT, capture_output=True, text=True, timeout=600)
-    compiled = [line for line in done.stdout.splitlines() if line.startswith(f"[resources] {kernel} ")]
-    assert done.returncode == 0 and len(compiled) == len(variants.split(";")), done.stderr[-3000:]
-    assert all("REG:" in line for line in compiled), compiled
+    assert_compiles_for_hopper(kernel, variants)
 
 
 def test_decode_keys_decodes_both_kinds_exactly():
