@@ -78,6 +78,22 @@ _DECODED_POINTERS = {"q_ptr": lambda o: "*fp32" if o.get("HALF") else "*bf16", "
 _DECODED_SAMPLE = dict(H=64, W=128, K=512, sqn=64 * 512, sqh=512, scn=32, swn=128, sen=512, son=64 * 512, soh=512,
                        ROWS=16384)
 
+def _site_kernel(streams: str, variants: str) -> Kernel:
+    """hc_streams._hc_site_kernel on streams of that dtype ("fp32" or "bf16": then fn's bf16
+    parts too), at a 16K chunk of the release's 4 x 5,120 streams."""
+    pointers = {n: "*fp32" for n in ("y_ptr", "post_ptr", "comb_ptr", "pre_ptr", "fn_ptr", "w_ptr", "mixes_ptr",
+                                     "row_ptr", "scales_ptr")}
+    pointers.update(x_ptr=f"*{streams}", streams_ptr=f"*{streams}", codes_ptr="*u8", mix_eps="fp32", norm_eps="fp32")
+    if streams == "bf16":
+        pointers["fnp_ptr"] = "*bf16"
+    return Kernel(hc_streams._hc_site_kernel, pointers,
+                  dict(S=4, NP=32, EXPAND=True, ENCODE=False, HW_FP8=True, PDL=False, BF16=streams == "bf16",
+                       FN_PARTS=False, **hc_streams._dots(), **hc_streams.SITE_TILES[True]),
+                  variants,
+                  sample=dict(T=16384, H=5120, N=24, sxt=20480, sxs=5120, syt=5120, sst=20480, sss=5120, sfn=20480,
+                              smt=24, srt=5120, CODE_ROWS=16384))
+
+
 KERNELS = {
     # one-pass prefill form at the release's shapes as faithful mode launches it (one bf16 part,
     # BF16_PREFILL_TILES); the parity programs it replaced; exact mode's two parts
@@ -207,30 +223,14 @@ KERNELS = {
         sample=dict(N=524288, sxr=524288, chunk_len=16384, chunks=32, pairs=4096)),
     # a prefill mHC site in one read of its streams (hc_streams.hc_site): the FFN site's with the
     # attention's expand (the shipped tiles), the attention site's without, and other tiles
-    "hc_site": Kernel(
-        hc_streams._hc_site_kernel,
-        {**{n: "*fp32" for n in ("x_ptr", "y_ptr", "post_ptr", "comb_ptr", "pre_ptr", "fn_ptr", "w_ptr",
-                                 "streams_ptr", "mixes_ptr", "row_ptr", "scales_ptr")}, "codes_ptr": "*u8",
-         "mix_eps": "fp32", "norm_eps": "fp32"},
-        dict(S=4, NP=32, EXPAND=True, ENCODE=False, HW_FP8=True, PDL=False, BF16=False, FN_PARTS=False,
-             **hc_streams._dots(), **hc_streams.SITE_TILES[True]),
-        ";EXPAND=0,TB=64;RAW_HEADS=0;RAW_HEADS=0,TF32_HEADS=1;EXPAND=0,TB=64,RAW_HEADS=0,TF32_HEADS=1;TB=64;"
-        "TB=64,BLOCK=16;num_warps=8;ENCODE=1;EXPAND=0,TB=64,ENCODE=1",
-        sample=dict(T=16384, H=5120, N=24, sxt=20480, sxs=5120, syt=5120, sst=20480, sss=5120, sfn=20480, smt=24,
-                    srt=5120, CODE_ROWS=16384)),
+    "hc_site": _site_kernel(
+        "fp32", ";EXPAND=0,TB=64;RAW_HEADS=0;RAW_HEADS=0,TF32_HEADS=1;EXPAND=0,TB=64,RAW_HEADS=0,TF32_HEADS=1;"
+        "TB=64;TB=64,BLOCK=16;num_warps=8;ENCODE=1;EXPAND=0,TB=64,ENCODE=1"),
     # the same site on bf16 streams (layers/mhc.BF16_STREAMS): half the bytes, the same dots or
     # (FN_PARTS, hc_streams.BF16_DOTS) bf16 MMAs against fn's three bf16 parts
-    "hc_site_bf16": Kernel(
-        hc_streams._hc_site_kernel,
-        {**{n: "*fp32" for n in ("y_ptr", "post_ptr", "comb_ptr", "pre_ptr", "fn_ptr", "w_ptr", "mixes_ptr",
-                                 "row_ptr", "scales_ptr")}, "x_ptr": "*bf16", "streams_ptr": "*bf16",
-         "fnp_ptr": "*bf16", "codes_ptr": "*u8", "mix_eps": "fp32", "norm_eps": "fp32"},
-        dict(S=4, NP=32, EXPAND=True, ENCODE=False, HW_FP8=True, PDL=False, BF16=True, FN_PARTS=False,
-             **hc_streams._dots(), **hc_streams.SITE_TILES[True]),
-        ";EXPAND=0,TB=64;FN_PARTS=1;EXPAND=0,TB=64,FN_PARTS=1;FN_PARTS=1,TB=64;FN_PARTS=1,TB=16;"
-        "FN_PARTS=1,BLOCK=64;FN_PARTS=1,num_warps=8",
-        sample=dict(T=16384, H=5120, N=24, sxt=20480, sxs=5120, syt=5120, sst=20480, sss=5120, sfn=20480, smt=24,
-                    srt=5120, CODE_ROWS=16384)),
+    "hc_site_bf16": _site_kernel(
+        "bf16", ";EXPAND=0,TB=64;FN_PARTS=1;EXPAND=0,TB=64,FN_PARTS=1;FN_PARTS=1,TB=64;FN_PARTS=1,TB=16;"
+        "FN_PARTS=1,BLOCK=64;FN_PARTS=1,num_warps=8"),
     # a prefill mHC site's mixes alone (hc_streams.hc_mixes: where hc_site does not take a site)
     "hc_mixes": Kernel(
         hc_streams._hc_mixes_kernel,

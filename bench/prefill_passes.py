@@ -180,9 +180,10 @@ def bf16_sites(rows: int) -> None:
         for form, Z, with_parts in (("fp32_streams", X.float(), None), ("bf16_streams", X, None),
                                     ("bf16_streams_bf16_dots", X, parts)):
             streams = Z.element_size() * Z.numel()
-            tiling = [None] if with_parts is None else [None, hc_streams.SITE_TILES[expand],  # (PARTS_TILES first)
-                                                        dict(TB=64, BLOCK=16, num_stages=2),
-                                                        dict(TB=32, BLOCK=16, num_stages=2)]
+            others = (hc_streams.SITE_TILES[expand], dict(TB=64, BLOCK=16, num_stages=2),
+                      dict(TB=32, BLOCK=16, num_stages=2))
+            tiling = [None] if with_parts is None else [None] + [  # (PARTS_TILES first, then those unlike it)
+                t for t in others if {**hc_streams.PARTS_TILES[expand], **t} != hc_streams.PARTS_TILES[expand]]
             for tiles in tiling:
                 label = "" if tiles is None else "_" + "_".join(f"{k}{v}" for k, v in tiles.items())
 

@@ -326,7 +326,7 @@ class TritonOps(ReferenceOps):
         if not self.cache_dense:
             return hc_streams.fn_parts(fn)
         held = self._fn_parts_of.get(id(fn))
-        if held is None or held[0] is not fn:
+        if held is None:
             held = self._fn_parts_of[id(fn)] = (fn, hc_streams.fn_parts(fn))
         return held[1]
 

@@ -69,7 +69,7 @@ def test_the_stream_kernels_round_the_streams_they_make_before_reading_them(T, H
     X, y, post, comb, pre, fn, weight = _site(T, H)
     half = X.bfloat16()
     d = _dev(y, post, comb)
-    made = hc_streams.hc_expand(*d[:1], X.to(DEVICE), *d[1:]).cpu()
+    made = hc_streams.hc_expand(d[0], X.to(DEVICE), *d[1:]).cpu()
     got = hc_streams.hc_expand(d[0], half.to(DEVICE), *d[1:]).cpu()
     assert got.dtype == torch.bfloat16 and torch.equal(got, made.bfloat16())
     rounded = made.bfloat16().float()
@@ -190,10 +190,9 @@ def test_the_kernel_paths_bf16_streams_leave_the_reference_paths_only_at_roundin
     monkeypatch.setattr(hc_streams, "SITE_ROWS", site_rows)
     monkeypatch.setattr(hc_streams, "BF16_DOTS", bf16_dots)
     monkeypatch.setattr(hc_streams, "SPLIT_EXPAND", split)
-    expand, expanded = hc_streams.hc_expand, []
-    monkeypatch.setattr(hc_streams, "hc_expand", lambda *a: expanded.append(1) or expand(*a))
-    fn_parts, parted = hc_streams.fn_parts, []
-    monkeypatch.setattr(hc_streams, "fn_parts", lambda fn: parted.append(1) or fn_parts(fn))
+    site, sites = hc_streams.hc_site, []  # (whether each site took fn's parts, and an expand)
+    monkeypatch.setattr(hc_streams, "hc_site", lambda *a, **k: sites.append(
+        (k.get("parts") is not None, k.get("expand") is not None)) or site(*a, **k))
     supported, taken = hc_streams.supported, []
     monkeypatch.setattr(hc_streams, "supported", lambda X: taken.append(X.dtype) or supported(X))
     model = DeepseekV41.from_checkpoint(golden_dir, device=DEVICE, act_quant=True)
@@ -213,7 +212,9 @@ def test_the_kernel_paths_bf16_streams_leave_the_reference_paths_only_at_roundin
         path = "kernels"
         prompt_logits(model, ids, "full")
     assert taken and set(taken) == {torch.bfloat16}  # the stream kernels took bf16 streams
-    assert bool(parted) == bf16_dots and (not split or expanded)
+    assert bool(sites) == (site_rows == 1) and all(parted == bf16_dots for parted, _ in sites)
+    if bf16_dots:  # split: the expands in their own launch, none in a site's
+        assert any(expanded for _, expanded in sites) != split
     assert len(made["reference"]) == len(made["kernels"]) and None not in made["reference"]
     pairs = [(a, b) for a, b in zip(made["reference"], made["kernels"]) if b is not None]
     assert len(pairs) >= 3 and all(a.dtype == b.dtype == torch.bfloat16 for a, b in pairs)
