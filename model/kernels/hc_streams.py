@@ -381,7 +381,10 @@ DEFER_FFN_EXPAND = True
 # at (64, 16), 1,699-1,784 at (32, 32), 2,247-2,419 at BLOCK 64; with it 1,791 at (32, 32, 3
 # stages), 1,981 at 2, 1,933 at (16, 64), 2,283 at (64, 16), 2,770-3,925 at (64, 32) (888
 # stack bytes of spills at 2 stages), 6,546 at (32, 64). Apart, the two launches of the
-# attention site took 1,145 and the FFN site's three 2,198.
+# attention site took 1,145 and the FFN site's three 2,198. 16 tokens a program (BLOCK 32)
+# take 94 registers without the expand and 168 with it (five and three programs an SM) and
+# are slower (fifty-sixth session, call AK): 2,306 / 2,091 us at 2 / 3 stages without, 2,095 /
+# 2,031 with, against 1,076 and 1,770 in the shipped tiles.
 SITE_TILES = {False: dict(TB=64, BLOCK=32, num_warps=4, num_stages=3),
               True: dict(TB=32, BLOCK=32, num_warps=4, num_stages=3)}
 # A site's pass also writes its input's FP8 operand (hc_site's operand) for the FP8 product that
@@ -407,7 +410,12 @@ UNREAD_INPUT_LEFT = True
 # chain: sm_90 SASS (bench/kernel_resources.py --kernel hc_site_bf16 --loop) with the expand
 # 1,233 -> 715 instructions a thread a step (HMMA 192 -> 96, no TF32 splits), 255 registers
 # either way; without it 1,145 -> 765, 255 -> 198 registers (still two programs an SM).
-# Untimed: call AK.
+# Timed (H100, fifty-sixth session, call AK, 16K rows, us): the attention site 1,029 on fp32
+# streams, 977 on bf16 ones, 1,030 with the dots, 887 in (64, 32, 3 stages); the FFN site with
+# its expand 1,728 / 1,764 / 1,529. A 256K faithful prefill in 16K chunks, alternated: fp32
+# streams 9.745 s, bf16 9.748 / 9.787, with the dots 9.544 / 9.556 (-2%). Not fp32's sums: the
+# tensor cores' accumulation leaves the mixes ~6e-5 of their largest from the float64 ones,
+# where the TF32 passes stay within 2e-6 (test_bf16_streams). Off with BF16_STREAMS.
 BF16_DOTS = False
 # Its tiles, by whether the site takes an expand, chosen by sm_90 SASS alone (untimed): without
 # the expand 32 tokens a program on 2 stages take 127 registers and 32 KB of shared memory, four
@@ -421,7 +429,8 @@ PARTS_TILES = {False: dict(TB=32, BLOCK=32, num_warps=4, num_stages=2),
 # holds two. The same streams, to the bit of the site's own expand; the mixes and the input
 # within their sums' order. With fp32 streams the split loses (H100, 16K rows: the expand
 # 1.06 ms, forty-ninth session, and the site without it 1.08, against 1.79 in one pass,
-# fiftieth). Untimed: call AK.
+# fiftieth). H100, call AK: the FFN site with the dots 1,529 us in one pass, 1,678 split; a
+# 256K prefill with the dots 9.544 / 9.556 s in one pass, 9.669 / 9.572 split. Off.
 SPLIT_EXPAND = False
 
 
