@@ -1,0 +1,13 @@
+"""A pytest plugin for device calls (-p bench.device.failures_now): each failing test's report
+is appended to $OUT/failures.txt as it arrives, so a run its step's limit stops still names
+its failures and their tracebacks (-q prints them only at the end)."""
+
+import os
+
+
+def pytest_runtest_logreport(report):
+    if report.failed:
+        folder = os.environ.get("OUT", "/tmp")
+        os.makedirs(folder, exist_ok=True)
+        with open(os.path.join(folder, "failures.txt"), "a") as out:
+            out.write(f"=== {report.nodeid} ({report.when})\n{report.longreprtext}\n\n")
