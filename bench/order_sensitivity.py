@@ -10,7 +10,8 @@ largest logit change against the largest logit, in exact and faithful mode: the 
 any test that compares two product paths end to end. With --fp8-blocks, faithful mode also
 runs with the FP8 tensor cores' operands emulated (fp8_blockwise: inputs re-rounded under
 1 x 128 scale blocks, FP8 and FP4 weights under 128 x 128): how far that path's rounding
-alone moves the same logits.
+alone moves the same logits (on a checkpoint whose widths are whole 128-blocks: the tiny one's
+are not, so there it changes nothing, as its products on the GPU keep bf16).
 
     python bench/order_sensitivity.py [--tokens 1124] [--checkpoint ../shared/golden/v41-tiny-a] [--fp8-blocks]
 """

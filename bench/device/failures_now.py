@@ -4,9 +4,16 @@ its failures and their tracebacks (-q prints them only at the end)."""
 
 import os
 
+_WRITES = True
+
+
+def pytest_configure(config):
+    global _WRITES
+    _WRITES = not hasattr(config, "workerinput")  # under xdist the controller writes, not its workers
+
 
 def pytest_runtest_logreport(report):
-    if report.failed:
+    if report.failed and _WRITES:
         folder = os.environ.get("OUT", "/tmp")
         os.makedirs(folder, exist_ok=True)
         with open(os.path.join(folder, "failures.txt"), "a") as out:

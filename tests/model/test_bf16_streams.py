@@ -159,8 +159,22 @@ def test_a_sites_mixes_as_bf16_dots_against_fns_parts_near_the_float64_mixes(exp
     if expand:  # (hc_streams.SPLIT_EXPAND) the expand in its own launch, then the site without it
         streams = hc_streams.hc_expand(before[0], args[0], *before[1:])
         split = hc_streams.hc_site(streams, *args[1:], parts=parts.to(DEVICE))
-        assert torch.equal(streams.cpu(), got[0].cpu()) and _same(split[2], got[2])
+        assert _within_a_bf16_step(streams, got[0])
+        assert torch.equal(split[2].cpu(), hc_streams.hc_site(streams, *args[1:])[2].cpu())
+        x = streams.float().cpu().flatten(-2).double()
+        want = (x * torch.rsqrt(x.square().mean(-1, keepdim=True) + 1e-6)) @ fn.double().T
         assert (split[1].cpu().double() - want).abs().max() < dots * want.abs().max()
+
+
+def _within_a_bf16_step(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Two launches' bf16 streams from the same values: the same bits in the interpreter; on the
+    GPU each kernel's compile may fuse its products and sums apart (FMA), moving an fp32 value's
+    last bit and so its bf16 rounding by one step (H100, fifty-sixth session: hc_expand against
+    the site's own expand)."""
+    a, b = a.float().cpu(), b.float().cpu()
+    if DEVICE == "cpu":
+        return torch.equal(a, b)
+    return bool(((a - b).abs() <= torch.maximum(a.abs(), b.abs()) * 2.0 ** -7).all())
 
 
 def test_the_engram_gate_rounds_the_streams_it_makes():
