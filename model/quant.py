@@ -92,7 +92,7 @@ def _fp4_max(device: torch.device) -> torch.Tensor:
 def e2m1_encode(q: torch.Tensor) -> torch.Tensor:
     """fp32 (already within +-6) -> e2m1 code (uint8, sign in bit 3), round to nearest even."""
     thresholds = _e2m1_tables(q.device)[0]
-    magnitude = torch.bucketize(q.abs().float(), thresholds, right=True).to(torch.uint8)
+    magnitude = torch.bucketize(q.abs().float().contiguous(), thresholds, right=True).to(torch.uint8)
     return magnitude | (torch.signbit(q).to(torch.uint8) << 3)
 
 
