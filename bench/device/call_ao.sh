@@ -1,7 +1,7 @@
-# Device call AP (~400 s, any card): the rest of the GPU suite call AN left unrun (its 430 s
+# Device call AO (~400 s, any card): the rest of the GPU suite call AN left unrun (its 430 s
 # reached 77% of tests/model and the GPU workers' tests: these files hold the other 123), its
-# two mends (call AO's tests), and its two tests stopped at 300 s, which ran on the CPU beside
-# fifteen other workers each on every core: one torch thread a worker here.
+# two mends, and its two tests stopped at 300 s, which ran on the CPU beside fifteen other
+# workers each on every core: two torch threads a worker here.
 source bench/device/env.sh
 export OMP_NUM_THREADS=2
 step gpu-suite-rest 390 python3 -m pytest -v -rfE -p no:cacheprovider -p bench.device.failures_now -n 8 --timeout 300 \
