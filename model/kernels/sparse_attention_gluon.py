@@ -55,6 +55,14 @@ from .quantize import FP8_AMAX_FLOOR, INV_FP8_MAX
 D_MODEL = 512  # the head dim this form is laid out for (the release's)
 HEADS = 64  # heads a program: the wgmma's M
 KEY_TILE = 64  # keys a step: the queries, a bf16 [64, 512] tile and its staged bytes take 190 KB of shared memory
+# The decoded form stages every key tile's rows (int64 offsets, 512 bytes a tile) into shared
+# memory before its loop, where it staged them two tiles ahead into three rotating buffers: then
+# the loop writes no rows, and its sm_90 SASS has 9 CTA barriers a tile where it had 11 (the
+# compiler fenced each rotating write against the reads of the others). A release prefill
+# query's 10 tiles take 5 KB (206 KB of shared memory -> 211); up to MAX_ROW_TILES. The same
+# keys in the same order: the same bits. Untimed (fifty-sixth session): off.
+ROWS_ONCE = False
+MAX_ROW_TILES = 24
 DECODE_ROWS = 8  # keys decoded at a time (H200: 4.50 ms at 8,192 queries, 16: 4.67, 32: 4.52 and spills)
 WARPS = 8
 # the wgmma accumulators' layouts: a query's head block [HB, D] of outputs and [HB, KT] of a
@@ -550,7 +558,8 @@ def _copy_key_rows(window_keys, entry_keys, rows, live, window, dst, COL0: gl.co
 def _attention_rows_kernel(q_ptr, cos_ptr, sin_ptr, window_keys, win_rows, entry_keys, ent_rows, sink_ptr, o_ptr,
                            codes_ptr, scales_ptr, H, W, K, scale, sqn, sqh, scn, swn, sen, son, soh, ROWS,
                            D: gl.constexpr, HB: gl.constexpr, KT: gl.constexpr, HALF: gl.constexpr,
-                           GROUP_HEADS: gl.constexpr, SKIP: gl.constexpr, num_warps: gl.constexpr):
+                           GROUP_HEADS: gl.constexpr, SKIP: gl.constexpr, ROW_TILES: gl.constexpr,
+                           num_warps: gl.constexpr):
     """The decoded form. Program (query i, head block): every key of the query, window tiles
     then entry tiles, as bf16 rows already decoded (decode_keys): a tile's keys land in shared
     memory by cp.async one tile ahead, in one of two buffers, while the tensor cores work on
@@ -559,19 +568,27 @@ def _attention_rows_kernel(q_ptr, cos_ptr, sin_ptr, window_keys, win_rows, entry
     copies), a bench's ablation. HALF > 0: q holds the fp32 queries before RoPE, rotated
     (cos_ptr, sin_ptr: [n, HALF] by scn) as they are read (_rotated_queries); 0: bf16 and
     rotated. GROUP_HEADS > 0 (with HALF): the outputs go out as wo_a's FP8 operand, codes and
-    scales of ROWS rows (_finish_encoded), not into o_ptr."""
+    scales of ROWS rows (_finish_encoded), not into o_ptr. ROW_TILES > 0 (at least the query's
+    tiles): every tile's rows staged once before the loop, so the loop writes no rows to shared
+    memory (ROWS_ONCE)."""
     i = gl.program_id(0)
     h0 = gl.program_id(1) * HB
     o_layout: gl.constexpr = O_LAYOUT
     s_layout: gl.constexpr = S_LAYOUT
-    rows_at = gl.allocate_shared_memory(gl.int64, [3, KT], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    ROW_BUFFERS: gl.constexpr = ROW_TILES if ROW_TILES > 0 else 3
+    rows_at = gl.allocate_shared_memory(gl.int64, [ROW_BUFFERS, KT], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     keys = gl.allocate_shared_memory(gl.bfloat16, [2, KT, D],
                                      gl.NVMMASharedLayout.get_default_for([KT, D], gl.bfloat16))
     window_tiles = gl.cdiv(W, KT)
     tiles = window_tiles + gl.cdiv(K, KT)
-    for x in gl.static_range(2):
-        if x < tiles:
+    if ROW_TILES > 0:
+        for x in range(tiles):
             _stage_rows(win_rows, ent_rows, i, x, window_tiles, W, K, swn, sen, rows_at.index(x), KT, num_warps)
+    else:
+        for x in gl.static_range(2):
+            if x < tiles:
+                _stage_rows(win_rows, ent_rows, i, x, window_tiles, W, K, swn, sen, rows_at.index(x), KT,
+                            num_warps)
     async_copy.commit_group()
     async_copy.wait_group(0)
     _barrier()
@@ -593,13 +610,15 @@ def _attention_rows_kernel(q_ptr, cos_ptr, sin_ptr, window_keys, win_rows, entry
         _barrier()
         if t + 1 < tiles:
             if not SKIP & 16:
-                _stage_keys_bf16(window_keys, entry_keys, rows_at.index((t + 1) % 3), t + 1, window_tiles, W, K,
-                                 keys.index((t + 1) % 2), KT, D, num_warps)
-        if t + 2 < tiles:
-            _stage_rows(win_rows, ent_rows, i, t + 2, window_tiles, W, K, swn, sen, rows_at.index((t + 2) % 3), KT,
-                        num_warps)
+                _stage_keys_bf16(window_keys, entry_keys, rows_at.index((t + 1) % ROW_BUFFERS), t + 1, window_tiles,
+                                 W, K, keys.index((t + 1) % 2), KT, D, num_warps)
+        if ROW_TILES == 0:
+            if t + 2 < tiles:
+                _stage_rows(win_rows, ent_rows, i, t + 2, window_tiles, W, K, swn, sen, rows_at.index((t + 2) % 3),
+                            KT, num_warps)
         async_copy.commit_group()
-        _, valid = _tile_rows(rows_at.index(t % 3), t, window_tiles, W, K, KT, gl.SliceLayout(0, s_layout))
+        _, valid = _tile_rows(rows_at.index(t % ROW_BUFFERS), t, window_tiles, W, K, KT,
+                              gl.SliceLayout(0, s_layout))
         current = keys.index(t % 2)
         m_i, l_i, o = _tile_products(q_smem, current, probs, s_init, valid, scale, m_i, l_i, o, o_layout, SKIP)
 
@@ -693,8 +712,16 @@ def prefill_attention_decoded(q: torch.Tensor, window_keys: torch.Tensor, window
     n, heads = q.shape[:2]
     if n:
         _attention_rows_kernel[(n, triton.cdiv(heads, HEADS))](*arguments, **constants, HB=HEADS, KT=KEY_TILE,
-                                                               SKIP=skip, num_warps=WARPS)
+                                                               SKIP=skip, ROW_TILES=row_tiles(window_rows, entry_rows),
+                                                               num_warps=WARPS)
     return out
+
+
+def row_tiles(window_rows: torch.Tensor, entry_rows: torch.Tensor) -> int:
+    """_attention_rows_kernel's ROW_TILES: a query's key tiles where ROWS_ONCE stages all their
+    rows before the loop (0: three rotating tiles, staged two ahead)."""
+    tiles = triton.cdiv(window_rows.shape[1], KEY_TILE) + triton.cdiv(entry_rows.shape[1], KEY_TILE)
+    return tiles if ROWS_ONCE and 0 < tiles <= MAX_ROW_TILES else 0
 
 
 def launch_arguments(q: torch.Tensor, window_keys: torch.Tensor, window_rows: torch.Tensor, entry_keys: torch.Tensor,

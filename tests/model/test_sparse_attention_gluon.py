@@ -143,7 +143,7 @@ def test_gluon_form_takes_queries_before_rope(monkeypatch):
 
 
 @pytest.mark.parametrize("kernel, variants", [("attention_gluon", ";GATHERED=0"),
-                                              ("attention_rows", ";GROUP_HEADS=0;HALF=0,GROUP_HEADS=0"),
+                                              ("attention_rows", ";GROUP_HEADS=0;HALF=0,GROUP_HEADS=0;ROW_TILES=10"),
                                               ("attention_pingpong", ";GROUP_HEADS=0;HALF=0,GROUP_HEADS=0")])
 def test_the_kernels_compile_for_hopper_anywhere(kernel, variants):
     """Gluon does not run in the interpreter, so CI compiles the kernels, every form, for sm_90
@@ -172,13 +172,16 @@ def test_decode_keys_decodes_both_kinds_exactly():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("rows_once", [False, True])
 @pytest.mark.parametrize("n, heads, W, K", [(300, 64, 128, 512), (257, 40, 100, 37), (256, 128, 64, 0)])
-def test_decoded_form_attends_as_the_byte_form(n, heads, W, K):
+def test_decoded_form_attends_as_the_byte_form(n, heads, W, K, rows_once, monkeypatch):
     """The decoded form (keys decoded once into bf16 rows, attend_decoded) against the form
     that decodes each query's keys from their bytes: the same keys, the same tiles and order
-    of sums, so the same outputs bit for bit; masked keys and a query that sees nothing too."""
+    of sums, so the same outputs bit for bit; masked keys and a query that sees nothing too.
+    With ROWS_ONCE its rows are staged all at once before its loop: the same bits again."""
     if not sparse_attention_gluon.usable(torch.empty(1, device="cuda"), D):
         pytest.skip("the Gluon form is for Hopper GPUs")
+    monkeypatch.setattr(sparse_attention_gluon, "ROWS_ONCE", rows_once)
     g = torch.Generator().manual_seed(n + K)
     rows = 4096
     ring, window, pages, entries = _keys(rows, g)
@@ -392,6 +395,21 @@ def test_the_rows_kernels_launch_takes_the_fp32_outputs_or_wo_as_operand(monkeyp
     assert (encoded["ROWS"], encoded["GROUP_HEADS"], encoded["son"], encoded["soh"]) == (32, 8, 0, 0)
     assert fp32["o_ptr"] is plain and (fp32["son"], fp32["soh"], fp32["GROUP_HEADS"]) == (heads * D, D, 0)
     assert encoded["q_ptr"].dtype == torch.float32 and encoded["scn"] == half
+    assert encoded["ROW_TILES"] == fp32["ROW_TILES"] == 0  # ROWS_ONCE off
+
+
+def test_rows_once_stages_a_querys_every_tile_up_to_its_cap(monkeypatch):
+    """ROW_TILES: 0 while ROWS_ONCE is off; with it a query's window tiles and entry tiles (64
+    keys a tile), 0 again where there are none or more than MAX_ROW_TILES (shared memory)."""
+    rows = lambda width: torch.zeros(3, width, dtype=torch.long)  # noqa: E731
+    assert sparse_attention_gluon.row_tiles(rows(128), rows(512)) == 0
+    monkeypatch.setattr(sparse_attention_gluon, "ROWS_ONCE", True)
+    assert sparse_attention_gluon.row_tiles(rows(128), rows(512)) == 10
+    assert sparse_attention_gluon.row_tiles(rows(100), rows(37)) == 3
+    assert sparse_attention_gluon.row_tiles(rows(0), rows(0)) == 0
+    cap = sparse_attention_gluon.MAX_ROW_TILES
+    assert sparse_attention_gluon.row_tiles(rows(64), rows(64 * cap)) == 0
+    assert sparse_attention_gluon.row_tiles(rows(64), rows(64 * (cap - 1))) == cap
 
 
 @pytest.mark.gpu
