@@ -125,10 +125,11 @@ KERNELS = {
         _DECODED_POINTERS,
         # as shipped: the queries' RoPE inside, the outputs as wo_a's FP8 operand (8 heads a group)
         dict(D=sparse_attention_gluon.D_MODEL, HB=sparse_attention_gluon.HEADS, KT=sparse_attention_gluon.KEY_TILE,
-             HALF=32, GROUP_HEADS=8, SKIP=0, ROW_TILES=0, num_warps=sparse_attention_gluon.WARPS, num_stages=1),
+             HALF=32, GROUP_HEADS=8, SKIP=0, ROW_TILES=0, PV_IN_FLIGHT=False, num_warps=sparse_attention_gluon.WARPS,
+             num_stages=1),
         # fp32 outputs (sparse_attention.ENCODE_IN_ROWS off); the queries rotated by a launch
         # before too (ROPE_IN_ROWS off); a release query's 10 tiles' rows staged once (ROWS_ONCE)
-        ";GROUP_HEADS=0;HALF=0,GROUP_HEADS=0;ROW_TILES=10",
+        ";GROUP_HEADS=0;HALF=0,GROUP_HEADS=0;ROW_TILES=10;ROW_TILES=10,PV_IN_FLIGHT=1",
         sample=_DECODED_SAMPLE),
     # the same work with its warps specialized (sparse_attention_pingpong): the loader and two
     # compute warpgroups, the registers set per warpgroup

@@ -10,7 +10,8 @@ shape: 64 heads, a 128-key window and 512 entries a query. Each line leaves part
   L2) where the others take a prompt's locality (neighbouring windows, entries from a nearby
   range);
 - rows_once: every tile's rows staged before the loop (sparse_attention_gluon.ROWS_ONCE), alone
-  and as the loop's skeleton (SKIP=30);
+  and as the loop's skeleton (SKIP=30); in_flight: with it each weighted sum left in flight into
+  the next tile (PV_IN_FLIGHT);
 - pingpong: the warp-specialized form (sparse_attention_pingpong) on the same work, without
   its keys' copies (the loader signals without copying), with no keys and with random rows too.
 Each next to the FLOP rate of the whole form's products (the measured bf16 limit: 694
@@ -55,30 +56,32 @@ flops = 4 * n * heads * (W + K) * D
 own_bytes = n * heads * D * 4 + n * heads * D * (1 + 4 / 128)
 
 
-def launch(rows, skip, rows_once=False):
+def launch(rows, skip, switches=()):
     out = fp8_blockwise.empty_operand(n, heads * D, groups, raw.device)
     if isinstance(skip, str):  # "pingpong" or "pingpong SKIP=16"
         return lambda: pingpong.prefill_attention_pingpong(raw, window_keys, rows[0], entry_keys, rows[1], sink,
                                                            D**-0.5, out, 16 if "16" in skip else 0, (cos, sin))
 
     def rows_kernel():
-        gluon_form.ROWS_ONCE = rows_once
+        gluon_form.ROWS_ONCE, gluon_form.PV_IN_FLIGHT = "rows_once" in switches, "in_flight" in switches
         gluon_form.prefill_attention_decoded(raw, window_keys, rows[0], entry_keys, rows[1], sink, D**-0.5, out, skip,
                                              (cos, sin))
     return rows_kernel
 
 
 cases = [(f"SKIP={s}", local, int(s)) for s in args.skips.split(",")]
-# every tile's rows staged before the loop (sparse_attention_gluon.ROWS_ONCE)
-cases += [("rows_once", local, 0, True), ("rows_once_SKIP=30", local, 30, True)]
+# every tile's rows staged before the loop (sparse_attention_gluon.ROWS_ONCE), and with it each
+# weighted sum in flight into the next tile (PV_IN_FLIGHT)
+cases += [("rows_once", local, 0, ("rows_once",)), ("rows_once_SKIP=30", local, 30, ("rows_once",)),
+          ("in_flight", local, 0, ("rows_once", "in_flight"))]
 cases += [("no_keys", none, 0), ("random_rows", random, 0)]
 # the warp-specialized form (sparse_attention.PINGPONG_ROWS) beside the shipped one
 cases += [("pingpong", local, "pingpong"), ("pingpong_SKIP=16", local, "pingpong SKIP=16"),
           ("pingpong_no_keys", none, "pingpong"), ("pingpong_random_rows", random, "pingpong")]
 cases = [case for case in cases if not args.only or case[0] in args.only.split(",")]
 for round_ in range(2):
-    for name, rows, skip, *rows_once in cases:
-        seconds = h200.cuda_time(launch(rows, skip, *rows_once), iters=10, warmup=2)
+    for name, rows, skip, *switches in cases:
+        seconds = h200.cuda_time(launch(rows, skip, *switches), iters=10, warmup=2)
         print(f"[rows] round {round_} {name}: {seconds * 1e6:.0f} us ({flops / seconds / 1e12:.0f} TFLOP/s of the"
               f" whole form's products against {h200.BF16_FLOPS / 1e12:.0f}; own bytes"
               f" {own_bytes / seconds / 1e12:.2f} TB/s against {h200.HBM_BPS / 1e12:.1f})", flush=True)

@@ -47,7 +47,8 @@ from triton.experimental import gluon
 from triton.runtime.jit import constexpr_function
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
-from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, warpgroup_mma, warpgroup_mma_init,
+                                                             warpgroup_mma_wait)
 
 from .fp8_blockwise import Operand
 from .quantize import FP8_AMAX_FLOOR, INV_FP8_MAX
@@ -63,6 +64,11 @@ KEY_TILE = 64  # keys a step: the queries, a bf16 [64, 512] tile and its staged 
 # keys in the same order: the same bits. Untimed (fifty-sixth session): off.
 ROWS_ONCE = False
 MAX_ROW_TILES = 24
+# With ROWS_ONCE, each tile's weighted sum left in flight into the next tile, under the next
+# tile's key wait and barriers (_tiles_sum_in_flight): the same bits. sm_90 SASS (Triton 3.6)
+# with ROWS_ONCE: 691 -> 673 instructions a tile, 218 -> 231 registers, no wgmma serialized.
+# Untimed (fifty-sixth session): off.
+PV_IN_FLIGHT = False
 DECODE_ROWS = 8  # keys decoded at a time (H200: 4.50 ms at 8,192 queries, 16: 4.67, 32: 4.52 and spills)
 WARPS = 8
 # the wgmma accumulators' layouts: a query's head block [HB, D] of outputs and [HB, KT] of a
@@ -559,7 +565,7 @@ def _attention_rows_kernel(q_ptr, cos_ptr, sin_ptr, window_keys, win_rows, entry
                            codes_ptr, scales_ptr, H, W, K, scale, sqn, sqh, scn, swn, sen, son, soh, ROWS,
                            D: gl.constexpr, HB: gl.constexpr, KT: gl.constexpr, HALF: gl.constexpr,
                            GROUP_HEADS: gl.constexpr, SKIP: gl.constexpr, ROW_TILES: gl.constexpr,
-                           num_warps: gl.constexpr):
+                           PV_IN_FLIGHT: gl.constexpr, num_warps: gl.constexpr):
     """The decoded form. Program (query i, head block): every key of the query, window tiles
     then entry tiles, as bf16 rows already decoded (decode_keys): a tile's keys land in shared
     memory by cp.async one tile ahead, in one of two buffers, while the tensor cores work on
@@ -570,7 +576,7 @@ def _attention_rows_kernel(q_ptr, cos_ptr, sin_ptr, window_keys, win_rows, entry
     rotated. GROUP_HEADS > 0 (with HALF): the outputs go out as wo_a's FP8 operand, codes and
     scales of ROWS rows (_finish_encoded), not into o_ptr. ROW_TILES > 0 (at least the query's
     tiles): every tile's rows staged once before the loop, so the loop writes no rows to shared
-    memory (ROWS_ONCE)."""
+    memory (ROWS_ONCE). PV_IN_FLIGHT (with ROW_TILES): _tiles_sum_in_flight's order."""
     i = gl.program_id(0)
     h0 = gl.program_id(1) * HB
     o_layout: gl.constexpr = O_LAYOUT
@@ -602,6 +608,32 @@ def _attention_rows_kernel(q_ptr, cos_ptr, sin_ptr, window_keys, win_rows, entry
     else:
         q_smem = _queries(q_ptr, i, h0, H, sqn, sqh, HB, D, num_warps)
     probs, m_i, l_i, o, s_init = _softmax_start(HB, KT, D)
+    if PV_IN_FLIGHT:
+        gl.static_assert(ROW_TILES > 1 and SKIP == 0, "the in-flight form: rows staged once, two tiles or more")
+        m_i, l_i, o = _tiles_sum_in_flight(q_smem, keys, probs, rows_at, s_init, m_i, l_i, o, window_keys,
+                                           entry_keys, window_tiles, W, K, scale, o_layout, s_layout, KT, D,
+                                           ROW_TILES, num_warps)
+    else:
+        m_i, l_i, o = _tiles_sum(q_smem, keys, probs, rows_at, s_init, m_i, l_i, o, win_rows, ent_rows, window_keys,
+                                 entry_keys, i, tiles, window_tiles, W, K, swn, sen, scale, o_layout, s_layout, KT, D,
+                                 SKIP, ROW_TILES, num_warps)
+
+    if GROUP_HEADS > 0:
+        gl.static_assert(HALF > 0 and KT == HB, "the inverse RoPE's angles; fp32 [HB, D] fills the keys' buffers")
+        _finish_encoded(o, m_i, l_i, sink_ptr, _fp32_stage(keys, HB, D), cos_ptr, sin_ptr, codes_ptr, scales_ptr, i,
+                        h0, H, scn, ROWS, HB, D, HALF, GROUP_HEADS, o_layout, num_warps)
+    else:
+        _finish(o, m_i, l_i, sink_ptr, o_ptr, i, h0, H, son, soh, HB, D, o_layout, 0)
+
+
+@gluon.jit
+def _tiles_sum(q_smem, keys, probs, rows_at, s_init, m_i, l_i, o, win_rows, ent_rows, window_keys, entry_keys, i,
+               tiles, window_tiles, W, K, swn, sen, scale, o_layout: gl.constexpr, s_layout: gl.constexpr,
+               KT: gl.constexpr, D: gl.constexpr, SKIP: gl.constexpr, ROW_TILES: gl.constexpr,
+               num_warps: gl.constexpr):
+    """The decoded form's loop over a query's key tiles, each wgmma waited for where it is
+    issued (_attention_rows_kernel). Returns m_i, l_i, o."""
+    ROW_BUFFERS: gl.constexpr = ROW_TILES if ROW_TILES > 0 else 3
     for t in range(tiles):
         # tile t's keys and tile t + 1's rows have landed, and tile t - 1's weighted sum (both
         # warpgroups') no longer reads the buffer tile t + 1 goes to, nor `probs`
@@ -621,13 +653,45 @@ def _attention_rows_kernel(q_ptr, cos_ptr, sin_ptr, window_keys, win_rows, entry
                               gl.SliceLayout(0, s_layout))
         current = keys.index(t % 2)
         m_i, l_i, o = _tile_products(q_smem, current, probs, s_init, valid, scale, m_i, l_i, o, o_layout, SKIP)
+    return m_i, l_i, o
 
-    if GROUP_HEADS > 0:
-        gl.static_assert(HALF > 0 and KT == HB, "the inverse RoPE's angles; fp32 [HB, D] fills the keys' buffers")
-        _finish_encoded(o, m_i, l_i, sink_ptr, _fp32_stage(keys, HB, D), cos_ptr, sin_ptr, codes_ptr, scales_ptr, i,
-                        h0, H, scn, ROWS, HB, D, HALF, GROUP_HEADS, o_layout, num_warps)
-    else:
-        _finish(o, m_i, l_i, sink_ptr, o_ptr, i, h0, H, son, soh, HB, D, o_layout, 0)
+
+@gluon.jit
+def _tiles_sum_in_flight(q_smem, keys, probs, rows_at, s_init, m_i, l_i, o, window_keys, entry_keys, window_tiles,
+                         W, K, scale, o_layout: gl.constexpr, s_layout: gl.constexpr, KT: gl.constexpr,
+                         D: gl.constexpr, TILES: gl.constexpr, num_warps: gl.constexpr):
+    """The decoded form's loop with each tile's weighted sum left in flight into the next tile:
+    tile t's logits are issued behind tile t - 1's weighted sum, so the tensor cores go from one
+    to the other while the warps wait for tile t's keys, where _tiles_sum waits for each wgmma
+    where it is issued. The same products in the same order (both are waited for before the
+    softmax rescales the output): the same bits. TILES, a query's tiles (ROW_TILES: its rows
+    staged before the loop), is a constant bound: with the count at run time the loop could be
+    skipped, and ptxas, seeing that path's zeros written into the output's registers while a
+    weighted sum might be in flight, serialized every wgmma of the kernel (C7515), as it did
+    (C7514) with two waits, tile t - 1's sum first (sm_90, Triton 3.6). One tile has nothing to
+    overlap (and Triton 3.6 cannot lower a wait on the output's zeros). Returns m_i, l_i, o."""
+    o = warpgroup_mma_init(o)
+    for t in range(TILES):
+        async_copy.wait_group(0)  # tile t's keys, copied during tile t - 1
+        fence_async_shared()
+        _barrier()
+        current = keys.index(t % 2)
+        s = warpgroup_mma(q_smem, current.permute((1, 0)), s_init, use_acc=False, is_async=True)
+        # tile t - 1's weighted sum and tile t's logits are done, in every warpgroup: then tile
+        # t - 1's keys' buffer takes tile t + 1
+        o, s = warpgroup_mma_wait(0, deps=[o, s])
+        _barrier()
+        if t + 1 < TILES:
+            _stage_keys_bf16(window_keys, entry_keys, rows_at.index(t + 1), t + 1, window_tiles, W, K,
+                             keys.index((t + 1) % 2), KT, D, num_warps)
+        async_copy.commit_group()
+        _, valid = _tile_rows(rows_at.index(t), t, window_tiles, W, K, KT, gl.SliceLayout(0, s_layout))
+        p, m_i, l_i, o = _softmax_step(s, valid, scale, m_i, l_i, o, o_layout)
+        probs.store(p.to(gl.bfloat16))
+        fence_async_shared()
+        _barrier()
+        o = warpgroup_mma(probs, current, o, is_async=True)
+    return m_i, l_i, warpgroup_mma_wait(0, deps=[o])
 
 
 @gluon.jit
@@ -710,9 +774,11 @@ def prefill_attention_decoded(q: torch.Tensor, window_keys: torch.Tensor, window
     arguments, constants = launch_arguments(q, window_keys, window_rows, entry_keys, entry_rows, sink, scale, out,
                                             rope)
     n, heads = q.shape[:2]
+    tiles = row_tiles(window_rows, entry_rows)
     if n:
         _attention_rows_kernel[(n, triton.cdiv(heads, HEADS))](*arguments, **constants, HB=HEADS, KT=KEY_TILE,
-                                                               SKIP=skip, ROW_TILES=row_tiles(window_rows, entry_rows),
+                                                               SKIP=skip, ROW_TILES=tiles,
+                                                               PV_IN_FLIGHT=PV_IN_FLIGHT and tiles > 1 and not skip,
                                                                num_warps=WARPS)
     return out
 

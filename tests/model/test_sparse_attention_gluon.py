@@ -143,7 +143,8 @@ def test_gluon_form_takes_queries_before_rope(monkeypatch):
 
 
 @pytest.mark.parametrize("kernel, variants", [("attention_gluon", ";GATHERED=0"),
-                                              ("attention_rows", ";GROUP_HEADS=0;HALF=0,GROUP_HEADS=0;ROW_TILES=10"),
+                                              ("attention_rows", ";GROUP_HEADS=0;HALF=0,GROUP_HEADS=0;ROW_TILES=10;"
+                                                                 "ROW_TILES=10,PV_IN_FLIGHT=1;ROW_TILES=3,PV_IN_FLIGHT=1"),
                                               ("attention_pingpong", ";GROUP_HEADS=0;HALF=0,GROUP_HEADS=0")])
 def test_the_kernels_compile_for_hopper_anywhere(kernel, variants):
     """Gluon does not run in the interpreter, so CI compiles the kernels, every form, for sm_90
@@ -172,16 +173,18 @@ def test_decode_keys_decodes_both_kinds_exactly():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("rows_once", [False, True])
+@pytest.mark.parametrize("rows_once, in_flight", [(False, False), (True, False), (True, True)])
 @pytest.mark.parametrize("n, heads, W, K", [(300, 64, 128, 512), (257, 40, 100, 37), (256, 128, 64, 0)])
-def test_decoded_form_attends_as_the_byte_form(n, heads, W, K, rows_once, monkeypatch):
+def test_decoded_form_attends_as_the_byte_form(n, heads, W, K, rows_once, in_flight, monkeypatch):
     """The decoded form (keys decoded once into bf16 rows, attend_decoded) against the form
     that decodes each query's keys from their bytes: the same keys, the same tiles and order
     of sums, so the same outputs bit for bit; masked keys and a query that sees nothing too.
-    With ROWS_ONCE its rows are staged all at once before its loop: the same bits again."""
+    With ROWS_ONCE its rows are staged all at once before its loop, and with PV_IN_FLIGHT too
+    each weighted sum stays in flight into the next tile: the same bits again."""
     if not sparse_attention_gluon.usable(torch.empty(1, device="cuda"), D):
         pytest.skip("the Gluon form is for Hopper GPUs")
     monkeypatch.setattr(sparse_attention_gluon, "ROWS_ONCE", rows_once)
+    monkeypatch.setattr(sparse_attention_gluon, "PV_IN_FLIGHT", in_flight)
     g = torch.Generator().manual_seed(n + K)
     rows = 4096
     ring, window, pages, entries = _keys(rows, g)
@@ -396,6 +399,13 @@ def test_the_rows_kernels_launch_takes_the_fp32_outputs_or_wo_as_operand(monkeyp
     assert fp32["o_ptr"] is plain and (fp32["son"], fp32["soh"], fp32["GROUP_HEADS"]) == (heads * D, D, 0)
     assert encoded["q_ptr"].dtype == torch.float32 and encoded["scn"] == half
     assert encoded["ROW_TILES"] == fp32["ROW_TILES"] == 0  # ROWS_ONCE off
+    assert not encoded["PV_IN_FLIGHT"] and not fp32["PV_IN_FLIGHT"]
+    monkeypatch.setattr(sparse_attention_gluon, "ROWS_ONCE", True)
+    monkeypatch.setattr(sparse_attention_gluon, "PV_IN_FLIGHT", True)
+    attend_decoded(queries, *keys, operand_groups=groups)
+    assert (launches[-1][1]["ROW_TILES"], launches[-1][1]["PV_IN_FLIGHT"]) == (2, True)  # a tile of 8 rows, one of 4
+    attend_decoded(queries, keys[0], keys[1], keys[2], keys[3][:, :0], *keys[4:], operand_groups=groups)
+    assert (launches[-1][1]["ROW_TILES"], launches[-1][1]["PV_IN_FLIGHT"]) == (1, False)  # one tile: nothing to overlap
 
 
 def test_rows_once_stages_a_querys_every_tile_up_to_its_cap(monkeypatch):
