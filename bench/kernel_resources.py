@@ -16,10 +16,12 @@ columns), the indexer's scores in prefill's tiles (indexer) and in decode's few-
 (indexer_few: 32 heads in one dot, aligned keys decoded in PTX), the top-k's filtering launch
 (top_k_filter), and faithful prefill attention's Gluon form (attention_gluon). --loop adds the main loop's SASS instructions a
 thread by opcode (the twelfth to twenty-fourth sessions' counts came from it or its throwaway
-forms). The H200 machines run Triton 3.6: for their code, put a Triton 3.6 wheel's contents
+forms); --serialized ptxas's notes where it serializes a kernel's wgmmas (fifty-sixth session:
+none in any shipped form). The H200 machines run Triton 3.6: for their code, put a Triton 3.6 wheel's contents
 first on PYTHONPATH.
 
     python bench/kernel_resources.py [--kernel attention] [--variants "BOTH=1,num_warps=8;QP=2,PP=2"] [--loop]
+        [--serialized]
 """
 import argparse
 import collections
@@ -277,13 +279,34 @@ def compile_for_sm90(kernel: Kernel, options: dict):
         os.environ.pop("DISABLE_MMA_V3", None)
 
 
+def _tool(name: str) -> str:
+    return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", name)
+
+
 def cuobjdump(compiled, flag: str) -> str:
     """Triton's bundled cuobjdump run on the compiled cubin (no GPU needed)."""
     with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
         cubin.write(compiled.asm["cubin"])
         cubin.flush()
-        tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
-        return subprocess.run([tool, flag, cubin.name], capture_output=True, text=True).stdout
+        return subprocess.run([_tool("cuobjdump"), flag, cubin.name], capture_output=True, text=True).stdout
+
+
+def serialized(compiled) -> str:
+    """ptxas's notes on the kernel's wgmmas (C7510-C7520: each serializes every wgmma of the
+    kernel, e.g. C7515 where a non-wgmma instruction writes an accumulator while a wgmma may be
+    in flight, which a loop's zero-trip path can do), from Triton's bundled ptxas run again on
+    the kernel's PTX with -v; "none" where it has none or no wgmma."""
+    if "wgmma" not in compiled.asm["ptx"]:
+        return "none (no wgmma)"
+    with tempfile.TemporaryDirectory() as folder:
+        ptx = os.path.join(folder, "kernel.ptx")
+        with open(ptx, "w") as out:
+            out.write(compiled.asm["ptx"])
+        arch = "sm_90a" if "sm_90a" in compiled.asm["ptx"] else "sm_90"
+        run = subprocess.run([_tool("ptxas"), f"-arch={arch}", "-v", ptx, "-o", os.path.join(folder, "kernel.cubin")],
+                             capture_output=True, text=True)
+    notes = sorted({m.group(1) for m in re.finditer(r"\((C75\d\d)\)", run.stdout + run.stderr)})
+    return ", ".join(notes) or "none"
 
 
 def resources(compiled) -> str:
@@ -315,6 +338,7 @@ def main() -> None:
     parser.add_argument("--kernel", default="attention", choices=sorted(KERNELS))
     parser.add_argument("--variants", help="';'-separated variants of KEY=VALUE pairs ('' is the shipped launch)")
     parser.add_argument("--loop", action="store_true", help="also the main loop's SASS instructions by opcode")
+    parser.add_argument("--serialized", action="store_true", help="also ptxas's wgmma serialization notes (C75xx)")
     args = parser.parse_args()
     kernel = KERNELS[args.kernel]
     text = kernel.variants if args.variants is None else args.variants
@@ -324,6 +348,8 @@ def main() -> None:
         print(f"[resources] {args.kernel} {label or 'shipped'}: {resources(compiled)}", flush=True)
         if args.loop:
             print(f"[resources]   {main_loop(compiled)}", flush=True)
+        if args.serialized:
+            print(f"[resources]   wgmma serialized by: {serialized(compiled)}", flush=True)
 
 
 if __name__ == "__main__":

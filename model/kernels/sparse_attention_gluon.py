@@ -668,7 +668,8 @@ def _tiles_sum_in_flight(q_smem, keys, probs, rows_at, s_init, m_i, l_i, o, wind
     staged before the loop), is a constant bound: with the count at run time the loop could be
     skipped, and ptxas, seeing that path's zeros written into the output's registers while a
     weighted sum might be in flight, serialized every wgmma of the kernel (C7515), as it did
-    (C7514) with two waits, tile t - 1's sum first (sm_90, Triton 3.6). One tile has nothing to
+    (C7514) with two waits, tile t - 1's sum first (sm_90, Triton 3.6, the GPU machines'; the
+    pinned Triton 3.9 compiles the run-time count without it). One tile has nothing to
     overlap (and Triton 3.6 cannot lower a wait on the output's zeros). Returns m_i, l_i, o."""
     o = warpgroup_mma_init(o)
     for t in range(TILES):

@@ -149,8 +149,12 @@ def test_gluon_form_takes_queries_before_rope(monkeypatch):
 def test_the_kernels_compile_for_hopper_anywhere(kernel, variants):
     """Gluon does not run in the interpreter, so CI compiles the kernels, every form, for sm_90
     instead (no GPU needed): the pinned Triton's Gluon API and the kernels' layouts stay in
-    step. The GPU tests above check what they compute."""
-    assert_compiles_for_hopper(kernel, variants)
+    step. The GPU tests above check what they compute. The rows kernel's forms keep ptxas from
+    serializing their wgmmas: PV_IN_FLIGHT's weighted sum in flight over the loop's back edge
+    is what ptxas gave up on with a run-time trip count (C7515; under Triton 3.6, the GPU
+    machines', which `bench/kernel_resources.py --serialized` checks with its wheel first on
+    PYTHONPATH: the pinned 3.9 compiles that count without it)."""
+    assert_compiles_for_hopper(kernel, variants, pipelined=kernel == "attention_rows")
 
 
 def test_decode_keys_decodes_both_kinds_exactly():
