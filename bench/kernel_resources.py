@@ -298,13 +298,16 @@ def serialized(compiled) -> str:
     the kernel's PTX with -v; "none" where it has none or no wgmma."""
     if "wgmma" not in compiled.asm["ptx"]:
         return "none (no wgmma)"
+    from triton.backends.nvidia.compiler import get_ptxas  # the ptxas Triton itself takes for sm_90 (3.9: 13.x)
     with tempfile.TemporaryDirectory() as folder:
         ptx = os.path.join(folder, "kernel.ptx")
         with open(ptx, "w") as out:
             out.write(compiled.asm["ptx"])
         arch = "sm_90a" if "sm_90a" in compiled.asm["ptx"] else "sm_90"
-        run = subprocess.run([_tool("ptxas"), f"-arch={arch}", "-v", ptx, "-o", os.path.join(folder, "kernel.cubin")],
-                             capture_output=True, text=True)
+        run = subprocess.run([get_ptxas(90).path, f"-arch={arch}", "-v", ptx, "-o",
+                              os.path.join(folder, "kernel.cubin")], capture_output=True, text=True)
+    if run.returncode:
+        raise RuntimeError(f"ptxas failed on the kernel's PTX: {run.stderr[-2000:]}")
     notes = sorted({m.group(1) for m in re.finditer(r"\((C75\d\d)\)", run.stdout + run.stderr)})
     return ", ".join(notes) or "none"
 

@@ -574,9 +574,9 @@ def _attention_rows_kernel(q_ptr, cos_ptr, sin_ptr, window_keys, win_rows, entry
     copies), a bench's ablation. HALF > 0: q holds the fp32 queries before RoPE, rotated
     (cos_ptr, sin_ptr: [n, HALF] by scn) as they are read (_rotated_queries); 0: bf16 and
     rotated. GROUP_HEADS > 0 (with HALF): the outputs go out as wo_a's FP8 operand, codes and
-    scales of ROWS rows (_finish_encoded), not into o_ptr. ROW_TILES > 0 (at least the query's
-    tiles): every tile's rows staged once before the loop, so the loop writes no rows to shared
-    memory (ROWS_ONCE). PV_IN_FLIGHT (with ROW_TILES): _tiles_sum_in_flight's order."""
+    scales of ROWS rows (_finish_encoded), not into o_ptr. ROW_TILES > 0 (the query's tiles, as
+    row_tiles counts them from the same widths): every tile's rows staged once before the loop,
+    so the loop writes no rows to shared memory (ROWS_ONCE). PV_IN_FLIGHT (with ROW_TILES): _tiles_sum_in_flight's order."""
     i = gl.program_id(0)
     h0 = gl.program_id(1) * HB
     o_layout: gl.constexpr = O_LAYOUT
@@ -588,7 +588,7 @@ def _attention_rows_kernel(q_ptr, cos_ptr, sin_ptr, window_keys, win_rows, entry
     window_tiles = gl.cdiv(W, KT)
     tiles = window_tiles + gl.cdiv(K, KT)
     if ROW_TILES > 0:
-        for x in range(tiles):
+        for x in range(ROW_TILES):  # (its bound, not `tiles`: no index past the buffer)
             _stage_rows(win_rows, ent_rows, i, x, window_tiles, W, K, swn, sen, rows_at.index(x), KT, num_warps)
     else:
         for x in gl.static_range(2):
@@ -668,8 +668,7 @@ def _tiles_sum_in_flight(q_smem, keys, probs, rows_at, s_init, m_i, l_i, o, wind
     staged before the loop), is a constant bound: with the count at run time the loop could be
     skipped, and ptxas, seeing that path's zeros written into the output's registers while a
     weighted sum might be in flight, serialized every wgmma of the kernel (C7515), as it did
-    (C7514) with two waits, tile t - 1's sum first (sm_90, Triton 3.6, the GPU machines'; the
-    pinned Triton 3.9 compiles the run-time count without it). One tile has nothing to
+    (C7514) with two waits, tile t - 1's sum first (sm_90, Triton 3.6 and 3.9 alike). One tile has nothing to
     overlap (and Triton 3.6 cannot lower a wait on the output's zeros). Returns m_i, l_i, o."""
     o = warpgroup_mma_init(o)
     for t in range(TILES):

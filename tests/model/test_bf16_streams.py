@@ -170,11 +170,12 @@ def _within_a_bf16_step(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Two launches' bf16 streams from the same values: the same bits in the interpreter; on the
     GPU each kernel's compile may fuse its products and sums apart (FMA), moving an fp32 value's
     last bit and so its bf16 rounding by one step (H100, fifty-sixth session: hc_expand against
-    the site's own expand)."""
-    a, b = a.float().cpu(), b.float().cpu()
+    the site's own expand): neighbours on the bf16 grid, their bit patterns one apart."""
+    a, b = a.bfloat16().cpu(), b.bfloat16().cpu()
     if DEVICE == "cpu":
         return torch.equal(a, b)
-    return bool(((a - b).abs() <= torch.maximum(a.abs(), b.abs()) * 2.0 ** -7).all())
+    steps = (a.view(torch.int16).int() - b.view(torch.int16).int()).abs()
+    return bool((((steps <= 1) & (torch.signbit(a) == torch.signbit(b))) | (a == b)).all())
 
 
 def test_the_engram_gate_rounds_the_streams_it_makes():

@@ -151,9 +151,7 @@ def test_the_kernels_compile_for_hopper_anywhere(kernel, variants):
     instead (no GPU needed): the pinned Triton's Gluon API and the kernels' layouts stay in
     step. The GPU tests above check what they compute. The rows kernel's forms keep ptxas from
     serializing their wgmmas: PV_IN_FLIGHT's weighted sum in flight over the loop's back edge
-    is what ptxas gave up on with a run-time trip count (C7515; under Triton 3.6, the GPU
-    machines', which `bench/kernel_resources.py --serialized` checks with its wheel first on
-    PYTHONPATH: the pinned 3.9 compiles that count without it)."""
+    is what ptxas gave up on with a run-time trip count (C7515, Triton 3.6 and 3.9 alike)."""
     assert_compiles_for_hopper(kernel, variants, pipelined=kernel == "attention_rows")
 
 
@@ -277,7 +275,8 @@ def test_decoded_form_writes_its_outputs_as_wo_as_operand(n, heads, groups, W, K
     wo_a's groups, writes its outputs as that product's FP8 operand: the codes and scales
     that the fast path's inverse RoPE launch, then rows_1x128 with faithful mode's rounding
     inside, make of its fp32 outputs, bit for bit (group g's heads g * heads / groups ..,
-    heads past the last masked); the rows past n, up to the product's row alignment, zeros."""
+    heads past the last masked); the rows past n, up to the product's row alignment, zeros;
+    with ROWS_ONCE and PV_IN_FLIGHT the same operand again."""
     from dsflash.model.kernels import fp8_blockwise
     from dsflash.model.kernels import sparse_attention as sa
     from dsflash.model.kernels.rope import rope
@@ -296,6 +295,11 @@ def test_decoded_form_writes_its_outputs_as_wo_as_operand(n, heads, groups, W, K
     assert torch.equal(got.codes[:, :n], codes[:, :n])
     assert torch.equal(got.scales.view(blocks, -1)[:, :n], scales.view(blocks, -1)[:, :n])
     assert not got.codes[:, n:].any()
+    for rows_once, in_flight in ((True, False), (True, True)):  # ROWS_ONCE, PV_IN_FLIGHT: the same bits
+        monkeypatch.setattr(sparse_attention_gluon, "ROWS_ONCE", rows_once)
+        monkeypatch.setattr(sparse_attention_gluon, "PV_IN_FLIGHT", in_flight)
+        again = attend_decoded(queries, *keys, operand_groups=groups)
+        assert torch.equal(again.codes, got.codes) and torch.equal(again.scales, got.scales), (rows_once, in_flight)
     monkeypatch.setattr(sa, "ENCODE_IN_ROWS", False)  # the switch off: the fp32 rows
     assert torch.equal(attend_decoded(queries, *keys, operand_groups=groups), plain)
 
