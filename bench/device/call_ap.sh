@@ -1,8 +1,8 @@
 # Device call AP (~500 s, any card): sparse_attention_gluon.ROWS_ONCE and PV_IN_FLIGHT
 # (fifty-sixth session, untimed). The rows kernel stages every key tile's rows before its loop,
 # where it staged them two tiles ahead into three rotating buffers (sm_90 SASS: 11 -> 9 CTA
-# barriers and 733 -> 691 instructions a tile); with it each tile's weighted sum stays in flight
-# into the next tile, under its key wait and barriers (673 instructions, no wgmma serialized).
+# barriers and 733 -> 690 instructions a tile); with it each tile's weighted sum stays in flight
+# into the next tile, under its key wait and barriers (679 instructions, no wgmma serialized).
 # The same keys and order: the same bits. Their GPU tests (the decoded form against the byte
 # form, bit for bit, each way), the kernel alone at a 16K chunk's shape, then a 256K faithful
 # prefill alternated: shipped, rows once, both.

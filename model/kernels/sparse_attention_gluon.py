@@ -66,7 +66,7 @@ ROWS_ONCE = False
 MAX_ROW_TILES = 24
 # With ROWS_ONCE, each tile's weighted sum left in flight into the next tile, under the next
 # tile's key wait and barriers (_tiles_sum_in_flight): the same bits. sm_90 SASS (Triton 3.6)
-# with ROWS_ONCE: 691 -> 673 instructions a tile, 218 -> 231 registers, no wgmma serialized.
+# with ROWS_ONCE: 690 -> 679 instructions a tile, 217 -> 228 registers, no wgmma serialized.
 # Untimed (fifty-sixth session): off.
 PV_IN_FLIGHT = False
 DECODE_ROWS = 8  # keys decoded at a time (H200: 4.50 ms at 8,192 queries, 16: 4.67, 32: 4.52 and spills)
@@ -576,7 +576,8 @@ def _attention_rows_kernel(q_ptr, cos_ptr, sin_ptr, window_keys, win_rows, entry
     rotated. GROUP_HEADS > 0 (with HALF): the outputs go out as wo_a's FP8 operand, codes and
     scales of ROWS rows (_finish_encoded), not into o_ptr. ROW_TILES > 0 (the query's tiles, as
     row_tiles counts them from the same widths): every tile's rows staged once before the loop,
-    so the loop writes no rows to shared memory (ROWS_ONCE). PV_IN_FLIGHT (with ROW_TILES): _tiles_sum_in_flight's order."""
+    so the loop writes no rows to shared memory (ROWS_ONCE). PV_IN_FLIGHT (with ROW_TILES):
+    _tiles_sum_in_flight's order."""
     i = gl.program_id(0)
     h0 = gl.program_id(1) * HB
     o_layout: gl.constexpr = O_LAYOUT
@@ -633,7 +634,7 @@ def _tiles_sum(q_smem, keys, probs, rows_at, s_init, m_i, l_i, o, win_rows, ent_
                num_warps: gl.constexpr):
     """The decoded form's loop over a query's key tiles, each wgmma waited for where it is
     issued (_attention_rows_kernel). Returns m_i, l_i, o."""
-    ROW_BUFFERS: gl.constexpr = ROW_TILES if ROW_TILES > 0 else 3
+    ROW_BUFFERS: gl.constexpr = rows_at.shape[0]  # the query's tiles (ROW_TILES), or 3 rotating
     for t in range(tiles):
         # tile t's keys and tile t + 1's rows have landed, and tile t - 1's weighted sum (both
         # warpgroups') no longer reads the buffer tile t + 1 goes to, nor `probs`
@@ -668,8 +669,9 @@ def _tiles_sum_in_flight(q_smem, keys, probs, rows_at, s_init, m_i, l_i, o, wind
     staged before the loop), is a constant bound: with the count at run time the loop could be
     skipped, and ptxas, seeing that path's zeros written into the output's registers while a
     weighted sum might be in flight, serialized every wgmma of the kernel (C7515), as it did
-    (C7514) with two waits, tile t - 1's sum first (sm_90, Triton 3.6 and 3.9 alike). One tile has nothing to
-    overlap (and Triton 3.6 cannot lower a wait on the output's zeros). Returns m_i, l_i, o."""
+    (C7514) with two waits, tile t - 1's sum first (sm_90, Triton 3.6 and 3.9 alike). One tile
+    has nothing to overlap (and Triton 3.6 cannot lower a wait on the output's zeros). Returns
+    m_i, l_i, o."""
     o = warpgroup_mma_init(o)
     for t in range(TILES):
         async_copy.wait_group(0)  # tile t's keys, copied during tile t - 1

@@ -16,8 +16,9 @@ from .norm import rms_norm
 # bf16; so do the Engram site and the embedding's rows): half the bytes of every pass over
 # [T, 4, 5120] streams (1.34 GB -> 0.67 GB at a 16K chunk). Everything read from them is still
 # computed in fp32 (the DSpark taps' mean is rounded as stored, as the reference's is). Exact
-# mode keeps fp32 streams (the golden logits' precision). H100, fifty-fifth session, a 256K faithful prefill in 16K chunks alternated in one process: 9.967 /
-# 9.983 s off, 9.901 / 9.989 s on; the prefill site (hc_streams.hc_site) 1.604 -> 1.614 ms at
+# mode keeps fp32 streams (the golden logits' precision). H100, fifty-fifth session, a 256K
+# faithful prefill in 16K chunks alternated in one process: 9.967 / 9.983 s off, 9.901 /
+# 9.989 s on; the prefill site (hc_streams.hc_site) 1.604 -> 1.614 ms at
 # 16K rows: not bound by its streams' bytes (255 registers, two programs an SM: by its latency).
 # Peak memory 60.3-61.2 -> 59.3 GiB. Off: no gain, and it moves faithful mode's logits. And it
 # breaks the exactness properties on the tiny checkpoint: a value's last fp32 bit, which differs
