@@ -1,7 +1,8 @@
 """Where the Gluon rows kernel's time goes, in the form faithful prefill ships (fp32 queries
 before RoPE in, wo_a's FP8 operand out: ROPE_IN_ROWS and ENCODE_IN_ROWS), at a 16K chunk's
 shape: 64 heads, a 128-key window and 512 entries a query. Each line leaves parts out:
-- SKIP (sparse_attention_gluon's ablation): 2 the logits' wgmma, 4 the softmax, 8 the
+- SKIP (sparse_attention_gluon's ablation, in the form with three rotating row buffers that
+  shipped before the fifty-seventh session): 2 the logits' wgmma, 4 the softmax, 8 the
   weighted sum's wgmma, 16 the keys' copies; 30 all four (the loop's skeleton: rows, waits,
   barriers);
 - no_keys: no key at all (W = K = 0), what a program costs outside its loop: the queries'
@@ -11,7 +12,7 @@ shape: 64 heads, a 128-key window and 512 entries a query. Each line leaves part
   range);
 - rows_once: every tile's rows staged before the loop (sparse_attention_gluon.ROWS_ONCE), alone
   and as the loop's skeleton (SKIP=30); in_flight: with it each weighted sum left in flight into
-  the next tile (PV_IN_FLIGHT);
+  the next tile (PV_IN_FLIGHT), the form shipped since the fifty-seventh session;
 - pingpong: the warp-specialized form (sparse_attention_pingpong) on the same work, without
   its keys' copies (the loader signals without copying), with no keys and with random rows too.
 Each next to the FLOP rate of the whole form's products (the measured bf16 limit: 694

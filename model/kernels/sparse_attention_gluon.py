@@ -61,14 +61,21 @@ KEY_TILE = 64  # keys a step: the queries, a bf16 [64, 512] tile and its staged 
 # the loop writes no rows, and its sm_90 SASS has 9 CTA barriers a tile where it had 11 (the
 # compiler fenced each rotating write against the reads of the others). A release prefill
 # query's 10 tiles take 5 KB (206 KB of shared memory -> 211); up to MAX_ROW_TILES. The same
-# keys in the same order: the same bits. Untimed (fifty-sixth session): off.
-ROWS_ONCE = False
+# keys in the same order: the same bits. H100 (fifty-seventh session, call AP): the kernel alone
+# at a 16K chunk 5,108 / 5,023 -> 4,946 / 4,881 us, a 256K faithful prefill 9.78 -> 9.74 s.
+ROWS_ONCE = True
 MAX_ROW_TILES = 24
+# Each tile count compiles its own form (1.4 s on an H100), so only a full query's counts are
+# staged once: the release's 128-key window with 512 entries (10) or 1,024 (18), and the
+# sliding-window layers' window with their one masked entry column (3). A short prompt's
+# queries (fewer entries: up to 7 more counts) take the rotating form, one compile for all.
+STAGED_TILES = (3, 10, 18)
 # With ROWS_ONCE, each tile's weighted sum left in flight into the next tile, under the next
 # tile's key wait and barriers (_tiles_sum_in_flight): the same bits. sm_90 SASS (Triton 3.6)
 # with ROWS_ONCE: 690 -> 679 instructions a tile, 217 -> 228 registers, no wgmma serialized.
-# Untimed (fifty-sixth session): off.
-PV_IN_FLIGHT = False
+# H100 (call AP): the kernel alone 4,849 / 4,763 us (-5% against neither), a 256K prefill the
+# same as ROWS_ONCE alone within its noise (9.74 / 9.77 s).
+PV_IN_FLIGHT = True
 DECODE_ROWS = 8  # keys decoded at a time (H200: 4.50 ms at 8,192 queries, 16: 4.67, 32: 4.52 and spills)
 WARPS = 8
 # the wgmma accumulators' layouts: a query's head block [HB, D] of outputs and [HB, KT] of a
@@ -787,9 +794,9 @@ def prefill_attention_decoded(q: torch.Tensor, window_keys: torch.Tensor, window
 
 def row_tiles(window_rows: torch.Tensor, entry_rows: torch.Tensor) -> int:
     """_attention_rows_kernel's ROW_TILES: a query's key tiles where ROWS_ONCE stages all their
-    rows before the loop (0: three rotating tiles, staged two ahead)."""
+    rows before the loop, at the STAGED_TILES counts (0: three rotating tiles, staged two ahead)."""
     tiles = triton.cdiv(window_rows.shape[1], KEY_TILE) + triton.cdiv(entry_rows.shape[1], KEY_TILE)
-    return tiles if ROWS_ONCE and 0 < tiles <= MAX_ROW_TILES else 0
+    return tiles if ROWS_ONCE and tiles in STAGED_TILES and 0 < tiles <= MAX_ROW_TILES else 0
 
 
 def launch_arguments(q: torch.Tensor, window_keys: torch.Tensor, window_rows: torch.Tensor, entry_keys: torch.Tensor,

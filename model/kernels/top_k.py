@@ -432,7 +432,14 @@ def _floor(floor_ptr, row):
     return tl.load(floor_ptr + row).to(tl.uint32, bitcast=True)
 
 
-@triton.jit
+# _filter_kernel's chunk and pair counts only bound IN_TURN's loop: unspecialized, or a 1M
+# prompt's slices (their rows and chunks divisible by 16 or not) compiled 11 variants inside its
+# first prefill that the warm-up had not (H100, fifty-seventh session, call AT: 1.6 s of
+# compiles; 47.24 s against 45.95 for the same prefill next in that process)
+FILTER_UNSPECIALIZED = ("chunks", "pairs")
+
+
+@triton.jit(do_not_specialize=FILTER_UNSPECIALIZED)
 def _filter_kernel(x_ptr, floor_ptr, kept_ptr, id_ptr, count_ptr, top_ptr, N, sxr, chunk_len, chunks, pairs,
                    CAPACITY: tl.constexpr, BLOCK: tl.constexpr, STAGES: tl.constexpr, ATOMIC: tl.constexpr,
                    PDL: tl.constexpr, PTX: tl.constexpr = False, IN_TURN: tl.constexpr = False):

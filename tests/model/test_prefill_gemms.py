@@ -255,18 +255,22 @@ def _logits_both_ways(golden_dir, act_quant: bool, prompt: torch.Tensor, send, w
 def test_a_prefill_chunk_on_cublas_gives_the_kernels_logits(golden_dir, act_quant, monkeypatch):
     """The tiny checkpoint on the kernel path, a prompt of a prefill chunk's size, with its FP8
     and FP4 products on cuBLAS, its mHC sites in one pass (hc_streams.hc_mixes, hc_site) and its
-    routers' products on tall_bf16, and with all on the decode rows' kernels: the same next
-    token, logits within what the fp32 sums' reordering moves them by. That is more than the
-    sums' last bits where a prompt sits near a tie: a top-k choice that flips, or in faithful
-    mode an input whose last bit moves it by a whole FP8 step. bench/order_sensitivity.py
-    measures it on the reference path (its products summed in float64): the prompt's seed is
-    11, which that moves by 2.2e-6 of the largest logit in exact mode and 1.4e-7 in faithful
-    mode (fifty-sixth session; seeds 9 and 13 alike, seed 12 9.7e-3 with its argmax flipped).
-    Seed 10, this test's until then, moved 8.7e-7 and 1.21e-1: its faithful logits had come to
-    sit on an FP8 step, and the H100's two paths differed by 8.7e-2 there (argmax equal; the
-    H200 measured 1.75e-2 in the sixteenth session). Seed 8's exact logits sat on a near-tie,
-    where the paths differed by 1.19e-3 with the attention's keys decoded once (DECODED_EXACT)
-    and by 1.1e-5 without (H200, twenty-third session)."""
+    routers' products on tall_bf16, and with all on the decode rows' kernels: every position's
+    logits as near as the fp32 sums' reordering leaves them.
+
+    That is far from their last bits. At this length the tiny checkpoint sits on near-ties
+    everywhere: a router's or the indexer's top-k that flips, and in faithful mode an input
+    whose last bit moves it by a whole FP8 step. bench/order_sensitivity.py --jitter --positions
+    moves every product's output at random by 2^-20 of itself (fifty-seventh session, seed 11,
+    4 draws): in exact mode the median position's largest change is 0.8-5.2e-3 of its largest
+    logit and the argmax stays at 94-99% of positions; in faithful mode 0.29-0.31 and 46-48%.
+    Faithful mode's products (short FP8 mantissas) often sum exactly in any order, so a real
+    reordering moves it less than that jitter: on the H100 (call AR) exact mode 4.7e-4 and
+    99.5% the same, faithful mode 5.8e-2 and 84%. One routed expert's product 1% off moves
+    exact mode by 3.3-5.9e-2 (77-86% the same) and faithful mode by 0.18-0.29 (47-61%), so
+    these bounds tell that apart. One position alone is not a test: seed 10's last faithful
+    logits moved 8.7e-2 on the H100, seed 11's flipped its argmax there (fifty-sixth and
+    fifty-seventh sessions)."""
     monkeypatch.setattr(prefill_gemms, "EXPERT_PAIRS", 1)  # the tiny checkpoint's few pairs too
     rows = prefill_gemms.ROWS
     vocab = Checkpoint(golden_dir).config.vocab_size
@@ -278,10 +282,13 @@ def test_a_prefill_chunk_on_cublas_gives_the_kernels_logits(golden_dir, act_quan
         monkeypatch.setattr(hc_streams, "SITE_ROWS", rows if on else 0)
         monkeypatch.setattr(tall_bf16, "ROWS", rows if on else 1 << 62)
 
-    logits = _logits_both_ways(golden_dir, act_quant, prompt, send, "last")
-    assert logits[True].argmax() == logits[False].argmax()
-    share = ((logits[True] - logits[False]).abs().max() / logits[False].abs().max()).item()
-    assert share < (5e-2 if act_quant else 1e-3), f"the paths differ by {share:.3g} of the largest logit"
+    logits = _logits_both_ways(golden_dir, act_quant, prompt, send, "all")
+    a, b = logits[False], logits[True]
+    median_change = ((a - b).abs().amax(-1) / a.abs().amax(-1)).median().item()
+    same = (a.argmax(-1) == b.argmax(-1)).float().mean().item()
+    print(f"median position's change {median_change:.3g} of its largest logit, argmax the same at {same:.4f}")
+    assert median_change < (0.15 if act_quant else 1.5e-2), f"the median position moved {median_change:.3g}"
+    assert same > (0.7 if act_quant else 0.9), f"the argmax is the same at only {same:.1%} of positions"
 
 
 def test_the_models_products_through_this_path_give_the_kernels_logits(golden_dir, golden, monkeypatch):

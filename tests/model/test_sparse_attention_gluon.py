@@ -187,6 +187,7 @@ def test_decoded_form_attends_as_the_byte_form(n, heads, W, K, rows_once, in_fli
         pytest.skip("the Gluon form is for Hopper GPUs")
     monkeypatch.setattr(sparse_attention_gluon, "ROWS_ONCE", rows_once)
     monkeypatch.setattr(sparse_attention_gluon, "PV_IN_FLIGHT", in_flight)
+    monkeypatch.setattr(sparse_attention_gluon, "STAGED_TILES", range(1, 100))  # each shape's count staged
     g = torch.Generator().manual_seed(n + K)
     rows = 4096
     ring, window, pages, entries = _keys(rows, g)
@@ -285,6 +286,9 @@ def test_decoded_form_writes_its_outputs_as_wo_as_operand(n, heads, groups, W, K
     cos, sin = queries.cos, queries.sin
     monkeypatch.setattr(sa, "ROPE_IN_ROWS", True)
     monkeypatch.setattr(sa, "ENCODE_IN_ROWS", True)
+    monkeypatch.setattr(sparse_attention_gluon, "ROWS_ONCE", False)  # the rotating form first
+    monkeypatch.setattr(sparse_attention_gluon, "PV_IN_FLIGHT", False)
+    monkeypatch.setattr(sparse_attention_gluon, "STAGED_TILES", range(1, 100))  # then each shape's count staged
     plain = attend_decoded(queries, *keys)
     got = attend_decoded(queries, *keys, operand_groups=groups)
     assert isinstance(plain, torch.Tensor) and isinstance(got, fp8_blockwise.Operand) and got.m == n
@@ -387,6 +391,8 @@ def test_the_rows_kernels_launch_takes_the_fp32_outputs_or_wo_as_operand(monkeyp
 
     monkeypatch.setattr(sparse_attention_gluon, "_attention_rows_kernel", Recorded())
     monkeypatch.setattr(sa, "ROPE_IN_ROWS", True)
+    monkeypatch.setattr(sparse_attention_gluon, "ROWS_ONCE", False)  # the rotating form first, then staged once
+    monkeypatch.setattr(sparse_attention_gluon, "PV_IN_FLIGHT", False)
     n, heads, groups, half = 20, 40, 5, 32
     g = torch.Generator().manual_seed(7)
     queries = Queries(torch.randn(n, heads, D, generator=g), torch.rand(n, half, generator=g),
@@ -411,19 +417,31 @@ def test_the_rows_kernels_launch_takes_the_fp32_outputs_or_wo_as_operand(monkeyp
     monkeypatch.setattr(sparse_attention_gluon, "ROWS_ONCE", True)
     monkeypatch.setattr(sparse_attention_gluon, "PV_IN_FLIGHT", True)
     attend_decoded(queries, *keys, operand_groups=groups)
+    assert launches[-1][1]["ROW_TILES"] == 0 and not launches[-1][1]["PV_IN_FLIGHT"]  # 2 tiles: not a full query's
+    monkeypatch.setattr(sparse_attention_gluon, "STAGED_TILES", (1, 2))
+    attend_decoded(queries, *keys, operand_groups=groups)
     assert (launches[-1][1]["ROW_TILES"], launches[-1][1]["PV_IN_FLIGHT"]) == (2, True)  # a tile of 8 rows, one of 4
     attend_decoded(queries, keys[0], keys[1], keys[2], keys[3][:, :0], *keys[4:], operand_groups=groups)
     assert (launches[-1][1]["ROW_TILES"], launches[-1][1]["PV_IN_FLIGHT"]) == (1, False)  # one tile: nothing to overlap
 
 
-def test_rows_once_stages_a_querys_every_tile_up_to_its_cap(monkeypatch):
+def test_rows_once_stages_a_full_querys_every_tile_up_to_its_cap(monkeypatch):
     """ROW_TILES: 0 while ROWS_ONCE is off; with it a query's window tiles and entry tiles (64
-    keys a tile), 0 again where there are none or more than MAX_ROW_TILES (shared memory)."""
+    keys a tile) where their count is a full query's (STAGED_TILES: the release's prefill
+    queries, a compile each), 0 for a short prompt's other counts (the rotating form, one
+    compile) and where there are none or more than MAX_ROW_TILES (shared memory)."""
     rows = lambda width: torch.zeros(3, width, dtype=torch.long)  # noqa: E731
+    monkeypatch.setattr(sparse_attention_gluon, "ROWS_ONCE", False)
     assert sparse_attention_gluon.row_tiles(rows(128), rows(512)) == 0
     monkeypatch.setattr(sparse_attention_gluon, "ROWS_ONCE", True)
     assert sparse_attention_gluon.row_tiles(rows(128), rows(512)) == 10
-    assert sparse_attention_gluon.row_tiles(rows(100), rows(37)) == 3
+    assert sparse_attention_gluon.row_tiles(rows(128), rows(1024)) == 18
+    assert sparse_attention_gluon.row_tiles(rows(128), rows(1)) == 3  # a sliding-window layer's
+    assert sparse_attention_gluon.row_tiles(rows(128), rows(300)) == 0  # a short prompt's query
+    assert sparse_attention_gluon.row_tiles(rows(100), rows(100)) == 0
+    assert all(0 < tiles <= sparse_attention_gluon.MAX_ROW_TILES for tiles in sparse_attention_gluon.STAGED_TILES)
+    monkeypatch.setattr(sparse_attention_gluon, "STAGED_TILES", range(1, 100))  # every count, as the GPU tests take
+    assert sparse_attention_gluon.row_tiles(rows(100), rows(100)) == 4
     assert sparse_attention_gluon.row_tiles(rows(0), rows(0)) == 0
     cap = sparse_attention_gluon.MAX_ROW_TILES
     assert sparse_attention_gluon.row_tiles(rows(64), rows(64 * cap)) == 0

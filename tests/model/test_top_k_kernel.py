@@ -211,6 +211,22 @@ def test_the_warm_up_covers_every_plan_prompts_and_decode_steps_meet(longest):
                 assert key(n, N, k) in warmed, (n, N, k)
 
 
+def test_the_filter_kernel_specializes_only_on_what_the_warm_up_varies():
+    """Triton compiles a variant of a kernel for each divisibility by 16 of the integer arguments
+    it specializes. The filtered form's are the row length (the warm-up takes it both ways), the
+    row stride (a padded row's, or the warm-up's rows' own) and the chunk length (a multiple of
+    the block); its chunk and pair counts, which a long prompt's slices meet both ways, are not
+    specialized: a first 1M prefill compiled 11 variants of them inside its timed run (H100,
+    fifty-seventh session)."""
+    import inspect
+
+    from dsflash.model.kernels import top_k
+
+    params = inspect.signature(top_k._filter_kernel.fn).parameters
+    integers = {name for name, p in params.items() if not name.endswith("_ptr") and "constexpr" not in str(p.annotation)}
+    assert integers - set(top_k.FILTER_UNSPECIALIZED) == {"N", "sxr", "chunk_len"}
+
+
 def test_empty_shapes():
     assert top_k_ascending_kernel(torch.zeros(2, 5, device=DEVICE), 0).shape == (2, 0)
     assert top_k_ascending_kernel(torch.zeros(0, 5, device=DEVICE), 3).shape == (0, 3)
