@@ -24,10 +24,10 @@ def specialized(compile: dict) -> str:
     except (KeyError, IndexError, TypeError):  # another triton's hook arguments
         return str(compile.get("configs"))[:600]
     ones = sorted(n for n, v in constants.items() if v == 1 and not isinstance(v, bool))
-    # the constexprs a launch computes from its shapes (MAX_CHUNKS, ROW_TILES, ...): which of a
+    # the constexprs (the shapes' MAX_CHUNKS, ROW_TILES, ..., the forms' switches): which of a
     # kernel's variants this is
-    sized = {n: v for n, v in constants.items() if isinstance(v, int) and not isinstance(v, bool) and v != 1}
-    return f"ones={ones} aligned={aligned} constexprs={sized}"
+    chosen = {n: v for n, v in constants.items() if isinstance(v, (bool, int)) and (v != 1 or isinstance(v, bool))}
+    return f"ones={ones} aligned={aligned} constexprs={chosen}"
 
 
 def main() -> None:

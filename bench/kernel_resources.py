@@ -125,7 +125,9 @@ KERNELS = {
     "attention_rows": Kernel(
         sparse_attention_gluon._attention_rows_kernel,
         _DECODED_POINTERS,
-        # as shipped: the queries' RoPE inside, the outputs as wo_a's FP8 operand (8 heads a group)
+        # the queries' RoPE inside, the outputs as wo_a's FP8 operand (8 heads a group), three
+        # rotating row buffers (a short prompt's queries; a full query's form is ROW_TILES=10 with
+        # PV_IN_FLIGHT, STAGED_TILES)
         dict(D=sparse_attention_gluon.D_MODEL, HB=sparse_attention_gluon.HEADS, KT=sparse_attention_gluon.KEY_TILE,
              HALF=32, GROUP_HEADS=8, SKIP=0, ROW_TILES=0, PV_IN_FLIGHT=False, num_warps=sparse_attention_gluon.WARPS,
              num_stages=1),
@@ -261,12 +263,14 @@ def compile_for_sm90(kernel: Kernel, options: dict):
     gluon = fn.is_gluon()  # a Gluon kernel takes num_warps as a constexpr argument too
     launch = ("num_warps", "num_stages", "maxnreg")
     constexprs = {k: v for k, v in options.items() if k not in launch or (gluon and k in fn.arg_names)}
-    ones = {n: 1 for n, v in (kernel.sample or {}).items() if v == 1}
+    # integers the kernel leaves unspecialized (do_not_specialize) are neither constants nor aligned
+    unspecialized = {p.name for p in fn.params if p.do_not_specialize}
+    ones = {n: 1 for n, v in (kernel.sample or {}).items() if v == 1 and n not in unspecialized}
     constexprs.update(ones)
     types = {n: ty(options) if callable(ty) else ty for n, ty in kernel.pointers.items()}
     signature = {n: "constexpr" if n in constexprs else types.get(n, "i32") for n in fn.arg_names}
     aligned = [n for n in fn.arg_names if n not in constexprs and (signature[n][0] == "*" or (
-        kernel.sample is not None and kernel.sample.get(n, 1) % 16 == 0))]
+        kernel.sample is not None and n not in unspecialized and kernel.sample.get(n, 1) % 16 == 0))]
     source = (GluonASTSource if gluon else ASTSource)(fn=fn, signature=signature,
                        constexprs={(fn.arg_names.index(n),): v for n, v in constexprs.items()},
                        attrs={(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in aligned})

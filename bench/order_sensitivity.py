@@ -50,7 +50,8 @@ def float64_sums(ops) -> None:
 
 
 def jittered_sums(seed: int, scale: float):
-    """ops.linear with each output scaled by (1 + scale * a normal draw): another order of the
+    """ops.linear with each output scaled by (1 + scale * a normal draw; ops.linear's products
+    only, as float64_sums: not the grouped wo_a's einsum): another order of the
     fp32 sums, one random draw of it (a K-term fp32 sum moves by about sqrt(K) x 2^-24 of its
     terms' size; 2^-20 stands for K ~ 256). Where float64_sums samples one reordering, several
     draws show the near-ties a prompt sits on."""
@@ -114,7 +115,8 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=1124, help="the GPU test's prompt: a chunk and 100")
     parser.add_argument("--checkpoint", type=pathlib.Path, default=default)
     parser.add_argument("--seed", type=int, default=8)
-    parser.add_argument("--fp8-blocks", action="store_true", help="faithful mode with the FP8 tensor cores' rounding too")
+    parser.add_argument("--fp8-blocks", action="store_true",
+                        help="faithful mode with the FP8 tensor cores' rounding too")
     parser.add_argument("--jitter", type=int, default=0, help="this many draws of jittered_sums in each mode too")
     parser.add_argument("--jitter-scale", type=float, default=2.0**-20)
     parser.add_argument("--positions", action="store_true", help="every position's logits, not the last only")
@@ -147,6 +149,7 @@ def change_line(a: torch.Tensor, b: torch.Tensor) -> str:
         line += (f"; over {len(a)} positions: median change {shares.median().item():.2e}, largest "
                  f"{shares.max().item():.2e}, argmax the same at {same.float().mean().item():.4f}")
     return line
+
 
 if __name__ == "__main__":
     main()

@@ -26,6 +26,10 @@ from .scheduler import PrefillScheduler, PrefillSchedulerConfig
 
 log = logging.getLogger(__name__)
 
+# warm_up's short prompt: past the decoded attention's PREFILL_QUERIES (256), short of a chunk's
+# full entry lists (512 entries: 1,024 tokens of a ratio-2 source, 512 of a ratio-1 one)
+SHORT_WARM_UP = 300
+
 
 class PrefillStatus(enum.Enum):
     WAITING = "waiting"
@@ -143,7 +147,10 @@ class PrefillEngine:
         divides them, and the entry counts a prompt's last chunk and CED tail meet are of
         either kind (2,048 and 2,047 entries of a ratio-4 source at n = 8,192). With one kind
         compiled, the first prompt of the other paid the compiles at its end (H200: ~2 s on a
-        1M-token prefill). Returns n (0: nothing ran). The engine must be idle."""
+        1M-token prefill). Then a short prompt (SHORT_WARM_UP tokens, where n is longer): its
+        queries see fewer entries than a chunk's, and the rows attention takes its rotating form
+        for them (sparse_attention_gluon.STAGED_TILES), a compile a chunk never makes (1.4 s on
+        an H100). Returns n (0: nothing ran). The engine must be idle."""
         assert not self.requests, "warm up an idle engine"
         n = tokens
         while n > 1 and not self.pool.can_hold(n):
@@ -151,7 +158,8 @@ class PrefillEngine:
         if n < 1 or not self.pool.can_hold(n):
             return 0
         g = torch.Generator().manual_seed(0)
-        for length in [n, n - 1] if n > 1 else [n]:
+        lengths = ([n, n - 1] if n > 1 else [n]) + ([SHORT_WARM_UP] if n > SHORT_WARM_UP else [])
+        for length in lengths:
             prompt = torch.randint(3, self.model.config.vocab_size, (length,), generator=g).tolist()
             request = self.add(PrefillRequest("warm-up", prompt, want_taps=False))
             try:

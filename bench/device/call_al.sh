@@ -6,8 +6,8 @@
 # nothing kept: 44.28 s in the fifty-first). Call AC less its A/B of the three switches.
 # Since the fifty-seventh session also the rows kernel's rows staged once with its weighted
 # sums in flight, and the top-k's filter unspecialized on its counts: the fifty-first's runs
-# were each a process's first, with ~1.3 s of those compiles inside (call AT, H100); the
-# first step logs every compile (bench/compile_log.py).
+# were each a process's first, with 1.6 s of those compiles inside (~1.3 s of wall time; call
+# AT, H100); the first step logs every compile (bench/compile_log.py).
 source bench/device/env.sh
 step kept32k 170 python3 bench/compile_log.py bench/h200.py --sections prefill --act-quant --prefill 1048576 --chunk 32768 \
   --weight-cache-bytes 80e9 --budget-s 200

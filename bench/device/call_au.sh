@@ -1,4 +1,4 @@
-# Device call AU (~220 s, any card; fifty-seventh session, after its calls).
+# Device call AU (~260 s, any card; fifty-seventh session, after its calls).
 # 1. The rows kernel's GPU tests, with only a full query's tile counts staged once
 #    (sparse_attention_gluon.STAGED_TILES; the tests stage every count they meet).
 # 2. Call AT's first 1M prefill again with the top-k's filter kernel unspecialized on its chunk
@@ -10,4 +10,4 @@ step gpu-tests 90 python3 -m pytest -q -rfE -p no:cacheprovider -n 4 tests/model
   -k "decoded_form or rows_once or operand or compile"
 step compiles-1m 170 python3 bench/compile_log.py bench/h200.py --sections prefill --act-quant --prefill 1048576 \
   --chunk 16384 --budget-s 200
-awk '/the timed run begins/{f=1} /T1048576: seconds/{f=0} f && /\[compile\]/' "$LOG" | tee -a "$OUT/in-run.txt" | wc -l
+awk '/the timed run begins/{f=1} /T1048576: seconds/{f=0} f && /\[compile\]/' "$LOG" | tee -a "${OUT:-/tmp}/in-run.txt" | wc -l

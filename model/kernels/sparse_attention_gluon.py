@@ -66,9 +66,9 @@ KEY_TILE = 64  # keys a step: the queries, a bf16 [64, 512] tile and its staged 
 ROWS_ONCE = True
 MAX_ROW_TILES = 24
 # Each tile count compiles its own form (1.4 s on an H100), so only a full query's counts are
-# staged once: the release's 128-key window with 512 entries (10) or 1,024 (18), and the
-# sliding-window layers' window with their one masked entry column (3). A short prompt's
-# queries (fewer entries: up to 7 more counts) take the rotating form, one compile for all.
+# staged once: the release's 128-key window with 512 entries (10; V4.1-Pro's 1,024: 18), and
+# the sliding-window layers' window with their one masked entry column (3). A short prompt's
+# queries (fewer entries: up to 6 more counts) take the rotating form, one compile for all.
 STAGED_TILES = (3, 10, 18)
 # With ROWS_ONCE, each tile's weighted sum left in flight into the next tile, under the next
 # tile's key wait and barriers (_tiles_sum_in_flight): the same bits. sm_90 SASS (Triton 3.6)

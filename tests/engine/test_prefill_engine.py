@@ -8,6 +8,7 @@ from dsflash.kvcache.layout import CacheLayout
 from dsflash.kvcache.paged import PagedCache
 from dsflash.kvcache.pool import CachePool
 from dsflash.kvcache.transport.checksum import SealedSums, checksum
+from dsflash.prefill_worker import engine as engine_module
 from dsflash.prefill_worker.engine import PrefillEngine, PrefillEngineConfig, PrefillError, PrefillRequest
 from dsflash.prefill_worker.scheduler import PrefillSchedulerConfig
 
@@ -144,17 +145,22 @@ def test_cache_restored_resumes_decoding_identically(tiny_model):
     assert pool.is_empty()
 
 
-def test_warm_up_runs_a_whole_chunk_and_leaves_the_engine_as_it_found_it(golden_model):
+def test_warm_up_runs_a_whole_chunk_and_leaves_the_engine_as_it_found_it(golden_model, monkeypatch):
     """The prefill worker's start (GPU): synthetic prompts of the token budget and one token
     less (entry counts that 16 divides and does not: Triton specializes on it), chunked as a
-    user's would be; their caches are dropped and the engine is idle after. A pool too small
-    for the budget takes the longest prompts it can hold (halving)."""
+    user's would be, then a short one where the budget is longer; their caches are dropped and
+    the engine is idle after. A pool too small for the budget takes the longest prompts it can
+    hold (halving)."""
     pool = make_pool(golden_model)
     engine = PrefillEngine(golden_model, pool, _config(budget=48, chunk=32))
     prompts = []
     add = engine.add
     engine.add = lambda request: prompts.append(len(request.tokens)) or add(request)
     assert engine.warm_up(48) == 48 and prompts == [48, 47]
+    assert not engine.has_work() and pool.is_empty()
+    monkeypatch.setattr(engine_module, "SHORT_WARM_UP", 20)  # then a short prompt's (its attention's own form)
+    prompts.clear()
+    assert engine.warm_up(48) == 48 and prompts == [48, 47, 20]
     assert not engine.has_work() and pool.is_empty()
     small = make_pool(golden_model, pages=3, slots=2, page_entries=8)
     engine = PrefillEngine(golden_model, small, _config(budget=48, chunk=32))

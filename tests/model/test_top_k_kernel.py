@@ -222,9 +222,15 @@ def test_the_filter_kernel_specializes_only_on_what_the_warm_up_varies():
 
     from dsflash.model.kernels import top_k
 
-    params = inspect.signature(top_k._filter_kernel.fn).parameters
-    integers = {name for name, p in params.items() if not name.endswith("_ptr") and "constexpr" not in str(p.annotation)}
+    kernel = top_k._filter_kernel
+    params = inspect.signature(kernel.fn).parameters
+    integers = {name for name, p in params.items()
+                if not name.endswith("_ptr") and "constexpr" not in str(p.annotation)}
     assert integers - set(top_k.FILTER_UNSPECIALIZED) == {"N", "sxr", "chunk_len"}
+    if hasattr(kernel, "params"):  # compiled (the interpreter keeps no specialization): what Triton takes
+        assert {p.name for p in kernel.params if p.do_not_specialize} == set(top_k.FILTER_UNSPECIALIZED)
+    else:
+        assert "@triton.jit(do_not_specialize=FILTER_UNSPECIALIZED)\ndef _filter_kernel(" in inspect.getsource(top_k)
 
 
 def test_empty_shapes():
