@@ -5,6 +5,7 @@ what a warm-up missed (a 1M-token prefill spent ~3.6 s in its first 64K on an em
     python bench/compile_log.py bench/h200.py --sections prefill --prefill 1048576 ...
 
 Writes one line per compile to stderr as `[compile] +SECONDS took SECONDS NAME ARGS`.
+bench/h200.py counts the compiles inside each timed prefill itself (watch).
 """
 import runpy
 import sys
@@ -30,22 +31,35 @@ def specialized(compile: dict) -> str:
     return f"ones={ones} aligned={aligned} constexprs={chosen}"
 
 
-def main() -> None:
-    start = time.monotonic()
+def watch(on_compile) -> None:
+    """From now on call on_compile(seconds it took, the launch's repr, its compile dict) after
+    each Triton compile (or load from the disk cache: a kernel new to this process), beside the
+    hooks set before (this script's, where it runs another that watches too)."""
+    first, then = triton.knobs.runtime.jit_cache_hook, triton.knobs.runtime.jit_post_compile_hook
     began: dict[object, float] = {}
 
-    def before(*, key, **_):  # jit_cache_hook: returning a falsy value lets the compile go on
-        began[key] = time.monotonic()
-        return None
+    def before(**hook):  # jit_cache_hook: a falsy value lets the compile go on
+        began[hook["key"]] = time.monotonic()
+        return first(**hook) if first else None
 
-    def after(*, key, repr, compile, **_):
+    def after(**hook):
         now = time.monotonic()
-        took = now - began.pop(key, now)
-        print(f"[compile] +{now - start:.2f} took {took:.2f} {repr.split('(')[0]} {specialized(compile)}",
-              file=sys.stderr, flush=True)
+        on_compile(now - began.pop(hook["key"], now), hook["repr"], hook["compile"])
+        if then:
+            then(**hook)
 
     triton.knobs.runtime.jit_cache_hook = before
     triton.knobs.runtime.jit_post_compile_hook = after
+
+
+def main() -> None:
+    start = time.monotonic()
+
+    def log(took: float, repr: str, compile: dict) -> None:
+        print(f"[compile] +{time.monotonic() - start:.2f} took {took:.2f} {repr.split('(')[0]} {specialized(compile)}",
+              file=sys.stderr, flush=True)
+
+    watch(log)
     script, sys.argv = sys.argv[1], sys.argv[1:]
     runpy.run_path(script, run_name="__main__")
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import argparse
 import ast
-import importlib
+import importlib.util
 import json
 import math
 import os
@@ -36,6 +36,17 @@ DEADLINE = [0.0]
 PROFILE = [False]
 REPORTING = [True]
 DEV = "cuda"  # --device cpu with --preset tiny: a smoke test of this script (Triton interpreter)
+COMPILES: list = []  # (seconds, kernel) of each Triton compile since watch_compiles
+
+
+def watch_compiles() -> None:
+    """Note every Triton compile from now on in COMPILES (compile_log.watch, loaded from beside
+    this file: tests load this file by its path): a prefill's record counts those inside its
+    timed run, which its warm-up missed (fifty-seventh session: 11 in a first 1M prefill, 1.6 s)."""
+    spec = importlib.util.spec_from_file_location("compile_log", pathlib.Path(__file__).with_name("compile_log.py"))
+    compile_log = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(compile_log)
+    compile_log.watch(lambda took, launch, _: COMPILES.append((took, launch.split("[")[0])))
 
 
 def out_dir() -> pathlib.Path:
@@ -896,6 +907,7 @@ def prefill(model, lengths, label: str = "prefill", warm_first: bool = True, chu
         if DEV.startswith("cuda"):
             torch.cuda.reset_peak_memory_stats()
         print(f"[{label}] T{n}: the timed run begins", flush=True)  # compiles after this line missed the warm-up
+        compiled_before = len(COMPILES)
         began = time.perf_counter()
         progress = []  # (tokens done, seconds) every ~64K tokens: how a chunk's cost grows with the context
         # --profile and a prompt past 64K: its last chunk is profiled in the run (the indexer and
@@ -933,7 +945,7 @@ def prefill(model, lengths, label: str = "prefill", warm_first: bool = True, chu
                                     "limit_s": limit, "ratio_to_limit": seconds / limit,
                                     "roofline_s_bf16": flops / BF16_FLOPS, "ratio_to_roofline": seconds / (flops / BF16_FLOPS),
                                     "TFLOP": flops / 1e12, "progress": progress, "last_steps_s": last_steps,
-                                    "peak_GiB": peak_gib(),
+                                    "peak_GiB": peak_gib(), **compiles_since(compiled_before),
                                     **({"last_chunk_gpu": GPU_IDLE.get(f"prefill_last_chunk_T{n}")}
                                        if profile_last else {})})
         done[0].cache.release()
@@ -950,6 +962,14 @@ def prefill(model, lengths, label: str = "prefill", warm_first: bool = True, chu
         del engine, pool
         if DEV.startswith("cuda"):
             torch.cuda.empty_cache()
+
+
+def compiles_since(first: int) -> dict:
+    """The Triton compiles noted since COMPILES held `first`: how many, their seconds, which
+    kernels (a timed run's own should be none)."""
+    inside = COMPILES[first:]
+    return {"compiles_inside": len(inside), "compile_s_inside": round(sum(took for took, _ in inside), 2),
+            "compiled_kernels": sorted({kernel for _, kernel in inside})}
 
 
 def peak_gib() -> float:
@@ -1011,6 +1031,7 @@ def tensor_parallel_rank(rank: int, world: int, rendezvous: str, contexts, batch
     if DEV != "cpu":
         torch.cuda.set_device(rank)
     parallel = init_parallel(rank, world, rendezvous, DEV)
+    watch_compiles()
     if rank:
         REPORTING[0] = False
     DEADLINE[0] = float("inf")
@@ -1056,6 +1077,7 @@ def main() -> None:
     DEV = args.device
     DEADLINE[0] = time.monotonic() + args.budget_s
     PROFILE[0] = args.profile
+    watch_compiles()
     if args.profile:  # with PDL a kernel's programs wait inside it: the profile would overstate kernels
         from dsflash.model.kernels import pdl
         pdl.ENABLED = False

@@ -3,8 +3,8 @@
 #    (sparse_attention_gluon.STAGED_TILES; the tests stage every count they meet).
 # 2. Call AT's first 1M prefill again with the top-k's filter kernel unspecialized on its chunk
 #    and pair counts (the 11 variants AT found compiled inside the timed run): every compile
-#    logged, none expected after "the timed run begins"; the first run's time against AT's
-#    47.24 s (45.95 s warmed).
+#    logged, none expected after "the timed run begins" (the record's compiles_inside: 0); the
+#    first run's time against AT's 47.24 s (45.95 s warmed).
 source bench/device/env.sh
 step gpu-tests 90 python3 -m pytest -q -rfE -p no:cacheprovider -n 4 tests/model/test_sparse_attention_gluon.py \
   -k "decoded_form or rows_once or operand or compile"
