@@ -5,13 +5,15 @@ what a warm-up missed (a 1M-token prefill spent ~3.6 s in its first 64K on an em
     python bench/compile_log.py bench/h200.py --sections prefill --prefill 1048576 ...
 
 Writes one line per compile to stderr as `[compile] +SECONDS took SECONDS NAME ARGS`.
-bench/h200.py counts the compiles inside each timed prefill itself (watch).
+bench/h200.py counts the compiles inside each timed prefill itself (compile_watch.watch).
 """
+import pathlib
 import runpy
 import sys
 import time
 
-import triton
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
+from dsflash.model.kernels.compile_watch import watch  # noqa: E402
 
 
 def specialized(compile: dict) -> str:
@@ -29,27 +31,6 @@ def specialized(compile: dict) -> str:
     # kernel's variants this is
     chosen = {n: v for n, v in constants.items() if isinstance(v, (bool, int)) and (v != 1 or isinstance(v, bool))}
     return f"ones={ones} aligned={aligned} constexprs={chosen}"
-
-
-def watch(on_compile) -> None:
-    """From now on call on_compile(seconds it took, the launch's repr, its compile dict) after
-    each Triton compile (or load from the disk cache: a kernel new to this process), beside the
-    hooks set before (this script's, where it runs another that watches too)."""
-    first, then = triton.knobs.runtime.jit_cache_hook, triton.knobs.runtime.jit_post_compile_hook
-    began: dict[object, float] = {}
-
-    def before(**hook):  # jit_cache_hook: a falsy value lets the compile go on
-        began[hook["key"]] = time.monotonic()
-        return first(**hook) if first else None
-
-    def after(**hook):
-        now = time.monotonic()
-        on_compile(now - began.pop(hook["key"], now), hook["repr"], hook["compile"])
-        if then:
-            then(**hook)
-
-    triton.knobs.runtime.jit_cache_hook = before
-    triton.knobs.runtime.jit_post_compile_hook = after
 
 
 def main() -> None:

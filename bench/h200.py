@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import argparse
 import ast
-import importlib.util
+import importlib
 import json
 import math
 import os
@@ -40,13 +40,11 @@ COMPILES: list = []  # (seconds, kernel) of each Triton compile since watch_comp
 
 
 def watch_compiles() -> None:
-    """Note every Triton compile from now on in COMPILES (compile_log.watch, loaded from beside
-    this file: tests load this file by its path): a prefill's record counts those inside its
-    timed run, which its warm-up missed (fifty-seventh session: 11 in a first 1M prefill, 1.6 s)."""
-    spec = importlib.util.spec_from_file_location("compile_log", pathlib.Path(__file__).with_name("compile_log.py"))
-    compile_log = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(compile_log)
-    compile_log.watch(lambda took, launch, _: COMPILES.append((took, launch.split("[")[0])))
+    """Note every Triton compile from now on in COMPILES: a prefill's record counts those inside
+    its timed run, which its warm-up missed (fifty-seventh session: 11 in a first 1M prefill, 1.6 s)."""
+    from dsflash.model.kernels.compile_watch import kernel_name, watch
+
+    watch(lambda took, launch, _: COMPILES.append((took, kernel_name(launch))))
 
 
 def out_dir() -> pathlib.Path:

@@ -31,7 +31,7 @@ from ..prefill_worker.engine import PrefillEngineConfig
 from ..prefill_worker.scheduler import PrefillSchedulerConfig
 from ..serving.engine_loop import EngineLoop
 from ..serving.peers import PeerChannels
-from ..serving.worker import GRPC_OPTIONS, WorkerRuntime, WorkerSettings, serve_until_signal
+from ..serving.worker import GRPC_OPTIONS, WorkerRuntime, WorkerSettings, serve_until_signal, warming_up
 from ..v1 import worker_pb2, worker_pb2_grpc
 from .conversations import Conversations, PrefixSource
 from .engine import DecodeEngine, DecodeEngineConfig, DecodeError
@@ -85,7 +85,7 @@ class DecodeWorker:
         model = self.runtime.model
         if model.device.type != "cuda":
             return
-        with torch.cuda.device(model.device):
+        with torch.cuda.device(model.device), warming_up():
             indexer.warm_up(model.device, model.config, self.runtime.pool.layout, faithful=model.ops.act_quant)
             if model.graphs is not None and self.runtime.ranks is None:
                 warm_up(self.engine)

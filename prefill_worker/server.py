@@ -16,7 +16,7 @@ from ..logs import log_event
 from ..model.layers import indexer
 from ..serving.engine_loop import EngineLoop
 from ..serving.peers import PeerChannels
-from ..serving.worker import GRPC_OPTIONS, WorkerRuntime, WorkerSettings, serve_until_signal
+from ..serving.worker import GRPC_OPTIONS, WorkerRuntime, WorkerSettings, serve_until_signal, warming_up
 from ..v1 import worker_pb2, worker_pb2_grpc
 from .engine import PrefillEngine, PrefillEngineConfig, PrefillRequest
 from .scheduler import PrefillSchedulerConfig
@@ -37,7 +37,7 @@ class PrefillWorker:
             PrefillSchedulerConfig(token_budget=budget, max_chunk=budget), ced=settings.ced))
         model = self.runtime.model
         if model.device.type == "cuda":  # before the worker registers: no long prompt waits on these compiles
-            with torch.cuda.device(model.device):
+            with torch.cuda.device(model.device), warming_up():
                 indexer.warm_up(model.device, model.config, self.runtime.pool.layout, faithful=model.ops.act_quant)
                 self._warm_up_chunk(budget)
         self.loop = EngineLoop("prefill", self._step, self.engine.has_work, self._crash,

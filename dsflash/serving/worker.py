@@ -9,6 +9,7 @@ let running ones finish (bounded), unregister, stop the server, close the transp
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import pathlib
 import random
@@ -30,11 +31,34 @@ from ..kvcache.transport import FaultPlan, MultiTransferEngine, TransportConfig,
 from ..logs import log_event
 from ..metrics import Metrics
 from ..model.deepseek_v41 import DeepseekV41
+from ..model.kernels.compile_watch import kernel_name, watch
 from ..model.layers.mhc import stream_dtype
 from ..model.parallel import SINGLE
 from .ranks import Ranks, load_model
 
 log = logging.getLogger("dsflash.worker")
+# one compile hook a process (`dsflash serve` runs its tiers in one) and its warm-ups under way
+_COMPILES = {"watched": False, "warming": 0}
+
+
+@contextlib.contextmanager
+def warming_up():
+    """Around a GPU worker's warm-up. From the first one's end each Triton compile is logged
+    (kernel_compiled_while_serving, its kernel and seconds): a wait inside some request that the
+    warm-ups should have spared it; not while a worker of the process is still warming up."""
+    _COMPILES["warming"] += 1
+    try:
+        yield
+    finally:
+        _COMPILES["warming"] -= 1
+        if not _COMPILES["watched"]:
+            _COMPILES["watched"] = True
+            watch(_log_compile)
+
+
+def _log_compile(seconds: float, launch: str, _compile: dict) -> None:
+    if not _COMPILES["warming"]:
+        log_event(log, "kernel_compiled_while_serving", kernel=kernel_name(launch), seconds=round(seconds, 3))
 
 MAX_MESSAGE_BYTES = 64 << 20  # logits + DSpark taps of a handoff exceed gRPC's 4 MiB default
 GRPC_OPTIONS = [

@@ -1,0 +1,44 @@
+"""Triton's compiles as they happen, from its two compile hooks.
+
+A kernel variant that compiles inside a request is a wait its warm-up should have spared it: a
+first 1M prefill compiled 11 of the top-k filter's variants inside its timed run (1.6 s, H100,
+fifty-seventh session). bench/compile_log.py prints every compile of a script, bench/h200.py
+counts those inside each timed prefill, and a GPU worker logs those it makes while serving
+(dsflash/serving/worker.log_compiles_while_serving).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import triton
+
+OnCompile = Callable[[float, str, dict], None]
+
+
+def watch(on_compile: OnCompile) -> None:
+    """From now on call on_compile(seconds it took, the launch's repr, its compile dict) after
+    each compile (or load from the disk cache: a variant new to this process), beside the hooks
+    set before (compile_log.py's, where it runs a script that watches too)."""
+    runtime = triton.knobs.runtime
+    first, then = runtime.jit_cache_hook, runtime.jit_post_compile_hook
+    began: dict[object, float] = {}
+
+    def before(**hook):  # jit_cache_hook: a falsy value lets the compile go on
+        began[hook["key"]] = time.monotonic()
+        return first(**hook) if first else None
+
+    def after(**hook):
+        now = time.monotonic()
+        on_compile(now - began.pop(hook["key"], now), hook["repr"], hook["compile"])
+        if then:
+            then(**hook)
+
+    runtime.jit_cache_hook = before
+    runtime.jit_post_compile_hook = after
+
+
+def kernel_name(launch: str) -> str:
+    """A hook's launch repr (`_filter_kernel[num_warps=4, ...](x_ptr: *fp32, ...)`) -> its kernel."""
+    return launch.split("[")[0]

@@ -1,0 +1,78 @@
+"""model/kernels/compile_watch: Triton's compile hooks as bench/compile_log.py prints them,
+bench/h200.py counts a timed prefill's compiles and a GPU worker logs those it makes while
+serving, each watcher beside the hooks set before it (h200.py runs under compile_log.py, and
+`dsflash serve`'s tiers share a process)."""
+
+import importlib.util
+import logging
+import pathlib
+
+import pytest
+import triton
+
+from dsflash.model.kernels import compile_watch
+from dsflash.serving import worker
+
+
+@pytest.fixture
+def fire(monkeypatch):
+    """Triton's two compile hooks, restored after the test; fire(name) runs them as a launch's
+    compile does: the first before (a truthy answer skips the compile), the second after.
+    Returns whether the compile was skipped."""
+    runtime = triton.knobs.runtime
+    monkeypatch.setattr(runtime, "jit_cache_hook", None)
+    monkeypatch.setattr(runtime, "jit_post_compile_hook", None)
+
+    def run(name: str) -> bool:
+        hook = dict(key=name, repr=f"{name}_kernel[num_warps=4](x: i32)", compile={"signature": {}})
+        skip = runtime.jit_cache_hook(**hook) if runtime.jit_cache_hook else None  # (Triton: no hook, no call)
+        if not skip and runtime.jit_post_compile_hook:
+            runtime.jit_post_compile_hook(**hook)
+        return bool(skip)
+    return run
+
+
+def test_each_watcher_sees_every_compile_beside_the_hooks_before_it(fire):
+    first, second = [], []
+    compile_watch.watch(lambda took, launch, compile: first.append(compile_watch.kernel_name(launch)))
+    compile_watch.watch(lambda took, launch, compile: second.append(took >= 0))
+    assert fire("a") is False and fire("b") is False
+    assert first == ["a_kernel", "b_kernel"] and second == [True, True]
+
+
+def test_a_hook_that_skips_the_compile_keeps_its_answer(fire):
+    triton.knobs.runtime.jit_cache_hook = lambda **hook: True  # (a hook that supplies the kernel itself)
+    seen = []
+    compile_watch.watch(lambda *args: seen.append(args))
+    assert fire("a") is True and seen == []
+
+
+def test_h200_counts_the_compiles_inside_a_timed_run(fire):
+    spec = importlib.util.spec_from_file_location("bench_h200", pathlib.Path(__file__).parents[2] / "bench" / "h200.py")
+    h200 = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(h200)
+    h200.watch_compiles()
+    fire("warm")
+    first = len(h200.COMPILES)
+    fire("late")
+    fire("late")
+    inside = h200.compiles_since(first)
+    assert inside["compiles_inside"] == 2 and inside["compiled_kernels"] == ["late_kernel"]
+    assert 0 <= inside["compile_s_inside"] < 1
+
+
+def test_a_worker_logs_the_compiles_after_every_warm_up_ends(fire, monkeypatch, caplog):
+    """`dsflash serve`'s two GPU workers warm up one after the other in one process: the first
+    one's end starts the watch (once), the second's warm-up compiles are not logged, a request's
+    compile after both is."""
+    monkeypatch.setattr(worker, "_COMPILES", {"watched": False, "warming": 0})
+    caplog.set_level(logging.INFO, logger="dsflash.worker")
+    with worker.warming_up():
+        fire("prefill_warm_up")
+    with worker.warming_up():
+        fire("decode_warm_up")
+    with worker.warming_up():  # a third warm-up: still one watch
+        pass
+    fire("late")
+    lines = [r.getMessage() for r in caplog.records if "kernel_compiled_while_serving" in r.getMessage()]
+    assert len(lines) == 1 and "kernel=late_kernel" in lines[0] and "seconds=" in lines[0]
