@@ -41,6 +41,9 @@ class ScriptedDecode(worker_pb2_grpc.DecodeServicer):
             yield worker_pb2.GenerateResponse(finished=worker_pb2.Finished(
                 finish_reason=reason, usage=worker_pb2.Usage(prompt_tokens=len(request.token_ids),
                                                              completion_tokens=sent, cached_tokens=3)))
-        except asyncio.CancelledError:
+        except (asyncio.CancelledError, GeneratorExit):
+            # a cancel that finds this generator waiting in its sleep arrives as CancelledError;
+            # one that finds it at a yield (its message being sent) ends the call's task there,
+            # and the generator closes after (GeneratorExit): a loaded CI machine met the second
             self.cancelled.append(request.request_id)
             raise
