@@ -58,16 +58,14 @@ own_bytes = n * heads * D * 4 + n * heads * D * (1 + 4 / 128)
 
 
 def launch(rows, skip, switches=()):
+    """The case's launch, timed next: its switches set now, outside the timed calls."""
     out = fp8_blockwise.empty_operand(n, heads * D, groups, raw.device)
     if isinstance(skip, str):  # "pingpong" or "pingpong SKIP=16"
         return lambda: pingpong.prefill_attention_pingpong(raw, window_keys, rows[0], entry_keys, rows[1], sink,
                                                            D**-0.5, out, 16 if "16" in skip else 0, (cos, sin))
-
-    def rows_kernel():
-        gluon_form.ROWS_ONCE, gluon_form.PV_IN_FLIGHT = "rows_once" in switches, "in_flight" in switches
-        gluon_form.prefill_attention_decoded(raw, window_keys, rows[0], entry_keys, rows[1], sink, D**-0.5, out, skip,
-                                             (cos, sin))
-    return rows_kernel
+    gluon_form.ROWS_ONCE, gluon_form.PV_IN_FLIGHT = "rows_once" in switches, "in_flight" in switches
+    return lambda: gluon_form.prefill_attention_decoded(raw, window_keys, rows[0], entry_keys, rows[1], sink,
+                                                        D**-0.5, out, skip, (cos, sin))
 
 
 cases = [(f"SKIP={s}", local, int(s)) for s in args.skips.split(",")]

@@ -4,7 +4,7 @@ A kernel variant that compiles inside a request is a wait its warm-up should hav
 first 1M prefill compiled 11 of the top-k filter's variants inside its timed run (1.6 s, H100,
 fifty-seventh session). bench/compile_log.py prints every compile of a script, bench/h200.py
 counts those inside each timed prefill, and a GPU worker logs those it makes while serving
-(dsflash/serving/worker.log_compiles_while_serving).
+(dsflash/serving/worker.warming_up).
 """
 
 from __future__ import annotations
