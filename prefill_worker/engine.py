@@ -26,9 +26,18 @@ from .scheduler import PrefillScheduler, PrefillSchedulerConfig
 
 log = logging.getLogger(__name__)
 
-# warm_up's short prompt: past the decoded attention's PREFILL_QUERIES (256), short of a chunk's
-# full entry lists (512 entries: 1,024 tokens of a ratio-2 source, 512 of a ratio-1 one)
-SHORT_WARM_UP = 300
+# warm_up's short prompts, those shorter than its chunk. 300: past the decoded attention's
+# PREFILL_QUERIES (256), short of a chunk's full entry lists (512 entries: 1,024 tokens of a
+# ratio-2 source, 512 of a ratio-1 one). The rest: a short prompt's rows pick its GEMMs' kernel
+# and tile (fp8_gemm: the transposed kernel to 16 rows, 8 columns to 8, the bf16 weights' to 256
+# rows; the tile kernel's 64-row tiles past 16), the MoE's block heights and the mHC and RoPE
+# launches, and Triton specializes on a row count of 1 and on 16 dividing it or a stride it
+# makes (a router's split-K partials are 8 columns a row: 45 rows there is an odd count, 40 an
+# even one). Without them a GPU worker's first short prompts compiled 9-23 variants, 0.06-0.65 s
+# each (H100, fifty-eighth session, call AW: a 40-token prompt and `dsflash serve`'s "Hi"). On
+# the tiny checkpoint (CPU), the transposed kernel's specializations at 12 other lengths from 2
+# to 257 were all among these lengths'.
+SHORT_WARM_UPS = (1, 5, 8, 12, 16, 40, 45, 64, 300)
 
 
 class PrefillStatus(enum.Enum):
@@ -147,10 +156,11 @@ class PrefillEngine:
         divides them, and the entry counts a prompt's last chunk and CED tail meet are of
         either kind (2,048 and 2,047 entries of a ratio-4 source at n = 8,192). With one kind
         compiled, the first prompt of the other paid the compiles at its end (H200: ~2 s on a
-        1M-token prefill). Then a short prompt (SHORT_WARM_UP tokens, where n is longer): its
-        queries see fewer entries than a chunk's, and the rows attention takes its rotating form
-        for them (sparse_attention_gluon.STAGED_TILES), a compile a chunk never makes (1.4 s on
-        an H100). Returns n (0: nothing ran). The engine must be idle."""
+        1M-token prefill). Then the short prompts of SHORT_WARM_UPS shorter than n: their rows
+        take other kernels and tiles than a chunk's, and their queries see fewer entries, for
+        which the rows attention takes its rotating form (sparse_attention_gluon.STAGED_TILES, a
+        compile a chunk never makes: 1.4 s on an H100). Each asks for the DSpark taps, as the
+        decode worker's requests do. Returns n (0: nothing ran). The engine must be idle."""
         assert not self.requests, "warm up an idle engine"
         n = tokens
         while n > 1 and not self.pool.can_hold(n):
@@ -158,10 +168,10 @@ class PrefillEngine:
         if n < 1 or not self.pool.can_hold(n):
             return 0
         g = torch.Generator().manual_seed(0)
-        lengths = ([n, n - 1] if n > 1 else [n]) + ([SHORT_WARM_UP] if n > SHORT_WARM_UP else [])
+        lengths = ([n, n - 1] if n > 1 else [n]) + [s for s in SHORT_WARM_UPS if s < n - 1]
         for length in lengths:
             prompt = torch.randint(3, self.model.config.vocab_size, (length,), generator=g).tolist()
-            request = self.add(PrefillRequest("warm-up", prompt, want_taps=False))
+            request = self.add(PrefillRequest("warm-up", prompt))
             try:
                 while request.status is not PrefillStatus.FINISHED:
                     self.step()

@@ -14,6 +14,7 @@ import logging
 import pathlib
 import random
 import socket
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -31,7 +32,7 @@ from ..kvcache.transport import FaultPlan, MultiTransferEngine, TransportConfig,
 from ..logs import log_event
 from ..metrics import Metrics
 from ..model.deepseek_v41 import DeepseekV41
-from ..model.kernels.compile_watch import kernel_name, watch
+from ..model.kernels.compile_watch import kernel_name, variant, watch
 from ..model.layers.mhc import stream_dtype
 from ..model.parallel import SINGLE
 from .ranks import Ranks, load_model
@@ -56,9 +57,10 @@ def warming_up():
             watch(_log_compile)
 
 
-def _log_compile(seconds: float, launch: str, _compile: dict) -> None:
-    if not _COMPILES["warming"]:
-        log_event(log, "kernel_compiled_while_serving", kernel=kernel_name(launch), seconds=round(seconds, 3))
+def _log_compile(seconds: float, launch: str, compile: dict) -> None:
+    if not _COMPILES["warming"]:  # the thread (engine-prefill, engine-decode) and variant: what a warm-up missed
+        log_event(log, "kernel_compiled_while_serving", kernel=kernel_name(launch), seconds=round(seconds, 3),
+                  thread=threading.current_thread().name, variant=variant(compile))
 
 MAX_MESSAGE_BYTES = 64 << 20  # logits + DSpark taps of a handoff exceed gRPC's 4 MiB default
 GRPC_OPTIONS = [

@@ -42,3 +42,19 @@ def watch(on_compile: OnCompile) -> None:
 def kernel_name(launch: str) -> str:
     """A hook's launch repr (`_filter_kernel[num_warps=4, ...](x_ptr: *fp32, ...)`) -> its kernel."""
     return launch.split("[")[0]
+
+
+def variant(compile: dict) -> str:
+    """Which of a kernel's variants a compile made: the arguments passed as constants (integers
+    equal to 1 among them), those known 16-byte aligned or divisible by 16, and the constexprs
+    (the shapes' tiles, the forms' switches)."""
+    names = list(compile.get("signature", ()))
+    try:
+        constants = {names[i[0]]: v for i, v in compile["constants"].items()}
+        aligned = [names[i[0]] for i, attrs in compile["configs"][0].items()
+                   if ["tt.divisibility", 16] in [list(a) for a in attrs]]
+    except (KeyError, IndexError, TypeError):  # another Triton's hook arguments
+        return str(compile.get("configs"))[:600]
+    ones = sorted(n for n, v in constants.items() if v == 1 and not isinstance(v, bool))
+    chosen = {n: v for n, v in constants.items() if isinstance(v, (bool, int)) and (v != 1 or isinstance(v, bool))}
+    return f"ones={ones} aligned={aligned} constexprs={chosen}"

@@ -364,6 +364,40 @@ PLAN_TILE = 4096
 PLAN_WARPS = 8
 
 
+def _plan_shape(pairs: int, experts: int, block_m: int) -> tuple[int, int, dict]:
+    """A plan's rows (every expert's run padded to whole blocks), blocks, and the one-program
+    kernel's tiles for them."""
+    rows = triton.cdiv(pairs + min(experts, pairs) * (block_m - 1), block_m) * block_m
+    blocks = rows // block_m
+    PP, EP = triton.next_power_of_2(pairs), triton.next_power_of_2(experts)
+    return rows, blocks, dict(BLOCK_M=block_m, CP=max(16, min(PP, PLAN_TILE // EP)), EP=EP,
+                              RP=triton.next_power_of_2(rows), BP=triton.next_power_of_2(blocks))
+
+
+def route_plan_warm_up_launches(device: torch.device, experts: int, k: int) -> list:
+    """One plan for each variant of the one-program kernel that a batch of 1 to
+    ONE_PROGRAM_PAIRS / k tokens compiles, at the block heights of one part and of SPLITS: its
+    tiles follow the pairs' and rows' powers of two, and Triton specializes its counts on being
+    1 or divisible by 16. A prefill worker's warm-up takes a few short prompts only (their GEMM
+    shapes): a prompt of another length still compiled its plan, 0.15-0.19 s (H100, fifty-eighth
+    session, call AX)."""
+    variants: dict[tuple, tuple[int, int]] = {}
+    for tokens in range(1, ONE_PROGRAM_PAIRS // k + 1):
+        pairs = tokens * k
+        for splits in sorted({1, SPLITS}):
+            block_m = block_height(pairs, experts, splits)
+            rows, blocks, tiles = _plan_shape(pairs, experts, block_m)
+            if tiles["EP"] > PLAN_TILE // 16:
+                return []  # every plan takes torch's form
+            counts = tuple((n == 1, n % 16 == 0) for n in (pairs, experts, k, rows, blocks))
+            variants.setdefault((tuple(tiles.items()), counts), (tokens, block_m))
+
+    def plan(tokens: int, block_m: int) -> RoutePlan:
+        idx = torch.arange(tokens * k, device=device).remainder(experts).view(tokens, k)
+        return RoutePlan(idx, torch.ones(tokens, k, device=device), experts, block_m, one_program=True)
+    return [lambda t=tokens, b=block_m: plan(t, b) for tokens, block_m in variants.values()]
+
+
 class RoutePlan:
     """The batch's (token, expert) pairs sorted by expert into blocks of `block_m` rows, in
     tensors of a size fixed by (pairs, experts, block_m) alone, built without a host sync:
@@ -377,11 +411,9 @@ class RoutePlan:
         E, dev = num_experts, idx.device
         k = idx.shape[1]
         P = idx.numel()
-        self.rows = triton.cdiv(P + min(E, P) * (block_m - 1), block_m) * block_m  # every run padded
-        blocks = self.rows // block_m
-        PP, EP = triton.next_power_of_2(P), triton.next_power_of_2(E)
+        self.rows, blocks, tiles = _plan_shape(P, E, block_m)
         if one_program is None:
-            one_program = P <= ONE_PROGRAM_PAIRS and EP <= PLAN_TILE // 16
+            one_program = P <= ONE_PROGRAM_PAIRS and tiles["EP"] <= PLAN_TILE // 16
         if one_program:
             self.tokens = torch.empty(self.rows, dtype=torch.int32, device=dev)
             self.pair_ids = torch.empty(self.rows, dtype=torch.int32, device=dev)
@@ -389,10 +421,7 @@ class RoutePlan:
             self.block_expert = torch.empty(blocks, dtype=torch.int32, device=dev)
             _route_plan_kernel[(1,)](idx.reshape(-1).contiguous(), weights.reshape(-1).contiguous(), self.tokens,
                                      self.pair_ids, self.routed, self.block_expert, P, E, k, self.rows, blocks,
-                                     BLOCK_M=block_m, CP=max(16, min(PP, PLAN_TILE // EP)), EP=EP,
-                                     RP=triton.next_power_of_2(self.rows),
-                                     BP=triton.next_power_of_2(blocks), num_warps=PLAN_WARPS,
-                                     **pdl.options(idx.device))
+                                     **tiles, num_warps=PLAN_WARPS, **pdl.options(idx.device))
             return
         flat = idx.reshape(-1).long()
         order = torch.argsort(flat, stable=True)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from ..config import LayerRole, ModelConfig
+from ..kernels.fp4_moe import route_plan_warm_up_launches
 from ..kernels.swiglu import clamped_swiglu_ref
 from ..ops import ReferenceOps
 
@@ -73,3 +74,10 @@ def _routed_reference(ops: ReferenceOps, p: str, local: range, x, idx, weights, 
         h = clamped_swiglu_ref(ops.linear(xe, f"{e}.w1"), ops.linear(xe, f"{e}.w3"), limit) * weights[rows, slot, None]
         y.index_add_(0, rows, ops.linear(h, f"{e}.w2"))
     return y
+
+
+def warm_up_launches(ops: ReferenceOps, cfg: ModelConfig) -> list:
+    """The route plans of every batch size the routed experts' kernels plan in one program, for
+    each (local experts, k) of the model's layers (fp4_moe.route_plan_warm_up_launches)."""
+    shapes = {(len(ops.parallel.split(r.n_routed_experts)), r.num_experts_per_tok) for r in cfg.roles}
+    return [launch for experts, k in sorted(shapes) for launch in route_plan_warm_up_launches(ops.device, experts, k)]

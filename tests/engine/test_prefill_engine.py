@@ -148,17 +148,17 @@ def test_cache_restored_resumes_decoding_identically(tiny_model):
 def test_warm_up_runs_a_whole_chunk_and_leaves_the_engine_as_it_found_it(golden_model, monkeypatch):
     """The prefill worker's start (GPU): synthetic prompts of the token budget and one token
     less (entry counts that 16 divides and does not: Triton specializes on it), chunked as a
-    user's would be, then a short one where the budget is longer; their caches are dropped and
-    the engine is idle after. A pool too small for the budget takes the longest prompts it can
-    hold (halving)."""
+    user's would be, then the short ones shorter than those (their own kernels and tiles);
+    their caches are dropped and the engine is idle after. A pool too small for the budget
+    takes the longest prompts it can hold (halving)."""
     pool = make_pool(golden_model)
     engine = PrefillEngine(golden_model, pool, _config(budget=48, chunk=32))
     prompts = []
     add = engine.add
     engine.add = lambda request: prompts.append(len(request.tokens)) or add(request)
-    assert engine.warm_up(48) == 48 and prompts == [48, 47]
+    assert engine.warm_up(48) == 48 and prompts == [48, 47, 1, 5, 8, 12, 16, 40, 45]
     assert not engine.has_work() and pool.is_empty()
-    monkeypatch.setattr(engine_module, "SHORT_WARM_UP", 20)  # then a short prompt's (its attention's own form)
+    monkeypatch.setattr(engine_module, "SHORT_WARM_UPS", (20, 47, 300))
     prompts.clear()
     assert engine.warm_up(48) == 48 and prompts == [48, 47, 20]
     assert not engine.has_work() and pool.is_empty()

@@ -75,4 +75,13 @@ def test_a_worker_logs_the_compiles_after_every_warm_up_ends(fire, monkeypatch, 
         pass
     fire("late")
     lines = [r.getMessage() for r in caplog.records if "kernel_compiled_while_serving" in r.getMessage()]
-    assert len(lines) == 1 and "kernel=late_kernel" in lines[0] and "seconds=" in lines[0]
+    assert len(lines) == 1 and "kernel=late_kernel" in lines[0] and "seconds=" in lines[0] and "variant=" in lines[0]
+
+
+def test_a_variant_names_its_constants_alignments_and_constexprs():
+    """As Triton 3.6's hooks pass them: constants and configs keyed by argument paths."""
+    compile = {"signature": {"x_ptr": "*fp32", "n": "i32", "rows": "i32", "BLOCK": "constexpr", "PDL": "constexpr"},
+               "constants": {(2,): 1, (3,): 128, (4,): True},
+               "configs": [{(0,): [["tt.divisibility", 16]], (1,): [["tt.divisibility", 16]]}]}
+    assert compile_watch.variant(compile) == "ones=['rows'] aligned=['x_ptr', 'n'] constexprs={'BLOCK': 128, 'PDL': True}"
+    assert compile_watch.variant({"signature": {}, "configs": "other"}) == "other"  # another Triton's arguments

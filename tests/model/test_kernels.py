@@ -1677,6 +1677,49 @@ def test_route_plan_kernel_equals_the_torch_plan(T, k, E, block_m, plan_tile, mo
         assert torch.equal(getattr(fast, name).cpu(), getattr(ref, name).cpu()), name
 
 
+@pytest.mark.parametrize("E, k", [(8, 2), (256, 6)])
+def test_the_route_plan_warm_up_builds_a_few_plans_that_hold(E, k, monkeypatch):
+    """A prefill worker's warm-up (fp4_moe.route_plan_warm_up_launches): one plan a variant of
+    the one-program kernel, far fewer than the token counts it stands for, each as torch's plan."""
+    from dsflash.model.kernels import fp4_moe as moe
+
+    launches = moe.route_plan_warm_up_launches(torch.device(DEVICE), E, k)
+    assert 10 <= len(launches) <= 60 < moe.ONE_PROGRAM_PAIRS // k
+    for launch in launches[:: max(1, len(launches) // 5)]:  # (the interpreter: a few of them)
+        plan = launch()
+        tokens, block_m = int(plan.tokens.max()) + 1, plan.rows // plan.block_expert.numel()
+        idx = torch.arange(tokens * k, device=DEVICE).remainder(E).view(tokens, k)
+        ref = RoutePlan(idx, torch.ones(tokens, k, device=DEVICE), E, block_m, one_program=False)
+        for name in ("tokens", "pair_ids", "routed", "block_expert"):
+            assert torch.equal(getattr(plan, name).cpu(), getattr(ref, name).cpu()), name
+    monkeypatch.setattr(moe, "PLAN_TILE", 16 * E // 2)  # too many experts for one program: no plans to warm
+    assert moe.route_plan_warm_up_launches(torch.device(DEVICE), E, k) == []
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="Triton's compile hooks fire on a GPU only")
+def test_after_the_route_plan_warm_up_no_batch_size_compiles_a_plan(monkeypatch):
+    """Every batch of 1 .. ONE_PROGRAM_PAIRS / k tokens, at either block height, meets a plan
+    variant the warm-up compiled."""
+    import triton
+
+    from dsflash.model.kernels import compile_watch, fp4_moe as moe
+
+    monkeypatch.setattr(triton.knobs.runtime, "jit_cache_hook", None)
+    monkeypatch.setattr(triton.knobs.runtime, "jit_post_compile_hook", None)
+    E, k = 48, 6
+    for launch in moe.route_plan_warm_up_launches(torch.device("cuda"), E, k):
+        launch()
+    compiled = []
+    compile_watch.watch(lambda took, launch, compile: compiled.append(compile_watch.variant(compile)))
+    for tokens in range(1, moe.ONE_PROGRAM_PAIRS // k + 1):
+        idx = torch.randint(0, E, (tokens, k), device="cuda")
+        for parts in (1, moe.SPLITS):
+            RoutePlan(idx, torch.rand(tokens, k, device="cuda"), E, moe.block_height(tokens * k, E, parts))
+    torch.cuda.synchronize()
+    assert compiled == []
+
+
 @pytest.mark.parametrize("shape, half", [((5, 3, 64), 16), ((4, 96), 48), ((7, 2, 40), 8)])
 @pytest.mark.parametrize("inverse", [False, True])
 def test_rope_kernel_rounds_as_the_torch_form(shape, half, inverse):

@@ -43,10 +43,12 @@ def test_gpu_workers_match_the_in_process_model(tiny_checkpoint, tmp_path, preci
             assert f"precision={'act-quant' if faithful else 'exact'}" in worker.log_path.read_text(), worker.log()
         assert "decode warmed up for batches of [1, 2, 4" in decode.log_path.read_text(), decode.log()  # warmup.py
         assert "prefill_warm_up tokens=" in prefill.log_path.read_text(), prefill.log()  # one chunk at start
-        prompt = [(7 * i + 3) % 1000 + 5 for i in range(40)]
+        prompt = [(7 * i + 3) % 1000 + 5 for i in range(37)]  # a length the prefill warm-up skips
         out, finished = generate(decode.address, prompt, max_tokens=8, ignore_eos=True, temperature=0, timeout_s=120)
         assert finished.stats.prefill_worker == prefill.address and finished.stats.transport == "tcp"
         assert out == _in_process_greedy(tiny_checkpoint, prompt, 8, faithful)
+        for worker in (prefill, decode):  # the warm-ups compiled every kernel variant the request took
+            assert "kernel_compiled_while_serving" not in worker.log_path.read_text(), worker.log()
     finally:
         prefill.stop()
         decode.stop()
@@ -74,5 +76,6 @@ def test_serve_on_a_gpu_runs_the_kernels(tiny_checkpoint, tmp_path):
         reply = httpx.post(f"{serve.url}/v1/chat/completions", timeout=120,
                            json={"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "Hi"}]})
         assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] >= 1, reply.text
+        assert "kernel_compiled_while_serving" not in serve.log_path.read_text(), serve.log_path.read_text()[-5000:]
     finally:
         serve.close()
