@@ -24,7 +24,7 @@ from dsflash.model.runner import greedy
 
 from tests.support.gateway_harness import ServeProcess
 
-from .cluster import Worker, generate
+from .cluster import Worker, generate, wait_for
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 
@@ -36,18 +36,27 @@ def test_gpu_workers_match_the_in_process_model(tiny_checkpoint, tmp_path, preci
     prefill = Worker("prefill", tiny_checkpoint, tmp_path, extra=flags)
     decode = Worker("decode", tiny_checkpoint, tmp_path, extra=flags + ["--prefill", prefill.address])
     try:
-        prefill.wait_ready(120)
-        decode.wait_ready(120)
+        # (the warm-ups' compiles, on an empty Triton cache with the other tests' workers beside
+        # them: a prefill worker missed 120 s, H100, fifty-eighth session's call BB)
+        prefill.wait_ready(300)
+        decode.wait_ready(300)
         for worker in (prefill, decode):  # `--kv-pool auto`: a GPU model's pool is on its GPU
             assert "pool_device=cuda:0 pool_staging=host staging_pinned=True" in worker.log_path.read_text(), worker.log()
             assert f"precision={'act-quant' if faithful else 'exact'}" in worker.log_path.read_text(), worker.log()
         assert "decode warmed up for batches of [1, 2, 4" in decode.log_path.read_text(), decode.log()  # warmup.py
         assert "prefill_warm_up tokens=" in prefill.log_path.read_text(), prefill.log()  # one chunk at start
         prompt = [(7 * i + 3) % 1000 + 5 for i in range(37)]  # a length the prefill warm-up skips
-        out, finished = generate(decode.address, prompt, max_tokens=8, ignore_eos=True, temperature=0, timeout_s=120)
+        out, finished = generate(decode.address, prompt, max_tokens=8, ignore_eos=True, temperature=0, timeout_s=120,
+                                 conversation="c")
         assert finished.stats.prefill_worker == prefill.address and finished.stats.transport == "tcp"
         assert out == _in_process_greedy(tiny_checkpoint, prompt, 8, faithful)
-        for worker in (prefill, decode):  # the warm-ups compiled every kernel variant the request took
+        # the next turn: the prefill worker extends the decode worker's cache of the first
+        held = len(prompt) + len(out) - 1
+        wait_for(lambda: decode.status().host_cache_entries >= 1)
+        _, finished = generate(decode.address, prompt + out + [(11 * i + 2) % 1000 + 5 for i in range(23)],
+                               max_tokens=8, ignore_eos=True, temperature=0, timeout_s=120, conversation="c")
+        assert finished.usage.cached_tokens == held, finished
+        for worker in (prefill, decode):  # the warm-ups compiled every kernel variant the requests took
             assert "kernel_compiled_while_serving" not in worker.log_path.read_text(), worker.log()
     finally:
         prefill.stop()
