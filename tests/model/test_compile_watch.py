@@ -8,9 +8,11 @@ import logging
 import pathlib
 
 import pytest
+import torch
 import triton
+from triton.runtime.interpreter import InterpretedFunction
 
-from dsflash.model.kernels import compile_watch
+from dsflash.model.kernels import compile_watch, top_k
 from dsflash.serving import worker
 
 
@@ -85,3 +87,23 @@ def test_a_variant_names_its_constants_alignments_and_constexprs():
                "configs": [{(0,): [["tt.divisibility", 16]], (1,): [["tt.divisibility", 16]]}]}
     assert compile_watch.variant(compile) == "ones=['rows'] aligned=['x_ptr', 'n'] constexprs={'BLOCK': 128, 'PDL': True}"
     assert compile_watch.variant({"signature": {}, "configs": "other"}) == "other"  # another Triton's arguments
+
+
+def test_the_cpu_coverage_tool_keys_a_launch_as_triton_specializes_it():
+    """bench/warm_up_coverage.py (the interpreter's launches keyed as Triton's JIT would key
+    them): integers by being 1 and 16 dividing them unless unspecialized, pointers by their
+    alignment, constexprs by value."""
+    if not isinstance(top_k._filter_kernel, InterpretedFunction):
+        pytest.skip("the tool keys the interpreter's launches (TRITON_INTERPRET=1)")
+    spec = importlib.util.spec_from_file_location("warm_up_coverage",
+                                                  pathlib.Path(__file__).parents[2] / "bench" / "warm_up_coverage.py")
+    coverage = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(coverage)
+    x = torch.zeros(64)
+
+    def key(chunk_len=32, chunks=16, x_ptr=x, BLOCK=1024):
+        args = (x_ptr, x, x, x, x, x, 64, 64, chunk_len, chunks, 5)
+        return coverage.variant_key(top_k._filter_kernel, args, dict(CAPACITY=1024, BLOCK=BLOCK, STAGES=3,
+                                                                      ATOMIC=True, PDL=False, num_warps=4))
+    assert key() == key(chunks=17) == key(chunks=1)  # FILTER_UNSPECIALIZED
+    assert len({key(), key(chunk_len=33), key(chunk_len=1), key(x_ptr=x[1:]), key(BLOCK=512)}) == 5
