@@ -121,8 +121,7 @@ def main() -> None:
     def prefill(tokens: list[int], cache=None):
         request = engine.add(PrefillRequest(f"probe-{time.monotonic_ns()}", tokens, cache=cache))
         while request.status is not PrefillStatus.FINISHED:
-            engine.step()
-        engine.requests.pop(request.request_id, None)
+            engine.step()  # (which drops the request once it finished)
         return request.cache
 
     with recording():

@@ -32,3 +32,12 @@ print(*min(tiles, default=(0, (64, 128)))[1])
 ' "${OUT:-/tmp}/indexer-fp8/h200.json" 2>/dev/null || echo 64 128)"
   echo "gluon tile: $QB x $NB" | tee -a "$LOG"
 }
+# After a step that ran tests/tiers/test_gpu_worker.py with --basetemp $OUT/worker-tmp (calls
+# AX-BB): each kernel_compiled_while_serving line by the log it came from (prefill-PORT.log,
+# decode-PORT.log, serve.log), the warm-ups' times, then the workers' logs dropped.
+worker_compiles_report() {
+  grep -r "kernel_compiled_while_serving" "${OUT:-/tmp}/worker-tmp" 2>/dev/null \
+    | sed -E 's#^.*/([^/]+\.log):.*kernel_compiled#\1 kernel_compiled#' | sort | tee -a "$LOG" "${OUT:-/tmp}/worker-compiles.txt"
+  grep -rh "prefill_warm_up\|warmed up" "${OUT:-/tmp}/worker-tmp" 2>/dev/null | cut -c1-300 | tee -a "$LOG"
+  rm -rf "${OUT:-/tmp}/worker-tmp"
+}
