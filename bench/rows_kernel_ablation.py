@@ -28,6 +28,8 @@ import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 import h200  # noqa: E402
+from rows_kernel_inputs import D, GROUPS as groups, HEADS as heads, K, KEYS as keys, W  # noqa: E402
+from rows_kernel_inputs import rows_kernel_inputs  # noqa: E402
 from dsflash.model.kernels import fp8_blockwise  # noqa: E402
 from dsflash.model.kernels import sparse_attention_gluon as gluon_form  # noqa: E402
 from dsflash.model.kernels import sparse_attention_pingpong as pingpong  # noqa: E402
@@ -37,18 +39,10 @@ parser.add_argument("--queries", type=int, default=16384)
 parser.add_argument("--skips", default="0,2,4,8,16,30")
 parser.add_argument("--only", default="", help="','-separated cases to time (all where empty)")
 args = parser.parse_args()
-n, heads, D, half, W, K, keys, groups = args.queries, 64, 512, 32, 128, 512, 1 << 16, 8
-dev = "cuda"
-g = torch.Generator(device=dev).manual_seed(0)
-raw = torch.randn(n, heads, D, device=dev, generator=g) * 0.5
-angles = torch.rand(n, half, device=dev, generator=g) * 100
-cos, sin = angles.cos(), angles.sin()
-window_keys = (torch.randn(keys, D, device=dev, generator=g) * 0.1).bfloat16()
-entry_keys = (torch.randn(keys, D, device=dev, generator=g) * 0.1).bfloat16()
-sink = torch.randn(heads, device=dev, generator=g)
-base = torch.arange(n, device=dev)[:, None]
-local = (((base + torch.arange(W, device=dev)) % keys),  # a prompt's windows: neighbours share 127 keys
-         (base // 64 * 64 + torch.randint(0, 4096, (n, K), device=dev, generator=g)) % keys)
+n, dev = args.queries, "cuda"
+inputs = rows_kernel_inputs(n, dev)
+raw, cos, sin, local, g = inputs.raw, inputs.cos, inputs.sin, inputs.local, inputs.generator
+window_keys, entry_keys, sink = inputs.window_keys, inputs.entry_keys, inputs.sink
 random = (torch.randint(0, keys, (n, W), device=dev, generator=g), torch.randint(0, keys, (n, K), device=dev,
                                                                                       generator=g))
 none = (torch.empty(n, 0, dtype=torch.int64, device=dev),) * 2

@@ -30,6 +30,7 @@ from ..model.prefill import PrefillOutput
 from ..prefill_worker.engine import PrefillEngineConfig
 from ..prefill_worker.scheduler import PrefillSchedulerConfig
 from ..serving.engine_loop import EngineLoop
+from ..serving.kernel_warm_ups import warm_up_kernels
 from ..serving.peers import PeerChannels
 from ..serving.worker import GRPC_OPTIONS, WorkerRuntime, WorkerSettings, serve_until_signal, warming_up
 from ..v1 import worker_pb2, worker_pb2_grpc
@@ -86,7 +87,7 @@ class DecodeWorker:
         if model.device.type != "cuda":
             return
         with torch.cuda.device(model.device), warming_up():
-            indexer.warm_up(model.device, model.config, self.runtime.pool.layout, faithful=model.ops.act_quant)
+            warm_up_kernels(model, self.runtime.pool.layout, "decode")
             if model.graphs is not None and self.runtime.ranks is None:
                 warm_up(self.engine)
             budget = self.runtime.settings.prefill_token_budget

@@ -13,9 +13,9 @@ from ..kvcache import handoff
 from ..kvcache.directory import OwnershipDirectory, WorkerLoad
 from ..kvcache.pool import PoolExhausted
 from ..logs import log_event
-from ..model.kernels.compile_threads import launch_all
-from ..model.layers import indexer, moe
+from ..model.layers import indexer
 from ..serving.engine_loop import EngineLoop
+from ..serving.kernel_warm_ups import warm_up_kernels
 from ..serving.peers import PeerChannels
 from ..serving.worker import GRPC_OPTIONS, WorkerRuntime, WorkerSettings, serve_until_signal, warming_up
 from ..v1 import worker_pb2, worker_pb2_grpc
@@ -39,8 +39,7 @@ class PrefillWorker:
         model = self.runtime.model
         if model.device.type == "cuda":  # before the worker registers: no long prompt waits on these compiles
             with torch.cuda.device(model.device), warming_up():
-                indexer.warm_up(model.device, model.config, self.runtime.pool.layout, faithful=model.ops.act_quant)
-                launch_all(model.device, moe.warm_up_launches(model.ops, model.config))  # any prompt's route plan
+                warm_up_kernels(model, self.runtime.pool.layout, "prefill")
                 self._warm_up_chunk(budget)
         self.loop = EngineLoop("prefill", self._step, self.engine.has_work, self._crash,
                                device=model.device, lock=model.step_lock)

@@ -17,6 +17,7 @@ import multiprocessing.connection
 import os
 import signal
 import threading
+import time
 
 import torch
 
@@ -27,6 +28,7 @@ from ..model.deepseek_v41 import DeepseekV41
 from ..model.lockstep import Leader, follow
 from ..model.parallel import Parallel, check_divisible, check_fits, init_parallel
 from ..model.weights import Checkpoint
+from .kernel_warm_ups import warm_up_kernels
 
 log = logging.getLogger("dsflash.ranks")
 LOST_RANK_EXIT = 70  # the worker's exit status when one of its ranks died
@@ -135,6 +137,10 @@ def _rank_main(rank: int, world: int, rendezvous: str, device: str, checkpoint: 
     pool.follows_rank0 = True
     log_event(log, "rank_ready", rank=rank, world=world, device=device, pool_pages=num_pages)
     conn.send("ready")
+    if device.type == "cuda":  # beside rank 0's own warm-ups: its first announced call waits on these
+        began = time.monotonic()
+        warm_up_kernels(model, layout, tier)
+        log_event(log, "rank_kernels_warmed_up", rank=rank, seconds=round(time.monotonic() - began, 2))
     follow(model, pool, conn)
     logging.shutdown()
     os._exit(0)  # rank 0 is done with us: skip the process group's teardown (see Ranks.close)

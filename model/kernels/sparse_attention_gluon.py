@@ -262,7 +262,7 @@ def _rotate_queries_into(q_ptr, cos_ptr, sin_ptr, i, h0, H, sqn, sqh, scn, dst, 
         row = q_ptr + i.to(gl.int64) * sqn + gl.expand_dims(qh, 1) * sqh
         x = gl.load(row + gl.expand_dims(d, 0), mask=gl.expand_dims(qh < H, 1), other=0.0)
         if HALF > 0:
-            x = _turned(x, angles, False)
+            x = _turned(x.to(gl.float32), angles, False)  # (bf16 queries before RoPE: bench/query_bytes.py)
         dst.slice(r0, ROWS).store(x.to(gl.bfloat16))
 
 
