@@ -73,12 +73,13 @@ _EXPERT_VARIANTS = ";BLOCK_M=4;num_stages=2;BLOCK_KU=32;BLOCK_N=128;num_warps=8;
 # mode's 3 parts of x as [parts, 4 pieces, tokens, 1,280], h as [parts, 4 pieces, 64 rows, 576]
 _EXPERT_SAMPLE = dict(H=5120, INTER=2304, shs=4 * 64 * 576, shq=64 * 576, shp=576)
 # the decoded attention forms' pointers and a 16K chunk's integers (both kernels take the same)
-_DECODED_POINTERS = {"q_ptr": lambda o: "*fp32" if o.get("HALF") else "*bf16", "cos_ptr": "*fp32",
+_DECODED_POINTERS = {"q_ptr": lambda o: "*fp32" if o.get("HALF") and not o.get("PLAIN") else "*bf16", "t_ptr": "*fp32",
+                     "cos_ptr": "*fp32",
                      "sin_ptr": "*fp32", "window_keys": "*bf16", "win_rows": "*i64", "entry_keys": "*bf16",
                      "ent_rows": "*i64", "sink_ptr": "*fp32", "o_ptr": "*fp32", "codes_ptr": "*u8",
                      "scales_ptr": "*fp32", "scale": "fp32"}
 _DECODED_SAMPLE = dict(H=64, W=128, K=512, sqn=64 * 512, sqh=512, scn=32, swn=128, sen=512, son=64 * 512, soh=512,
-                       ROWS=16384)
+                       ROWS=16384, stn=64 * 128, sth=128)
 
 def _site_kernel(streams: str, variants: str) -> Kernel:
     """hc_streams._hc_site_kernel on streams of that dtype ("fp32" or "bf16": then fn's bf16
@@ -129,11 +130,13 @@ KERNELS = {
         # rotating row buffers (a short prompt's queries; a full query's form is ROW_TILES=10 with
         # PV_IN_FLIGHT, STAGED_TILES)
         dict(D=sparse_attention_gluon.D_MODEL, HB=sparse_attention_gluon.HEADS, KT=sparse_attention_gluon.KEY_TILE,
-             HALF=32, GROUP_HEADS=8, SKIP=0, ROW_TILES=0, PV_IN_FLIGHT=False, num_warps=sparse_attention_gluon.WARPS,
-             num_stages=1),
+             HALF=32, GROUP_HEADS=8, SKIP=0, ROW_TILES=0, PV_IN_FLIGHT=False, PLAIN=0,
+             num_warps=sparse_attention_gluon.WARPS, num_stages=1),
         # fp32 outputs (sparse_attention.ENCODE_IN_ROWS off); the queries rotated by a launch
-        # before too (ROPE_IN_ROWS off); a release query's 10 tiles' rows staged once (ROWS_ONCE)
-        ";GROUP_HEADS=0;HALF=0,GROUP_HEADS=0;ROW_TILES=10;ROW_TILES=10,PV_IN_FLIGHT=1",
+        # before too (ROPE_IN_ROWS off); a release query's 10 tiles' rows staged once (ROWS_ONCE);
+        # the queries in halves (attention_queries.SPLIT_QUERIES)
+        ";GROUP_HEADS=0;HALF=0,GROUP_HEADS=0;ROW_TILES=10;ROW_TILES=10,PV_IN_FLIGHT=1;"
+        "ROW_TILES=10,PV_IN_FLIGHT=1,PLAIN=384",
         sample=_DECODED_SAMPLE),
     # the same work with its warps specialized (sparse_attention_pingpong): the loader and two
     # compute warpgroups, the registers set per warpgroup

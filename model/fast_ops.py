@@ -24,6 +24,7 @@ import torch
 
 from .kernels import compressor, engram_gate, hc_streams, prefill_gemms, swiglu, tall_bf16
 from .kernels import rms_norm as norm_kernel
+from .kernels.attention_queries import QueryHalves
 from .kernels.common import interpreting, quad_units
 from .kernels.fp8_blockwise import Operand, empty_operand
 from .kernels.fp4_moe import fp4_moe, small_scales
@@ -111,6 +112,18 @@ class TritonOps(ReferenceOps):
         if dense is None:
             dense = self._bf16[name] = self.weights[name].to(self.device).contiguous()
         return dense
+
+    def attention_queries(self, x: torch.Tensor, name: str, heads: int, dim: int, plain: int = 0
+                          ) -> torch.Tensor | QueryHalves:
+        """Faithful prefill rows' queries in halves where `plain` channels a head allow it
+        (prefill_gemms.query_halves_product); else as the reference ops make them."""
+        weight = self.weights[name]
+        if plain and self.act_quant and isinstance(weight, Fp8Weight) and _kernels_run_on(x):
+            packed, _ = self._fp8(name)
+            if prefill_gemms.takes_query_halves(x, packed.weight, heads, plain):
+                return QueryHalves(*prefill_gemms.query_halves_product(x, packed.weight, packed.scale, heads, plain,
+                                                                       kept=self.weight_cache))
+        return super().attention_queries(x, name, heads, dim, plain)
 
     def linear_many(self, x: torch.Tensor, names: tuple[str, ...]) -> list[torch.Tensor]:
         """One GEMM for FP8 weights of one input width in whole 32-row blocks: at decode each

@@ -14,6 +14,7 @@ from typing import Callable, TypeVar
 import torch
 
 from . import quant
+from .kernels.attention_queries import QueryHalves
 from .kernels.compressor import norm_rope_fp4_ref, pool_norm_ref
 from .kernels.swiglu import clamped_swiglu_ref
 from .kernels.top_experts import top_experts_ref
@@ -71,6 +72,13 @@ class ReferenceOps:
         if self.is_quantized(name):
             x = self.gemm_input(x)
         return x.float() @ self.w(name).T
+
+    def attention_queries(self, x: torch.Tensor, name: str, heads: int, dim: int, plain: int = 0
+                          ) -> torch.Tensor | QueryHalves:
+        """The attention's queries [T, heads, dim] before RoPE, x @ wq_b.T; where plain > 0 the
+        fast path may return them in halves instead (QueryHalves, attention_queries.SPLIT_QUERIES:
+        each head's first `plain` channels, which RoPE leaves alone, in bf16)."""
+        return self.linear(x, name).view(-1, heads, dim)
 
     def linear_many(self, x: torch.Tensor, names: tuple[str, ...]) -> list[torch.Tensor]:
         """x @ W.T for several weights that read the same input (the fast path runs them as one

@@ -26,17 +26,71 @@ _PTX = tl.constexpr(not interpreting())
 ONE_PASS = True
 
 
+# Faithful prefill's queries leave wq_b in two products (SPLIT_QUERIES; TritonOps.attention_queries,
+# prefill_gemms.query_halves_product): each head's first PLAIN channels, which RoPE does not
+# turn, in bf16 (the attention reads them as bf16 values: the same bits as rounding the fp32
+# product, which the Gluon rows kernel did as it read them), and the rest of its last 128-row
+# weight block (its other plain channels and the rotated ones) in fp32 before RoPE. At a 16K
+# chunk that is 1.3 GB written and read where the fp32 queries were 2.1 (bench/query_bytes.py
+# times both sides). Any form but the Gluon rows kernel takes them joined (Queries.joined).
+SPLIT_QUERIES = False
+PLAIN = 384  # a multiple of the weight's 128-row scale blocks, short of the rotated channels
+
+
+class QueryHalves(NamedTuple):
+    """wq_b's output of a faithful prefill chunk in two tensors (SPLIT_QUERIES): plain [n, h,
+    P] bf16, the channels RoPE leaves alone, and tail [n, h, D - P] fp32 before RoPE."""
+    plain: torch.Tensor
+    tail: torch.Tensor
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        n, heads, p = self.plain.shape
+        return n, heads, p + self.tail.shape[2]
+
+    def whole(self) -> torch.Tensor:
+        """The fp32 queries [n, h, D] these stand for (the plain channels exact in fp32)."""
+        return torch.cat([self.plain.float(), self.tail], dim=-1)
+
+
+def whole_queries(q_all: torch.Tensor | QueryHalves) -> torch.Tensor:
+    """q_all as one fp32 tensor [n, h, D], for the paths that read it so."""
+    return q_all.whole() if isinstance(q_all, QueryHalves) else q_all
+
+
 class Queries(NamedTuple):
     """Queries [n, h, D] before RoPE, with each row's cos and sin [n, half]; bf16: they attend
-    as bf16 values (faithful mode: ReferenceOps.attention_query)."""
+    as bf16 values (faithful mode: ReferenceOps.attention_query). With a tail (QueryHalves),
+    raw holds only the first P channels, in bf16, and tail [n, h, D - P] fp32 the rest."""
     raw: torch.Tensor
     cos: torch.Tensor
     sin: torch.Tensor
     bf16: bool
+    tail: torch.Tensor | None = None
+
+    @staticmethod
+    def of(q_all: torch.Tensor | QueryHalves, cos: torch.Tensor, sin: torch.Tensor, bf16: bool) -> "Queries":
+        """The attention's queries from the projection's output, whole or in halves."""
+        if isinstance(q_all, QueryHalves):
+            assert bf16, "only faithful mode's queries come in halves"
+            return Queries(q_all.plain, cos, sin, bf16, q_all.tail)
+        return Queries(q_all, cos, sin, bf16)
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        n, heads, dim = self.raw.shape
+        return n, heads, dim + (0 if self.tail is None else self.tail.shape[2])
+
+    def joined(self) -> "Queries":
+        """The same queries with raw whole in fp32 (themselves where they have no tail)."""
+        if self.tail is None:
+            return self
+        return Queries(QueryHalves(self.raw, self.tail).whole(), self.cos, self.sin, self.bf16)
 
     def take(self, rows: Callable[[torch.Tensor], torch.Tensor]) -> "Queries":
         """The same rows of the queries and of their cos and sin (`rows` picks them from any)."""
-        return Queries(rows(self.raw), rows(self.cos), rows(self.sin), self.bf16)
+        tail = None if self.tail is None else rows(self.tail)
+        return Queries(rows(self.raw), rows(self.cos), rows(self.sin), self.bf16, tail)
 
     def for_kernel(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(raw, cos, sin) as the kernels that rotate them read them: rows of contiguous
@@ -46,7 +100,8 @@ class Queries(NamedTuple):
 
     def rotated(self) -> torch.Tensor:
         """What ReferenceOps.attention_query returns for them."""
-        q = rope(self.raw, self.cos, self.sin)
+        whole = self.joined()
+        q = rope(whole.raw, self.cos, self.sin)
         return q.to(torch.bfloat16) if self.bf16 else q
 
 
@@ -73,6 +128,7 @@ def _rope_parts_kernel(x_ptr, cos_ptr, sin_ptr, out_ptr, total, H, sxn, sxh, scn
 
 def query_parts(q: Queries, splits: int, interleave: int) -> torch.Tensor:
     """bf16_parts(q.rotated(), splits, interleave) in one launch: [splits, n, h, D] bf16."""
+    q = q.joined()
     n, heads, D = q.raw.shape
     half = q.cos.shape[-1]
     assert q.cos.shape == q.sin.shape == (n, half) and 2 * half <= D and D % 2 == 0 and D % interleave == 0

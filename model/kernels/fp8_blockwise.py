@@ -316,19 +316,23 @@ def fp4_weight_128(units: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Ten
 
 
 def product(a: torch.Tensor, a_scales: torch.Tensor, w: torch.Tensor, w_scales: torch.Tensor,
-            out: torch.Tensor | None = None) -> torch.Tensor:
+            out: torch.Tensor | None = None, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """e4m3 codes a [M, K] (1 x 128 scales [M, K/128], strides (1, M)) @ w [N, K] (128 x 128
-    scales [N/128, K/128])^T -> fp32 [M, N]: cuBLAS on the GPU; elsewhere (the CPU tests) the
-    fp32 product of the values the codes and scales stand for."""
+    scales [N/128, K/128])^T -> fp32 [M, N] (or bf16, `dtype`: the fp32 sums rounded as they
+    are written): cuBLAS on the GPU; elsewhere (the CPU tests) the fp32 product of the values
+    the codes and scales stand for."""
     if a.is_cuda:
         operands = _operands(a, a_scales, w, w_scales)
         if out is not None and (out.is_contiguous() or (out.stride(1) == 1 and _writes_column_slices())):
-            return torch._scaled_mm(*operands, out_dtype=torch.float32, out=out)
-        result = torch._scaled_mm(*operands, out_dtype=torch.float32)
+            return torch._scaled_mm(*operands, out_dtype=dtype, out=out)
+        result = torch._scaled_mm(*operands, out_dtype=dtype)
         return result if out is None else out.copy_(result)
     M, K = a.shape
     av = (a.view(torch.float8_e4m3fn).float().view(M, K // BLOCK, BLOCK) * a_scales[:, :, None]).view(M, K)
-    return torch.matmul(av, weight_values(w, w_scales).T, out=out)
+    sums = torch.matmul(av, weight_values(w, w_scales).T, out=out if dtype == torch.float32 else None)
+    if dtype == torch.float32:
+        return sums
+    return sums.to(dtype) if out is None else out.copy_(sums)
 
 
 def _operands(a: torch.Tensor, a_scales: torch.Tensor, w: torch.Tensor, w_scales: torch.Tensor) -> tuple:

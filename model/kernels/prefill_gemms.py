@@ -59,9 +59,10 @@ class EncodedWeights:
     def __init__(self, budget: int):
         self.budget, self.used = budget, 0
         self._kept: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
-        # a dense weight's encoding under its codes' id, with a reference to the codes whose end
-        # drops the entry (a weight replaced, as linear_many's merge replaces its parts)
-        self._dense: dict[int, tuple[weakref.ref, tuple[torch.Tensor, torch.Tensor]]] = {}
+        # a dense weight's encoding under its codes' id (and whether its row blocks are reordered),
+        # with a reference to the codes whose end drops the entry (a weight replaced, as
+        # linear_many's merge replaces its parts)
+        self._dense: dict[tuple[int, bool], tuple[weakref.ref, tuple[torch.Tensor, torch.Tensor]]] = {}
 
     @staticmethod
     def _size(encoded: tuple[torch.Tensor, torch.Tensor]) -> int:
@@ -74,18 +75,20 @@ class EncodedWeights:
         self.used += size
         return True
 
-    def dense(self, codes: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """fp8_weight_128(codes, scales), kept for these codes (the same tensor object each
-        chunk, as the ops hold their weights)."""
-        kept = self._dense.get(id(codes))
+    def dense(self, codes: torch.Tensor, scales: torch.Tensor, blocks: torch.Tensor | None = None
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+        """_weight_128's encoding of (codes, scales) with its row blocks in `blocks`' order, kept
+        for these codes (the same tensor object each chunk, as the ops hold their weights)."""
+        key = id(codes), blocks is not None
+        kept = self._dense.get(key)
         if kept is not None:
             return kept[1]
-        encoded = fp8_blockwise.fp8_weight_128(codes, scales)
+        encoded = _block_rows(fp8_blockwise.fp8_weight_128(codes, scales), blocks)
         if self._keep(encoded):
-            self._dense[id(codes)] = weakref.ref(codes, functools.partial(self._forget, id(codes))), encoded
+            self._dense[key] = weakref.ref(codes, functools.partial(self._forget, key)), encoded
         return encoded
 
-    def _forget(self, key: int, ref: weakref.ref) -> None:
+    def _forget(self, key: tuple[int, bool], ref: weakref.ref) -> None:
         kept = self._dense.get(key)
         if kept is not None and kept[0] is ref:
             del self._dense[key]
@@ -106,10 +109,24 @@ class EncodedWeights:
         return encode
 
 
-def _weight_128(codes: torch.Tensor, scales: torch.Tensor,
-                kept: EncodedWeights | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """A dense FP8 weight under 128 x 128 blocks: from `kept` where given, else encoded now."""
-    return kept.dense(codes, scales) if kept is not None else fp8_blockwise.fp8_weight_128(codes, scales)
+def _weight_128(codes: torch.Tensor, scales: torch.Tensor, kept: EncodedWeights | None,
+                blocks: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """A dense FP8 weight under 128 x 128 blocks, its 128-row blocks in `blocks`' order where
+    given (each block's encoding is its own, so the order changes no bits): from `kept` where
+    given, else encoded now."""
+    if kept is not None:
+        return kept.dense(codes, scales, blocks)
+    return _block_rows(fp8_blockwise.fp8_weight_128(codes, scales), blocks)
+
+
+def _block_rows(encoded: tuple[torch.Tensor, torch.Tensor], blocks: torch.Tensor | None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """A 128 x 128 encoding with its row blocks reordered (as they are where blocks is None)."""
+    if blocks is None:
+        return encoded
+    codes, scales = encoded
+    N, K = codes.shape
+    return codes.view(N // 128, 128, K)[blocks].view(N, K), scales[blocks].contiguous()
 
 
 def _encode(experts: slice, units: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -226,6 +243,40 @@ def fp8_product(x: torch.Tensor | fp8_blockwise.Operand, codes: torch.Tensor, sc
         return _encoded_product(*fp8_blockwise.rows_1x128(x, round_first=round_first), x.shape[0], codes, scales,
                                 kept)
     return bf16_product(x, fp8_weight_bf16(codes, scales))
+
+
+def takes_query_halves(x: torch.Tensor, codes: torch.Tensor, heads: int, plain: int) -> bool:
+    """Whether query_halves_product runs for faithful prefill rows x (rounds_in_encode) and wq_b's
+    FP8 codes [heads * D, K], `plain` channels of each head's D first: whole 128-row blocks."""
+    n, k = codes.shape
+    return (rounds_in_encode(x, n, k) and n % heads == 0 and (n // heads) % 128 == 0 and plain % 128 == 0
+            and 0 < plain < n // heads)
+
+
+def query_halves_product(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, heads: int, plain: int,
+                         kept: EncodedWeights | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp8_gemm(x, codes, scales, act_quant=True) for faithful prefill rows x [M, K]
+    (takes_query_halves) as the attention's queries in halves (attention_queries.QueryHalves):
+    each head's first `plain` channels rounded to bf16 [M, heads, plain], the rest in fp32 [M,
+    heads, D - plain]. Two products over the weight with its row blocks reordered (every head's
+    first blocks, then every head's others), each writing its output in its own type."""
+    n, k = codes.shape
+    dim = n // heads
+    a, a_scales = fp8_blockwise.rows_1x128(x, round_first=True)
+    m, rows, split = x.shape[0], a.shape[1], heads * plain
+    w, w_scales = _weight_128(codes, scales, kept, _plain_blocks_first(heads, dim // 128, plain // 128, codes.device))
+    a_scales = fp8_blockwise.segment_scales(a_scales, k // 128, 0, rows)
+    first = fp8_blockwise.product(a[0], a_scales, w[:split], w_scales[:split // 128], dtype=torch.bfloat16)
+    rest = fp8_blockwise.product(a[0], a_scales, w[split:], w_scales[split // 128:])
+    return first[:m].view(m, heads, plain), rest[:m].view(m, heads, dim - plain)
+
+
+@functools.cache
+def _plain_blocks_first(heads: int, blocks: int, plain: int, device: torch.device) -> torch.Tensor:
+    """The 128-row blocks of a [heads * blocks * 128, K] weight: each head's first `plain`, head
+    after head, then each head's others."""
+    order = torch.arange(heads * blocks).view(heads, blocks)
+    return torch.cat([order[:, :plain].flatten(), order[:, plain:].flatten()]).to(device)
 
 
 def swiglu_fits(gate: torch.Tensor, up: torch.Tensor, n: int) -> bool:

@@ -751,6 +751,8 @@ def sparse_attention(q: torch.Tensor | Queries, ring: torch.Tensor, window_offse
     bytes added to every valid window offset (codes, scales): a layer's ring read through
     layer 0's offsets, added where the keys are gathered (else to a copy of the offsets: _shifted).
     q may come as Queries, not yet rotated: the prefill form rotates them as it cuts their parts."""
+    if isinstance(q, Queries):
+        q = q.joined()
     first = q.raw if isinstance(q, Queries) else q
     n, heads, dim = first.shape
     assert window_offsets.shape == window_scale_offsets.shape and entry_offsets.shape == entry_scale_offsets.shape
@@ -881,27 +883,30 @@ def attend_decoded(q: torch.Tensor | Queries, window_keys: torch.Tensor, window_
     form with the queries' halves as their first and last columns (the same products, summed
     in another order than the byte form's even and odd columns). operand_groups > 0: where the
     Gluon form can (ENCODE_IN_ROWS), it returns the outputs after the inverse RoPE as an
-    FP8 product's operand of that many groups (fp8_blockwise.Operand), not the fp32 rows."""
+    FP8 product's operand of that many groups (fp8_blockwise.Operand), not the fp32 rows. Queries
+    in halves (a tail: attention_queries.SPLIT_QUERIES) go to the Gluon form as they are."""
+    if isinstance(q, Queries) and not (q.bf16 and ROPE_IN_ROWS and not PINGPONG_ROWS):
+        q = q.joined()
     first = q.raw if isinstance(q, Queries) else q
-    n, heads, dim = first.shape
+    n, heads, dim = q.shape
     window_rows, entry_rows, sink = window_rows.contiguous(), entry_rows.contiguous(), sink.float().contiguous()
     bf16 = q.bf16 if isinstance(q, Queries) else q.dtype == torch.bfloat16
-    rope = operand = None
-    if bf16 and isinstance(q, Queries) and ROPE_IN_ROWS and q.raw.dtype == torch.float32:
+    rope = operand = tail = None
+    if bf16 and isinstance(q, Queries) and ROPE_IN_ROWS and (q.raw.dtype == torch.float32 or q.tail is not None):
         queries, cos, sin = q.for_kernel()
-        rope = cos, sin
+        rope, tail = (cos, sin), q.tail
         if ENCODE_IN_ROWS and operand_groups:
             operand = fp8_blockwise.empty_operand(n, heads * dim, operand_groups, first.device)
     elif bf16:
         queries = query_parts(q, 1, interleave=1)[0] if isinstance(q, Queries) else q.contiguous()
-    out = operand if operand is not None else torch.empty(first.shape, dtype=torch.float32, device=first.device)
+    out = operand if operand is not None else torch.empty(n, heads, dim, dtype=torch.float32, device=first.device)
     if bf16:
         skip = BF16_PREFILL_TILES.get("GLUON_SKIP", 0)
         if PINGPONG_ROWS and not skip:
             return sparse_attention_pingpong.prefill_attention_pingpong(queries, window_keys, window_rows, entry_keys,
                                                                         entry_rows, sink, scale, out, 0, rope)
         return sparse_attention_gluon.prefill_attention_decoded(queries, window_keys, window_rows, entry_keys,
-                                                                entry_rows, sink, scale, out, skip, rope)
+                                                                entry_rows, sink, scale, out, skip, rope, tail)
     t, ptx = PREFILL_TILES, not interpreting()
     parts = _query_parts(q, t["QP"], ptx, interleave=1)
     plan = launch_plan(n, entry_rows.shape[1], heads, dim, prefill=True)

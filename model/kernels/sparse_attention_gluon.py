@@ -233,24 +233,28 @@ def _mul_rn(a, b):
 
 
 @gluon.jit
-def _rotated_queries(q_ptr, cos_ptr, sin_ptr, i, h0, H, sqn, sqh, scn, HB: gl.constexpr, D: gl.constexpr,
-                     HALF: gl.constexpr, num_warps: gl.constexpr):
-    """_queries of the fp32 queries before RoPE (_rotate_queries_into)."""
+def _rotated_queries(q_ptr, cos_ptr, sin_ptr, i, h0, H, sqn, sqh, scn, t_ptr, stn, sth, HB: gl.constexpr,
+                     D: gl.constexpr, HALF: gl.constexpr, PLAIN: gl.constexpr, num_warps: gl.constexpr):
+    """_queries of the fp32 queries before RoPE, or of their halves (_rotate_queries_into)."""
     q_smem = gl.allocate_shared_memory(gl.bfloat16, [HB, D], gl.NVMMASharedLayout.get_default_for([HB, D],
                                                                                                   gl.bfloat16))
-    _rotate_queries_into(q_ptr, cos_ptr, sin_ptr, i, h0, H, sqn, sqh, scn, q_smem, 0, HB, D, D, HALF, num_warps)
+    _rotate_queries_into(q_ptr, cos_ptr, sin_ptr, i, h0, H, sqn, sqh, scn, q_smem, 0, HB, D, D, HALF, num_warps,
+                         t_ptr, stn, sth, PLAIN)
     return q_smem
 
 
 @gluon.jit
 def _rotate_queries_into(q_ptr, cos_ptr, sin_ptr, i, h0, H, sqn, sqh, scn, dst, COL0: gl.constexpr,
                          HB: gl.constexpr, WIDTH: gl.constexpr, D: gl.constexpr, HALF: gl.constexpr,
-                         num_warps: gl.constexpr):
+                         num_warps: gl.constexpr, t_ptr, stn, sth, PLAIN: gl.constexpr):
     """Query i's heads h0 .. h0 + HB (zeros past H), columns COL0 .. COL0 + WIDTH, into dst [HB,
     WIDTH] bf16 shared memory. HALF > 0: q holds the fp32 queries before RoPE, rotated here (the
     last HALF channel pairs with row i's cos and sin [HALF], _turned) and cast to bf16, as
-    attention_queries.query_parts(q, 1, 1) writes them; 0: bf16 queries, rotated. A few heads at
-    a time (a whole head block's fp32 values would not fit the registers)."""
+    attention_queries.query_parts(q, 1, 1) writes them; 0: bf16 queries, rotated. PLAIN > 0 (with
+    HALF): the queries in halves (attention_queries.QueryHalves): q holds each head's first PLAIN
+    channels in bf16 (sqn, sqh) and t_ptr its others in fp32 before RoPE (stn, sth); a thread's
+    8 channels lie in one of them (PLAIN is a multiple of 8). A few heads at a time (a whole head
+    block's fp32 values would not fit the registers)."""
     ROWS: gl.constexpr = 32  # rows a pass: their loads in flight together (8 left a program ~1 us a pass)
     blocked: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [num_warps, 1], [1, 0])
     d = COL0 + gl.arange(0, WIDTH, layout=gl.SliceLayout(0, blocked))
@@ -260,7 +264,14 @@ def _rotate_queries_into(q_ptr, cos_ptr, sin_ptr, i, h0, H, sqn, sqh, scn, dst, 
     for r0 in gl.static_range(0, HB, ROWS):
         qh = h0 + r0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, blocked))
         row = q_ptr + i.to(gl.int64) * sqn + gl.expand_dims(qh, 1) * sqh
-        x = gl.load(row + gl.expand_dims(d, 0), mask=gl.expand_dims(qh < H, 1), other=0.0)
+        live = gl.expand_dims(qh < H, 1)
+        if PLAIN > 0:
+            plain = gl.expand_dims(d < PLAIN, 0)
+            x = gl.load(row + gl.expand_dims(d, 0), mask=live & plain, other=0.0).to(gl.float32)
+            tail = t_ptr + i.to(gl.int64) * stn + gl.expand_dims(qh, 1) * sth + gl.expand_dims(d - PLAIN, 0)
+            x = gl.where(plain, x, gl.load(tail, mask=live & gl.expand_dims(d >= PLAIN, 0), other=0.0))
+        else:
+            x = gl.load(row + gl.expand_dims(d, 0), mask=live, other=0.0)
         if HALF > 0:
             x = _turned(x.to(gl.float32), angles, False)  # (bf16 queries before RoPE: bench/query_bytes.py)
         dst.slice(r0, ROWS).store(x.to(gl.bfloat16))
@@ -570,9 +581,10 @@ def _copy_key_rows(window_keys, entry_keys, rows, live, window, dst, COL0: gl.co
 @gluon.jit
 def _attention_rows_kernel(q_ptr, cos_ptr, sin_ptr, window_keys, win_rows, entry_keys, ent_rows, sink_ptr, o_ptr,
                            codes_ptr, scales_ptr, H, W, K, scale, sqn, sqh, scn, swn, sen, son, soh, ROWS,
-                           D: gl.constexpr, HB: gl.constexpr, KT: gl.constexpr, HALF: gl.constexpr,
-                           GROUP_HEADS: gl.constexpr, SKIP: gl.constexpr, ROW_TILES: gl.constexpr,
-                           PV_IN_FLIGHT: gl.constexpr, num_warps: gl.constexpr):
+                           t_ptr, stn, sth, D: gl.constexpr, HB: gl.constexpr, KT: gl.constexpr,
+                           HALF: gl.constexpr, GROUP_HEADS: gl.constexpr, SKIP: gl.constexpr,
+                           ROW_TILES: gl.constexpr, PV_IN_FLIGHT: gl.constexpr, PLAIN: gl.constexpr,
+                           num_warps: gl.constexpr):
     """The decoded form. Program (query i, head block): every key of the query, window tiles
     then entry tiles, as bf16 rows already decoded (decode_keys): a tile's keys land in shared
     memory by cp.async one tile ahead, in one of two buffers, while the tensor cores work on
@@ -580,11 +592,12 @@ def _attention_rows_kernel(q_ptr, cos_ptr, sin_ptr, window_keys, win_rows, entry
     its own step and the one before). SKIP: as _attention_kernel's (2, 4, 8, and 16 the keys'
     copies), a bench's ablation. HALF > 0: q holds the fp32 queries before RoPE, rotated
     (cos_ptr, sin_ptr: [n, HALF] by scn) as they are read (_rotated_queries); 0: bf16 and
-    rotated. GROUP_HEADS > 0 (with HALF): the outputs go out as wo_a's FP8 operand, codes and
-    scales of ROWS rows (_finish_encoded), not into o_ptr. ROW_TILES > 0 (the query's tiles, as
-    row_tiles counts them from the same widths): every tile's rows staged once before the loop,
-    so the loop writes no rows to shared memory (ROWS_ONCE). PV_IN_FLIGHT (with ROW_TILES):
-    _tiles_sum_in_flight's order."""
+    rotated. PLAIN > 0 (with HALF): q holds the first PLAIN channels in bf16 and t_ptr the rest
+    (stn, sth; _rotate_queries_into). GROUP_HEADS > 0 (with HALF): the outputs go out as wo_a's
+    FP8 operand, codes and scales of ROWS rows (_finish_encoded), not into o_ptr. ROW_TILES > 0
+    (the query's tiles, as row_tiles counts them from the same widths): every tile's rows staged
+    once before the loop, so the loop writes no rows to shared memory (ROWS_ONCE). PV_IN_FLIGHT
+    (with ROW_TILES): _tiles_sum_in_flight's order."""
     i = gl.program_id(0)
     h0 = gl.program_id(1) * HB
     o_layout: gl.constexpr = O_LAYOUT
@@ -612,7 +625,8 @@ def _attention_rows_kernel(q_ptr, cos_ptr, sin_ptr, window_keys, win_rows, entry
     async_copy.commit_group()
 
     if HALF > 0:
-        q_smem = _rotated_queries(q_ptr, cos_ptr, sin_ptr, i, h0, H, sqn, sqh, scn, HB, D, HALF, num_warps)
+        q_smem = _rotated_queries(q_ptr, cos_ptr, sin_ptr, i, h0, H, sqn, sqh, scn, t_ptr, stn, sth, HB, D, HALF,
+                                  PLAIN, num_warps)
     else:
         q_smem = _queries(q_ptr, i, h0, H, sqn, sqh, HB, D, num_warps)
     probs, m_i, l_i, o, s_init = _softmax_start(HB, KT, D)
@@ -770,7 +784,8 @@ def prefill_attention(q: torch.Tensor, ring: torch.Tensor, window_offsets: torch
 def prefill_attention_decoded(q: torch.Tensor, window_keys: torch.Tensor, window_rows: torch.Tensor,
                               entry_keys: torch.Tensor, entry_rows: torch.Tensor, sink: torch.Tensor, scale: float,
                               out: torch.Tensor | Operand, skip: int = 0,
-                              rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor | Operand:
+                              rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+                              tail: torch.Tensor | None = None) -> torch.Tensor | Operand:
     """q [n, h, D] bf16 (rotated); window_keys / entry_keys [*, D] bf16, the keys decoded
     (sparse_attention.decode_keys); window_rows [n, W] / entry_rows [n, k] int64 rows of them
     (< 0: masked); sink [h] fp32. Writes and returns out [n, h, D] fp32: what prefill_attention
@@ -779,15 +794,20 @@ def prefill_attention_decoded(q: torch.Tensor, window_keys: torch.Tensor, window
     attention_queries.query_parts(q, 1, 1) would have; out may then be wo_a's operand
     (fp8_blockwise.empty_operand of n rows, h * D columns), which gets the outputs as
     rows_1x128(apply_rope(outputs, cos, sin, inverse=True).flatten(1), groups, round_first=True)
-    encodes them. `skip`: the kernel's SKIP (a bench's ablation only)."""
+    encodes them. tail (with rope): the queries in halves (attention_queries.QueryHalves), q
+    [n, h, P] their first P channels in bf16 and tail [n, h, D - P] the rest in fp32 before RoPE:
+    the same outputs as q's whole fp32 form where q is its first P channels rounded. `skip`: the
+    kernel's SKIP (a bench's ablation only)."""
     arguments, constants = launch_arguments(q, window_keys, window_rows, entry_keys, entry_rows, sink, scale, out,
-                                            rope)
+                                            rope, tail)
     n, heads = q.shape[:2]
     tiles = row_tiles(window_rows, entry_rows)
+    t = q if tail is None else tail  # (not read without a tail)
     if n:
-        _attention_rows_kernel[(n, triton.cdiv(heads, HEADS))](*arguments, **constants, HB=HEADS, KT=KEY_TILE,
-                                                               SKIP=skip, ROW_TILES=tiles,
+        _attention_rows_kernel[(n, triton.cdiv(heads, HEADS))](*arguments, t, t.stride(0), t.stride(1), **constants,
+                                                               HB=HEADS, KT=KEY_TILE, SKIP=skip, ROW_TILES=tiles,
                                                                PV_IN_FLIGHT=PV_IN_FLIGHT and tiles > 1 and not skip,
+                                                               PLAIN=0 if tail is None else q.shape[2],
                                                                num_warps=WARPS)
     return out
 
@@ -801,10 +821,16 @@ def row_tiles(window_rows: torch.Tensor, entry_rows: torch.Tensor) -> int:
 
 def launch_arguments(q: torch.Tensor, window_keys: torch.Tensor, window_rows: torch.Tensor, entry_keys: torch.Tensor,
                      entry_rows: torch.Tensor, sink: torch.Tensor, scale: float, out: torch.Tensor | Operand,
-                     rope: tuple[torch.Tensor, torch.Tensor] | None) -> tuple[list, dict]:
+                     rope: tuple[torch.Tensor, torch.Tensor] | None,
+                     tail: torch.Tensor | None = None) -> tuple[list, dict]:
     """prefill_attention_decoded's arguments checked, as a decoded-form kernel takes them: its
-    positional arguments and the constants D, HALF and GROUP_HEADS."""
+    positional arguments (not the tail's) and the constants D, HALF and GROUP_HEADS."""
     n, heads, dim = q.shape
+    if tail is not None:  # the queries' halves: the rotated channels all in the tail
+        assert rope is not None and q.dtype == torch.bfloat16 and tail.dtype == torch.float32
+        assert tail.shape[:2] == (n, heads) and tail.stride(-1) == 1 and dim % 8 == 0
+        assert dim <= dim + tail.shape[2] - 2 * rope[0].shape[-1], "a rotated channel among the plain ones"
+        dim += tail.shape[2]
     assert dim == D_MODEL and q.stride(-1) == 1
     if rope is None:
         assert q.dtype == torch.bfloat16
@@ -813,8 +839,9 @@ def launch_arguments(q: torch.Tensor, window_keys: torch.Tensor, window_rows: to
     else:
         cos, sin = rope
         half = cos.shape[-1]
-        assert q.dtype == torch.float32 and cos.shape == sin.shape == (n, half) and 0 < 2 * half <= dim
-        assert cos.dtype == sin.dtype == torch.float32 and cos.stride() == sin.stride() and cos.stride(-1) == 1
+        assert (q.dtype == torch.float32 or tail is not None) and cos.shape == sin.shape == (n, half)
+        assert 0 < 2 * half <= dim and cos.dtype == sin.dtype == torch.float32
+        assert cos.stride() == sin.stride() and cos.stride(-1) == 1
     for keys in (window_keys, entry_keys):
         assert keys.dtype == torch.bfloat16 and keys.is_contiguous() and keys.shape[-1] == dim
     assert window_rows.stride(-1) == 1 and entry_rows.stride(-1) == 1

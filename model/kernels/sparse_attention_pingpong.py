@@ -212,7 +212,7 @@ def _warpgroup0(args, D: gl.constexpr, HB: gl.constexpr, KT: gl.constexpr, HALF:
     h0 = gl.program_id(1) * HB
     for half in gl.static_range(2):
         _rotate_queries_into(q_ptr, cos_ptr, sin_ptr, i, h0, H, sqn, sqh, scn, q_halves.index(half), half * (D // 2),
-                             HB, D // 2, D, HALF, 4)
+                             HB, D // 2, D, HALF, 4, q_ptr, 0, 0, 0)
     fence_async_shared()
     _barrier()
     mbarrier.arrive(bars.index(Q_READY))

@@ -19,6 +19,8 @@ import torch
 
 from ..batch import SeqRun
 from ..config import LayerRole, ModelConfig
+from ..kernels import attention_queries
+from ..kernels.attention_queries import QueryHalves, whole_queries
 from ..kernels.fp8_blockwise import Operand
 from ..kernels.sparse_attention import sparse_attention_ref
 from ..ops import ReferenceOps
@@ -41,9 +43,10 @@ def input_weights(prefix: str) -> tuple[str, str]:
 
 def project(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, xa: torch.Tensor | Operand,
             side: Callable[[torch.Tensor], tuple] | None = None
-            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, tuple]:
+            ) -> tuple[torch.Tensor, torch.Tensor | QueryHalves, torch.Tensor, tuple]:
     """xa [T, H] (or its site's FP8 operand alone, where nothing else reads it: the site's
-    keep_input) -> q_res [T, q_lora], q [T, h, D], kv [T, D]: before RoPE and quantization,
+    keep_input) -> q_res [T, q_lora], q [T, h, D] (faithful prefill rows may have it in halves:
+    attention_queries.SPLIT_QUERIES), kv [T, D]: before RoPE and quantization,
     and side(q_res) (or ()), which the fast path runs beside wq_b, the largest GEMM here
     (ops.beside). This and `grouped_output` have shapes set by T alone, so a CUDA graph can
     replay them (model/graphs.py); `attend` between them follows each request's cache."""
@@ -55,13 +58,20 @@ def project(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, xa: torch.Tens
     q_res = ops.rms_norm(q_lora, ops.w(f"{p}.attn.q_norm.weight"), eps)
     work = (lambda: side(q_res)) if side is not None else (lambda: ())
     joined = ops.beside(work, xa.shape[0]) if side is not None and SIDE_BESIDE_WQ_B else None
-    q_all = ops.linear(q_res, f"{p}.attn.wq_b").view(-1, heads, hd)
+    q_all = ops.attention_queries(q_res, f"{p}.attn.wq_b", heads, hd, _plain_channels(cfg))
     kv_all = ops.rms_norm(kv, ops.w(f"{p}.attn.kv_norm.weight"), eps)
     return q_res, q_all, kv_all, joined() if joined is not None else work()
 
 
+def _plain_channels(cfg: ModelConfig) -> int:
+    """attention_queries.PLAIN where SPLIT_QUERIES is on and a head's rotated channels lie past
+    them, else 0 (the queries come whole)."""
+    plain = attention_queries.PLAIN
+    return plain if attention_queries.SPLIT_QUERIES and plain <= cfg.head_dim - cfg.rope_head_dim else 0
+
+
 def attend(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, xa: torch.Tensor, q_res: torch.Tensor,
-           q_all: torch.Tensor, kv_all: torch.Tensor, runs: list[SeqRun], rope: Rope, qat: bool,
+           q_all: torch.Tensor | QueryHalves, kv_all: torch.Tensor, runs: list[SeqRun], rope: Rope, qat: bool,
            block_mode: bool = False, queries: tuple[torch.Tensor, torch.Tensor] | None = None
            ) -> torch.Tensor | Operand:
     """Each run's RoPE, cache writes, compressor, indexer and attention -> o [T, h, D], or on the
@@ -75,11 +85,12 @@ def attend(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, xa: torch.Tenso
             return o
     hd = cfg.head_dim
     sink = ops.w(f"{role.prefix}.attn.attn_sink")
+    q_whole = whole_queries(q_all)
     outputs = []
     for run in runs:
         rows = run.rows
         cos, sin = rope.for_run(role.rope, run)
-        q = ops.attention_query(q_all[rows], cos, sin)
+        q = ops.attention_query(q_whole[rows], cos, sin)
         kv = ops.rope(kv_all[rows], cos, sin)
         packed = None
         if qat:

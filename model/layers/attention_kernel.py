@@ -80,7 +80,7 @@ def attend_updated(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, q_all: 
         note_ring_writes(runs, role.index)
         return o
     cos, sin = rope.for_runs(role.rope, runs)  # [T, rope/2]
-    q = Queries(q_all, cos, sin, ops.act_quant)
+    q = Queries.of(q_all, cos, sin, ops.act_quant)
     kv, packed = ops.fp8_round_trip(ops.rope(kv_all, cos, sin))
     groups = cfg.o_groups // ops.parallel.world
     operand = len(runs) == 1 and ops.takes_operand(f"{role.prefix}.attn.wo_a", q_all.shape[0], groups)
@@ -151,7 +151,7 @@ def _attend_causal(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, prepare
     writes: note_ring_writes). The ring and window offsets are layer 0's: this layer's bytes
     lie `layer` strides further (no per-layer offset tables: fewer kernels in its graph)."""
     layer, pool = role.index, prepared.pool
-    q = Queries(q_all, cos, sin, ops.act_quant)
+    q = Queries.of(q_all, cos, sin, ops.act_quant)
     kv, packed = ops.fp8_round_trip(ops.rope(kv_all, cos, sin))
     bases = _layer_bases(layer, prepared.ring_strides)
     write_rows(pool.slots_buffer, ring_codes, ring_scales, bases, *packed)
@@ -216,7 +216,7 @@ def _attend_block(ops: ReferenceOps, cfg: ModelConfig, role: LayerRole, prepared
     values are read at its first row, so a batch padded with copies of its last row works."""
     B, layer, strides, buf = prepared.block_rows, role.index, prepared.ring_strides, prepared.pool.slots_buffer
     W, D = cfg.sliding_window, cfg.head_dim
-    q = Queries(q_all, cos, sin, ops.act_quant)
+    q = Queries.of(q_all, cos, sin, ops.act_quant)
     kv, packed = ops.fp8_round_trip(ops.rope(kv_all, cos, sin))
     R = q.raw.shape[0] // B
     device = q.raw.device

@@ -142,9 +142,11 @@ def test_gluon_form_takes_queries_before_rope(monkeypatch):
     assert torch.equal(got, want)
 
 
-@pytest.mark.parametrize("kernel, variants", [("attention_gluon", ";GATHERED=0"),
-                                              ("attention_rows", ";GROUP_HEADS=0;HALF=0,GROUP_HEADS=0;ROW_TILES=10;"
-                                                                 "ROW_TILES=10,PV_IN_FLIGHT=1;ROW_TILES=3,PV_IN_FLIGHT=1"),
+ROWS_VARIANTS = (";GROUP_HEADS=0;HALF=0,GROUP_HEADS=0;ROW_TILES=10;ROW_TILES=10,PV_IN_FLIGHT=1;"
+                 "ROW_TILES=3,PV_IN_FLIGHT=1;ROW_TILES=10,PV_IN_FLIGHT=1,PLAIN=384")
+
+
+@pytest.mark.parametrize("kernel, variants", [("attention_gluon", ";GATHERED=0"), ("attention_rows", ROWS_VARIANTS),
                                               ("attention_pingpong", ";GROUP_HEADS=0;HALF=0,GROUP_HEADS=0")])
 def test_the_kernels_compile_for_hopper_anywhere(kernel, variants):
     """Gluon does not run in the interpreter, so CI compiles the kernels, every form, for sm_90
@@ -306,6 +308,38 @@ def test_decoded_form_writes_its_outputs_as_wo_as_operand(n, heads, groups, W, K
         assert torch.equal(again.codes, got.codes) and torch.equal(again.scales, got.scales), (rows_once, in_flight)
     monkeypatch.setattr(sa, "ENCODE_IN_ROWS", False)  # the switch off: the fp32 rows
     assert torch.equal(attend_decoded(queries, *keys, operand_groups=groups), plain)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n, heads, groups, W, K", [(300, 64, 8, 128, 512), (257, 40, 5, 100, 37)])
+def test_decoded_form_takes_queries_in_halves(n, heads, groups, W, K, monkeypatch):
+    """attention_queries.SPLIT_QUERIES: the queries in halves (each head's first 384 channels in
+    bf16, the others in fp32 before RoPE, strided as a view of the whole) go to the decoded form
+    as they are, and give the fp32 outputs and wo_a's operand of the whole fp32 queries whose
+    first channels are those bf16 values, bit for bit."""
+    from dsflash.model.kernels import fp8_blockwise
+    from dsflash.model.kernels import sparse_attention as sa
+    from dsflash.model.kernels.attention_queries import Queries, QueryHalves
+
+    queries, keys = _queries_before_rope(n, heads, W, K, n + heads)
+    monkeypatch.setattr(sa, "ROPE_IN_ROWS", True)
+    monkeypatch.setattr(sa, "ENCODE_IN_ROWS", True)
+    plain, tail = queries.raw[..., :384].bfloat16(), queries.raw[..., 384:]
+    whole = Queries(torch.cat([plain.float(), tail], -1), queries.cos, queries.sin, True)
+    halves = Queries.of(QueryHalves(plain, tail), queries.cos, queries.sin, True)
+    tails = []
+    real = sparse_attention_gluon.prefill_attention_decoded
+    monkeypatch.setattr(sparse_attention_gluon, "prefill_attention_decoded",
+                        lambda *a: tails.append(a[10] is not None) or real(*a))
+    for operand_groups in (0, groups):
+        want = attend_decoded(whole, *keys, operand_groups=operand_groups)
+        got = attend_decoded(halves, *keys, operand_groups=operand_groups)
+        if operand_groups:
+            assert isinstance(got, fp8_blockwise.Operand)
+            assert torch.equal(got.codes, want.codes) and torch.equal(got.scales, want.scales)
+        else:
+            assert torch.equal(got, want)
+    assert tails == [False, True] * 2
 
 
 def _exact_attention(q: torch.Tensor, window_keys: torch.Tensor, window_rows: torch.Tensor, entry_keys: torch.Tensor,
