@@ -83,7 +83,7 @@ def test_a_faithful_prefill_with_its_queries_in_halves_gives_the_same_logits(mon
     model = DeepseekV41(random_weight_store(config, seed=5), tokenizer_json=tokenizer_dir() / "tokenizer.json",
                         act_quant=True, device=DEVICE)
     model.use_kernels()
-    pool = CachePool(CacheLayout.for_model(model.config, page_entries=64), 64, 1, plain_allocator(DEVICE))
+    pool = CachePool(CacheLayout.for_model(model.config, page_entries=64), 400, 1, plain_allocator(DEVICE))
     prompt = torch.randint(3, model.config.vocab_size, (ROWS,), generator=_g(6))
     made = []
     product = prefill_gemms.query_halves_product
