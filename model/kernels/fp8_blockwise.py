@@ -268,7 +268,7 @@ def fp8_weight_128(codes: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Ten
     N, K = codes.shape
     assert N % BLOCK == 0 and K % BLOCK == 0 and codes.stride(1) == 1 and scales.stride(1) == 1
     out = torch.empty_like(codes)
-    out_scales = _weight_scales(1, N, K, codes.device)[0]
+    out_scales = weight_scales_like(N, K, codes.device)
     _fp8_weight_kernel[(N // BLOCK, K // BLOCK)](codes, scales, out, out_scales, codes.stride(0), scales.stride(0),
                                                  out.stride(0), out_scales.stride(0), HW_FP8=not interpreting())
     return out, out_scales
@@ -298,6 +298,11 @@ def _weight_scales(E: int, N: int, K: int, device: torch.device) -> torch.Tensor
     """fp32 [E, N/128, K/128] whose rows start every 4 scales (16 bytes), as cuBLAS reads 128 x 128 scales."""
     blocks = K // BLOCK
     return torch.empty(E, N // BLOCK, -(-blocks // 4) * 4, dtype=torch.float32, device=device)[:, :, :blocks]
+
+
+def weight_scales_like(N: int, K: int, device: torch.device) -> torch.Tensor:
+    """Empty 128 x 128 scales of an [N, K] weight, laid out as fp8_weight_128's (rows padded)."""
+    return _weight_scales(1, N, K, device)[0]
 
 
 def fp4_weight_128(units: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

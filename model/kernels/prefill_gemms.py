@@ -121,12 +121,16 @@ def _weight_128(codes: torch.Tensor, scales: torch.Tensor, kept: EncodedWeights 
 
 def _block_rows(encoded: tuple[torch.Tensor, torch.Tensor], blocks: torch.Tensor | None
                 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """A 128 x 128 encoding with its row blocks reordered (as they are where blocks is None)."""
+    """A 128 x 128 encoding with its row blocks reordered (as they are where blocks is None). The
+    scales keep their rows' padding to 4 scales (fp8_blockwise._weight_scales), where cuBLAS reads
+    them whatever strides torch is handed."""
     if blocks is None:
         return encoded
     codes, scales = encoded
     N, K = codes.shape
-    return codes.view(N // 128, 128, K)[blocks].view(N, K), scales[blocks].contiguous()
+    ordered = fp8_blockwise.weight_scales_like(N, K, codes.device)
+    ordered.copy_(scales[blocks])
+    return codes.view(N // 128, 128, K)[blocks].view(N, K), ordered
 
 
 def _encode(experts: slice, units: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dsflash.model.kernels import attention_queries, prefill_gemms
+from dsflash.model.kernels import attention_queries, fp8_blockwise, prefill_gemms
 from dsflash.model.kernels.attention_queries import Queries, QueryHalves
 from dsflash.model.kernels.fp8_gemm import fp8_gemm
 from dsflash.model.quant import quantize_fp8_weight
@@ -45,6 +45,11 @@ def test_the_halves_are_the_whole_products_channels(monkeypatch):
         assert first.dtype == torch.bfloat16 and rest.dtype == torch.float32
         assert torch.equal(first, whole[..., :plain].bfloat16()) and torch.equal(rest, whole[..., plain:])
     assert kept.used == codes.numel() + codes.numel() // 128 ** 2 * 4  # one reordered encoding kept
+    # the reordered scales keep the rows' padding cuBLAS reads them with, whatever strides torch gets
+    whole_scales = fp8_blockwise.fp8_weight_128(codes, scales)[1]
+    order = prefill_gemms._plain_blocks_first(heads, dim // 128, plain // 128, codes.device)
+    ordered = prefill_gemms._weight_128(codes, scales, None, order)[1]
+    assert ordered.stride() == whole_scales.stride() and torch.equal(ordered, whole_scales[order])
     for other in ((heads, 0), (heads, dim), (heads, 320), (3, plain)):
         assert not prefill_gemms.takes_query_halves(x, codes, *other)
     assert not prefill_gemms.takes_query_halves(x[:8], codes, heads, plain)  # decode rows
