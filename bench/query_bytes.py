@@ -48,7 +48,9 @@ codes, scales = fp8_blockwise.rows_1x128(x)
 a_scales = fp8_blockwise.segment_scales(scales, q_lora // 128, 0, codes.shape[1])
 w = torch.randint(0, 0x7E, (heads * D, q_lora), dtype=torch.uint8, device=dev, generator=g)  # no NaN codes
 w |= torch.randint(0, 2, w.shape, dtype=torch.uint8, device=dev, generator=g) << 7
-w_scales = torch.rand(heads * D // 128, q_lora // 128, device=dev, generator=g) / 64
+# scales laid out as the weights' encoding lays them out (rows padded: cuBLAS reads them so)
+w_scales = fp8_blockwise.weight_scales_like(heads * D, q_lora, dev)
+w_scales.copy_(torch.rand(heads * D // 128, q_lora // 128, device=dev, generator=g) / 64)
 head_blocks = torch.arange(heads * D // 128, device=dev).view(heads, D // 128)
 plain, tail = head_blocks[:, :3].flatten(), head_blocks[:, 3]
 
@@ -57,8 +59,13 @@ def rows_of(blocks: torch.Tensor) -> torch.Tensor:
     return (blocks[:, None] * 128 + torch.arange(128, device=dev)).flatten()
 
 
+def padded(scales: torch.Tensor) -> torch.Tensor:
+    out = fp8_blockwise.weight_scales_like(scales.shape[0] * 128, q_lora, dev)
+    return out.copy_(scales)
+
+
 w_plain, w_tail = w[rows_of(plain)].contiguous(), w[rows_of(tail)].contiguous()
-s_plain, s_tail = w_scales[plain].contiguous(), w_scales[tail].contiguous()
+s_plain, s_tail = padded(w_scales[plain]), padded(w_scales[tail])
 
 
 def product(weight, weight_scales, dtype):
