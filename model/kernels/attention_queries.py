@@ -33,6 +33,10 @@ ONE_PASS = True
 # weight block (its other plain channels and the rotated ones) in fp32 before RoPE. At a 16K
 # chunk that is 1.3 GB written and read where the fp32 queries were 2.1 (bench/query_bytes.py
 # times both sides). Any form but the Gluon rows kernel takes them joined (Queries.joined).
+# H100, fifty-ninth session (call BE): the same bits on the GPU (cuBLAS's bf16 output is its
+# fp32 output rounded; the rows kernel's outputs and operand; a faithful prefill's logits), and
+# within the noise: a 256K faithful prefill off / on 9.583 / 9.490 s, 128K on / off / on
+# 4.586 / 4.681 / 4.725 s, the same last logits. Off until a longer A/B (the 1M) decides.
 SPLIT_QUERIES = False
 PLAIN = 384  # a multiple of the weight's 128-row scale blocks, short of the rotated channels
 

@@ -59,8 +59,8 @@ def test_joined_halves_attend_as_the_whole_queries():
     """Queries.of(QueryHalves): shape, rows taken from both halves, rotated() and joined() as the
     whole fp32 queries' where the plain channels are their bf16 values (faithful mode)."""
     n, heads, dim, half = 5, 3, 512, 32
-    whole = torch.randn(n, heads, dim, generator=_g(3))
-    angles = torch.rand(n, half, generator=_g(4)) * 50
+    whole = torch.randn(n, heads, dim, generator=_g(3)).to(DEVICE)
+    angles = (torch.rand(n, half, generator=_g(4)) * 50).to(DEVICE)
     halves = QueryHalves(whole[..., :384].bfloat16(), whole[..., 384:].clone())
     q = Queries.of(halves, angles.cos(), angles.sin(), True)
     assert q.shape == halves.shape == (n, heads, dim) and q.tail is not None
