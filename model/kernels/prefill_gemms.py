@@ -264,15 +264,12 @@ def query_halves_product(x: torch.Tensor, codes: torch.Tensor, scales: torch.Ten
     each head's first `plain` channels rounded to bf16 [M, heads, plain], the rest in fp32 [M,
     heads, D - plain]. Two products over the weight with its row blocks reordered (every head's
     first blocks, then every head's others), each writing its output in its own type."""
-    n, k = codes.shape
-    dim = n // heads
+    m, dim, split = x.shape[0], codes.shape[0] // heads, heads * plain
     a, a_scales = fp8_blockwise.rows_1x128(x, round_first=True)
-    m, rows, split = x.shape[0], a.shape[1], heads * plain
     w, w_scales = _weight_128(codes, scales, kept, _plain_blocks_first(heads, dim // 128, plain // 128, codes.device))
-    a_scales = fp8_blockwise.segment_scales(a_scales, k // 128, 0, rows)
-    first = fp8_blockwise.product(a[0], a_scales, w[:split], w_scales[:split // 128], dtype=torch.bfloat16)
-    rest = fp8_blockwise.product(a[0], a_scales, w[split:], w_scales[split // 128:])
-    return first[:m].view(m, heads, plain), rest[:m].view(m, heads, dim - plain)
+    first = _product_128(a, a_scales, m, w[:split], w_scales[:split // 128], dtype=torch.bfloat16)
+    rest = _product_128(a, a_scales, m, w[split:], w_scales[split // 128:])
+    return first.view(m, heads, plain), rest.view(m, heads, dim - plain)
 
 
 @functools.cache
@@ -302,10 +299,16 @@ def swiglu_fp8_product(gate: torch.Tensor, up: torch.Tensor, limit: float, codes
 def _encoded_product(a: torch.Tensor, a_scales: torch.Tensor, m: int, codes: torch.Tensor,
                      scales: torch.Tensor, kept: EncodedWeights | None) -> torch.Tensor:
     """The first m rows of rows_1x128's operand (a, a_scales) times an FP8 weight re-encoded to 128 x 128 blocks."""
-    w, w_scales = _weight_128(codes, scales, kept)
+    return _product_128(a, a_scales, m, *_weight_128(codes, scales, kept))
+
+
+def _product_128(a: torch.Tensor, a_scales: torch.Tensor, m: int, w: torch.Tensor, w_scales: torch.Tensor,
+                 dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The first m rows of rows_1x128's operand (a, a_scales) times a weight under 128 x 128
+    blocks (w, w_scales), written in `dtype` (fp8_blockwise.product)."""
     rows = a.shape[1]  # the m rows and the aligned rows after them
-    return fp8_blockwise.product(a[0], fp8_blockwise.segment_scales(a_scales, codes.shape[1] // 128, 0, rows),
-                                 w, w_scales)[:m]
+    a_scales = fp8_blockwise.segment_scales(a_scales, w.shape[1] // 128, 0, rows)
+    return fp8_blockwise.product(a[0], a_scales, w, w_scales, dtype=dtype)[:m]
 
 
 def grouped_fp8_product(x: torch.Tensor | fp8_blockwise.Operand, codes: torch.Tensor, scales: torch.Tensor,

@@ -829,7 +829,7 @@ def launch_arguments(q: torch.Tensor, window_keys: torch.Tensor, window_rows: to
     if tail is not None:  # the queries' halves: the rotated channels all in the tail
         assert rope is not None and q.dtype == torch.bfloat16 and tail.dtype == torch.float32
         assert tail.shape[:2] == (n, heads) and tail.stride(-1) == 1 and dim % 8 == 0
-        assert dim <= dim + tail.shape[2] - 2 * rope[0].shape[-1], "a rotated channel among the plain ones"
+        assert tail.shape[2] >= 2 * rope[0].shape[-1], "a rotated channel among the plain ones"
         dim += tail.shape[2]
     assert dim == D_MODEL and q.stride(-1) == 1
     if rope is None:
