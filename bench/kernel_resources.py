@@ -130,7 +130,7 @@ KERNELS = {
         # rotating row buffers (a short prompt's queries; a full query's form is ROW_TILES=10 with
         # PV_IN_FLIGHT, STAGED_TILES)
         dict(D=sparse_attention_gluon.D_MODEL, HB=sparse_attention_gluon.HEADS, KT=sparse_attention_gluon.KEY_TILE,
-             HALF=32, GROUP_HEADS=8, SKIP=0, ROW_TILES=0, PV_IN_FLIGHT=False, PLAIN=0,
+             HALF=32, GROUP_HEADS=8, SKIP=0, ROW_TILES=0, PV_IN_FLIGHT=False, PLAIN=0, COPY_AHEAD=False,
              num_warps=sparse_attention_gluon.WARPS, num_stages=1),
         # fp32 outputs (sparse_attention.ENCODE_IN_ROWS off); the queries rotated by a launch
         # before too (ROPE_IN_ROWS off); a release query's 10 tiles' rows staged once (ROWS_ONCE);

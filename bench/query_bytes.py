@@ -100,11 +100,7 @@ tiles = gluon_form.row_tiles(window_rows, entry_rows)
 
 
 def rows_kernel(q):
-    args = [q] + arguments[1:]
-    return lambda: gluon_form._attention_rows_kernel[(n, 1)](*args, **constants, HB=gluon_form.HEADS,
-                                                             KT=gluon_form.KEY_TILE, SKIP=0, ROW_TILES=tiles,
-                                                             PV_IN_FLIGHT=gluon_form.PV_IN_FLIGHT,
-                                                             num_warps=gluon_form.WARPS)
+    return lambda: gluon_form.launch_rows([q] + arguments[1:], constants, heads, tiles)
 
 
 operand_bytes = n * heads * D * (1 + 4 / 128)

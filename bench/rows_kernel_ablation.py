@@ -12,7 +12,8 @@ shape: 64 heads, a 128-key window and 512 entries a query. Each line leaves part
   range);
 - rows_once: every tile's rows staged before the loop (sparse_attention_gluon.ROWS_ONCE), alone
   and as the loop's skeleton (SKIP=30); in_flight: with it each weighted sum left in flight into
-  the next tile (PV_IN_FLIGHT), the form shipped since the fifty-seventh session;
+  the next tile (PV_IN_FLIGHT), the form shipped since the fifty-seventh session; copy_ahead:
+  with it each tile's keys copied a whole tile ahead instead (COPY_AHEAD), on local and random rows;
 - pingpong: the warp-specialized form (sparse_attention_pingpong) on the same work, without
   its keys' copies (the loader signals without copying), with no keys and with random rows too.
 Each next to the FLOP rate of the whole form's products (the measured bf16 limit: 694
@@ -58,6 +59,7 @@ def launch(rows, skip, switches=()):
         return lambda: pingpong.prefill_attention_pingpong(raw, window_keys, rows[0], entry_keys, rows[1], sink,
                                                            D**-0.5, out, 16 if "16" in skip else 0, (cos, sin))
     gluon_form.ROWS_ONCE, gluon_form.PV_IN_FLIGHT = "rows_once" in switches, "in_flight" in switches
+    gluon_form.COPY_AHEAD = "copy_ahead" in switches
     return lambda: gluon_form.prefill_attention_decoded(raw, window_keys, rows[0], entry_keys, rows[1], sink,
                                                         D**-0.5, out, skip, (cos, sin))
 
@@ -66,7 +68,9 @@ cases = [(f"SKIP={s}", local, int(s)) for s in args.skips.split(",")]
 # every tile's rows staged before the loop (sparse_attention_gluon.ROWS_ONCE), and with it each
 # weighted sum in flight into the next tile (PV_IN_FLIGHT)
 cases += [("rows_once", local, 0, ("rows_once",)), ("rows_once_SKIP=30", local, 30, ("rows_once",)),
-          ("in_flight", local, 0, ("rows_once", "in_flight"))]
+          ("in_flight", local, 0, ("rows_once", "in_flight")), ("copy_ahead", local, 0, ("rows_once", "copy_ahead")),
+          ("copy_ahead_random_rows", random, 0, ("rows_once", "copy_ahead")),
+          ("in_flight_random_rows", random, 0, ("rows_once", "in_flight"))]
 cases += [("no_keys", none, 0), ("random_rows", random, 0)]
 # the warp-specialized form (sparse_attention.PINGPONG_ROWS) beside the shipped one
 cases += [("pingpong", local, "pingpong"), ("pingpong_SKIP=16", local, "pingpong SKIP=16"),

@@ -76,6 +76,12 @@ STAGED_TILES = (3, 10, 18)
 # H100 (call AP): the kernel alone 4,849 / 4,763 us (-5% against neither), a 256K prefill the
 # same as ROWS_ONCE alone within its noise (9.74 / 9.77 s).
 PV_IN_FLIGHT = True
+# With ROWS_ONCE, each tile's keys copied a whole tile ahead (_tiles_sum_copy_ahead) in place of
+# PV_IN_FLIGHT's order: tile t + 1's gather starts once tile t - 1's weighted sum is done, before
+# tile t's logits, not after them; the weighted sum then runs with no key wait under it. The
+# same bits. By the forty-eighth session's ablation the keys' copies cost ~13% of the kernel
+# (H200, before PV_IN_FLIGHT). Untimed: off until a GPU A/B.
+COPY_AHEAD = False
 DECODE_ROWS = 8  # keys decoded at a time (H200: 4.50 ms at 8,192 queries, 16: 4.67, 32: 4.52 and spills)
 WARPS = 8
 # the wgmma accumulators' layouts: a query's head block [HB, D] of outputs and [HB, KT] of a
@@ -584,7 +590,7 @@ def _attention_rows_kernel(q_ptr, cos_ptr, sin_ptr, window_keys, win_rows, entry
                            t_ptr, stn, sth, D: gl.constexpr, HB: gl.constexpr, KT: gl.constexpr,
                            HALF: gl.constexpr, GROUP_HEADS: gl.constexpr, SKIP: gl.constexpr,
                            ROW_TILES: gl.constexpr, PV_IN_FLIGHT: gl.constexpr, PLAIN: gl.constexpr,
-                           num_warps: gl.constexpr):
+                           COPY_AHEAD: gl.constexpr, num_warps: gl.constexpr):
     """The decoded form. Program (query i, head block): every key of the query, window tiles
     then entry tiles, as bf16 rows already decoded (decode_keys): a tile's keys land in shared
     memory by cp.async one tile ahead, in one of two buffers, while the tensor cores work on
@@ -597,7 +603,7 @@ def _attention_rows_kernel(q_ptr, cos_ptr, sin_ptr, window_keys, win_rows, entry
     FP8 operand, codes and scales of ROWS rows (_finish_encoded), not into o_ptr. ROW_TILES > 0
     (the query's tiles, as row_tiles counts them from the same widths): every tile's rows staged
     once before the loop, so the loop writes no rows to shared memory (ROWS_ONCE). PV_IN_FLIGHT
-    (with ROW_TILES): _tiles_sum_in_flight's order."""
+    (with ROW_TILES): _tiles_sum_in_flight's order; COPY_AHEAD (with ROW_TILES) _tiles_sum_copy_ahead's."""
     i = gl.program_id(0)
     h0 = gl.program_id(1) * HB
     o_layout: gl.constexpr = O_LAYOUT
@@ -630,7 +636,12 @@ def _attention_rows_kernel(q_ptr, cos_ptr, sin_ptr, window_keys, win_rows, entry
     else:
         q_smem = _queries(q_ptr, i, h0, H, sqn, sqh, HB, D, num_warps)
     probs, m_i, l_i, o, s_init = _softmax_start(HB, KT, D)
-    if PV_IN_FLIGHT:
+    if COPY_AHEAD:
+        gl.static_assert(ROW_TILES > 1 and SKIP == 0, "the copy-ahead form: rows staged once, two tiles or more")
+        m_i, l_i, o = _tiles_sum_copy_ahead(q_smem, keys, probs, rows_at, s_init, m_i, l_i, o, window_keys,
+                                            entry_keys, window_tiles, W, K, scale, o_layout, s_layout, KT, D,
+                                            ROW_TILES, num_warps)
+    elif PV_IN_FLIGHT:
         gl.static_assert(ROW_TILES > 1 and SKIP == 0, "the in-flight form: rows staged once, two tiles or more")
         m_i, l_i, o = _tiles_sum_in_flight(q_smem, keys, probs, rows_at, s_init, m_i, l_i, o, window_keys,
                                            entry_keys, window_tiles, W, K, scale, o_layout, s_layout, KT, D,
@@ -718,6 +729,55 @@ def _tiles_sum_in_flight(q_smem, keys, probs, rows_at, s_init, m_i, l_i, o, wind
 
 
 @gluon.jit
+def _tiles_sum_copy_ahead(q_smem, keys, probs, rows_at, s_init, m_i, l_i, o, window_keys, entry_keys, window_tiles,
+                          W, K, scale, o_layout: gl.constexpr, s_layout: gl.constexpr, KT: gl.constexpr,
+                          D: gl.constexpr, TILES: gl.constexpr, num_warps: gl.constexpr):
+    """The decoded form's loop with each tile's keys copied a whole tile ahead: tile t - 1's
+    weighted sum is waited for first, then tile t + 1's keys start into the buffer it read, and
+    only then are tile t's keys waited for, its logits made and its softmax run. _tiles_sum_in_flight
+    starts that copy after tile t's logits, so it has only the softmax to hide under, and tile
+    t - 1's weighted sum runs under the wait for it; here the copy has a whole tile (the logits,
+    the softmax, the weighted sum) and the weighted sum runs alone. Which wins depends on a gather's
+    latency against a weighted sum's time. The same products in the same order: the same bits.
+    TILES a constant bound, as in _tiles_sum_in_flight; tile 0 runs before the loop, so the loop's
+    first wait names a weighted sum really in flight. Returns m_i, l_i, o."""
+    m_i, l_i, o = _copy_ahead_tile(q_smem, keys, probs, rows_at, s_init, m_i, l_i, o, window_keys, entry_keys, 0,
+                                   window_tiles, W, K, scale, o_layout, s_layout, KT, D, TILES, True, num_warps)
+    for t in range(1, TILES):
+        o = warpgroup_mma_wait(0, deps=[o])  # tile t - 1's weighted sum, in every warpgroup (the barrier next)
+        _barrier()
+        m_i, l_i, o = _copy_ahead_tile(q_smem, keys, probs, rows_at, s_init, m_i, l_i, o, window_keys, entry_keys, t,
+                                       window_tiles, W, K, scale, o_layout, s_layout, KT, D, TILES, False, num_warps)
+    return m_i, l_i, warpgroup_mma_wait(0, deps=[o])
+
+
+@gluon.jit
+def _copy_ahead_tile(q_smem, keys, probs, rows_at, s_init, m_i, l_i, o, window_keys, entry_keys, t, window_tiles,
+                     W, K, scale, o_layout: gl.constexpr, s_layout: gl.constexpr, KT: gl.constexpr,
+                     D: gl.constexpr, TILES: gl.constexpr, FIRST: gl.constexpr, num_warps: gl.constexpr):
+    """_tiles_sum_copy_ahead's tile t, once nothing reads the keys' other buffer nor `probs`:
+    tile t + 1's keys started, tile t's waited for (committed one group before), its logits
+    (waited where issued), its softmax, and its weighted sum left in flight. FIRST (tile 0): the
+    output's zeros not read (use_acc off), since ptxas fenced a wgmma on accumulators filled by
+    moves of one zero register (C7519)."""
+    if t + 1 < TILES:
+        _stage_keys_bf16(window_keys, entry_keys, rows_at.index(t + 1), t + 1, window_tiles, W, K,
+                         keys.index((t + 1) % 2), KT, D, num_warps)
+    async_copy.commit_group()
+    async_copy.wait_group(1)
+    fence_async_shared()
+    _barrier()
+    current = keys.index(t % 2)
+    s = warpgroup_mma(q_smem, current.permute((1, 0)), s_init, use_acc=False)
+    _, valid = _tile_rows(rows_at.index(t), t, window_tiles, W, K, KT, gl.SliceLayout(0, s_layout))
+    p, m_i, l_i, o = _softmax_step(s, valid, scale, m_i, l_i, o, o_layout)
+    probs.store(p.to(gl.bfloat16))
+    fence_async_shared()
+    _barrier()
+    return m_i, l_i, warpgroup_mma(probs, current, o, use_acc=not FIRST, is_async=True)
+
+
+@gluon.jit
 def _fp32_stage(keys, HB: gl.constexpr, D: gl.constexpr):
     """The keys' buffers seen as a query's normalized fp32 outputs [HB, D] (they hold 128 KB
     either way), swizzled so the accumulator layout's stores and the epilogue's row loads meet
@@ -800,16 +860,23 @@ def prefill_attention_decoded(q: torch.Tensor, window_keys: torch.Tensor, window
     kernel's SKIP (a bench's ablation only)."""
     arguments, constants = launch_arguments(q, window_keys, window_rows, entry_keys, entry_rows, sink, scale, out,
                                             rope, tail)
-    n, heads = q.shape[:2]
-    tiles = row_tiles(window_rows, entry_rows)
-    t = q if tail is None else tail  # (not read without a tail)
-    if n:
-        _attention_rows_kernel[(n, triton.cdiv(heads, HEADS))](*arguments, t, t.stride(0), t.stride(1), **constants,
-                                                               HB=HEADS, KT=KEY_TILE, SKIP=skip, ROW_TILES=tiles,
-                                                               PV_IN_FLIGHT=PV_IN_FLIGHT and tiles > 1 and not skip,
-                                                               PLAIN=0 if tail is None else q.shape[2],
-                                                               num_warps=WARPS)
+    if q.shape[0]:
+        launch_rows(arguments, constants, q.shape[1], row_tiles(window_rows, entry_rows), skip, tail)
     return out
+
+
+def launch_rows(arguments: list, constants: dict, heads: int, tiles: int, skip: int = 0,
+                tail: torch.Tensor | None = None) -> None:
+    """_attention_rows_kernel on launch_arguments' arguments and constants (their queries
+    arguments[0], n rows), a query's ROW_TILES, the ablation's SKIP and the queries' tail, in
+    the loop order the switches pick (PV_IN_FLIGHT, COPY_AHEAD: two tiles or more, no SKIP)."""
+    q = arguments[0]
+    t = q if tail is None else tail  # (not read without a tail)
+    overlaps = tiles > 1 and not skip
+    _attention_rows_kernel[(q.shape[0], triton.cdiv(heads, HEADS))](
+        *arguments, t, t.stride(0), t.stride(1), **constants, HB=HEADS, KT=KEY_TILE, SKIP=skip, ROW_TILES=tiles,
+        PV_IN_FLIGHT=PV_IN_FLIGHT and overlaps, PLAIN=0 if tail is None else q.shape[2],
+        COPY_AHEAD=COPY_AHEAD and overlaps, num_warps=WARPS)
 
 
 def row_tiles(window_rows: torch.Tensor, entry_rows: torch.Tensor) -> int:

@@ -143,7 +143,8 @@ def test_gluon_form_takes_queries_before_rope(monkeypatch):
 
 
 ROWS_VARIANTS = (";GROUP_HEADS=0;HALF=0,GROUP_HEADS=0;ROW_TILES=10;ROW_TILES=10,PV_IN_FLIGHT=1;"
-                 "ROW_TILES=3,PV_IN_FLIGHT=1;ROW_TILES=10,PV_IN_FLIGHT=1,PLAIN=384")
+                 "ROW_TILES=3,PV_IN_FLIGHT=1;ROW_TILES=10,PV_IN_FLIGHT=1,PLAIN=384;ROW_TILES=10,COPY_AHEAD=1;"
+                 "ROW_TILES=3,COPY_AHEAD=1")
 
 
 @pytest.mark.parametrize("kernel, variants", [("attention_gluon", ";GATHERED=0"), ("attention_rows", ROWS_VARIANTS),
@@ -152,8 +153,9 @@ def test_the_kernels_compile_for_hopper_anywhere(kernel, variants):
     """Gluon does not run in the interpreter, so CI compiles the kernels, every form, for sm_90
     instead (no GPU needed): the pinned Triton's Gluon API and the kernels' layouts stay in
     step. The GPU tests above check what they compute. The rows kernel's forms keep ptxas from
-    serializing their wgmmas: PV_IN_FLIGHT's weighted sum in flight over the loop's back edge
-    is what ptxas gave up on with a run-time trip count (C7515, Triton 3.6 and 3.9 alike)."""
+    serializing their wgmmas: PV_IN_FLIGHT's (and COPY_AHEAD's) weighted sum in flight over the
+    loop's back edge is what ptxas gave up on with a run-time trip count (C7515, Triton 3.6 and
+    3.9 alike)."""
     assert_compiles_for_hopper(kernel, variants, pipelined=kernel == "attention_rows")
 
 
@@ -177,18 +179,21 @@ def test_decode_keys_decodes_both_kinds_exactly():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("rows_once, in_flight", [(False, False), (True, False), (True, True)])
+@pytest.mark.parametrize("rows_once, in_flight, copy_ahead", [(False, False, False), (True, False, False),
+                                                               (True, True, False), (True, False, True)])
 @pytest.mark.parametrize("n, heads, W, K", [(300, 64, 128, 512), (257, 40, 100, 37), (256, 128, 64, 0)])
-def test_decoded_form_attends_as_the_byte_form(n, heads, W, K, rows_once, in_flight, monkeypatch):
+def test_decoded_form_attends_as_the_byte_form(n, heads, W, K, rows_once, in_flight, copy_ahead, monkeypatch):
     """The decoded form (keys decoded once into bf16 rows, attend_decoded) against the form
     that decodes each query's keys from their bytes: the same keys, the same tiles and order
     of sums, so the same outputs bit for bit; masked keys and a query that sees nothing too.
     With ROWS_ONCE its rows are staged all at once before its loop, and with PV_IN_FLIGHT too
-    each weighted sum stays in flight into the next tile: the same bits again."""
+    each weighted sum stays in flight into the next tile, with COPY_AHEAD each tile's keys are
+    copied a whole tile ahead: the same bits again."""
     if not sparse_attention_gluon.usable(torch.empty(1, device="cuda"), D):
         pytest.skip("the Gluon form is for Hopper GPUs")
     monkeypatch.setattr(sparse_attention_gluon, "ROWS_ONCE", rows_once)
     monkeypatch.setattr(sparse_attention_gluon, "PV_IN_FLIGHT", in_flight)
+    monkeypatch.setattr(sparse_attention_gluon, "COPY_AHEAD", copy_ahead)
     monkeypatch.setattr(sparse_attention_gluon, "STAGED_TILES", range(1, 100))  # each shape's count staged
     g = torch.Generator().manual_seed(n + K)
     rows = 4096
@@ -301,11 +306,14 @@ def test_decoded_form_writes_its_outputs_as_wo_as_operand(n, heads, groups, W, K
     assert torch.equal(got.codes[:, :n], codes[:, :n])
     assert torch.equal(got.scales.view(blocks, -1)[:, :n], scales.view(blocks, -1)[:, :n])
     assert not got.codes[:, n:].any()
-    for rows_once, in_flight in ((True, False), (True, True)):  # ROWS_ONCE, PV_IN_FLIGHT: the same bits
+    # ROWS_ONCE, PV_IN_FLIGHT, COPY_AHEAD: the same bits
+    for rows_once, in_flight, ahead in ((True, False, False), (True, True, False), (True, False, True)):
         monkeypatch.setattr(sparse_attention_gluon, "ROWS_ONCE", rows_once)
         monkeypatch.setattr(sparse_attention_gluon, "PV_IN_FLIGHT", in_flight)
+        monkeypatch.setattr(sparse_attention_gluon, "COPY_AHEAD", ahead)
         again = attend_decoded(queries, *keys, operand_groups=groups)
-        assert torch.equal(again.codes, got.codes) and torch.equal(again.scales, got.scales), (rows_once, in_flight)
+        assert torch.equal(again.codes, got.codes) and torch.equal(again.scales, got.scales), (rows_once, in_flight,
+                                                                                               ahead)
     monkeypatch.setattr(sa, "ENCODE_IN_ROWS", False)  # the switch off: the fp32 rows
     assert torch.equal(attend_decoded(queries, *keys, operand_groups=groups), plain)
 
@@ -457,6 +465,12 @@ def test_the_rows_kernels_launch_takes_the_fp32_outputs_or_wo_as_operand(monkeyp
     assert (launches[-1][1]["ROW_TILES"], launches[-1][1]["PV_IN_FLIGHT"]) == (2, True)  # a tile of 8 rows, one of 4
     attend_decoded(queries, keys[0], keys[1], keys[2], keys[3][:, :0], *keys[4:], operand_groups=groups)
     assert (launches[-1][1]["ROW_TILES"], launches[-1][1]["PV_IN_FLIGHT"]) == (1, False)  # one tile: nothing to overlap
+    assert not any(kw["COPY_AHEAD"] for _, kw in launches)  # off
+    monkeypatch.setattr(sparse_attention_gluon, "COPY_AHEAD", True)
+    attend_decoded(queries, *keys, operand_groups=groups)
+    assert launches[-1][1]["COPY_AHEAD"] and launches[-1][1]["ROW_TILES"] == 2
+    attend_decoded(queries, keys[0], keys[1], keys[2], keys[3][:, :0], *keys[4:], operand_groups=groups)
+    assert not launches[-1][1]["COPY_AHEAD"]  # one tile
 
 
 def test_rows_once_stages_a_full_querys_every_tile_up_to_its_cap(monkeypatch):
