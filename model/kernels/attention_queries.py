@@ -36,8 +36,10 @@ ONE_PASS = True
 # H100, fifty-ninth session (call BE): the same bits on the GPU (cuBLAS's bf16 output is its
 # fp32 output rounded; the rows kernel's outputs and operand; a faithful prefill's logits), and
 # within the noise: a 256K faithful prefill off / on 9.583 / 9.490 s, 128K on / off / on
-# 4.586 / 4.681 / 4.725 s, the same last logits. Off until a longer A/B (the 1M) decides.
-SPLIT_QUERIES = False
+# 4.586 / 4.681 / 4.725 s, the same last logits. Sixtieth session (call BF, H100): a 1M faithful
+# prefill in 16K chunks 46.71 -> 46.35 s in one process, its last chunks 0.898 / 0.903 / 1.004
+# -> 0.880 / 0.887 / 0.958 s, the same last logits: on.
+SPLIT_QUERIES = True
 PLAIN = 384  # a multiple of the weight's 128-row scale blocks, short of the rotated channels
 
 

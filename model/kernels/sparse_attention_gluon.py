@@ -80,7 +80,11 @@ PV_IN_FLIGHT = True
 # PV_IN_FLIGHT's order: tile t + 1's gather starts once tile t - 1's weighted sum is done, before
 # tile t's logits, not after them; the weighted sum then runs with no key wait under it. The
 # same bits. By the forty-eighth session's ablation the keys' copies cost ~13% of the kernel
-# (H200, before PV_IN_FLIGHT). Untimed: off until a GPU A/B.
+# (H200, before PV_IN_FLIGHT). Sixtieth session (call BF, H100; sm_90 215 registers against
+# 228, no wgmma serialized): the same bits, and slower: at a 16K chunk 4,916 / 4,825 us against
+# PV_IN_FLIGHT's 4,870 / 4,789 (random rows 5,080 / 5,104 against 5,061 / 5,069), a 1M faithful
+# prefill 47.00 against 46.71 s. So the gather's wait is not what binds once the weighted sum
+# runs under it. Off.
 COPY_AHEAD = False
 DECODE_ROWS = 8  # keys decoded at a time (H200: 4.50 ms at 8,192 queries, 16: 4.67, 32: 4.52 and spills)
 WARPS = 8
