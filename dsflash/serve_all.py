@@ -17,7 +17,7 @@ from .logs import log_event
 from .metrics import Metrics
 from .model.parallel import SINGLE
 from .serving.ranks import load_model
-from .serving.worker import WorkerSettings, free_port
+from .serving.worker import WorkerSettings
 
 log = logging.getLogger("dsflash.serve")
 
@@ -36,8 +36,10 @@ async def serve(args) -> None:
     common = dict(checkpoint=checkpoint, host="127.0.0.1", redis_url=args.redis_url, device=args.device,
                   pool_bytes=256 << 20, max_requests=16, act_quant=args.act_quant)
     metrics = Metrics()  # one registry: the gateway's /metrics shows every tier (role label)
-    prefill = PrefillWorker(WorkerSettings(role="prefill", port=free_port(), **common), directory, model, metrics)
-    decode = DecodeWorker(WorkerSettings(role="decode", port=free_port(), **common), directory, model, metrics)
+    # port 0: the kernel picks a port no other server holds (a port chosen here could be taken
+    # before the bind)
+    prefill = PrefillWorker(WorkerSettings(role="prefill", port=0, **common), directory, model, metrics)
+    decode = DecodeWorker(WorkerSettings(role="decode", port=0, **common), directory, model, metrics)
     await prefill.start()
     await decode.start()
     keys = tuple(k.strip() for k in (args.api_key or "").split(",") if k.strip())

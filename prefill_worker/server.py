@@ -17,7 +17,7 @@ from ..model.layers import indexer
 from ..serving.engine_loop import EngineLoop
 from ..serving.kernel_warm_ups import warm_up_kernels
 from ..serving.peers import PeerChannels
-from ..serving.worker import GRPC_OPTIONS, WorkerRuntime, WorkerSettings, serve_until_signal, warming_up
+from ..serving.worker import WorkerRuntime, WorkerSettings, listening_server, serve_until_signal, warming_up
 from ..v1 import worker_pb2, worker_pb2_grpc
 from .engine import PrefillEngine, PrefillEngineConfig, PrefillRequest
 from .scheduler import PrefillSchedulerConfig
@@ -194,11 +194,9 @@ class PrefillWorker:
     async def start(self) -> tuple[grpc.aio.Server, int]:
         self._aio = asyncio.get_running_loop()
         self.loop.start()
-        server = grpc.aio.server(options=GRPC_OPTIONS)
+        server, port = listening_server(self.runtime.settings)
         worker_pb2_grpc.add_PrefillServicer_to_server(PrefillServicer(self), server)
         self.runtime.add_standard_services(server, [SERVICE])
-        s = self.runtime.settings
-        port = server.add_insecure_port(f"{s.host}:{s.port}")
         await server.start()
         await self.runtime.start(server, port, [SERVICE])
         self.server = server

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import pathlib
 import random
@@ -75,6 +76,11 @@ GRPC_OPTIONS = [
     # answers them with GOAWAY "too_many_pings").
     ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
 ]
+# A worker's port is its own. With grpc's default SO_REUSEPORT a second server binds a port that
+# one already listens on, and the kernel then splits the connections between the two (in a
+# parallel test run a gateway's call reached another run's worker: "Method not found!"). Off,
+# that bind fails.
+SERVER_OPTIONS = GRPC_OPTIONS + [("grpc.so_reuseport", 0)]
 
 
 KV_POOL_PLACES = ("auto", "device", "host")
@@ -323,6 +329,17 @@ def pool_device(kv_pool: str, model_device: torch.device, pool_bytes: int) -> to
 
 def _bind_host(host: str) -> str:
     return "0.0.0.0" if host in ("", "::") else host
+
+
+def listening_server(settings: WorkerSettings) -> tuple[grpc.aio.Server, int]:
+    """A worker's gRPC server, bound to its settings' host and port (0: one the kernel picks),
+    and the port bound. A port another server holds is an OSError that says so."""
+    server = grpc.aio.server(options=SERVER_OPTIONS)
+    try:
+        return server, server.add_insecure_port(f"{settings.host}:{settings.port}")
+    except RuntimeError as e:  # grpc says only "Failed to bind"
+        raise OSError(errno.EADDRINUSE, f"the {settings.role} worker cannot listen on {settings.host}:{settings.port}:"
+                                        " the port is taken, or the host is not this machine's") from e
 
 
 def free_port() -> int:

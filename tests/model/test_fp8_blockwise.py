@@ -367,7 +367,8 @@ def test_an_attention_sites_pass_encodes_its_input_for_wq_a_and_wkv(monkeypatch)
         assert all(torch.equal(a, b) for a, b in zip(ops.linear_many(operand, names), ops.linear_many(xa, names)))
     _, xa = ops.hc_mix_collapse(X, *site, encode_for=names)
     assert ops.encoded_input(xa.clone()) is None
-    cfg, role = SimpleNamespace(rms_norm_eps=1e-6, head_dim=64, num_heads=2), SimpleNamespace(prefix="L")
+    cfg = SimpleNamespace(rms_norm_eps=1e-6, head_dim=64, rope_head_dim=16, num_heads=2)
+    role = SimpleNamespace(prefix="L")
     taken, many = [], ops.linear_many
     monkeypatch.setattr(ops, "linear_many", lambda x, n: taken.append(type(x).__name__) or many(x, n))
     _, xa = ops.hc_mix_collapse(X, *site, encode_for=names)
