@@ -100,7 +100,7 @@ tiles = gluon_form.row_tiles(window_rows, entry_rows)
 
 
 def rows_kernel(q):
-    return lambda: gluon_form.launch_rows([q] + arguments[1:], constants, heads, tiles)
+    return lambda: gluon_form.launch_rows([q] + arguments[1:], constants, tiles)
 
 
 operand_bytes = n * heads * D * (1 + 4 / 128)

@@ -723,13 +723,24 @@ def _tiles_sum_in_flight(q_smem, keys, probs, rows_at, s_init, m_i, l_i, o, wind
             _stage_keys_bf16(window_keys, entry_keys, rows_at.index(t + 1), t + 1, window_tiles, W, K,
                              keys.index((t + 1) % 2), KT, D, num_warps)
         async_copy.commit_group()
-        _, valid = _tile_rows(rows_at.index(t), t, window_tiles, W, K, KT, gl.SliceLayout(0, s_layout))
-        p, m_i, l_i, o = _softmax_step(s, valid, scale, m_i, l_i, o, o_layout)
-        probs.store(p.to(gl.bfloat16))
-        fence_async_shared()
-        _barrier()
+        m_i, l_i, o = _probabilities_stored(s, probs, rows_at.index(t), t, window_tiles, W, K, scale, m_i, l_i, o,
+                                            o_layout, s_layout, KT)
         o = warpgroup_mma(probs, current, o, is_async=True)
     return m_i, l_i, warpgroup_mma_wait(0, deps=[o])
+
+
+@gluon.jit
+def _probabilities_stored(s, probs, tile_rows, t, window_tiles, W, K, scale, m_i, l_i, o, o_layout: gl.constexpr,
+                          s_layout: gl.constexpr, KT: gl.constexpr):
+    """Tile t's logits s (its staged rows tile_rows) through the softmax, its probabilities in
+    `probs` for every warpgroup's weighted sum (the in-flight loops' step between their wgmmas).
+    Returns m_i, l_i, o."""
+    _, valid = _tile_rows(tile_rows, t, window_tiles, W, K, KT, gl.SliceLayout(0, s_layout))
+    p, m_i, l_i, o = _softmax_step(s, valid, scale, m_i, l_i, o, o_layout)
+    probs.store(p.to(gl.bfloat16))
+    fence_async_shared()
+    _barrier()
+    return m_i, l_i, o
 
 
 @gluon.jit
@@ -773,11 +784,8 @@ def _copy_ahead_tile(q_smem, keys, probs, rows_at, s_init, m_i, l_i, o, window_k
     _barrier()
     current = keys.index(t % 2)
     s = warpgroup_mma(q_smem, current.permute((1, 0)), s_init, use_acc=False)
-    _, valid = _tile_rows(rows_at.index(t), t, window_tiles, W, K, KT, gl.SliceLayout(0, s_layout))
-    p, m_i, l_i, o = _softmax_step(s, valid, scale, m_i, l_i, o, o_layout)
-    probs.store(p.to(gl.bfloat16))
-    fence_async_shared()
-    _barrier()
+    m_i, l_i, o = _probabilities_stored(s, probs, rows_at.index(t), t, window_tiles, W, K, scale, m_i, l_i, o,
+                                        o_layout, s_layout, KT)
     return m_i, l_i, warpgroup_mma(probs, current, o, use_acc=not FIRST, is_async=True)
 
 
@@ -865,19 +873,19 @@ def prefill_attention_decoded(q: torch.Tensor, window_keys: torch.Tensor, window
     arguments, constants = launch_arguments(q, window_keys, window_rows, entry_keys, entry_rows, sink, scale, out,
                                             rope, tail)
     if q.shape[0]:
-        launch_rows(arguments, constants, q.shape[1], row_tiles(window_rows, entry_rows), skip, tail)
+        launch_rows(arguments, constants, row_tiles(window_rows, entry_rows), skip, tail)
     return out
 
 
-def launch_rows(arguments: list, constants: dict, heads: int, tiles: int, skip: int = 0,
+def launch_rows(arguments: list, constants: dict, tiles: int, skip: int = 0,
                 tail: torch.Tensor | None = None) -> None:
     """_attention_rows_kernel on launch_arguments' arguments and constants (their queries
-    arguments[0], n rows), a query's ROW_TILES, the ablation's SKIP and the queries' tail, in
-    the loop order the switches pick (PV_IN_FLIGHT, COPY_AHEAD: two tiles or more, no SKIP)."""
+    arguments[0], [n, heads, *]), a query's ROW_TILES, the ablation's SKIP and the queries' tail,
+    in the loop order the switches pick (PV_IN_FLIGHT, COPY_AHEAD: two tiles or more, no SKIP)."""
     q = arguments[0]
     t = q if tail is None else tail  # (not read without a tail)
     overlaps = tiles > 1 and not skip
-    _attention_rows_kernel[(q.shape[0], triton.cdiv(heads, HEADS))](
+    _attention_rows_kernel[(q.shape[0], triton.cdiv(q.shape[1], HEADS))](
         *arguments, t, t.stride(0), t.stride(1), **constants, HB=HEADS, KT=KEY_TILE, SKIP=skip, ROW_TILES=tiles,
         PV_IN_FLIGHT=PV_IN_FLIGHT and overlaps, PLAIN=0 if tail is None else q.shape[2],
         COPY_AHEAD=COPY_AHEAD and overlaps, num_warps=WARPS)
