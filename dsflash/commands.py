@@ -38,7 +38,7 @@ def make_checkpoint(args) -> int:
     from dsflash.model.checkpoint_writer import write_checkpoint
     from dsflash.model.weights import Checkpoint
 
-    out = write_checkpoint(args.out, args.preset, args.seed)
+    out = write_checkpoint(args.out, args.preset, args.seed, device=args.device)
     Checkpoint(out).validate()
     log.info("wrote %s checkpoint (seed %d) to %s", args.preset, args.seed, out)
     return 0

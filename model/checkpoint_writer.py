@@ -157,8 +157,10 @@ def encode_tensor(spec: TensorSpec, value: torch.Tensor, block: tuple[int, int])
 
 
 def write_checkpoint(out: str | pathlib.Path, preset: str = "tiny", seed: int = 0, shard_bytes: int = SHARD_BYTES,
-                     config_dict: dict | None = None) -> pathlib.Path:
-    """Write a random checkpoint; returns its directory. `config_dict` overrides the preset."""
+                     config_dict: dict | None = None, device: str | torch.device = "cpu") -> pathlib.Path:
+    """Write a random checkpoint; returns its directory. `config_dict` overrides the preset.
+    `device` draws and encodes the values there (a GPU writes the bench preset's 46.5 GiB in
+    the time the disk takes; its generator gives other values than the CPU's)."""
     out = pathlib.Path(out)
     out.mkdir(parents=True, exist_ok=True)
     raw = config_dict if config_dict is not None else preset_config(preset)
@@ -172,7 +174,8 @@ def write_checkpoint(out: str | pathlib.Path, preset: str = "tiny", seed: int = 
     shards: list[dict[str, torch.Tensor]] = [{}]
     size = 0
     for spec in specs:
-        stored = encode_tensor(spec, random_value(spec, seed), config.quant.weight_block)
+        stored = {k: v.cpu() for k, v in encode_tensor(spec, random_value(spec, seed, device),
+                                                        config.quant.weight_block).items()}
         nbytes = sum(t.numel() * t.element_size() for t in stored.values())
         if shards[-1] and size + nbytes > shard_bytes:
             shards.append({})
