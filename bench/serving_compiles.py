@@ -52,7 +52,7 @@ def main() -> int:
     source.add_argument("--make", nargs=2, metavar=("PRESET", "DIR"))
     parser.add_argument("--device", default="cuda", help="cpu: a smoke test of this script (nothing compiles)")
     parser.add_argument("--act-quant", action="store_true")
-    parser.add_argument("--lengths", default="37,1000,9001,20011")
+    parser.add_argument("--lengths", default="37,40,45,1000,9001,20011")
     parser.add_argument("--log", default="serve.log")
     parser.add_argument("--ready-timeout-s", type=float, default=600)
     args = parser.parse_args()

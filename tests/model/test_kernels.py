@@ -102,6 +102,28 @@ def test_split_parts_read_eight_at_once_sum_to_the_same_bits(monkeypatch):
     assert not gemm.tile_counts(xd.device).any()
 
 
+@pytest.mark.parametrize("m", [1, 5, 6, 16])
+def test_split_parts_start_every_16_elements_and_the_row_count_form_keeps_the_bits(m, monkeypatch):
+    """A router's 8-column split parts start every whole 16 elements at any row count, so Triton
+    meets one stride kind (fp8_gemm._outputs), and the transposed kernel with its row count
+    unspecialized (the shipped form) sums as the form specialized on it did."""
+    from dsflash.model.kernels import fp8_gemm as gemm
+
+    monkeypatch.setattr(gemm, "INTERPRETER_SPLITS", 3)
+    _, parts, _ = gemm._outputs(m, 8, 3, 1, torch.device(DEVICE))
+    assert parts.shape == (3, m, 8) and parts.stride() == (-(-m * 8 // 16) * 16, 8, 1)
+    g = _g(m)
+    weight, x = torch.randn(8, 256, generator=g).to(DEVICE), torch.randn(m, 256, generator=g).to(DEVICE)
+    assert gemm._split_k(256, 64, 1, x.device)[0] > 1
+    got = {}
+    for specialized in (False, True):
+        monkeypatch.setattr(gemm, "ROWS_SPECIALIZED", specialized)
+        got[specialized] = fp32_gemm(x, weight).cpu()
+    assert torch.equal(got[False], got[True])
+    assert (got[False] - x.cpu() @ weight.cpu().T).abs().max() < REL * 30
+    assert not gemm.tile_counts(x.device).any()
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("rows", [12, 40])
 def test_a_rows_product_does_not_depend_on_the_rows_beside_it(dtype, rows, monkeypatch):
