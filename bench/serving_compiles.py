@@ -27,6 +27,19 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 from tests.support.gateway_harness import ServeProcess  # noqa: E402
 
 
+# what sets a preset's depth and which layer is of which kind
+LAYER_KEYS = ("num_hidden_layers", "compress_ratios", "kv_source_layer_ids", "index_source_layer_ids",
+              "candidate_source_layer_id", "engram_layer_ids", "dspark_target_layer_ids")
+
+
+def shallow_config(preset: str) -> dict:
+    from dsflash.model.checkpoint_writer import PRESETS, preset_config
+
+    config = preset_config(preset)
+    config["text_config"].update({key: PRESETS["tiny"][key] for key in LAYER_KEYS})
+    return config
+
+
 def prompt_of(length: int, seed: int) -> list[int]:
     return [(7919 * i + 104729 * seed) % 120000 + 3 for i in range(length)]
 
@@ -50,6 +63,9 @@ def main() -> int:
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--checkpoint")
     source.add_argument("--make", nargs=2, metavar=("PRESET", "DIR"))
+    parser.add_argument("--shallow", action="store_true",
+                        help="with --make: the preset's widths at the tiny preset's depth and layer kinds (12 "
+                             "layers: a fraction of the bytes to write and load, every kind of layer still)")
     parser.add_argument("--device", default="cuda", help="cpu: a smoke test of this script (nothing compiles)")
     parser.add_argument("--act-quant", action="store_true")
     parser.add_argument("--lengths", default="37,40,45,1000,9001,20011")
@@ -62,7 +78,8 @@ def main() -> int:
         from dsflash.model.checkpoint_writer import write_checkpoint
 
         began = time.monotonic()
-        checkpoint = write_checkpoint(args.make[1], args.make[0], device=args.device)
+        checkpoint = write_checkpoint(args.make[1], args.make[0], device=args.device,
+                                      config_dict=shallow_config(args.make[0]) if args.shallow else None)
         print(f"wrote the {args.make[0]} checkpoint in {time.monotonic() - began:.1f} s", flush=True)
     log = pathlib.Path(args.log)
     began = time.monotonic()

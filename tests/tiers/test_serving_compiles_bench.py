@@ -12,7 +12,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 def test_the_script_serves_its_requests_on_a_checkpoint_it_makes(tmp_path):
     done = subprocess.run([sys.executable, str(REPO / "bench" / "serving_compiles.py"), "--make", "tiny",
-                           str(tmp_path / "ckpt"), "--device", "cpu", "--lengths", "37,70",
+                           str(tmp_path / "ckpt"), "--shallow", "--device", "cpu", "--lengths", "37,70",
                            "--log", str(tmp_path / "serve.log"), "--ready-timeout-s", "120"],
                           capture_output=True, text=True, timeout=300, cwd=REPO)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
