@@ -124,8 +124,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("out", help="output directory")
     _add(p, "--preset", default="tiny", choices=["tiny", "small", "bench"])
     _add(p, "--seed", type=int, default=0)
-    _add(p, "--device", default="cpu", help="where the values are drawn and encoded (cuda: the bench preset in "
-                                             "the time the disk takes; other values than the CPU's)")
+    _add(p, "--device", default="cpu",
+         help="where the values are drawn and encoded (cuda: far faster for the bench preset; other values than the CPU's)")
     _common_logging(p)
 
     p = sub.add_parser("logits", help="fp32 logits at every position into a safetensors file")
