@@ -10,3 +10,4 @@ df -h /tmp | tail -1 | tee -a "$LOG"
 step serve-bench 370 python3 bench/serving_compiles.py --make bench /tmp/bench-ckpt --shallow --act-quant \
   --lengths 37,40,45,1000,9001 --ready-timeout-s 300 --log /tmp/serve-bench.log
 grep -E "prefill_warm_up|warmed up|serve_ready|Error|error" /tmp/serve-bench.log | cut -c1-400 | tail -20 | tee -a "$LOG"
+pkill -f "dsflash.cli serve" || true  # (a serve the step's limit left behind)
