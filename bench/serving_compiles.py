@@ -68,7 +68,7 @@ def main() -> int:
                              "layers: a fraction of the bytes to write and load, every kind of layer still)")
     parser.add_argument("--device", default="cuda", help="cpu: a smoke test of this script (nothing compiles)")
     parser.add_argument("--act-quant", action="store_true")
-    parser.add_argument("--lengths", default="37,40,45,1000,9001,20011")
+    parser.add_argument("--lengths", default="37,40,45,300,400,513,700,1000,1025,2000,5000,9001")
     parser.add_argument("--log", default="serve.log")
     parser.add_argument("--ready-timeout-s", type=float, default=600)
     args = parser.parse_args()

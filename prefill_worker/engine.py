@@ -39,7 +39,19 @@ log = logging.getLogger(__name__)
 # their stride had been odd in 16 at an odd count): bench/warm_up_coverage.py on the tiny
 # checkpoint (sixty-first session) then found none these lengths miss at 37, 40, 41, 45, 23 or
 # a 44 + 24 turn but the indexer's, which its own warm-up takes (the tool leaves that out).
-SHORT_WARM_UPS = (1, 5, 8, 12, 16, 64, 300)
+# The tiny checkpoint cannot show what the release's widths compile past 300 tokens (its 4-entry
+# lists are full at any length): `dsflash serve` on the bench preset's widths (H100, sixty-first
+# session, call BI: bench/serving_compiles.py) compiled, after these warm-ups, at 400 tokens the
+# rows attention's rotating form with an entry count 16 divides (a ratio-1 source's 400) and the
+# tile GEMM at 400 rows; at 513 and 1,000 its staged form on whole queries (prompts under
+# prefill_gemms.ROWS take them joined; a chunk's take them in halves) with an entry count 16
+# divides and does not (512; a ratio-2 source's 500); at 1,025 and 2,000 the experts' row
+# encodes at a row count of either kind (from prefill_gemms.ROWS rows, below EXPERT_PAIRS pairs
+# an expert). 0.8 s for each rows-attention form on an empty cache.
+SHORT_WARM_UPS = (1, 5, 8, 12, 16, 64, 300, 400, 513, 1000, 1025, 2000)
+# ... and these together, one step: several prompts in a chunk gather their keys and attend in
+# a form one prompt alone never takes (call BI: three prompts at once compiled it, 2.1 s).
+BATCHED_WARM_UP = (50, 67, 84)
 
 
 class PrefillStatus(enum.Enum):
@@ -161,8 +173,9 @@ class PrefillEngine:
         1M-token prefill). Then the short prompts of SHORT_WARM_UPS shorter than n: their rows
         take other kernels and tiles than a chunk's, and their queries see fewer entries, for
         which the rows attention takes its rotating form (sparse_attention_gluon.STAGED_TILES, a
-        compile a chunk never makes: 1.4 s on an H100). Each asks for the DSpark taps, as the
-        decode worker's requests do. Returns n (0: nothing ran). The engine must be idle."""
+        compile a chunk never makes: 1.4 s on an H100); then BATCHED_WARM_UP's prompts in one
+        step, where n holds them. Each asks for the DSpark taps, as the decode worker's requests
+        do. Returns n (0: nothing ran). The engine must be idle."""
         assert not self.requests, "warm up an idle engine"
         n = tokens
         while n > 1 and not self.pool.can_hold(n):
@@ -170,17 +183,21 @@ class PrefillEngine:
         if n < 1 or not self.pool.can_hold(n):
             return 0
         g = torch.Generator().manual_seed(0)
-        lengths = ([n, n - 1] if n > 1 else [n]) + [s for s in SHORT_WARM_UPS if s < n - 1]
-        for length in lengths:
-            prompt = torch.randint(3, self.model.config.vocab_size, (length,), generator=g).tolist()
-            request = self.add(PrefillRequest("warm-up", prompt))
+        steps = [[n], [n - 1]] if n > 1 else [[n]]
+        steps += [[s] for s in SHORT_WARM_UPS if s < n - 1]
+        if sum(BATCHED_WARM_UP) <= n:
+            steps.append(list(BATCHED_WARM_UP))
+        for lengths in steps:
+            requests = [self.add(PrefillRequest(f"warm-up-{i}", torch.randint(
+                3, self.model.config.vocab_size, (length,), generator=g).tolist())) for i, length in enumerate(lengths)]
             try:
-                while request.status is not PrefillStatus.FINISHED:
+                while any(request.status is not PrefillStatus.FINISHED for request in requests):
                     self.step()
             finally:
-                self.requests.pop(request.request_id, None)
-                if request.cache is not None:
-                    request.cache.release()
+                for request in requests:
+                    self.requests.pop(request.request_id, None)
+                    if request.cache is not None:
+                        request.cache.release()
         return n
 
     def _start_waiting(self) -> None:

@@ -156,11 +156,15 @@ def test_warm_up_runs_a_whole_chunk_and_leaves_the_engine_as_it_found_it(golden_
     prompts = []
     add = engine.add
     engine.add = lambda request: prompts.append(len(request.tokens)) or add(request)
-    assert engine.warm_up(48) == 48 and prompts == [48, 47, 1, 5, 8, 12, 16]
+    assert engine.warm_up(48) == 48 and prompts == [48, 47, 1, 5, 8, 12, 16]  # (BATCHED_WARM_UP: 201 > 48)
     assert not engine.has_work() and pool.is_empty()
     monkeypatch.setattr(engine_module, "SHORT_WARM_UPS", (20, 47, 300))
+    monkeypatch.setattr(engine_module, "BATCHED_WARM_UP", (5, 6, 7))
     prompts.clear()
-    assert engine.warm_up(48) == 48 and prompts == [48, 47, 20]
+    held = []  # the requests each step holds: the batched ones go together
+    step = engine.step
+    engine.step = lambda: held.append(len(engine.requests)) or step()
+    assert engine.warm_up(48) == 48 and prompts == [48, 47, 20, 5, 6, 7] and held[-1] == 3
     assert not engine.has_work() and pool.is_empty()
     small = make_pool(golden_model, pages=3, slots=2, page_entries=8)
     engine = PrefillEngine(golden_model, small, _config(budget=48, chunk=32))

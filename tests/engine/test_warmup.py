@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from dsflash.decode_worker.engine import DecodeEngine, DecodeEngineConfig
-from dsflash.decode_worker.warmup import warm_up, warm_up_context, warm_up_sizes
+from dsflash.decode_worker.warmup import partial_context, warm_up, warm_up_context, warm_up_sizes
 
 from .conftest import make_pool
 
@@ -16,6 +16,26 @@ def test_one_batch_size_per_bucket_up_to_the_engines_limit():
     assert warm_up_sizes(10, 256, 6) == [1, 2, 4, 8, 10]  # 9 and 10 requests pad to 16: 10 warms it
     assert warm_up_sizes(64, 256, 6) == [1, 2, 4, 8, 16, 24, 32, 40, 42]  # 256 rows hold 42 requests
     assert warm_up_sizes(3, 256, 1) == [1, 2, 3]
+
+
+def test_the_partial_context_leaves_the_largest_ratios_lists_partial_and_odd_in_16():
+    from dsflash.model.checkpoint_writer import preset_config
+    from dsflash.model.config import ModelConfig
+
+    config = ModelConfig.from_dict(preset_config("bench"))  # k = 512, ratios 1 and 2, as the release
+    assert partial_context(config) == 1000 and warm_up_context(config) == 2048
+    for k in (100, 140, 1024):
+        entries = partial_context(_with_topk(k)) // 2
+        assert entries < k and entries % 16, (k, entries)
+
+
+def _with_topk(k: int):
+    from dsflash.model.checkpoint_writer import preset_config
+    from dsflash.model.config import ModelConfig
+
+    raw = preset_config("bench")
+    raw["text_config"]["index_topk"] = k
+    return ModelConfig.from_dict(raw)
 
 
 def test_warm_up_runs_each_size_and_leaves_the_engine_and_pool_as_it_found_them(golden_model):
