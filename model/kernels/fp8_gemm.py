@@ -151,8 +151,9 @@ def _three_bf16_parts(x):
 # The row count M only bounds and masks the rows (never an address's alignment), so it is left
 # unspecialized: one variant for every count of decode and short-prompt rows. Before, each
 # weight's kernel compiled again for M = 1 and for 16 dividing M, and a prefill worker's warm-up
-# took two prompts (40 and 45 tokens) for those alone.
-@triton.jit(do_not_specialize=["M"])
+# took two prompts (40 and 45 tokens) for those alone. (Call BJ times decode with and without
+# this: its sed takes the next line's do_not_specialize out.)
+@triton.jit(do_not_specialize=["M"])  # rows unspecialized
 def _skinny_kernel(x_ptr, w_ptr, s_ptr, y_ptr, out_ptr, count_ptr, M, N, K, K_PER_SPLIT, SPLITS,
                    sxm, sxk, swn, ssn, ssk, sys, sym, syn,
                    FP8_WEIGHT: tl.constexpr, SMALL: tl.constexpr, SPLIT: tl.constexpr, PTX: tl.constexpr,
@@ -209,12 +210,6 @@ def _skinny_kernel(x_ptr, w_ptr, s_ptr, y_ptr, out_ptr, count_ptr, M, N, K, K_PE
             acc = _dot_columns(w, x_ptr, xm, kk, K, sxm, sxk, acc, SPLIT, PTX, EVEN_K, HEADS)
     _finish(acc, rm[None, :] * sym + rn[:, None] * syn, (rm[None, :] < M) & (rn[:, None] < N), y_ptr, out_ptr,
             count_ptr + pid_m * tl.num_programs(0) + pid_n, pid_k, SPLITS, sys, SUM_GROUP)
-
-
-# The transposed kernel as it was before M went unspecialized, for an A/B on a GPU (bench/
-# decode_ab.py dsflash.model.kernels.fp8_gemm.ROWS_SPECIALIZED False True).
-ROWS_SPECIALIZED = False
-_skinny_kernel_rows_specialized = triton.jit(_skinny_kernel.fn)
 
 
 def tiles_for(m: int, fp8: bool = True) -> dict:
@@ -507,9 +502,8 @@ def _skinny(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor | None, 
     out, y, counts = _outputs(M, N, splits, out_tiles * row_tiles, x.device)
     w = weight.view(torch.int32) if fp8 else weight
     scale_ptr, ssn, ssk = _scale_args(weight, scales)
-    kernel = _skinny_kernel_rows_specialized if ROWS_SPECIALIZED else _skinny_kernel
     with mma_sync("decode_gemm"):
-        kernel[(out_tiles, splits, row_tiles)](
+        _skinny_kernel[(out_tiles, splits, row_tiles)](
             x, w, scale_ptr, y, out, counts, M, N, K, per_split, splits, x.stride(0), x.stride(1), w.stride(0), ssn,
             ssk, *y.stride(), FP8_WEIGHT=fp8, SMALL=small, SPLIT=x.dtype != torch.bfloat16, PTX=not interpreting(),
             EVEN_K=K % tiles["BLOCK_K"] == 0, GROUP_ROWS=group_rows, SUM_GROUP=_sum_group(splits),
