@@ -38,14 +38,21 @@ def _with_topk(k: int):
     return ModelConfig.from_dict(raw)
 
 
-def test_warm_up_runs_each_size_and_leaves_the_engine_and_pool_as_it_found_them(golden_model):
+def test_warm_up_runs_each_size_and_leaves_the_engine_and_pool_as_it_found_them(golden_model, monkeypatch):
+    from dsflash.decode_worker import warmup
+
     pool = make_pool(golden_model, pages=400, slots=8)
     engine = DecodeEngine(golden_model, pool, DecodeEngineConfig(max_running=4))
     pages, slots = pool.free_page_count, pool.free_slot_count
     context = warm_up_context(golden_model.config)
     assert context >= 2 * golden_model.config.index_topk
     assert warm_up(engine) == []  # no CUDA graphs on this device: nothing to warm
+    made = []  # each size at the full lists' context, then at the partial ones'
+    request = warmup.synthetic_request
+    monkeypatch.setattr(warmup, "synthetic_request", lambda e, i, held, *a: made.append(held) or request(e, i, held, *a))
     assert warm_up(engine, sizes=[1, 3]) == [1, 3]
+    partial = partial_context(golden_model.config)
+    assert made == [context, partial] + [context] * 3 + [partial] * 3 and partial < context
     assert not engine.has_work() and engine.num_running == 0
     assert (pool.free_page_count, pool.free_slot_count) == (pages, slots)
     tight = make_pool(golden_model, pages=pool.layout.pages_for(context + 64) * 2, slots=8)
