@@ -90,10 +90,11 @@ def main() -> int:
         for line in re.findall(r".*(?:prefill_warm_up|warmed up).*", log.read_text()):
             print(line[:300])
         lengths = [int(n) for n in args.lengths.split(",")]
-        first = complete(serve.url, prompt_of(lengths[0], 0), "c0")
-        for i, n in enumerate(lengths[1:], 1):
-            complete(serve.url, prompt_of(n, i), f"c{i}")
-        held = prompt_of(lengths[0], 0) + first["choices"][0]["token_ids"]
+        prompts = [prompt_of(n, i) for i, n in enumerate(lengths)]
+        first = complete(serve.url, prompts[0], "c0")
+        for i, prompt in enumerate(prompts[1:], 1):
+            complete(serve.url, prompt, f"c{i}")
+        held = prompts[0] + first["choices"][0]["token_ids"]
         complete(serve.url, held + prompt_of(23, 99), "c0")
         with concurrent.futures.ThreadPoolExecutor(3) as pool:
             list(pool.map(lambda i: complete(serve.url, prompt_of(50 + 17 * i, 200 + i), f"b{i}", 24), range(3)))

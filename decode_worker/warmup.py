@@ -53,11 +53,15 @@ def warm_up_sizes(max_running: int, max_rows: int, rows_per_request: int) -> lis
     return sorted({min(batch_bucket(n), limit) for n in range(1, limit + 1)})
 
 
+def _largest_ratio(config) -> int:
+    return max((role.ratio for role in config.roles if role.ratio), default=1)
+
+
 def warm_up_context(config) -> int:
     """A context at which every layer's entry list is full (index_topk entries of the largest
     compression ratio): the lists long conversations attend with, whose whole-layer graphs
     are then ready (model/deepseek_v41.py, _graphable_attention)."""
-    ratio = max((role.ratio for role in config.roles if role.ratio), default=1)
+    ratio = _largest_ratio(config)
     return max(2 * config.index_topk * ratio, 2 * config.sliding_window)
 
 
@@ -67,7 +71,7 @@ def partial_context(config) -> int:
     steps there attend in a split form at an entry count the full lists never have: a 1,000-token
     prompt's first decode step compiled it after the full-context warm-up (H100, sixty-first
     session, call BI: 2.5 s on an empty cache)."""
-    ratio = max((role.ratio for role in config.roles if role.ratio), default=1)
+    ratio = _largest_ratio(config)
     entries = config.index_topk - 12
     entries -= entries % 16 == 0
     # (past the sliding window; a whole group of the largest ratio, which the others divide:
