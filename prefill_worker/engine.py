@@ -20,6 +20,7 @@ import torch
 from ..kvcache.paged import PagedCache
 from ..kvcache.pool import CachePool, PoolExhausted
 from ..model.deepseek_v41 import DeepseekV41
+from ..model.kernels import fp4_moe, prefill_gemms
 from ..model.prefill import PrefillJob, PrefillOutput, prefill_step
 from ..model.runner import ced_tail_length
 from .scheduler import PrefillScheduler, PrefillSchedulerConfig
@@ -52,6 +53,23 @@ SHORT_WARM_UPS = (1, 5, 8, 12, 16, 64, 300, 400, 513, 1000, 1025, 2000)
 # ... and these together, one step: several prompts in a chunk gather their keys and attend in
 # a form one prompt alone never takes (call BI: three prompts at once compiled it, 2.1 s).
 BATCHED_WARM_UP = (50, 67, 84)
+
+
+def expert_block_warm_ups(k: int, experts: int, below: int) -> list[int]:
+    """The shortest prompt, under `below` tokens, of each block height fp4_moe takes for a
+    prompt's routed pairs (k an input row, `experts` on this rank; one bf16 part or
+    fp4_moe.SPLITS), below prefill_gemms.ROWS rows and from it (the rows arrive laid out
+    otherwise). Prompts of prefill_gemms.EXPERT_PAIRS pairs an expert and more take cuBLAS.
+    The literal lengths above missed one: the bench preset's 128-row blocks, from 2,048 tokens
+    (256 pairs an expert) to 4,095 (H100, sixty-second session: a 3,000-token prompt compiled
+    the gate/up and down kernels while serving, 2.0 s)."""
+    cublas_from = -(-prefill_gemms.EXPERT_PAIRS * experts // k)
+    firsts: dict[tuple, int] = {}
+    for tokens in range(1, min(below, cublas_from)):
+        for parts in sorted({1, fp4_moe.SPLITS}):
+            key = (parts, fp4_moe.block_height(tokens * k, experts, parts), tokens >= prefill_gemms.ROWS)
+            firsts.setdefault(key, tokens)
+    return sorted(set(firsts.values()))
 
 
 class PrefillStatus(enum.Enum):
@@ -173,7 +191,7 @@ class PrefillEngine:
         1M-token prefill). Then the short prompts of SHORT_WARM_UPS shorter than n: their rows
         take other kernels and tiles than a chunk's, and their queries see fewer entries, for
         which the rows attention takes its rotating form (sparse_attention_gluon.STAGED_TILES, a
-        compile a chunk never makes: 1.4 s on an H100); then BATCHED_WARM_UP's prompts in one
+        compile a chunk never makes: 1.4 s on an H100) and those of expert_block_warm_ups; then BATCHED_WARM_UP's prompts in one
         step, where n holds them. Each asks for the DSpark taps, as the decode worker's requests
         do. Returns n (0: nothing ran). The engine must be idle."""
         assert not self.requests, "warm up an idle engine"
@@ -184,7 +202,10 @@ class PrefillEngine:
             return 0
         g = torch.Generator().manual_seed(0)
         steps = [[n], [n - 1]] if n > 1 else [[n]]
-        steps += [[s] for s in SHORT_WARM_UPS if s < n - 1]
+        config = self.model.config
+        experts = config.n_routed_experts // self.model.ops.parallel.world
+        short = set(SHORT_WARM_UPS) | set(expert_block_warm_ups(config.num_experts_per_tok, experts, n - 1))
+        steps += [[s] for s in sorted(short) if s < n - 1]
         if sum(BATCHED_WARM_UP) <= n:
             steps.append(list(BATCHED_WARM_UP))
         for lengths in steps:

@@ -40,8 +40,16 @@ def _text(script: Path) -> str:
 
 
 def _steps(script: Path) -> list[list[str]]:
-    """Each `step NAME SECONDS CMD...` line of a call as argv."""
-    return [shlex.split(line)[3:] for line in _text(script).splitlines() if line.startswith("step ")]
+    """Each `step NAME SECONDS CMD...` line of a call as argv, those of the calls it sources
+    (one that picks a call by the card that came) among them."""
+    steps = []
+    for line in _text(script).splitlines():
+        sourced = re.fullmatch(r"\s*source (bench/device/call_\w+\.sh)", line)
+        if sourced:
+            steps += _steps(REPO / sourced.group(1))
+        elif line.startswith("step "):
+            steps.append(shlex.split(line)[3:])
+    return steps
 
 
 def test_the_plan_has_its_calls_and_they_parse():

@@ -145,6 +145,25 @@ def test_cache_restored_resumes_decoding_identically(tiny_model):
     assert pool.is_empty()
 
 
+def test_expert_block_warm_ups_meet_every_block_height_a_prompt_takes():
+    """Each prompt shorter than the warm-up's chunk that runs its routed experts on fp4_moe
+    meets a block height (and row layout) one of the warm-up's lengths met first: the bench
+    preset's 128-row blocks from 2,048 tokens among them (a 3,000-token prompt compiled them)."""
+    from dsflash.model.kernels import fp4_moe, prefill_gemms
+
+    def key(tokens, k, experts):
+        return {(parts, fp4_moe.block_height(tokens * k, experts, parts), tokens >= prefill_gemms.ROWS)
+                for parts in {1, fp4_moe.SPLITS}}
+
+    for k, experts, below in [(6, 48, 8191), (8, 256, 8191), (2, 8, 47), (6, 24, 700)]:
+        lengths = engine_module.expert_block_warm_ups(k, experts, below)
+        assert lengths == sorted(set(lengths)) and all(0 < n < below for n in lengths)
+        met = set().union(*(key(n, k, experts) for n in lengths))
+        cublas_from = -(-prefill_gemms.EXPERT_PAIRS * experts // k)
+        assert all(key(t, k, experts) <= met for t in range(1, min(below, cublas_from)))
+    assert 2048 in engine_module.expert_block_warm_ups(6, 48, 8191)
+
+
 def test_warm_up_runs_a_whole_chunk_and_leaves_the_engine_as_it_found_it(golden_model, monkeypatch):
     """The prefill worker's start (GPU): synthetic prompts of the token budget and one token
     less (entry counts that 16 divides and does not: Triton specializes on it), chunked as a
@@ -156,9 +175,11 @@ def test_warm_up_runs_a_whole_chunk_and_leaves_the_engine_as_it_found_it(golden_
     prompts = []
     add = engine.add
     engine.add = lambda request: prompts.append(len(request.tokens)) or add(request)
-    assert engine.warm_up(48) == 48 and prompts == [48, 47, 1, 5, 8, 12, 16]  # (BATCHED_WARM_UP: 201 > 48)
+    # (and expert_block_warm_ups' 4 and 32 of the tiny preset's 8 experts, 2 a row; BATCHED_WARM_UP: 201 > 48)
+    assert engine.warm_up(48) == 48 and prompts == [48, 47, 1, 4, 5, 8, 12, 16, 32]
     assert not engine.has_work() and pool.is_empty()
     monkeypatch.setattr(engine_module, "SHORT_WARM_UPS", (20, 47, 300))
+    monkeypatch.setattr(engine_module, "expert_block_warm_ups", lambda k, experts, below: [])
     monkeypatch.setattr(engine_module, "BATCHED_WARM_UP", (5, 6, 7))
     prompts.clear()
     held = []  # the requests each step holds: the batched ones go together
