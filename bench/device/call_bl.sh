@@ -4,6 +4,7 @@
 # 2,048 tokens to 4,095, where cuBLAS takes over: no warm-up length met them). The warm-up now
 # adds the shortest prompt of each block height (prefill_worker/engine.expert_block_warm_ups):
 # check that, at the lengths of both processes and at the thresholds of the kernels' forms.
+# Ran in the sixty-second session (H100, through call BK): no compile while serving at any of them.
 source bench/device/env.sh
 step serve-bench 450 python3 bench/serving_compiles.py --make bench /tmp/bench-ckpt --shallow --act-quant \
   --ready-timeout-s 300 --log /tmp/serve-bench.log \
