@@ -191,9 +191,9 @@ class PrefillEngine:
         1M-token prefill). Then the short prompts of SHORT_WARM_UPS shorter than n: their rows
         take other kernels and tiles than a chunk's, and their queries see fewer entries, for
         which the rows attention takes its rotating form (sparse_attention_gluon.STAGED_TILES, a
-        compile a chunk never makes: 1.4 s on an H100) and those of expert_block_warm_ups; then BATCHED_WARM_UP's prompts in one
-        step, where n holds them. Each asks for the DSpark taps, as the decode worker's requests
-        do. Returns n (0: nothing ran). The engine must be idle."""
+        compile a chunk never makes: 1.4 s on an H100), and those of expert_block_warm_ups; then
+        BATCHED_WARM_UP's prompts in one step, where n holds them. Each asks for the DSpark taps,
+        as the decode worker's requests do. Returns n (0: nothing ran). The engine must be idle."""
         assert not self.requests, "warm up an idle engine"
         n = tokens
         while n > 1 and not self.pool.can_hold(n):
@@ -203,14 +203,14 @@ class PrefillEngine:
         g = torch.Generator().manual_seed(0)
         steps = [[n], [n - 1]] if n > 1 else [[n]]
         config = self.model.config
-        experts = config.n_routed_experts // self.model.ops.parallel.world
+        experts = len(self.model.ops.parallel.split(config.n_routed_experts))  # this rank's
         short = set(SHORT_WARM_UPS) | set(expert_block_warm_ups(config.num_experts_per_tok, experts, n - 1))
         steps += [[s] for s in sorted(short) if s < n - 1]
         if sum(BATCHED_WARM_UP) <= n:
             steps.append(list(BATCHED_WARM_UP))
         for lengths in steps:
             requests = [self.add(PrefillRequest(f"warm-up-{i}", torch.randint(
-                3, self.model.config.vocab_size, (length,), generator=g).tolist())) for i, length in enumerate(lengths)]
+                3, config.vocab_size, (length,), generator=g).tolist())) for i, length in enumerate(lengths)]
             try:
                 while any(request.status is not PrefillStatus.FINISHED for request in requests):
                     self.step()
