@@ -7,6 +7,8 @@ import torch
 
 from dsflash.decode_worker.engine import DecodeEngine, DecodeEngineConfig
 from dsflash.decode_worker.warmup import partial_context, warm_up, warm_up_context, warm_up_sizes
+from dsflash.model.checkpoint_writer import preset_config
+from dsflash.model.config import ModelConfig
 
 from .conftest import make_pool
 
@@ -19,22 +21,17 @@ def test_one_batch_size_per_bucket_up_to_the_engines_limit():
 
 
 def test_the_partial_context_leaves_the_largest_ratios_lists_partial_and_odd_in_16():
-    from dsflash.model.checkpoint_writer import preset_config
-    from dsflash.model.config import ModelConfig
-
-    config = ModelConfig.from_dict(preset_config("bench"))  # k = 512, ratios 1 and 2, as the release
+    config = _bench_config()  # k = 512, ratios 1 and 2, as the release
     assert partial_context(config) == 1000 and warm_up_context(config) == 2048
     for k in (100, 140, 1024):
-        entries = partial_context(_with_topk(k)) // 2
+        entries = partial_context(_bench_config(index_topk=k)) // 2
         assert entries < k and entries % 16, (k, entries)
 
 
-def _with_topk(k: int):
-    from dsflash.model.checkpoint_writer import preset_config
-    from dsflash.model.config import ModelConfig
-
+def _bench_config(**text) -> ModelConfig:
+    """The bench preset's config, with `text` over its text config."""
     raw = preset_config("bench")
-    raw["text_config"]["index_topk"] = k
+    raw["text_config"].update(text)
     return ModelConfig.from_dict(raw)
 
 
