@@ -33,6 +33,7 @@ def main() -> None:
     module, attribute, values = h200.module_switch(args.switch, args.values)
     h200.DEADLINE[0] = time.monotonic() + args.budget_s
     model, store = h200.build_model(fast=True, preset="bench", act_quant=args.act_quant)
+    weights = h200.hold_experts_once(model, store)
     batches = [int(b) for b in args.batches.split(",")]
     for round_ in range(args.rounds):
         for value in values:
@@ -42,7 +43,7 @@ def main() -> None:
                 h200.prefill(model, [args.prefill], f"prefill_{attribute}={value}_round{round_}",
                              warm_first=round_ == 0, chunk=args.chunk)
             else:
-                h200.decode(model, store, batches, [args.context], f"decode_{attribute}={value}_round{round_}")
+                h200.decode(model, weights, batches, [args.context], f"decode_{attribute}={value}_round{round_}")
 
 
 if __name__ == "__main__":

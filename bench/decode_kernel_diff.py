@@ -56,7 +56,8 @@ def main() -> None:
 
     pdl.ENABLED = args.pdl
     h200.DEADLINE[0] = time.monotonic() + 3600
-    model, _ = h200.build_model(fast=True, preset=args.preset, act_quant=args.act_quant)
+    model, store = h200.build_model(fast=True, preset=args.preset, act_quant=args.act_quant)
+    h200.hold_experts_once(model, store)
     tables, steps_ms = [], []
     for value in values:
         setattr(module, attribute, value)

@@ -25,6 +25,7 @@ import os
 import pathlib
 import tempfile
 import time
+from typing import NamedTuple
 
 import torch
 
@@ -581,18 +582,25 @@ def build_model(fast: bool, preset: str, parallel=None, act_quant: bool = False)
     return model, store
 
 
-def step_bytes(store, config, batch: int, context: int) -> float:
-    """Bytes one decode step must read: every weight of the step (experts only those routed to,
-    in expectation; the embedding's rows only; the LM head twice, for the verify rows and the
-    drafts; the Markov head once a draft), plus the KV the 6-token verify block and the 5-row
-    draft read. With a sharded store (--tp) these are one rank's bytes: its heads and experts,
-    all of the KV. Until 2026-12-04 (thirty-ninth session) the embedding was counted whole and
-    the LM head three times: 33.6 GB a batch-1 step where 31.2 is right."""
+class StepWeights(NamedTuple):
+    """What a decode step's weights weigh, read from the store as loaded: the bytes every
+    step reads, and each layer's routed experts' bytes, of which a step reads those routed to
+    (hold_experts_once drops the per-expert tensors they are read from)."""
+
+    dense: int
+    experts: dict[str, int]  # by the layer's "{prefix}.ffn"
+
+
+def step_weights(store, config) -> StepWeights:
+    """The weights of a step: the embedding's rows only, the LM head twice (the verify rows',
+    the drafts'), the Markov head once a draft, every other dense weight once. With a sharded
+    store (--tp) one rank's: its heads and experts. Until 2026-12-04 (thirty-ninth session)
+    the embedding was counted whole and the LM head three times: 33.6 GB a batch-1 step where
+    31.2 is right."""
     from dsflash.model.weights import Fp4Weight, weight_nbytes
 
-    rows = 6 * batch
     dense = 0
-    expert_bytes = {}
+    experts: dict[str, int] = {}
     for name in store.names():
         w = store[name]
         nbytes = weight_nbytes(w)
@@ -600,20 +608,38 @@ def step_bytes(store, config, batch: int, context: int) -> float:
             continue  # row gathers only
         if isinstance(w, Fp4Weight):
             layer = name.split(".experts.")[0]
-            expert_bytes[layer] = expert_bytes.get(layer, 0) + nbytes
+            experts[layer] = experts.get(layer, 0) + nbytes
         else:
             dense += nbytes
         if name == "head.weight":
             dense += nbytes  # read again by the drafter's head
         if name.endswith(".markov_head.head.weight"):
             dense += (config.dspark_block_size - 1) * nbytes  # once a draft
+    return StepWeights(dense, experts)
+
+
+def hold_experts_once(model, store) -> StepWeights:
+    """Stack the routed experts and drop their per-expert tensors, as a serving worker holds
+    them (DeepseekV41.use_kernels(keep_unpacked=False)); returns the step's weights, read
+    before. Held twice, the bench preset's decode ran out of an 80 GB H100's memory (call V,
+    fifty-first session) and its prefill too (forty-sixth). The reference path reads the
+    per-expert tensors: it cannot run after."""
+    weights = step_weights(store, model.config)
+    model.ops.stack_all_experts(model.config)
+    return weights
+
+
+def step_bytes(weights: StepWeights, config, batch: int, context: int) -> float:
+    """Bytes one decode step must read: its weights (experts only those routed to, in
+    expectation), plus the KV the 6-token verify block and the 5-row draft read."""
+    rows = 6 * batch
     routed = 0
     for role in config.roles:
         e, k = role.n_routed_experts, role.num_experts_per_tok
         n = rows if not role.is_dspark else 5 * batch
         touched = e * (1 - (1 - k / e) ** n)
-        routed += expert_bytes.get(f"{role.prefix}.ffn", 0) * touched / e
-    return dense + routed + kv_bytes(config, batch, context)
+        routed += weights.experts.get(f"{role.prefix}.ffn", 0) * touched / e
+    return weights.dense + routed + kv_bytes(config, batch, context)
 
 
 def kv_bytes(config, batch: int, context: int) -> int:
@@ -683,7 +709,8 @@ def warm_engine(args):
     global DEV
     DEV = args.device
     DEADLINE[0] = time.monotonic() + 3600
-    model, _ = build_model(fast=True, preset=args.preset, act_quant=args.act_quant)
+    model, store = build_model(fast=True, preset=args.preset, act_quant=args.act_quant)
+    hold_experts_once(model, store)
     engine = decode_engine(model, args.batch, args.context, torch.Generator(device=DEV).manual_seed(0))
     return engine, timed_steps(engine, 4, args.steps)  # admission, then capture and warm the graphs
 
@@ -738,7 +765,7 @@ def timed_steps(engine, warm: int, steps: int) -> float:
     return (time.perf_counter() - began) / steps * 1e3
 
 
-def decode(model, store, batches, contexts, label: str) -> None:
+def decode(model, weights: StepWeights, batches, contexts, label: str) -> None:
     config = model.config
     g = torch.Generator(device=DEV).manual_seed(0)
     for context in contexts:
@@ -753,7 +780,7 @@ def decode(model, store, batches, contexts, label: str) -> None:
                 profile_steps(engine, f"{label}_ctx{context}_B{batch}", stacks=True)
                 host_profile(engine, f"host_{label}_ctx{context}_B{batch}")
             emitted = sum(len(r.output) for r in engine.running)
-            nbytes = step_bytes(store, config, batch, context)
+            nbytes = step_bytes(weights, config, batch, context)
             roofline = nbytes / HBM_BPS
             flop_floor = step_flops(config, batch, context) / BF16_FLOPS  # a second floor, beside the bytes'
             record(label, f"ctx{context}_B{batch}", {"step_ms": step_s * 1e3, "roofline_ms": roofline * 1e3,
@@ -1034,9 +1061,10 @@ def tensor_parallel_rank(rank: int, world: int, rendezvous: str, contexts, batch
         REPORTING[0] = False
     DEADLINE[0] = float("inf")
     model, store = build_model(fast=True, preset=preset, parallel=parallel, act_quant=act_quant)
+    weights = hold_experts_once(model, store)
     mode = "_act_quant" if act_quant else ""
     for context in contexts:
-        decode(model, store, batches, [context], f"decode_tp{world}{mode}")
+        decode(model, weights, batches, [context], f"decode_tp{world}{mode}")
     if prefill_lengths:
         prefill(model, prefill_lengths, f"prefill_tp{world}{mode}")
     model.release_graphs()  # before NCCL's teardown, which waits on the collectives they captured
@@ -1111,24 +1139,22 @@ def main() -> None:
         moe_tiles([int(x) for x in args.moe_tokens.split(",")])
     if {"decode", "prefill", "reference"} & set(sections):
         model, store = build_model(fast=True, preset=args.preset, act_quant=args.act_quant)
+        # the reference path reads the per-expert tensors; every other section runs on the
+        # experts held once, as a worker holds them
+        weights = step_weights(store, model.config) if "reference" in sections else hold_experts_once(model, store)
         mode = "_act_quant" if args.act_quant else ""
         if "decode" in sections:
             for context in contexts:
-                decode(model, store, batches, [context], "decode" + mode)
+                decode(model, weights, batches, [context], "decode" + mode)
         if "decode_eager" in sections:  # the same kernels without CUDA graphs: what the graphs buy
             graphs, model.graphs = model.graphs, None
-            decode(model, store, [batches[0]], [contexts[0]], "decode_eager" + mode)
+            decode(model, weights, [batches[0]], [contexts[0]], "decode_eager" + mode)
             model.graphs = graphs
         if "prefill" in sections:
             lengths = [int(x) for x in args.prefill.split(",")]
             switches = [module_switch(path, values.split("|"))
                         for path, values in (one.split("=", 1) for one in args.prefill_switch.split(";") if one)]
             assert len({len(values) for _, _, values in switches}) <= 1, "every switch takes as many values"
-            if "reference" not in sections:  # (the reference path reads the per-expert tensors)
-                # the routed experts held once, stacked, as a prefill worker holds them: stacked on
-                # first use beside their per-expert tensors, the bench preset's prefill ran out of
-                # an 80 GB H100's memory (forty-sixth session)
-                model.ops.stack_all_experts(model.config)
             for cache in (int(float(v)) for v in args.weight_cache_bytes.split(",")):
                 model.ops.keep_encoded_weights(cache)  # (its first run, a warm-up, fills it)
                 chunk = ("" if args.chunk == 8192 else f"_chunk{args.chunk}") + (f"_weights_kept{cache / 2**30:g}GiB"
@@ -1152,7 +1178,7 @@ def main() -> None:
                 prefill(model, [n], "prefill_compiling" + mode)
                 prefill(model, [n], "prefill_beside_reference" + mode, warm_first=False)
             model.ops, model.graphs = ReferenceOps(store, act_quant=args.act_quant, device=DEV, cache_dense=False), None
-            decode(model, store, [1], [contexts[0]], "reference" + mode)
+            decode(model, weights, [1], [contexts[0]], "reference" + mode)
             if n:
                 prefill(model, [n], "reference_prefill" + mode, warm_first=False)
     print(json.dumps(RESULTS, indent=1))

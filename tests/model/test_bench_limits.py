@@ -84,9 +84,27 @@ def test_a_steps_weights_count_the_heads_as_the_step_reads_them(h200):
                if not isinstance(store[n], Fp4Weight) and ".engram.embed" not in n and n != "embed.weight")
     markov = sum(size(n) for n in store.names() if n.endswith(".markov_head.head.weight"))
     want = once + size("head.weight") + (config.dspark_block_size - 1) * markov
-    got = h200.step_bytes(store, config, 1, 0) - h200.kv_bytes(config, 1, 0)
+    got = h200.step_bytes(h200.step_weights(store, config), config, 1, 0) - h200.kv_bytes(config, 1, 0)
     experts = got - want
     assert 0 < experts < sum(size(n) for n in store.names() if isinstance(store[n], Fp4Weight))
+
+
+def test_holding_the_experts_once_keeps_the_steps_weights_as_loaded(h200):
+    """The bench holds the routed experts stacked once, as a worker does, so the bench
+    preset's decode fits an 80 GB H100: the per-expert tensors leave the store, and the
+    step's weights are the ones read before they left."""
+    from dsflash.model.checkpoint_writer import preset_config, random_weight_store, tokenizer_dir
+    from dsflash.model.deepseek_v41 import DeepseekV41
+    from dsflash.model.weights import Fp4Weight
+
+    store = random_weight_store(preset_config("tiny"))
+    model = DeepseekV41(store, tokenizer_json=tokenizer_dir() / "tokenizer.json")
+    model.use_kernels()
+    loaded = h200.step_weights(store, model.config)
+    assert sum(loaded.experts.values()) > 0
+    assert h200.hold_experts_once(model, store) == loaded
+    assert not any(isinstance(store[name], Fp4Weight) for name in store.names())
+    assert h200.step_weights(store, model.config).experts == {}
 
 
 def test_a_prefill_run_starts_where_its_estimate_fits_the_budget(h200, monkeypatch):
