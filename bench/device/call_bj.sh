@@ -1,9 +1,10 @@
-# Device call BJ (~400 s, sixty-first session; on any card since the sixty-third's bench holds
-# the routed experts once, before that an H200's alone): the transposed GEMM's row count left unspecialized and its split parts at 16-element
-# starts (fp8_gemm._skinny_kernel, _outputs; the warm-up's 40- and 45-token prompts dropped). Its
-# GPU tests, then 4K decode steps at batch 1 and 8 as shipped, with the row count specialized
-# again (the kernel's do_not_specialize taken out by sed), and as shipped again: three processes
-# back to back (the question the issue's item 6 asked: does it cost decode time). A call that
+# Device call BJ (sixty-first session; 139 s on an H100 in the sixty-third, which the bench
+# preset's decode fits since that session's bench holds the routed experts once): the
+# transposed GEMM's row count left unspecialized and its split parts at 16-element starts
+# (fp8_gemm._skinny_kernel, _outputs; the warm-up's 40- and 45-token prompts dropped). Its GPU
+# tests, then 4K decode steps at batch 1 and 8 as shipped, with the row count specialized again
+# (the kernel's do_not_specialize taken out by sed), and as shipped again: three processes back
+# to back (the question the issue's item 6 asked: does it cost decode time). A call that
 # sources this one may set DECODE_S, each decode process's limit (call BM: a slower H100).
 source bench/device/env.sh
 DECODE_S=${DECODE_S:-100}

@@ -151,8 +151,9 @@ def _three_bf16_parts(x):
 # The row count M only bounds and masks the rows (never an address's alignment), so it is left
 # unspecialized: one variant for every count of decode and short-prompt rows. Before, each
 # weight's kernel compiled again for M = 1 and for 16 dividing M, and a prefill worker's warm-up
-# took two prompts (40 and 45 tokens) for those alone. (Call BJ times decode with and without
-# this: its sed takes the next line's do_not_specialize out.)
+# took two prompts (40 and 45 tokens) for those alone. Decode is no slower for it (call BJ,
+# whose sed takes the next line's do_not_specialize out: H100, 4K, batch 1 22.91 / 23.00 ms
+# unspecialized against 22.97 specialized, batch 8 49.43 / 49.08 against 49.14).
 @triton.jit(do_not_specialize=["M"])  # rows unspecialized
 def _skinny_kernel(x_ptr, w_ptr, s_ptr, y_ptr, out_ptr, count_ptr, M, N, K, K_PER_SPLIT, SPLITS,
                    sxm, sxk, swn, ssn, ssk, sys, sym, syn,
