@@ -56,8 +56,8 @@ def main() -> None:
 
     pdl.ENABLED = args.pdl
     h200.DEADLINE[0] = time.monotonic() + 3600
-    model, store = h200.build_model(fast=True, preset=args.preset, act_quant=args.act_quant)
-    h200.hold_experts_once(model, store)
+    model, _ = h200.build_model(fast=True, preset=args.preset, act_quant=args.act_quant)
+    h200.hold_experts_once(model)
     tables, steps_ms = [], []
     for value in values:
         setattr(module, attribute, value)

@@ -618,13 +618,13 @@ def step_weights(store, config) -> StepWeights:
     return StepWeights(dense, experts)
 
 
-def hold_experts_once(model, store) -> StepWeights:
-    """Stack the routed experts and drop their per-expert tensors, as a serving worker holds
-    them (DeepseekV41.use_kernels(keep_unpacked=False)); returns the step's weights, read
-    before. Held twice, the bench preset's decode ran out of an 80 GB H100's memory (call V,
-    fifty-first session) and its prefill too (forty-sixth). The reference path reads the
-    per-expert tensors: it cannot run after."""
-    weights = step_weights(store, model.config)
+def hold_experts_once(model) -> StepWeights:
+    """Stack the routed experts and drop their per-expert tensors from the model's store, as a
+    serving worker holds them (DeepseekV41.use_kernels(keep_unpacked=False)); returns the
+    step's weights, read before. Held twice, the bench preset's decode ran out of an 80 GB
+    H100's memory (call V, fifty-first session) and its prefill too (forty-sixth). The
+    reference path reads the per-expert tensors: it cannot run after."""
+    weights = step_weights(model.ops.weights, model.config)
     model.ops.stack_all_experts(model.config)
     return weights
 
@@ -709,8 +709,8 @@ def warm_engine(args):
     global DEV
     DEV = args.device
     DEADLINE[0] = time.monotonic() + 3600
-    model, store = build_model(fast=True, preset=args.preset, act_quant=args.act_quant)
-    hold_experts_once(model, store)
+    model, _ = build_model(fast=True, preset=args.preset, act_quant=args.act_quant)
+    hold_experts_once(model)
     engine = decode_engine(model, args.batch, args.context, torch.Generator(device=DEV).manual_seed(0))
     return engine, timed_steps(engine, 4, args.steps)  # admission, then capture and warm the graphs
 
@@ -1060,8 +1060,8 @@ def tensor_parallel_rank(rank: int, world: int, rendezvous: str, contexts, batch
     if rank:
         REPORTING[0] = False
     DEADLINE[0] = float("inf")
-    model, store = build_model(fast=True, preset=preset, parallel=parallel, act_quant=act_quant)
-    weights = hold_experts_once(model, store)
+    model, _ = build_model(fast=True, preset=preset, parallel=parallel, act_quant=act_quant)
+    weights = hold_experts_once(model)
     mode = "_act_quant" if act_quant else ""
     for context in contexts:
         decode(model, weights, batches, [context], f"decode_tp{world}{mode}")
@@ -1141,7 +1141,7 @@ def main() -> None:
         model, store = build_model(fast=True, preset=args.preset, act_quant=args.act_quant)
         # the reference path reads the per-expert tensors; every other section runs on the
         # experts held once, as a worker holds them
-        weights = step_weights(store, model.config) if "reference" in sections else hold_experts_once(model, store)
+        weights = step_weights(store, model.config) if "reference" in sections else hold_experts_once(model)
         mode = "_act_quant" if args.act_quant else ""
         if "decode" in sections:
             for context in contexts:
