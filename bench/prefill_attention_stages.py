@@ -115,6 +115,7 @@ if options.whole:
     del q, args, ref, faithful_ref, query, ring, pages, shipped
     torch.cuda.empty_cache()
     model, _ = h200.build_model(fast=True, preset="bench", act_quant=not options.whole_exact)
+    h200.hold_experts_once(model)  # as a worker holds them (a prefill with both forms ran out of 80 GB)
     tiles = sa.PREFILL_TILES if options.whole_exact else sa.BF16_PREFILL_TILES
     mode = "exact" if options.whole_exact else "faithful"
     shipped_tiles = dict(tiles)
