@@ -29,6 +29,7 @@ from .common import bf16_parts, interpreting
 from .dequantize import fp4_quads_bf16, fp8_weight_bf16
 from .pair_sums import pair_sums
 from .quantize import fp8_grid_bf16
+from .stream_turns import in_turns
 from .swiglu import clamped_swiglu
 
 # From this many rows (a prefill chunk) the FP8 and FP4 products run here; decode's few rows,
@@ -343,10 +344,13 @@ def _grouped_on_tensor_cores(x: torch.Tensor | fp8_blockwise.Operand, codes: tor
     w, w_scales = _weight_128(codes, scales, kept)
     M = a.shape[1]  # x's rows and the aligned rows after them
     y = torch.empty(M, N, dtype=torch.float32, device=a.device)
-    for g in range(groups):
-        fp8_blockwise.product(a[g], fp8_blockwise.segment_scales(a_scales, blocks, 0, M, g * blocks, groups * blocks),
-                              w[g * rows:(g + 1) * rows], w_scales[g * rows // 128:(g + 1) * rows // 128],
-                              out=y[:, g * rows:(g + 1) * rows])
+    with in_turns(a.device, PRODUCT_STREAMS) as turns:
+        for g, turn in zip(range(groups), turns):
+            with turn:
+                fp8_blockwise.product(a[g], fp8_blockwise.segment_scales(a_scales, blocks, 0, M, g * blocks,
+                                                                         groups * blocks),
+                                      w[g * rows:(g + 1) * rows], w_scales[g * rows // 128:(g + 1) * rows // 128],
+                                      out=y[:, g * rows:(g + 1) * rows])
     return y[:x.shape[0]]
 
 
@@ -455,6 +459,13 @@ EXPERT_ROWS_ENCODED_ONCE = True
 # alternated (fifty-second session, call Y): 1.177 / 1.181 -> 1.172 / 1.170 s, the same last logits.
 SHARED_EXPERT_OPERAND = True
 
+# A layer's independent products on the FP8 tensor cores (the routed experts' runs of rows,
+# wo_a's groups) launched on this many CUDA streams in turn (stream_turns.in_turns), so that
+# one product's last, partly filled wave of tiles runs beside the next one's first; the same
+# bits (each product is the same launch on any stream). 1: one after another on the current one
+# (as before; off until timed: call BN).
+PRODUCT_STREAMS = 1
+
 # Experts decoded to bf16 at once, one matrix kind at a time: at the release widths 47.2 MB an
 # expert for gate/up, 23.6 for down (3.0 GB at most for gate/up).
 DECODE_EXPERTS = 64
@@ -511,7 +522,10 @@ def _expert_products(a: torch.Tensor, a_scales: torch.Tensor, counts: list[int],
     blocks = a.shape[2] // 128
     for experts, runs in _expert_batches(counts):
         w, w_scales = encode(experts, units, scales)
-        for e, start, count in runs:
-            run_scales = fp8_blockwise.segment_scales(a_scales, blocks, start, count)
-            fp8_blockwise.product(a[0, start:start + count], run_scales, w[e], w_scales[e], out=out[start:start + count])
+        with in_turns(a.device, PRODUCT_STREAMS) as turns:  # (w lives until the streams have joined)
+            for (e, start, count), turn in zip(runs, turns):
+                with turn:
+                    run_scales = fp8_blockwise.segment_scales(a_scales, blocks, start, count)
+                    fp8_blockwise.product(a[0, start:start + count], run_scales, w[e], w_scales[e],
+                                          out=out[start:start + count])
     return out

@@ -257,6 +257,36 @@ def test_the_swiglu_in_the_encode_gives_the_same_products(monkeypatch):
     assert (reference - want).abs().max() < 1e-3 * want.abs().max()
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("streams", [2, 3])
+def test_products_in_turns_on_several_streams_give_the_same_bits(monkeypatch, streams):
+    """prefill_gemms.PRODUCT_STREAMS changes no bit: the routed experts' runs (fp4_experts) and
+    wo_a's groups (grouped_fp8_product) on the FP8 tensor cores, each product launched on one of
+    `streams` streams in turn (stream_turns.in_turns), against all on the current stream; and
+    the turns do run on that many streams, the current one's waiting for them all at the end."""
+    from dsflash.model.kernels import stream_turns
+
+    _, stack, xe, weights, idx = _prefill_moe_case(monkeypatch, 22)
+    experts = (fake_quant_fp8(xe).to(torch.bfloat16).to(DEVICE), idx, weights.to(DEVICE), *_device_experts(stack), 0.7)
+    x = _on_grid(prefill_gemms.ROWS + 67, 4 * 256, 23).float().to(DEVICE)
+    codes, scales = (t.to(DEVICE) for t in quantize_fp8_weight(torch.randn(4 * 256, 256, generator=_g(24))))
+    got = {}
+    for count in (1, streams):
+        monkeypatch.setattr(prefill_gemms, "PRODUCT_STREAMS", count)
+        got[count] = (prefill_gemms.fp4_experts(*experts, act_quant=True),
+                      prefill_gemms.grouped_fp8_product(x, codes, scales, 4, round_first=True))
+    for one, several in zip(got[1], got[streams]):
+        assert torch.equal(one, several) and one.abs().max() > 0
+    main = torch.cuda.current_stream()
+    with stream_turns.in_turns(main.device, streams) as turns:
+        used = []
+        for _, turn in zip(range(2 * streams), turns):
+            with turn:
+                used.append(torch.cuda.current_stream())
+    assert used[:streams] == used[streams:] and len(set(used)) == streams and used[0] == main
+    assert torch.cuda.current_stream() == main
+
+
 def test_a_prefill_chunks_ffn_rows_are_encoded_once_for_the_shared_and_the_routed_experts(monkeypatch):
     """moe() in faithful prefill on one rank (SHARED_EXPERT_OPERAND with EXPERT_ROWS_ENCODED_ONCE):
     the rows encoded once (TritonOps.ffn_operand) for the shared expert's gate/up product and the
