@@ -2,9 +2,9 @@
 # FP8 products (the routed experts' runs of rows, wo_a's groups) on several CUDA streams in turn
 # (prefill_gemms.PRODUCT_STREAMS, stream_turns.in_turns), so that one product's last, partly
 # filled wave of tiles runs beside the next one's first. Its GPU test (the same bits on 1, 2
-# and 3 streams) with two of the routed experts' others; each run's last logits compare too; then a 256K faithful prefill in 16K chunks
-# at 1, 2 and 3 streams, three rounds alternated in one process (the first warms each value's
-# kernels: compare the later two; BE and BF timed the queries' halves so at 256K and then 1M).
+# and 3 streams) with two of the routed experts' others; then a 256K faithful prefill in 16K
+# chunks at 1, 2 and 3 streams, three rounds alternated in one process (the first warms each
+# value's kernels: compare the later two; each run's last logits compare too).
 source bench/device/env.sh
 step stream-tests 100 python3 -m pytest -q -rfE -p no:cacheprovider -n 2 tests/model/test_fp8_blockwise.py \
   -k "several_streams or swiglu_in_the_encode or experts_under_128"
