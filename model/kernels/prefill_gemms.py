@@ -459,11 +459,11 @@ EXPERT_ROWS_ENCODED_ONCE = True
 # alternated (fifty-second session, call Y): 1.177 / 1.181 -> 1.172 / 1.170 s, the same last logits.
 SHARED_EXPERT_OPERAND = True
 
-# A layer's independent products on the FP8 tensor cores (the routed experts' runs of rows,
-# wo_a's groups) launched on this many CUDA streams in turn (stream_turns.in_turns), so that
-# one product's last, partly filled wave of tiles runs beside the next one's first; the same
-# bits (each product is the same launch on any stream). 1: one after another on the current one
-# (as before; off until timed: call BN).
+# A layer's independent products (the routed experts' runs of rows, on the FP8 tensor cores in
+# faithful mode and in bf16 parts in exact mode; wo_a's groups) launched on this many CUDA
+# streams in turn (stream_turns.in_turns), so that one product's last, partly filled wave of
+# tiles runs beside the next one's first; the same bits (each product is the same launch on any
+# stream). 1: one after another on the current one (as before; off until timed: call BN).
 PRODUCT_STREAMS = 1
 
 # Experts decoded to bf16 at once, one matrix kind at a time: at the release widths 47.2 MB an
@@ -490,13 +490,16 @@ def _by_expert(rows: torch.Tensor | fp8_blockwise.Operand, counts: list[int], un
         rows = rows.index_select(0, sources)
     for experts, runs in _expert_batches(counts):
         decoded = fp4_quads_bf16(units[experts], scales[experts])
-        for e, start, count in runs:
-            run, run_out = rows[start:start + count], out[start:start + count]
-            if run.dtype == torch.bfloat16:
-                _product(run, decoded[e].T, out=run_out)
-            else:
-                parts = bf16_parts(run, 3)
-                torch.sum(_product(parts.view(3 * count, -1), decoded[e].T).view(3, count, N), dim=0, out=run_out)
+        with in_turns(units.device, PRODUCT_STREAMS) as turns:  # (decoded lives until the streams have joined)
+            for (e, start, count), turn in zip(runs, turns):
+                with turn:
+                    run, run_out = rows[start:start + count], out[start:start + count]
+                    if run.dtype == torch.bfloat16:
+                        _product(run, decoded[e].T, out=run_out)
+                    else:
+                        parts = bf16_parts(run, 3)
+                        torch.sum(_product(parts.view(3 * count, -1), decoded[e].T).view(3, count, N), dim=0,
+                                  out=run_out)
     return out
 
 

@@ -260,20 +260,23 @@ def test_the_swiglu_in_the_encode_gives_the_same_products(monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.parametrize("streams", [2, 3])
 def test_products_in_turns_on_several_streams_give_the_same_bits(monkeypatch, streams):
-    """prefill_gemms.PRODUCT_STREAMS changes no bit: the routed experts' runs (fp4_experts) and
-    wo_a's groups (grouped_fp8_product) on the FP8 tensor cores, each product launched on one of
-    `streams` streams in turn (stream_turns.in_turns), against all on the current stream; and
-    the turns do run on that many streams, the current one's waiting for them all at the end."""
+    """prefill_gemms.PRODUCT_STREAMS changes no bit: the routed experts' runs (fp4_experts) on
+    the FP8 tensor cores (faithful mode's rows) and in bf16 parts (exact mode's fp32 rows), and
+    wo_a's groups (grouped_fp8_product), each product launched on one of `streams` streams in
+    turn (stream_turns.in_turns), against all on the current stream; and the turns do run on
+    that many streams, the current one's waiting for them all at the end."""
     from dsflash.model.kernels import stream_turns
 
     _, stack, xe, weights, idx = _prefill_moe_case(monkeypatch, 22)
-    experts = (fake_quant_fp8(xe).to(torch.bfloat16).to(DEVICE), idx, weights.to(DEVICE), *_device_experts(stack), 0.7)
+    held = (idx, weights.to(DEVICE), *_device_experts(stack), 0.7)
     x = _on_grid(prefill_gemms.ROWS + 67, 4 * 256, 23).float().to(DEVICE)
     codes, scales = (t.to(DEVICE) for t in quantize_fp8_weight(torch.randn(4 * 256, 256, generator=_g(24))))
     got = {}
     for count in (1, streams):
         monkeypatch.setattr(prefill_gemms, "PRODUCT_STREAMS", count)
-        got[count] = (prefill_gemms.fp4_experts(*experts, act_quant=True),
+        got[count] = (prefill_gemms.fp4_experts(fake_quant_fp8(xe).to(torch.bfloat16).to(DEVICE), *held,
+                                                act_quant=True),
+                      prefill_gemms.fp4_experts(xe.to(DEVICE), *held),
                       prefill_gemms.grouped_fp8_product(x, codes, scales, 4, round_first=True))
     for one, several in zip(got[1], got[streams]):
         assert torch.equal(one, several) and one.abs().max() > 0
