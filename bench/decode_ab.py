@@ -28,9 +28,7 @@ def main() -> None:
     parser.add_argument("--prefill", type=int, default=0, help="time prefills of this many tokens, not decode")
     parser.add_argument("--chunk", type=int, default=8192, help="a prefill step's tokens")
     parser.add_argument("--act-quant", action="store_true")
-    parser.add_argument("--no-warm-up", action="store_true",
-                        help="prefill: no warm-up prompts first (the first round's runs compile what they meet; "
-                             "compare the later rounds): a cold Triton cache's warm-up outlasted a short call")
+    h200.add_no_warm_up(parser)
     parser.add_argument("--budget-s", type=float, default=300.0)
     args = parser.parse_args()
     module, attribute, values = h200.module_switch(args.switch, args.values)

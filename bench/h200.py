@@ -889,6 +889,15 @@ def prefill_fits(n: int, left: float) -> bool:
     return left >= 1.3 * seconds * max(n / tokens, 1.0) + 10
 
 
+def add_no_warm_up(parser) -> None:
+    """--no-warm-up: prefill runs without the warm-up prompts first (a run compiles what it meets:
+    compare the later runs). On a fresh machine's empty Triton cache the warm-up outlasted a
+    240 s step (H100, sixty-fifth session)."""
+    parser.add_argument("--no-warm-up", action="store_true",
+                        help="prefill: no warm-up prompts first (the first run compiles what it meets; "
+                             "compare the later runs)")
+
+
 def prefill(model, lengths, label: str = "prefill", warm_first: bool = True, chunk: int = 8192) -> None:
     from dsflash.kvcache.layout import CacheLayout
     from dsflash.kvcache.pool import CachePool, plain_allocator
@@ -1083,6 +1092,7 @@ def main() -> None:
     parser.add_argument("--prefill-switch", default="",
                         help="'package.module.ATTR=V1|V2|..': the prefill section once with each value (Python "
                              "literals); several switches joined by ';' take their i-th values together")
+    add_no_warm_up(parser)
     parser.add_argument("--weight-cache-bytes", default="0",
                         help="prefill: comma-separated budgets, each in turn, for faithful mode's weights kept "
                              "re-encoded for the FP8 tensor cores (TritonOps.keep_encoded_weights; 0: none)")
@@ -1164,9 +1174,11 @@ def main() -> None:
                         for module, attribute, values in switches:  # variant i: each switch's i-th value
                             setattr(module, attribute, values[i])
                         label = ",".join(f"{attribute}={values[i]!r}" for _, attribute, values in switches)
-                        prefill(model, lengths, f"prefill{mode}{chunk}_{i}_{label}", chunk=args.chunk)
+                        prefill(model, lengths, f"prefill{mode}{chunk}_{i}_{label}",
+                                warm_first=not args.no_warm_up, chunk=args.chunk)
                 else:
-                    prefill(model, lengths, "prefill" + mode + chunk, chunk=args.chunk)
+                    prefill(model, lengths, "prefill" + mode + chunk, warm_first=not args.no_warm_up,
+                            chunk=args.chunk)
             model.ops.keep_encoded_weights(0)
         if "reference" in sections:
             from dsflash.model.ops import ReferenceOps
