@@ -157,7 +157,7 @@ def ceilings() -> None:
     tm = cuda_time(lambda: a @ a, iters=10)
     record("ceilings", "measured", {"hbm_read_TBps": x.numel() / t / 1e12, "bf16_matmul_TFLOPs": 2 * 8192**3 / tm / 1e12,
                                     "used_hbm_TBps": HBM_BPS / 1e12, "used_bf16_TFLOPs": BF16_FLOPS / 1e12})
-    del x, a
+    x = a = None  # frees the GPU memory (not del: the lambdas above name them)
 
 
 # ------------------------------------------------------------------ kernels at real shapes
@@ -213,7 +213,7 @@ def decode_gemms(rows=(1, 6, 8, 16, 48)) -> None:
             record("decode_gemm", f"{name}_M{m}", {"us": t * 1e6, "roofline_us": nbytes / HBM_BPS * 1e6,
                                                    "ratio_to_roofline": t / (nbytes / HBM_BPS),
                                                    "TBps": nbytes / t / 1e12})
-        del codes, scales
+        codes = scales = None  # frees the copies (not del: the lambdas name them)
 
 
 def bf16_gemms() -> None:

@@ -50,7 +50,7 @@ def dense(rows: int) -> None:
         xq = fp8_grid_bf16(xk)
         report("dense", f"{name}_cublas_mm_only", h200.cuda_time(lambda: torch.mm(xq, w.T, out_dtype=torch.float32),
                                                                  iters=10), flops)
-        del w
+        w = None  # frees the decoded weight (not del: a lambda names it)
         for act_quant in (True, False):
             mode = "faithful" if act_quant else "exact"
             run = lambda: fp8_gemm(xk, codes, scales, act_quant=act_quant)  # noqa: E731
