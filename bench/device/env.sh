@@ -5,6 +5,11 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 DSFLASH_GOLDEN=$PWD/.bench/golden \
   DSFLASH_TOKENIZER=$PWD/.bench/golden/v41-tiny-a/tokenizer.json
 for d in model kvcache prefill_worker decode_worker gateway; do ln -sfn "../$d" "dsflash/$d"; done
+# Kernels compiled on an earlier machine (bench/device/triton_kit.py; carry .triton-kit):
+# loaded, not compiled again; at the call's end this machine's cache goes back in $OUT/triton-kit.
+export TRITON_CACHE_DIR=/tmp/triton-cache
+[ -d .triton-kit ] && python3 bench/device/triton_kit.py unpack .triton-kit "$TRITON_CACHE_DIR"
+trap 'python3 bench/device/triton_kit.py pack "$TRITON_CACHE_DIR" "${OUT:-/tmp}/triton-kit"' EXIT
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,memory.used --format=csv
 LOG=${OUT:-/tmp}/log.txt
 # step NAME SECONDS CMD...: one part under its own limit, its output in the log and its files
