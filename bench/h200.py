@@ -875,14 +875,17 @@ def gpu_idle(trace: dict, wall_s: float, top: int = 12) -> dict:
             "idle_before_ms": {name: [round(us / 1e3, 3), count] for name, (us, count) in largest}}
 
 
-PREFILL_RUNS: list[tuple[int, float]] = []  # (tokens, seconds with its warm-up) of each prefill run so far
+# (tokens, seconds with its warm-up, less its Triton compiles) of each prefill run so far
+PREFILL_RUNS: list[tuple[int, float]] = []
 
 
 def prefill_fits(n: int, left: float) -> bool:
     """Whether a prefill of n tokens should start with `left` seconds of the budget: the first
-    run of a process needs 90 (its compiles); a later one 1.3x the last run's seconds, scaled
-    up to its length, plus 10. (A flat 90 s left a step of four 32K runs under a 140 s budget
-    one run, forty-seventh session.)"""
+    run of a process needs 90 (its compiles); a later one 1.3x the last run's seconds less its
+    compiles, scaled up to its length, plus 10. (A flat 90 s left a step of four 32K runs under a
+    140 s budget one run, forty-seventh session; counting the compiles of a first run on an empty
+    Triton cache, 82 s at 256K of which ~11 s prefilling, skipped the five runs after it,
+    sixty-sixth session.)"""
     if not PREFILL_RUNS:
         return left >= 90
     tokens, seconds = PREFILL_RUNS[-1]
@@ -911,7 +914,7 @@ def prefill(model, lengths, label: str = "prefill", warm_first: bool = True, chu
         if not prefill_fits(n, time_left()):
             record(label, f"T{n}", {"skipped": "device time budget"})
             continue
-        run_began = time.perf_counter()
+        run_began, compiles_at_start = time.perf_counter(), len(COMPILES)
         # compile the GPU kernels for prefill shapes first. A prompt up to 64K is prefilled whole
         # once: a full chunk and a part did not cover every shape of the later chunks, and a run
         # on a machine whose Triton cache lacked them timed their compiles (seventh session: a
@@ -983,7 +986,8 @@ def prefill(model, lengths, label: str = "prefill", warm_first: bool = True, chu
                                     **({"last_chunk_gpu": GPU_IDLE.get(f"prefill_last_chunk_T{n}")}
                                        if profile_last else {})})
         done[0].cache.release()
-        PREFILL_RUNS.append((n, time.perf_counter() - run_began))
+        compiling = compiles_since(compiles_at_start)["compile_s_inside"]
+        PREFILL_RUNS.append((n, time.perf_counter() - run_began - compiling))
         if PROFILE[0] and n == lengths[0]:  # one chunk after a warm one, into a new cache
             # two chunks: the first warms, the second is profiled (a prompt of one chunk left
             # the profiled step nothing to do: 16,384-token chunks, nineteenth session)

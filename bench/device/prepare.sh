@@ -5,8 +5,8 @@
 #   ./bench/device/prepare.sh            then, per call (device tool `run`):
 #   command "bash bench/device/call_a.sh", carry [".bench", ".whl", "dsflash/v1"]
 #   and, once a call has brought back $OUT/triton-kit (bench/device/triton_kit.py), its parts
-#   copied into .triton-kit and ".triton-kit" carried too (bench-only calls: the tokenizer
-#   .bench/golden/v41-tiny-a/tokenizer.json in place of .bench, for the 64 MiB limit).
+#   copied into .triton-kit and ".triton-kit" carried too (should it outgrow the 64 MiB, bench-only
+#   calls could carry the tokenizer .bench/golden/v41-tiny-a/tokenizer.json in place of .bench).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 golden=${DSFLASH_GOLDEN:-../shared/golden}

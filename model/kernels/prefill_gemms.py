@@ -463,8 +463,11 @@ SHARED_EXPERT_OPERAND = True
 # faithful mode and in bf16 parts in exact mode; wo_a's groups) launched on this many CUDA
 # streams in turn (stream_turns.in_turns), so that one product's last, partly filled wave of
 # tiles runs beside the next one's first; the same bits (each product is the same launch on any
-# stream). 1: one after another on the current one (as before; off until timed: call BN).
-PRODUCT_STREAMS = 1
+# stream). H100, 2026-12-07 (sixty-sixth session, bench/decode_ab.py, a 256K faithful prefill in
+# 16K chunks, one process, the rounds after the first's compiles): 1 stream 9.597 / 9.572 s,
+# 2 streams 9.494 / 9.391 (round 0's 9.481 too), ~1.5% less, with the same last logits; untimed
+# at 3 streams and at 1M. 1: one after another on the current one.
+PRODUCT_STREAMS = 2
 
 # Experts decoded to bf16 at once, one matrix kind at a time: at the release widths 47.2 MB an
 # expert for gate/up, 23.6 for down (3.0 GB at most for gate/up).
