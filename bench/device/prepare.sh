@@ -4,8 +4,8 @@
 # the wheels the device image lacks (.whl) and the gRPC stubs (dsflash/v1).
 #   ./bench/device/prepare.sh            then, per call (device tool `run`):
 #   command "bash bench/device/call_a.sh", carry [".bench", ".whl", "dsflash/v1"]
-#   and, once a call has brought back $OUT/triton-kit (bench/device/triton_kit.py), its parts
-#   copied into .triton-kit and ".triton-kit" carried too (should it outgrow the 64 MiB, bench-only
+#   and, once a call has brought back $OUT/triton-kit, `python3 bench/device/triton_kit.py take
+#   FILES_AT/triton-kit .triton-kit` and ".triton-kit" carried too (should it outgrow the 64 MiB, bench-only
 #   calls could carry the tokenizer .bench/golden/v41-tiny-a/tokenizer.json in place of .bench).
 set -euo pipefail
 cd "$(dirname "$0")/../.."

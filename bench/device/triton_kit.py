@@ -8,6 +8,7 @@ intermediate forms (.source, .ttir, .ttgir, .llir, .ptx), which are ~90% of its 
 
     python3 bench/device/triton_kit.py pack CACHE DIR    # at a call's end: DIR/triton-kit.tar.xz.NN
     python3 bench/device/triton_kit.py unpack DIR CACHE  # at a call's start (bench/device/env.sh)
+    python3 bench/device/triton_kit.py take FROM DIR     # here, after a call: FROM's kit replaces DIR's
 
 A kernel's group file (__grp__NAME.json) lists the files of its compile by absolute path, and
 Triton takes the group as a cache hit only where every one of them exists: the kit stores the
@@ -21,6 +22,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import lzma
 import os
 import sys
 import tarfile
@@ -79,16 +81,21 @@ def pack(cache: Path, out: Path, most_bytes: int = MOST_BYTES) -> list[Path]:
     return parts
 
 
+def _opened(parts: list[Path]) -> tarfile.TarFile:
+    """The kit the parts make, decompressed whole first: a missing or cut part fails here
+    (lzma's checks), before anything is written."""
+    return tarfile.open(fileobj=io.BytesIO(lzma.decompress(b"".join(p.read_bytes() for p in parts))), mode="r:")
+
+
 def unpack(kit: Path, cache: Path) -> int:
     """Extract the kit's parts in `kit` into `cache`, its group files pointing into it.
     Returns the kernels' groups written (0 where `kit` holds no parts)."""
     parts = sorted(kit.glob(f"{KIT_NAME}.*"))
     if not parts:
         return 0
-    data = b"".join(part.read_bytes() for part in parts)
-    cache.mkdir(parents=True, exist_ok=True)
     groups = 0
-    with tarfile.open(fileobj=io.BytesIO(data), mode="r:xz") as tar:
+    with _opened(parts) as tar:
+        cache.mkdir(parents=True, exist_ok=True)
         for member in tar.getmembers():
             target = (cache / member.name).resolve()
             if not member.isfile() or cache.resolve() not in target.parents:
@@ -104,6 +111,23 @@ def unpack(kit: Path, cache: Path) -> int:
     return groups
 
 
+def take(source: Path, kit: Path) -> int:
+    """Replace the kit in `kit` with the one in `source` (a call's $OUT/triton-kit), once it reads
+    whole: the parts of the old one go first, since unpack joins every part it finds. Returns
+    the new kit's members."""
+    parts = sorted(source.glob(f"{KIT_NAME}.*"))
+    if not parts:
+        raise SystemExit(f"no kit in {source}")
+    with _opened(parts) as tar:  # a bad part fails here, and the old kit is kept
+        members = len(tar.getmembers())
+    kit.mkdir(parents=True, exist_ok=True)
+    for old in kit.glob(f"{KIT_NAME}.*"):
+        old.unlink()
+    for part in parts:
+        (kit / part.name).write_bytes(part.read_bytes())
+    return members
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     verbs = parser.add_subparsers(dest="verb", required=True)
@@ -113,6 +137,9 @@ def main(argv: list[str] | None = None) -> None:
     unpacking = verbs.add_parser("unpack", help="DIR's parts -> CACHE")
     unpacking.add_argument("kit", type=Path)
     unpacking.add_argument("cache", type=Path)
+    taking = verbs.add_parser("take", help="FROM's parts replace DIR's kit")
+    taking.add_argument("source", type=Path)
+    taking.add_argument("kit", type=Path)
     args = parser.parse_args(argv)
     if args.verb == "pack":
         if not args.cache.is_dir():
@@ -121,6 +148,8 @@ def main(argv: list[str] | None = None) -> None:
         parts = pack(args.cache, args.out)
         print(f"[triton kit] packed {args.cache}: {sum(p.stat().st_size for p in parts) / 1e6:.1f} MB "
               f"in {len(parts)} part(s) under {args.out}")
+    elif args.verb == "take":
+        print(f"[triton kit] {args.kit} now holds {take(args.source, args.kit)} files from {args.source}")
     else:
         print(f"[triton kit] unpacked {unpack(args.kit, args.cache)} kernels' groups into {args.cache}")
 

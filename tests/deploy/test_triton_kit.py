@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import io
 import json
+import lzma
 import os
 import subprocess
 import sys
@@ -87,3 +88,32 @@ def test_unpack_writes_nothing_outside_the_cache(tmp_path):
     triton_kit.unpack(kit, tmp_path / "cache")
     assert not (tmp_path / "escaped.cubin").exists()
     assert not os.listdir(tmp_path / "cache")
+
+
+def test_take_replaces_a_kit_whole_and_keeps_it_when_the_new_one_is_broken(tmp_path):
+    """A kit of two parts, then one of one part: unpack joins every part it finds, so take
+    drops the old parts first; a truncated kit is refused and the kit before it kept."""
+    def kit_of(folder: Path, files: dict[str, bytes], part_bytes: int) -> None:
+        buffer = io.BytesIO()
+        with tarfile.open(fileobj=buffer, mode="w:xz") as tar:
+            for name, data in files.items():
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+        folder.mkdir()
+        data = buffer.getvalue()
+        for i, start in enumerate(range(0, len(data), part_bytes)):
+            (folder / f"{triton_kit.KIT_NAME}.{i:02d}").write_bytes(data[start:start + part_bytes])
+
+    kept = tmp_path / ".triton-kit"
+    kit_of(tmp_path / "first", {"a/k.cubin": os.urandom(4096)}, part_bytes=1024)
+    assert triton_kit.take(tmp_path / "first", kept) == 1 and len(list(kept.iterdir())) > 2
+    kit_of(tmp_path / "second", {"b/k.cubin": b"x" * 10}, part_bytes=1 << 20)
+    assert triton_kit.take(tmp_path / "second", kept) == 1 and len(list(kept.iterdir())) == 1
+    assert triton_kit.unpack(kept, tmp_path / "cache") == 0 and (tmp_path / "cache" / "b" / "k.cubin").is_file()
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / f"{triton_kit.KIT_NAME}.00").write_bytes((kept / f"{triton_kit.KIT_NAME}.00").read_bytes()[:-20])
+    with pytest.raises(lzma.LZMAError):
+        triton_kit.take(broken, kept)
+    assert triton_kit.take(kept, tmp_path / "again") == 1  # the kit before it, whole
