@@ -51,6 +51,27 @@ def _kept_group(group: Path, cache: Path) -> bytes:
     return json.dumps({"child_paths": kept}).encode()
 
 
+def add_bytes(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+    """data as the member `name` of tar."""
+    info = tarfile.TarInfo(name)
+    info.size = len(data)
+    tar.addfile(info, io.BytesIO(data))
+
+
+def write_parts(data: bytes, out: Path, part_bytes: int = PART_BYTES) -> list[Path]:
+    """A packed kit as out/KIT_NAME.00, .01, ... of at most part_bytes each."""
+    out.mkdir(parents=True, exist_ok=True)
+    parts = [out / f"{KIT_NAME}.{i:02d}" for i in range(-(-len(data) // part_bytes))]
+    for i, part in enumerate(parts):
+        part.write_bytes(data[i * part_bytes:(i + 1) * part_bytes])
+    return parts
+
+
+def _parts(kit: Path) -> list[Path]:
+    """A folder's kit parts, in order."""
+    return sorted(kit.glob(f"{KIT_NAME}.*"))
+
+
 def pack(cache: Path, out: Path, most_bytes: int = MOST_BYTES) -> list[Path]:
     """The kit of `cache` as parts of at most PART_BYTES in `out`; folders past `most_bytes` of
     kept files (the oldest) are left out. Returns the parts."""
@@ -65,20 +86,10 @@ def pack(cache: Path, out: Path, most_bytes: int = MOST_BYTES) -> list[Path]:
             for f in files:
                 name = f.relative_to(cache).as_posix()
                 if f.name.startswith(GROUP_PREFIX):
-                    data = _kept_group(f, cache)
-                    info = tarfile.TarInfo(name)
-                    info.size = len(data)
-                    tar.addfile(info, io.BytesIO(data))
+                    add_bytes(tar, name, _kept_group(f, cache))
                 else:
                     tar.add(f, arcname=name)
-    data = buffer.getvalue()
-    out.mkdir(parents=True, exist_ok=True)
-    parts = []
-    for i, start in enumerate(range(0, len(data), PART_BYTES)):
-        part = out / f"{KIT_NAME}.{i:02d}"
-        part.write_bytes(data[start:start + PART_BYTES])
-        parts.append(part)
-    return parts
+    return write_parts(buffer.getvalue(), out)
 
 
 def _opened(parts: list[Path]) -> tarfile.TarFile:
@@ -90,7 +101,7 @@ def _opened(parts: list[Path]) -> tarfile.TarFile:
 def unpack(kit: Path, cache: Path) -> int:
     """Extract the kit's parts in `kit` into `cache`, its group files pointing into it.
     Returns the kernels' groups written (0 where `kit` holds no parts)."""
-    parts = sorted(kit.glob(f"{KIT_NAME}.*"))
+    parts = _parts(kit)
     if not parts:
         return 0
     groups = 0
@@ -115,13 +126,13 @@ def take(source: Path, kit: Path) -> int:
     """Replace the kit in `kit` with the one in `source` (a call's $OUT/triton-kit), once it reads
     whole: the parts of the old one go first, since unpack joins every part it finds. Returns
     the new kit's members."""
-    parts = sorted(source.glob(f"{KIT_NAME}.*"))
+    parts = _parts(source)
     if not parts:
         raise SystemExit(f"no kit in {source}")
     with _opened(parts) as tar:  # a bad part fails here, and the old kit is kept
         members = len(tar.getmembers())
     kit.mkdir(parents=True, exist_ok=True)
-    for old in kit.glob(f"{KIT_NAME}.*"):
+    for old in _parts(kit):
         old.unlink()
     for part in parts:
         (kit / part.name).write_bytes(part.read_bytes())

@@ -51,6 +51,15 @@ def _compile(cache: Path) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def _kit_of(folder: Path, files: dict[str, bytes], part_bytes: int = triton_kit.PART_BYTES) -> None:
+    """A kit in folder holding `files` (names relative to a cache), cut into parts of part_bytes."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:xz") as tar:
+        for name, data in files.items():
+            triton_kit.add_bytes(tar, name, data)
+    triton_kit.write_parts(buffer.getvalue(), folder, part_bytes)
+
+
 def _files(cache: Path) -> set[str]:
     return {p.relative_to(cache).as_posix() for p in cache.rglob("*") if p.is_file()}
 
@@ -77,15 +86,8 @@ def test_a_kit_unpacked_elsewhere_is_a_cache_hit(tmp_path):
 
 def test_unpack_writes_nothing_outside_the_cache(tmp_path):
     assert triton_kit.unpack(tmp_path / "no-kit", tmp_path / "cache") == 0
-    kit = tmp_path / "kit"
-    kit.mkdir()
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w:xz") as tar:
-        info = tarfile.TarInfo("../escaped.cubin")
-        info.size = 1
-        tar.addfile(info, io.BytesIO(b"x"))
-    (kit / f"{triton_kit.KIT_NAME}.00").write_bytes(buffer.getvalue())
-    triton_kit.unpack(kit, tmp_path / "cache")
+    _kit_of(tmp_path / "kit", {"../escaped.cubin": b"x"})
+    triton_kit.unpack(tmp_path / "kit", tmp_path / "cache")
     assert not (tmp_path / "escaped.cubin").exists()
     assert not os.listdir(tmp_path / "cache")
 
@@ -93,22 +95,10 @@ def test_unpack_writes_nothing_outside_the_cache(tmp_path):
 def test_take_replaces_a_kit_whole_and_keeps_it_when_the_new_one_is_broken(tmp_path):
     """A kit of two parts, then one of one part: unpack joins every part it finds, so take
     drops the old parts first; a truncated kit is refused and the kit before it kept."""
-    def kit_of(folder: Path, files: dict[str, bytes], part_bytes: int) -> None:
-        buffer = io.BytesIO()
-        with tarfile.open(fileobj=buffer, mode="w:xz") as tar:
-            for name, data in files.items():
-                info = tarfile.TarInfo(name)
-                info.size = len(data)
-                tar.addfile(info, io.BytesIO(data))
-        folder.mkdir()
-        data = buffer.getvalue()
-        for i, start in enumerate(range(0, len(data), part_bytes)):
-            (folder / f"{triton_kit.KIT_NAME}.{i:02d}").write_bytes(data[start:start + part_bytes])
-
     kept = tmp_path / ".triton-kit"
-    kit_of(tmp_path / "first", {"a/k.cubin": os.urandom(4096)}, part_bytes=1024)
+    _kit_of(tmp_path / "first", {"a/k.cubin": os.urandom(4096)}, part_bytes=1024)
     assert triton_kit.take(tmp_path / "first", kept) == 1 and len(list(kept.iterdir())) > 2
-    kit_of(tmp_path / "second", {"b/k.cubin": b"x" * 10}, part_bytes=1 << 20)
+    _kit_of(tmp_path / "second", {"b/k.cubin": b"x" * 10})
     assert triton_kit.take(tmp_path / "second", kept) == 1 and len(list(kept.iterdir())) == 1
     assert triton_kit.unpack(kept, tmp_path / "cache") == 0 and (tmp_path / "cache" / "b" / "k.cubin").is_file()
     broken = tmp_path / "broken"
