@@ -465,8 +465,11 @@ SHARED_EXPERT_OPERAND = True
 # tiles runs beside the next one's first; the same bits (each product is the same launch on any
 # stream). H100, 2026-12-07 (sixty-sixth session, bench/decode_ab.py, a 256K faithful prefill in
 # 16K chunks, one process, the rounds after the first's compiles): 1 stream 9.597 / 9.572 s,
-# 2 streams 9.494 / 9.391 (round 0's 9.481 too), ~1.5% less, with the same last logits; untimed
-# at 3 streams and at 1M. 1: one after another on the current one.
+# 2 streams 9.494 / 9.391 (round 0's 9.481 too), ~1.5% less, with the same last logits. Another
+# H100 (sixty-seventh, call BT, same form): 2 streams 9.482 / 9.436, 3 streams 9.450 / 9.534,
+# 1 stream 9.601 / 9.608; 1M in 16K chunks (call BR, 1 | 2 | 1 | 2 in one process, the first run
+# with the kit's cache loads): 47.84, 46.63, 46.50, 45.37 s, the same last logits in all, peak
+# 59.7 / 60.7 GiB. 3 buys nothing over 2. 1: one after another on the current one.
 PRODUCT_STREAMS = 2
 
 # Experts decoded to bf16 at once, one matrix kind at a time: at the release widths 47.2 MB an
