@@ -1,5 +1,8 @@
 # Sourced first by every device call: the carried wheels, the source tree as the package, and
 # the clock the GPU runs at (lent machines differ by up to ~25% on the same code).
+# Once a call: a call that sources others (BU: BR, then BV) sets all this up once.
+[ -n "$DSFLASH_DEVICE_ENV" ] && return 0
+DSFLASH_DEVICE_ENV=1  # not exported: a child shell sets up its own
 set -o pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 DSFLASH_GOLDEN=$PWD/.bench/golden \
