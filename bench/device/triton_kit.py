@@ -92,10 +92,10 @@ def pack(cache: Path, out: Path, most_bytes: int = MOST_BYTES) -> list[Path]:
     return write_parts(buffer.getvalue(), out)
 
 
-def _opened(parts: list[Path]) -> tarfile.TarFile:
-    """The kit the parts make, decompressed whole first: a missing or cut part fails here
-    (lzma's checks), before anything is written."""
-    return tarfile.open(fileobj=io.BytesIO(lzma.decompress(b"".join(p.read_bytes() for p in parts))), mode="r:")
+def _opened(raw: bytes) -> tarfile.TarFile:
+    """The kit its parts' bytes (joined in order) make, decompressed whole first: a missing or
+    cut part fails here (lzma's checks), before anything is written."""
+    return tarfile.open(fileobj=io.BytesIO(lzma.decompress(raw)), mode="r:")
 
 
 def unpack(kit: Path, cache: Path) -> int:
@@ -105,7 +105,7 @@ def unpack(kit: Path, cache: Path) -> int:
     if not parts:
         return 0
     groups = 0
-    with _opened(parts) as tar:
+    with _opened(b"".join(part.read_bytes() for part in parts)) as tar:
         cache.mkdir(parents=True, exist_ok=True)
         for member in tar.getmembers():
             target = (cache / member.name).resolve()
@@ -129,13 +129,14 @@ def take(source: Path, kit: Path) -> int:
     parts = _parts(source)
     if not parts:
         raise SystemExit(f"no kit in {source}")
-    with _opened(parts) as tar:  # a bad part fails here, and the old kit is kept
+    blobs = {part.name: part.read_bytes() for part in parts}  # read once: checked, then written
+    with _opened(b"".join(blobs.values())) as tar:  # a bad part fails here, and the old kit is kept
         members = len(tar.getmembers())
     kit.mkdir(parents=True, exist_ok=True)
     for old in _parts(kit):
         old.unlink()
-    for part in parts:
-        (kit / part.name).write_bytes(part.read_bytes())
+    for name, blob in blobs.items():
+        (kit / name).write_bytes(blob)
     return members
 
 
