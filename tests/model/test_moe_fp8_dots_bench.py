@@ -1,0 +1,57 @@
+"""bench/moe_fp8_dots.py's spike (faithful decode experts on FP8 MMAs) is right before it is
+timed: its byte layout and e2m1 -> e4m3 rule give the checkpoint's values, and its kernel
+(under the interpreter on CPU) gives the float64 products of the same values."""
+
+from __future__ import annotations
+
+import importlib.util
+import pathlib
+
+import pytest
+import torch
+
+from dsflash.model.kernels import fp4_moe as moe
+
+E2M1 = torch.tensor([0, .5, 1, 1.5, 2, 3, 4, 6, -0., -.5, -1, -1.5, -2, -3, -4, -6])
+
+
+@pytest.fixture(scope="module")
+def spike():
+    path = pathlib.Path(__file__).parents[2] / "bench" / "moe_fp8_dots.py"
+    spec = importlib.util.spec_from_file_location("bench_moe_fp8_dots", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_code_is_its_value_times_2_to_the_minus_6(spike):
+    codes = torch.arange(16, dtype=torch.uint8)
+    assert torch.equal(spike.e4m3_of_e2m1(codes).view(torch.float8_e4m3fn).float() * 64, E2M1)
+
+
+def test_a_group_byte_holds_codes_j_and_j_plus_32(spike):
+    packed = torch.randint(0, 256, (3, 5, 64), dtype=torch.uint8)  # 128 codes a row
+    codes = torch.stack([packed & 0xF, packed >> 4], -1).reshape(3, 5, 128)
+    grouped = spike.split_groups(packed)
+    low, high = (grouped & 0xF).view(3, 5, 2, 32), (grouped >> 4).view(3, 5, 2, 32)
+    assert torch.equal(torch.cat([low, high], -1).reshape(3, 5, 128), codes)
+
+
+@pytest.mark.parametrize("expanded", [False, True])
+@pytest.mark.parametrize("block_m", [2, 4])
+def test_the_kernel_gives_the_float64_products(spike, block_m, expanded):
+    """Blocks of 2 and 4 pairs (chunks of 8 and 4 blocks), the activations gathered in the
+    kernel or laid out by expand_columns; one expert takes 3 pairs (two blocks)."""
+    torch.manual_seed(0)
+    E, N, K, T, k = 3, 64, 512, 4, 2
+    packed = torch.randint(0, 256, (E, N, K // 2), dtype=torch.uint8)
+    scales = torch.randint(112, 122, (E, N, K // 32), dtype=torch.uint8)
+    idx = torch.stack([torch.randperm(E)[:k] for _ in range(T)])
+    plan = moe.RoutePlan(idx, torch.rand(T, k), E, block_m)
+    a, a_scales = spike.random_activations(T, K, "cpu")
+    out = spike.fp8_products(a, a_scales, plan.tokens, plan.block_expert, spike.split_groups(packed), scales, block_m,
+                             dict(BLOCK_N=64), spike.expand_columns(a, plan.tokens, block_m) if expanded else None)
+    ref = spike.reference(a, a_scales, plan.tokens, packed, scales, plan.block_expert, block_m)
+    live = plan.tokens >= 0
+    assert live.sum() == T * k
+    assert (out[live].double() - ref[live]).abs().max() <= 1e-6 * ref[live].abs().max()
