@@ -65,6 +65,16 @@ def e4m3_of_e2m1(nibbles: torch.Tensor) -> torch.Tensor:
     return ((nibbles & 8) << 4) | ((nibbles & 7) << 2)
 
 
+def split_bits(packed: torch.Tensor) -> torch.Tensor:
+    """split_groups' codes with their bits placed for a shorter decode (BITS): code j of a group
+    (s e1 e0 m) at bits 7 4 3 2, where it is its e4m3 code already (one AND), and code j + 32 at
+    bits 5 6 1 0, where two shifts bring s, e0, m (+2) and e1 (-2) to the same places."""
+    grouped = split_groups(packed)
+    low, high = grouped & 0xF, grouped >> 4
+    return e4m3_of_e2m1(low) | ((high & 8) << 2) | ((high & 4) << 4) | (high & 3)
+
+
+# Four bytes a call; split_groups' layout in 7 instructions a word, split_bits' in 5.
 _HALVES_PTX = tl.constexpr("""{
 .reg .b32 t0, t1;
 shl.b32 t0, $2, 4;
@@ -77,14 +87,26 @@ shr.b32 t1, $2, 2;
 and.b32 t1, t1, 0x1C1C1C1C;
 or.b32 $1, t0, t1;
 }""")
+_BITS_PTX = tl.constexpr("""{
+.reg .b32 t0, t1;
+and.b32 $0, $2, 0x9C9C9C9C;
+shl.b32 t0, $2, 2;
+and.b32 t0, t0, 0x8C8C8C8C;
+shr.b32 t1, $2, 2;
+and.b32 t1, t1, 0x10101010;
+or.b32 $1, t0, t1;
+}""")
 
 
 @triton.jit
-def _halves(b, PTX: tl.constexpr):
-    """Rearranged bytes -> (low codes, high codes) as e4m3: four bytes a PTX call."""
+def _halves(b, PTX: tl.constexpr, BITS: tl.constexpr):
+    """Rearranged bytes (split_groups, or split_bits with BITS) -> (low codes, high codes) as e4m3."""
     if PTX:
-        lo, hi = tl.inline_asm_elementwise(_HALVES_PTX, "=r,=r,r", [b], dtype=(tl.uint8, tl.uint8), is_pure=True,
-                                           pack=4)
+        lo, hi = tl.inline_asm_elementwise(_BITS_PTX if BITS else _HALVES_PTX, "=r,=r,r", [b],
+                                           dtype=(tl.uint8, tl.uint8), is_pure=True, pack=4)
+    elif BITS:
+        lo = b & 0x9C
+        hi = ((b << 2) & 0x8C) | ((b >> 2) & 0x10)
     else:
         lo = ((b << 4) & 0x80) | ((b << 2) & 0x1C)
         hi = (b & 0x80) | ((b >> 2) & 0x1C)
@@ -99,7 +121,8 @@ def _pow2(e):
 @triton.jit
 def _fp8_products_kernel(a_ptr, as_ptr, ax_ptr, src_ptr, blk_ptr, w_ptr, s_ptr, out_ptr, N, K,
                          sar, sasr, sxb, swe, swr, sse, ssr, sor,
-                         PTX: tl.constexpr, COLS: tl.constexpr, EXPANDED: tl.constexpr, BLOCK_N: tl.constexpr):
+                         PTX: tl.constexpr, BITS: tl.constexpr, COLS: tl.constexpr, EXPANDED: tl.constexpr,
+                         BLOCK_N: tl.constexpr):
     """Program (block of COLS pairs, N tile): out[pair row, rows] = a[src] . W_expert[rows]^T, a
     as e4m3 codes [*, K] with e8m0 scales as int32 words (4 blocks of 32 a word), W as
     split_groups bytes with e8m0 scales as words.
@@ -132,7 +155,7 @@ def _fp8_products_kernel(a_ptr, as_ptr, ax_ptr, src_ptr, blk_ptr, w_ptr, s_ptr, 
             part = tl.zeros((BLOCK_N, 16), tl.float32)
             for g in tl.static_range(KB // 2):
                 b = tl.load(w_rows + (q * 16 * KB + g * 32) + k32[None, :], mask=row_ok[:, None], other=0)
-                lo, hi = _halves(b, PTX)
+                lo, hi = _halves(b, PTX, BITS)
                 for h in tl.static_range(2):
                     kb = 2 * g + h
                     a = tl.load(x_block + (q * KB + kb) * 512 + j[None, :] * 32 + k32[:, None])
@@ -144,7 +167,7 @@ def _fp8_products_kernel(a_ptr, as_ptr, ax_ptr, src_ptr, blk_ptr, w_ptr, s_ptr, 
             part = tl.zeros((BLOCK_N, 16), tl.float32)
             for g in tl.static_range(KB // 2):  # 64-code groups: a byte's two codes, two blocks
                 b = tl.load(w_rows + (q * 16 * KB + g * 32) + k32[None, :], mask=row_ok[:, None], other=0)
-                lo, hi = _halves(b, PTX)
+                lo, hi = _halves(b, PTX, BITS)
                 for h in tl.static_range(2):
                     kb = 2 * g + h
                     a = tl.load(a_ptr + src[None, :] * sar + (q * 32 * KB + kb * 32) + k32[:, None],
@@ -169,7 +192,8 @@ def _fp8_products_kernel(a_ptr, as_ptr, ax_ptr, src_ptr, blk_ptr, w_ptr, s_ptr, 
 
 
 @triton.jit
-def _decode_floor_kernel(blk_ptr, w_ptr, s_ptr, out_ptr, N, K, swe, swr, sse, ssr, BLOCK_N: tl.constexpr):
+def _decode_floor_kernel(blk_ptr, w_ptr, s_ptr, out_ptr, N, K, swe, swr, sse, ssr, BITS: tl.constexpr,
+                         BLOCK_N: tl.constexpr):
     """Program (block of pairs, N tile) as _fp8_products_kernel lays them out, reading its
     weight words and scale words and decoding the codes to e4m3 (the same PTX, a word at a
     time), without the dots: one value a program is stored."""
@@ -186,20 +210,21 @@ def _decode_floor_kernel(blk_ptr, w_ptr, s_ptr, out_ptr, N, K, swe, swr, sse, ss
     for q in range(0, K // 128):
         ws = tl.load(s_rows + q, mask=row_ok, other=0)
         words = tl.load(w_rows + q * 16 + j[None, :], mask=row_ok[:, None], other=0)
-        lo, hi = tl.inline_asm_elementwise(_HALVES_PTX, "=r,=r,r", [words], dtype=(tl.int32, tl.int32),
-                                           is_pure=True, pack=1)
+        lo, hi = tl.inline_asm_elementwise(_BITS_PTX if BITS else _HALVES_PTX, "=r,=r,r", [words],
+                                           dtype=(tl.int32, tl.int32), is_pure=True, pack=1)
         acc ^= lo ^ hi ^ ws[:, None]
     tl.store(out_ptr + pid_b * tl.num_programs(1) + tl.program_id(1), tl.sum(tl.sum(acc, axis=1), axis=0))
 
 
-def decode_floor(block_expert: torch.Tensor, w: torch.Tensor, w_scales: torch.Tensor, tile: dict) -> None:
-    """_decode_floor_kernel over one matrix of the experts (w: split_groups bytes [E, N, K/2])."""
+def decode_floor(block_expert: torch.Tensor, w: torch.Tensor, w_scales: torch.Tensor, tile: dict, bits: bool) -> None:
+    """_decode_floor_kernel over one matrix of the experts (w: split_groups or, with bits,
+    split_bits bytes [E, N, K/2])."""
     E, N, half = w.shape
     words, s_words = w.view(torch.int32), w_scales.contiguous().view(torch.int32)
     grid = (block_expert.numel(), triton.cdiv(N, tile["BLOCK_N"]))
     out = torch.empty(grid[0] * grid[1], dtype=torch.int32, device=w.device)
     _decode_floor_kernel[grid](block_expert, words, s_words, out, N, 2 * half, words.stride(0), words.stride(1),
-                               s_words.stride(0), s_words.stride(1), **tile)
+                               s_words.stride(0), s_words.stride(1), BITS=bits, **tile)
 
 
 def expand_columns(a: torch.Tensor, src: torch.Tensor, block_m: int) -> torch.Tensor:
@@ -220,10 +245,11 @@ def expand_columns(a: torch.Tensor, src: torch.Tensor, block_m: int) -> torch.Te
 
 def fp8_products(a: torch.Tensor, a_scales: torch.Tensor, src: torch.Tensor, block_expert: torch.Tensor,
                  w: torch.Tensor, w_scales: torch.Tensor, block_m: int, tile: dict,
-                 expanded: torch.Tensor | None = None) -> torch.Tensor:
+                 expanded: torch.Tensor | None = None, bits: bool = False) -> torch.Tensor:
     """out [len(src), N] fp32: row i = a[src[i]] (e4m3 codes [*, K], e8m0 scales [*, K/32]) times
     the block's expert's W^T (w: split_groups bytes [E, N, K/2], scales [E, N, K/32]); rows with
-    src -1 are left unwritten. expanded: expand_columns(a, src, block_m), read in place of a."""
+    src -1 are left unwritten. expanded: expand_columns(a, src, block_m), read in place of a;
+    bits: w is split_bits bytes."""
     E, N, half = w.shape
     K = 2 * half
     assert block_m in (2, 4) and K % (512 // block_m) == 0 and a.shape[1] == K
@@ -233,7 +259,8 @@ def fp8_products(a: torch.Tensor, a_scales: torch.Tensor, src: torch.Tensor, blo
     x = a if expanded is None else expanded
     _fp8_products_kernel[grid](a, a_words, x, src, block_expert, w, w_words, out, N, K, a.stride(0), a_words.stride(0),
                                x.stride(0), w.stride(0), w.stride(1), w_words.stride(0), w_words.stride(1),
-                               out.stride(0), PTX=a.is_cuda, COLS=block_m, EXPANDED=expanded is not None, **tile)
+                               out.stride(0), PTX=a.is_cuda, BITS=bits, COLS=block_m, EXPANDED=expanded is not None,
+                               **tile)
     return out
 
 
@@ -259,13 +286,13 @@ def random_activations(rows: int, k: int, dev: str) -> tuple[torch.Tensor, torch
     return codes, scales
 
 
-# sm_90 SASS (Triton 3.9, bench/kernel_resources.py's compile), the K loop a thread per code at
-# 2-pair blocks: 64 rows on 4 warps 369 instructions for 128 codes, 128 rows 547 for 256 (2.1 a
-# code), 128 on 8 warps 347 for 128; the shipped gate/up kernel 828 for 256 (3.2). The first
-# form here, a scale multiply-add after every 32-column MMA, took 310 for 64 (4.8); the chunk's
-# codes joined into one dot 1,033 for 256 (the join's PRMTs).
-TILES = {"64x4w3s": dict(BLOCK_N=64, num_warps=4, num_stages=3), "128x4w3s": dict(BLOCK_N=128, num_warps=4, num_stages=3),
-         "128x8w3s": dict(BLOCK_N=128, num_warps=8, num_stages=3)}
+# sm_90 SASS (Triton 3.9, bench/kernel_resources.py's compile), the K loop a thread at 2-pair
+# blocks, 128 rows on 4 warps (256 codes a thread): 547 instructions gathered (2.1 a code), 529
+# laid out; in split_bits' layout 483 and 465 (1.8); 64 rows (128 codes) 369 / 337; the shipped
+# gate/up kernel 828 for 256 (3.2). Forms not kept: a scale multiply-add after every 32-column
+# MMA took 310 for 64 codes (4.8 a code); the chunk's codes joined into one dot 1,033 for 256
+# (the join's PRMTs).
+TILES = {"64x4w3s": dict(BLOCK_N=64, num_warps=4, num_stages=3), "128x4w3s": dict(BLOCK_N=128, num_warps=4, num_stages=3)}
 
 
 def main() -> None:
@@ -280,7 +307,7 @@ def main() -> None:
     s13 = torch.randint(112, 122, (E, 2 * inter, H // 32), dtype=torch.uint8, device=dev)
     s2 = torch.randint(112, 122, (E, H, inter // 32), dtype=torch.uint8, device=dev)
     quad = moe.quad_experts(w13, s13, w2, s2)
-    g13, g2 = split_groups(w13), split_groups(w2)
+    layouts = {"groups": (split_groups(w13), split_groups(w2)), "bits": (split_bits(w13), split_bits(w2))}
     per_expert = sum(t[0].numel() * t.element_size() for t in quad)
     print(f"[moe fp8] {torch.cuda.get_device_name()}; experts {E} x (gate/up {2 * inter} x {H}, down {H} x {inter})",
           flush=True)
@@ -297,23 +324,28 @@ def main() -> None:
         for block_m in (2, 4):  # pairs a block
             plan = moe.RoutePlan(idx, weights, E, block_m)
             if block_m == 2:
-                for name in ("64x4w3s", "128x4w3s"):
-                    floor = h200.graph_time(lambda: (decode_floor(plan.block_expert, g13, s13, TILES[name]),
-                                                     decode_floor(plan.block_expert, g2, s2, TILES[name])), iters=10)
-                    print(f"{head}: read + decode to e4m3 {name} {floor * 1e6:.0f} us", flush=True)
+                for layout, (g13, g2) in layouts.items():
+                    floor = h200.graph_time(lambda: (decode_floor(plan.block_expert, g13, s13, TILES["128x4w3s"],
+                                                                  layout == "bits"),
+                                                     decode_floor(plan.block_expert, g2, s2, TILES["128x4w3s"],
+                                                                  layout == "bits")), iters=10)
+                    print(f"{head}: read + decode to e4m3 ({layout}) {floor * 1e6:.0f} us", flush=True)
             h, h_scales = random_activations(plan.rows, inter, dev)
             own_rows = torch.where(plan.tokens >= 0, torch.arange(plan.rows, device=dev, dtype=torch.int32), -1)
             operands = ((a, a_scales, plan.tokens, w13, s13), (h, h_scales, own_rows, w2, s2))
             refs = [reference(act, act_s, src, packed, scales, plan.block_expert, block_m)
                     for act, act_s, src, packed, scales in operands]
             laid_out = expand_columns(a, plan.tokens, block_m), expand_columns(h, own_rows, block_m)
-            for (name, tile), form in itertools.product(TILES.items(), ("gathered", "laid out")):
+            for (layout, (g13, g2)), (name, tile), form in itertools.product(layouts.items(), TILES.items(),
+                                                                             ("gathered", "laid out")):
                 x_wide, h_wide = laid_out if form == "laid out" else (None, None)
+                bits = layout == "bits"
 
                 def both():
-                    return (fp8_products(a, a_scales, plan.tokens, plan.block_expert, g13, s13, block_m, tile, x_wide),
-                            fp8_products(h, h_scales, own_rows, plan.block_expert, g2, s2, block_m, tile, h_wide))
-                label = f"{head}: fp8 {block_m}-pair {name} {form}"
+                    return (fp8_products(a, a_scales, plan.tokens, plan.block_expert, g13, s13, block_m, tile, x_wide,
+                                         bits),
+                            fp8_products(h, h_scales, own_rows, plan.block_expert, g2, s2, block_m, tile, h_wide, bits))
+                label = f"{head}: fp8 {block_m}-pair {layout} {name} {form}"
                 try:
                     outs = both()
                 except Exception as e:  # a tile Triton cannot compile here: say so, time the rest

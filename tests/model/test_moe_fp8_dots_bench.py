@@ -37,9 +37,18 @@ def test_a_group_byte_holds_codes_j_and_j_plus_32(spike):
     assert torch.equal(torch.cat([low, high], -1).reshape(3, 5, 128), codes)
 
 
+def test_the_bit_layout_decodes_by_its_masks_and_shifts(spike):
+    """split_bits: the low code of a byte is its AND with 0x9C, the high one two shifted ANDs."""
+    packed = torch.randint(0, 256, (4, 64), dtype=torch.uint8)
+    grouped, bits = spike.split_groups(packed), spike.split_bits(packed)
+    assert torch.equal(bits & 0x9C, spike.e4m3_of_e2m1(grouped & 0xF))
+    assert torch.equal(((bits << 2) & 0x8C) | ((bits >> 2) & 0x10), spike.e4m3_of_e2m1(grouped >> 4))
+
+
+@pytest.mark.parametrize("bits", [False, True])
 @pytest.mark.parametrize("expanded", [False, True])
 @pytest.mark.parametrize("block_m", [2, 4])
-def test_the_kernel_gives_the_float64_products(spike, block_m, expanded):
+def test_the_kernel_gives_the_float64_products(spike, block_m, expanded, bits):
     """Blocks of 2 and 4 pairs (chunks of 8 and 4 blocks), the activations gathered in the
     kernel or laid out by expand_columns; one expert takes 3 pairs (two blocks)."""
     torch.manual_seed(0)
@@ -49,8 +58,9 @@ def test_the_kernel_gives_the_float64_products(spike, block_m, expanded):
     idx = torch.stack([torch.randperm(E)[:k] for _ in range(T)])
     plan = moe.RoutePlan(idx, torch.rand(T, k), E, block_m)
     a, a_scales = spike.random_activations(T, K, "cpu")
-    out = spike.fp8_products(a, a_scales, plan.tokens, plan.block_expert, spike.split_groups(packed), scales, block_m,
-                             dict(BLOCK_N=64), spike.expand_columns(a, plan.tokens, block_m) if expanded else None)
+    layout = spike.split_bits(packed) if bits else spike.split_groups(packed)
+    out = spike.fp8_products(a, a_scales, plan.tokens, plan.block_expert, layout, scales, block_m, dict(BLOCK_N=64),
+                             spike.expand_columns(a, plan.tokens, block_m) if expanded else None, bits)
     ref = spike.reference(a, a_scales, plan.tokens, packed, scales, plan.block_expert, block_m)
     live = plan.tokens >= 0
     assert live.sum() == T * k
