@@ -12,7 +12,8 @@ the FP8 grid already (e4m3 codes, an e8m0 scale per 32), so both operands can be
   times 2^-6 (e2m1's subnormal 0.5 lands on e4m3's subnormal 2^-7): no table, no multiply;
 - with a byte holding codes j and j + 32 of a 64-code group (rearranged once at load), one
   32-bit word decodes into the e4m3 codes of two 32-column blocks in 7 instructions
-  (shift/and/or; 0.9 a code), each block a K = 32 FP8 MMA of its own;
+  (shift/and/or; 0.9 a code), each block a K = 32 FP8 MMA of its own; with the codes' bits
+  placed for it too (split_bits), in 5;
 - the blocks' scales (the weight row's and the pair's, per 32 columns) cannot wait for the end
   of K, and a multiply-add after every MMA costs as much as the decode. But a decode block holds
   2-4 pairs and the dot has 16 columns (its least for 8-bit operands): the spare columns carry
