@@ -35,6 +35,14 @@ and down rows; no SwiGLU, no pair sums: both negligible at decode) and its readi
 alone, each in a CUDA graph, next to the touched experts' bytes at the H200's 4.2 TB/s, and
 checks the FP8 products against float64 ones of the same values.
 
+H100, 2026-12-07 (sixty-eighth session, docs/bench/h100-2026-12-07-sixtyeighth-call-bx.txt):
+slower than the shipped kernels. 6 tokens: shipped 229 us, this 250 at best (2-pair blocks, 128
+rows, 4 warps, gathered; the bit layout 251; laid out 264; 4-pair blocks 283-316); 12 tokens:
+295 against 360. Sums 4.5-5.4e-5 of the largest from float64. Each wgmma waits on its decoded
+operand's trip through shared memory, eight a chunk; the shipped kernels run mma.sync from
+registers (common.mma_sync), and Triton's mma.sync for FP8 converts to f16. The decode floor
+here (int32 words, its loads not pipelined) took longer than the whole kernel: no floor.
+
     python bench/moe_fp8_dots.py [--tokens 6,12]
 """
 import argparse
