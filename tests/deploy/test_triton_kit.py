@@ -3,7 +3,6 @@ packed, unpacked into another cache, is a cache hit there: Triton compiles nothi
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import json
 import lzma
@@ -15,12 +14,12 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.bench_scripts import bench_script
+
 pytest.importorskip("triton")
 
 REPO = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("triton_kit", REPO / "bench" / "device" / "triton_kit.py")
-triton_kit = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(triton_kit)
+triton_kit = bench_script("device/triton_kit.py", "triton_kit")
 
 # In a process of its own: the CPU suite's TRITON_INTERPRET makes every kernel interpreted here.
 _COMPILE = """

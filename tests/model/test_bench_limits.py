@@ -3,24 +3,18 @@ read (weights aside, its KV) and its matrix FLOPs, on the bench preset's config.
 
 from __future__ import annotations
 
-import importlib.util
-import pathlib
-
 import pytest
 
 from dsflash.model.checkpoint_writer import preset_config
 from dsflash.model.config import ModelConfig
+from tests.support.bench_scripts import bench_script
 
 MILLION = 1 << 20
 
 
 @pytest.fixture(scope="module")
 def h200():
-    path = pathlib.Path(__file__).parents[2] / "bench" / "h200.py"
-    spec = importlib.util.spec_from_file_location("bench_h200", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return bench_script("h200.py")
 
 
 @pytest.fixture(scope="module")

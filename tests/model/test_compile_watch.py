@@ -3,9 +3,7 @@ bench/h200.py counts a timed prefill's compiles and a GPU worker logs those it m
 serving, each watcher beside the hooks set before it (h200.py runs under compile_log.py, and
 `dsflash serve`'s tiers share a process)."""
 
-import importlib.util
 import logging
-import pathlib
 
 import pytest
 import torch
@@ -14,6 +12,7 @@ from triton.runtime.interpreter import InterpretedFunction
 
 from dsflash.model.kernels import compile_watch, top_k
 from dsflash.serving import worker
+from tests.support.bench_scripts import bench_script
 
 
 @pytest.fixture
@@ -50,9 +49,7 @@ def test_a_hook_that_skips_the_compile_keeps_its_answer(fire):
 
 
 def test_h200_counts_the_compiles_inside_a_timed_run(fire):
-    spec = importlib.util.spec_from_file_location("bench_h200", pathlib.Path(__file__).parents[2] / "bench" / "h200.py")
-    h200 = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(h200)
+    h200 = bench_script("h200.py")
     h200.watch_compiles()
     fire("warm")
     first = len(h200.COMPILES)
@@ -95,10 +92,7 @@ def test_the_cpu_coverage_tool_keys_a_launch_as_triton_specializes_it():
     alignment, constexprs by value."""
     if not isinstance(top_k._filter_kernel, InterpretedFunction):
         pytest.skip("the tool keys the interpreter's launches (TRITON_INTERPRET=1)")
-    spec = importlib.util.spec_from_file_location("warm_up_coverage",
-                                                  pathlib.Path(__file__).parents[2] / "bench" / "warm_up_coverage.py")
-    coverage = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(coverage)
+    coverage = bench_script("warm_up_coverage.py", "warm_up_coverage")
     x = torch.zeros(64)
 
     def key(chunk_len=32, chunks=16, x_ptr=x, BLOCK=1024):

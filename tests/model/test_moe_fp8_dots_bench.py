@@ -4,24 +4,18 @@ timed: its byte layout and e2m1 -> e4m3 rule give the checkpoint's values, and i
 
 from __future__ import annotations
 
-import importlib.util
-import pathlib
-
 import pytest
 import torch
 
 from dsflash.model.kernels import fp4_moe as moe
+from tests.support.bench_scripts import bench_script
 
 E2M1 = torch.tensor([0, .5, 1, 1.5, 2, 3, 4, 6, -0., -.5, -1, -1.5, -2, -3, -4, -6])
 
 
 @pytest.fixture(scope="module")
 def spike():
-    path = pathlib.Path(__file__).parents[2] / "bench" / "moe_fp8_dots.py"
-    spec = importlib.util.spec_from_file_location("bench_moe_fp8_dots", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return bench_script("moe_fp8_dots.py")
 
 
 def test_every_code_is_its_value_times_2_to_the_minus_6(spike):
