@@ -25,6 +25,11 @@ the FP8 grid already (e4m3 codes, an e8m0 scale per 32), so both operands can be
   reads them as expand_columns lays them out (built by torch here, outside the timed launches:
   a producer would write that form, the input's FP8 rounding or the gate/up epilogue).
 
+--dots f16 runs the same kernel's dots in f16 on mma.sync instead (the e4m3 codes converted
+to f16, which holds every e4m3 value, so the products and sums are fp32's as the shipped
+kernels' are; and mma.sync takes its operands from registers, where a wgmma's decoded operand
+goes through shared memory and is waited on).
+
 What it gives up: the FP8 MMA sums a block's 32 products in the tensor core (Hopper keeps ~14
 bits there, DeepSeek-V3's report) where the shipped kernel's fp32 sums are exact; faithful
 prefill's cuBLAS products already do so, over 128 columns.
@@ -47,6 +52,7 @@ here (int32 words, its loads not pipelined) took longer than the whole kernel: n
 """
 import argparse
 import itertools
+import os
 import pathlib
 import sys
 
@@ -123,6 +129,15 @@ def _halves(b, PTX: tl.constexpr, BITS: tl.constexpr):
 
 
 @triton.jit
+def _operand(x, F16: tl.constexpr):
+    """e4m3 values as the dot takes them: as they are, or with F16 in f16 (exact: e4m3's values
+    are f16 values), for f16 MMAs whose fp32 sums are exact where FP8 MMAs' are not."""
+    if F16:
+        x = x.to(tl.float16)
+    return x
+
+
+@triton.jit
 def _pow2(e):
     return (e << 23).to(tl.float32, bitcast=True)
 
@@ -131,7 +146,7 @@ def _pow2(e):
 def _fp8_products_kernel(a_ptr, as_ptr, ax_ptr, src_ptr, blk_ptr, w_ptr, s_ptr, out_ptr, N, K,
                          sar, sasr, sxb, swe, swr, sse, ssr, sor,
                          PTX: tl.constexpr, BITS: tl.constexpr, COLS: tl.constexpr, EXPANDED: tl.constexpr,
-                         BLOCK_N: tl.constexpr):
+                         F16: tl.constexpr, BLOCK_N: tl.constexpr):
     """Program (block of COLS pairs, N tile): out[pair row, rows] = a[src] . W_expert[rows]^T, a
     as e4m3 codes [*, K] with e8m0 scales as int32 words (4 blocks of 32 a word), W as
     split_groups bytes with e8m0 scales as words.
@@ -165,22 +180,26 @@ def _fp8_products_kernel(a_ptr, as_ptr, ax_ptr, src_ptr, blk_ptr, w_ptr, s_ptr, 
             for g in tl.static_range(KB // 2):
                 b = tl.load(w_rows + (q * 16 * KB + g * 32) + k32[None, :], mask=row_ok[:, None], other=0)
                 lo, hi = _halves(b, PTX, BITS)
+                lo, hi = _operand(lo, F16), _operand(hi, F16)
                 for h in tl.static_range(2):
                     kb = 2 * g + h
                     a = tl.load(x_block + (q * KB + kb) * 512 + j[None, :] * 32 + k32[:, None])
+                    a = _operand(a.to(tl.float8e4nv, bitcast=True), F16)
                     if h == 0:
-                        part = tl.dot(lo, a.to(tl.float8e4nv, bitcast=True), part)
+                        part = tl.dot(lo, a, part)
                     else:
-                        part = tl.dot(hi, a.to(tl.float8e4nv, bitcast=True), part)
+                        part = tl.dot(hi, a, part)
         else:
             part = tl.zeros((BLOCK_N, 16), tl.float32)
             for g in tl.static_range(KB // 2):  # 64-code groups: a byte's two codes, two blocks
                 b = tl.load(w_rows + (q * 16 * KB + g * 32) + k32[None, :], mask=row_ok[:, None], other=0)
                 lo, hi = _halves(b, PTX, BITS)
+                lo, hi = _operand(lo, F16), _operand(hi, F16)
                 for h in tl.static_range(2):
                     kb = 2 * g + h
                     a = tl.load(a_ptr + src[None, :] * sar + (q * 32 * KB + kb * 32) + k32[:, None],
-                                mask=(live & (block == kb))[None, :], other=0).to(tl.float8e4nv, bitcast=True)
+                                mask=(live & (block == kb))[None, :], other=0)
+                    a = _operand(a.to(tl.float8e4nv, bitcast=True), F16)
                     if h == 0:
                         part = tl.dot(lo, a, part)
                     else:
@@ -254,11 +273,11 @@ def expand_columns(a: torch.Tensor, src: torch.Tensor, block_m: int) -> torch.Te
 
 def fp8_products(a: torch.Tensor, a_scales: torch.Tensor, src: torch.Tensor, block_expert: torch.Tensor,
                  w: torch.Tensor, w_scales: torch.Tensor, block_m: int, tile: dict,
-                 expanded: torch.Tensor | None = None, bits: bool = False) -> torch.Tensor:
+                 expanded: torch.Tensor | None = None, bits: bool = False, f16: bool = False) -> torch.Tensor:
     """out [len(src), N] fp32: row i = a[src[i]] (e4m3 codes [*, K], e8m0 scales [*, K/32]) times
     the block's expert's W^T (w: split_groups bytes [E, N, K/2], scales [E, N, K/32]); rows with
     src -1 are left unwritten. expanded: expand_columns(a, src, block_m), read in place of a;
-    bits: w is split_bits bytes."""
+    bits: w is split_bits bytes; f16: the dots in f16 on mma.sync (fp32-exact sums), not FP8 wgmma."""
     E, N, half = w.shape
     K = 2 * half
     assert block_m in (2, 4) and K % (512 // block_m) == 0 and a.shape[1] == K
@@ -266,10 +285,16 @@ def fp8_products(a: torch.Tensor, a_scales: torch.Tensor, src: torch.Tensor, blo
     out = torch.empty(src.numel(), N, dtype=torch.float32, device=a.device)
     grid = (block_expert.numel(), triton.cdiv(N, tile["BLOCK_N"]))
     x = a if expanded is None else expanded
-    _fp8_products_kernel[grid](a, a_words, x, src, block_expert, w, w_words, out, N, K, a.stride(0), a_words.stride(0),
-                               x.stride(0), w.stride(0), w.stride(1), w_words.stride(0), w_words.stride(1),
-                               out.stride(0), PTX=a.is_cuda, BITS=bits, COLS=block_m, EXPANDED=expanded is not None,
-                               **tile)
+    if f16:  # mma.sync (Triton reads this while compiling; F16 keys the compile apart)
+        os.environ["DISABLE_MMA_V3"] = "1"
+    try:
+        _fp8_products_kernel[grid](a, a_words, x, src, block_expert, w, w_words, out, N, K, a.stride(0),
+                                   a_words.stride(0), x.stride(0), w.stride(0), w.stride(1), w_words.stride(0),
+                                   w_words.stride(1), out.stride(0), PTX=a.is_cuda, BITS=bits, COLS=block_m,
+                                   EXPANDED=expanded is not None, F16=f16, **tile)
+    finally:
+        if f16:
+            os.environ.pop("DISABLE_MMA_V3", None)
     return out
 
 
@@ -307,7 +332,10 @@ TILES = {"64x4w3s": dict(BLOCK_N=64, num_warps=4, num_stages=3), "128x4w3s": dic
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--tokens", default="6,12")
+    parser.add_argument("--dots", default="fp8", help="comma-separated MMA kinds: fp8 (wgmma), f16 (mma.sync)")
+    parser.add_argument("--no-floors", action="store_true", help="skip the decode floors")
     args = parser.parse_args()
+    kinds = args.dots.split(",")
     dev = "cuda"
     E, H, inter, k = (h200.MOE_SHAPE[key] for key in ("E", "H", "inter", "k"))
     torch.manual_seed(0)
@@ -332,7 +360,7 @@ def main() -> None:
         a, a_scales = random_activations(tokens, H, dev)
         for block_m in (2, 4):  # pairs a block
             plan = moe.RoutePlan(idx, weights, E, block_m)
-            if block_m == 2:
+            if block_m == 2 and not args.no_floors:
                 for layout, (g13, g2) in layouts.items():
                     floor = h200.graph_time(lambda: (decode_floor(plan.block_expert, g13, s13, TILES["128x4w3s"],
                                                                   layout == "bits"),
@@ -345,16 +373,19 @@ def main() -> None:
             refs = [reference(act, act_s, src, packed, scales, plan.block_expert, block_m)
                     for act, act_s, src, packed, scales in operands]
             laid_out = expand_columns(a, plan.tokens, block_m), expand_columns(h, own_rows, block_m)
-            for (layout, (g13, g2)), (name, tile), form in itertools.product(layouts.items(), TILES.items(),
-                                                                             ("gathered", "laid out")):
+            for kind, (layout, (g13, g2)), (name, tile), form in itertools.product(
+                    kinds, layouts.items(), TILES.items(), ("gathered", "laid out")):
+                if kind == "f16" and (layout, form) != ("bits", "gathered"):
+                    continue  # (the layouts and forms rank alike; the FP8 dots time them)
                 x_wide, h_wide = laid_out if form == "laid out" else (None, None)
-                bits = layout == "bits"
+                bits, f16 = layout == "bits", kind == "f16"
 
                 def both():
                     return (fp8_products(a, a_scales, plan.tokens, plan.block_expert, g13, s13, block_m, tile, x_wide,
-                                         bits),
-                            fp8_products(h, h_scales, own_rows, plan.block_expert, g2, s2, block_m, tile, h_wide, bits))
-                label = f"{head}: fp8 {block_m}-pair {layout} {name} {form}"
+                                         bits, f16),
+                            fp8_products(h, h_scales, own_rows, plan.block_expert, g2, s2, block_m, tile, h_wide, bits,
+                                         f16))
+                label = f"{head}: {kind} dots {block_m}-pair {layout} {name} {form}"
                 try:
                     outs = both()
                 except Exception as e:  # a tile Triton cannot compile here: say so, time the rest

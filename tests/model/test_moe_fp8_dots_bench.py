@@ -39,10 +39,10 @@ def test_the_bit_layout_decodes_by_its_masks_and_shifts(spike):
     assert torch.equal(((bits << 2) & 0x8C) | ((bits >> 2) & 0x10), spike.e4m3_of_e2m1(grouped >> 4))
 
 
-@pytest.mark.parametrize("bits", [False, True])
+@pytest.mark.parametrize("bits,f16", [(False, False), (True, False), (True, True)])
 @pytest.mark.parametrize("expanded", [False, True])
 @pytest.mark.parametrize("block_m", [2, 4])
-def test_the_kernel_gives_the_float64_products(spike, block_m, expanded, bits):
+def test_the_kernel_gives_the_float64_products(spike, block_m, expanded, bits, f16):
     """Blocks of 2 and 4 pairs (chunks of 8 and 4 blocks), the activations gathered in the
     kernel or laid out by expand_columns; one expert takes 3 pairs (two blocks)."""
     torch.manual_seed(0)
@@ -54,7 +54,7 @@ def test_the_kernel_gives_the_float64_products(spike, block_m, expanded, bits):
     a, a_scales = spike.random_activations(T, K, "cpu")
     layout = spike.split_bits(packed) if bits else spike.split_groups(packed)
     out = spike.fp8_products(a, a_scales, plan.tokens, plan.block_expert, layout, scales, block_m, dict(BLOCK_N=64),
-                             spike.expand_columns(a, plan.tokens, block_m) if expanded else None, bits)
+                             spike.expand_columns(a, plan.tokens, block_m) if expanded else None, bits, f16)
     ref = spike.reference(a, a_scales, plan.tokens, packed, scales, plan.block_expert, block_m)
     live = plan.tokens >= 0
     assert live.sum() == T * k
