@@ -151,7 +151,7 @@ def _fp8_products_kernel(a_ptr, as_ptr, ax_ptr, src_ptr, blk_ptr, w_ptr, s_ptr, 
                          F16: tl.constexpr, BLOCK_N: tl.constexpr):
     """Program (block of COLS pairs, N tile): out[pair row, rows] = a[src] . W_expert[rows]^T, a
     as e4m3 codes [*, K] with e8m0 scales as int32 words (4 blocks of 32 a word), W as
-    split_groups bytes with e8m0 scales as words.
+    split_groups (or with BITS split_bits) bytes with e8m0 scales as words.
 
     The dot has 16 columns (its least for 8-bit operands) and a block of pairs needs COLS: the
     other columns carry the chunk's 32-column blocks apart. Column j is pair j // KB and block
@@ -177,35 +177,23 @@ def _fp8_products_kernel(a_ptr, as_ptr, ax_ptr, src_ptr, blk_ptr, w_ptr, s_ptr, 
     x_block = ax_ptr + pid_b.to(tl.int64) * sxb
     acc = tl.zeros((BLOCK_N, 16), tl.float32)
     for q in range(0, K // (32 * KB)):
-        if EXPANDED:  # the block's chunk as laid out by expand_columns: plain loads, no masks
-            part = tl.zeros((BLOCK_N, 16), tl.float32)
-            for g in tl.static_range(KB // 2):
-                b = tl.load(w_rows + (q * 16 * KB + g * 32) + k32[None, :], mask=row_ok[:, None], other=0)
-                lo, hi = _halves(b, PTX, BITS)
-                lo, hi = _operand(lo, F16), _operand(hi, F16)
-                for h in tl.static_range(2):
-                    kb = 2 * g + h
+        part = tl.zeros((BLOCK_N, 16), tl.float32)
+        for g in tl.static_range(KB // 2):  # 64-code groups: a byte's two codes, two blocks
+            b = tl.load(w_rows + (q * 16 * KB + g * 32) + k32[None, :], mask=row_ok[:, None], other=0)
+            lo, hi = _halves(b, PTX, BITS)
+            lo, hi = _operand(lo, F16), _operand(hi, F16)
+            for h in tl.static_range(2):
+                kb = 2 * g + h
+                if EXPANDED:  # the block's tile as expand_columns lays it out: plain loads, no masks
                     a = tl.load(x_block + (q * KB + kb) * 512 + j[None, :] * 32 + k32[:, None])
-                    a = _operand(a.to(tl.float8e4nv, bitcast=True), F16)
-                    if h == 0:
-                        part = tl.dot(lo, a, part)
-                    else:
-                        part = tl.dot(hi, a, part)
-        else:
-            part = tl.zeros((BLOCK_N, 16), tl.float32)
-            for g in tl.static_range(KB // 2):  # 64-code groups: a byte's two codes, two blocks
-                b = tl.load(w_rows + (q * 16 * KB + g * 32) + k32[None, :], mask=row_ok[:, None], other=0)
-                lo, hi = _halves(b, PTX, BITS)
-                lo, hi = _operand(lo, F16), _operand(hi, F16)
-                for h in tl.static_range(2):
-                    kb = 2 * g + h
+                else:
                     a = tl.load(a_ptr + src[None, :] * sar + (q * 32 * KB + kb * 32) + k32[:, None],
                                 mask=(live & (block == kb))[None, :], other=0)
-                    a = _operand(a.to(tl.float8e4nv, bitcast=True), F16)
-                    if h == 0:
-                        part = tl.dot(lo, a, part)
-                    else:
-                        part = tl.dot(hi, a, part)
+                a = _operand(a.to(tl.float8e4nv, bitcast=True), F16)
+                if h == 0:
+                    part = tl.dot(lo, a, part)
+                else:
+                    part = tl.dot(hi, a, part)
         # (rows and pairs past the end read 2^0 scales: their sums are never stored, but stay finite)
         ws = tl.load(s_rows[:, None] + q * WORDS + tl.arange(0, WORDS)[None, :], mask=row_ok[:, None],
                      other=0x7F7F7F7F)
