@@ -27,8 +27,9 @@ the FP8 grid already (e4m3 codes, an e8m0 scale per 32), so both operands can be
 
 --dots f16 runs the same kernel's dots in f16 on mma.sync instead (the e4m3 codes converted
 to f16, which holds every e4m3 value, so the products and sums are fp32's as the shipped
-kernels' are; and mma.sync takes its operands from registers, where a wgmma's decoded operand
-goes through shared memory and is waited on).
+kernels' are; and mma.sync takes its operands from registers, where Triton takes the FP8
+wgmmas' decoded operand through shared memory and waits on it. In f16 on wgmma the loop
+compiles to 943 SASS instructions for 256 codes, 224 of them PRMT layout shuffles: not timed).
 
 What it gives up: the FP8 MMA sums a block's 32 products in the tensor core (Hopper keeps ~14
 bits there, DeepSeek-V3's report) where the shipped kernel's fp32 sums are exact; faithful
@@ -44,8 +45,8 @@ H100, 2026-12-07 (sixty-eighth session, docs/bench/h100-2026-12-07-sixtyeighth-c
 slower than the shipped kernels. 6 tokens: shipped 229 us, this 250 at best (2-pair blocks, 128
 rows, 4 warps, gathered; the bit layout 251; laid out 264; 4-pair blocks 283-316); 12 tokens:
 295 against 360. Sums 4.5-5.4e-5 of the largest from float64. Each wgmma waits on its decoded
-operand's trip through shared memory, eight a chunk; the shipped kernels run mma.sync from
-registers (common.mma_sync), and Triton's mma.sync for FP8 converts to f16. The decode floor
+operand's trip through shared memory, eight a chunk (the shipped bf16 kernels' wgmmas take
+their decoded operand from registers); Triton's mma.sync for FP8 converts to f16. The decode floor
 here (int32 words, its loads not pipelined) took longer than the whole kernel: no floor.
 With --dots f16 (another H100, call BZ): 236 against the shipped 224 us at 6 tokens, 326
 against 286 at 12, sums 1.2-1.9e-7 of the largest from float64.
