@@ -55,7 +55,6 @@ against 286 at 12, sums 1.2-1.9e-7 of the largest from float64.
 """
 import argparse
 import itertools
-import os
 import pathlib
 import sys
 
@@ -66,6 +65,7 @@ import triton.language as tl
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 import h200  # noqa: E402
 from dsflash.model.kernels import fp4_moe as moe  # noqa: E402
+from dsflash.model.kernels.common import mma_sync  # noqa: E402
 from dsflash.model.quant import dequantize_fp4_weight  # noqa: E402
 
 GROUP = 64  # codes a rearranged group: byte j holds codes j (low nibble) and j + 32 (high)
@@ -276,16 +276,11 @@ def fp8_products(a: torch.Tensor, a_scales: torch.Tensor, src: torch.Tensor, blo
     out = torch.empty(src.numel(), N, dtype=torch.float32, device=a.device)
     grid = (block_expert.numel(), triton.cdiv(N, tile["BLOCK_N"]))
     x = a if expanded is None else expanded
-    if f16:  # mma.sync (Triton reads this while compiling; F16 keys the compile apart)
-        os.environ["DISABLE_MMA_V3"] = "1"
-    try:
+    with mma_sync("moe_fp8_dots", on=f16):  # (F16 keys the compile apart)
         _fp8_products_kernel[grid](a, a_words, x, src, block_expert, w, w_words, out, N, K, a.stride(0),
                                    a_words.stride(0), x.stride(0), w.stride(0), w.stride(1), w_words.stride(0),
                                    w_words.stride(1), out.stride(0), PTX=a.is_cuda, BITS=bits, COLS=block_m,
                                    EXPANDED=expanded is not None, F16=f16, **tile)
-    finally:
-        if f16:
-            os.environ.pop("DISABLE_MMA_V3", None)
     return out
 
 
@@ -388,6 +383,7 @@ def main() -> None:
                     errors.append(((out[live].double() - ref[live]).abs().max() / ref[live].abs().max()).item())
                 t = h200.graph_time(both, iters=10)
                 print(f"{label} {t * 1e6:.0f} us (worst error / largest {max(errors):.1e})", flush=True)
+
 
 if __name__ == "__main__":
     main()

@@ -78,15 +78,16 @@ MMA_SYNC = frozenset(os.environ.get("DSFLASH_MMA_SYNC", "decode_gemm").split(","
 
 
 @contextlib.contextmanager
-def mma_sync(kernel: str):
+def mma_sync(kernel: str, on: bool | None = None):
     """Launches inside compile, if they compile, with DISABLE_MMA_V3 (Triton reads it while
     compiling and keys its on-disk cache by it; a compiled kernel stays in its in-memory cache
-    whatever the variable says later) when `kernel` is in MMA_SYNC. Why: a wgmma whose left
+    whatever the variable says later) when `kernel` is in MMA_SYNC, or where `on` says so (a
+    benchmark's form, keyed apart by its own constexprs). Why: a wgmma whose left
     operand is decoded in registers is waited for before the next one issues, so a decode
     kernel's dozen small dependent MMAs per K step each expose its latency; mma.sync's are
     short. H200, 2026-12-01 (bench/decode_gemm_floor.py, 6 rows): wkv 11.6 -> 9.9 us, wq_a
     14.8 -> 11.5, shared w1 20.2 -> 16.5, wo_b 38.9 -> 37.9."""
-    if kernel not in MMA_SYNC or os.environ.get("DISABLE_MMA_V3") is not None:
+    if not (kernel in MMA_SYNC if on is None else on) or os.environ.get("DISABLE_MMA_V3") is not None:
         yield
         return
     os.environ["DISABLE_MMA_V3"] = "1"

@@ -546,6 +546,11 @@ def test_mma_sync_sets_the_compile_switch_only_for_the_kernels_named(monkeypatch
         assert os.environ["DISABLE_MMA_V3"] == "1"
     with common.mma_sync("short_experts"):
         assert "DISABLE_MMA_V3" not in os.environ
+    with common.mma_sync("a_bench_form", on=True):  # `on` decides in place of the names
+        assert os.environ["DISABLE_MMA_V3"] == "1"
+    with common.mma_sync("decode_gemm", on=False):
+        assert "DISABLE_MMA_V3" not in os.environ
+    assert "DISABLE_MMA_V3" not in os.environ
     with pytest.raises(ValueError), common.mma_sync("decode_gemm"):
         raise ValueError
     assert "DISABLE_MMA_V3" not in os.environ
