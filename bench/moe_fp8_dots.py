@@ -37,17 +37,18 @@ prefill's cuBLAS products already do so, over 128 columns.
 
 This times, on random experts of the bench preset's widths, the shipped faithful fp4_moe (route
 plan, gate/up with SwiGLU, down, pair sums) against the FP8 form's two products (gate/up rows
-and down rows; no SwiGLU, no pair sums: both negligible at decode) and its reading and decoding
-alone, each in a CUDA graph, next to the touched experts' bytes at the H200's 4.2 TB/s, and
-checks the FP8 products against float64 ones of the same values.
+and down rows; no SwiGLU, no pair sums: both negligible at decode), each in a CUDA graph, next
+to the touched experts' bytes at the H200's 4.2 TB/s, and checks the FP8 products against
+float64 ones of the same values.
 
 H100, 2026-12-07 (sixty-eighth session, docs/bench/h100-2026-12-07-sixtyeighth-call-bx.txt):
 slower than the shipped kernels. 6 tokens: shipped 229 us, this 250 at best (2-pair blocks, 128
 rows, 4 warps, gathered; the bit layout 251; laid out 264; 4-pair blocks 283-316); 12 tokens:
 295 against 360. Sums 4.5-5.4e-5 of the largest from float64. Each wgmma waits on its decoded
 operand's trip through shared memory, eight a chunk (the shipped bf16 kernels' wgmmas take
-their decoded operand from registers); Triton's mma.sync for FP8 converts to f16. The decode floor
-here (int32 words, its loads not pipelined) took longer than the whole kernel: no floor.
+their decoded operand from registers); Triton's mma.sync for FP8 converts to f16. (Call BX also
+ran a decode floor, int32 words with loads not pipelined: it took longer than the whole kernel,
+so it was no floor, and it is gone.)
 With --dots f16 (another H100, call BZ): 236 against the shipped 224 us at 6 tokens, 326
 against 286 at 12, sums 1.2-1.9e-7 of the largest from float64.
 
@@ -210,42 +211,6 @@ def _fp8_products_kernel(a_ptr, as_ptr, ax_ptr, src_ptr, blk_ptr, w_ptr, s_ptr, 
     tl.store(out_ptr + cols.to(tl.int64)[None, :] * sor + rows[:, None], sums, mask=ok[None, :] & row_ok[:, None])
 
 
-@triton.jit
-def _decode_floor_kernel(blk_ptr, w_ptr, s_ptr, out_ptr, N, K, swe, swr, sse, ssr, BITS: tl.constexpr,
-                         BLOCK_N: tl.constexpr):
-    """Program (block of pairs, N tile) as _fp8_products_kernel lays them out, reading its
-    weight words and scale words and decoding the codes to e4m3 (the same PTX, a word at a
-    time), without the dots: one value a program is stored."""
-    pid_b = tl.program_id(0)
-    expert = tl.load(blk_ptr + pid_b)
-    if expert < 0:
-        return
-    rows = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    row_ok = rows < N
-    w_rows = w_ptr + expert.to(tl.int64) * swe + rows.to(tl.int64)[:, None] * swr  # int32 words
-    s_rows = s_ptr + expert.to(tl.int64) * sse + rows * ssr
-    j = tl.arange(0, 16)
-    acc = tl.zeros((BLOCK_N, 16), tl.int32)
-    for q in range(0, K // 128):
-        ws = tl.load(s_rows + q, mask=row_ok, other=0)
-        words = tl.load(w_rows + q * 16 + j[None, :], mask=row_ok[:, None], other=0)
-        lo, hi = tl.inline_asm_elementwise(_BITS_PTX if BITS else _HALVES_PTX, "=r,=r,r", [words],
-                                           dtype=(tl.int32, tl.int32), is_pure=True, pack=1)
-        acc ^= lo ^ hi ^ ws[:, None]
-    tl.store(out_ptr + pid_b * tl.num_programs(1) + tl.program_id(1), tl.sum(tl.sum(acc, axis=1), axis=0))
-
-
-def decode_floor(block_expert: torch.Tensor, w: torch.Tensor, w_scales: torch.Tensor, tile: dict, bits: bool) -> None:
-    """_decode_floor_kernel over one matrix of the experts (w: split_groups or, with bits,
-    split_bits bytes [E, N, K/2])."""
-    E, N, half = w.shape
-    words, s_words = w.view(torch.int32), w_scales.contiguous().view(torch.int32)
-    grid = (block_expert.numel(), triton.cdiv(N, tile["BLOCK_N"]))
-    out = torch.empty(grid[0] * grid[1], dtype=torch.int32, device=w.device)
-    _decode_floor_kernel[grid](block_expert, words, s_words, out, N, 2 * half, words.stride(0), words.stride(1),
-                               s_words.stride(0), s_words.stride(1), BITS=bits, **tile)
-
-
 def expand_columns(a: torch.Tensor, src: torch.Tensor, block_m: int) -> torch.Tensor:
     """The dot's right operands, as _fp8_products_kernel's EXPANDED form reads them: for each
     block of block_m pairs and each 32-column block b of K, a [16, 32] tile (column-major for
@@ -312,14 +277,14 @@ def random_activations(rows: int, k: int, dev: str) -> tuple[torch.Tensor, torch
 # gate/up kernel 828 for 256 (3.2). Forms not kept: a scale multiply-add after every 32-column
 # MMA took 310 for 64 codes (4.8 a code); the chunk's codes joined into one dot 1,033 for 256
 # (the join's PRMTs).
-TILES = {"64x4w3s": dict(BLOCK_N=64, num_warps=4, num_stages=3), "128x4w3s": dict(BLOCK_N=128, num_warps=4, num_stages=3)}
+TILES = {"64x4w3s": dict(BLOCK_N=64, num_warps=4, num_stages=3),
+         "128x4w3s": dict(BLOCK_N=128, num_warps=4, num_stages=3)}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--tokens", default="6,12")
     parser.add_argument("--dots", default="fp8", help="comma-separated MMA kinds: fp8 (wgmma), f16 (mma.sync)")
-    parser.add_argument("--no-floors", action="store_true", help="skip the decode floors")
     args = parser.parse_args()
     kinds = args.dots.split(",")
     dev = "cuda"
@@ -339,20 +304,14 @@ def main() -> None:
         idx = torch.stack([torch.randperm(E, device=dev)[:k] for _ in range(tokens)])
         weights = torch.rand(tokens, k, device=dev)
         touched = len(torch.unique(idx))
-        head = f"[moe fp8] {tokens} tokens, {touched} experts (bytes {touched * per_expert / h200.HBM_BPS * 1e6:.0f} us)"
+        bytes_us = touched * per_expert / h200.HBM_BPS * 1e6
+        head = f"[moe fp8] {tokens} tokens, {touched} experts (bytes {bytes_us:.0f} us)"
         shipped = h200.graph_time(lambda: moe.fp4_moe(x, idx, weights, *quad, 10.0, small=True, act_quant=True,
                                                       round_input=True), iters=10)
         print(f"{head}: shipped faithful {shipped * 1e6:.0f} us", flush=True)
         a, a_scales = random_activations(tokens, H, dev)
         for block_m in (2, 4):  # pairs a block
             plan = moe.RoutePlan(idx, weights, E, block_m)
-            if block_m == 2 and not args.no_floors:
-                for layout, (g13, g2) in layouts.items():
-                    floor = h200.graph_time(lambda: (decode_floor(plan.block_expert, g13, s13, TILES["128x4w3s"],
-                                                                  layout == "bits"),
-                                                     decode_floor(plan.block_expert, g2, s2, TILES["128x4w3s"],
-                                                                  layout == "bits")), iters=10)
-                    print(f"{head}: read + decode to e4m3 ({layout}) {floor * 1e6:.0f} us", flush=True)
             h, h_scales = random_activations(plan.rows, inter, dev)
             own_rows = torch.where(plan.tokens >= 0, torch.arange(plan.rows, device=dev, dtype=torch.int32), -1)
             operands = ((a, a_scales, plan.tokens, w13, s13), (h, h_scales, own_rows, w2, s2))

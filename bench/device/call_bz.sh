@@ -4,4 +4,4 @@
 # the FP8 wgmma form, at 6 and 12 tokens. Ran on an H100 in the sixty-eighth session (236
 # against 224 us at 6 tokens); next on an H200.
 source bench/device/env.sh
-step moe-f16-dots 150 python3 bench/moe_fp8_dots.py --tokens 6,12 --dots f16,fp8 --no-floors
+step moe-f16-dots 150 python3 bench/moe_fp8_dots.py --tokens 6,12 --dots f16,fp8
