@@ -14,7 +14,8 @@ mode's three parts cut in the kernel, mma.sync as shipped), the routed experts' 
 down kernels at batch 1's 2-pair blocks (gate_up, down: exact mode's three parts as dot
 columns), the indexer's scores in prefill's tiles (indexer) and in decode's few-query form
 (indexer_few: 32 heads in one dot, aligned keys decoded in PTX), the top-k's filtering launch
-(top_k_filter), and faithful prefill attention's Gluon form (attention_gluon). --loop adds the main loop's SASS instructions a
+(top_k_filter), faithful prefill attention's Gluon form (attention_gluon), and the decode experts
+spike's f16 products in Gluon (experts_gluon, bench/moe_fp8_gluon.py). --loop adds the main loop's SASS instructions a
 thread by opcode (the twelfth to twenty-fourth sessions' counts came from it or its throwaway
 forms); --serialized ptxas's notes where it serializes a kernel's wgmmas (fifty-sixth session:
 none in any shipped form). The H200 machines run Triton 3.6: for their code, put a Triton 3.6 wheel's contents
@@ -45,6 +46,7 @@ from dsflash.model.kernels import sparse_attention as sa
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 import h200  # noqa: E402
+import moe_fp8_gluon  # noqa: E402
 
 
 class Kernel(NamedTuple):
@@ -258,6 +260,15 @@ KERNELS = {
         ";PTX=0;ALIGNED=0,PTX=0;QN=16,HOIST=0;GH=16,CHAIN=1,HOIST=0",
         sample=dict(n=6, N=1048575, HI=32, sqn=32 * 128, sqh=128, swn=32, son=1048575, skr=1048575,
                     programs=indexer_score.FEW_PROGRAMS)),
+    # the decode experts spike's gate/up rows on f16 mma.sync in Gluon (bench/moe_fp8_gluon.py), 2-pair
+    # blocks; F8=1 gives mma.sync its e4m3 form, which ptxas turns into f16 conversions and f16 MMAs
+    "experts_gluon": Kernel(
+        moe_fp8_gluon._mma8_products_kernel,
+        {"a_ptr": "*u8", "as_ptr": "*u8", "src_ptr": "*i32", "blk_ptr": "*i32", "w_ptr": "*u8", "s_ptr": "*u8",
+         "out_ptr": "*fp32"},
+        dict(COLS=2, NW=8, SWR=2560, F8=False, **moe_fp8_gluon.TILES["128x4w"]),
+        ";BLOCK_N=64;NW=16;F8=1",
+        sample=dict(N=4608, K=5120, sar=5120, sasr=160, swe=4608 * 2560, sse=4608 * 160, ssr=160, sor=4608)),
 }
 
 

@@ -58,6 +58,7 @@ import argparse
 import itertools
 import pathlib
 import sys
+from collections.abc import Callable, Iterator
 
 import torch
 import triton
@@ -281,10 +282,36 @@ TILES = {"64x4w3s": dict(BLOCK_N=64, num_warps=4, num_stages=3),
          "128x4w3s": dict(BLOCK_N=128, num_warps=4, num_stages=3)}
 
 
+def forms(kinds: list[str], layouts: dict, scales: tuple) -> Iterator[tuple[str, Callable]]:
+    """Each form of the products to time, as (name, product): product(which, activations,
+    their scales, src, block_expert, block_m, laid out) gives gate/up's rows (which 0: layouts'
+    and scales' first weight) or down's (1); `laid out` is expand_columns of the activations."""
+    for kind in kinds:
+        if kind == "gluon":  # split_bits' layout, the activations gathered, 8 or 16 dot columns
+            import moe_fp8_gluon as gluon_form  # (it takes this module's decode)
+            for (name, tile), columns in itertools.product(gluon_form.TILES.items(), (8, 16)):
+                def product(which, act, act_s, src, blocks, block_m, _, tile=tile, columns=columns):
+                    return gluon_form.mma8_products(act, act_s, src, blocks, layouts["bits"][which], scales[which],
+                                                    block_m, tile, columns)
+                yield f"gluon dots bits {name} {columns} columns", product
+            continue
+        for (layout, weights), (name, tile), form in itertools.product(layouts.items(), TILES.items(),
+                                                                       ("gathered", "laid out")):
+            if kind == "f16" and (layout, form) != ("bits", "gathered"):
+                continue  # (the layouts and forms rank alike; the FP8 dots time them)
+
+            def product(which, act, act_s, src, blocks, block_m, laid_out, weights=weights, tile=tile, form=form,
+                        bits=layout == "bits", f16=kind == "f16"):
+                return fp8_products(act, act_s, src, blocks, weights[which], scales[which], block_m, tile,
+                                    laid_out if form == "laid out" else None, bits, f16)
+            yield f"{kind} dots {layout} {name} {form}", product
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--tokens", default="6,12")
-    parser.add_argument("--dots", default="fp8", help="comma-separated MMA kinds: fp8 (wgmma), f16 (mma.sync)")
+    parser.add_argument("--dots", default="fp8",
+                        help="comma-separated MMA kinds: fp8 (wgmma), f16 (mma.sync), gluon (f16 mma.sync in Gluon)")
     args = parser.parse_args()
     kinds = args.dots.split(",")
     dev = "cuda"
@@ -318,19 +345,11 @@ def main() -> None:
             refs = [reference(act, act_s, src, packed, scales, plan.block_expert, block_m)
                     for act, act_s, src, packed, scales in operands]
             laid_out = expand_columns(a, plan.tokens, block_m), expand_columns(h, own_rows, block_m)
-            for kind, (layout, (g13, g2)), (name, tile), form in itertools.product(
-                    kinds, layouts.items(), TILES.items(), ("gathered", "laid out")):
-                if kind == "f16" and (layout, form) != ("bits", "gathered"):
-                    continue  # (the layouts and forms rank alike; the FP8 dots time them)
-                x_wide, h_wide = laid_out if form == "laid out" else (None, None)
-                bits, f16 = layout == "bits", kind == "f16"
-
+            for name, product in forms(kinds, layouts, (s13, s2)):
                 def both():
-                    return (fp8_products(a, a_scales, plan.tokens, plan.block_expert, g13, s13, block_m, tile, x_wide,
-                                         bits, f16),
-                            fp8_products(h, h_scales, own_rows, plan.block_expert, g2, s2, block_m, tile, h_wide, bits,
-                                         f16))
-                label = f"{head}: {kind} dots {block_m}-pair {layout} {name} {form}"
+                    return tuple(product(which, act, act_s, src, plan.block_expert, block_m, laid_out[which])
+                                 for which, (act, act_s, src, _, _) in enumerate(operands))
+                label = f"{head}: {block_m}-pair {name}"
                 try:
                     outs = both()
                 except Exception as e:  # a tile Triton cannot compile here: say so, time the rest

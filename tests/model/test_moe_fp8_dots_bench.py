@@ -10,6 +10,8 @@ import torch
 from dsflash.model.kernels import fp4_moe as moe
 from tests.support.bench_scripts import bench_script
 
+from .hopper_compile import assert_compiles_for_hopper
+
 E2M1 = torch.tensor([0, .5, 1, 1.5, 2, 3, 4, 6, -0., -.5, -1, -1.5, -2, -3, -4, -6])
 
 
@@ -58,4 +60,32 @@ def test_the_kernel_gives_the_float64_products(spike, block_m, expanded, bits, f
     ref = spike.reference(a, a_scales, plan.tokens, packed, scales, plan.block_expert, block_m)
     live = plan.tokens >= 0
     assert live.sum() == T * k
+    assert (out[live].double() - ref[live]).abs().max() <= 1e-6 * ref[live].abs().max()
+
+
+def test_the_gluon_form_compiles_for_hopper():
+    """bench/moe_fp8_gluon.py (Gluon does not run in the interpreter): its tiles and dot widths
+    compile for sm_90, F8 too (mma.sync's e4m3 form, which ptxas lowers to f16 conversions and MMAs)."""
+    assert_compiles_for_hopper("experts_gluon", ";BLOCK_N=64;NW=16;F8=1")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("f8", [False, True])
+@pytest.mark.parametrize("block_m,columns", [(2, 8), (2, 16), (4, 8), (4, 16)])
+def test_the_gluon_form_gives_the_float64_products(spike, block_m, columns, f8):
+    """Chunks of 2 to 8 blocks; one expert takes 3 pairs (two blocks at 2 pairs a block); the
+    f16 MMAs' fp32 sums of exact products (2^-6 e4m3 weights, e4m3 activations)."""
+    gluon_form = bench_script("moe_fp8_gluon.py")
+    torch.manual_seed(0)
+    E, N, K, T, k = 3, 192, 1024, 4, 2
+    packed = torch.randint(0, 256, (E, N, K // 2), dtype=torch.uint8)
+    scales = torch.randint(112, 122, (E, N, K // 32), dtype=torch.uint8)
+    idx = torch.stack([torch.randperm(E)[:k] for _ in range(T)])
+    plan = moe.RoutePlan(idx, torch.rand(T, k), E, block_m)
+    a, a_scales = spike.random_activations(T, K, "cpu")
+    out = gluon_form.mma8_products(a.cuda(), a_scales.cuda(), plan.tokens.cuda(), plan.block_expert.cuda(),
+                                   spike.split_bits(packed).cuda(), scales.cuda(), block_m, dict(BLOCK_N=64, num_warps=4),
+                                   columns, f8=f8).cpu()
+    ref = spike.reference(a, a_scales, plan.tokens, packed, scales, plan.block_expert, block_m)
+    live = plan.tokens >= 0
     assert (out[live].double() - ref[live]).abs().max() <= 1e-6 * ref[live].abs().max()

@@ -1,0 +1,14 @@
+# Device call CA (sixty-ninth session; kind nvidia-h200 without needs_h200: whichever card
+# comes): on an H200, call BU (~420 s: the 1M headline, then the newest kernels' GPU tests) and
+# then the decode experts spike; on any other card the spike alone (~120 s). The spike: the
+# shipped faithful kernels against the f16 forms on mma.sync, Triton's (BZ's) and Gluon's
+# (bench/moe_fp8_gluon.py: the codes loaded into the MMA's operand layout, each column's
+# activations loaded once a chunk; 2.1-2.5 SASS instructions a code against Triton's 2.5), at 6
+# and 12 tokens, each checked against float64 products; the Gluon form's GPU tests first.
+if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
+  source bench/device/call_bu.sh
+else
+  source bench/device/env.sh
+fi
+step gpu-tests 90 python3 -m pytest -q -rfE -p no:cacheprovider tests/model/test_moe_fp8_dots_bench.py -k gluon
+step moe-gluon-dots 150 python3 bench/moe_fp8_dots.py --tokens 6,12 --dots gluon,f16
