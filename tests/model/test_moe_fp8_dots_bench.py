@@ -47,19 +47,32 @@ def test_the_bit_layout_decodes_by_its_masks_and_shifts(spike):
 def test_the_kernel_gives_the_float64_products(spike, block_m, expanded, bits, f16):
     """Blocks of 2 and 4 pairs (chunks of 8 and 4 blocks), the activations gathered in the
     kernel or laid out by expand_columns; one expert takes 3 pairs (two blocks)."""
-    torch.manual_seed(0)
-    E, N, K, T, k = 3, 64, 512, 4, 2
-    packed = torch.randint(0, 256, (E, N, K // 2), dtype=torch.uint8)
-    scales = torch.randint(112, 122, (E, N, K // 32), dtype=torch.uint8)
-    idx = torch.stack([torch.randperm(E)[:k] for _ in range(T)])
-    plan = moe.RoutePlan(idx, torch.rand(T, k), E, block_m)
-    a, a_scales = spike.random_activations(T, K, "cpu")
+    packed, scales, plan, a, a_scales = _products(spike, block_m, N=64, K=512)
     layout = spike.split_bits(packed) if bits else spike.split_groups(packed)
     out = spike.fp8_products(a, a_scales, plan.tokens, plan.block_expert, layout, scales, block_m, dict(BLOCK_N=64),
                              spike.expand_columns(a, plan.tokens, block_m) if expanded else None, bits, f16)
+    _assert_float64_products(spike, out, packed, scales, plan, a, a_scales, block_m)
+
+
+E, T, TOP_K = 3, 4, 2  # experts, tokens, experts a token: one expert takes 3 pairs
+
+
+def _products(spike, block_m: int, N: int, K: int):
+    """Random experts (checkpoint bytes, scales) and T tokens' e4m3 activations routed to TOP_K of
+    the E experts each, planned in blocks of block_m pairs: (packed, scales, plan, a, a_scales)."""
+    torch.manual_seed(0)
+    packed = torch.randint(0, 256, (E, N, K // 2), dtype=torch.uint8)
+    scales = torch.randint(112, 122, (E, N, K // 32), dtype=torch.uint8)
+    idx = torch.stack([torch.randperm(E)[:TOP_K] for _ in range(T)])
+    plan = moe.RoutePlan(idx, torch.rand(T, TOP_K), E, block_m)
+    return (packed, scales, plan, *spike.random_activations(T, K, "cpu"))
+
+
+def _assert_float64_products(spike, out, packed, scales, plan, a, a_scales, block_m):
+    """Every routed pair's row within 1e-6 of the largest float64 product (fp32 sums of exact products)."""
     ref = spike.reference(a, a_scales, plan.tokens, packed, scales, plan.block_expert, block_m)
     live = plan.tokens >= 0
-    assert live.sum() == T * k
+    assert live.sum() == T * TOP_K
     assert (out[live].double() - ref[live]).abs().max() <= 1e-6 * ref[live].abs().max()
 
 
@@ -76,16 +89,8 @@ def test_the_gluon_form_gives_the_float64_products(spike, block_m, columns, f8):
     """Chunks of 2 to 8 blocks; one expert takes 3 pairs (two blocks at 2 pairs a block); the
     f16 MMAs' fp32 sums of exact products (2^-6 e4m3 weights, e4m3 activations)."""
     gluon_form = bench_script("moe_fp8_gluon.py")
-    torch.manual_seed(0)
-    E, N, K, T, k = 3, 192, 1024, 4, 2
-    packed = torch.randint(0, 256, (E, N, K // 2), dtype=torch.uint8)
-    scales = torch.randint(112, 122, (E, N, K // 32), dtype=torch.uint8)
-    idx = torch.stack([torch.randperm(E)[:k] for _ in range(T)])
-    plan = moe.RoutePlan(idx, torch.rand(T, k), E, block_m)
-    a, a_scales = spike.random_activations(T, K, "cpu")
+    packed, scales, plan, a, a_scales = _products(spike, block_m, N=192, K=1024)
     out = gluon_form.mma8_products(a.cuda(), a_scales.cuda(), plan.tokens.cuda(), plan.block_expert.cuda(),
                                    spike.split_bits(packed).cuda(), scales.cuda(), block_m, dict(BLOCK_N=64, num_warps=4),
                                    columns, f8=f8).cpu()
-    ref = spike.reference(a, a_scales, plan.tokens, packed, scales, plan.block_expert, block_m)
-    live = plan.tokens >= 0
-    assert (out[live].double() - ref[live]).abs().max() <= 1e-6 * ref[live].abs().max()
+    _assert_float64_products(spike, out, packed, scales, plan, a, a_scales, block_m)
