@@ -285,18 +285,21 @@ TILES = {"64x4w3s": dict(BLOCK_N=64, num_warps=4, num_stages=3),
 def forms(kinds: list[str], layouts: dict, scales: tuple) -> Iterator[tuple[str, Callable]]:
     """Each form of the products to time, as (name, product): product(which, activations,
     their scales, src, block_expert, block_m, laid out) gives gate/up's rows (which 0: layouts'
-    and scales' first weight) or down's (1); `laid out` is expand_columns of the activations."""
+    and scales' first weight) or down's (1); `laid out` is expand_columns of the activations.
+    layouts: the weights as split_groups and split_bits lay them out, and as packed."""
     for kind in kinds:
-        if kind == "gluon":  # split_bits' layout, the activations gathered, 8 or 16 dot columns
+        if kind == "gluon":  # the activations gathered, 8 or 16 dot columns, split_bits' codes or split_f16's
             import moe_fp8_gluon as gluon_form  # (it takes this module's decode)
-            for (name, tile), columns in itertools.product(gluon_form.TILES.items(), (8, 16)):
-                def product(which, act, act_s, src, blocks, block_m, _, tile=tile, columns=columns):
-                    return gluon_form.mma8_products(act, act_s, src, blocks, layouts["bits"][which], scales[which],
-                                                    block_m, tile, columns)
-                yield f"gluon dots bits {name} {columns} columns", product
+            f16_layout = tuple(gluon_form.split_f16(w) for w in layouts["packed"])
+            for (name, tile), columns, f16_bits in itertools.product(gluon_form.TILES.items(), (8, 16), (False, True)):
+                def product(which, act, act_s, src, blocks, block_m, _, tile=tile, columns=columns, f16_bits=f16_bits):
+                    w = (f16_layout if f16_bits else layouts["bits"])[which]
+                    return gluon_form.mma8_products(act, act_s, src, blocks, w, scales[which], block_m, tile, columns,
+                                                    f16_bits=f16_bits)
+                yield f"gluon dots {'f16 bits' if f16_bits else 'bits'} {name} {columns} columns", product
             continue
-        for (layout, weights), (name, tile), form in itertools.product(layouts.items(), TILES.items(),
-                                                                       ("gathered", "laid out")):
+        for (layout, weights), (name, tile), form in itertools.product(
+                [(key, layouts[key]) for key in ("groups", "bits")], TILES.items(), ("gathered", "laid out")):
             if kind == "f16" and (layout, form) != ("bits", "gathered"):
                 continue  # (the layouts and forms rank alike; the FP8 dots time them)
 
@@ -322,7 +325,8 @@ def main() -> None:
     s13 = torch.randint(112, 122, (E, 2 * inter, H // 32), dtype=torch.uint8, device=dev)
     s2 = torch.randint(112, 122, (E, H, inter // 32), dtype=torch.uint8, device=dev)
     quad = moe.quad_experts(w13, s13, w2, s2)
-    layouts = {"groups": (split_groups(w13), split_groups(w2)), "bits": (split_bits(w13), split_bits(w2))}
+    layouts = {"groups": (split_groups(w13), split_groups(w2)), "bits": (split_bits(w13), split_bits(w2)),
+               "packed": (w13, w2)}
     per_expert = sum(t[0].numel() * t.element_size() for t in quad)
     print(f"[moe fp8] {torch.cuda.get_device_name()}; experts {E} x (gate/up {2 * inter} x {H}, down {H} x {inter})",
           flush=True)

@@ -1,19 +1,28 @@
-"""moe_fp8_dots' products on FP8 mma.sync (m16n8k32, e4m3 x e4m3 -> fp32), written in Gluon.
+"""moe_fp8_dots' products on f16 mma.sync, written in Gluon: a spike, not a shipped path.
 
 Why Gluon: Triton's tl.dot takes FP8 operands either to wgmma, which it feeds the decoded codes
-through shared memory and waits on (call BX: slower than the shipped kernels), or, with mma.sync
-forced, converts them to f16 first (one more instruction a code). Gluon's mma_v2 keeps the e4m3
-codes: on sm_90 it compiles to mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32, both
-operands from registers. The codes are loaded straight into the MMA's left-operand layout (a
-thread's four bytes a register are four neighbouring codes of one weight row), so decoding them
-(split_bits' layout, 5 instructions a word of 8 codes) keeps them where the MMA reads them.
+through shared memory and waits on (call BX: slower than the shipped kernels), or, with
+mma.sync forced, to f16 MMAs after converting them. Here the codes are loaded straight into the
+MMA's left-operand layout (a thread's four bytes a register are neighbouring codes of one
+weight row) and decoded where the MMA reads them. sm_90 has no FP8 mma.sync of its own: Gluon's
+mma_v2 on e4m3 operands (F8) writes PTX's mma.sync...e4m3.e4m3, and ptxas turns it into
+F2FP.F16.E4M3 conversions and f16 HMMA.16816s (bench/kernel_resources.py --kernel
+experts_gluon --variants "F8=1" --loop), so f16 is the form, F8 only the same at more cost.
 
-The activations: in the right operand's layout a thread holds one or two columns of the dot, and
-column j is pair j // KB and block j % KB of a chunk (as in moe_fp8_dots): each thread loads its
-columns' codes once a chunk, from their own block, and each block's MMA takes them where the
-block is the column's and zeros elsewhere (a select a register). The scales apply once a chunk.
+Two decodes: split_bits' codes to e4m3 (5 integer instructions a word of 8 codes) and then
+f16 (F2FP, one a pair: conversions, which may issue at a lower rate than integer
+instructions); or with F16_BITS split_f16's codes straight to f16 by integer instructions (an
+e2m1 code s e1 e0 m at f16 bits 15 11 10 9 is its value times 2^-14): 9 a word, PRMTs in
+place of the conversions. The same count (278 SASS instructions a chunk of 128 codes a thread
+at 128 rows, 2.2 a code, against Triton's f16 form's 2.5 and the shipped kernel's 3.2): they
+part only if the conversions issue slower.
 
-Untimed until a device call runs `bench/moe_fp8_dots.py --dots mma8`.
+The activations: in the right operand's layout a thread holds one or two columns of the dot,
+and column j is pair j // KB and block j % KB of a chunk (as in moe_fp8_dots); the low and
+high codes' operands each load the chunk's activations of their blocks' columns under a mask
+(zeros elsewhere), so one accumulator keeps the blocks apart and the scales apply once a chunk.
+
+Untimed until a device call runs `bench/moe_fp8_dots.py --dots gluon` (call CA).
 """
 import pathlib
 import sys
@@ -25,8 +34,51 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
-from moe_fp8_dots import _BITS_PTX  # noqa: E402  (split_bits' decode: a word -> its low and high codes' e4m3)
+from moe_fp8_dots import _BITS_PTX, split_groups  # noqa: E402  (split_bits' decode: a word -> its codes' e4m3)
 from dsflash.model.kernels.sparse_attention_gluon import _pow2  # noqa: E402
+
+
+def split_f16(packed: torch.Tensor) -> torch.Tensor:
+    """split_groups' codes (byte j of a 64-code group: codes j and j + 32) with their bits placed
+    for F16_BITS: code j (s e1 e0 m) at bits 7 3 2 1, where a byte is the high byte of its f16
+    (the value times 2^-14); code j + 32's e1 e0 m at bits 6 5 4 and s at bit 0, which a right
+    shift by 3 and a left shift by 7 bring there."""
+    grouped = split_groups(packed)
+    low, high = grouped & 0xF, grouped >> 4
+    return ((low & 8) << 4) | ((low & 7) << 1) | ((high & 7) << 4) | ((high & 8) >> 3)
+
+
+# split_f16's decode: a word of four bytes -> the f16 of its four low codes (two registers) and
+# of its four high codes, by integer instructions alone (9 a word after ptxas: ANDs and shifts
+# into the high bytes' places, then PRMTs that place each byte over a zero low byte).
+_F16_PTX = gl.constexpr("""{
+.reg .b32 a, b, t;
+and.b32 a, $4, 0x8E8E8E8E;
+prmt.b32 $0, a, 0, 0x1404;
+prmt.b32 $1, a, 0, 0x3424;
+shr.b32 t, $4, 3;
+and.b32 t, t, 0x0E0E0E0E;
+shl.b32 b, $4, 7;
+and.b32 b, b, 0x80808080;
+or.b32 b, b, t;
+prmt.b32 $2, b, 0, 0x1404;
+prmt.b32 $3, b, 0, 0x3424;
+}""")
+
+
+@gluon.jit
+def _decoded(b, F8: gl.constexpr, F16_BITS: gl.constexpr):
+    """A chunk's bytes -> the MMA's left operands for their low and high codes: split_f16's
+    straight to f16 with F16_BITS; else split_bits' e4m3 codes, in f16 (or with F8 as they are)."""
+    if F16_BITS:
+        lo, hi = gl.inline_asm_elementwise(_F16_PTX, "=r,=r,=r,=r,r", [b], dtype=(gl.float16, gl.float16),
+                                           is_pure=True, pack=4)
+    else:
+        lo, hi = gl.inline_asm_elementwise(_BITS_PTX, "=r,=r,r", [b], dtype=(gl.uint8, gl.uint8), is_pure=True,
+                                           pack=4)
+        lo = _operand(lo.to(gl.float8e4nv, bitcast=True), F8)
+        hi = _operand(hi.to(gl.float8e4nv, bitcast=True), F8)
+    return lo, hi
 
 
 @gluon.jit
@@ -42,7 +94,7 @@ def _operand(x, F8: gl.constexpr):
 def _mma8_products_kernel(a_ptr, as_ptr, src_ptr, blk_ptr, w_ptr, s_ptr, out_ptr, N, K,
                           sar, sasr, swe, sse, ssr, sor, SWR: gl.constexpr,
                           COLS: gl.constexpr, NW: gl.constexpr, BLOCK_N: gl.constexpr, num_warps: gl.constexpr,
-                          F8: gl.constexpr = False):
+                          F8: gl.constexpr = False, F16_BITS: gl.constexpr = False):
     """Program (block of COLS pairs, BLOCK_N weight rows): out[pair row, rows] = a[src] . W[rows]^T
     for one expert, a as e4m3 codes [*, K] with e8m0 scales as int32 words (4 blocks a word), W
     as split_bits bytes [N, K/2] with e8m0 scales as words. The dot has NW columns (8 or 16):
@@ -77,17 +129,16 @@ def _mma8_products_kernel(a_ptr, as_ptr, src_ptr, blk_ptr, w_ptr, s_ptr, out_ptr
         acc = gl.zeros([BLOCK_N, NW], gl.float32, layout=mma)
         for q in range(0, K // (32 * KB)):
             b = gl.load(w_at + q * 16 * KB)  # [BLOCK_N, 16 KB] bytes: the chunk's codes, two a byte
-            lo, hi = gl.inline_asm_elementwise(_BITS_PTX, "=r,=r,r", [b], dtype=(gl.uint8, gl.uint8),
-                                               is_pure=True, pack=4)
+            lo, hi = _decoded(b, F8, F16_BITS)
             x_lo = gl.load(x_at + q * 32 * KB, mask=lo_live, other=0).to(gl.float8e4nv, bitcast=True)
             x_hi = gl.load(x_at + (q * 32 * KB + 32), mask=hi_live, other=0).to(gl.float8e4nv, bitcast=True)
             part = gl.zeros([BLOCK_N, NW], gl.float32, layout=mma)
-            part = mma_v2(_operand(lo.to(gl.float8e4nv, bitcast=True), F8), _operand(x_lo, F8), part)
-            part = mma_v2(_operand(hi.to(gl.float8e4nv, bitcast=True), F8), _operand(x_hi, F8), part)
-            # 2^(ew-127) 2^(ex-127) 2^6 (the codes are the e2m1 values times 2^-6)
+            part = mma_v2(lo, _operand(x_lo, F8), part)
+            part = mma_v2(hi, _operand(x_hi, F8), part)
+            # 2^(ew-127) 2^(ex-127) 2^6 (e4m3: the codes are the e2m1 values times 2^-6), 2^14 in f16
             w_exp = gl.load(ws_at + q * KB).to(gl.int32)
             x_exp = gl.load(xs_at + q * KB).to(gl.int32)
-            acc += part * _pow2(w_exp + x_exp[None, :] - 121)
+            acc += part * _pow2(w_exp + x_exp[None, :] - (113 if F16_BITS else 121))
         rows = row0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, mma))
         for p in gl.static_range(COLS):
             sums = gl.sum(gl.where((jc // KB == p)[None, :], acc, 0.0), axis=1)
@@ -96,17 +147,16 @@ def _mma8_products_kernel(a_ptr, as_ptr, src_ptr, blk_ptr, w_ptr, s_ptr, out_ptr
                 gl.store(out_ptr + (pid_b * COLS + p).to(gl.int64) * sor + rows, sums, mask=rows < N)
 
 
-TILES = {"64x4w": dict(BLOCK_N=64, num_warps=4), "128x4w": dict(BLOCK_N=128, num_warps=4),
-         "128x8w": dict(BLOCK_N=128, num_warps=8)}
+TILES = {"64x4w": dict(BLOCK_N=64, num_warps=4), "128x4w": dict(BLOCK_N=128, num_warps=4)}
 
 
 def mma8_products(a: torch.Tensor, a_scales: torch.Tensor, src: torch.Tensor, block_expert: torch.Tensor,
                   w: torch.Tensor, w_scales: torch.Tensor, block_m: int, tile: dict, columns: int = 8,
-                  f8: bool = False) -> torch.Tensor:
+                  f8: bool = False, f16_bits: bool = False) -> torch.Tensor:
     """moe_fp8_dots.fp8_products' product (w in split_bits' layout; scales as bytes [*, K/32]) on
     f16 mma.sync: out [len(src), N] fp32, rows with src -1 left unwritten. columns: the dot's
     width (8 or 16), so a chunk holds columns / block_m 32-column blocks (2 to 8); f8: the MMAs
-    given e4m3 operands (_operand)."""
+    given e4m3 operands (_operand); f16_bits: w in split_f16's layout, decoded straight to f16."""
     E, N, half = w.shape
     K = 2 * half
     kb = columns // block_m
@@ -116,5 +166,6 @@ def mma8_products(a: torch.Tensor, a_scales: torch.Tensor, src: torch.Tensor, bl
     grid = (block_expert.numel(), triton.cdiv(N, tile["BLOCK_N"]))
     _mma8_products_kernel[grid](a, a_scales, src, block_expert, w, w_scales, out, N, K, a.stride(0),
                                 a_scales.stride(0), w.stride(0), w_scales.stride(0), w_scales.stride(1), out.stride(0),
-                                SWR=w.stride(1), COLS=block_m, NW=columns, F8=f8, **tile)
+                                SWR=w.stride(1), COLS=block_m, NW=columns, F8=f8,
+                                F16_BITS=f16_bits, **tile)
     return out

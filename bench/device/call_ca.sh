@@ -1,10 +1,11 @@
 # Device call CA (sixty-ninth session; kind nvidia-h200 without needs_h200: whichever card
 # comes): on an H200, call BU (~420 s: the 1M headline, then the newest kernels' GPU tests) and
-# then the decode experts spike; on any other card the spike alone (~120 s). The spike: the
+# then the decode experts spike; on any other card the spike alone (~150 s). The spike: the
 # shipped faithful kernels against the f16 forms on mma.sync, Triton's (BZ's) and Gluon's
-# (bench/moe_fp8_gluon.py: the codes loaded into the MMA's operand layout, each column's
-# activations loaded once a chunk; 2.1-2.5 SASS instructions a code against Triton's 2.5), at 6
-# and 12 tokens, each checked against float64 products; the Gluon form's GPU tests first.
+# (bench/moe_fp8_gluon.py: the codes loaded into the MMA's operand layout; decoded to e4m3 and
+# converted, or straight to f16 by integer instructions: 2.2 SASS instructions a code either way
+# at 128 rows, against Triton's 2.5), at 6 and 12 tokens, each checked against float64 products;
+# the Gluon form's GPU tests first.
 if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
   source bench/device/call_bu.sh
 else

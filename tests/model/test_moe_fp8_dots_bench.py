@@ -76,21 +76,36 @@ def _assert_float64_products(spike, out, packed, scales, plan, a, a_scales, bloc
     assert (out[live].double() - ref[live]).abs().max() <= 1e-6 * ref[live].abs().max()
 
 
+def test_the_f16_layout_decodes_by_its_masks_and_shifts(spike):
+    """split_f16: a byte's AND with 0x8E is the high byte of its low code's f16 (the value times
+    2^-14), and its right shift by 3 masked by 0x0E with its left shift by 7 masked by 0x80 that
+    of its high code (_F16_PTX's rule, a byte at a time: the shifts' spill into the next byte is
+    masked off)."""
+    gluon_form = bench_script("moe_fp8_gluon.py")
+    packed = torch.randint(0, 256, (4, 64), dtype=torch.uint8)
+    grouped, byte = spike.split_groups(packed), gluon_form.split_f16(packed).to(torch.int32)
+    for high_byte, codes in ((byte & 0x8E, grouped & 0xF), (((byte >> 3) & 0x0E) | ((byte << 7) & 0x80), grouped >> 4)):
+        halves = (high_byte << 8).to(torch.int16).view(torch.float16).float()
+        assert torch.equal(halves * 2.0 ** 14, E2M1[codes.long()])
+
+
 def test_the_gluon_form_compiles_for_hopper():
     """bench/moe_fp8_gluon.py (Gluon does not run in the interpreter): its tiles and dot widths
-    compile for sm_90, F8 too (mma.sync's e4m3 form, which ptxas lowers to f16 conversions and MMAs)."""
-    assert_compiles_for_hopper("experts_gluon", ";BLOCK_N=64;NW=16;F8=1")
+    compile for sm_90, F8 too (mma.sync's e4m3 form, which ptxas lowers to f16 conversions and
+    MMAs) and F16_BITS (split_f16's codes decoded straight to f16)."""
+    assert_compiles_for_hopper("experts_gluon", ";BLOCK_N=64;NW=16;F8=1;F16_BITS=1")
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("f8", [False, True])
+@pytest.mark.parametrize("f8,f16_bits", [(False, False), (True, False), (False, True)])
 @pytest.mark.parametrize("block_m,columns", [(2, 8), (2, 16), (4, 8), (4, 16)])
-def test_the_gluon_form_gives_the_float64_products(spike, block_m, columns, f8):
+def test_the_gluon_form_gives_the_float64_products(spike, block_m, columns, f8, f16_bits):
     """Chunks of 2 to 8 blocks; one expert takes 3 pairs (two blocks at 2 pairs a block); the
     f16 MMAs' fp32 sums of exact products (2^-6 e4m3 weights, e4m3 activations)."""
     gluon_form = bench_script("moe_fp8_gluon.py")
     packed, scales, plan, a, a_scales = _products(spike, block_m, N=192, K=1024)
-    out = gluon_form.mma8_products(a.cuda(), a_scales.cuda(), plan.tokens.cuda(), plan.block_expert.cuda(),
-                                   spike.split_bits(packed).cuda(), scales.cuda(), block_m, dict(BLOCK_N=64, num_warps=4),
-                                   columns, f8=f8).cpu()
+    codes = (gluon_form.split_f16 if f16_bits else spike.split_bits)(packed).cuda()
+    out = gluon_form.mma8_products(a.cuda(), a_scales.cuda(), plan.tokens.cuda(), plan.block_expert.cuda(), codes,
+                                   scales.cuda(), block_m, dict(BLOCK_N=64, num_warps=4), columns, f8=f8,
+                                   f16_bits=f16_bits).cpu()
     _assert_float64_products(spike, out, packed, scales, plan, a, a_scales, block_m)
