@@ -266,8 +266,8 @@ KERNELS = {
         moe_fp8_gluon._mma8_products_kernel,
         {"a_ptr": "*u8", "as_ptr": "*u8", "src_ptr": "*i32", "blk_ptr": "*i32", "w_ptr": "*u8", "s_ptr": "*u8",
          "out_ptr": "*fp32"},
-        dict(COLS=2, NW=8, SWR=2560, F8=False, F16_BITS=False, **moe_fp8_gluon.TILES["128x4w"]),
-        ";BLOCK_N=64;NW=16;F8=1;F16_BITS=1;F16_BITS=1,BLOCK_N=64",
+        dict(COLS=2, NW=8, SWR=2560, F8=False, F16_BITS=False, PREFETCH=True, **moe_fp8_gluon.TILES["128x4w"]),
+        ";BLOCK_N=64;NW=16;F8=1;F16_BITS=1;PREFETCH=0",
         sample=dict(N=4608, K=5120, sar=5120, sasr=160, swe=4608 * 2560, sse=4608 * 160, ssr=160, sor=4608)),
 }
 

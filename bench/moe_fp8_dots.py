@@ -282,28 +282,32 @@ TILES = {"64x4w3s": dict(BLOCK_N=64, num_warps=4, num_stages=3),
          "128x4w3s": dict(BLOCK_N=128, num_warps=4, num_stages=3)}
 
 
-def forms(kinds: list[str], layouts: dict, scales: tuple) -> Iterator[tuple[str, Callable]]:
-    """Each form of the products to time, as (name, product): product(which, activations,
-    their scales, src, block_expert, block_m, laid out) gives gate/up's rows (which 0: layouts'
-    and scales' first weight) or down's (1); `laid out` is expand_columns of the activations.
-    layouts: the weights as split_groups and split_bits lay them out, and as packed."""
+def forms(kinds: list[str], layouts: dict, scales: tuple, block_m: int) -> Iterator[tuple[str, Callable]]:
+    """Each form of the products to time at blocks of block_m pairs, as (name, product):
+    product(which, activations, their scales, src, block_expert, laid out) gives gate/up's rows
+    (which 0: layouts' and scales' first weight) or down's (1); `laid out` is expand_columns of
+    the activations. layouts: the weights as split_groups and split_bits lay them out, and as packed."""
     for kind in kinds:
-        if kind == "gluon":  # the activations gathered, 8 or 16 dot columns, split_bits' codes or split_f16's
+        if kind == "gluon":  # 2-pair blocks (call CA: 4 lost everywhere), the activations gathered
             import moe_fp8_gluon as gluon_form  # (it takes this module's decode)
             f16_layout = tuple(gluon_form.split_f16(w) for w in layouts["packed"])
-            for (name, tile), columns, f16_bits in itertools.product(gluon_form.TILES.items(), (8, 16), (False, True)):
-                def product(which, act, act_s, src, blocks, block_m, _, tile=tile, columns=columns, f16_bits=f16_bits):
+            variants = [(False, prefetch) for prefetch in (False, True)] + [(True, True)]  # (f16 bits, prefetch)
+            for (name, tile), columns, (f16_bits, prefetch) in itertools.product(
+                    gluon_form.TILES.items(), (8, 16), variants if block_m == 2 else []):
+                def product(which, act, act_s, src, blocks, _, tile=tile, columns=columns, f16_bits=f16_bits,
+                            prefetch=prefetch):
                     w = (f16_layout if f16_bits else layouts["bits"])[which]
                     return gluon_form.mma8_products(act, act_s, src, blocks, w, scales[which], block_m, tile, columns,
-                                                    f16_bits=f16_bits)
-                yield f"gluon dots {'f16 bits' if f16_bits else 'bits'} {name} {columns} columns", product
+                                                    f16_bits=f16_bits, prefetch=prefetch)
+                yield (f"gluon dots {'f16 bits' if f16_bits else 'bits'} {name} {columns} columns"
+                       f"{' prefetched' if prefetch else ''}"), product
             continue
         for (layout, weights), (name, tile), form in itertools.product(
                 [(key, layouts[key]) for key in ("groups", "bits")], TILES.items(), ("gathered", "laid out")):
             if kind == "f16" and (layout, form) != ("bits", "gathered"):
                 continue  # (the layouts and forms rank alike; the FP8 dots time them)
 
-            def product(which, act, act_s, src, blocks, block_m, laid_out, weights=weights, tile=tile, form=form,
+            def product(which, act, act_s, src, blocks, laid_out, weights=weights, tile=tile, form=form,
                         bits=layout == "bits", f16=kind == "f16"):
                 return fp8_products(act, act_s, src, blocks, weights[which], scales[which], block_m, tile,
                                     laid_out if form == "laid out" else None, bits, f16)
@@ -349,9 +353,9 @@ def main() -> None:
             refs = [reference(act, act_s, src, packed, scales, plan.block_expert, block_m)
                     for act, act_s, src, packed, scales in operands]
             laid_out = expand_columns(a, plan.tokens, block_m), expand_columns(h, own_rows, block_m)
-            for name, product in forms(kinds, layouts, (s13, s2)):
+            for name, product in forms(kinds, layouts, (s13, s2), block_m):
                 def both():
-                    return tuple(product(which, act, act_s, src, plan.block_expert, block_m, laid_out[which])
+                    return tuple(product(which, act, act_s, src, plan.block_expert, laid_out[which])
                                  for which, (act, act_s, src, _, _) in enumerate(operands))
                 label = f"{head}: {block_m}-pair {name}"
                 try:

@@ -91,10 +91,31 @@ def _operand(x, F8: gl.constexpr):
 
 
 @gluon.jit
+def _chunk(w_at, x_at, ws_at, xs_at, lo_live, hi_live, q, KB: gl.constexpr, F8: gl.constexpr, F16_BITS: gl.constexpr):
+    """Chunk q's operands: the weight's low and high codes decoded ([BLOCK_N, 16 KB] each), their
+    activations (zeros outside each column's block) and the weight's and activations' scales."""
+    lo, hi = _decoded(gl.load(w_at + q * 16 * KB), F8, F16_BITS)
+    x_lo = gl.load(x_at + q * 32 * KB, mask=lo_live, other=0).to(gl.float8e4nv, bitcast=True)
+    x_hi = gl.load(x_at + (q * 32 * KB + 32), mask=hi_live, other=0).to(gl.float8e4nv, bitcast=True)
+    w_exp = gl.load(ws_at + q * KB).to(gl.int32)
+    return lo, hi, _operand(x_lo, F8), _operand(x_hi, F8), w_exp, gl.load(xs_at + q * KB).to(gl.int32)
+
+
+@gluon.jit
+def _accumulate(acc, chunk, F16_BITS: gl.constexpr):
+    """acc plus a chunk's products (_chunk's operands), each column's sum times its block's scales:
+    2^(ew-127) 2^(ex-127) 2^6 (e4m3: the codes are the e2m1 values times 2^-6), 2^14 in f16."""
+    lo, hi, x_lo, x_hi, w_exp, x_exp = chunk
+    part = mma_v2(hi, x_hi, mma_v2(lo, x_lo, gl.zeros_like(acc)))
+    return acc + part * _pow2(w_exp + x_exp[None, :] - (113 if F16_BITS else 121))
+
+
+@gluon.jit
 def _mma8_products_kernel(a_ptr, as_ptr, src_ptr, blk_ptr, w_ptr, s_ptr, out_ptr, N, K,
                           sar, sasr, swe, sse, ssr, sor, SWR: gl.constexpr,
                           COLS: gl.constexpr, NW: gl.constexpr, BLOCK_N: gl.constexpr, num_warps: gl.constexpr,
-                          F8: gl.constexpr = False, F16_BITS: gl.constexpr = False):
+                          F8: gl.constexpr = False, F16_BITS: gl.constexpr = False,
+                          PREFETCH: gl.constexpr = True):
     """Program (block of COLS pairs, BLOCK_N weight rows): out[pair row, rows] = a[src] . W[rows]^T
     for one expert, a as e4m3 codes [*, K] with e8m0 scales as int32 words (4 blocks a word), W
     as split_bits bytes [N, K/2] with e8m0 scales as words. The dot has NW columns (8 or 16):
@@ -127,18 +148,22 @@ def _mma8_products_kernel(a_ptr, as_ptr, src_ptr, blk_ptr, w_ptr, s_ptr, out_ptr
         ws_at = s_ptr + expert.to(gl.int64) * sse + rc.to(gl.int64)[:, None] * ssr + (jc % KB)[None, :]
         xs_at = as_ptr + gl.maximum(src_c, 0).to(gl.int64) * sasr + jc % KB
         acc = gl.zeros([BLOCK_N, NW], gl.float32, layout=mma)
-        for q in range(0, K // (32 * KB)):
-            b = gl.load(w_at + q * 16 * KB)  # [BLOCK_N, 16 KB] bytes: the chunk's codes, two a byte
-            lo, hi = _decoded(b, F8, F16_BITS)
-            x_lo = gl.load(x_at + q * 32 * KB, mask=lo_live, other=0).to(gl.float8e4nv, bitcast=True)
-            x_hi = gl.load(x_at + (q * 32 * KB + 32), mask=hi_live, other=0).to(gl.float8e4nv, bitcast=True)
-            part = gl.zeros([BLOCK_N, NW], gl.float32, layout=mma)
-            part = mma_v2(lo, _operand(x_lo, F8), part)
-            part = mma_v2(hi, _operand(x_hi, F8), part)
-            # 2^(ew-127) 2^(ex-127) 2^6 (e4m3: the codes are the e2m1 values times 2^-6), 2^14 in f16
-            w_exp = gl.load(ws_at + q * KB).to(gl.int32)
-            x_exp = gl.load(xs_at + q * KB).to(gl.int32)
-            acc += part * _pow2(w_exp + x_exp[None, :] - (113 if F16_BITS else 121))
+        chunks = K // (32 * KB)
+        if PREFETCH:  # two chunks a trip, each one's loads issued while the one before it is decoded and
+            # multiplied (the last one read twice where the count is odd): a chunk's bytes stay in flight
+            cur = _chunk(w_at, x_at, ws_at, xs_at, lo_live, hi_live, 0, KB, F8, F16_BITS)
+            for q in range(0, chunks, 2):
+                nxt = _chunk(w_at, x_at, ws_at, xs_at, lo_live, hi_live, gl.minimum(q + 1, chunks - 1), KB, F8,
+                             F16_BITS)
+                acc = _accumulate(acc, cur, F16_BITS)
+                cur = _chunk(w_at, x_at, ws_at, xs_at, lo_live, hi_live, gl.minimum(q + 2, chunks - 1), KB, F8,
+                             F16_BITS)
+                if q + 1 < chunks:
+                    acc = _accumulate(acc, nxt, F16_BITS)
+        else:
+            for q in range(0, chunks):
+                acc = _accumulate(acc, _chunk(w_at, x_at, ws_at, xs_at, lo_live, hi_live, q, KB, F8, F16_BITS),
+                                  F16_BITS)
         rows = row0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, mma))
         for p in gl.static_range(COLS):
             sums = gl.sum(gl.where((jc // KB == p)[None, :], acc, 0.0), axis=1)
@@ -152,11 +177,12 @@ TILES = {"64x4w": dict(BLOCK_N=64, num_warps=4), "128x4w": dict(BLOCK_N=128, num
 
 def mma8_products(a: torch.Tensor, a_scales: torch.Tensor, src: torch.Tensor, block_expert: torch.Tensor,
                   w: torch.Tensor, w_scales: torch.Tensor, block_m: int, tile: dict, columns: int = 8,
-                  f8: bool = False, f16_bits: bool = False) -> torch.Tensor:
+                  f8: bool = False, f16_bits: bool = False, prefetch: bool = True) -> torch.Tensor:
     """moe_fp8_dots.fp8_products' product (w in split_bits' layout; scales as bytes [*, K/32]) on
     f16 mma.sync: out [len(src), N] fp32, rows with src -1 left unwritten. columns: the dot's
     width (8 or 16), so a chunk holds columns / block_m 32-column blocks (2 to 8); f8: the MMAs
-    given e4m3 operands (_operand); f16_bits: w in split_f16's layout, decoded straight to f16."""
+    given e4m3 operands (_operand); f16_bits: w in split_f16's layout, decoded straight to f16;
+    prefetch: each chunk's loads issued a chunk ahead."""
     E, N, half = w.shape
     K = 2 * half
     kb = columns // block_m
@@ -167,5 +193,5 @@ def mma8_products(a: torch.Tensor, a_scales: torch.Tensor, src: torch.Tensor, bl
     _mma8_products_kernel[grid](a, a_scales, src, block_expert, w, w_scales, out, N, K, a.stride(0),
                                 a_scales.stride(0), w.stride(0), w_scales.stride(0), w_scales.stride(1), out.stride(0),
                                 SWR=w.stride(1), COLS=block_m, NW=columns, F8=f8,
-                                F16_BITS=f16_bits, **tile)
+                                F16_BITS=f16_bits, PREFETCH=prefetch, **tile)
     return out

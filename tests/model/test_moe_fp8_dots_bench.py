@@ -57,14 +57,15 @@ def test_the_kernel_gives_the_float64_products(spike, block_m, expanded, bits, f
 E, T, TOP_K = 3, 4, 2  # experts, tokens, experts a token: one expert takes 3 pairs
 
 
-def _products(spike, block_m: int, N: int, K: int):
+def _products(spike, block_m: int, N: int, K: int, device: str = "cpu"):
     """Random experts (checkpoint bytes, scales) and T tokens' e4m3 activations routed to TOP_K of
     the E experts each, planned in blocks of block_m pairs: (packed, scales, plan, a, a_scales)."""
     torch.manual_seed(0)
     packed = torch.randint(0, 256, (E, N, K // 2), dtype=torch.uint8)
     scales = torch.randint(112, 122, (E, N, K // 32), dtype=torch.uint8)
     idx = torch.stack([torch.randperm(E)[:TOP_K] for _ in range(T)])
-    plan = moe.RoutePlan(idx, torch.rand(T, TOP_K), E, block_m)
+    plan = moe.RoutePlan(idx.to(device), torch.rand(T, TOP_K).to(device), E, block_m)  # (on a GPU: its kernel)
+    plan.tokens, plan.block_expert = plan.tokens.cpu(), plan.block_expert.cpu()
     return (packed, scales, plan, *spike.random_activations(T, K, "cpu"))
 
 
@@ -92,20 +93,22 @@ def test_the_f16_layout_decodes_by_its_masks_and_shifts(spike):
 def test_the_gluon_form_compiles_for_hopper():
     """bench/moe_fp8_gluon.py (Gluon does not run in the interpreter): its tiles and dot widths
     compile for sm_90, F8 too (mma.sync's e4m3 form, which ptxas lowers to f16 conversions and
-    MMAs) and F16_BITS (split_f16's codes decoded straight to f16)."""
-    assert_compiles_for_hopper("experts_gluon", ";BLOCK_N=64;NW=16;F8=1;F16_BITS=1")
+    MMAs), F16_BITS (split_f16's codes decoded straight to f16) and the loop without its prefetch."""
+    assert_compiles_for_hopper("experts_gluon", ";BLOCK_N=64;NW=16;F8=1;F16_BITS=1;PREFETCH=0")
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("f8,f16_bits", [(False, False), (True, False), (False, True)])
+@pytest.mark.parametrize("f8,f16_bits,prefetch", [(False, False, False), (False, False, True), (True, False, True),
+                                                  (False, True, True)])
 @pytest.mark.parametrize("block_m,columns", [(2, 8), (2, 16), (4, 8), (4, 16)])
-def test_the_gluon_form_gives_the_float64_products(spike, block_m, columns, f8, f16_bits):
-    """Chunks of 2 to 8 blocks; one expert takes 3 pairs (two blocks at 2 pairs a block); the
-    f16 MMAs' fp32 sums of exact products (2^-6 e4m3 weights, e4m3 activations)."""
+def test_the_gluon_form_gives_the_float64_products(spike, block_m, columns, f8, f16_bits, prefetch):
+    """Chunks of 2 to 8 blocks (20, 10 or 5 of them: an odd count ends the prefetched loop); one
+    expert takes 3 pairs (two blocks at 2 pairs a block); the f16 MMAs' fp32 sums of exact
+    products (2^-6 e4m3 weights, e4m3 activations)."""
     gluon_form = bench_script("moe_fp8_gluon.py")
-    packed, scales, plan, a, a_scales = _products(spike, block_m, N=192, K=1024)
+    packed, scales, plan, a, a_scales = _products(spike, block_m, N=192, K=1280, device="cuda")
     codes = (gluon_form.split_f16 if f16_bits else spike.split_bits)(packed).cuda()
     out = gluon_form.mma8_products(a.cuda(), a_scales.cuda(), plan.tokens.cuda(), plan.block_expert.cuda(), codes,
                                    scales.cuda(), block_m, dict(BLOCK_N=64, num_warps=4), columns, f8=f8,
-                                   f16_bits=f16_bits).cpu()
+                                   f16_bits=f16_bits, prefetch=prefetch).cpu()
     _assert_float64_products(spike, out, packed, scales, plan, a, a_scales, block_m)
