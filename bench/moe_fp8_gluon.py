@@ -10,19 +10,24 @@ F2FP.F16.E4M3 conversions and f16 HMMA.16816s (bench/kernel_resources.py --kerne
 experts_gluon --variants "F8=1" --loop), so f16 is the form, F8 only the same at more cost.
 
 Two decodes: split_bits' codes to e4m3 (5 integer instructions a word of 8 codes) and then
-f16 (F2FP, one a pair: conversions, which may issue at a lower rate than integer
-instructions); or with F16_BITS split_f16's codes straight to f16 by integer instructions (an
-e2m1 code s e1 e0 m at f16 bits 15 11 10 9 is its value times 2^-14): 9 a word, PRMTs in
-place of the conversions. The same count (278 SASS instructions a chunk of 128 codes a thread
-at 128 rows, 2.2 a code, against Triton's f16 form's 2.5 and the shipped kernel's 3.2): they
-part only if the conversions issue slower.
+f16 (F2FP, one a pair); or with F16_BITS split_f16's codes straight to f16 by integer
+instructions (an e2m1 code s e1 e0 m at f16 bits 15 11 10 9 is its value times 2^-14): 9 a
+word, PRMTs in place of the conversions. The same count (278 SASS instructions a chunk of 128
+codes a thread at 128 rows, 2.2 a code, against Triton's f16 form's 2.5 and the shipped
+kernel's 3.2), and the conversions issue at the integer rate (bench/issue_rates.py), so they
+time alike.
 
 The activations: in the right operand's layout a thread holds one or two columns of the dot,
 and column j is pair j // KB and block j % KB of a chunk (as in moe_fp8_dots); the low and
 high codes' operands each load the chunk's activations of their blocks' columns under a mask
 (zeros elsewhere), so one accumulator keeps the blocks apart and the scales apply once a chunk.
 
-Untimed until a device call runs `bench/moe_fp8_dots.py --dots gluon` (call CA).
+H100, 2026-12-07 (sixty-ninth session, calls CA and CB, 2-pair blocks): exact (1.2-1.9e-7 of
+the largest product from float64) and slower than the shipped kernels: at 6 tokens 239-242 us a
+layer at 16 columns, 250 at 8 with PREFETCH (the prefetch at 16 columns ran out of registers:
+314-591), against the shipped 224-229 and Triton's f16 form 235; at 12 tokens 353-355 against
+286-294. On the H100 the shipped kernels are within 1.09x of reading their weights; the H200 is
+untimed (call CC).
 """
 import pathlib
 import sys
