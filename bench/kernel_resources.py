@@ -263,7 +263,7 @@ KERNELS = {
     # the decode experts spike's gate/up rows on f16 mma.sync in Gluon (bench/moe_fp8_gluon.py), 2-pair
     # blocks; F8=1 gives mma.sync its e4m3 form, which ptxas turns into f16 conversions and f16 MMAs
     "experts_gluon": Kernel(
-        moe_fp8_gluon._mma8_products_kernel,
+        moe_fp8_gluon._products_kernel,
         {"a_ptr": "*u8", "as_ptr": "*u8", "src_ptr": "*i32", "blk_ptr": "*i32", "w_ptr": "*u8", "s_ptr": "*u8",
          "out_ptr": "*fp32"},
         dict(COLS=2, NW=8, SWR=2560, F8=False, F16_BITS=False, PREFETCH=True, **moe_fp8_gluon.TILES["128x4w"]),

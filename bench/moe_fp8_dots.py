@@ -297,8 +297,8 @@ def forms(kinds: list[str], layouts: dict, scales: tuple, block_m: int) -> Itera
                 def product(which, act, act_s, src, blocks, _, tile=tile, columns=columns, f16_bits=f16_bits,
                             prefetch=prefetch):
                     w = (f16_layout if f16_bits else layouts["bits"])[which]
-                    return gluon_form.mma8_products(act, act_s, src, blocks, w, scales[which], block_m, tile, columns,
-                                                    f16_bits=f16_bits, prefetch=prefetch)
+                    return gluon_form.products(act, act_s, src, blocks, w, scales[which], block_m, tile, columns,
+                                               f16_bits=f16_bits, prefetch=prefetch)
                 yield (f"gluon dots {'f16 bits' if f16_bits else 'bits'} {name} {columns} columns"
                        f"{' prefetched' if prefetch else ''}"), product
             continue

@@ -116,15 +116,16 @@ def _accumulate(acc, chunk, F16_BITS: gl.constexpr):
 
 
 @gluon.jit
-def _mma8_products_kernel(a_ptr, as_ptr, src_ptr, blk_ptr, w_ptr, s_ptr, out_ptr, N, K,
+def _products_kernel(a_ptr, as_ptr, src_ptr, blk_ptr, w_ptr, s_ptr, out_ptr, N, K,
                           sar, sasr, swe, sse, ssr, sor, SWR: gl.constexpr,
                           COLS: gl.constexpr, NW: gl.constexpr, BLOCK_N: gl.constexpr, num_warps: gl.constexpr,
                           F8: gl.constexpr = False, F16_BITS: gl.constexpr = False,
                           PREFETCH: gl.constexpr = True):
     """Program (block of COLS pairs, BLOCK_N weight rows): out[pair row, rows] = a[src] . W[rows]^T
-    for one expert, a as e4m3 codes [*, K] with e8m0 scales as int32 words (4 blocks a word), W
-    as split_bits bytes [N, K/2] with e8m0 scales as words. The dot has NW columns (8 or 16):
-    column j is pair j // KB, block j % KB of a chunk of KB = NW / COLS 32-column blocks."""
+    for one expert, a as e4m3 codes [*, K] with e8m0 scale bytes [*, K/32], W as split_bits
+    bytes [N, K/2] (split_f16's with F16_BITS) with e8m0 scale bytes [N, K/32]. The dot has NW
+    columns (8 or 16): column j is pair j // KB, block j % KB of a chunk of KB = NW / COLS
+    32-column blocks."""
     KB: gl.constexpr = NW // COLS
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, 8])
     la: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=4)
@@ -180,9 +181,9 @@ def _mma8_products_kernel(a_ptr, as_ptr, src_ptr, blk_ptr, w_ptr, s_ptr, out_ptr
 TILES = {"64x4w": dict(BLOCK_N=64, num_warps=4), "128x4w": dict(BLOCK_N=128, num_warps=4)}
 
 
-def mma8_products(a: torch.Tensor, a_scales: torch.Tensor, src: torch.Tensor, block_expert: torch.Tensor,
-                  w: torch.Tensor, w_scales: torch.Tensor, block_m: int, tile: dict, columns: int = 8,
-                  f8: bool = False, f16_bits: bool = False, prefetch: bool = True) -> torch.Tensor:
+def products(a: torch.Tensor, a_scales: torch.Tensor, src: torch.Tensor, block_expert: torch.Tensor,
+             w: torch.Tensor, w_scales: torch.Tensor, block_m: int, tile: dict, columns: int = 8,
+             f8: bool = False, f16_bits: bool = False, prefetch: bool = True) -> torch.Tensor:
     """moe_fp8_dots.fp8_products' product (w in split_bits' layout; scales as bytes [*, K/32]) on
     f16 mma.sync: out [len(src), N] fp32, rows with src -1 left unwritten. columns: the dot's
     width (8 or 16), so a chunk holds columns / block_m 32-column blocks (2 to 8); f8: the MMAs
@@ -195,8 +196,7 @@ def mma8_products(a: torch.Tensor, a_scales: torch.Tensor, src: torch.Tensor, bl
     a_scales, w_scales = a_scales.contiguous(), w_scales.contiguous()
     out = torch.empty(src.numel(), N, dtype=torch.float32, device=a.device)
     grid = (block_expert.numel(), triton.cdiv(N, tile["BLOCK_N"]))
-    _mma8_products_kernel[grid](a, a_scales, src, block_expert, w, w_scales, out, N, K, a.stride(0),
-                                a_scales.stride(0), w.stride(0), w_scales.stride(0), w_scales.stride(1), out.stride(0),
-                                SWR=w.stride(1), COLS=block_m, NW=columns, F8=f8,
-                                F16_BITS=f16_bits, PREFETCH=prefetch, **tile)
+    _products_kernel[grid](a, a_scales, src, block_expert, w, w_scales, out, N, K, a.stride(0), a_scales.stride(0),
+                           w.stride(0), w_scales.stride(0), w_scales.stride(1), out.stride(0), SWR=w.stride(1),
+                           COLS=block_m, NW=columns, F8=f8, F16_BITS=f16_bits, PREFETCH=prefetch, **tile)
     return out

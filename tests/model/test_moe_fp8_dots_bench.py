@@ -108,7 +108,7 @@ def test_the_gluon_form_gives_the_float64_products(spike, block_m, columns, f8, 
     gluon_form = bench_script("moe_fp8_gluon.py")
     packed, scales, plan, a, a_scales = _products(spike, block_m, N=192, K=1280, device="cuda")
     codes = (gluon_form.split_f16 if f16_bits else spike.split_bits)(packed).cuda()
-    out = gluon_form.mma8_products(a.cuda(), a_scales.cuda(), plan.tokens.cuda(), plan.block_expert.cuda(), codes,
-                                   scales.cuda(), block_m, dict(BLOCK_N=64, num_warps=4), columns, f8=f8,
-                                   f16_bits=f16_bits, prefetch=prefetch).cpu()
+    out = gluon_form.products(a.cuda(), a_scales.cuda(), plan.tokens.cuda(), plan.block_expert.cuda(), codes,
+                              scales.cuda(), block_m, dict(BLOCK_N=64, num_warps=4), columns, f8=f8,
+                              f16_bits=f16_bits, prefetch=prefetch).cpu()
     _assert_float64_products(spike, out, packed, scales, plan, a, a_scales, block_m)
