@@ -67,7 +67,7 @@ import triton.language as tl
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 import h200  # noqa: E402
 from dsflash.model.kernels import fp4_moe as moe  # noqa: E402
-from dsflash.model.kernels.common import mma_sync  # noqa: E402
+from dsflash.model.kernels.common import mma_sync, pow2  # noqa: E402
 from dsflash.model.quant import dequantize_fp4_weight  # noqa: E402
 
 GROUP = 64  # codes a rearranged group: byte j holds codes j (low nibble) and j + 32 (high)
@@ -143,11 +143,6 @@ def _operand(x, F16: tl.constexpr):
 
 
 @triton.jit
-def _pow2(e):
-    return (e << 23).to(tl.float32, bitcast=True)
-
-
-@triton.jit
 def _fp8_products_kernel(a_ptr, as_ptr, ax_ptr, src_ptr, blk_ptr, w_ptr, s_ptr, out_ptr, N, K,
                          sar, sasr, sxb, swe, swr, sse, ssr, sor,
                          PTX: tl.constexpr, BITS: tl.constexpr, COLS: tl.constexpr, EXPANDED: tl.constexpr,
@@ -205,7 +200,7 @@ def _fp8_products_kernel(a_ptr, as_ptr, ax_ptr, src_ptr, blk_ptr, w_ptr, s_ptr, 
         xs = tl.load(as_ptr + src * sasr + q * WORDS + block // 4, mask=live, other=0x7F7F7F7F)
         x_exp = (xs >> (8 * (block % 4))) & 0xFF
         # 2^(ew-127) 2^(ex-127) 2^6 (the codes are the e2m1 values times 2^-6)
-        acc += part * _pow2(w_exp + x_exp[None, :] - 121)
+        acc += part * pow2(w_exp + x_exp[None, :] - 121)
     sums = tl.sum(tl.reshape(acc, (BLOCK_N, COLS, KB)), axis=2)
     cols = pid_b * COLS + tl.arange(0, COLS)
     ok = tl.load(src_ptr + cols) >= 0
