@@ -281,17 +281,17 @@ def forms(kinds: list[str], layouts: dict, scales: tuple, block_m: int) -> Itera
     """Each form of the products to time at blocks of block_m pairs, as (name, product):
     product(which, activations, their scales, src, block_expert, laid out) gives gate/up's rows
     (which 0: layouts' and scales' first weight) or down's (1); `laid out` is expand_columns of
-    the activations. layouts: the weights as split_groups and split_bits lay them out, and as packed."""
+    the activations. layouts: the weights as split_groups and split_bits lay them out (and, for
+    gluon, split_f16)."""
     for kind in kinds:
         if kind == "gluon":  # 2-pair blocks (call CA: 4 lost everywhere), the activations gathered
             import moe_fp8_gluon as gluon_form  # (it takes this module's decode)
-            f16_layout = tuple(gluon_form.split_f16(w) for w in layouts["packed"])
             variants = [(False, prefetch) for prefetch in (False, True)] + [(True, True)]  # (f16 bits, prefetch)
             for (name, tile), columns, (f16_bits, prefetch) in itertools.product(
                     gluon_form.TILES.items(), (8, 16), variants if block_m == 2 else []):
                 def product(which, act, act_s, src, blocks, _, tile=tile, columns=columns, f16_bits=f16_bits,
                             prefetch=prefetch):
-                    w = (f16_layout if f16_bits else layouts["bits"])[which]
+                    w = layouts["f16" if f16_bits else "bits"][which]
                     return gluon_form.products(act, act_s, src, blocks, w, scales[which], block_m, tile, columns,
                                                f16_bits=f16_bits, prefetch=prefetch)
                 yield (f"gluon dots {'f16 bits' if f16_bits else 'bits'} {name} {columns} columns"
@@ -316,6 +316,8 @@ def main() -> None:
                         help="comma-separated MMA kinds: fp8 (wgmma), f16 (mma.sync), gluon (f16 mma.sync in Gluon)")
     args = parser.parse_args()
     kinds = args.dots.split(",")
+    if not set(kinds) <= {"fp8", "f16", "gluon"}:
+        parser.error(f"--dots: {args.dots!r} names a kind other than fp8, f16 and gluon")
     dev = "cuda"
     E, H, inter, k = (h200.MOE_SHAPE[key] for key in ("E", "H", "inter", "k"))
     torch.manual_seed(0)
@@ -324,8 +326,10 @@ def main() -> None:
     s13 = torch.randint(112, 122, (E, 2 * inter, H // 32), dtype=torch.uint8, device=dev)
     s2 = torch.randint(112, 122, (E, H, inter // 32), dtype=torch.uint8, device=dev)
     quad = moe.quad_experts(w13, s13, w2, s2)
-    layouts = {"groups": (split_groups(w13), split_groups(w2)), "bits": (split_bits(w13), split_bits(w2)),
-               "packed": (w13, w2)}
+    layouts = {"groups": (split_groups(w13), split_groups(w2)), "bits": (split_bits(w13), split_bits(w2))}
+    if "gluon" in kinds:
+        import moe_fp8_gluon as gluon_form  # (it takes this module's decode)
+        layouts["f16"] = (gluon_form.split_f16(w13), gluon_form.split_f16(w2))
     per_expert = sum(t[0].numel() * t.element_size() for t in quad)
     print(f"[moe fp8] {torch.cuda.get_device_name()}; experts {E} x (gate/up {2 * inter} x {H}, down {H} x {inter})",
           flush=True)

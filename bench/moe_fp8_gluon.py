@@ -117,10 +117,9 @@ def _accumulate(acc, chunk, F16_BITS: gl.constexpr):
 
 @gluon.jit
 def _products_kernel(a_ptr, as_ptr, src_ptr, blk_ptr, w_ptr, s_ptr, out_ptr, N, K,
-                          sar, sasr, swe, sse, ssr, sor, SWR: gl.constexpr,
-                          COLS: gl.constexpr, NW: gl.constexpr, BLOCK_N: gl.constexpr, num_warps: gl.constexpr,
-                          F8: gl.constexpr = False, F16_BITS: gl.constexpr = False,
-                          PREFETCH: gl.constexpr = True):
+                     sar, sasr, swe, sse, ssr, sor, SWR: gl.constexpr,
+                     COLS: gl.constexpr, NW: gl.constexpr, BLOCK_N: gl.constexpr, num_warps: gl.constexpr,
+                     F8: gl.constexpr = False, F16_BITS: gl.constexpr = False, PREFETCH: gl.constexpr = True):
     """Program (block of COLS pairs, BLOCK_N weight rows): out[pair row, rows] = a[src] . W[rows]^T
     for one expert, a as e4m3 codes [*, K] with e8m0 scale bytes [*, K/32], W as split_bits
     bytes [N, K/2] (split_f16's with F16_BITS) with e8m0 scale bytes [N, K/32]. The dot has NW

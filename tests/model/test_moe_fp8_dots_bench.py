@@ -20,6 +20,11 @@ def spike():
     return bench_script("moe_fp8_dots.py")
 
 
+@pytest.fixture(scope="module")
+def gluon_form():
+    return bench_script("moe_fp8_gluon.py")
+
+
 def test_every_code_is_its_value_times_2_to_the_minus_6(spike):
     codes = torch.arange(16, dtype=torch.uint8)
     assert torch.equal(spike.e4m3_of_e2m1(codes).view(torch.float8_e4m3fn).float() * 64, E2M1)
@@ -77,12 +82,11 @@ def _assert_float64_products(spike, out, packed, scales, plan, a, a_scales, bloc
     assert (out[live].double() - ref[live]).abs().max() <= 1e-6 * ref[live].abs().max()
 
 
-def test_the_f16_layout_decodes_by_its_masks_and_shifts(spike):
+def test_the_f16_layout_decodes_by_its_masks_and_shifts(spike, gluon_form):
     """split_f16: a byte's AND with 0x8E is the high byte of its low code's f16 (the value times
     2^-14), and its right shift by 3 masked by 0x0E with its left shift by 7 masked by 0x80 that
     of its high code (_F16_PTX's rule, a byte at a time: the shifts' spill into the next byte is
     masked off)."""
-    gluon_form = bench_script("moe_fp8_gluon.py")
     packed = torch.randint(0, 256, (4, 64), dtype=torch.uint8)
     grouped, byte = spike.split_groups(packed), gluon_form.split_f16(packed).to(torch.int32)
     for high_byte, codes in ((byte & 0x8E, grouped & 0xF), (((byte >> 3) & 0x0E) | ((byte << 7) & 0x80), grouped >> 4)):
@@ -101,11 +105,10 @@ def test_the_gluon_form_compiles_for_hopper():
 @pytest.mark.parametrize("f8,f16_bits,prefetch", [(False, False, False), (False, False, True), (True, False, True),
                                                   (False, True, True)])
 @pytest.mark.parametrize("block_m,columns", [(2, 8), (2, 16), (4, 8), (4, 16)])
-def test_the_gluon_form_gives_the_float64_products(spike, block_m, columns, f8, f16_bits, prefetch):
+def test_the_gluon_form_gives_the_float64_products(spike, gluon_form, block_m, columns, f8, f16_bits, prefetch):
     """Chunks of 2 to 8 blocks (20, 10 or 5 of them: an odd count ends the prefetched loop); one
     expert takes 3 pairs (two blocks at 2 pairs a block); the f16 MMAs' fp32 sums of exact
     products (2^-6 e4m3 weights, e4m3 activations)."""
-    gluon_form = bench_script("moe_fp8_gluon.py")
     packed, scales, plan, a, a_scales = _products(spike, block_m, N=192, K=1280, device="cuda")
     codes = (gluon_form.split_f16 if f16_bits else spike.split_bits)(packed).cuda()
     out = gluon_form.products(a.cuda(), a_scales.cuda(), plan.tokens.cuda(), plan.block_expert.cuda(), codes,
