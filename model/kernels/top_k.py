@@ -79,6 +79,13 @@ FILTER_SHARE = 128  # rows of at least 128 k scores are filtered
 PREFILL_FILTER_SHARE, PREFILL_FILTER_ROWS = 32, 1024
 SAMPLE = 4096
 FLOOR_MARGIN, FLOOR_SLACK = 4, 16
+# The floor's select over its SAMPLE keys in registers: bit by bit by counts (FLOOR_BY_COUNTS:
+# 32 sums, no atomics) or the radix passes (4 of 256 bins, a shared-memory atomic a key, which
+# serialize where the keys bunch). sm_90 SASS (Triton 3.9, 8 warps): the radix form 64 ATOMS
+# a thread. The radix form's launch took ~25 us at 128 rows, ~41 at 256, ~71 at 512, 12 at 6
+# (H200, forty-third session, bench/top_k_long_rows.py), and 61 us at a late 1M chunk's slices
+# beside the score tiles (H100, fifty-fifth session: 12.4 ms of the last chunk). Untimed.
+FLOOR_BY_COUNTS, FLOOR_WARPS = False, 8
 CAPACITY = 8192  # kept scores a chunk has places for, at most (places: no more than its scores)
 # The filtering launch: 4 warps and loads 3 steps ahead (tl.range stages) took 0.59 ms where 8
 # warps and none took 0.86 (128 x 1M). It is bound by issue, not bytes: 4 warps keep up with
@@ -139,6 +146,15 @@ PICK_TILE, PICK_WARPS = 1024, 8
 # would only put every key in one bin. H200, 2026-12-04 (bench/top_k_decode.py, 262,144
 # entries): the pick 36.2 -> 34.4 us at 6 rows, 38.6 -> 34.2 at 48.
 PICK_SKIPS_SHARED_DIGITS = True
+# The pick's kept scores loaded once into registers, packed, where a row kept at most
+# PICK_REGISTER_KEYS of them (a long row keeps ~4k + N/256: 6,144 at k = 512 of 1M; 8,192 keys
+# take 186 registers a thread at 8 warps for sm_90, 16,384 spill), the threshold and the last
+# tie found bit by bit by counts (_rank_by_counts) instead of the radix passes over tiles read
+# again for each. 0: the tiles always. The radix
+# form's pick took ~73 us a 128-row launch (H200, forty-third session), 67.6 us a decode
+# launch at 1M (8 a step), 72 at a late 1M chunk's slices (H100, fifty-fifth session: 14.5 ms
+# of the last chunk). Untimed.
+PICK_REGISTER_KEYS = 0
 
 
 def filter_plan(n: int) -> FilterPlan:
@@ -412,18 +428,50 @@ def _select_kernel(x_ptr, out_ptr, k, N, sxr, PASSES: tl.constexpr, BITS: tl.con
 # length then takes the kernels warm_up compiled.)
 @triton.jit(do_not_specialize=["N", "sxr", "rank"])
 def _sample_floor_kernel(x_ptr, floor_ptr, N, sxr, rank, SAMPLE: tl.constexpr, PASSES: tl.constexpr,
-                         BITS: tl.constexpr, PDL: tl.constexpr):
+                         BITS: tl.constexpr, PDL: tl.constexpr, BY_COUNTS: tl.constexpr = False):
     """Program (row): the rank-th best key of SAMPLE scores spread evenly over the row, by
-    the radix select on registers: the row's floor (_filter_kernel)."""
+    the radix select on registers, or with BY_COUNTS bit by bit (_rank_by_counts): the row's
+    floor (_filter_kernel)."""
     pdl.wait_for_inputs(PDL)
     row = tl.program_id(0)
     cols = tl.arange(0, SAMPLE).to(tl.int64) * N // SAMPLE
     key = _keys(tl.load(x_ptr + row.to(tl.int64) * sxr + cols))
-    floor = tl.zeros((), tl.uint32)
-    rest = rank
-    for p in tl.static_range(PASSES):
-        floor, rest = _take_digit(_digit_histogram(key, key == key, floor, p, BITS), floor, rest, p, BITS)
+    if BY_COUNTS:
+        floor = _rank_by_counts(key, key == key, rank, tl.zeros((), tl.uint32), 0)
+    else:
+        floor = tl.zeros((), tl.uint32)
+        rest = rank
+        for p in tl.static_range(PASSES):
+            floor, rest = _take_digit(_digit_histogram(key, key == key, floor, p, BITS), floor, rest, p, BITS)
     tl.store(floor_ptr + row, floor.to(tl.int32, bitcast=True))
+
+
+@triton.jit
+def _rank_by_counts(key, live, rank, found, first):
+    """The rank-th largest of the live keys [n] (uint32), its bits found from the top one at a
+    time: the largest t that at least rank live keys reach, 0 where fewer than rank are live.
+    found holds the bits above bit `first` (from the top) that every live key shares, and
+    they are not counted. A count of the keys that reach a trial bit is one compare a key and
+    a sum, with no atomics: the radix passes' histograms take a shared-memory atomic a key,
+    which serialize where keys bunch in a few bins (a row's sample shares its sign and
+    exponent bits)."""
+    for i in range(first, 32):
+        trial = found | (tl.full((), 1, tl.uint32) << ((31 - i) + tl.zeros((), tl.uint32)))
+        found = tl.where(tl.sum((live & (key >= trial)).to(tl.int32)) >= rank, trial, found)
+    return found
+
+
+@triton.jit
+def _shared_bits(low, high):
+    """(the leading bits that low and high (uint32) share, the others 0; how many they are)."""
+    differ = low ^ high
+    mask = tl.zeros((), tl.uint32)
+    count = tl.zeros((), tl.int32)
+    for i in tl.static_range(32):
+        same = (differ >> (31 - i)) == 0  # (once two bits differ, every shift after keeps them)
+        mask |= tl.where(same, tl.full((), 1, tl.uint32) << (31 - i), 0)
+        count += same.to(tl.int32)
+    return high & mask, count
 
 
 @triton.jit
@@ -587,11 +635,45 @@ def _kept_tile(kept_ptr, id_ptr, count_ptr, row, chunks, j0, CHUNKS: tl.constexp
     return key, live, tl.load(id_ptr + at, mask=live, other=0).to(tl.uint32, bitcast=True)
 
 
+@triton.jit
+def _kept_in_registers(kept_ptr, id_ptr, counts, row, chunks, CHUNKS: tl.constexpr, KEYS: tl.constexpr,
+                       CAPACITY: tl.constexpr):
+    """Every chunk's kept scores (counts [CHUNKS] of them, at most KEYS in all) packed into one
+    vector of KEYS, chunk after chunk -> (their keys, which hold one, their ids as uint32). A
+    place finds its chunk from the chunks' starts marked where they fall: their count up to
+    it, and the last mark's place."""
+    starts = tl.cumsum(counts, 0) - counts
+    marks = tl.histogram(starts, KEYS, mask=(tl.arange(0, CHUNKS) < chunks) & (starts < KEYS))
+    e = tl.arange(0, KEYS)
+    chunk = tl.cumsum(marks, 0) - 1  # (a chunk of none starts where the next does: the last one counts)
+    begins = tl.associative_scan(tl.where(marks > 0, e, 0), 0, _larger)
+    live = e < tl.sum(counts)
+    at = (row * chunks + chunk).to(tl.int64) * CAPACITY + (e - begins)
+    key = _keys(tl.load(kept_ptr + at, mask=live, other=float("-inf")))
+    return key, live, tl.load(id_ptr + at, mask=live, other=0).to(tl.uint32, bitcast=True)
+
+
+@triton.jit
+def _larger(a, b):
+    return tl.maximum(a, b)
+
+
+@triton.jit
+def _write_kept(out_row, key, live, ids, threshold, last_tie, take, written, k):
+    """The picks among kept keys (the threshold's ties with ids up to last_tie), stored from
+    place `written` on in any order -> the picks stored so far."""
+    tie = (key == threshold) & (ids <= last_tie) & (take > 0)
+    pick = (live & (key != _HIGH_KEY) & ((key > threshold) | tie)).to(tl.int32)
+    place = written + tl.cumsum(pick, 0) - pick
+    tl.store(out_row + place, ids.to(tl.int64), mask=(pick != 0) & (place < k))
+    return written + tl.sum(pick)
+
+
 @triton.jit(do_not_specialize=["k", "N", "sxr", "chunks"])
 def _pick_kernel(x_ptr, floor_ptr, kept_ptr, id_ptr, count_ptr, top_ptr, out_ptr, k, N, sxr, chunks,
                  CAPACITY: tl.constexpr, PASSES: tl.constexpr, BITS: tl.constexpr, BLOCK: tl.constexpr,
                  MAX_CHUNKS: tl.constexpr, J: tl.constexpr, K_POW2: tl.constexpr, SKIP_SHARED: tl.constexpr,
-                 PDL: tl.constexpr):
+                 PDL: tl.constexpr, REGISTERS: tl.constexpr = False, REGISTER_KEYS: tl.constexpr = 16):
     """Program (row): the radix select over the row's kept scores. They hold the row's k best
     when every chunk's fit its places and there are at least k of them, or when the floor let
     every returnable score through; otherwise (the sample misjudged the row) the whole row is
@@ -600,7 +682,10 @@ def _pick_kernel(x_ptr, floor_ptr, kept_ptr, id_ptr, count_ptr, top_ptr, out_ptr
     ties at the threshold are taken by a second radix select, over their ids (the lowest
     `take`), and the picks, written in any order, are sorted in registers at the end. With
     SKIP_SHARED, a counting pass whose digit the floor and the highest kept key share (and
-    every digit above it) takes that digit without reading the kept scores."""
+    every digit above it) takes that digit without reading the kept scores. With REGISTERS, a
+    row that keeps at most REGISTER_KEYS scores loads them once into registers, packed, and
+    finds the threshold and the last tie bit by bit by counts (_rank_by_counts), from the bits
+    the floor and the highest kept key share."""
     pdl.wait_for_inputs(PDL)
     row = tl.program_id(0)
     out_row = out_ptr + row.to(tl.int64) * k
@@ -611,42 +696,54 @@ def _pick_kernel(x_ptr, floor_ptr, kept_ptr, id_ptr, count_ptr, top_ptr, out_ptr
     top = _top_key(tl.max(tl.load(top_ptr + row * chunks + chunk_ids, mask=chunk_ids < chunks, other=_NO_TOP)))
     longest = tl.max(counts)
     if (longest <= CAPACITY) & ((tl.sum(counts) >= k) | everything):
-        threshold = tl.zeros((), tl.uint32)
-        take = k
-        for p in tl.static_range(PASSES):
-            if SKIP_SHARED and ((floor ^ top) & _fixed_through(p, BITS)) == 0:
-                threshold = threshold | (top & (_digit_mask(p, BITS) << _digit_shift(p, BITS)))
-            else:
-                bins = tl.zeros((1 << BITS,), tl.int32)
-                for j0 in range(0, longest, J):
-                    key, live, _ = _kept_tile(kept_ptr, id_ptr, count_ptr, row, chunks, j0, MAX_CHUNKS, J,
-                                              CAPACITY)
-                    bins += _digit_histogram(key, live, threshold, p, BITS)
-                threshold, take = _take_digit(bins, threshold, take, p, BITS)
-        take = _taken_threshold(threshold, take)
-        ties = tl.zeros((), tl.int32)
-        for j0 in range(0, longest, J):
-            key, live, _ = _kept_tile(kept_ptr, id_ptr, count_ptr, row, chunks, j0, MAX_CHUNKS, J, CAPACITY)
-            ties += tl.sum((live & (key == threshold)).to(tl.int32))
-        last_tie = tl.full((), 0xFFFFFFFF, tl.uint32)  # the highest id of a tie taken: all of them
-        if ties > take:  # the take-th lowest id of the ties is the (ties - take + 1)-th highest
-            last_tie = tl.zeros((), tl.uint32)
-            rest = ties - take + 1
-            for p in tl.static_range(PASSES):
-                bins = tl.zeros((1 << BITS,), tl.int32)
-                for j0 in range(0, longest, J):
-                    key, live, ids = _kept_tile(kept_ptr, id_ptr, count_ptr, row, chunks, j0, MAX_CHUNKS, J,
-                                                CAPACITY)
-                    bins += _digit_histogram(ids, live & (key == threshold), last_tie, p, BITS)
-                last_tie, rest = _take_digit(bins, last_tie, rest, p, BITS)
         written = tl.zeros((), tl.int32)
-        for j0 in range(0, longest, J):
-            key, live, ids = _kept_tile(kept_ptr, id_ptr, count_ptr, row, chunks, j0, MAX_CHUNKS, J, CAPACITY)
-            tie = (key == threshold) & (ids <= last_tie) & (take > 0)
-            pick = (live & (key != _HIGH_KEY) & ((key > threshold) | tie)).to(tl.int32)
-            place = written + tl.cumsum(pick, 0) - pick
-            tl.store(out_row + place, ids.to(tl.int64), mask=(pick != 0) & (place < k))
-            written += tl.sum(pick)
+        in_registers = False
+        if REGISTERS:
+            in_registers = tl.sum(counts) <= REGISTER_KEYS
+        if in_registers:
+            key, live, ids = _kept_in_registers(kept_ptr, id_ptr, counts, row, chunks, MAX_CHUNKS, REGISTER_KEYS,
+                                                CAPACITY)
+            shared, first = _shared_bits(floor, top)
+            threshold = _rank_by_counts(key, live, k, shared, first)
+            take = _taken_threshold(threshold, k - tl.sum((live & (key > threshold)).to(tl.int32)))
+            tie = live & (key == threshold)
+            ties = tl.sum(tie.to(tl.int32))
+            last_tie = tl.full((), 0xFFFFFFFF, tl.uint32)  # the highest id of a tie taken: all of them
+            if ties > take:  # the take-th lowest id of the ties is the (ties - take + 1)-th highest
+                last_tie = _rank_by_counts(ids, tie, ties - take + 1, tl.zeros((), tl.uint32), 0)
+            written = _write_kept(out_row, key, live, ids, threshold, last_tie, take, written, k)
+        else:
+            threshold = tl.zeros((), tl.uint32)
+            take = k
+            for p in tl.static_range(PASSES):
+                if SKIP_SHARED and ((floor ^ top) & _fixed_through(p, BITS)) == 0:
+                    threshold = threshold | (top & (_digit_mask(p, BITS) << _digit_shift(p, BITS)))
+                else:
+                    bins = tl.zeros((1 << BITS,), tl.int32)
+                    for j0 in range(0, longest, J):
+                        key, live, _ = _kept_tile(kept_ptr, id_ptr, count_ptr, row, chunks, j0, MAX_CHUNKS, J,
+                                                  CAPACITY)
+                        bins += _digit_histogram(key, live, threshold, p, BITS)
+                    threshold, take = _take_digit(bins, threshold, take, p, BITS)
+            take = _taken_threshold(threshold, take)
+            ties = tl.zeros((), tl.int32)
+            for j0 in range(0, longest, J):
+                key, live, _ = _kept_tile(kept_ptr, id_ptr, count_ptr, row, chunks, j0, MAX_CHUNKS, J, CAPACITY)
+                ties += tl.sum((live & (key == threshold)).to(tl.int32))
+            last_tie = tl.full((), 0xFFFFFFFF, tl.uint32)  # the highest id of a tie taken: all of them
+            if ties > take:  # the take-th lowest id of the ties is the (ties - take + 1)-th highest
+                last_tie = tl.zeros((), tl.uint32)
+                rest = ties - take + 1
+                for p in tl.static_range(PASSES):
+                    bins = tl.zeros((1 << BITS,), tl.int32)
+                    for j0 in range(0, longest, J):
+                        key, live, ids = _kept_tile(kept_ptr, id_ptr, count_ptr, row, chunks, j0, MAX_CHUNKS, J,
+                                                    CAPACITY)
+                        bins += _digit_histogram(ids, live & (key == threshold), last_tie, p, BITS)
+                    last_tie, rest = _take_digit(bins, last_tie, rest, p, BITS)
+            for j0 in range(0, longest, J):
+                key, live, ids = _kept_tile(kept_ptr, id_ptr, count_ptr, row, chunks, j0, MAX_CHUNKS, J, CAPACITY)
+                written = _write_kept(out_row, key, live, ids, threshold, last_tie, take, written, k)
         tl.debug_barrier()  # every pick is stored before they are read back to be sorted
         places = tl.arange(0, K_POW2)
         picked = tl.load(out_row + places, mask=places < tl.minimum(written, k), other=0x7FFFFFFF).to(tl.int32)
@@ -749,8 +846,8 @@ def sample_floors(scores: torch.Tensor, k: int, N: int, out: torch.Tensor | None
     out = torch.empty(n, dtype=torch.int32, device=scores.device) if out is None else out
     if n:
         _sample_floor_kernel[(n,)](scores, out, width, scores.stride(0), floor_rank(k, N, sample), SAMPLE=sample,
-                                   PASSES=triton.cdiv(32, radix_bits), BITS=radix_bits, num_warps=8,
-                                   **pdl.options(scores.device))
+                                   PASSES=triton.cdiv(32, radix_bits), BITS=radix_bits, BY_COUNTS=FLOOR_BY_COUNTS,
+                                   num_warps=FLOOR_WARPS, **pdl.options(scores.device))
     return out
 
 
@@ -780,6 +877,7 @@ def pick_kept(x: torch.Tensor, k: int, work: KeptWork, radix_bits: int = RADIX_B
                        work.chunks, CAPACITY=work.kept.shape[-1], PASSES=triton.cdiv(32, radix_bits), BITS=radix_bits,
                        BLOCK=work.block, MAX_CHUNKS=most, J=max(PICK_TILE // most, 16),
                        K_POW2=triton.next_power_of_2(k), SKIP_SHARED=PICK_SKIPS_SHARED_DIGITS,
+                       REGISTERS=PICK_REGISTER_KEYS > 0, REGISTER_KEYS=max(PICK_REGISTER_KEYS, 16),
                        num_warps=PICK_WARPS, **pdl.options(x.device))
     return out
 

@@ -334,3 +334,69 @@ def test_the_filtering_launch_in_ptx_picks_what_tritons_form_picks(monkeypatch):
                                                   for w in (got, want)]
         order, want_order = ids.argsort(), want_ids.argsort()
         assert torch.equal(ids[order], want_ids[want_order]) and torch.equal(scores[order], want_scores[want_order])
+
+
+@pytest.mark.parametrize("k, N", [(1, 1 << 20), (512, 1 << 20), (512, 20_000), (512, 2_048), (50, 600)])
+def test_the_floor_by_counts_is_the_radix_passes_floor(monkeypatch, k, N):
+    """top_k.FLOOR_BY_COUNTS: each row's floor found bit by bit from counts is the radix passes'
+    rank-th best key of the sample, bit for bit, at ranks from 1 (k = 1 of 1M) to the whole
+    sample (k = 512 of 2,048): over random rows, heavy ties, a row of one value, signed zeros,
+    infinities, NaNs of both signs and random bit patterns."""
+    from dsflash.model.kernels import top_k
+
+    sample = 256
+    g = torch.Generator().manual_seed(11)
+    rows = torch.randn(8, sample, generator=g)
+    rows[1] = rows[1].round()
+    rows[2] = 3.0
+    rows[3, ::3] = torch.tensor([-0.0, 0.0, INF, -INF, NAN, -NAN])[torch.arange(0, sample, 3) % 6]
+    rows[4] = -INF
+    bits = torch.randint(-2**31, 2**31, (sample,), generator=g, dtype=torch.int64)
+    rows[5] = bits.to(torch.int32).view(torch.float32)
+    rows[6, : sample // 2] = NAN
+    rows[7] = -torch.rand(sample, generator=g)
+    floors = {}
+    for by_counts in (False, True):
+        monkeypatch.setattr(top_k, "FLOOR_BY_COUNTS", by_counts)
+        floors[by_counts] = top_k.sample_floors(rows.to(DEVICE), k, N).cpu()
+    assert 1 <= top_k.floor_rank(k, N, sample) <= sample
+    assert torch.equal(floors[True], floors[False]), (floors[True], floors[False])
+    assert floors[False].unique().numel() > 4  # (the rows' floors differ: the ranks are not all at one end)
+
+
+def test_the_filtered_form_with_floors_by_counts_picks_as_the_reference(monkeypatch):
+    from dsflash.model.kernels import top_k
+
+    monkeypatch.setattr(top_k, "FLOOR_BY_COUNTS", True)
+    g = torch.Generator().manual_seed(12)
+    rows = torch.randn(4, 600, generator=g)
+    rows[1] = rows[1].round()
+    rows[2, ::4] = torch.tensor([-0.0, 0.0, INF, NAN])[torch.arange(0, 600, 4) % 4]
+    rows[3, 50:] = -INF
+    for capacity in (256, 16):
+        _check(rows, 77, dict(sample=64, capacity=capacity), **SMALL_PLAN)
+
+
+@pytest.mark.parametrize("register_keys", [16384, 256])
+def test_the_pick_in_registers_picks_as_the_reference(monkeypatch, register_keys):
+    """top_k.PICK_REGISTER_KEYS: the pick loads a row's kept scores once, packed chunk after
+    chunk (chunks of none among them), and finds its threshold and last tie by counts, from the
+    bits the floor and the highest kept key share; rows that keep more (256: some) take the
+    tiles as before.
+    Random rows, heavy ties split by ids, signed zeros, infinities and NaNs, few returnable
+    scores, chunks over their places, and kept scores in a narrow range (shared leading bits)."""
+    from dsflash.model.kernels import top_k
+
+    monkeypatch.setattr(top_k, "PICK_REGISTER_KEYS", register_keys)
+    g = torch.Generator().manual_seed(13)
+    rows = torch.randn(8, 600, generator=g)
+    rows[1] = rows[1].round()  # heavy ties at the threshold
+    rows[2, ::4] = torch.tensor([-0.0, 0.0, INF, NAN])[torch.arange(0, 600, 4) % 4]
+    rows[3, 50:] = -INF  # 50 returnable scores
+    rows[4, ::7] = -NAN
+    rows[5] = 1.0 + torch.rand(600, generator=g) * 2.0 ** -10  # every key shares its leading bits
+    rows[6] = 2.0  # one value: every score ties
+    rows[7, :256] = -INF  # the first chunk keeps none
+    for capacity in (256, 16):
+        _check(rows, 77, dict(sample=64, capacity=capacity), **SMALL_PLAN)
+    _check(torch.randn(40, 1200, generator=g), 33, dict(sample=128, capacity=256), chunks=4, block=128)
