@@ -82,9 +82,11 @@ FLOOR_MARGIN, FLOOR_SLACK = 4, 16
 # The floor's select over its SAMPLE keys in registers: bit by bit by counts (FLOOR_BY_COUNTS:
 # 32 sums, no atomics) or the radix passes (4 of 256 bins, a shared-memory atomic a key, which
 # serialize where the keys bunch). sm_90 SASS (Triton 3.9, 8 warps): the radix form 64 ATOMS
-# a thread. The radix form's launch took ~25 us at 128 rows, ~41 at 256, ~71 at 512, 12 at 6
-# (H200, forty-third session, bench/top_k_long_rows.py), and 61 us at a late 1M chunk's slices
-# beside the score tiles (H100, fifty-fifth session: 12.4 ms of the last chunk). Untimed.
+# a thread; by counts 87 instructions a bit, no atomics. The radix form's launch on an H100
+# (bench/top_k_long_rows.py, forty-sixth and forty-ninth sessions): 29 us at 128 rows of 1M, 85
+# at 512 of 256K, 13 at decode's 6 rows, 516 at 8,192 rows of 16K (a 1M prompt's early
+# chunks), 1,029 at 16,384 of 8K; 61 us a launch at a late 1M chunk's slices beside the score
+# tiles (fifty-fifth session: 12.4 ms of the last chunk). Untimed.
 FLOOR_BY_COUNTS, FLOOR_WARPS = False, 8
 CAPACITY = 8192  # kept scores a chunk has places for, at most (places: no more than its scores)
 # The filtering launch: 4 warps and loads 3 steps ahead (tl.range stages) took 0.59 ms where 8
@@ -150,10 +152,10 @@ PICK_SKIPS_SHARED_DIGITS = True
 # PICK_REGISTER_KEYS of them (a long row keeps ~4k + N/256: 6,144 at k = 512 of 1M; 8,192 keys
 # take 186 registers a thread at 8 warps for sm_90, 16,384 spill), the threshold and the last
 # tie found bit by bit by counts (_rank_by_counts) instead of the radix passes over tiles read
-# again for each. 0: the tiles always. The radix
-# form's pick took ~73 us a 128-row launch (H200, forty-third session), 67.6 us a decode
-# launch at 1M (8 a step), 72 at a late 1M chunk's slices (H100, fifty-fifth session: 14.5 ms
-# of the last chunk). Untimed.
+# again for each. 0: the tiles always. The tiles' pick on an H100 (as the floor's above): 140 us
+# at 128 rows of 1M, 98 at 512 of 256K, 49 at decode's 6 rows, 1,166 at 8,192 rows of 16K
+# (~60% of the filtered top-k there), 3,946 at 16,384 of 8K; 72 us a launch at a late 1M
+# chunk's slices (14.5 ms of the last chunk), 67.6 a decode launch at 1M (8 a step). Untimed.
 PICK_REGISTER_KEYS = 0
 
 
