@@ -13,11 +13,13 @@ HBM rate, and beside the time of the scores themselves (the prefill's tall tiles
 --shapes: those slices only (rows, entries, k; the tall score tiles), e.g. a prefill chunk's at
 contexts under 256K tokens, whose rows the top-k takes unfiltered (shorter than FILTER_SHARE k).
 --labels counts: the floor's launch and the whole filtered form with its selects by counts
-(top_k.FLOOR_BY_COUNTS, top_k.PICK_REGISTER_KEYS) against the radix passes.
+(top_k.FLOOR_BY_COUNTS, top_k.PICK_REGISTER_KEYS) against the radix passes; --labels probe: the
+filtering launch alone with the rows' floors and with one nothing reaches, against torch's amax.
 """
 import argparse
 import pathlib
 import sys
+from unittest import mock
 
 import torch
 
@@ -89,6 +91,35 @@ def count_forms(scores: torch.Tensor, k: int, want: torch.Tensor) -> list[str]:
     return line
 
 
+def filter_probe(scores: torch.Tensor, k: int) -> list[str]:
+    """The filtering launch alone (its floors given: the rows' own, and one no score reaches),
+    against torch's amax over the same rows (a read at what torch's reduction reaches): how far
+    the filter is from its bytes, and how much of that its kept scores cost."""
+    n, N = scores.shape
+    work = top_k.kept_work(n, N, k, scores.device)
+    own = top_k.sample_floors(scores, k, N, sample=top_k.SAMPLE)
+    none = torch.full_like(own, -1)  # 0xFFFFFFFF: only a positive NaN reaches it
+
+    def reset():
+        work.counts.zero_()
+        work.tops.fill_(-2**31)
+
+    def filtered(floor):
+        reset()
+        work.floor.copy_(floor)
+        with mock.patch.object(top_k, "sample_floors", lambda *args, **kwargs: None):
+            top_k.filter_rows(scores, k, work)
+
+    times = {"reset": h200.cuda_time(lambda: (reset(), work.floor.copy_(own)), iters=20),
+             "own_floors": h200.cuda_time(lambda: filtered(own), iters=20),
+             "no_keeps": h200.cuda_time(lambda: filtered(none), iters=20),
+             "amax": h200.cuda_time(lambda: scores.amax(dim=1), iters=20)}
+    read_us = scores.numel() * 4 / h200.HBM_BPS * 1e6
+    h200.record("top_k_long_rows", f"n{n}_N{N}_k{k}_filter_probe",
+                {**{f"{name}_us": t * 1e6 for name, t in times.items()}, "one_read_us": read_us})
+    return ["filter probe: " + ", ".join(f"{name} {t * 1e6:.0f} us" for name, t in times.items())]
+
+
 parser = argparse.ArgumentParser()
 parser.add_argument("--shapes", default="", help="';'-separated rows,entries,k slices (tall tiles) instead")
 parser.add_argument("--labels", default="", help="','-separated forms to time (all where empty)")
@@ -141,6 +172,8 @@ for rows, entries, k, tall in shapes:
     top_k.FILTER_PLANS.update(defaults[2])
     if not args.labels or "counts" in args.labels.split(","):
         line += count_forms(scores, k, want)
+    if not args.labels or "probe" in args.labels.split(","):
+        line += filter_probe(scores, k)
     launches = [f"{name} {us:.0f} us" for name, us in
                 h200.launch_times(lambda: top_k_ascending_kernel(scores, k, filtered=True)).items()]
     print(f"[top_k] {rows} x {entries}, k {k}: " + ", ".join(line) + f"; one read {read * 1e6:.0f} us"
