@@ -6,8 +6,8 @@
 # warps, and the whole filtered form with neither, either and both, at a long prefill's late
 # slices, decode's rows and an early chunk's many rows (16K-64K entries); then
 # bench/top_k_decode.py's decode rows in CUDA graphs (1 and 8 requests at 1M tokens), with
-# neither, either and both. Each long-row shape also probes the filtering launch alone (its rows' floors,
-# a floor nothing reaches, torch's amax over the rows).
+# neither, either and both. Each long-row shape also probes the filtering launch alone (its
+# rows' floors, a floor nothing reaches, torch's amax over the rows).
 source bench/device/env.sh
 step gpu-tests-top-k 120 python3 -m pytest -q -rfE -p no:cacheprovider -n 4 --timeout 110 tests/model/test_top_k_kernel.py
 step top-k-counts 200 python3 bench/top_k_long_rows.py --labels filtered,counts,probe
