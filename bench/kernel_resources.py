@@ -231,6 +231,12 @@ KERNELS = {
              ATOMIC=True, num_warps=top_k.FILTER_WARPS, num_stages=3, PDL=False, PTX=False, IN_TURN=False),
         ";ATOMIC=0;PTX=1;PTX=1,IN_TURN=1",
         sample=dict(N=524288, sxr=524288, chunk_len=16384, chunks=32, pairs=4096)),
+    # the one-program select over a decode row (1K scores: a 4K context), by the radix passes and
+    # read once into registers (top_k.SELECT_REGISTER_KEYS)
+    "top_k_select": Kernel(
+        top_k._select_kernel, {"x_ptr": "*fp32", "out_ptr": "*i64"},
+        dict(PASSES=4, BITS=top_k.RADIX_BITS, BLOCK=2048, PDL=False, REGISTER_KEYS=0, num_warps=8, num_stages=3),
+        ";REGISTER_KEYS=4096;REGISTER_KEYS=8192", sample=dict(k=512, N=1024, sxr=1024)),
     # the filtered top-k's floor over SAMPLE scores of a row (1M entries), by the radix passes
     # and by counts (top_k.FLOOR_BY_COUNTS)
     "top_k_floor": Kernel(

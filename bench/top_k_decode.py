@@ -9,6 +9,9 @@ scores, checked against the reference, and profiled by launch.
 
     python bench/top_k_decode.py [--entries 262144] [--requests 1,8,32] \\
         [--variants "PICK_SKIPS_SHARED_DIGITS=0;PICK_WARPS=16;bits=11"] [--device cpu]
+
+At short contexts (--entries 1024: 4K tokens) the rows take the one-program select instead
+(SELECT_REGISTER_KEYS switches its register form), and have no candidate blocks to mask.
 """
 from __future__ import annotations
 
@@ -53,11 +56,14 @@ def main() -> None:
         w = torch.randn(n, HEADS, device=dev, generator=g)
         scores = indexer_scores(q, w, torch.full((n,), entries, device=dev), pages, k_off, k_soff,
                                 exact_in_bf16=True)
-        blocks = torch.rand(n, entries // CANDIDATE_BLOCK, device=dev, generator=g).topk(CANDIDATE_BLOCKS).indices
-        kept = torch.zeros(n, entries // CANDIDATE_BLOCK, dtype=torch.bool, device=dev).scatter_(-1, blocks, True)
-        masked = scores.masked_fill(~kept.repeat_interleave(CANDIDATE_BLOCK, dim=-1), float("-inf"))
+        kinds = [("index", scores)]
+        if entries > CANDIDATE_BLOCKS * CANDIDATE_BLOCK:  # (a short context's rows are all candidates)
+            blocks = torch.rand(n, entries // CANDIDATE_BLOCK, device=dev, generator=g).topk(CANDIDATE_BLOCKS).indices
+            kept = torch.zeros(n, entries // CANDIDATE_BLOCK, dtype=torch.bool, device=dev).scatter_(-1, blocks, True)
+            kinds.append(("candidates", scores.masked_fill(~kept.repeat_interleave(CANDIDATE_BLOCK, dim=-1),
+                                                            float("-inf"))))
         read_us = scores.numel() * 4 / h200.HBM_BPS * 1e6
-        for kind, rows in (("index", scores), ("candidates", masked)):
+        for kind, rows in kinds:
             want = top_k.top_k_ascending_ref(rows, K)
             for variant in variants:
                 settings = {name: value for name, value in variant.items() if name != "bits"}

@@ -68,6 +68,13 @@ _MIN_CHUNK = 8 * _BLOCK  # a chunk also re-derives the digits and reads the chun
 # scores: 128 x 1M, k = 512: 0.59 ms against the radix select's 3.42 (256 x 512K alike); 6 x 1M
 # (decode): 0.12 against 0.19; 48 x 128K, k = 2048: 0.22 against 0.19, so rows shorter than
 # 128 k stay unfiltered.
+# The one-program select over a row of at most SELECT_REGISTER_KEYS scores (a decode row at
+# contexts up to 16K tokens with 4,096) reads it once into registers and finds its threshold
+# bit by bit by counts (_select_in_registers), where the radix passes read it four times and
+# count it by shared-memory atomics; 0: the radix passes always. One size for every such row,
+# so one compile. The radix form took 26.6 us a launch of a 4K-context batch-1 decode step's 6
+# rows of ~1K scores, 9 launches a step (H200, thirty-fifth session). Untimed.
+SELECT_REGISTER_KEYS = 0
 FILTER_SHARE = 128  # rows of at least 128 k scores are filtered
 # ... and from 32 k in launches of many rows (a prefill chunk's score slices at contexts under
 # 256K tokens: a slice of 2^27 scores is 2,048 to 8,192 rows there), where the radix select's
@@ -326,16 +333,22 @@ def _write_picks(x_row, out_row, lo, hi, threshold, take, ties_before, written, 
         cols = start + tl.arange(0, BLOCK)
         live = cols < hi
         key = _keys(tl.load(x_row + cols, mask=live, other=0.0))
-        tie = (live & (key == threshold)).to(tl.int32)
-        tie_rank = ties_before + tl.cumsum(tie, 0) - tie
-        returned = (key != _LOW_KEY) & (key != _HIGH_KEY)
-        pick = (live & returned & ((key > threshold) | ((tie != 0) & (tie_rank < take)))).to(tl.int32)
-        at_out = written + tl.cumsum(pick, 0) - pick
-        # (< k always holds; the mask keeps a broken invariant from writing past the row)
-        tl.store(out_row + at_out, cols.to(tl.int64), mask=(pick != 0) & (at_out < k))
-        written += tl.sum(pick)
-        ties_before += tl.sum(tie)
+        written = _write_pick_block(out_row, cols, live, key, threshold, take, ties_before, written, k)
+        ties_before += tl.sum((live & (key == threshold)).to(tl.int32))
     return written
+
+
+@triton.jit
+def _write_pick_block(out_row, cols, live, key, threshold, take, ties_before, written, k):
+    """_write_picks' work for one block of keys at ids cols -> the picks written so far."""
+    tie = (live & (key == threshold)).to(tl.int32)
+    tie_rank = ties_before + tl.cumsum(tie, 0) - tie
+    returned = (key != _LOW_KEY) & (key != _HIGH_KEY)
+    pick = (live & returned & ((key > threshold) | ((tie != 0) & (tie_rank < take)))).to(tl.int32)
+    at_out = written + tl.cumsum(pick, 0) - pick
+    # (< k always holds; the mask keeps a broken invariant from writing past the row)
+    tl.store(out_row + at_out, cols.to(tl.int64), mask=(pick != 0) & (at_out < k))
+    return written + tl.sum(pick)
 
 
 @triton.jit
@@ -418,12 +431,31 @@ def _select_row(x_row, out_row, k, N, PASSES: tl.constexpr, BITS: tl.constexpr, 
 
 @triton.jit
 def _select_kernel(x_ptr, out_ptr, k, N, sxr, PASSES: tl.constexpr, BITS: tl.constexpr, BLOCK: tl.constexpr,
-                   PDL: tl.constexpr):
+                   PDL: tl.constexpr, REGISTER_KEYS: tl.constexpr = 0):
     """Program (row): _select_row, one launch where the chunked form takes PASSES + 2 (a
-    decode step's rows are short, and each launch costs the host more than the GPU work)."""
+    decode step's rows are short, and each launch costs the host more than the GPU work); or,
+    with REGISTER_KEYS (rows of at most that many scores), _select_in_registers."""
     pdl.wait_for_inputs(PDL)
     row = tl.program_id(0)
-    _select_row(x_ptr + row.to(tl.int64) * sxr, out_ptr + row.to(tl.int64) * k, k, N, PASSES, BITS, BLOCK)
+    if REGISTER_KEYS:
+        _select_in_registers(x_ptr + row.to(tl.int64) * sxr, out_ptr + row.to(tl.int64) * k, k, N, REGISTER_KEYS,
+                             BLOCK)
+    else:
+        _select_row(x_ptr + row.to(tl.int64) * sxr, out_ptr + row.to(tl.int64) * k, k, N, PASSES, BITS, BLOCK)
+
+
+@triton.jit
+def _select_in_registers(x_row, out_row, k, N, KEYS: tl.constexpr, BLOCK: tl.constexpr):
+    """A row of N <= KEYS scores read once: its threshold by counts (_rank_by_counts), then
+    the picks in id order as _write_picks takes them, the threshold's ties ranked by a cumsum."""
+    cols = tl.arange(0, KEYS)
+    live = cols < N
+    key = _keys(tl.load(x_row + cols, mask=live, other=0.0))
+    threshold = _rank_by_counts(key, live, k, tl.zeros((), tl.uint32), 0)
+    take = _taken_threshold(threshold, k - tl.sum((live & (key > threshold)).to(tl.int32)))
+    none = tl.zeros((), tl.int32)
+    written = _write_pick_block(out_row, cols, live, key, threshold, take, none, none, k)
+    _pad(out_row, written, k, BLOCK)
 
 
 # (Integer arguments are not specialized on (divisibility by 16 and the like): every row
@@ -773,7 +805,8 @@ def top_k_ascending_kernel(scores: torch.Tensor, k: int, chunks: int | None = No
     filtered, chunks, chunk_len, block = launch_plan(n, N, k, chunks, block, filtered)
     passes = triton.cdiv(32, radix_bits)
     if chunks == 1:  # one program per row: every pass in one launch
-        _select_kernel[(n,)](x, out, k, N, x.stride(0), PASSES=passes, BITS=radix_bits, BLOCK=block, num_warps=8,
+        _select_kernel[(n,)](x, out, k, N, x.stride(0), PASSES=passes, BITS=radix_bits, BLOCK=block,
+                             REGISTER_KEYS=SELECT_REGISTER_KEYS if N <= SELECT_REGISTER_KEYS else 0, num_warps=8,
                              **pdl.options(x.device))
         return out
     grid = (n, chunks)
@@ -947,7 +980,8 @@ def filters(k: int, N: int, n: int = 1) -> bool:
 
 def warm_up_rows(longest: dict[int, int]) -> list[tuple[int, int, int, int | None, bool | None]]:
     """(rows, row length, k, chunks, filtered) of the launches warm_up makes, for rows of up to
-    longest[k] scores at each k: the one-program select, the radix select's chunked kernels at
+    longest[k] scores at each k: the one-program select (and its register form where
+    SELECT_REGISTER_KEYS is on), the radix select's chunked kernels at
     each power of two of chunks a row below the filtered form's rows (its write kernel compiles
     once per power), each at row lengths divisible by 16 and not (the kernels specialize on it),
     and where rows reach it the filtered form's two plans (None: its own choice) at each number
@@ -955,6 +989,9 @@ def warm_up_rows(longest: dict[int, int]) -> list[tuple[int, int, int, int | Non
     launches = []
     for k, most in sorted(longest.items()):
         radix_most = min(most, filter_share(1) * k - 1) if k <= 4096 else most
+        if k + 1 < min(SELECT_REGISTER_KEYS, most + 1):  # the one-program select's register form
+            N = min(SELECT_REGISTER_KEYS, most)
+            launches += [(1, N, k, 1, False), (1, N - 1, k, 1, False)]
         chunks = 1
         while chunks == 1 or (chunks // 2) * _MIN_CHUNK < radix_most:
             N = max(chunks * _MIN_CHUNK, k + 1)
