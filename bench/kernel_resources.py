@@ -231,30 +231,6 @@ KERNELS = {
              ATOMIC=True, num_warps=top_k.FILTER_WARPS, num_stages=3, PDL=False, PTX=False, IN_TURN=False),
         ";ATOMIC=0;PTX=1;PTX=1,IN_TURN=1",
         sample=dict(N=524288, sxr=524288, chunk_len=16384, chunks=32, pairs=4096)),
-    # the one-program select over a decode row (1K scores: a 4K context), by the radix passes and
-    # read once into registers (top_k.SELECT_REGISTER_KEYS)
-    "top_k_select": Kernel(
-        top_k._select_kernel, {"x_ptr": "*fp32", "out_ptr": "*i64"},
-        dict(PASSES=4, BITS=top_k.RADIX_BITS, BLOCK=2048, PDL=False, REGISTER_KEYS=0, num_warps=8, num_stages=3),
-        ";REGISTER_KEYS=4096;REGISTER_KEYS=8192", sample=dict(k=512, N=1024, sxr=1024)),
-    # the filtered top-k's floor over SAMPLE scores of a row (1M entries), by the radix passes
-    # and by counts (top_k.FLOOR_BY_COUNTS)
-    "top_k_floor": Kernel(
-        top_k._sample_floor_kernel, {"x_ptr": "*fp32", "floor_ptr": "*i32"},
-        dict(SAMPLE=top_k.SAMPLE, PASSES=4, BITS=top_k.RADIX_BITS, PDL=False, BY_COUNTS=False,
-             num_warps=top_k.FLOOR_WARPS, num_stages=3),
-        ";BY_COUNTS=1;BY_COUNTS=1,num_warps=16;BY_COUNTS=1,num_warps=4",
-        sample=dict(N=1048576, sxr=1048576, rank=24)),
-    # its pick over a prefill slice's kept scores (32 chunks a row), by tiles and the radix
-    # passes, and loaded once into registers, packed (top_k.PICK_REGISTER_KEYS: 8K and 16K keys a row)
-    "top_k_pick": Kernel(
-        top_k._pick_kernel,
-        {"x_ptr": "*fp32", "floor_ptr": "*i32", "kept_ptr": "*fp32", "id_ptr": "*i32", "count_ptr": "*i32",
-         "top_ptr": "*i32", "out_ptr": "*i64"},
-        dict(CAPACITY=top_k.CAPACITY, PASSES=4, BITS=top_k.RADIX_BITS, BLOCK=1024, MAX_CHUNKS=32, J=32, K_POW2=512,
-             SKIP_SHARED=True, PDL=False, REGISTERS=False, REGISTER_KEYS=16, num_warps=top_k.PICK_WARPS, num_stages=3),
-        ";REGISTERS=1,REGISTER_KEYS=8192;REGISTERS=1,REGISTER_KEYS=16384;REGISTERS=1,REGISTER_KEYS=16384,num_warps=16",
-        sample=dict(k=512, N=1048576, sxr=1048576, chunks=32)),
     # a prefill mHC site in one read of its streams (hc_streams.hc_site): the FFN site's with the
     # attention's expand (the shipped tiles), the attention site's without, and other tiles
     "hc_site": _site_kernel(

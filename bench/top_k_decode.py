@@ -10,8 +10,8 @@ scores, checked against the reference, and profiled by launch.
     python bench/top_k_decode.py [--entries 262144] [--requests 1,8,32] \\
         [--variants "PICK_SKIPS_SHARED_DIGITS=0;PICK_WARPS=16;bits=11"] [--device cpu]
 
-At short contexts (--entries 1024: 4K tokens) the rows take the one-program select instead
-(SELECT_REGISTER_KEYS switches its register form), and have no candidate blocks to mask.
+At short contexts (--entries 1024: 4K tokens) the rows take the one-program select instead,
+and have no candidate blocks to mask.
 """
 from __future__ import annotations
 

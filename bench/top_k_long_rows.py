@@ -12,9 +12,8 @@ HBM rate, and beside the time of the scores themselves (the prefill's tall tiles
 
 --shapes: those slices only (rows, entries, k; the tall score tiles), e.g. a prefill chunk's at
 contexts under 256K tokens, whose rows the top-k takes unfiltered (shorter than FILTER_SHARE k).
---labels counts: the floor's launch and the whole filtered form with its selects by counts
-(top_k.FLOOR_BY_COUNTS, top_k.PICK_REGISTER_KEYS) against the radix passes; --labels probe: the
-filtering launch alone with the rows' floors and with one nothing reaches, against torch's amax.
+--labels probe: the filtering launch alone with the rows' floors and with a floor nothing
+reaches, against torch's amax over the same rows.
 """
 import argparse
 import pathlib
@@ -39,56 +38,6 @@ def slice_inputs(rows: int, entries: int) -> tuple:
     pages, k_off, k_soff = h200.index_key_pages(entries, dev)
     q = fake_quant_fp4(torch.randn(rows, heads, dim, device=dev), 32)
     return q, torch.randn(rows, heads, device=dev), torch.full((rows,), entries, device=dev), pages, k_off, k_soff
-
-
-def count_forms(scores: torch.Tensor, k: int, want: torch.Tensor) -> list[str]:
-    """The selects by counts: the floor's launch alone by the radix passes and by counts
-    (top_k.FLOOR_BY_COUNTS) at several warp counts, each checked against the radix floors; the
-    whole filtered top-k as shipped, with floors by counts, with its pick's kept scores in
-    registers (top_k.PICK_REGISTER_KEYS) and with both, each checked against the reference's
-    picks, and both by launch. Each set alternated twice."""
-    shipped = top_k.FLOOR_BY_COUNTS, top_k.FLOOR_WARPS, top_k.PICK_REGISTER_KEYS
-    N, line = scores.shape[1], []
-    floors = ((False, 8), (True, 8), (True, 16), (True, 4))
-    wholes = {"shipped": shipped, "floor_counts": (True, 8, 0), "pick_registers": (False, 8, 8192),
-              "both": (True, 8, 8192)}
-
-    def floor():
-        return top_k.sample_floors(scores, k, N, sample=top_k.SAMPLE)
-
-    def whole():
-        return top_k_ascending_kernel(scores, k, filtered=True)
-
-    times = {form: [] for form in floors}
-    for _ in range(2):
-        for form in floors:
-            top_k.FLOOR_BY_COUNTS, top_k.FLOOR_WARPS = form
-            times[form].append(h200.cuda_time(floor, iters=20))
-    top_k.FLOOR_BY_COUNTS, top_k.FLOOR_WARPS = floors[0]
-    radix = floor()
-    for form in floors:
-        top_k.FLOOR_BY_COUNTS, top_k.FLOOR_WARPS = form
-        same = torch.equal(floor(), radix)
-        label = f"floor_{'counts' if form[0] else 'radix'}_{form[1]}_warps"
-        us = [t * 1e6 for t in times[form]]
-        line.append(f"{label} {' / '.join(f'{u:.1f}' for u in us)} us{'' if same else ' MISMATCH'}")
-        h200.record("top_k_long_rows", f"n{scores.shape[0]}_N{N}_k{k}_{label}", {"us": min(us), "same_floors": same})
-    times = {label: [] for label in wholes}
-    for _ in range(2):
-        for label, form in wholes.items():
-            top_k.FLOOR_BY_COUNTS, top_k.FLOOR_WARPS, top_k.PICK_REGISTER_KEYS = form
-            times[label].append(h200.cuda_time(whole, iters=10))
-    for label, form in wholes.items():
-        top_k.FLOOR_BY_COUNTS, top_k.FLOOR_WARPS, top_k.PICK_REGISTER_KEYS = form
-        same = torch.equal(whole(), want)
-        us = [t * 1e6 for t in times[label]]
-        line.append(f"filtered_{label} {' / '.join(f'{u:.0f}' for u in us)} us{'' if same else ' MISMATCH'}")
-        h200.record("top_k_long_rows", f"n{scores.shape[0]}_N{N}_k{k}_filtered_{label}",
-                    {"us": min(us), "matches_ref": same})
-    top_k.FLOOR_BY_COUNTS, top_k.FLOOR_WARPS, top_k.PICK_REGISTER_KEYS = wholes["both"]
-    line.append("both by launch: " + ", ".join(f"{name} {us:.0f} us" for name, us in h200.launch_times(whole).items()))
-    top_k.FLOOR_BY_COUNTS, top_k.FLOOR_WARPS, top_k.PICK_REGISTER_KEYS = shipped
-    return line
 
 
 def filter_probe(scores: torch.Tensor, k: int) -> list[str]:
@@ -170,8 +119,6 @@ for rows, entries, k, tall in shapes:
     # the filtered form's launches, each on its own
     top_k.FILTER_STAGES, top_k.FILTER_WARPS, _, top_k.FILTER_PTX = defaults
     top_k.FILTER_PLANS.update(defaults[2])
-    if not args.labels or "counts" in args.labels.split(","):
-        line += count_forms(scores, k, want)
     if not args.labels or "probe" in args.labels.split(","):
         line += filter_probe(scores, k)
     launches = [f"{name} {us:.0f} us" for name, us in

@@ -68,13 +68,6 @@ _MIN_CHUNK = 8 * _BLOCK  # a chunk also re-derives the digits and reads the chun
 # scores: 128 x 1M, k = 512: 0.59 ms against the radix select's 3.42 (256 x 512K alike); 6 x 1M
 # (decode): 0.12 against 0.19; 48 x 128K, k = 2048: 0.22 against 0.19, so rows shorter than
 # 128 k stay unfiltered.
-# The one-program select over a row of at most SELECT_REGISTER_KEYS scores (a decode row at
-# contexts up to 16K tokens with 4,096) reads it once into registers and finds its threshold
-# bit by bit by counts (_select_in_registers), where the radix passes read it four times and
-# count it by shared-memory atomics; 0: the radix passes always. One size for every such row,
-# so one compile. The radix form took 26.6 us a launch of a 4K-context batch-1 decode step's 6
-# rows of ~1K scores, 9 launches a step (H200, thirty-fifth session). Untimed.
-SELECT_REGISTER_KEYS = 0
 FILTER_SHARE = 128  # rows of at least 128 k scores are filtered
 # ... and from 32 k in launches of many rows (a prefill chunk's score slices at contexts under
 # 256K tokens: a slice of 2^27 scores is 2,048 to 8,192 rows there), where the radix select's
@@ -86,15 +79,6 @@ FILTER_SHARE = 128  # rows of at least 128 k scores are filtered
 PREFILL_FILTER_SHARE, PREFILL_FILTER_ROWS = 32, 1024
 SAMPLE = 4096
 FLOOR_MARGIN, FLOOR_SLACK = 4, 16
-# The floor's select over its SAMPLE keys in registers: bit by bit by counts (FLOOR_BY_COUNTS:
-# 32 sums, no atomics) or the radix passes (4 of 256 bins, a shared-memory atomic a key, which
-# serialize where the keys bunch). sm_90 SASS (Triton 3.9, 8 warps): the radix form 64 ATOMS
-# a thread; by counts 87 instructions a bit, no atomics. The radix form's launch on an H100
-# (bench/top_k_long_rows.py, forty-sixth and forty-ninth sessions): 29 us at 128 rows of 1M, 85
-# at 512 of 256K, 13 at decode's 6 rows, 516 at 8,192 rows of 16K (a 1M prompt's early
-# chunks), 1,029 at 16,384 of 8K; 61 us a launch at a late 1M chunk's slices beside the score
-# tiles (fifty-fifth session: 12.4 ms of the last chunk). Untimed.
-FLOOR_BY_COUNTS, FLOOR_WARPS = False, 8
 CAPACITY = 8192  # kept scores a chunk has places for, at most (places: no more than its scores)
 # The filtering launch: 4 warps and loads 3 steps ahead (tl.range stages) took 0.59 ms where 8
 # warps and none took 0.86 (128 x 1M). It is bound by issue, not bytes: 4 warps keep up with
@@ -155,15 +139,6 @@ PICK_TILE, PICK_WARPS = 1024, 8
 # would only put every key in one bin. H200, 2026-12-04 (bench/top_k_decode.py, 262,144
 # entries): the pick 36.2 -> 34.4 us at 6 rows, 38.6 -> 34.2 at 48.
 PICK_SKIPS_SHARED_DIGITS = True
-# The pick's kept scores loaded once into registers, packed, where a row kept at most
-# PICK_REGISTER_KEYS of them (a long row keeps ~4k + N/256: 6,144 at k = 512 of 1M; 8,192 keys
-# take 186 registers a thread at 8 warps for sm_90, 16,384 spill), the threshold and the last
-# tie found bit by bit by counts (_rank_by_counts) instead of the radix passes over tiles read
-# again for each. 0: the tiles always. The tiles' pick on an H100 (as the floor's above): 140 us
-# at 128 rows of 1M, 98 at 512 of 256K, 49 at decode's 6 rows, 1,166 at 8,192 rows of 16K
-# (~60% of the filtered top-k there), 3,946 at 16,384 of 8K; 72 us a launch at a late 1M
-# chunk's slices (14.5 ms of the last chunk), 67.6 a decode launch at 1M (8 a step). Untimed.
-PICK_REGISTER_KEYS = 0
 
 
 def filter_plan(n: int) -> FilterPlan:
@@ -333,22 +308,16 @@ def _write_picks(x_row, out_row, lo, hi, threshold, take, ties_before, written, 
         cols = start + tl.arange(0, BLOCK)
         live = cols < hi
         key = _keys(tl.load(x_row + cols, mask=live, other=0.0))
-        written = _write_pick_block(out_row, cols, live, key, threshold, take, ties_before, written, k)
-        ties_before += tl.sum((live & (key == threshold)).to(tl.int32))
+        tie = (live & (key == threshold)).to(tl.int32)
+        tie_rank = ties_before + tl.cumsum(tie, 0) - tie
+        returned = (key != _LOW_KEY) & (key != _HIGH_KEY)
+        pick = (live & returned & ((key > threshold) | ((tie != 0) & (tie_rank < take)))).to(tl.int32)
+        at_out = written + tl.cumsum(pick, 0) - pick
+        # (< k always holds; the mask keeps a broken invariant from writing past the row)
+        tl.store(out_row + at_out, cols.to(tl.int64), mask=(pick != 0) & (at_out < k))
+        written += tl.sum(pick)
+        ties_before += tl.sum(tie)
     return written
-
-
-@triton.jit
-def _write_pick_block(out_row, cols, live, key, threshold, take, ties_before, written, k):
-    """_write_picks' work for one block of keys at ids cols -> the picks written so far."""
-    tie = (live & (key == threshold)).to(tl.int32)
-    tie_rank = ties_before + tl.cumsum(tie, 0) - tie
-    returned = (key != _LOW_KEY) & (key != _HIGH_KEY)
-    pick = (live & returned & ((key > threshold) | ((tie != 0) & (tie_rank < take)))).to(tl.int32)
-    at_out = written + tl.cumsum(pick, 0) - pick
-    # (< k always holds; the mask keeps a broken invariant from writing past the row)
-    tl.store(out_row + at_out, cols.to(tl.int64), mask=(pick != 0) & (at_out < k))
-    return written + tl.sum(pick)
 
 
 @triton.jit
@@ -431,81 +400,30 @@ def _select_row(x_row, out_row, k, N, PASSES: tl.constexpr, BITS: tl.constexpr, 
 
 @triton.jit
 def _select_kernel(x_ptr, out_ptr, k, N, sxr, PASSES: tl.constexpr, BITS: tl.constexpr, BLOCK: tl.constexpr,
-                   PDL: tl.constexpr, REGISTER_KEYS: tl.constexpr = 0):
+                   PDL: tl.constexpr):
     """Program (row): _select_row, one launch where the chunked form takes PASSES + 2 (a
-    decode step's rows are short, and each launch costs the host more than the GPU work); or,
-    with REGISTER_KEYS (rows of at most that many scores), _select_in_registers."""
+    decode step's rows are short, and each launch costs the host more than the GPU work)."""
     pdl.wait_for_inputs(PDL)
     row = tl.program_id(0)
-    if REGISTER_KEYS:
-        _select_in_registers(x_ptr + row.to(tl.int64) * sxr, out_ptr + row.to(tl.int64) * k, k, N, REGISTER_KEYS,
-                             BLOCK)
-    else:
-        _select_row(x_ptr + row.to(tl.int64) * sxr, out_ptr + row.to(tl.int64) * k, k, N, PASSES, BITS, BLOCK)
-
-
-@triton.jit
-def _select_in_registers(x_row, out_row, k, N, KEYS: tl.constexpr, BLOCK: tl.constexpr):
-    """A row of N <= KEYS scores read once: its threshold by counts (_rank_by_counts), then
-    the picks in id order as _write_picks takes them, the threshold's ties ranked by a cumsum."""
-    cols = tl.arange(0, KEYS)
-    live = cols < N
-    key = _keys(tl.load(x_row + cols, mask=live, other=0.0))
-    threshold = _rank_by_counts(key, live, k, tl.zeros((), tl.uint32), 0)
-    take = _taken_threshold(threshold, k - tl.sum((live & (key > threshold)).to(tl.int32)))
-    none = tl.zeros((), tl.int32)
-    written = _write_pick_block(out_row, cols, live, key, threshold, take, none, none, k)
-    _pad(out_row, written, k, BLOCK)
+    _select_row(x_ptr + row.to(tl.int64) * sxr, out_ptr + row.to(tl.int64) * k, k, N, PASSES, BITS, BLOCK)
 
 
 # (Integer arguments are not specialized on (divisibility by 16 and the like): every row
 # length then takes the kernels warm_up compiled.)
 @triton.jit(do_not_specialize=["N", "sxr", "rank"])
 def _sample_floor_kernel(x_ptr, floor_ptr, N, sxr, rank, SAMPLE: tl.constexpr, PASSES: tl.constexpr,
-                         BITS: tl.constexpr, PDL: tl.constexpr, BY_COUNTS: tl.constexpr = False):
+                         BITS: tl.constexpr, PDL: tl.constexpr):
     """Program (row): the rank-th best key of SAMPLE scores spread evenly over the row, by
-    the radix select on registers, or with BY_COUNTS bit by bit (_rank_by_counts): the row's
-    floor (_filter_kernel)."""
+    the radix select on registers: the row's floor (_filter_kernel)."""
     pdl.wait_for_inputs(PDL)
     row = tl.program_id(0)
     cols = tl.arange(0, SAMPLE).to(tl.int64) * N // SAMPLE
     key = _keys(tl.load(x_ptr + row.to(tl.int64) * sxr + cols))
-    if BY_COUNTS:
-        floor = _rank_by_counts(key, key == key, rank, tl.zeros((), tl.uint32), 0)
-    else:
-        floor = tl.zeros((), tl.uint32)
-        rest = rank
-        for p in tl.static_range(PASSES):
-            floor, rest = _take_digit(_digit_histogram(key, key == key, floor, p, BITS), floor, rest, p, BITS)
+    floor = tl.zeros((), tl.uint32)
+    rest = rank
+    for p in tl.static_range(PASSES):
+        floor, rest = _take_digit(_digit_histogram(key, key == key, floor, p, BITS), floor, rest, p, BITS)
     tl.store(floor_ptr + row, floor.to(tl.int32, bitcast=True))
-
-
-@triton.jit
-def _rank_by_counts(key, live, rank, found, first):
-    """The rank-th largest of the live keys [n] (uint32), its bits found from the top one at a
-    time: the largest t that at least rank live keys reach, 0 where fewer than rank are live.
-    found holds the bits above bit `first` (from the top) that every live key shares, and
-    they are not counted. A count of the keys that reach a trial bit is one compare a key and
-    a sum, with no atomics: the radix passes' histograms take a shared-memory atomic a key,
-    which serialize where keys bunch in a few bins (a row's sample shares its sign and
-    exponent bits)."""
-    for i in range(first, 32):
-        trial = found | (tl.full((), 1, tl.uint32) << ((31 - i) + tl.zeros((), tl.uint32)))
-        found = tl.where(tl.sum((live & (key >= trial)).to(tl.int32)) >= rank, trial, found)
-    return found
-
-
-@triton.jit
-def _shared_bits(low, high):
-    """(the leading bits that low and high (uint32) share, the others 0; how many they are)."""
-    differ = low ^ high
-    mask = tl.zeros((), tl.uint32)
-    count = tl.zeros((), tl.int32)
-    for i in tl.static_range(32):
-        same = (differ >> (31 - i)) == 0  # (once two bits differ, every shift after keeps them)
-        mask |= tl.where(same, tl.full((), 1, tl.uint32) << (31 - i), 0)
-        count += same.to(tl.int32)
-    return high & mask, count
 
 
 @triton.jit
@@ -669,45 +587,11 @@ def _kept_tile(kept_ptr, id_ptr, count_ptr, row, chunks, j0, CHUNKS: tl.constexp
     return key, live, tl.load(id_ptr + at, mask=live, other=0).to(tl.uint32, bitcast=True)
 
 
-@triton.jit
-def _kept_in_registers(kept_ptr, id_ptr, counts, row, chunks, CHUNKS: tl.constexpr, KEYS: tl.constexpr,
-                       CAPACITY: tl.constexpr):
-    """Every chunk's kept scores (counts [CHUNKS] of them, at most KEYS in all) packed into one
-    vector of KEYS, chunk after chunk -> (their keys, which hold one, their ids as uint32). A
-    place finds its chunk from the chunks' starts marked where they fall: their count up to
-    it, and the last mark's place."""
-    starts = tl.cumsum(counts, 0) - counts
-    marks = tl.histogram(starts, KEYS, mask=(tl.arange(0, CHUNKS) < chunks) & (starts < KEYS))
-    e = tl.arange(0, KEYS)
-    chunk = tl.cumsum(marks, 0) - 1  # (a chunk of none starts where the next does: the last one counts)
-    begins = tl.associative_scan(tl.where(marks > 0, e, 0), 0, _larger)
-    live = e < tl.sum(counts)
-    at = (row * chunks + chunk).to(tl.int64) * CAPACITY + (e - begins)
-    key = _keys(tl.load(kept_ptr + at, mask=live, other=float("-inf")))
-    return key, live, tl.load(id_ptr + at, mask=live, other=0).to(tl.uint32, bitcast=True)
-
-
-@triton.jit
-def _larger(a, b):
-    return tl.maximum(a, b)
-
-
-@triton.jit
-def _write_kept(out_row, key, live, ids, threshold, last_tie, take, written, k):
-    """The picks among kept keys (the threshold's ties with ids up to last_tie), stored from
-    place `written` on in any order -> the picks stored so far."""
-    tie = (key == threshold) & (ids <= last_tie) & (take > 0)
-    pick = (live & (key != _HIGH_KEY) & ((key > threshold) | tie)).to(tl.int32)
-    place = written + tl.cumsum(pick, 0) - pick
-    tl.store(out_row + place, ids.to(tl.int64), mask=(pick != 0) & (place < k))
-    return written + tl.sum(pick)
-
-
 @triton.jit(do_not_specialize=["k", "N", "sxr", "chunks"])
 def _pick_kernel(x_ptr, floor_ptr, kept_ptr, id_ptr, count_ptr, top_ptr, out_ptr, k, N, sxr, chunks,
                  CAPACITY: tl.constexpr, PASSES: tl.constexpr, BITS: tl.constexpr, BLOCK: tl.constexpr,
                  MAX_CHUNKS: tl.constexpr, J: tl.constexpr, K_POW2: tl.constexpr, SKIP_SHARED: tl.constexpr,
-                 PDL: tl.constexpr, REGISTERS: tl.constexpr = False, REGISTER_KEYS: tl.constexpr = 16):
+                 PDL: tl.constexpr):
     """Program (row): the radix select over the row's kept scores. They hold the row's k best
     when every chunk's fit its places and there are at least k of them, or when the floor let
     every returnable score through; otherwise (the sample misjudged the row) the whole row is
@@ -716,10 +600,7 @@ def _pick_kernel(x_ptr, floor_ptr, kept_ptr, id_ptr, count_ptr, top_ptr, out_ptr
     ties at the threshold are taken by a second radix select, over their ids (the lowest
     `take`), and the picks, written in any order, are sorted in registers at the end. With
     SKIP_SHARED, a counting pass whose digit the floor and the highest kept key share (and
-    every digit above it) takes that digit without reading the kept scores. With REGISTERS, a
-    row that keeps at most REGISTER_KEYS scores loads them once into registers, packed, and
-    finds the threshold and the last tie bit by bit by counts (_rank_by_counts), from the bits
-    the floor and the highest kept key share."""
+    every digit above it) takes that digit without reading the kept scores."""
     pdl.wait_for_inputs(PDL)
     row = tl.program_id(0)
     out_row = out_ptr + row.to(tl.int64) * k
@@ -730,54 +611,42 @@ def _pick_kernel(x_ptr, floor_ptr, kept_ptr, id_ptr, count_ptr, top_ptr, out_ptr
     top = _top_key(tl.max(tl.load(top_ptr + row * chunks + chunk_ids, mask=chunk_ids < chunks, other=_NO_TOP)))
     longest = tl.max(counts)
     if (longest <= CAPACITY) & ((tl.sum(counts) >= k) | everything):
-        written = tl.zeros((), tl.int32)
-        in_registers = False
-        if REGISTERS:
-            in_registers = tl.sum(counts) <= REGISTER_KEYS
-        if in_registers:
-            key, live, ids = _kept_in_registers(kept_ptr, id_ptr, counts, row, chunks, MAX_CHUNKS, REGISTER_KEYS,
-                                                CAPACITY)
-            shared, first = _shared_bits(floor, top)
-            threshold = _rank_by_counts(key, live, k, shared, first)
-            take = _taken_threshold(threshold, k - tl.sum((live & (key > threshold)).to(tl.int32)))
-            tie = live & (key == threshold)
-            ties = tl.sum(tie.to(tl.int32))
-            last_tie = tl.full((), 0xFFFFFFFF, tl.uint32)  # the highest id of a tie taken: all of them
-            if ties > take:  # the take-th lowest id of the ties is the (ties - take + 1)-th highest
-                last_tie = _rank_by_counts(ids, tie, ties - take + 1, tl.zeros((), tl.uint32), 0)
-            written = _write_kept(out_row, key, live, ids, threshold, last_tie, take, written, k)
-        else:
-            threshold = tl.zeros((), tl.uint32)
-            take = k
+        threshold = tl.zeros((), tl.uint32)
+        take = k
+        for p in tl.static_range(PASSES):
+            if SKIP_SHARED and ((floor ^ top) & _fixed_through(p, BITS)) == 0:
+                threshold = threshold | (top & (_digit_mask(p, BITS) << _digit_shift(p, BITS)))
+            else:
+                bins = tl.zeros((1 << BITS,), tl.int32)
+                for j0 in range(0, longest, J):
+                    key, live, _ = _kept_tile(kept_ptr, id_ptr, count_ptr, row, chunks, j0, MAX_CHUNKS, J,
+                                              CAPACITY)
+                    bins += _digit_histogram(key, live, threshold, p, BITS)
+                threshold, take = _take_digit(bins, threshold, take, p, BITS)
+        take = _taken_threshold(threshold, take)
+        ties = tl.zeros((), tl.int32)
+        for j0 in range(0, longest, J):
+            key, live, _ = _kept_tile(kept_ptr, id_ptr, count_ptr, row, chunks, j0, MAX_CHUNKS, J, CAPACITY)
+            ties += tl.sum((live & (key == threshold)).to(tl.int32))
+        last_tie = tl.full((), 0xFFFFFFFF, tl.uint32)  # the highest id of a tie taken: all of them
+        if ties > take:  # the take-th lowest id of the ties is the (ties - take + 1)-th highest
+            last_tie = tl.zeros((), tl.uint32)
+            rest = ties - take + 1
             for p in tl.static_range(PASSES):
-                if SKIP_SHARED and ((floor ^ top) & _fixed_through(p, BITS)) == 0:
-                    threshold = threshold | (top & (_digit_mask(p, BITS) << _digit_shift(p, BITS)))
-                else:
-                    bins = tl.zeros((1 << BITS,), tl.int32)
-                    for j0 in range(0, longest, J):
-                        key, live, _ = _kept_tile(kept_ptr, id_ptr, count_ptr, row, chunks, j0, MAX_CHUNKS, J,
-                                                  CAPACITY)
-                        bins += _digit_histogram(key, live, threshold, p, BITS)
-                    threshold, take = _take_digit(bins, threshold, take, p, BITS)
-            take = _taken_threshold(threshold, take)
-            ties = tl.zeros((), tl.int32)
-            for j0 in range(0, longest, J):
-                key, live, _ = _kept_tile(kept_ptr, id_ptr, count_ptr, row, chunks, j0, MAX_CHUNKS, J, CAPACITY)
-                ties += tl.sum((live & (key == threshold)).to(tl.int32))
-            last_tie = tl.full((), 0xFFFFFFFF, tl.uint32)  # the highest id of a tie taken: all of them
-            if ties > take:  # the take-th lowest id of the ties is the (ties - take + 1)-th highest
-                last_tie = tl.zeros((), tl.uint32)
-                rest = ties - take + 1
-                for p in tl.static_range(PASSES):
-                    bins = tl.zeros((1 << BITS,), tl.int32)
-                    for j0 in range(0, longest, J):
-                        key, live, ids = _kept_tile(kept_ptr, id_ptr, count_ptr, row, chunks, j0, MAX_CHUNKS, J,
-                                                    CAPACITY)
-                        bins += _digit_histogram(ids, live & (key == threshold), last_tie, p, BITS)
-                    last_tie, rest = _take_digit(bins, last_tie, rest, p, BITS)
-            for j0 in range(0, longest, J):
-                key, live, ids = _kept_tile(kept_ptr, id_ptr, count_ptr, row, chunks, j0, MAX_CHUNKS, J, CAPACITY)
-                written = _write_kept(out_row, key, live, ids, threshold, last_tie, take, written, k)
+                bins = tl.zeros((1 << BITS,), tl.int32)
+                for j0 in range(0, longest, J):
+                    key, live, ids = _kept_tile(kept_ptr, id_ptr, count_ptr, row, chunks, j0, MAX_CHUNKS, J,
+                                                CAPACITY)
+                    bins += _digit_histogram(ids, live & (key == threshold), last_tie, p, BITS)
+                last_tie, rest = _take_digit(bins, last_tie, rest, p, BITS)
+        written = tl.zeros((), tl.int32)
+        for j0 in range(0, longest, J):
+            key, live, ids = _kept_tile(kept_ptr, id_ptr, count_ptr, row, chunks, j0, MAX_CHUNKS, J, CAPACITY)
+            tie = (key == threshold) & (ids <= last_tie) & (take > 0)
+            pick = (live & (key != _HIGH_KEY) & ((key > threshold) | tie)).to(tl.int32)
+            place = written + tl.cumsum(pick, 0) - pick
+            tl.store(out_row + place, ids.to(tl.int64), mask=(pick != 0) & (place < k))
+            written += tl.sum(pick)
         tl.debug_barrier()  # every pick is stored before they are read back to be sorted
         places = tl.arange(0, K_POW2)
         picked = tl.load(out_row + places, mask=places < tl.minimum(written, k), other=0x7FFFFFFF).to(tl.int32)
@@ -805,8 +674,7 @@ def top_k_ascending_kernel(scores: torch.Tensor, k: int, chunks: int | None = No
     filtered, chunks, chunk_len, block = launch_plan(n, N, k, chunks, block, filtered)
     passes = triton.cdiv(32, radix_bits)
     if chunks == 1:  # one program per row: every pass in one launch
-        _select_kernel[(n,)](x, out, k, N, x.stride(0), PASSES=passes, BITS=radix_bits, BLOCK=block,
-                             REGISTER_KEYS=SELECT_REGISTER_KEYS if N <= SELECT_REGISTER_KEYS else 0, num_warps=8,
+        _select_kernel[(n,)](x, out, k, N, x.stride(0), PASSES=passes, BITS=radix_bits, BLOCK=block, num_warps=8,
                              **pdl.options(x.device))
         return out
     grid = (n, chunks)
@@ -881,8 +749,8 @@ def sample_floors(scores: torch.Tensor, k: int, N: int, out: torch.Tensor | None
     out = torch.empty(n, dtype=torch.int32, device=scores.device) if out is None else out
     if n:
         _sample_floor_kernel[(n,)](scores, out, width, scores.stride(0), floor_rank(k, N, sample), SAMPLE=sample,
-                                   PASSES=triton.cdiv(32, radix_bits), BITS=radix_bits, BY_COUNTS=FLOOR_BY_COUNTS,
-                                   num_warps=FLOOR_WARPS, **pdl.options(scores.device))
+                                   PASSES=triton.cdiv(32, radix_bits), BITS=radix_bits, num_warps=8,
+                                   **pdl.options(scores.device))
     return out
 
 
@@ -912,7 +780,6 @@ def pick_kept(x: torch.Tensor, k: int, work: KeptWork, radix_bits: int = RADIX_B
                        work.chunks, CAPACITY=work.kept.shape[-1], PASSES=triton.cdiv(32, radix_bits), BITS=radix_bits,
                        BLOCK=work.block, MAX_CHUNKS=most, J=max(PICK_TILE // most, 16),
                        K_POW2=triton.next_power_of_2(k), SKIP_SHARED=PICK_SKIPS_SHARED_DIGITS,
-                       REGISTERS=PICK_REGISTER_KEYS > 0, REGISTER_KEYS=max(PICK_REGISTER_KEYS, 16),
                        num_warps=PICK_WARPS, **pdl.options(x.device))
     return out
 
@@ -980,8 +847,7 @@ def filters(k: int, N: int, n: int = 1) -> bool:
 
 def warm_up_rows(longest: dict[int, int]) -> list[tuple[int, int, int, int | None, bool | None]]:
     """(rows, row length, k, chunks, filtered) of the launches warm_up makes, for rows of up to
-    longest[k] scores at each k: the one-program select (and its register form where
-    SELECT_REGISTER_KEYS is on), the radix select's chunked kernels at
+    longest[k] scores at each k: the one-program select, the radix select's chunked kernels at
     each power of two of chunks a row below the filtered form's rows (its write kernel compiles
     once per power), each at row lengths divisible by 16 and not (the kernels specialize on it),
     and where rows reach it the filtered form's two plans (None: its own choice) at each number
@@ -989,9 +855,6 @@ def warm_up_rows(longest: dict[int, int]) -> list[tuple[int, int, int, int | Non
     launches = []
     for k, most in sorted(longest.items()):
         radix_most = min(most, filter_share(1) * k - 1) if k <= 4096 else most
-        if k + 1 < min(SELECT_REGISTER_KEYS, most + 1):  # the one-program select's register form
-            N = min(SELECT_REGISTER_KEYS, most)
-            launches += [(1, N, k, 1, False), (1, N - 1, k, 1, False)]
         chunks = 1
         while chunks == 1 or (chunks // 2) * _MIN_CHUNK < radix_most:
             N = max(chunks * _MIN_CHUNK, k + 1)

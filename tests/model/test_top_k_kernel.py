@@ -187,24 +187,19 @@ def test_long_rows_take_two_filtered_plans_which_the_warm_up_compiles():
     assert launch_plan(16384, 8191, 512)[:2] == (False, 1) and not launch_plan(192, 65535, 512)[0]
 
 
-@pytest.mark.parametrize("register_keys", [0, 4096])
-@pytest.mark.parametrize("longest", [{512: 1 << 20, 2048: 1 << 17}, {64: 20000, 16: 15000}, {512: 3000}])
-def test_the_warm_up_covers_every_plan_prompts_and_decode_steps_meet(longest, register_keys, monkeypatch):
+@pytest.mark.parametrize("longest", [{512: 1 << 20, 2048: 1 << 17}, {64: 20000, 16: 15000}])
+def test_the_warm_up_covers_every_plan_prompts_and_decode_steps_meet(longest):
     """Each launch a prefill slice (4,096 or 128 rows), the candidate blocks (48) or a decode
     step (6) makes, at any row length up to the longest, compiles kernels the warm-up compiled: the
     same form, the same power of two of chunks (the write and pick kernels' constexpr), the
     same places a chunk (the filtered form's), and the same divisibility of the row length by
-    16 (the kernels' specialization); with top_k.SELECT_REGISTER_KEYS, the one-program select's
-    register form where the rows fit it."""
-    from dsflash.model.kernels import top_k
+    16 (the kernels' specialization)."""
     from dsflash.model.kernels.top_k import launch_plan, pick_chunks, places, warm_up_rows
-
-    monkeypatch.setattr(top_k, "SELECT_REGISTER_KEYS", register_keys)
 
     def key(n, N, k, chunks=None, filtered=None):
         filtered, chunks, chunk_len, block = launch_plan(n, N, k, chunks, filtered=filtered)
         if chunks == 1:
-            return ("select", N <= register_keys, N % 16 == 0)
+            return ("select", N % 16 == 0)
         if filtered:
             return ("filtered", pick_chunks(n, chunks), block, places(chunk_len), N % 16 == 0)
         return ("radix", triton.next_power_of_2(chunks), N % 16 == 0)
@@ -339,94 +334,3 @@ def test_the_filtering_launch_in_ptx_picks_what_tritons_form_picks(monkeypatch):
                                                   for w in (got, want)]
         order, want_order = ids.argsort(), want_ids.argsort()
         assert torch.equal(ids[order], want_ids[want_order]) and torch.equal(scores[order], want_scores[want_order])
-
-
-@pytest.mark.parametrize("k, N", [(1, 1 << 20), (512, 1 << 20), (512, 20_000), (512, 2_048), (50, 600)])
-def test_the_floor_by_counts_is_the_radix_passes_floor(monkeypatch, k, N):
-    """top_k.FLOOR_BY_COUNTS: each row's floor found bit by bit from counts is the radix passes'
-    rank-th best key of the sample, bit for bit, at ranks from 1 (k = 1 of 1M) to the whole
-    sample (k = 512 of 2,048): over random rows, heavy ties, a row of one value, signed zeros,
-    infinities, NaNs of both signs and random bit patterns."""
-    from dsflash.model.kernels import top_k
-
-    sample = 256
-    g = torch.Generator().manual_seed(11)
-    rows = torch.randn(8, sample, generator=g)
-    rows[1] = rows[1].round()
-    rows[2] = 3.0
-    rows[3, ::3] = torch.tensor([-0.0, 0.0, INF, -INF, NAN, -NAN])[torch.arange(0, sample, 3) % 6]
-    rows[4] = -INF
-    bits = torch.randint(-2**31, 2**31, (sample,), generator=g, dtype=torch.int64)
-    rows[5] = bits.to(torch.int32).view(torch.float32)
-    rows[6, : sample // 2] = NAN
-    rows[7] = -torch.rand(sample, generator=g)
-    floors = {}
-    for by_counts in (False, True):
-        monkeypatch.setattr(top_k, "FLOOR_BY_COUNTS", by_counts)
-        floors[by_counts] = top_k.sample_floors(rows.to(DEVICE), k, N).cpu()
-    assert 1 <= top_k.floor_rank(k, N, sample) <= sample
-    assert torch.equal(floors[True], floors[False]), (floors[True], floors[False])
-    assert floors[False].unique().numel() > 4  # (the rows' floors differ: the ranks are not all at one end)
-
-
-def test_the_filtered_form_with_floors_by_counts_picks_as_the_reference(monkeypatch):
-    from dsflash.model.kernels import top_k
-
-    monkeypatch.setattr(top_k, "FLOOR_BY_COUNTS", True)
-    g = torch.Generator().manual_seed(12)
-    rows = torch.randn(4, 600, generator=g)
-    rows[1] = rows[1].round()
-    rows[2, ::4] = torch.tensor([-0.0, 0.0, INF, NAN])[torch.arange(0, 600, 4) % 4]
-    rows[3, 50:] = -INF
-    for capacity in (256, 16):
-        _check(rows, 77, dict(sample=64, capacity=capacity), **SMALL_PLAN)
-
-
-@pytest.mark.parametrize("register_keys", [16384, 256])
-def test_the_pick_in_registers_picks_as_the_reference(monkeypatch, register_keys):
-    """top_k.PICK_REGISTER_KEYS: the pick loads a row's kept scores once, packed chunk after
-    chunk (chunks of none among them), and finds its threshold and last tie by counts, from the
-    bits the floor and the highest kept key share; rows that keep more (256: some) take the
-    tiles as before.
-    Random rows, heavy ties split by ids, signed zeros, infinities and NaNs, few returnable
-    scores, chunks over their places, and kept scores in a narrow range (shared leading bits)."""
-    from dsflash.model.kernels import top_k
-
-    monkeypatch.setattr(top_k, "PICK_REGISTER_KEYS", register_keys)
-    g = torch.Generator().manual_seed(13)
-    rows = torch.randn(8, 600, generator=g)
-    rows[1] = rows[1].round()  # heavy ties at the threshold
-    rows[2, ::4] = torch.tensor([-0.0, 0.0, INF, NAN])[torch.arange(0, 600, 4) % 4]
-    rows[3, 50:] = -INF  # 50 returnable scores
-    rows[4, ::7] = -NAN
-    rows[5] = 1.0 + torch.rand(600, generator=g) * 2.0 ** -10  # every key shares its leading bits
-    rows[6] = 2.0  # one value: every score ties
-    rows[7, :256] = -INF  # the first chunk keeps none
-    for capacity in (256, 16):
-        _check(rows, 77, dict(sample=64, capacity=capacity), **SMALL_PLAN)
-    _check(torch.randn(40, 1200, generator=g), 33, dict(sample=128, capacity=256), chunks=4, block=128)
-
-
-def test_the_select_in_registers_picks_as_the_reference(monkeypatch):
-    """top_k.SELECT_REGISTER_KEYS: the one-program select reads a row of at most that many
-    scores once and finds its threshold by counts; longer rows take the radix passes. Random
-    rows, heavy ties at every k, signed zeros, infinities and NaNs, rows of fewer returnable
-    scores than k, and k = N."""
-    from dsflash.model.kernels import top_k
-
-    monkeypatch.setattr(top_k, "SELECT_REGISTER_KEYS", 1024)
-    g = torch.Generator().manual_seed(14)
-    _check(torch.randn(4, 2500, generator=g), 100, chunks=1)  # past the register form: the radix passes
-    values = torch.tensor([-1.0, 0.0, 1.0, 2.0])
-    weights = torch.tensor([[1, 1, 1, 1], [0, 1, 8, 1], [5, 1, 0, 0], [1, 1, 1, 30]], dtype=torch.float)
-    for k in (1, 40, 333, 600):
-        _check(values[torch.multinomial(weights, 600, replacement=True, generator=g)], k, chunks=1)
-    rows = torch.randn(6, 600, generator=g)
-    rows[1, ::3] = torch.tensor([-0.0, 0.0, INF, -INF, NAN, -NAN])[torch.arange(0, 600, 3) % 6]
-    rows[2, 20:] = -INF  # 20 returnable scores: pads k - 20
-    rows[3] = -INF
-    rows[4] = torch.where(torch.rand(600, generator=g) < 0.5, -0.0, 0.0)
-    rows[5, ::2] = NAN
-    for k in (50, 600):
-        _check(rows, k, chunks=1)
-    _check(torch.tensor([[1.0, NAN, 3.0, -NAN, INF, 2.0, NAN, 0.0]]), 3, chunks=1)
