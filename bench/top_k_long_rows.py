@@ -13,7 +13,8 @@ HBM rate, and beside the time of the scores themselves (the prefill's tall tiles
 --shapes: those slices only (rows, entries, k; the tall score tiles), e.g. a prefill chunk's at
 contexts under 256K tokens, whose rows the top-k takes unfiltered (shorter than FILTER_SHARE k).
 --labels probe: the filtering launch alone with the rows' floors and with a floor nothing
-reaches, against torch's amax over the same rows.
+reaches, against torch's amax over the same rows; --labels runs: the floor's sample in runs of
+consecutive ids (top_k.SAMPLE_RUN).
 """
 import argparse
 import pathlib
@@ -38,6 +39,34 @@ def slice_inputs(rows: int, entries: int) -> tuple:
     pages, k_off, k_soff = h200.index_key_pages(entries, dev)
     q = fake_quant_fp4(torch.randn(rows, heads, dim, device=dev), 32)
     return q, torch.randn(rows, heads, device=dev), torch.full((rows,), entries, device=dev), pages, k_off, k_soff
+
+
+def run_forms(scores: torch.Tensor, k: int, want: torch.Tensor) -> list[str]:
+    """The floor's sample in runs (top_k.SAMPLE_RUN 1, 4, 8, 16; alternated twice): the floor's
+    launch alone, the whole filtered top-k (checked against the reference's picks), and how many
+    scores a row its floor keeps (mean, most)."""
+    shipped, N, line = top_k.SAMPLE_RUN, scores.shape[1], []
+    runs = (1, 4, 8, 16)
+    floors, wholes = {run: [] for run in runs}, {run: [] for run in runs}
+    for _ in range(2):
+        for run in runs:
+            top_k.SAMPLE_RUN = run
+            floors[run].append(h200.cuda_time(lambda: top_k.sample_floors(scores, k, N, sample=top_k.SAMPLE), iters=20))
+            wholes[run].append(h200.cuda_time(lambda: top_k_ascending_kernel(scores, k, filtered=True), iters=10))
+    for run in runs:
+        top_k.SAMPLE_RUN = run
+        same = torch.equal(top_k_ascending_kernel(scores, k, filtered=True), want)
+        work = top_k.kept_work(*scores.shape, k, scores.device)
+        top_k.filter_rows(scores, k, work)
+        kept = work.counts.sum(dim=1).float()
+        floor_us, whole_us = min(floors[run]) * 1e6, min(wholes[run]) * 1e6
+        line.append(f"run {run}: floor {floor_us:.1f} us, filtered {whole_us:.0f} us, kept {kept.mean():.0f} "
+                    f"(most {kept.max():.0f}){'' if same else ' MISMATCH'}")
+        h200.record("top_k_long_rows", f"n{scores.shape[0]}_N{N}_k{k}_sample_run{run}",
+                    {"floor_us": floor_us, "filtered_us": whole_us, "kept_mean": kept.mean().item(),
+                     "kept_most": kept.max().item(), "matches_ref": same})
+    top_k.SAMPLE_RUN = shipped
+    return line
 
 
 def filter_probe(scores: torch.Tensor, k: int) -> list[str]:
@@ -121,6 +150,8 @@ for rows, entries, k, tall in shapes:
     top_k.FILTER_PLANS.update(defaults[2])
     if not args.labels or "probe" in args.labels.split(","):
         line += filter_probe(scores, k)
+    if not args.labels or "runs" in args.labels.split(","):
+        line += run_forms(scores, k, want)
     launches = [f"{name} {us:.0f} us" for name, us in
                 h200.launch_times(lambda: top_k_ascending_kernel(scores, k, filtered=True)).items()]
     print(f"[top_k] {rows} x {entries}, k {k}: " + ", ".join(line) + f"; one read {read * 1e6:.0f} us"

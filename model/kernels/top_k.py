@@ -48,6 +48,7 @@ more bins to clear and sum per step (radix_bits; bench/h200.py times 11, 8 and 6
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -78,6 +79,15 @@ FILTER_SHARE = 128  # rows of at least 128 k scores are filtered
 # Decode's few rows keep FILTER_SHARE (48 x 128K at k = 2,048: 0.22 ms filtered, 0.19 not).
 PREFILL_FILTER_SHARE, PREFILL_FILTER_ROWS = 32, 1024
 SAMPLE = 4096
+# The sample's scores come in runs of SAMPLE_RUN consecutive ids (SAMPLE / SAMPLE_RUN runs
+# spread evenly; 1: each id on its own). One at a time, each sampled score took a memory
+# sector of its own: 4,096 x 32 B a row, the whole row at 16K entries. H100, seventieth
+# session (call CD): the floor's launch 85 us at 512 rows of 256K (a 1M prompt's last slices),
+# 521 at 8,192 rows of 16K (its early chunks) where torch's amax read the whole slice in 189,
+# and counting its sample by other means changed nothing at long rows: the reads, not the select,
+# take its time. A run of 8 fills a 32-byte sector. Only the floor changes (the kept scores
+# around it, never the ids: any floor gives the k best). Untimed.
+SAMPLE_RUN = 1
 FLOOR_MARGIN, FLOOR_SLACK = 4, 16
 CAPACITY = 8192  # kept scores a chunk has places for, at most (places: no more than its scores)
 # The filtering launch: 4 warps and loads 3 steps ahead (tl.range stages) took 0.59 ms where 8
@@ -412,12 +422,13 @@ def _select_kernel(x_ptr, out_ptr, k, N, sxr, PASSES: tl.constexpr, BITS: tl.con
 # length then takes the kernels warm_up compiled.)
 @triton.jit(do_not_specialize=["N", "sxr", "rank"])
 def _sample_floor_kernel(x_ptr, floor_ptr, N, sxr, rank, SAMPLE: tl.constexpr, PASSES: tl.constexpr,
-                         BITS: tl.constexpr, PDL: tl.constexpr):
-    """Program (row): the rank-th best key of SAMPLE scores spread evenly over the row, by
-    the radix select on registers: the row's floor (_filter_kernel)."""
+                         BITS: tl.constexpr, PDL: tl.constexpr, RUN: tl.constexpr = 1):
+    """Program (row): the rank-th best key of SAMPLE scores spread evenly over the row in runs
+    of RUN (sample_columns), by the radix select on registers: the row's floor (_filter_kernel)."""
     pdl.wait_for_inputs(PDL)
     row = tl.program_id(0)
-    cols = tl.arange(0, SAMPLE).to(tl.int64) * N // SAMPLE
+    j = tl.arange(0, SAMPLE)
+    cols = tl.minimum((j // RUN).to(tl.int64) * N // (SAMPLE // RUN) + j % RUN, N - 1)
     key = _keys(tl.load(x_ptr + row.to(tl.int64) * sxr + cols))
     floor = tl.zeros((), tl.uint32)
     rest = rank
@@ -733,9 +744,18 @@ def kept_work(n: int, N: int, k: int, device: torch.device, chunks: int | None =
 
 def sample_columns(N: int, device: torch.device, sample: int | None = None) -> torch.Tensor:
     """The ids whose scores the filtered form's floor is taken from: `sample` (SAMPLE unless
-    given) of them spread evenly over a row of N (_sample_floor_kernel's)."""
+    given) of them spread evenly over a row of N in runs of sample_run(sample) consecutive ids
+    (_sample_floor_kernel's)."""
     sample = SAMPLE if sample is None else sample
-    return torch.arange(sample, device=device) * N // sample
+    run = sample_run(sample)
+    j = torch.arange(sample, device=device)
+    return ((j // run) * N // (sample // run) + j % run).clamp(max=N - 1)
+
+
+def sample_run(sample: int) -> int:
+    """Consecutive ids a run of the floor's sample of `sample` takes: SAMPLE_RUN, or fewer where
+    the sample is short (a power of two that divides it)."""
+    return math.gcd(SAMPLE_RUN, sample)
 
 
 def sample_floors(scores: torch.Tensor, k: int, N: int, out: torch.Tensor | None = None, sample: int | None = None,
@@ -749,8 +769,8 @@ def sample_floors(scores: torch.Tensor, k: int, N: int, out: torch.Tensor | None
     out = torch.empty(n, dtype=torch.int32, device=scores.device) if out is None else out
     if n:
         _sample_floor_kernel[(n,)](scores, out, width, scores.stride(0), floor_rank(k, N, sample), SAMPLE=sample,
-                                   PASSES=triton.cdiv(32, radix_bits), BITS=radix_bits, num_warps=8,
-                                   **pdl.options(scores.device))
+                                   PASSES=triton.cdiv(32, radix_bits), BITS=radix_bits, RUN=sample_run(sample),
+                                   num_warps=8, **pdl.options(scores.device))
     return out
 
 

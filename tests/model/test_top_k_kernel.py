@@ -9,7 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
-from dsflash.model.kernels.top_k import (_collapsed_key, _keys, _signed_floor, _signed_keys,
+from dsflash.model.kernels.top_k import (_collapsed_key, _keys, _signed_floor, _signed_keys, sample_columns,
                                          top_k_ascending_kernel, top_k_ascending_ref)
 
 INF, NAN = float("inf"), float("nan")
@@ -86,12 +86,43 @@ def test_filtered_rows_the_floor_misjudges():
     N, k, sample = 600, 100, 64
     g = torch.Generator().manual_seed(3)
     rows = torch.randn(4, N, generator=g)
-    rows[0, torch.arange(sample) * N // sample] = 100.0 + torch.arange(sample, dtype=torch.float)  # kept: 64 < k
+    rows[0, sample_columns(N, torch.device("cpu"), sample)] = 100.0 + torch.arange(sample, dtype=torch.float)  # 64 < k
     rows[1, :300] = rows[1, :300].round()  # heavy ties, and the floor mid-row
     rows[2, 40:] = -INF  # 40 returnable scores: every one kept, the rest of k pads
     rows[3, ::3] = NAN  # positive NaNs take places
     for capacity in (256, 16):  # 16: chunks overflow, the whole row is selected in the program
         _check(rows, k, dict(sample=sample, capacity=capacity), **SMALL_PLAN)
+
+
+@pytest.mark.parametrize("run", [1, 8])
+def test_the_floor_is_the_rank_th_best_of_its_sampled_runs(monkeypatch, run):
+    """top_k.SAMPLE_RUN: the floor's sample is sample_columns' ids (SAMPLE / run runs of `run`
+    consecutive ids spread evenly, within the row), and the floor the rank-th best key among
+    them, at long and short rows; the filtered form picks as the reference with that sample."""
+    from dsflash.model.kernels import top_k
+
+    monkeypatch.setattr(top_k, "SAMPLE_RUN", run)
+    g = torch.Generator().manual_seed(15)
+    for N, sample, k in ((70_000, 256, 40), (600, 64, 77), (40, 64, 3)):
+        columns = sample_columns(N, torch.device("cpu"), sample)
+        assert columns.shape == (sample,) and 0 <= int(columns.min()) and int(columns.max()) < N
+        runs = columns.view(-1, top_k.sample_run(sample))
+        if N >= sample:  # (shorter rows' runs overlap)
+            assert bool((columns.diff() > 0).all()) and bool((runs.diff(dim=1) == 1).all())
+        rows = torch.randn(3, N, generator=g)
+        rows[1] = rows[1].round()
+        floors = top_k.sample_floors(rows.to(DEVICE), k, N, sample=sample).cpu()
+        rank = top_k.floor_rank(k, N, sample)
+        sampled = rows[:, columns]
+        keys = sampled.view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+        keys = torch.where(keys >= 2**31, keys ^ 0xFFFFFFFF, keys | 2**31)  # _keys' order (no special values here)
+        want = keys.sort(dim=1, descending=True).values[:, rank - 1]
+        assert torch.equal(floors.to(torch.int64) & 0xFFFFFFFF, want)
+    rows = torch.randn(4, 600, generator=g)
+    rows[1] = rows[1].round()
+    rows[2, ::4] = torch.tensor([-0.0, 0.0, INF, NAN])[torch.arange(0, 600, 4) % 4]
+    for capacity in (256, 16):
+        _check(rows, 77, dict(sample=64, capacity=capacity), **SMALL_PLAN)
 
 
 @pytest.mark.parametrize("skips", [True, False])
