@@ -5,8 +5,5 @@
 # chunks; an H200 the headline's set-up, 32K chunks with every weight kept (which an H100's 80 GB
 # cannot hold).
 source bench/device/env.sh
-CHUNK=16384
-KEEP=0
-if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then CHUNK=32768; KEEP=80e9; fi
 step streams-1m 360 python3 bench/h200.py --sections prefill --act-quant --prefill 1048576 --chunk $CHUNK \
   --weight-cache-bytes $KEEP --budget-s 600 --no-warm-up --prefill-switch "dsflash.model.kernels.prefill_gemms.PRODUCT_STREAMS=1|2|1|2"

@@ -4,8 +4,5 @@
 # 8 | 1 | 8 | 1 | 8 in one process: run 0 carries the process's compiles, runs 1-4 alternate.
 # The same last logits in all five (the floor moves the kept scores, never the ids).
 source bench/device/env.sh
-CHUNK=16384
-KEEP=0
-if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then CHUNK=32768; KEEP=80e9; fi
 step runs-1m 420 python3 bench/h200.py --sections prefill --act-quant --prefill 1048576 --chunk $CHUNK \
   --weight-cache-bytes $KEEP --budget-s 600 --no-warm-up --prefill-switch "dsflash.model.kernels.top_k.SAMPLE_RUN=8|1|8|1|8"

@@ -21,6 +21,11 @@ LOG=${OUT:-/tmp}/log.txt
 # later ones: the calls give it more than the step's limit, which is the one that holds.)
 step() { local name=$1 limit=$2; shift 2; echo "=== $name ($(date -u +%T))" | tee -a "$LOG";
          OUT="${OUT:-/tmp}/$name" timeout "$limit" "$@" 2>&1 | tee -a "$LOG"; echo "=== $name rc=$? " | tee -a "$LOG"; }
+# Calls BR and CF: the 1M headline's set-up by card, an H200's 32K chunks with every weight kept,
+# an H100's shipped 16K chunks (its 80 GB cannot hold the weights kept).
+CHUNK=16384
+KEEP=0
+if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then CHUNK=32768; KEEP=80e9; fi
 # Calls AC and AE: the fifty-second session's three prefill switches, on | off.
 THREE_SWITCHES="dsflash.model.kernels.prefill_gemms.SHARED_EXPERT_OPERAND=True|False;dsflash.model.kernels.hc_streams.SITE_OPERAND=True|False;dsflash.model.kernels.hc_streams.UNREAD_INPUT_LEFT=True|False"
 # gluon_checked: the Gluon score tiles' GPU test; where it passed, the score tiles timed alone
