@@ -80,7 +80,7 @@ def filter_probe(scores: torch.Tensor, k: int) -> list[str]:
 
     def reset():
         work.counts.zero_()
-        work.tops.fill_(-2**31)
+        work.tops.fill_(top_k._NO_TOP.value)
 
     def filtered(floor):
         reset()
