@@ -753,8 +753,8 @@ def sample_columns(N: int, device: torch.device, sample: int | None = None) -> t
 
 
 def sample_run(sample: int) -> int:
-    """Consecutive ids a run of the floor's sample of `sample` takes: SAMPLE_RUN, or fewer where
-    the sample is short (a power of two that divides it)."""
+    """Consecutive ids a run of the floor's sample of `sample` takes: SAMPLE_RUN, or where that
+    does not divide the sample, the largest number that divides both."""
     return math.gcd(SAMPLE_RUN, sample)
 
 

@@ -31,6 +31,13 @@ def _check(scores: torch.Tensor, k: int, filter_plan: dict = SMALL_FILTER, **pla
         assert torch.equal(got, want), (variant, got, want)
 
 
+def _ordered_keys(x: torch.Tensor) -> torch.Tensor:
+    """fp32 scores -> their uint32 keys in the scores' order as int64, _keys before its collapses
+    (of -0.0, -inf and NaNs)."""
+    bits = x.view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+    return torch.where(bits >= 2**31, bits ^ 0xFFFFFFFF, bits | 2**31)
+
+
 def test_random_rows_several_chunks():
     g = torch.Generator().manual_seed(0)
     scores = torch.randn(4, 2500, generator=g) * torch.tensor([1.0, 1e-30, 1e30, -1.0])[:, None]
@@ -113,9 +120,7 @@ def test_the_floor_is_the_rank_th_best_of_its_sampled_runs(monkeypatch, run):
         rows[1] = rows[1].round()
         floors = top_k.sample_floors(rows.to(DEVICE), k, N, sample=sample).cpu()
         rank = top_k.floor_rank(k, N, sample)
-        sampled = rows[:, columns]
-        keys = sampled.view(torch.int32).to(torch.int64) & 0xFFFFFFFF
-        keys = torch.where(keys >= 2**31, keys ^ 0xFFFFFFFF, keys | 2**31)  # _keys' order (no special values here)
+        keys = _ordered_keys(rows[:, columns])  # _keys' own (no special values here to collapse)
         want = keys.sort(dim=1, descending=True).values[:, rank - 1]
         assert torch.equal(floors.to(torch.int64) & 0xFFFFFFFF, want)
     rows = torch.randn(4, 600, generator=g)
@@ -306,8 +311,7 @@ def test_the_filters_signed_keys_reach_a_floor_as_the_keys_do():
                             1.1754944e-38, -1.1754944e-38, 2.0, -2.0])
     bits = torch.randint(-2**31, 2**31, (200,), generator=g, dtype=torch.int64).to(torch.int32)
     x = torch.cat([special, bits.view(torch.float32), special.view(torch.int32).add(1).view(torch.float32)])
-    as_keys = x.view(torch.int32).to(torch.int64) & 0xFFFFFFFF
-    ordered = torch.where(as_keys >= 2**31, as_keys ^ 0xFFFFFFFF, as_keys | 2**31)  # _keys before its collapses
+    ordered = _ordered_keys(x)
     floors = torch.cat([ordered, ordered + 1, torch.tensor([1, 2, 0x007FFFFF, 0x00800000, 0x80000000, 0x80000001,
                                                             0xFF800000, 0xFF800001, 0xFFFFFFFF])])
     floors = floors.clamp(1, 0xFFFFFFFF)
