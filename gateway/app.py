@@ -44,7 +44,9 @@ def create_app(ctx: Context) -> FastAPI:
     async def healthz():
         return {"status": "ok"}
 
+    # /health: the path that load balancers set up for vLLM, SGLang or Dynamo probe; as /readyz.
     @app.get("/readyz")
+    @app.get("/health")
     async def readyz():
         if await ctx.router.ready():
             return {"status": "ready"}

@@ -1,0 +1,44 @@
+"""The gateway's probes: /healthz always, /readyz and its peers' name /health only while the
+router has a ready prefill and decode worker (an OpenAI error object with 503 otherwise)."""
+
+from __future__ import annotations
+
+import pytest
+from fastapi.testclient import TestClient
+
+from dsflash.gateway.app import create_app
+from dsflash.gateway.endpoints import Context, GatewaySettings
+
+
+class _Router:
+    def __init__(self):
+        self.is_ready = False
+
+    async def ready(self) -> bool:
+        return self.is_ready
+
+
+@pytest.fixture
+def probes():
+    router = _Router()
+    ctx = Context(settings=GatewaySettings(api_keys=("secret",)), router=router, tokenizer=None, clients=None,
+                  metrics=None)
+    with TestClient(create_app(ctx)) as client:
+        yield router, client
+
+
+@pytest.mark.parametrize("path", ["/readyz", "/health"])
+def test_readiness_follows_the_router(probes, path):
+    router, client = probes
+    down = client.get(path)
+    assert down.status_code == 503
+    assert down.json()["error"]["type"] == "service_unavailable"
+    router.is_ready = True
+    up = client.get(path)
+    assert up.status_code == 200 and up.json() == {"status": "ready"}
+
+
+def test_liveness_ignores_the_workers_and_no_probe_asks_for_a_key(probes):
+    _router, client = probes
+    assert client.get("/healthz").json() == {"status": "ok"}
+    assert client.get("/v1/models").status_code == 401  # the key guards /v1/ only
