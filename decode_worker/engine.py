@@ -78,7 +78,7 @@ class DecodeEngine:
             raise DecodeError(f"prompt ({len(request.prompt)}) + max_tokens ({request.params.max_tokens}) "
                               f"can never fit this worker's KV pool")
         if request.sampler is None:
-            request.sampler = RequestSampler(request.params, request.prompt, c.vocab_size)
+            request.sampler = RequestSampler(request.params, request.prompt, c.vocab_size, c.eos_token_id)
         if request.stop_matcher is None and request.params.stop and self.decode_text is not None:
             request.stop_matcher = StopStringMatcher(self.decode_text, request.params.stop)
         if request.keep_before_last:
@@ -255,7 +255,7 @@ class DecodeEngine:
         dists: list[list[torch.Tensor]] = [[] for _ in batch]
         with torch.inference_mode():
             block = None  # greedy: the verify blocks [R, k+1] on the device
-            if k and all(r.sampler.params.plain_greedy for r in batch):
+            if k and all(r.sampler.plain_greedy for r in batch):
                 # argmax on the device row by row; the host waits once, for the whole block, and
                 # only when the forward needs the drafts (its first layers are enqueued by then)
                 proposal = self.drafter.propose([(r.cache, r.pending) for r in batch], greedy_chooser)

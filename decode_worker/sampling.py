@@ -1,4 +1,4 @@
-"""Per-request sampling: penalties, temperature, top-k / top-p / min-p, seeds, logprobs.
+"""Per-request sampling: penalties, temperature, top-k / top-p / min-p, min_tokens, seeds, logprobs.
 
 Each request owns a `RequestSampler` with its own seeded generator, so its random draws
 depend only on its own tokens (reproducible, and the same alone or in a batch). The
@@ -34,6 +34,7 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: bool = False
     top_logprobs: int = 0
+    min_tokens: int = 0  # EOS (unless ignore_eos) and stop_token_ids are masked out before this many
 
     def __post_init__(self):
         checks = [
@@ -46,6 +47,7 @@ class SamplingParams:
             (-2.0 <= self.presence_penalty <= 2.0, "presence_penalty", "must be in [-2, 2]"),
             (-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty", "must be in [-2, 2]"),
             (0 <= self.top_logprobs <= 20, "top_logprobs", "must be in [0, 20]"),
+            (0 <= self.min_tokens <= self.max_tokens, "min_tokens", "must be in [0, max_tokens]"),
         ]
         for ok, name, msg in checks:
             if not ok:
@@ -78,9 +80,15 @@ class TokenLogprob:
 
 
 class RequestSampler:
-    def __init__(self, params: SamplingParams, prompt_tokens: list[int], vocab_size: int):
+    def __init__(self, params: SamplingParams, prompt_tokens: list[int], vocab_size: int,
+                 eos_token_id: int | None = None):
         self.params = params
         self.vocab = vocab_size
+        self.generated = 0  # output tokens recorded so far
+        # What min_tokens holds off: the tokens that would end the request.
+        ends = params.stop_token_ids + (() if params.ignore_eos or eos_token_id is None else (eos_token_id,))
+        ends = sorted({t for t in ends if 0 <= t < vocab_size})
+        self.held_off = torch.tensor(ends, dtype=torch.long) if params.min_tokens and ends else None
         self.generator = torch.Generator()
         self.generator.manual_seed(params.seed if params.seed is not None else int(torch.randint(0, 2**62, ()).item()))
         # The penalties' state, kept only where a penalty reads it: recording a token costs the
@@ -93,8 +101,14 @@ class RequestSampler:
             if ids.numel():
                 self.seen[ids] = True
 
+    @property
+    def plain_greedy(self) -> bool:
+        """params.plain_greedy, and min_tokens masks nothing at any row of the next block."""
+        return self.params.plain_greedy and (self.held_off is None or self.generated >= self.params.min_tokens)
+
     def record(self, tokens: list[int]) -> None:
-        """Tokens are now part of the output (counted by the penalties)."""
+        """Tokens are now part of the output (counted by min_tokens and the penalties)."""
+        self.generated += len(tokens)
         if not self.params.penalized:
             return
         for t in tokens:
@@ -102,9 +116,12 @@ class RequestSampler:
             self.seen[t] = True
 
     def processed(self, logits: torch.Tensor, extra: list[int] = ()) -> torch.Tensor:
-        """Logits after penalties, temperature and the top-k/top-p/min-p masks (masked = -inf)."""
+        """Logits after min_tokens, penalties, temperature and the top-k/top-p/min-p masks (masked
+        = -inf), for the output token after the recorded ones and `extra`."""
         p = self.params
         x = logits.float().clone()
+        if self.held_off is not None and self.generated + len(extra) < p.min_tokens:
+            x[self.held_off.to(x.device)] = float("-inf")
         if p.penalized:
             if self.counts.device != x.device:  # once: the penalty state follows the logits' device
                 self.counts, self.seen = self.counts.to(x.device), self.seen.to(x.device)

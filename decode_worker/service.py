@@ -24,7 +24,7 @@ def sampling_from_proto(msg: worker_pb2.SamplingParams) -> SamplingParams:
         min_p=msg.min_p, repetition_penalty=msg.repetition_penalty or 1.0, presence_penalty=msg.presence_penalty,
         frequency_penalty=msg.frequency_penalty, seed=msg.seed if msg.HasField("seed") else None,
         stop_token_ids=tuple(msg.stop_token_ids), stop=tuple(msg.stop), ignore_eos=msg.ignore_eos,
-        logprobs=msg.logprobs, top_logprobs=msg.top_logprobs)
+        logprobs=msg.logprobs, top_logprobs=msg.top_logprobs, min_tokens=msg.min_tokens)
 
 
 def chunk_to_proto(event) -> worker_pb2.GenerateResponse:

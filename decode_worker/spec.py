@@ -19,7 +19,7 @@ from .sampling import RequestSampler
 def greedy_targets(samplers: list[RequestSampler], logits: list[torch.Tensor]) -> dict[int, list[int]]:
     """The target's own token at every row of the plain-greedy requests ({request index: row
     tokens}), from one argmax over all their rows: one synchronization, not one per row."""
-    plain = [j for j, sampler in enumerate(samplers) if sampler.params.plain_greedy]
+    plain = [j for j, sampler in enumerate(samplers) if sampler.plain_greedy]
     if not plain:
         return {}
     tokens = argmax_rows(torch.cat([logits[j] for j in plain]).float()).tolist()

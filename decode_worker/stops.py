@@ -1,7 +1,8 @@
 """When does a request stop: EOS, stop token ids, max_tokens, stop strings.
 
 Stop strings are matched on the decoded text, across token boundaries: the request stops at
-the first token whose text completes one of them (the gateway trims the text itself).
+the first token whose text completes one of them (the gateway trims the text itself). None
+ends the request within its first min_tokens tokens (the sampler masks EOS and stop ids there).
 """
 
 from __future__ import annotations
@@ -31,12 +32,10 @@ class StopStringMatcher:
 def finish_reason(params: SamplingParams, eos_token_id: int, output_len: int, token: int,
                   matcher: StopStringMatcher | None) -> FinishReason | None:
     """Why the request ends at this token (already appended as output[output_len - 1]), if it does."""
-    if not params.ignore_eos and token == eos_token_id:
-        return FinishReason.STOP
-    if token in params.stop_token_ids:
-        return FinishReason.STOP
-    if matcher is not None and matcher.feed(token):
-        return FinishReason.STOP
+    stopped = matcher is not None and matcher.feed(token)  # (fed every token: it keeps their text)
+    if output_len > params.min_tokens:
+        if (not params.ignore_eos and token == eos_token_id) or token in params.stop_token_ids or stopped:
+            return FinishReason.STOP
     if output_len >= params.max_tokens:
         return FinishReason.LENGTH
     return None

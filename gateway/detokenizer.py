@@ -8,7 +8,8 @@ matches across or inside one (they are markup, not text), so no special token is
 On a stop string the text is cut just before it and everything after is ignored.
 
 In thinking mode, `stop_after_token=THINK_END.id` keeps stop strings off the reasoning, so that
-a stop like "\\n\\n" ends the answer and not the thinking.
+a stop like "\\n\\n" ends the answer and not the thinking. `min_tokens` keeps them off the text
+of the first that many tokens (as the request's EOS and stop ids are held off at the worker).
 """
 
 from __future__ import annotations
@@ -23,19 +24,26 @@ from .tokenizer import Tokenizer
 
 class StreamingDetokenizer:
     def __init__(self, tokenizer: Tokenizer, stop: Sequence[str] = (), *,
-                 hidden_ids: Collection[int] = st.HIDDEN_IDS, stop_after_token: int | None = None):
+                 hidden_ids: Collection[int] = st.HIDDEN_IDS, stop_after_token: int | None = None,
+                 min_tokens: int = 0):
         self._tokenizer = tokenizer
         self._stops = [s for s in stop if s]
         self._hidden = hidden_ids
         self._stop_after_token = stop_after_token
-        self._stops_active = stop_after_token is None
+        self._past_stop_after = stop_after_token is None
+        self._held_off = min_tokens  # below 0: past the first min_tokens tokens, whose text no stop ends
         self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._pending = ""  # decoded, not yet emitted: may be the start of a stop string
         self.matched_stop: str | None = None
         self.is_stopped = False
 
+    @property
+    def _stops_active(self) -> bool:
+        return self._past_stop_after and self._held_off < 0
+
     def push(self, token_id: int) -> str:
         """Add one generated token; return the text that became final."""
+        self._held_off -= 1
         if self.is_stopped or token_id in self._hidden:
             return ""
         data = self._tokenizer.token_bytes(token_id)
@@ -46,7 +54,7 @@ class StreamingDetokenizer:
         if self.is_stopped:
             return out
         if token_id == self._stop_after_token:
-            self._stops_active = True
+            self._past_stop_after = True
         return out + data.decode("utf-8")
 
     def push_many(self, token_ids: Iterable[int]) -> str:

@@ -83,11 +83,14 @@ def _is_union_tag(part) -> bool:
 
 
 def sampling_proto(req: SamplingFields, max_tokens: int, logprobs: bool, top_logprobs: int) -> worker_pb2.SamplingParams:
+    if req.min_tokens > max_tokens:
+        raise invalid(f"min_tokens ({req.min_tokens}) is more than the {max_tokens} tokens this request may generate",
+                      param="min_tokens")
     params = worker_pb2.SamplingParams(
         max_tokens=max_tokens, temperature=req.temperature, top_p=req.top_p, top_k=max(req.top_k, 0),
         min_p=req.min_p, repetition_penalty=req.repetition_penalty, presence_penalty=req.presence_penalty,
         frequency_penalty=req.frequency_penalty, stop_token_ids=req.stop_token_ids or [], ignore_eos=req.ignore_eos,
-        logprobs=logprobs, top_logprobs=top_logprobs)
+        logprobs=logprobs, top_logprobs=top_logprobs, min_tokens=req.min_tokens)
     if req.seed is not None:
         params.seed = req.seed
     return params

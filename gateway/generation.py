@@ -93,7 +93,8 @@ async def relay(spec: GenerationSpec, clients: DecodeClients, tokenizer: Tokeniz
     choices = []
     for index in range(spec.n):
         stop_after = st.THINK_END.id if spec.chat and spec.starts_in_reasoning else None
-        detok = StreamingDetokenizer(tokenizer, spec.stops, stop_after_token=stop_after)
+        detok = StreamingDetokenizer(tokenizer, spec.stops, stop_after_token=stop_after,
+                                     min_tokens=spec.sampling.min_tokens)
         parser = OutputParser(starts_in_reasoning=spec.starts_in_reasoning,
                               tools_enabled=spec.tools_enabled) if spec.chat else None
         choices.append(Choice(index, detok, parser, spec.chat and spec.starts_in_reasoning))

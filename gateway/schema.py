@@ -41,6 +41,7 @@ class SamplingFields(BaseModel):
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
+    min_tokens: int = Field(default=0, ge=0, le=MAX_CONTEXT_TOKENS)  # EOS and stop_token_ids held off until then
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None

@@ -106,6 +106,28 @@ def test_stop_token_ids_eos_and_max_tokens(tiny_model, oracle):
     assert pool.is_empty()
 
 
+def test_min_tokens_holds_off_a_stop_id_and_speculation_stays_exact(tiny_model, oracle):
+    """The greedy output's fifth token as a stop id, held off for the first 7 tokens: the output
+    leaves plain greedy where that token was masked, runs to at least 7 tokens, and is the same
+    with speculative blocks as without."""
+    prompt = _prompts(1, seed=5)[0]
+    ref = oracle(tiny_model, prompt, 10)
+    stop_at = ref[4]
+    first = ref.index(stop_at)
+    outs = []
+    for spec in (0, 5):
+        pool = make_pool(tiny_model)
+        done = run_to_end(engine_with(tiny_model, pool, spec),
+                          [greedy_request("mt", prompt, 12, stop_token_ids=(stop_at,), min_tokens=7)])
+        out = done["mt"]
+        assert out.output[:first] == ref[:first] and out.output[first] != stop_at
+        assert len(out.output) >= 7 and stop_at not in out.output[:7]
+        assert out.finish_reason is (FinishReason.STOP if out.output[-1] == stop_at else FinishReason.LENGTH)
+        outs.append(out.output)
+        assert pool.is_empty()
+    assert outs[0] == outs[1]
+
+
 def test_stop_strings_across_token_boundaries(tiny_model, oracle):
     prompt = _prompts(1, seed=6)[0]
     ref = oracle(tiny_model, prompt, 10)

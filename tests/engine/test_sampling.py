@@ -38,10 +38,32 @@ def test_penalties_by_hand():
 
 @pytest.mark.parametrize("bad", [dict(temperature=-1), dict(top_p=0), dict(top_p=1.5), dict(min_p=2),
                                  dict(max_tokens=0), dict(top_logprobs=21), dict(presence_penalty=3),
-                                 dict(temperature=float("nan"))])
+                                 dict(temperature=float("nan")), dict(min_tokens=-1),
+                                 dict(max_tokens=4, min_tokens=5)])
 def test_invalid_params_are_rejected(bad):
     with pytest.raises(SamplingError):
         SamplingParams(**bad)
+
+
+@pytest.mark.parametrize("greedy", [True, False])
+def test_min_tokens_holds_off_eos_and_stop_ids(greedy):
+    """EOS (7) and the stop ids are masked until min_tokens are out, counting the recorded
+    tokens and the uncommitted `extra`; other tokens never are."""
+    params = SamplingParams(seed=0, temperature=0.0 if greedy else 1.0, min_tokens=3, max_tokens=8,
+                            stop_token_ids=(2,))
+    s = RequestSampler(params, prompt_tokens=[], vocab_size=V, eos_token_id=7)
+    logits = torch.tensor([0.0, 0.0, 9.0, 0.0, 0.0, 0.0, 0.0, 8.0])  # the stop id first, then EOS
+    held = [2, 7]
+    assert torch.isinf(s.processed(logits)[held]).all() and torch.isfinite(s.processed(logits)[[0, 1, 3]]).all()
+    assert s.choose(logits)[0] not in held and not s.plain_greedy
+    s.record([0])
+    assert torch.isinf(s.processed(logits, extra=[1])[held]).all()  # output token 3 of 3: still held
+    assert torch.isfinite(s.processed(logits, extra=[1, 1])[held]).all()  # the fourth may end it
+    s.record([1, 1])
+    assert torch.isfinite(s.processed(logits)[held]).all() and s.plain_greedy == greedy
+    ignoring = RequestSampler(SamplingParams(temperature=0.0, min_tokens=3, ignore_eos=True, stop_token_ids=(2,)),
+                              [], V, eos_token_id=7)
+    assert ignoring.choose(logits)[0] == 7  # EOS would not end this request: only its stop ids are held
 
 
 def _chi2(counts, probs):
@@ -100,3 +122,14 @@ def test_batched_greedy_choice_equals_each_request_alone():
     for j in targets:
         for drafts in ([0, 0, 0], [int(t) for t in logits[j].argmax(-1)[:3]], [int(logits[j][0].argmax()), 7, 7]):
             assert accept_greedy(targets[j], drafts) == accept_block(samplers[j], logits[j], drafts, None)
+
+
+def test_the_workers_params_come_whole_from_the_proto():
+    from dsflash.decode_worker.service import sampling_from_proto
+    from dsflash.v1 import worker_pb2
+
+    msg = worker_pb2.SamplingParams(max_tokens=9, temperature=0.5, top_k=4, stop_token_ids=[3], ignore_eos=True,
+                                    min_tokens=2, seed=7, logprobs=True, top_logprobs=2)
+    assert sampling_from_proto(msg) == SamplingParams(max_tokens=9, temperature=0.5, top_k=4, stop_token_ids=(3,),
+                                                      ignore_eos=True, min_tokens=2, seed=7, logprobs=True,
+                                                      top_logprobs=2)

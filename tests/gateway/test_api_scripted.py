@@ -145,3 +145,22 @@ def test_api_keys(tok):
         assert httpx.get(f"{gw.url}/healthz").status_code == 200  # probes need no key
     finally:
         gw.close()
+
+
+def test_min_tokens_reaches_the_worker_and_holds_off_stop_strings(tok):
+    head, tail = _ids(tok, ["a, b"]), _ids(tok, [", c, d"])
+    seen = []
+
+    def script(request):
+        seen.append(request.sampling.min_tokens)
+        return _chunks(head + tail, 2), "length"
+
+    gw = ScriptedGateway(script)
+    try:
+        body = {"prompt": [1, 2], "max_tokens": 16, "stop": [","], "min_tokens": len(head)}
+        r = httpx.post(f"{gw.url}/v1/completions", json=body, timeout=30)
+        choice = r.json()["choices"][0]
+        assert r.status_code == 200 and choice["text"] == "a, b" and choice["finish_reason"] == "stop"
+        assert seen == [len(head)]
+    finally:
+        gw.close()

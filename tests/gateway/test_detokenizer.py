@@ -102,3 +102,11 @@ def test_stop_strings_can_wait_for_the_end_of_reasoning(tokenizer):
     detok = StreamingDetokenizer(tokenizer, stop=["\n\n"], stop_after_token=st.THINK_END.id)
     assert detok.push_many(ids) + detok.finish() == "plan\n\nmore</think>answer"
     assert detok.matched_stop == "\n\n"
+
+
+def test_stop_strings_count_only_after_min_tokens(tokenizer):
+    head, tail = tokenizer.encode_text("a, b"), tokenizer.encode_text(", c, d")
+    for held in (0, len(head)):
+        detok = StreamingDetokenizer(tokenizer, stop=[","], min_tokens=held)
+        text = detok.push_many(head + tail) + detok.finish()
+        assert text == ("a" if held == 0 else "a, b") and detok.matched_stop == ","
