@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -96,6 +97,23 @@ def sampling_proto(req: SamplingFields, max_tokens: int, logprobs: bool, top_log
     return params
 
 
+_CLIENT_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+
+
+def client_request_id(request: Request) -> str | None:
+    """The client's X-Request-Id (a proxy's, to find the request by), where it is a plain id."""
+    client = request.headers.get("x-request-id", "")
+    return client if _CLIENT_REQUEST_ID.fullmatch(client) else None
+
+
+def request_id_of(request: Request, prefix: str) -> str:
+    """Our id of a request, which the workers log and the reply carries: with the client's id in
+    it where one came, and always unique (two clients may send the same one, and the workers key
+    their streams by it)."""
+    client = client_request_id(request)
+    return f"{prefix}-{client}-{uuid.uuid4().hex[:8]}" if client else f"{prefix}-{uuid.uuid4().hex}"
+
+
 def conversation_of(request: Request, req: SamplingFields) -> str | None:
     return request.headers.get("x-conversation-id") or req.conversation_id or req.user or None
 
@@ -146,7 +164,7 @@ async def chat_completions(ctx: Context, request: Request):
     max_tokens = budget(ctx, len(prompt), req.limit, "max_tokens")
     top = req.top_logprobs or 0
     spec = GenerationSpec(
-        request_id=f"chatcmpl-{uuid.uuid4().hex}", prompt=prompt,
+        request_id=request_id_of(request, "chatcmpl"), prompt=prompt,
         sampling=sampling_proto(req, max_tokens, req.logprobs, top), n=req.n,
         route=await route(ctx, conversation_of(request, req), prompt), stops=req.stop_list(), chat=True,
         starts_in_reasoning=encoded.rendered.starts_in_reasoning, tools_enabled=encoded.rendered.tools_enabled,
@@ -212,7 +230,7 @@ async def completions(ctx: Context, request: Request):
     max_tokens = budget(ctx, len(prompt), req.limit, "max_tokens")
     want = req.logprobs is not None
     spec = GenerationSpec(
-        request_id=f"cmpl-{uuid.uuid4().hex}", prompt=prompt,
+        request_id=request_id_of(request, "cmpl"), prompt=prompt,
         sampling=sampling_proto(req, max_tokens, want, req.logprobs or 0), n=req.n,
         route=await route(ctx, conversation_of(request, req), prompt), stops=req.stop_list(), chat=False,
         timeout_s=ctx.settings.request_timeout_s)
@@ -264,9 +282,11 @@ class _CompletionFormat(_ChatFormat):
 
 async def _respond(ctx: Context, request: Request, spec: GenerationSpec, stream: bool, fmt):
     metrics = ctx.metrics.start(spec)
+    # The client's own id back where it sent one (as a proxy expects), else ours.
+    headers = {"X-Request-Id": client_request_id(request) or spec.request_id}
     if stream:
         return _ClosingStream(_stream(ctx, spec, fmt, metrics), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Request-Id": spec.request_id})
+                              headers={"Cache-Control": "no-cache", **headers})
     task = asyncio.ensure_future(_collect(ctx, spec, metrics))
     watcher = asyncio.ensure_future(_cancel_on_disconnect(request, task))
     try:
@@ -275,7 +295,7 @@ async def _respond(ctx: Context, request: Request, spec: GenerationSpec, stream:
         raise APIError(499, "client closed the request", code="client_closed") from None
     finally:
         watcher.cancel()
-    return JSONResponse(fmt.body(choices), headers={"X-Request-Id": spec.request_id})
+    return JSONResponse(fmt.body(choices), headers=headers)
 
 
 class _ClosingStream(StreamingResponse):

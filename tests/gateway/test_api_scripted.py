@@ -164,3 +164,27 @@ def test_min_tokens_reaches_the_worker_and_holds_off_stop_strings(tok):
         assert seen == [len(head)]
     finally:
         gw.close()
+
+
+def test_the_clients_request_id_comes_back_and_reaches_the_worker(tok):
+    ids = _ids(tok, ["ok"])
+    seen = []
+
+    def script(request):
+        seen.append(request.request_id)
+        return [ids], "stop"
+
+    gw = ScriptedGateway(script)
+    try:
+        body = {"prompt": [1, 2]}
+        for stream in (False, True):
+            r = httpx.post(f"{gw.url}/v1/completions", json={**body, "stream": stream},
+                           headers={"X-Request-Id": "proxy-7f3a"}, timeout=30)
+            assert r.status_code == 200 and r.headers["x-request-id"] == "proxy-7f3a"
+        plain = httpx.post(f"{gw.url}/v1/completions", json=body, timeout=30)
+        odd = httpx.post(f"{gw.url}/v1/completions", json=body, headers={"X-Request-Id": "a b;c"}, timeout=30)
+        assert plain.headers["x-request-id"] == plain.json()["id"] == seen[2].rsplit("-", 1)[0]
+        assert odd.headers["x-request-id"] == odd.json()["id"] and "a b" not in seen[3]  # not a plain id: ours
+        assert all(s.startswith("cmpl-proxy-7f3a-") for s in seen[:2]) and seen[0] != seen[1]  # unique per request
+    finally:
+        gw.close()
