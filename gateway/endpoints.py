@@ -32,7 +32,7 @@ from .errors import APIError, invalid
 from .generation import DecodeClients, GenerationSpec, relay
 from .replies import ReplyMemory
 from .router import NoWorkers, Router
-from .schema import ChatCompletionRequest, CompletionRequest, SamplingFields
+from .schema import MAX_CHOICES, ChatCompletionRequest, CompletionRequest, SamplingFields
 from .tokenizer import Tokenizer
 
 
@@ -170,7 +170,7 @@ async def chat_completions(ctx: Context, request: Request):
         starts_in_reasoning=encoded.rendered.starts_in_reasoning, tools_enabled=encoded.rendered.tools_enabled,
         forced_text=forced_text, timeout_s=ctx.settings.request_timeout_s)
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
-    return await _respond(ctx, request, spec, req.stream, _ChatFormat(ctx, spec, req, include_usage))
+    return await _respond(ctx, request, [spec], req.stream, _ChatFormat(ctx, spec, req, include_usage))
 
 
 def _forced_tool(req: ChatCompletionRequest) -> str | None:
@@ -186,9 +186,15 @@ def _forced_tool(req: ChatCompletionRequest) -> str | None:
 class _ChatFormat:
     object, chunk_object = "chat.completion", "chat.completion.chunk"
 
-    def __init__(self, ctx: Context, spec: GenerationSpec, req: ChatCompletionRequest, include_usage: bool):
+    def __init__(self, ctx: Context, spec: GenerationSpec, req: ChatCompletionRequest, include_usage: bool,
+                 prompt_tokens: int | None = None):
+        """spec: the request's (or its first prompt's); prompt_tokens: all its prompts' (spec's alone)."""
         self.ctx, self.spec, self.req, self.include_usage = ctx, spec, req, include_usage
+        self.prompt_tokens = len(spec.prompt) if prompt_tokens is None else prompt_tokens
         self.created = int(time.time())
+
+    def usage(self, choices) -> dict:
+        return R.usage(self.prompt_tokens, choices, self.spec.n)
 
     def head(self) -> dict:
         return {"id": self.spec.request_id, "created": self.created, "model": self.ctx.settings.model_name}
@@ -215,7 +221,7 @@ class _ChatFormat:
     def body(self, choices) -> dict:
         return {**self.head(), "object": self.object, "system_fingerprint": None,
                 "choices": [R.chat_message(c, self.ctx.tokenizer, self.req.logprobs, self.req.return_token_ids)
-                            for c in choices], "usage": R.usage(len(self.spec.prompt), choices)}
+                            for c in choices], "usage": self.usage(choices)}
 
 
 # ------------------------------------------------------------------ text completions
@@ -224,33 +230,41 @@ class _ChatFormat:
 async def completions(ctx: Context, request: Request):
     req = await read_body(request, CompletionRequest, ctx.settings.max_body_bytes)
     prompts = await _prompts(ctx, req.prompt)
-    if len(prompts) != 1:
-        raise invalid("one prompt per request is supported (send several requests)", param="prompt")
-    prompt = prompts[0]
-    max_tokens = budget(ctx, len(prompt), req.limit, "max_tokens")
+    if len(prompts) * req.n > MAX_CHOICES:
+        raise invalid(f"at most {MAX_CHOICES} choices a request (prompts times n): send several requests",
+                      param="prompt")
     want = req.logprobs is not None
-    spec = GenerationSpec(
-        request_id=request_id_of(request, "cmpl"), prompt=prompt,
-        sampling=sampling_proto(req, max_tokens, want, req.logprobs or 0), n=req.n,
-        route=await route(ctx, conversation_of(request, req), prompt), stops=req.stop_list(), chat=False,
-        timeout_s=ctx.settings.request_timeout_s)
+    samplings = [sampling_proto(req, budget(ctx, len(p), req.limit, "max_tokens"), want, req.logprobs or 0)
+                 for p in prompts]  # all checked before any is routed
+    # A conversation continues one prompt; a batch's prompts are routed by their prefixes alone.
+    conversation = conversation_of(request, req) if len(prompts) == 1 else None
+    request_id = request_id_of(request, "cmpl")
+    specs = [GenerationSpec(request_id=request_id, prompt=p, sampling=sampling, n=req.n,
+                            route=await route(ctx, conversation, p), stops=req.stop_list(), chat=False,
+                            timeout_s=ctx.settings.request_timeout_s, first_index=i * req.n)
+             for i, (p, sampling) in enumerate(zip(prompts, samplings))]
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
-    return await _respond(ctx, request, spec, req.stream, _CompletionFormat(ctx, spec, req, include_usage))
+    fmt = _CompletionFormat(ctx, specs[0], req, include_usage, sum(len(p) for p in prompts))
+    return await _respond(ctx, request, specs, req.stream, fmt)
 
 
 async def _prompts(ctx: Context, prompt) -> list[list[int]]:
-    vocab = ctx.tokenizer.vocab_size
-    if isinstance(prompt, str):
-        return [await asyncio.get_running_loop().run_in_executor(None, ctx.tokenizer.encode_text, prompt)]
-    if isinstance(prompt[0], int):
-        prompt = [prompt]
-    elif isinstance(prompt[0], str):
-        return [ctx.tokenizer.encode_text(p) for p in prompt]
-    for ids in prompt:
-        bad = [t for t in ids if not 0 <= t < vocab]
-        if bad:
-            raise invalid(f"token ids must be in [0, {vocab}): {bad[:5]}", param="prompt", code="invalid_token_id")
-    return [list(p) for p in prompt]
+    """A completion request's prompts as token ids: one text, texts, one list of ids or lists."""
+    if isinstance(prompt, str) or isinstance(prompt[0], str):
+        texts = [prompt] if isinstance(prompt, str) else prompt
+        prompts = await asyncio.get_running_loop().run_in_executor(
+            None, lambda: [ctx.tokenizer.encode_text(t) for t in texts])
+    else:
+        prompts = [list(p) for p in ([prompt] if isinstance(prompt[0], int) else prompt)]
+        vocab = ctx.tokenizer.vocab_size
+        for ids in prompts:
+            bad = [t for t in ids if not 0 <= t < vocab]
+            if bad:
+                raise invalid(f"token ids must be in [0, {vocab}): {bad[:5]}", param="prompt",
+                              code="invalid_token_id")
+    if not all(prompts):
+        raise invalid("a prompt must have at least one token", param="prompt")
+    return prompts
 
 
 class _CompletionFormat(_ChatFormat):
@@ -274,20 +288,21 @@ class _CompletionFormat(_ChatFormat):
         return {**self.head(), "object": self.object, "system_fingerprint": None,
                 "choices": [R.completion_choice(c, self.ctx.tokenizer, self.req.logprobs is not None,
                                                 self.req.return_token_ids) for c in choices],
-                "usage": R.usage(len(self.spec.prompt), choices)}
+                "usage": self.usage(choices)}
 
 
 # ------------------------------------------------------------------ relaying
 
 
-async def _respond(ctx: Context, request: Request, spec: GenerationSpec, stream: bool, fmt):
-    metrics = ctx.metrics.start(spec)
+async def _respond(ctx: Context, request: Request, specs: list[GenerationSpec], stream: bool, fmt):
+    """The reply to the request whose prompts' generations are `specs`, streamed or whole."""
+    metrics = ctx.metrics.start(fmt.prompt_tokens, fmt.spec.n)
     # The client's own id back where it sent one (as a proxy expects), else ours.
-    headers = {"X-Request-Id": client_request_id(request) or spec.request_id}
+    headers = {"X-Request-Id": client_request_id(request) or fmt.spec.request_id}
     if stream:
-        return _ClosingStream(_stream(ctx, spec, fmt, metrics), media_type="text/event-stream",
+        return _ClosingStream(_stream(ctx, specs, fmt, metrics), media_type="text/event-stream",
                               headers={"Cache-Control": "no-cache", **headers})
-    task = asyncio.ensure_future(_collect(ctx, spec, metrics))
+    task = asyncio.ensure_future(_collect(ctx, specs, metrics))
     watcher = asyncio.ensure_future(_cancel_on_disconnect(request, task))
     try:
         choices = await task
@@ -311,10 +326,10 @@ class _ClosingStream(StreamingResponse):
             await self.body_iterator.aclose()
 
 
-async def _collect(ctx: Context, spec: GenerationSpec, metrics):
+async def _collect(ctx: Context, specs: list[GenerationSpec], metrics):
     choices = {}
     try:
-        async for update in relay(spec, ctx.clients, ctx.tokenizer, ctx.replies):
+        async for update in relay(specs, ctx.clients, ctx.tokenizer, ctx.replies):
             metrics.tokens(update)
             choices[update.choice.index] = update.choice
     except APIError:
@@ -333,14 +348,14 @@ async def _cancel_on_disconnect(request: Request, task: asyncio.Future) -> None:
         await asyncio.sleep(0.25)
 
 
-async def _stream(ctx: Context, spec: GenerationSpec, fmt, metrics):
+async def _stream(ctx: Context, specs: list[GenerationSpec], fmt, metrics):
     for chunk in fmt.opening():
         yield R.sse(chunk)
     queue: asyncio.Queue = asyncio.Queue()
 
     async def pump():
         try:
-            async for update in relay(spec, ctx.clients, ctx.tokenizer, ctx.replies):
+            async for update in relay(specs, ctx.clients, ctx.tokenizer, ctx.replies):
                 await queue.put(update)
             await queue.put(None)
         except APIError as exc:
@@ -371,7 +386,7 @@ async def _stream(ctx: Context, spec: GenerationSpec, fmt, metrics):
         metrics.finished(ordered)
         if fmt.include_usage:
             yield R.sse({**fmt.head(), "object": fmt.chunk_object, "choices": [],
-                         "usage": R.usage(len(spec.prompt), ordered)})
+                         "usage": fmt.usage(ordered)})
         yield R.SSE_DONE
     finally:
         task.cancel()

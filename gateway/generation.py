@@ -1,6 +1,7 @@
 """Relaying one OpenAI request's choices from decode workers.
 
-Each choice is one Decode.Generate stream (n > 1 runs n streams at once). Its tokens go
+Each choice is one Decode.Generate stream (n > 1 runs n streams at once, a batch of prompts n
+a prompt, numbered on from one prompt's to the next's, as OpenAI numbers them). Its tokens go
 through a streaming detokenizer (UTF-8 boundaries, stop strings, which end the stream early)
 and, for chat, the output parser (reasoning vs content, DSML tool calls). Updates are
 yielded in arrival order; closing the generator cancels every stream, which aborts the
@@ -38,6 +39,7 @@ class GenerationSpec:
     tools_enabled: bool = False
     forced_text: str = ""  # output the prompt already forced (a tool call's opening): primes the parser
     timeout_s: float = 3600.0
+    first_index: int = 0  # its first choice's index in the reply (a batch's later prompts)
 
     @property
     def history_drops_reply(self) -> bool:
@@ -84,38 +86,25 @@ class DecodeClients:
         return worker_pb2_grpc.DecodeStub(self.channels.get(address)).Generate(request, timeout=timeout_s)
 
 
-async def relay(spec: GenerationSpec, clients: DecodeClients, tokenizer: Tokenizer,
+async def relay(specs: list[GenerationSpec], clients: DecodeClients, tokenizer: Tokenizer,
                 replies: ReplyMemory | None = None):
-    """Async generator of Updates for every choice; raises APIError if a worker fails. The
-    first choice's reply goes into `replies`, for the next turn that quotes it."""
+    """Async generator of Updates for every choice of every spec (a request's prompts); raises
+    APIError if a worker fails. The first choice's chat reply goes into `replies`, for the next
+    turn that quotes it."""
     queue: asyncio.Queue = asyncio.Queue()
-    calls, tasks = [], []
-    choices = []
-    for index in range(spec.n):
-        stop_after = st.THINK_END.id if spec.chat and spec.starts_in_reasoning else None
-        detok = StreamingDetokenizer(tokenizer, spec.stops, stop_after_token=stop_after,
-                                     min_tokens=spec.sampling.min_tokens)
-        parser = OutputParser(starts_in_reasoning=spec.starts_in_reasoning,
-                              tools_enabled=spec.tools_enabled) if spec.chat else None
-        choices.append(Choice(index, detok, parser, spec.chat and spec.starts_in_reasoning))
-        sampling = worker_pb2.SamplingParams()
-        sampling.CopyFrom(spec.sampling)
-        if spec.sampling.HasField("seed"):
-            sampling.seed = spec.sampling.seed + index
-        request = worker_pb2.GenerateRequest(
-            request_id=f"{spec.request_id}-{index}", token_ids=spec.prompt, sampling=sampling,
-            # only the first choice continues the conversation: n siblings would overwrite each other
-            conversation_id=spec.route.conversation_id if index == 0 else "",
-            prefill_address=spec.route.prefill, history_drops_reply=spec.history_drops_reply)
-        call = clients.generate(spec.route.decode, request, spec.timeout_s)
-        calls.append(call)
-        tasks.append(asyncio.create_task(_pump(index, call, queue)))
-    open_choices = spec.n
+    calls, tasks, choices = {}, [], {}
+    for spec in specs:
+        for index in range(spec.first_index, spec.first_index + spec.n):
+            choices[index] = _choice(spec, index, tokenizer)
+            calls[index] = clients.generate(spec.route.decode, _generate_request(spec, index), spec.timeout_s)
+            tasks.append(asyncio.create_task(_pump(index, calls[index], queue)))
+    open_choices = len(choices)
     try:
-        if spec.forced_text:
-            for choice in choices:
-                delta = choice.parser.feed(spec.forced_text)
-                yield Update(choice, [], "", delta.to_openai() if delta else None, [], done=False)
+        for spec in specs:
+            if spec.forced_text:
+                for index in range(spec.first_index, spec.first_index + spec.n):
+                    delta = choices[index].parser.feed(spec.forced_text)
+                    yield Update(choices[index], [], "", delta.to_openai() if delta else None, [], done=False)
         while open_choices:
             index, message, error = await queue.get()
             if error is not None:
@@ -127,14 +116,35 @@ async def relay(spec: GenerationSpec, clients: DecodeClients, tokenizer: Tokeniz
             if update.done:
                 open_choices -= 1
                 calls[index].cancel()  # no-op once the stream ended; stops it after a stop string
-                if replies is not None and index == 0 and spec.chat and not spec.forced_text:
+                if replies is not None and index == 0 and specs[0].chat and not specs[0].forced_text:
                     _remember(replies, tokenizer, choice)
             yield update
     finally:
-        for call in calls:
+        for call in calls.values():
             call.cancel()
         for task in tasks:
             task.cancel()
+
+
+def _choice(spec: GenerationSpec, index: int, tokenizer: Tokenizer) -> Choice:
+    stop_after = st.THINK_END.id if spec.chat and spec.starts_in_reasoning else None
+    detok = StreamingDetokenizer(tokenizer, spec.stops, stop_after_token=stop_after,
+                                 min_tokens=spec.sampling.min_tokens)
+    parser = OutputParser(starts_in_reasoning=spec.starts_in_reasoning,
+                          tools_enabled=spec.tools_enabled) if spec.chat else None
+    return Choice(index, detok, parser, spec.chat and spec.starts_in_reasoning)
+
+
+def _generate_request(spec: GenerationSpec, index: int) -> worker_pb2.GenerateRequest:
+    sampling = worker_pb2.SamplingParams()
+    sampling.CopyFrom(spec.sampling)
+    if spec.sampling.HasField("seed"):
+        sampling.seed = spec.sampling.seed + index
+    return worker_pb2.GenerateRequest(
+        request_id=f"{spec.request_id}-{index}", token_ids=spec.prompt, sampling=sampling,
+        # only the first choice continues the conversation: n siblings would overwrite each other
+        conversation_id=spec.route.conversation_id if index == spec.first_index else "",
+        prefill_address=spec.route.prefill, history_drops_reply=spec.history_drops_reply)
 
 
 async def _pump(index: int, call, queue: asyncio.Queue) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ..metrics import Metrics, RequestTimer
+from .responses import cached_tokens
 
 ROLE = "gateway"
 
@@ -11,16 +12,17 @@ class GatewayMetrics:
     def __init__(self, metrics: Metrics):
         self.metrics = metrics
 
-    def start(self, spec) -> "_RequestMetrics":
-        return _RequestMetrics(RequestTimer(self.metrics, ROLE, len(spec.prompt)))
+    def start(self, prompt_tokens: int, n: int = 1) -> "_RequestMetrics":
+        """A request of prompt_tokens in all, n choices a prompt."""
+        return _RequestMetrics(RequestTimer(self.metrics, ROLE, prompt_tokens), n)
 
     def render(self):
         return self.metrics.render()
 
 
 class _RequestMetrics:
-    def __init__(self, timer: RequestTimer):
-        self.timer = timer
+    def __init__(self, timer: RequestTimer, n: int):
+        self.timer, self.n = timer, n
         self.done = False
 
     def tokens(self, update) -> None:
@@ -30,9 +32,7 @@ class _RequestMetrics:
         if self.done:
             return
         self.done = True
-        first = choices[0] if choices else None
-        cached = first.finished.usage.cached_tokens if first is not None and first.finished is not None else 0
-        self.timer.finish(first.finish_reason if first is not None else "error", cached)
+        self.timer.finish(choices[0].finish_reason if choices else "error", cached_tokens(choices, self.n))
 
     def failed(self) -> None:
         if not self.done:

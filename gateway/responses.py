@@ -20,10 +20,15 @@ SSE_DONE = "data: [DONE]\n\n"
 SSE_KEEPALIVE = ": keep-alive\n\n"
 
 
-def usage(prompt_tokens: int, choices: list[Choice]) -> dict[str, Any]:
+def cached_tokens(choices: list[Choice], n: int = 1) -> int:
+    """The prompt tokens the workers already held, as each prompt's first choice (of n) reports
+    them (its siblings do not keep the conversation)."""
+    return sum(c.finished.usage.cached_tokens for c in choices if c.index % n == 0 and c.finished is not None)
+
+
+def usage(prompt_tokens: int, choices: list[Choice], n: int = 1) -> dict[str, Any]:
     completion = sum(len(c.token_ids) for c in choices)
-    first = choices[0].finished if choices else None
-    cached = first.usage.cached_tokens if first is not None else 0
+    cached = cached_tokens(choices, n)
     out = {"prompt_tokens": prompt_tokens, "completion_tokens": completion, "total_tokens": prompt_tokens + completion,
            "prompt_tokens_details": {"cached_tokens": cached}}
     reasoning = sum(c.reasoning_tokens for c in choices)

@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 MAX_CONTEXT_TOKENS = 1_048_576
 MAX_STOP_STRINGS = 16
+MAX_CHOICES = 64  # a completion request's prompts times n
 
 
 class StreamOptions(BaseModel):

@@ -87,6 +87,29 @@ def test_completions_text_and_token_ids(client, tiny_model):
     assert len(out.choices[0].logprobs.token_logprobs) == 6
 
 
+def test_a_batch_of_prompts_equals_each_alone(client, tiny_model):
+    """OpenAI numbers a batch's choices prompt by prompt, n each; every one is its prompt's greedy
+    output, streamed or not, and the usage adds the prompts up."""
+    prompts = [[0, 1000, 2000, 3000], [0, 77, 88], [5, 6, 7, 8, 9]]
+    with torch.inference_mode():
+        alone = [greedy(tiny_model, torch.tensor(p), 5) for p in prompts]
+    out = client.completions.create(model="m", prompt=prompts, n=2, max_tokens=5, temperature=0,
+                                    extra_body={"return_token_ids": True})
+    assert [c.index for c in out.choices] == list(range(6))
+    assert [c.model_extra["token_ids"] for c in out.choices] == [ids for ids in alone for _ in range(2)]
+    assert out.usage.prompt_tokens == 12 and out.usage.completion_tokens == 30
+    stream = client.completions.create(model="m", prompt=prompts, max_tokens=5, temperature=0, stream=True,
+                                       stream_options={"include_usage": True})
+    texts, usage = {}, None
+    for chunk in stream:
+        for c in chunk.choices:
+            texts[c.index] = texts.get(c.index, "") + c.text
+        usage = chunk.usage or usage
+    singles = [client.completions.create(model="m", prompt=p, max_tokens=5, temperature=0).choices[0].text
+               for p in prompts]
+    assert [texts[i] for i in range(3)] == singles and usage.prompt_tokens == 12
+
+
 def test_stop_string_spanning_tokens(client):
     plain = client.completions.create(model="m", prompt=[0, 11, 22, 33], max_tokens=12, temperature=0)
     text = plain.choices[0].text
