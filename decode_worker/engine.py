@@ -96,9 +96,14 @@ class DecodeEngine:
         if self.drafter is not None and prefill is not None and prefill.taps is not None:
             with torch.inference_mode():
                 self.drafter.absorb(cache, prefill.taps_start, prefill.taps.float())
-        try:
-            request.snapshot = cache.copy_to(self.pool)
-        except PoolExhausted:
+        for _ in range(2):  # a second try after evicting older kept caches
+            try:
+                request.snapshot = cache.copy_to(self.pool)
+                break
+            except PoolExhausted:
+                if self.reclaim is None or self.reclaim(cache.pool_bytes) <= 0:
+                    break
+        if request.snapshot is None:
             log.info("no pool room to keep %s before its last prompt token", request.request_id)
         request.prefill = None
 
@@ -144,7 +149,7 @@ class DecodeEngine:
     def _admit(self, events: list[TokenEvent]) -> None:
         for request in list(self.waiting):
             if request.cache is None or request.cache.num_tokens < request.num_processed_tokens:
-                if not self._room_for(request.num_processed_tokens):
+                if not self._make_room(request):
                     break  # first come, first served: later requests wait too
                 self.waiting.remove(request)
                 self._rebuild(request)
@@ -154,14 +159,27 @@ class DecodeEngine:
             self.waiting.remove(request)
             self._start(request, events)
 
-    def _room_for(self, num_tokens: int) -> bool:
-        """Can a cache of num_tokens be built without taking pages the running requests need for
-        their next block? (Without this check a rebuilt request would evict the others again.)"""
+    def _room_for(self, request: DecodeRequest) -> bool:
+        """Can the request's cache be built (on from the part it holds) without taking pages the
+        running requests need for their next block? (Without this check a rebuilt request would
+        evict the others again.) A cache it holds already has its slot."""
         block = self.spec_tokens + 1
         headroom = sum(r.cache.pages_needed(block) for r in self.running)
         headroom += sum(self.pool.layout.pages_for(r.num_processed_tokens + block) for r in self.rebuilding.values())
-        need = self.pool.layout.pages_for(num_tokens + block)
-        return self.pool.free_slot_count > 0 and self.pool.free_page_count - headroom >= need
+        held = request.cache
+        if held is None:
+            need = self.pool.layout.pages_for(request.num_processed_tokens + block)
+        else:
+            need = held.pages_needed(request.num_processed_tokens - held.num_tokens + block)
+        return (held is not None or self.pool.free_slot_count > 0) and self.pool.free_page_count - headroom >= need
+
+    def _make_room(self, request: DecodeRequest) -> bool:
+        """_room_for, evicting kept conversation caches (the least recent first) while it is not:
+        kept caches that fill the pool's slots or pages would otherwise leave it waiting forever."""
+        while not self._room_for(request):
+            if self.reclaim is None or self.reclaim(self.pool.layout.page_bytes) <= 0:
+                return False
+        return True
 
     def _rebuild(self, request: DecodeRequest) -> None:
         request.status = DecodeStatus.PREFILLING

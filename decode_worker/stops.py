@@ -26,7 +26,8 @@ class StopStringMatcher:
             return False
         before = self.decode(self.tokens[-self.window - 1:-1]) if len(self.tokens) > 1 else ""
         after = self.decode(self.tokens[-self.window - 1:])
-        return any(s in after and s not in before for s in self.stops)
+        # this token's text ends the match (one wholly in the text before was not counted: min_tokens)
+        return any(after.find(s, max(0, len(before) - len(s) + 1)) >= 0 for s in self.stops)
 
 
 def finish_reason(params: SamplingParams, eos_token_id: int, output_len: int, token: int,

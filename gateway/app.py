@@ -40,6 +40,16 @@ def create_app(ctx: Context) -> FastAPI:
                                              code="invalid_api_key").body(), status_code=401)
         return await call_next(request)
 
+    @app.middleware("http")
+    async def echo_request_id(request: Request, call_next):
+        """A client's X-Request-Id back on every reply, errors and refusals too (added last, so
+        outermost: around authenticate's 401s)."""
+        response = await call_next(request)
+        client = endpoints.client_request_id(request)
+        if client:
+            response.headers["X-Request-Id"] = client
+        return response
+
     @app.get("/healthz")
     async def healthz():
         return {"status": "ok"}

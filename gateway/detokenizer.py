@@ -8,8 +8,9 @@ matches across or inside one (they are markup, not text), so no special token is
 On a stop string the text is cut just before it and everything after is ignored.
 
 In thinking mode, `stop_after_token=THINK_END.id` keeps stop strings off the reasoning, so that
-a stop like "\\n\\n" ends the answer and not the thinking. `min_tokens` keeps them off the text
-of the first that many tokens (as the request's EOS and stop ids are held off at the worker).
+a stop like "\\n\\n" ends the answer and not the thinking. With `min_tokens` a stop string counts
+only where a later token completes it (as vLLM counts them; the worker holds off EOS and stop
+ids alike): one that starts in the first min_tokens tokens' text and ends after it does.
 """
 
 from __future__ import annotations
@@ -73,6 +74,7 @@ class StreamingDetokenizer:
             if hit is not None:
                 self.is_stopped, self.matched_stop, self._pending = True, hit[1], ""
                 return text[:hit[0]]
-        hold = 0 if at_barrier or not self._stops_active else partial_suffix_len(text, self._stops)
+        # (Held off by min_tokens, the start of a possible stop is held back too: a later token may end it.)
+        hold = 0 if at_barrier or not self._past_stop_after else partial_suffix_len(text, self._stops)
         self._pending = text[len(text) - hold:]
         return text[:len(text) - hold]

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import re
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from fastapi import Request
@@ -34,6 +35,8 @@ from .replies import ReplyMemory
 from .router import NoWorkers, Router
 from .schema import MAX_CHOICES, ChatCompletionRequest, CompletionRequest, SamplingFields
 from .tokenizer import Tokenizer
+
+log = logging.getLogger("dsflash.gateway")
 
 
 @dataclass(frozen=True)
@@ -229,20 +232,26 @@ class _ChatFormat:
 
 async def completions(ctx: Context, request: Request):
     req = await read_body(request, CompletionRequest, ctx.settings.max_body_bytes)
-    prompts = await _prompts(ctx, req.prompt)
-    if len(prompts) * req.n > MAX_CHOICES:
+    batch = len(req.prompt) if isinstance(req.prompt, list) and not isinstance(req.prompt[0], int) else 1
+    if batch * req.n > MAX_CHOICES:  # (before any prompt is tokenized)
         raise invalid(f"at most {MAX_CHOICES} choices a request (prompts times n): send several requests",
                       param="prompt")
+    prompts = await _prompts(ctx, req.prompt)
     want = req.logprobs is not None
     samplings = [sampling_proto(req, budget(ctx, len(p), req.limit, "max_tokens"), want, req.logprobs or 0)
                  for p in prompts]  # all checked before any is routed
     # A conversation continues one prompt; a batch's prompts are routed by their prefixes alone.
     conversation = conversation_of(request, req) if len(prompts) == 1 else None
     request_id = request_id_of(request, "cmpl")
-    specs = [GenerationSpec(request_id=request_id, prompt=p, sampling=sampling, n=req.n,
-                            route=await route(ctx, conversation, p), stops=req.stop_list(), chat=False,
-                            timeout_s=ctx.settings.request_timeout_s, first_index=i * req.n)
-             for i, (p, sampling) in enumerate(zip(prompts, samplings))]
+    specs, continued = [], set()
+    for i, (p, sampling) in enumerate(zip(prompts, samplings)):
+        to = await route(ctx, conversation, p)
+        if to.conversation_id in continued:  # two prompts matched one conversation: the first continues it
+            to = replace(to, conversation_id="")
+        continued.add(to.conversation_id)
+        specs.append(GenerationSpec(request_id=request_id, prompt=p, sampling=sampling, n=req.n, route=to,
+                                    stops=req.stop_list(), chat=False, timeout_s=ctx.settings.request_timeout_s,
+                                    first_index=i * req.n))
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
     fmt = _CompletionFormat(ctx, specs[0], req, include_usage, sum(len(p) for p in prompts))
     return await _respond(ctx, request, specs, req.stream, fmt)
@@ -332,7 +341,7 @@ async def _collect(ctx: Context, specs: list[GenerationSpec], metrics):
         async for update in relay(specs, ctx.clients, ctx.tokenizer, ctx.replies):
             metrics.tokens(update)
             choices[update.choice.index] = update.choice
-    except APIError:
+    except Exception:
         metrics.failed()
         raise
     ordered = [choices[i] for i in sorted(choices)]
@@ -360,6 +369,9 @@ async def _stream(ctx: Context, specs: list[GenerationSpec], fmt, metrics):
             await queue.put(None)
         except APIError as exc:
             await queue.put(exc)
+        except Exception:  # the stream must end, not wait on keep-alives: ours, a 500
+            log.exception("relaying a stream failed")
+            await queue.put(APIError(500, "internal error", type="server_error"))
 
     task = asyncio.create_task(pump())
     choices = {}

@@ -93,13 +93,14 @@ async def relay(specs: list[GenerationSpec], clients: DecodeClients, tokenizer: 
     turn that quotes it."""
     queue: asyncio.Queue = asyncio.Queue()
     calls, tasks, choices = {}, [], {}
-    for spec in specs:
-        for index in range(spec.first_index, spec.first_index + spec.n):
-            choices[index] = _choice(spec, index, tokenizer)
-            calls[index] = clients.generate(spec.route.decode, _generate_request(spec, index), spec.timeout_s)
-            tasks.append(asyncio.create_task(_pump(index, calls[index], queue)))
-    open_choices = len(choices)
+    requests = {index: (spec, _generate_request(spec, index)) for spec in specs
+                for index in range(spec.first_index, spec.first_index + spec.n)}  # all made before any starts
+    open_choices = len(requests)
     try:
+        for index, (spec, request) in requests.items():
+            choices[index] = _choice(spec, index, tokenizer)
+            calls[index] = clients.generate(spec.route.decode, request, spec.timeout_s)
+            tasks.append(asyncio.create_task(_pump(index, calls[index], queue)))
         for spec in specs:
             if spec.forced_text:
                 for index in range(spec.first_index, spec.first_index + spec.n):
@@ -139,7 +140,9 @@ def _generate_request(spec: GenerationSpec, index: int) -> worker_pb2.GenerateRe
     sampling = worker_pb2.SamplingParams()
     sampling.CopyFrom(spec.sampling)
     if spec.sampling.HasField("seed"):
-        sampling.seed = spec.sampling.seed + index
+        # a prompt's j-th choice draws from seed + j, wherever the prompt stands in a batch (wrapped
+        # into int64, as the seed field holds it)
+        sampling.seed = (spec.sampling.seed + index - spec.first_index + 2**63) % 2**64 - 2**63
     return worker_pb2.GenerateRequest(
         request_id=f"{spec.request_id}-{index}", token_ids=spec.prompt, sampling=sampling,
         # only the first choice continues the conversation: n siblings would overwrite each other

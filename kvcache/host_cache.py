@@ -29,8 +29,7 @@ class ConversationEntry:
 
     @property
     def nbytes(self) -> int:
-        layout = self.cache.layout
-        return sum(len(t) for t in self.cache.page_table.values()) * layout.page_bytes + layout.slot_bytes
+        return self.cache.pool_bytes
 
 
 class HostCache:

@@ -70,6 +70,11 @@ class PagedCache(SequenceCache):
         self._sections = {name: pool.pages[:, off: off + width * layout.page_entries].view(
             pool.num_pages, layout.page_entries, width) for name, (off, width) in layout.page_sections().items()}
 
+    @property
+    def pool_bytes(self) -> int:
+        """The pool memory this cache holds: its slot and its pages."""
+        return self.layout.slot_bytes + sum(len(t) for t in self.page_table.values()) * self.layout.page_bytes
+
     # ------------------------------------------------------------ ring
 
     def ring_write(self, layer, positions, values, packed):

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from dsflash.decode_worker.engine import DecodeError
+from dsflash.decode_worker.engine import DecodeEngine, DecodeEngineConfig, DecodeError
 from dsflash.decode_worker.request import DecodeRequest, FinishReason
 from dsflash.decode_worker.sampling import SamplingParams
 from dsflash.model.dspark import greedy_chooser
@@ -128,6 +128,18 @@ def test_min_tokens_holds_off_a_stop_id_and_speculation_stays_exact(tiny_model, 
     assert outs[0] == outs[1]
 
 
+def test_a_stop_string_held_off_by_min_tokens_counts_again_after():
+    """The worker's stop strings wait out min_tokens, and one seen in those tokens' text does
+    not hide the same string ending later."""
+    from dsflash.decode_worker.stops import StopStringMatcher, finish_reason
+
+    words = {1: "a", 2: ",", 3: " b", 4: ",", 5: " c"}
+    params = SamplingParams(max_tokens=9, stop=(",",), min_tokens=2)
+    matcher = StopStringMatcher(lambda ids: "".join(words[t] for t in ids), params.stop)
+    reasons = [finish_reason(params, 0, n, t, matcher) for n, t in enumerate([1, 2, 3, 4, 5], start=1)]
+    assert reasons == [None, None, None, FinishReason.STOP, None]
+
+
 def test_stop_strings_across_token_boundaries(tiny_model, oracle):
     prompt = _prompts(1, seed=6)[0]
     ref = oracle(tiny_model, prompt, 10)
@@ -228,3 +240,44 @@ def test_aborted_split_request_returns_its_kept_copy(tiny_model):
     engine.step()
     engine.abort("gone")
     assert request.snapshot is None and pool.is_empty()
+
+
+def test_kept_caches_give_way_to_a_request_that_must_be_computed(tiny_model, oracle):
+    """Every slot held by kept conversation caches: a request the engine must compute itself
+    evicts them (the least recent first) instead of waiting for a slot forever."""
+    from dsflash.kvcache.paged import PagedCache
+
+    pool = make_pool(tiny_model, slots=3)
+    kept = [PagedCache(pool, tiny_model.config) for _ in range(3)]
+
+    def reclaim(_nbytes):
+        if not kept:
+            return 0
+        cache = kept.pop(0)
+        cache.release()
+        return cache.pool_bytes
+
+    engine = DecodeEngine(tiny_model, pool, DecodeEngineConfig(spec_tokens=5), reclaim=reclaim)
+    prompt = _prompts(1, seed=9)[0]
+    done = run_to_end(engine, [greedy_request("computed", prompt, 6)], max_steps=50)
+    assert done["computed"].output == oracle(tiny_model, prompt, 6) and len(kept) == 2
+    for cache in kept:
+        cache.release()
+    assert pool.is_empty()
+
+
+def test_a_cache_that_arrived_short_is_finished_with_no_slot_free(tiny_model, oracle):
+    """Its cache holds its slot already: the engine computes its last token though every other
+    slot is taken (and nothing can be evicted), keeping no copy where there is no room for one."""
+    from dsflash.kvcache.paged import PagedCache
+
+    prompt = _prompts(1, seed=6)[0] + [11, 12]
+    pool = make_pool(tiny_model, slots=2)
+    cache, output = _prefilled(tiny_model, pool, prompt[:-1])
+    other = PagedCache(pool, tiny_model.config)
+    request = greedy_request("short", prompt, 6)
+    request.cache, request.prefill, request.keep_before_last, request.conversation_id = cache, output, True, "c"
+    done = run_to_end(engine_with(tiny_model, pool, 5), [request], max_steps=50)
+    assert done["short"].output == oracle(tiny_model, prompt, 6) and done["short"].snapshot is None
+    other.release()
+    assert pool.is_empty()

@@ -181,10 +181,41 @@ def test_the_clients_request_id_comes_back_and_reaches_the_worker(tok):
             r = httpx.post(f"{gw.url}/v1/completions", json={**body, "stream": stream},
                            headers={"X-Request-Id": "proxy-7f3a"}, timeout=30)
             assert r.status_code == 200 and r.headers["x-request-id"] == "proxy-7f3a"
+        refused = httpx.post(f"{gw.url}/v1/completions", json={"prompt": []}, headers={"X-Request-Id": "p-1"})
+        assert refused.status_code == 400 and refused.headers["x-request-id"] == "p-1"  # on errors too
         plain = httpx.post(f"{gw.url}/v1/completions", json=body, timeout=30)
         odd = httpx.post(f"{gw.url}/v1/completions", json=body, headers={"X-Request-Id": "a b;c"}, timeout=30)
         assert plain.headers["x-request-id"] == plain.json()["id"] == seen[2].rsplit("-", 1)[0]
         assert odd.headers["x-request-id"] == odd.json()["id"] and "a b" not in seen[3]  # not a plain id: ours
         assert all(s.startswith("cmpl-proxy-7f3a-") for s in seen[:2]) and seen[0] != seen[1]  # unique per request
+    finally:
+        gw.close()
+
+
+def test_a_batchs_seeds_and_conversations(tok):
+    """Each prompt's j-th choice draws from seed + j wherever the prompt stands (wrapped into
+    int64), and a conversation two prompts matched is continued by the first one alone."""
+    from dsflash.gateway.router import Route
+    from dsflash.kvcache.directory import WorkerRole
+
+    ids = _ids(tok, ["ok"])
+    seen = {}
+
+    def script(request):
+        seen[request.request_id.rsplit("-", 1)[1]] = (request.sampling.seed, request.conversation_id)
+        return [ids], "stop"
+
+    gw = ScriptedGateway(script)
+
+    async def one_conversation(_conversation, _tokens):
+        workers = await gw.ctx.router.workers(WorkerRole.DECODE)
+        return Route(workers[0].address, "", "shared", "prefix")
+
+    gw.ctx.router.route = one_conversation
+    try:
+        body = {"prompt": [[1, 2], [3, 4]], "n": 2, "seed": 2**63 - 1}
+        r = httpx.post(f"{gw.url}/v1/completions", json=body, timeout=30)
+        assert r.status_code == 200 and [c["index"] for c in r.json()["choices"]] == [0, 1, 2, 3]
+        assert seen == {"0": (2**63 - 1, "shared"), "1": (-2**63, ""), "2": (2**63 - 1, ""), "3": (-2**63, "")}
     finally:
         gw.close()

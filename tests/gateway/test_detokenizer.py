@@ -110,3 +110,7 @@ def test_stop_strings_count_only_after_min_tokens(tokenizer):
         detok = StreamingDetokenizer(tokenizer, stop=[","], min_tokens=held)
         text = detok.push_many(head + tail) + detok.finish()
         assert text == ("a" if held == 0 else "a, b") and detok.matched_stop == ","
+    # one that starts in the held-off text and a later token ends counts, as the worker counts it
+    head = tokenizer.encode_text("hello world")
+    detok = StreamingDetokenizer(tokenizer, stop=["world STOP"], min_tokens=len(head))
+    assert detok.push_many(head + tokenizer.encode_text(" STOP now")) + detok.finish() == "hello "

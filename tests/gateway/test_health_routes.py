@@ -42,3 +42,5 @@ def test_liveness_ignores_the_workers_and_no_probe_asks_for_a_key(probes):
     _router, client = probes
     assert client.get("/healthz").json() == {"status": "ok"}
     assert client.get("/v1/models").status_code == 401  # the key guards /v1/ only
+    refused = client.get("/v1/models", headers={"X-Request-Id": "lb-42"})
+    assert refused.status_code == 401 and refused.headers["x-request-id"] == "lb-42"  # refusals carry it too

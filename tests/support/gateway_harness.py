@@ -49,6 +49,7 @@ class ScriptedGateway:
         decode = f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}"
         await server.start()
         ctx, self._channels = build_context(self.settings, prefill=["127.0.0.1:1"], decode=[decode])
+        self.ctx = ctx  # (a test may stand in for its router)
         self._stop = asyncio.Event()
         ready = asyncio.Event()
         http = asyncio.create_task(serve_http(ctx, "127.0.0.1", self.port, ready))
