@@ -98,6 +98,9 @@ def build_parser() -> argparse.ArgumentParser:
                   "staged through a host copy the transports use, so pool-bytes of each; host = the "
                   "transports' host memory only; auto = device with --gpus, else host")
         _add(p, "--max-requests", type=int, default=32, help="requests held at once (pool slots)")
+        _add(p, "--drain-grace-s", type=float, default=30.0,
+             help="on SIGTERM, how long running requests may go on before the worker stops (keep the "
+                  "pod's terminationGracePeriodSeconds above it)")
         _add(p, "--prefill-token-budget", type=int,
              default=PREFILL_WORKER_TOKEN_BUDGET if role == "prefill" else 8192,
              help="prompt tokens per engine step, %(default)s by default (a decode worker's recomputed prompts "

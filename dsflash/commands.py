@@ -108,6 +108,8 @@ def worker_settings(args, role: str):
     devices = tuple(f"cuda:{gpu}" for gpu in _list(args.gpus)) if args.gpus else ("cpu",) * (args.ranks or 1)
     if args.gpus and args.ranks and args.ranks != len(devices):
         raise SystemExit(f"--ranks {args.ranks} with {len(devices)} --gpus: give one rank per GPU")
+    if args.drain_grace_s < 0:
+        raise SystemExit(f"--drain-grace-s {args.drain_grace_s}: a time to wait, at least 0")
     if args.prefill_token_budget < 1:
         raise SystemExit(f"--prefill-token-budget {args.prefill_token_budget}: at least 1 token a step")
     if args.gpus:
@@ -128,7 +130,8 @@ def worker_settings(args, role: str):
                           devices=devices if len(devices) > 1 else (),
                           kv_transports=_list(args.kv_transports), kv_pool=args.kv_pool, pool_bytes=args.pool_bytes,
                           max_requests=args.max_requests, prefill_token_budget=args.prefill_token_budget,
-                          act_quant=args.act_quant, faults=fault_plan(args.inject_kv_fault), **extra)
+                          act_quant=args.act_quant, drain_grace_s=args.drain_grace_s,
+                          faults=fault_plan(args.inject_kv_fault), **extra)
 
 
 def prefill(args) -> int:

@@ -10,10 +10,14 @@ from dsflash.commands import worker_settings
 from dsflash.model import deepseek_v41
 
 
+def _settings(role: str, *flags: str):
+    return worker_settings(build_parser().parse_args([role, "--checkpoint", "ckpt", *flags]), role)
+
+
 @pytest.mark.parametrize("role", ["prefill", "decode"])
 def test_a_prefill_token_budget_the_kernels_cannot_take_is_refused(role):
     def settings(*flags: str):
-        return worker_settings(build_parser().parse_args([role, "--checkpoint", "ckpt", *flags]), role)
+        return _settings(role, *flags)
 
     most = deepseek_v41.MAX_KERNEL_ROWS
     assert settings("--gpus", "0", "--prefill-token-budget", str(most)).prefill_token_budget == most
@@ -26,11 +30,18 @@ def test_a_prefill_token_budget_the_kernels_cannot_take_is_refused(role):
 
 def test_a_prefill_workers_weight_cache_is_its_flag_in_bytes():
     """--weight-cache-bytes (prefill workers only) reaches WorkerSettings in bytes; 0 by default."""
-    def settings(role: str, *flags: str):
-        return worker_settings(build_parser().parse_args([role, "--checkpoint", "ckpt", *flags]), role)
-
-    assert settings("prefill").weight_cache_bytes == 0
-    assert settings("prefill", "--weight-cache-bytes", "36GiB").weight_cache_bytes == 36 << 30
-    assert settings("decode").weight_cache_bytes == 0
+    assert _settings("prefill").weight_cache_bytes == 0
+    assert _settings("prefill", "--weight-cache-bytes", "36GiB").weight_cache_bytes == 36 << 30
+    assert _settings("decode").weight_cache_bytes == 0
     with pytest.raises(SystemExit):
         build_parser().parse_args(["decode", "--checkpoint", "ckpt", "--weight-cache-bytes", "1GiB"])
+
+
+@pytest.mark.parametrize("role", ["prefill", "decode"])
+def test_the_drain_grace_is_a_flag_with_its_environment_twin(role, monkeypatch):
+    assert _settings(role).drain_grace_s == 30.0
+    assert _settings(role, "--drain-grace-s", "600").drain_grace_s == 600.0
+    monkeypatch.setenv("DSFLASH_DRAIN_GRACE_S", "90")
+    assert _settings(role).drain_grace_s == 90.0
+    with pytest.raises(SystemExit, match="drain-grace-s"):
+        _settings(role, "--drain-grace-s", "-1")
