@@ -121,7 +121,9 @@ class RequestSampler:
         p = self.params
         x = logits.float().clone()
         if self.held_off is not None and self.generated + len(extra) < p.min_tokens:
-            x[self.held_off.to(x.device)] = float("-inf")
+            if self.held_off.device != x.device:  # once, as the penalty state below
+                self.held_off = self.held_off.to(x.device)
+            x[self.held_off] = float("-inf")
         if p.penalized:
             if self.counts.device != x.device:  # once: the penalty state follows the logits' device
                 self.counts, self.seen = self.counts.to(x.device), self.seen.to(x.device)

@@ -232,11 +232,7 @@ class _ChatFormat:
 
 async def completions(ctx: Context, request: Request):
     req = await read_body(request, CompletionRequest, ctx.settings.max_body_bytes)
-    batch = len(req.prompt) if isinstance(req.prompt, list) and not isinstance(req.prompt[0], int) else 1
-    if batch * req.n > MAX_CHOICES:  # (before any prompt is tokenized)
-        raise invalid(f"at most {MAX_CHOICES} choices a request (prompts times n): send several requests",
-                      param="prompt")
-    prompts = await _prompts(ctx, req.prompt)
+    prompts = await _prompts(ctx, req.prompt, req.n)
     want = req.logprobs is not None
     samplings = [sampling_proto(req, budget(ctx, len(p), req.limit, "max_tokens"), want, req.logprobs or 0)
                  for p in prompts]  # all checked before any is routed
@@ -257,14 +253,18 @@ async def completions(ctx: Context, request: Request):
     return await _respond(ctx, request, specs, req.stream, fmt)
 
 
-async def _prompts(ctx: Context, prompt) -> list[list[int]]:
-    """A completion request's prompts as token ids: one text, texts, one list of ids or lists."""
-    if isinstance(prompt, str) or isinstance(prompt[0], str):
-        texts = [prompt] if isinstance(prompt, str) else prompt
+async def _prompts(ctx: Context, prompt, n: int) -> list[list[int]]:
+    """A completion request's prompts as token ids: one text, texts, one list of ids or lists;
+    at most MAX_CHOICES choices of n a prompt (checked before any is tokenized)."""
+    batch = [prompt] if isinstance(prompt, str) or isinstance(prompt[0], int) else prompt
+    if len(batch) * n > MAX_CHOICES:
+        raise invalid(f"at most {MAX_CHOICES} choices a request (prompts times n): send several requests",
+                      param="prompt")
+    if isinstance(batch[0], str):
         prompts = await asyncio.get_running_loop().run_in_executor(
-            None, lambda: [ctx.tokenizer.encode_text(t) for t in texts])
+            None, lambda: [ctx.tokenizer.encode_text(t) for t in batch])
     else:
-        prompts = [list(p) for p in ([prompt] if isinstance(prompt[0], int) else prompt)]
+        prompts = [list(p) for p in batch]
         vocab = ctx.tokenizer.vocab_size
         for ids in prompts:
             bad = [t for t in ids if not 0 <= t < vocab]
@@ -306,8 +306,7 @@ class _CompletionFormat(_ChatFormat):
 async def _respond(ctx: Context, request: Request, specs: list[GenerationSpec], stream: bool, fmt):
     """The reply to the request whose prompts' generations are `specs`, streamed or whole."""
     metrics = ctx.metrics.start(fmt.prompt_tokens, fmt.spec.n)
-    # The client's own id back where it sent one (as a proxy expects), else ours.
-    headers = {"X-Request-Id": client_request_id(request) or fmt.spec.request_id}
+    headers = {"X-Request-Id": fmt.spec.request_id}  # (app.echo_request_id puts a client's own id back)
     if stream:
         return _ClosingStream(_stream(ctx, specs, fmt, metrics), media_type="text/event-stream",
                               headers={"Cache-Control": "no-cache", **headers})
