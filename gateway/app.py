@@ -26,9 +26,12 @@ def create_app(ctx: Context) -> FastAPI:
         return JSONResponse(exc.body(), status_code=exc.status)
 
     @app.exception_handler(Exception)
-    async def internal_error(_request: Request, exc: Exception):
+    async def internal_error(request: Request, exc: Exception):
         log.exception("unhandled error")
-        return JSONResponse(APIError(500, "internal error", type="server_error").body(), status_code=500)
+        # Starlette answers this outside every middleware, echo_request_id's too: the id is put back here.
+        client = endpoints.client_request_id(request)
+        return JSONResponse(APIError(500, "internal error", type="server_error").body(), status_code=500,
+                            headers={"X-Request-Id": client} if client else None)
 
     @app.middleware("http")
     async def authenticate(request: Request, call_next):

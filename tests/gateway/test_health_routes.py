@@ -15,6 +15,8 @@ class _Router:
         self.is_ready = False
 
     async def ready(self) -> bool:
+        if self.is_ready is None:
+            raise RuntimeError("the router broke")
         return self.is_ready
 
 
@@ -44,3 +46,14 @@ def test_liveness_ignores_the_workers_and_no_probe_asks_for_a_key(probes):
     assert client.get("/v1/models").status_code == 401  # the key guards /v1/ only
     refused = client.get("/v1/models", headers={"X-Request-Id": "lb-42"})
     assert refused.status_code == 401 and refused.headers["x-request-id"] == "lb-42"  # refusals carry it too
+
+
+def test_an_unhandled_error_is_a_500_error_object_that_keeps_the_client_id():
+    router = _Router()
+    router.is_ready = None  # ready() raises
+    ctx = Context(settings=GatewaySettings(), router=router, tokenizer=None, clients=None, metrics=None)
+    with TestClient(create_app(ctx), raise_server_exceptions=False) as client:
+        broken = client.get("/health", headers={"X-Request-Id": "lb-43"})
+        assert broken.status_code == 500 and broken.json()["error"]["type"] == "server_error"
+        assert broken.headers["x-request-id"] == "lb-43"
+        assert "x-request-id" not in client.get("/health").headers  # none sent, none invented
