@@ -185,8 +185,12 @@ class DecodeEngine:
         request.status = DecodeStatus.PREFILLING
         self.rebuilding[request.request_id] = request
         cache, request.cache = request.cache, None  # the rebuilder owns a partial cache now
+        scored = request.params.prompt_logprobs if request.pending is None else None  # a fresh request's
+        if scored is not None and cache is not None:  # scoring computes the prompt whole
+            cache.release()
+            cache = None
         self.rebuilder.add(PrefillRequest(request.request_id, request.processed_tokens, cache=cache,
-                                          want_taps=self.drafter is not None))
+                                          want_taps=self.drafter is not None, prompt_logprobs=scored))
 
     def _start(self, request: DecodeRequest, events: list[TokenEvent]) -> None:
         prefill = request.prefill
@@ -198,6 +202,7 @@ class DecodeEngine:
             token, _ = request.sampler.choose(prefill.logits)
             request.stats.first_token_s = time.monotonic()
             event = self._event(request, *self._append(request, [token], prefill.logits.unsqueeze(0)))
+            event.prompt_logprobs = prefill.prompt_logprobs
             events.append(event)
             if event.finish_reason is not None:
                 return

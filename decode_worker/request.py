@@ -7,8 +7,9 @@ import time
 from dataclasses import dataclass, field
 
 from ..kvcache.paged import PagedCache
+from ..model.logprobs import TokenLogprob
 from ..model.prefill import PrefillOutput
-from .sampling import RequestSampler, SamplingParams, TokenLogprob
+from .sampling import RequestSampler, SamplingParams
 
 
 class DecodeStatus(enum.Enum):
@@ -32,6 +33,7 @@ class TokenEvent:
     logprobs: list[TokenLogprob] | None = None
     finish_reason: FinishReason | None = None
     error: str | None = None
+    prompt_logprobs: list[TokenLogprob] | None = None  # the first event's: the prompt's tokens after its first
 
 
 @dataclass

@@ -9,9 +9,11 @@ yet (`extra`): speculative verification scores row i with the drafts accepted be
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
+
+from ..model.logprobs import MAX_TOP, TokenLogprob, token_logprobs
 
 
 class SamplingError(ValueError):
@@ -35,6 +37,7 @@ class SamplingParams:
     logprobs: bool = False
     top_logprobs: int = 0
     min_tokens: int = 0  # EOS (unless ignore_eos) and stop_token_ids are masked out before this many
+    prompt_logprobs: int | None = None  # score the prompt's tokens, this many alternatives each (None: off)
 
     def __post_init__(self):
         checks = [
@@ -46,8 +49,10 @@ class SamplingParams:
             (0.0 < self.repetition_penalty <= 10.0, "repetition_penalty", "must be in (0, 10]"),
             (-2.0 <= self.presence_penalty <= 2.0, "presence_penalty", "must be in [-2, 2]"),
             (-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty", "must be in [-2, 2]"),
-            (0 <= self.top_logprobs <= 20, "top_logprobs", "must be in [0, 20]"),
+            (0 <= self.top_logprobs <= MAX_TOP, "top_logprobs", f"must be in [0, {MAX_TOP}]"),
             (0 <= self.min_tokens <= self.max_tokens, "min_tokens", "must be in [0, max_tokens]"),
+            (self.prompt_logprobs is None or 0 <= self.prompt_logprobs <= MAX_TOP, "prompt_logprobs",
+             f"must be in [0, {MAX_TOP}]"),
         ]
         for ok, name, msg in checks:
             if not ok:
@@ -70,13 +75,6 @@ class SamplingParams:
         """Greedy on the logits as they are (no penalty changes them): a batch's tokens can
         then be taken with one argmax over all its rows."""
         return self.greedy and not self.penalized
-
-
-@dataclass
-class TokenLogprob:
-    token: int
-    logprob: float
-    top: list[tuple[int, float]] = field(default_factory=list)
 
 
 class RequestSampler:
@@ -175,9 +173,4 @@ class RequestSampler:
 
     def logprob(self, logits: torch.Tensor, token: int) -> TokenLogprob:
         """Log-probability of `token` under the model's own distribution (before sampling knobs)."""
-        logp = torch.log_softmax(logits.float(), dim=-1)
-        top = []
-        if self.params.top_logprobs:
-            values, ids = torch.topk(logp, self.params.top_logprobs)
-            top = list(zip(ids.tolist(), values.tolist()))
-        return TokenLogprob(token, float(logp[token]), top)
+        return token_logprobs(logits[None], [token], self.params.top_logprobs)[0]

@@ -31,6 +31,7 @@ from ..prefill_worker.engine import PrefillEngineConfig
 from ..prefill_worker.scheduler import PrefillSchedulerConfig
 from ..serving.engine_loop import EngineLoop
 from ..serving.kernel_warm_ups import warm_up_kernels
+from ..serving.logprob_protos import logprobs_from_proto
 from ..serving.peers import PeerChannels
 from ..serving.worker import WorkerRuntime, WorkerSettings, listening_server, serve_until_signal, warming_up
 from ..v1 import worker_pb2, worker_pb2_grpc
@@ -143,14 +144,16 @@ class DecodeWorker:
     async def generate(self, request: worker_pb2.GenerateRequest, tokens: list[int], params):
         request_id = request.request_id or uuid.uuid4().hex
         began = time.monotonic()
-        source = await self.conversations.find_prefix(request.conversation_id, tokens)
+        scored = params.prompt_logprobs is not None  # the prompt computed whole: no prefix is looked for
+        source = PrefixSource(None, "none") if scored else await self.conversations.find_prefix(
+            request.conversation_id, tokens)
         # history_drops_reply: the prefill stops one token short, so that the engine can keep
         # the conversation's cache as of there (DecodeEngine._split_prompt).
-        split = (request.history_drops_reply and bool(request.conversation_id)
+        split = (request.history_drops_reply and bool(request.conversation_id) and not scored
                  and source.num_tokens < len(tokens) - 1)
         try:
             cache, prefill, info = await self._prefill(request_id, tokens[:-1] if split else tokens, source,
-                                                       request.prefill_address)
+                                                       request.prefill_address, params.prompt_logprobs)
         finally:
             self.conversations.done_with(source)
         if split:
@@ -204,9 +207,11 @@ class DecodeWorker:
                   average_accept_length=round(stats.average_accept_length, 3), finish_reason=decode.finish_reason.value,
                   cache_source=info["source"], prefill_worker=info["worker"] or "local")
 
-    async def _prefill(self, request_id: str, tokens: list[int], source: PrefixSource, address: str):
-        """The prompt's cache built by a prefill worker into our pages; (None, None) means
-        recompute here (no prefill worker, or it failed)."""
+    async def _prefill(self, request_id: str, tokens: list[int], source: PrefixSource, address: str,
+                       prompt_logprobs: int | None = None):
+        """The prompt's cache built by a prefill worker into our pages (its tokens scored where
+        prompt_logprobs is set); (None, None) means recompute here (no prefill worker, or it
+        failed)."""
         info = {"reused": 0, "computed": len(tokens), "worker": "", "source": "recompute", "transport": "",
                 "transfer_ms": 0.0, "transfer_bytes": 0}
         address = address or await self._pick_prefill()
@@ -218,8 +223,8 @@ class DecodeWorker:
             stub = worker_pb2_grpc.PrefillStub(self.peers.get(address))
             reply = await stub.Prefill(worker_pb2.PrefillRequest(
                 request_id=request_id, token_ids=tokens, prefix=source.ref,
-                destination=handoff.destination(rt.transfer.endpoint(), cache, len(tokens)), want_taps=True),
-                timeout=rt.settings.prefill_timeout_s)
+                destination=handoff.destination(rt.transfer.endpoint(), cache, len(tokens)), want_taps=True,
+                prompt_logprobs=prompt_logprobs), timeout=rt.settings.prefill_timeout_s)
             await handoff.install(cache, handoff.descriptor_from_proto(reply.descriptor), run=self.loop.call)
         except grpc.aio.AioRpcError as exc:
             cache.release()
@@ -243,7 +248,9 @@ class DecodeWorker:
                     transfer_ms=reply.transfer_ms, transfer_bytes=reply.transfer_bytes)
         device = rt.model.device
         taps = None if taps is None else taps.to(device)
-        return cache, PrefillOutput(logits=logits.to(device), taps=taps, taps_start=reply.taps_start), info
+        scored = logprobs_from_proto(reply.prompt_logprobs) if prompt_logprobs is not None else None
+        return cache, PrefillOutput(logits=logits.to(device), taps=taps, taps_start=reply.taps_start,
+                                    prompt_logprobs=scored), info
 
     async def _reserve(self, num_tokens: int):
         """Pages for an incoming cache; evicts kept conversations, then waits for running ones."""

@@ -10,6 +10,7 @@ import grpc
 
 from ..kvcache import handoff
 from ..kvcache.transport import ChecksumMismatch, TransferError
+from ..serving.logprob_protos import logprobs_to_proto
 from ..serving.worker import admit_tokens
 from ..v1 import worker_pb2, worker_pb2_grpc
 from .engine import DecodeError
@@ -24,14 +25,14 @@ def sampling_from_proto(msg: worker_pb2.SamplingParams) -> SamplingParams:
         min_p=msg.min_p, repetition_penalty=msg.repetition_penalty or 1.0, presence_penalty=msg.presence_penalty,
         frequency_penalty=msg.frequency_penalty, seed=msg.seed if msg.HasField("seed") else None,
         stop_token_ids=tuple(msg.stop_token_ids), stop=tuple(msg.stop), ignore_eos=msg.ignore_eos,
-        logprobs=msg.logprobs, top_logprobs=msg.top_logprobs, min_tokens=msg.min_tokens)
+        logprobs=msg.logprobs, top_logprobs=msg.top_logprobs, min_tokens=msg.min_tokens,
+        prompt_logprobs=msg.prompt_logprobs if msg.HasField("prompt_logprobs") else None)
 
 
 def chunk_to_proto(event) -> worker_pb2.GenerateResponse:
-    logprobs = [worker_pb2.TokenLogprob(token_id=lp.token, logprob=lp.logprob,
-                                        top=[worker_pb2.TopLogprob(token_id=t, logprob=v) for t, v in lp.top])
-                for lp in (event.logprobs or [])]
-    return worker_pb2.GenerateResponse(chunk=worker_pb2.TokenChunk(token_ids=event.tokens, logprobs=logprobs))
+    return worker_pb2.GenerateResponse(chunk=worker_pb2.TokenChunk(
+        token_ids=event.tokens, logprobs=logprobs_to_proto(event.logprobs),
+        prompt_logprobs=logprobs_to_proto(event.prompt_logprobs)))
 
 
 class DecodeServicer(worker_pb2_grpc.DecodeServicer):

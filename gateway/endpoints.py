@@ -86,7 +86,8 @@ def _is_union_tag(part) -> bool:
     return isinstance(part, str) and ("[" in part or part in _TYPE_TAGS)
 
 
-def sampling_proto(req: SamplingFields, max_tokens: int, logprobs: bool, top_logprobs: int) -> worker_pb2.SamplingParams:
+def sampling_proto(req: SamplingFields, max_tokens: int, logprobs: bool, top_logprobs: int,
+                   prompt_logprobs: int | None = None) -> worker_pb2.SamplingParams:
     if req.min_tokens > max_tokens:
         raise invalid(f"min_tokens ({req.min_tokens}) is more than the {max_tokens} tokens this request may generate",
                       param="min_tokens")
@@ -97,6 +98,8 @@ def sampling_proto(req: SamplingFields, max_tokens: int, logprobs: bool, top_log
         logprobs=logprobs, top_logprobs=top_logprobs, min_tokens=req.min_tokens)
     if req.seed is not None:
         params.seed = req.seed
+    if prompt_logprobs is not None:
+        params.prompt_logprobs = prompt_logprobs
     return params
 
 
@@ -234,7 +237,8 @@ async def completions(ctx: Context, request: Request):
     req = await read_body(request, CompletionRequest, ctx.settings.max_body_bytes)
     prompts = await _prompts(ctx, req.prompt, req.n)
     want = req.logprobs is not None
-    samplings = [sampling_proto(req, budget(ctx, len(p), req.limit, "max_tokens"), want, req.logprobs or 0)
+    scored = req.logprobs if req.echo and want else None  # echo's logprobs score the prompt too
+    samplings = [sampling_proto(req, budget(ctx, len(p), req.limit, "max_tokens"), want, req.logprobs or 0, scored)
                  for p in prompts]  # all checked before any is routed
     # A conversation continues one prompt; a batch's prompts are routed by their prefixes alone.
     conversation = conversation_of(request, req) if len(prompts) == 1 else None
@@ -249,14 +253,18 @@ async def completions(ctx: Context, request: Request):
                                     stops=req.stop_list(), chat=False, timeout_s=ctx.settings.request_timeout_s,
                                     first_index=i * req.n))
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
-    fmt = _CompletionFormat(ctx, specs[0], req, include_usage, sum(len(p) for p in prompts))
+    echoes = None
+    if req.echo:  # a text prompt as sent, token ids as their text
+        echoes = [R.Echo(t if isinstance(t, str) else ctx.tokenizer.decode(p), p)
+                  for t, p in zip(_batch(req.prompt), prompts)]
+    fmt = _CompletionFormat(ctx, specs[0], req, include_usage, sum(len(p) for p in prompts), echoes)
     return await _respond(ctx, request, specs, req.stream, fmt)
 
 
 async def _prompts(ctx: Context, prompt, n: int) -> list[list[int]]:
     """A completion request's prompts as token ids: one text, texts, one list of ids or lists;
     at most MAX_CHOICES choices of n a prompt (checked before any is tokenized)."""
-    batch = [prompt] if isinstance(prompt, str) or isinstance(prompt[0], int) else prompt
+    batch = _batch(prompt)
     if len(batch) * n > MAX_CHOICES:
         raise invalid(f"at most {MAX_CHOICES} choices a request (prompts times n): send several requests",
                       param="prompt")
@@ -276,18 +284,40 @@ async def _prompts(ctx: Context, prompt, n: int) -> list[list[int]]:
     return prompts
 
 
+def _batch(prompt) -> list:
+    """A completion request's prompt as a list of prompts (texts, or lists of token ids)."""
+    return [prompt] if isinstance(prompt, str) or isinstance(prompt[0], int) else prompt
+
+
 class _CompletionFormat(_ChatFormat):
     object = chunk_object = "text_completion"
+
+    def __init__(self, ctx: Context, spec: GenerationSpec, req: CompletionRequest, include_usage: bool,
+                 prompt_tokens: int, echoes: list[R.Echo] | None):
+        super().__init__(ctx, spec, req, include_usage, prompt_tokens)
+        self.echoes = echoes  # echo: each prompt's, put before its choices' text
+        self._sent: dict[int, int] = {}  # characters streamed a choice: its logprobs' text_offset goes on from there
 
     def opening(self) -> list[dict]:
         return []
 
+    def _echo(self, choice) -> R.Echo | None:
+        return self.echoes[choice.index // self.spec.n] if self.echoes is not None else None
+
     def chunk(self, update) -> dict | None:
-        if not update.text and not update.done and not update.logprobs:
+        index, tokenizer = update.choice.index, self.ctx.tokenizer
+        echo = self._echo(update.choice) if index not in self._sent else None  # a choice's first chunk
+        if not update.text and not update.done and not update.logprobs and echo is None:
             return None
-        choice = {"index": update.choice.index, "text": update.text,
-                  "logprobs": R.completion_logprobs(self.ctx.tokenizer, update.logprobs)
-                  if self.req.logprobs is not None else None,
+        text = (echo.text if echo is not None else "") + update.text
+        logprobs = None
+        if self.req.logprobs is not None:
+            start = self._sent.get(index, 0) + (len(echo.text) if echo is not None else 0)
+            logprobs = R.completion_logprobs(tokenizer, update.logprobs, start)
+            if echo is not None:
+                logprobs = R.joined_logprobs(echo.logprobs(tokenizer, update.choice.prompt_logprobs), logprobs)
+        self._sent[index] = self._sent.get(index, 0) + len(text)
+        choice = {"index": index, "text": text, "logprobs": logprobs,
                   "finish_reason": update.choice.finish_reason if update.done else None}
         if update.done and self.req.return_token_ids:
             choice["token_ids"] = update.choice.token_ids
@@ -296,7 +326,7 @@ class _CompletionFormat(_ChatFormat):
     def body(self, choices) -> dict:
         return {**self.head(), "object": self.object, "system_fingerprint": None,
                 "choices": [R.completion_choice(c, self.ctx.tokenizer, self.req.logprobs is not None,
-                                                self.req.return_token_ids) for c in choices],
+                                                self.req.return_token_ids, self._echo(c)) for c in choices],
                 "usage": self.usage(choices)}
 
 

@@ -56,6 +56,7 @@ class Choice:
     starts_in_reasoning: bool = False
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[worker_pb2.TokenLogprob] = field(default_factory=list)
+    prompt_logprobs: list[worker_pb2.TokenLogprob] = field(default_factory=list)  # where asked: tokens 2..n
     text: list[str] = field(default_factory=list)
     finish_reason: str | None = None
     finished: worker_pb2.Finished | None = None
@@ -179,6 +180,8 @@ def _apply(choice: Choice, message: worker_pb2.GenerateResponse | None) -> Updat
         choice.finished = message.finished
         return _finish(choice, message.finished.finish_reason, [], [])
     tokens, logprobs, text = [], [], []
+    if message.chunk.prompt_logprobs:  # the first chunk's
+        choice.prompt_logprobs = list(message.chunk.prompt_logprobs)
     for i, token in enumerate(message.chunk.token_ids):
         text.append(choice.detok.push(token))
         tokens.append(token)

@@ -4,6 +4,7 @@ and logprobs, built from the relayed choices."""
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
 from ..v1 import worker_pb2
@@ -54,6 +55,24 @@ def chat_logprobs(tokenizer: Tokenizer, items: list[worker_pb2.TokenLogprob]) ->
     return {"content": content}
 
 
+@dataclass(frozen=True)
+class Echo:
+    """A completion's prompt, which `echo` puts before its text (and its logprobs)."""
+    text: str
+    token_ids: list[int]
+
+    def logprobs(self, tokenizer: Tokenizer, scored: list[worker_pb2.TokenLogprob]) -> dict:
+        """The prompt's part of the logprobs: its first token has none (nothing came before it),
+        the others the workers' scores."""
+        out = completion_logprobs(tokenizer, [worker_pb2.TokenLogprob(token_id=self.token_ids[0])] + list(scored))
+        out["token_logprobs"][0] = out["top_logprobs"][0] = None
+        return out
+
+
+def joined_logprobs(first: dict, then: dict) -> dict:
+    return {key: first[key] + then[key] for key in first}
+
+
 def completion_logprobs(tokenizer: Tokenizer, items: list[worker_pb2.TokenLogprob], offset: int = 0) -> dict:
     tokens, values, tops, offsets = [], [], [], []
     for lp in items:
@@ -76,9 +95,14 @@ def chat_message(choice: Choice, tokenizer: Tokenizer, want_logprobs: bool, want
     return out
 
 
-def completion_choice(choice: Choice, tokenizer: Tokenizer, want_logprobs: bool, want_ids: bool) -> dict:
-    out = {"index": choice.index, "text": "".join(choice.text), "finish_reason": choice.finish_reason,
-           "logprobs": completion_logprobs(tokenizer, choice.logprobs) if want_logprobs else None}
+def completion_choice(choice: Choice, tokenizer: Tokenizer, want_logprobs: bool, want_ids: bool,
+                      echo: Echo | None = None) -> dict:
+    text = "".join(choice.text)
+    before = echo.text if echo is not None else ""
+    logprobs = completion_logprobs(tokenizer, choice.logprobs, len(before)) if want_logprobs else None
+    if echo is not None and logprobs is not None:
+        logprobs = joined_logprobs(echo.logprobs(tokenizer, choice.prompt_logprobs), logprobs)
+    out = {"index": choice.index, "text": before + text, "finish_reason": choice.finish_reason, "logprobs": logprobs}
     if want_ids:
         out["token_ids"] = choice.token_ids
     return out

@@ -100,7 +100,7 @@ class ChatCompletionRequest(SamplingFields):
 class CompletionRequest(SamplingFields):
     prompt: str | list[str] | list[int] | list[list[int]]
     logprobs: int | None = Field(default=None, ge=0, le=20)  # legacy: top-k per position
-    echo: bool = False
+    echo: bool = False  # the prompt before the completion (its tokens scored, with logprobs)
     suffix: str | None = None
 
     @field_validator("prompt")
@@ -115,8 +115,6 @@ class CompletionRequest(SamplingFields):
 
     @model_validator(mode="after")
     def _unsupported(self):
-        if self.echo:
-            raise ValueError("echo is not supported")
         if self.suffix:
             raise ValueError("suffix is not supported")
         return self

@@ -5,7 +5,10 @@ only the new tokens are computed). Exact mode runs every layer over every chunk.
 runs the encoder over every chunk and keeps the streams of the last `tail` tokens; once all
 tokens are encoded, one decoder pass over that tail produces the last logits (bounded
 replay). Either way the job ends with the logits of its last position and the DSpark taps
-of its last ring-capacity positions.
+of its last ring-capacity positions. A job asked for prompt logprobs (echo, evaluation
+harnesses) runs exact, takes every row's logits, chunk by chunk of at most
+PROMPT_LOGPROBS_ROWS rows (a chunk's [rows, vocab] fp32 logits: 0.5 GB at 1,024), and scores
+each of its tokens after the first by the rows before it.
 """
 
 from __future__ import annotations
@@ -17,6 +20,9 @@ import torch
 from ..kvcache.state import SequenceCache
 from .batch import SeqRun
 from .deepseek_v41 import DeepseekV41
+from .logprobs import TokenLogprob, token_logprobs
+
+PROMPT_LOGPROBS_ROWS = 1024
 
 
 @dataclass
@@ -24,6 +30,7 @@ class PrefillOutput:
     logits: torch.Tensor  # [V] fp32, at the last position
     taps: torch.Tensor | None  # [k, targets*H] for positions taps_start .. num_tokens-1
     taps_start: int
+    prompt_logprobs: list[TokenLogprob] | None = None  # the job's tokens after its first, where asked for
 
 
 @dataclass
@@ -33,14 +40,18 @@ class PrefillJob:
     ced: bool = False
     tail: int = 0  # CED: decoder rows to replay (>= the new tokens makes it exact)
     want_taps: bool = True
+    prompt_logprobs: int | None = None  # score the tokens with this many alternatives each (None: off)
     done: int = 0  # tokens already encoded / computed
     output: PrefillOutput | None = None
     _kept: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
     _taps: list[tuple[int, torch.Tensor]] = field(default_factory=list)
     _start: int = -1
     _history_before: list[int] = field(default_factory=list)
+    _scored: list[TokenLogprob] = field(default_factory=list)
 
     def __post_init__(self):
+        if self.prompt_logprobs is not None and self.ced:
+            raise ValueError("prompt logprobs need every row's logits: an exact job")
         self.tokens = self.tokens.to(torch.long)
         self._start = self.cache.num_tokens
         self._history_before = list(self.cache.history)
@@ -58,6 +69,8 @@ class PrefillJob:
         return self.output is not None
 
     def next_run(self, max_tokens: int) -> SeqRun:
+        if self.prompt_logprobs is not None:  # (the scheduler reserved pages for more: harmless)
+            max_tokens = min(max_tokens, PROMPT_LOGPROBS_ROWS)
         piece = self.tokens[self.done: self.done + max_tokens]
         return SeqRun(cache=self.cache, tokens=piece, start=self.cache.num_tokens, history=list(self.cache.history))
 
@@ -68,6 +81,10 @@ class PrefillJob:
     # ------------------------------------------------------------ after a forward
 
     def after_exact(self, run: SeqRun, logits: torch.Tensor | None, taps: torch.Tensor | None) -> None:
+        """logits: the chunk's last row, or all its rows for a job scoring its tokens."""
+        if self.prompt_logprobs is not None:  # row i is followed by token done + i + 1
+            following = self.tokens[self.done + 1: self.done + run.n + 1].tolist()
+            self._scored += token_logprobs(logits[:len(following)], following, self.prompt_logprobs)
         self.cache.commit(run.tokens.tolist())
         self.done += run.n
         if taps is not None:
@@ -113,7 +130,9 @@ class PrefillJob:
                 start = first + lo if start is None else start
         self._taps.clear()
         taps = torch.cat(rows) if rows else None
-        return PrefillOutput(logits=logits, taps=taps, taps_start=start if start is not None else end)
+        scored = self._scored if self.prompt_logprobs is not None else None
+        return PrefillOutput(logits=logits, taps=taps, taps_start=start if start is not None else end,
+                             prompt_logprobs=scored)
 
 
 def prefill_step(model: DeepseekV41, chunks: list[tuple[PrefillJob, int]]) -> None:
@@ -122,12 +141,10 @@ def prefill_step(model: DeepseekV41, chunks: list[tuple[PrefillJob, int]]) -> No
     decoder pass here, batched."""
     exact = [(job, job.next_run(size)) for job, size in chunks if not job.ced and job.remaining]
     ced = [(job, job.next_run(size)) for job, size in chunks if job.ced and job.remaining]
-    if exact:
-        runs = [run for _, run in exact]
-        want = any(job.taps_needed(run) for job, run in exact)
-        result = model.forward(runs, logits="last", taps=want)
-        for (job, run), logits, taps in zip(exact, result.logits, result.taps):
-            job.after_exact(run, logits, taps if want and job.taps_needed(run) else None)
+    # Jobs scoring their tokens take every row's logits, in a forward of their own.
+    for scoring in (False, True):
+        _exact_forward(model, [(job, run) for job, run in exact if (job.prompt_logprobs is not None) == scoring],
+                       "all" if scoring else "last")
     if ced:
         runs = [run for _, run in ced]
         X, pre = model.encode(runs)
@@ -141,3 +158,13 @@ def prefill_step(model: DeepseekV41, chunks: list[tuple[PrefillJob, int]]) -> No
                                        taps=any(job.want_taps for job in ready))
             for job, (run, _, _), logits, taps in zip(ready, parts, result.logits, result.taps):
                 job.after_decode(run, logits, taps)
+
+
+def _exact_forward(model: DeepseekV41, pairs: list[tuple[PrefillJob, SeqRun]], logits: str) -> None:
+    if not pairs:
+        return
+    runs = [run for _, run in pairs]
+    want = any(job.taps_needed(run) for job, run in pairs)
+    result = model.forward(runs, logits=logits, taps=want)
+    for (job, run), rows, taps in zip(pairs, result.logits, result.taps):
+        job.after_exact(run, rows, taps if want and job.taps_needed(run) else None)

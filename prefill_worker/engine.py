@@ -21,6 +21,7 @@ from ..kvcache.paged import PagedCache
 from ..kvcache.pool import CachePool, PoolExhausted
 from ..model.deepseek_v41 import DeepseekV41
 from ..model.kernels import fp4_moe, prefill_gemms
+from ..model.logprobs import MAX_TOP
 from ..model.prefill import PrefillJob, PrefillOutput, prefill_step
 from ..model.runner import ced_tail_length
 from .scheduler import PrefillScheduler, PrefillSchedulerConfig
@@ -89,6 +90,7 @@ class PrefillRequest:
     tokens: list[int]  # the whole prompt
     cache: PagedCache | None = None  # may arrive holding a prefix of `tokens`
     want_taps: bool = True
+    prompt_logprobs: int | None = None  # score the prompt's tokens after its first (computed whole)
     status: PrefillStatus = PrefillStatus.WAITING
     job: PrefillJob | None = None
     output: PrefillOutput | None = None
@@ -138,6 +140,10 @@ class PrefillEngine:
                                f"({self.pool.num_pages} pages of {self.pool.layout.page_entries} entries)")
         if request.cache is not None and request.cache.num_tokens >= len(request.tokens):
             raise PrefillError("the cache already holds the whole prompt: at least one new token is needed")
+        if request.prompt_logprobs is not None and not 0 <= request.prompt_logprobs <= MAX_TOP:
+            raise PrefillError(f"prompt_logprobs must be in [0, {MAX_TOP}]")
+        if request.prompt_logprobs is not None and request.cache is not None and request.cache.num_tokens:
+            raise PrefillError("prompt logprobs score every prompt token: the prompt is computed whole, no cached prefix")
         self.requests[request.request_id] = request
         return request
 
@@ -230,8 +236,10 @@ class PrefillEngine:
                     break  # arrival order: later requests wait too
                 request.cache = PagedCache(self.pool, self.model.config)
             new = torch.tensor(request.tokens[request.cache.num_tokens:])
-            ced = self.config.ced and self.model.config.roles[self.model.config.ced_split].is_index_source
-            request.job = PrefillJob(request.cache, new, ced=ced, tail=self.tail, want_taps=request.want_taps)
+            ced = (self.config.ced and self.model.config.roles[self.model.config.ced_split].is_index_source
+                   and request.prompt_logprobs is None)  # scoring needs every row: exact
+            request.job = PrefillJob(request.cache, new, ced=ced, tail=self.tail, want_taps=request.want_taps,
+                                     prompt_logprobs=request.prompt_logprobs)
             request.status = PrefillStatus.RUNNING
 
     def _reserve(self, request_id: str, n: int) -> bool:

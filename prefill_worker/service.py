@@ -16,6 +16,7 @@ import torch
 
 from ..kvcache import handoff
 from ..kvcache.transport import ChecksumMismatch, TransferError
+from ..serving.logprob_protos import logprobs_to_proto
 from ..serving.worker import admit_tokens
 from ..v1 import worker_pb2, worker_pb2_grpc
 from .engine import PrefillError, PrefillRequest, PrefillStatus
@@ -33,8 +34,12 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
         if not request.HasField("destination") or not request.destination.ranges:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "no destination for the cache")
         began = time.perf_counter()
-        prefix = await w.import_prefix(request.prefix, tokens) if request.HasField("prefix") else None
-        job = PrefillRequest(request.request_id, tokens, cache=prefix, want_taps=request.want_taps)
+        scored = request.prompt_logprobs if request.HasField("prompt_logprobs") else None
+        # A scored prompt is computed whole: a prefix's rows would have no logits.
+        reuse = request.HasField("prefix") and scored is None
+        prefix = await w.import_prefix(request.prefix, tokens) if reuse else None
+        job = PrefillRequest(request.request_id, tokens, cache=prefix, want_taps=request.want_taps,
+                             prompt_logprobs=scored)
         try:
             done = await w.run(job)
         except PrefillError as exc:
@@ -64,7 +69,7 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
             taps_width=taps.shape[1] if taps is not None else 0,
             computed_tokens=done.computed_tokens, reused_tokens=len(tokens) - done.computed_tokens,
             prefill_ms=prefill_ms, transfer_ms=pushed.seconds * 1000.0, transfer_bytes=pushed.bytes,
-            transport=pushed.transport)
+            transport=pushed.transport, prompt_logprobs=logprobs_to_proto(out.prompt_logprobs))
 
     async def Cancel(self, request, context):
         found = await self.worker.cancel(request.request_id)

@@ -7,6 +7,7 @@ from dsflash.decode_worker.engine import DecodeEngine, DecodeEngineConfig, Decod
 from dsflash.decode_worker.request import DecodeRequest, FinishReason
 from dsflash.decode_worker.sampling import SamplingParams
 from dsflash.model.dspark import greedy_chooser
+from dsflash.prefill_worker.engine import PrefillRequest
 
 from .conftest import ScriptedDrafter, engine_with, greedy_request, make_pool, run_to_end
 
@@ -281,3 +282,30 @@ def test_a_cache_that_arrived_short_is_finished_with_no_slot_free(tiny_model, or
     assert done["short"].output == oracle(tiny_model, prompt, 6) and done["short"].snapshot is None
     other.release()
     assert pool.is_empty()
+
+
+def test_a_scored_prompt_is_rebuilt_whole_and_its_first_event_carries_the_scores(golden_model, golden):
+    """prompt_logprobs on a request the engine computes itself: the prompt is built whole (the
+    partial cache it arrived with is dropped: its rows have no logits), the first event brings
+    each token's score after the first, later events none, and the output is still plain greedy."""
+    p = golden[2]
+    ids = p["input_ids"].tolist()
+    pool = make_pool(golden_model)
+    engine = engine_with(golden_model, pool, 5)
+    engine.rebuilder.add(PrefillRequest("head", ids[:20]))
+    while engine.rebuilder.has_work():
+        (head,) = engine.rebuilder.step() or (None,)
+    request = greedy_request("scored", ids, prompt_logprobs=2)
+    request.cache = head.cache  # arrived holding the first 20 tokens
+    engine.add(request)
+    events = []
+    while engine.has_work():
+        events += engine.step()
+    assert pool.is_empty()  # the partial cache was released, the whole one too
+    assert request.output == p["greedy_ids"].tolist()
+    first, later = events[0], events[1:]
+    assert [lp.token for lp in first.prompt_logprobs] == ids[1:]
+    assert later and all(e.prompt_logprobs is None for e in later)
+    logp = torch.log_softmax(p["logits"].float(), -1)[torch.arange(len(ids) - 1), torch.tensor(ids[1:])]
+    assert (torch.tensor([lp.logprob for lp in first.prompt_logprobs]) - logp).abs().max() < 0.1
+    assert all(len(lp.top) == 2 for lp in first.prompt_logprobs)

@@ -1,6 +1,7 @@
 """The prefill engine: chunking within a token budget, prefix reuse, CED, handoff to decode."""
 
 import pytest
+import torch
 
 from dsflash.decode_worker.request import DecodeRequest
 from dsflash.decode_worker.sampling import SamplingParams
@@ -8,6 +9,7 @@ from dsflash.kvcache.layout import CacheLayout
 from dsflash.kvcache.paged import PagedCache
 from dsflash.kvcache.pool import CachePool
 from dsflash.kvcache.transport.checksum import SealedSums, checksum
+from dsflash.model import prefill as prefill_module
 from dsflash.prefill_worker import engine as engine_module
 from dsflash.prefill_worker.engine import PrefillEngine, PrefillEngineConfig, PrefillError, PrefillRequest
 from dsflash.prefill_worker.scheduler import PrefillSchedulerConfig
@@ -30,6 +32,14 @@ def _config(budget, chunk, ced=False):
     return PrefillEngineConfig(PrefillSchedulerConfig(token_budget=budget, max_chunk=chunk), ced=ced)
 
 
+def _engine_holding(model, prefix_ids, budget):
+    """An engine (chunks of `budget`) on a fresh pool, and its finished request of `prefix_ids`."""
+    pool = make_pool(model)
+    engine = PrefillEngine(model, pool, _config(budget=budget, chunk=budget))
+    engine.add(PrefillRequest("prefix", prefix_ids))
+    return pool, engine, _drain(engine)[0]["prefix"]
+
+
 def test_several_requests_per_step_within_budget(golden_model, golden):
     pool = make_pool(golden_model)
     engine = PrefillEngine(golden_model, pool, _config(budget=64, chunk=32))
@@ -50,10 +60,7 @@ def test_several_requests_per_step_within_budget(golden_model, golden):
 
 def test_prefix_reuse_computes_only_new_tokens(golden_model, golden):
     ids = golden[3]["input_ids"].tolist()
-    pool = make_pool(golden_model)
-    engine = PrefillEngine(golden_model, pool, _config(budget=128, chunk=128))
-    engine.add(PrefillRequest("prefix", ids[:200]))
-    prefix = _drain(engine)[0]["prefix"]
+    pool, engine, prefix = _engine_holding(golden_model, ids[:200], budget=128)
     engine.add(PrefillRequest("rest", ids, cache=prefix.cache))
     done = _drain(engine)[0]["rest"]
     assert done.computed_tokens == 100
@@ -192,3 +199,47 @@ def test_warm_up_runs_a_whole_chunk_and_leaves_the_engine_as_it_found_it(golden_
     n = engine.warm_up(4096)
     assert 0 < n < 4096 and small.can_hold(n) and not small.can_hold(2 * n)
     assert not engine.has_work() and small.is_empty()
+
+
+def _reference_logprobs(logits, ids):
+    """Each prompt token after the first, scored by the golden logits of the row before it."""
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    return logp[torch.arange(len(ids) - 1), torch.tensor(ids[1:])]
+
+
+def test_prompt_logprobs_match_the_golden_rows_in_chunks_beside_a_plain_request(golden_model, golden, monkeypatch):
+    """Scored prompts run exact (even on a CED engine), in row-capped chunks, batched beside an
+    unscored prompt: every token after the first gets its golden logprob and its top choices."""
+    monkeypatch.setattr(prefill_module, "PROMPT_LOGPROBS_ROWS", 24)  # fewer rows than the 32-token chunks
+    pool = make_pool(golden_model)
+    engine = PrefillEngine(golden_model, pool, _config(budget=64, chunk=32, ced=True))
+    scored, plain = golden[3], golden[2]
+    engine.add(PrefillRequest("scored", scored["input_ids"].tolist(), prompt_logprobs=3))
+    engine.add(PrefillRequest("plain", plain["input_ids"].tolist()))
+    done, steps = _drain(engine)
+    ids = scored["input_ids"].tolist()
+    got = done["scored"].output.prompt_logprobs
+    assert steps >= -(-len(ids) // 24) and done["plain"].output.prompt_logprobs is None
+    assert [lp.token for lp in got] == ids[1:]
+    ref = _reference_logprobs(scored["logits"], ids)
+    assert (torch.tensor([lp.logprob for lp in got]) - ref).abs().max() < 0.1
+    best = scored["logits"][:-1].argmax(-1).tolist()
+    assert all(len(lp.top) == 3 and lp.top[0][1] >= lp.top[1][1] >= lp.top[2][1] for lp in got)
+    assert all(lp.top[0][1] >= lp.logprob - 1e-6 for lp in got)  # nothing beats the most likely
+    agree = sum(lp.top[0][0] == b for lp, b in zip(got, best))
+    assert agree >= 0.95 * len(best)  # near-ties may swap within the logits' tolerance
+    assert (done["scored"].output.logits - scored["logits"][-1]).abs().max() < 0.05
+    for request in done.values():
+        request.cache.release()
+    assert pool.is_empty()
+
+
+def test_prompt_logprobs_refuse_a_cached_prefix(golden_model, golden):
+    ids = golden[1]["input_ids"].tolist()
+    pool, engine, prefix = _engine_holding(golden_model, ids[:10], budget=64)
+    with pytest.raises(PrefillError, match="no cached prefix"):
+        engine.add(PrefillRequest("scored", ids, cache=prefix.cache, prompt_logprobs=0))
+    with pytest.raises(PrefillError, match="prompt_logprobs"):
+        engine.add(PrefillRequest("many", ids, prompt_logprobs=21))
+    prefix.cache.release()
+    assert pool.is_empty()

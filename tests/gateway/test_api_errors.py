@@ -46,7 +46,8 @@ CASES = [
     ("too many choices", TEXT, {"prompt": ["a"] * 5, "n": 16}, 400, "prompt"),
     ("a batch's prompt too long", TEXT, {"prompt": [[5], [5] * 1_048_500], "max_tokens": 100}, 400, "max_tokens"),
     ("prompt wrong type", TEXT, {"prompt": {"a": 1}}, 400, "prompt"),
-    ("echo unsupported", TEXT, {"prompt": "x", "echo": True}, 400, None),
+    ("suffix unsupported", TEXT, {"prompt": "x", "suffix": "y"}, 400, None),
+    ("echo logprobs out of range", TEXT, {"prompt": "x", "echo": True, "logprobs": 21}, 400, "logprobs"),
     ("body too large", TEXT, {"prompt": "x" * (3 << 20)}, 413, None),
     ("unknown endpoint", "/v1/embeddings", {"input": "x"}, 404, None),
 ]

@@ -10,7 +10,8 @@ import openai
 import pytest
 import torch
 
-from dsflash.model.runner import greedy
+from dsflash.gateway.tokenizer import load_tokenizer
+from dsflash.model.runner import greedy, prompt_logits
 from tests.support.gateway_harness import ServeProcess
 
 pytestmark = pytest.mark.slow
@@ -85,6 +86,47 @@ def test_completions_text_and_token_ids(client, tiny_model):
     with torch.inference_mode():
         assert out.choices[0].model_extra["token_ids"] == greedy(tiny_model, torch.tensor(ids), 6)
     assert len(out.choices[0].logprobs.token_logprobs) == 6
+
+
+def test_echo_scores_the_prompt_as_the_model_does(client, tiny_model, tiny_checkpoint):
+    """echo with logprobs (what evaluation harnesses send to score a text): the prompt's text and
+    tokens come first, its first token unscored, the others at the model's own logprobs; the
+    same streamed. A conversation's next turn, whose start a worker holds, is computed whole
+    when scored (nothing cached) and reused again when not."""
+    tokenizer = load_tokenizer(tiny_checkpoint)
+    conversation = {"X-Conversation-Id": "echo-turns"}
+    first = client.completions.create(model="m", prompt=[0, 1000, 2000, 3000], max_tokens=3, temperature=0,
+                                      extra_headers=conversation, extra_body={"return_token_ids": True})
+    ids = [0, 1000, 2000, 3000] + first.choices[0].model_extra["token_ids"] + [4000, 5000]
+    prompt_text = tokenizer.decode(ids)
+    with torch.inference_mode():
+        logp = torch.log_softmax(prompt_logits(tiny_model, torch.tensor(ids)), -1)
+    want = logp[torch.arange(len(ids) - 1), torch.tensor(ids[1:])].tolist()
+    out = client.completions.create(model="m", prompt=ids, max_tokens=2, temperature=0, echo=True, logprobs=1,
+                                    extra_headers=conversation, extra_body={"return_token_ids": True})
+    assert out.usage.prompt_tokens_details.cached_tokens == 0  # scored: computed whole
+    choice = out.choices[0]
+    lp = choice.logprobs
+    assert choice.text.startswith(prompt_text) and len(lp.tokens) == len(ids) + 2
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    assert max(abs(a - b) for a, b in zip(lp.token_logprobs[1:len(ids)], want)) < 1e-3
+    assert all(len(top) == 1 for top in lp.top_logprobs[1:])
+    assert lp.text_offset == sorted(lp.text_offset) and lp.text_offset[len(ids)] == len(prompt_text)
+    assert choice.model_extra["token_ids"] == greedy(tiny_model, torch.tensor(ids), 2)
+    later = ids + choice.model_extra["token_ids"] + [6000]
+    third = client.completions.create(model="m", prompt=later, max_tokens=2, temperature=0, echo=True,
+                                      extra_headers=conversation)
+    assert third.usage.prompt_tokens_details.cached_tokens > len(ids)  # unscored: the scored turn's cache reused
+    assert third.choices[0].text.startswith(tokenizer.decode(later)) and third.choices[0].logprobs is None
+    stream = client.completions.create(model="m", prompt=ids, max_tokens=2, temperature=0, echo=True, logprobs=1,
+                                       stream=True)
+    chunks = [c.choices[0] for c in stream if c.choices]
+    assert "".join(c.text for c in chunks) == choice.text
+    streamed = [v for c in chunks for v in c.logprobs.token_logprobs]
+    offsets = [v for c in chunks for v in c.logprobs.text_offset]
+    assert streamed[0] is None and streamed[1:] == lp.token_logprobs[1:] and offsets == lp.text_offset
+    text = client.completions.create(model="m", prompt="Once upon a time", max_tokens=3, temperature=0, echo=True)
+    assert text.choices[0].text.startswith("Once upon a time")
 
 
 def test_a_batch_of_prompts_equals_each_alone(client, tiny_model):

@@ -1,0 +1,19 @@
+"""TokenLogprobs to and from their proto: the prefill tier sends a prompt's to the decode tier,
+which sends them on, with the generated tokens', to the gateway."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from ..model.logprobs import TokenLogprob
+from ..v1 import worker_pb2
+
+
+def logprobs_to_proto(items: Iterable[TokenLogprob] | None) -> list[worker_pb2.TokenLogprob]:
+    return [worker_pb2.TokenLogprob(token_id=lp.token, logprob=lp.logprob,
+                                    top=[worker_pb2.TopLogprob(token_id=t, logprob=v) for t, v in lp.top])
+            for lp in items or ()]
+
+
+def logprobs_from_proto(items: Iterable[worker_pb2.TokenLogprob]) -> list[TokenLogprob]:
+    return [TokenLogprob(lp.token_id, lp.logprob, [(t.token_id, t.logprob) for t in lp.top]) for lp in items]
