@@ -66,6 +66,10 @@ def create_app(ctx: Context) -> FastAPI:
         return JSONResponse(APIError(503, "no ready prefill and decode worker", type="service_unavailable").body(),
                             status_code=503)
 
+    @app.get("/health_generate")
+    async def health_generate():
+        return await endpoints.health_generate(ctx)
+
     @app.get("/metrics")
     async def metrics():
         body, content_type = ctx.metrics.render()

@@ -48,6 +48,7 @@ class GatewaySettings:
     default_max_tokens: int = 4096
     keepalive_s: float = 15.0
     request_timeout_s: float = 3600.0
+    health_generate_timeout_s: float = 60.0  # the canary's bound (it queues behind real requests)
 
 
 @dataclass
@@ -139,6 +140,27 @@ async def route(ctx: Context, conversation: str | None, prompt: list[int]):
         return await ctx.router.route(conversation, prompt)
     except NoWorkers as exc:
         raise APIError(503, str(exc), type="service_unavailable", code="no_workers") from None
+
+
+async def health_generate(ctx: Context) -> JSONResponse:
+    """A canary: one greedy token of a one-token prompt through a prefill and a decode worker, as
+    SGLang's /health_generate does. Readiness sees registered workers; this sees a wedged engine
+    or a broken handoff. No conversation keeps its cache."""
+    began = time.monotonic()
+    try:
+        to = replace(await ctx.router.route(None, [st.BOS.id]), conversation_id="")
+        spec = GenerationSpec(request_id=f"health-{uuid.uuid4().hex}", prompt=[st.BOS.id], n=1, route=to, chat=False,
+                              sampling=worker_pb2.SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True),
+                              timeout_s=ctx.settings.health_generate_timeout_s)
+        async with asyncio.timeout(ctx.settings.health_generate_timeout_s):
+            async for _update in relay([spec], ctx.clients, ctx.tokenizer):
+                pass
+    except (NoWorkers, APIError, TimeoutError) as exc:
+        reason = "timed out" if isinstance(exc, TimeoutError) else str(exc)
+        return JSONResponse(APIError(503, f"the canary generation failed: {reason}",
+                                     type="service_unavailable").body(), status_code=503)
+    return JSONResponse({"status": "ok", "decode_worker": to.decode, "prefill_worker": to.prefill,
+                         "ms": round((time.monotonic() - began) * 1000.0, 1)})
 
 
 # ------------------------------------------------------------------ chat

@@ -36,6 +36,8 @@ def test_models_health_ready(serve, client):
     assert [m.id for m in client.models.list().data] == ["deepseek-v4.1-flash"]
     assert httpx.get(f"{serve.url}/healthz").json() == {"status": "ok"}
     assert httpx.get(f"{serve.url}/readyz").status_code == 200
+    canary = httpx.get(f"{serve.url}/health_generate", timeout=60)  # a token through both tiers
+    assert canary.status_code == 200 and canary.json()["prefill_worker"] and canary.json()["decode_worker"]
 
 
 def test_chat_thinking_on_and_off(client):

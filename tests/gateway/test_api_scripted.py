@@ -13,6 +13,7 @@ import pytest
 
 from dsflash.gateway import special_tokens as st
 from dsflash.gateway.dsml import render_calls
+from dsflash.gateway.endpoints import GatewaySettings
 from dsflash.gateway.segments import SegmentBuilder, spell
 from dsflash.gateway.tokenizer import load_tokenizer
 from tests.support.gateway_harness import ScriptedGateway
@@ -131,8 +132,6 @@ def test_client_disconnect_cancels_the_worker_stream(tok):
 
 
 def test_api_keys(tok):
-    from dsflash.gateway.endpoints import GatewaySettings
-
     ids = _ids(tok, ["ok"])
     gw = ScriptedGateway(lambda r: ([ids], "stop"), settings=GatewaySettings(api_keys=("k1", "k2")))
     try:
@@ -217,5 +216,37 @@ def test_a_batchs_seeds_and_conversations(tok):
         r = httpx.post(f"{gw.url}/v1/completions", json=body, timeout=30)
         assert r.status_code == 200 and [c["index"] for c in r.json()["choices"]] == [0, 1, 2, 3]
         assert seen == {"0": (2**63 - 1, "shared"), "1": (-2**63, ""), "2": (2**63 - 1, ""), "3": (-2**63, "")}
+    finally:
+        gw.close()
+
+
+def test_health_generate_is_a_canary_through_a_worker(tok):
+    """GET /health_generate: one greedy token of a one-token prompt (no conversation kept); a
+    worker's error or a generation past the bound is a 503, and the canary is cancelled."""
+    gw = ScriptedGateway(lambda r: ([[5]], "length"))
+    try:
+        ok = httpx.get(f"{gw.url}/health_generate", timeout=30)
+        assert ok.status_code == 200 and ok.json()["status"] == "ok" and ok.json()["decode_worker"]
+        canary = gw.backend.requests[-1]
+        assert list(canary.token_ids) == [st.BOS.id] and canary.sampling.max_tokens == 1
+        assert canary.sampling.temperature == 0 and not canary.conversation_id
+    finally:
+        gw.close()
+    gw = ScriptedGateway(lambda r: (grpc.StatusCode.UNAVAILABLE, "engine wedged"))
+    try:
+        down = httpx.get(f"{gw.url}/health_generate", timeout=30)
+        assert down.status_code == 503 and "engine wedged" in down.json()["error"]["message"]
+    finally:
+        gw.close()
+    gw = ScriptedGateway(lambda r: ([[5]], "length"), delay_s=20.0,
+                         settings=GatewaySettings(keepalive_s=0.2, health_generate_timeout_s=0.5))
+    try:
+        slow = httpx.get(f"{gw.url}/health_generate", timeout=30)
+        assert slow.status_code == 503 and "timed out" in slow.json()["error"]["message"]
+        for _ in range(100):
+            if gw.backend.cancelled:
+                break
+            time.sleep(0.05)
+        assert gw.backend.cancelled == [gw.backend.requests[-1].request_id]  # no worker decodes for nobody
     finally:
         gw.close()
