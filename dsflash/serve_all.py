@@ -43,7 +43,8 @@ async def serve(args) -> None:
     await prefill.start()
     await decode.start()
     keys = tuple(k.strip() for k in (args.api_key or "").split(",") if k.strip())
-    ctx, channels = build_context(GatewaySettings(api_keys=keys), directory=directory, tokenizer_dir=checkpoint,
+    ctx, channels = build_context(GatewaySettings(api_keys=keys, reasoning_field=args.reasoning_field),
+                                  directory=directory, tokenizer_dir=checkpoint,
                                   metrics=metrics)
     ready = asyncio.Event()
     http = asyncio.create_task(serve_http(ctx, args.host, args.port, ready))

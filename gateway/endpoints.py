@@ -49,6 +49,7 @@ class GatewaySettings:
     keepalive_s: float = 15.0
     request_timeout_s: float = 3600.0
     health_generate_timeout_s: float = 60.0  # the canary's bound (it queues behind real requests)
+    reasoning_field: str = "reasoning_content"  # DeepSeek's and SGLang's name; vLLM's is "reasoning"; or "both"
 
 
 @dataclass
@@ -236,7 +237,7 @@ class _ChatFormat:
         return {"usage": None} if self.include_usage else {}
 
     def chunk(self, update) -> dict | None:
-        delta = update.delta or {}
+        delta = R.name_reasoning(update.delta or {}, self.ctx.settings.reasoning_field)
         logprobs = R.chat_logprobs(self.ctx.tokenizer, update.logprobs) if self.req.logprobs and update.logprobs else None
         if not delta and not logprobs and not update.done:
             return None
@@ -248,8 +249,9 @@ class _ChatFormat:
 
     def body(self, choices) -> dict:
         return {**self.head(), "object": self.object, "system_fingerprint": None,
-                "choices": [R.chat_message(c, self.ctx.tokenizer, self.req.logprobs, self.req.return_token_ids)
-                            for c in choices], "usage": self.usage(choices)}
+                "choices": [R.chat_message(c, self.ctx.tokenizer, self.req.logprobs, self.req.return_token_ids,
+                                           self.ctx.settings.reasoning_field) for c in choices],
+                "usage": self.usage(choices)}
 
 
 # ------------------------------------------------------------------ text completions

@@ -85,8 +85,21 @@ def completion_logprobs(tokenizer: Tokenizer, items: list[worker_pb2.TokenLogpro
     return {"tokens": tokens, "token_logprobs": values, "top_logprobs": tops, "text_offset": offsets}
 
 
-def chat_message(choice: Choice, tokenizer: Tokenizer, want_logprobs: bool, want_ids: bool) -> dict:
+def name_reasoning(out: dict, field: str) -> dict:
+    """A message's or delta's reasoning under the name the gateway answers with: DeepSeek's and
+    SGLang's `reasoning_content`, vLLM's `reasoning`, or both (clients of either kind)."""
+    if field == "reasoning_content" or "reasoning_content" not in out:
+        return out
+    out = dict(out)
+    text = out["reasoning_content"] if field == "both" else out.pop("reasoning_content")
+    out["reasoning"] = text
+    return out
+
+
+def chat_message(choice: Choice, tokenizer: Tokenizer, want_logprobs: bool, want_ids: bool,
+                 reasoning_field: str = "reasoning_content") -> dict:
     message = choice.message.to_openai() if choice.message is not None else {"role": "assistant", "content": ""}
+    message = name_reasoning(message, reasoning_field)
     out = {"index": choice.index, "message": message,
            "logprobs": chat_logprobs(tokenizer, choice.logprobs) if want_logprobs else None,
            "finish_reason": choice.finish_reason}

@@ -250,3 +250,27 @@ def test_health_generate_is_a_canary_through_a_worker(tok):
         assert gw.backend.cancelled == [gw.backend.requests[-1].request_id]  # no worker decodes for nobody
     finally:
         gw.close()
+
+
+@pytest.mark.parametrize("field", ["reasoning_content", "reasoning", "both"])
+def test_the_reasoning_field_is_named_as_configured(tok, field):
+    """--reasoning-field: DeepSeek's reasoning_content, vLLM's reasoning, or both, in the reply
+    and in every streamed delta that carries reasoning."""
+    ids = _ids(tok, ["Let me think."]) + [st.THINK_END.id] + _ids(tok, ["Done."]) + [st.EOS.id]
+    gw = ScriptedGateway(lambda r: (_chunks(ids, 2), "stop"),
+                         settings=GatewaySettings(keepalive_s=0.2, reasoning_field=field))
+    names = {"reasoning_content": {"reasoning_content"}, "reasoning": {"reasoning"},
+             "both": {"reasoning_content", "reasoning"}}[field]
+    try:
+        body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+        message = httpx.post(f"{gw.url}/v1/chat/completions", json=body, timeout=30).json()["choices"][0]["message"]
+        assert message["content"] == "Done." and {k for k in message if k.startswith("reasoning")} == names
+        assert all(message[k] == "Let me think." for k in names)
+        with httpx.stream("POST", f"{gw.url}/v1/chat/completions", json={**body, "stream": True}, timeout=30) as r:
+            data = [json.loads(e[6:]) for e in r.read().decode().split("\n\n") if e.startswith("data: {")]
+        deltas = [d["choices"][0]["delta"] for d in data if any(k.startswith("reasoning") for k in d["choices"][0]["delta"])]
+        assert deltas and all({k for k in d if k.startswith("reasoning")} == names for d in deltas)
+        for name in names:
+            assert "".join(d[name] for d in deltas) == "Let me think."
+    finally:
+        gw.close()
