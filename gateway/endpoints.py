@@ -194,7 +194,7 @@ async def chat_completions(ctx: Context, request: Request):
     top = req.top_logprobs or 0
     spec = GenerationSpec(
         request_id=request_id_of(request, "chatcmpl"), prompt=prompt,
-        sampling=sampling_proto(req, max_tokens, req.logprobs, top), n=req.n,
+        sampling=sampling_proto(req, max_tokens, req.logprobs, top, req.prompt_logprobs), n=req.n,
         route=await route(ctx, conversation_of(request, req), prompt), stops=req.stop_list(), chat=True,
         starts_in_reasoning=encoded.rendered.starts_in_reasoning, tools_enabled=encoded.rendered.tools_enabled,
         forced_text=forced_text, timeout_s=ctx.settings.request_timeout_s)
@@ -251,7 +251,15 @@ class _ChatFormat:
         return {**self.head(), "object": self.object, "system_fingerprint": None,
                 "choices": [R.chat_message(c, self.ctx.tokenizer, self.req.logprobs, self.req.return_token_ids,
                                            self.ctx.settings.reasoning_field) for c in choices],
-                "usage": self.usage(choices)}
+                "usage": self.usage(choices), **self._prompt_logprobs(choices[0] if choices else None)}
+
+    def _prompt_logprobs(self, choice) -> dict:
+        """vLLM's prompt_logprobs, where asked for: the reply's (a chat has one prompt), or a
+        completion choice's (its prompt's)."""
+        if self.req.prompt_logprobs is None or choice is None:
+            return {}
+        return {"prompt_logprobs": R.prompt_logprobs(self.ctx.tokenizer, choice.prompt_logprobs,
+                                                     self.req.prompt_logprobs)}
 
 
 # ------------------------------------------------------------------ text completions
@@ -261,7 +269,8 @@ async def completions(ctx: Context, request: Request):
     req = await read_body(request, CompletionRequest, ctx.settings.max_body_bytes)
     prompts = await _prompts(ctx, req.prompt, req.n)
     want = req.logprobs is not None
-    scored = req.logprobs if req.echo and want else None  # echo's logprobs score the prompt too
+    # echo's logprobs score the prompt too, as vLLM's prompt_logprobs do: the workers score it once, for both
+    scored = max((k for k in (req.prompt_logprobs, req.logprobs if req.echo else None) if k is not None), default=None)
     samplings = [sampling_proto(req, budget(ctx, len(p), req.limit, "max_tokens"), want, req.logprobs or 0, scored)
                  for p in prompts]  # all checked before any is routed
     # A conversation continues one prompt; a batch's prompts are routed by their prefixes alone.
@@ -339,7 +348,8 @@ class _CompletionFormat(_ChatFormat):
             start = self._sent.get(index, 0) + (len(echo.text) if echo is not None else 0)
             logprobs = R.completion_logprobs(tokenizer, update.logprobs, start)
             if echo is not None:
-                logprobs = R.joined_logprobs(echo.logprobs(tokenizer, update.choice.prompt_logprobs), logprobs)
+                logprobs = R.joined_logprobs(echo.logprobs(tokenizer, update.choice.prompt_logprobs, self.req.logprobs),
+                                             logprobs)
         self._sent[index] = self._sent.get(index, 0) + len(text)
         choice = {"index": index, "text": text, "logprobs": logprobs,
                   "finish_reason": update.choice.finish_reason if update.done else None}
@@ -349,8 +359,8 @@ class _CompletionFormat(_ChatFormat):
 
     def body(self, choices) -> dict:
         return {**self.head(), "object": self.object, "system_fingerprint": None,
-                "choices": [R.completion_choice(c, self.ctx.tokenizer, self.req.logprobs is not None,
-                                                self.req.return_token_ids, self._echo(c)) for c in choices],
+                "choices": [{**R.completion_choice(c, self.ctx.tokenizer, self.req.logprobs, self.req.return_token_ids,
+                                                   self._echo(c)), **self._prompt_logprobs(c)} for c in choices],
                 "usage": self.usage(choices)}
 
 

@@ -61,10 +61,11 @@ class Echo:
     text: str
     token_ids: list[int]
 
-    def logprobs(self, tokenizer: Tokenizer, scored: list[worker_pb2.TokenLogprob]) -> dict:
+    def logprobs(self, tokenizer: Tokenizer, scored: list[worker_pb2.TokenLogprob], top: int) -> dict:
         """The prompt's part of the logprobs: its first token has none (nothing came before it),
-        the others the workers' scores."""
-        out = completion_logprobs(tokenizer, [worker_pb2.TokenLogprob(token_id=self.token_ids[0])] + list(scored))
+        the others the workers' scores, with `top` alternatives each."""
+        out = completion_logprobs(tokenizer, [worker_pb2.TokenLogprob(token_id=self.token_ids[0])] + list(scored),
+                                  top=top)
         out["token_logprobs"][0] = out["top_logprobs"][0] = None
         return out
 
@@ -73,13 +74,15 @@ def joined_logprobs(first: dict, then: dict) -> dict:
     return {key: first[key] + then[key] for key in first}
 
 
-def completion_logprobs(tokenizer: Tokenizer, items: list[worker_pb2.TokenLogprob], offset: int = 0) -> dict:
+def completion_logprobs(tokenizer: Tokenizer, items: list[worker_pb2.TokenLogprob], offset: int = 0,
+                        top: int | None = None) -> dict:
+    """The legacy logprobs object; `top` alternatives a token (default: all the workers sent)."""
     tokens, values, tops, offsets = [], [], [], []
     for lp in items:
         text, _ = _token_text(tokenizer, lp.token_id)
         tokens.append(text)
         values.append(lp.logprob)
-        tops.append({_token_text(tokenizer, t.token_id)[0]: t.logprob for t in lp.top})
+        tops.append({_token_text(tokenizer, t.token_id)[0]: t.logprob for t in lp.top[:top]})
         offsets.append(offset)
         offset += len(text)
     return {"tokens": tokens, "token_logprobs": values, "top_logprobs": tops, "text_offset": offsets}
@@ -108,13 +111,30 @@ def chat_message(choice: Choice, tokenizer: Tokenizer, want_logprobs: bool, want
     return out
 
 
-def completion_choice(choice: Choice, tokenizer: Tokenizer, want_logprobs: bool, want_ids: bool,
+def prompt_logprobs(tokenizer: Tokenizer, scored: list[worker_pb2.TokenLogprob], top: int) -> list[dict | None]:
+    """vLLM's prompt_logprobs: None for the first token, then for each token a map from token id
+    to its logprob, rank and text: the prompt's token first, then the `top` most likely."""
+    out: list[dict | None] = [None]
+    for lp in scored:
+        entry = {str(lp.token_id): {"logprob": lp.logprob, "rank": lp.rank,
+                                    "decoded_token": _token_text(tokenizer, lp.token_id)[0]}}
+        for rank, t in enumerate(lp.top[:top], 1):
+            entry.setdefault(str(t.token_id), {"logprob": t.logprob, "rank": rank,
+                                               "decoded_token": _token_text(tokenizer, t.token_id)[0]})
+        out.append(entry)
+    return out
+
+
+def completion_choice(choice: Choice, tokenizer: Tokenizer, logprobs_top: int | None, want_ids: bool,
                       echo: Echo | None = None) -> dict:
+    """logprobs_top: the request's `logprobs` (None: none asked for)."""
     text = "".join(choice.text)
     before = echo.text if echo is not None else ""
-    logprobs = completion_logprobs(tokenizer, choice.logprobs, len(before)) if want_logprobs else None
-    if echo is not None and logprobs is not None:
-        logprobs = joined_logprobs(echo.logprobs(tokenizer, choice.prompt_logprobs), logprobs)
+    logprobs = None
+    if logprobs_top is not None:
+        logprobs = completion_logprobs(tokenizer, choice.logprobs, len(before))
+        if echo is not None:
+            logprobs = joined_logprobs(echo.logprobs(tokenizer, choice.prompt_logprobs, logprobs_top), logprobs)
     out = {"index": choice.index, "text": before + text, "finish_reason": choice.finish_reason, "logprobs": logprobs}
     if want_ids:
         out["token_ids"] = choice.token_ids

@@ -48,6 +48,14 @@ class SamplingFields(BaseModel):
     user: str | None = None
     conversation_id: str | None = None
     return_token_ids: bool = False  # extension: the generated token ids in each choice
+    # vLLM's extension: each prompt token's logprob, rank and this many alternatives (not streamed)
+    prompt_logprobs: int | None = Field(default=None, ge=0, le=20)
+
+    @model_validator(mode="after")
+    def _prompt_logprobs_whole(self):
+        if self.prompt_logprobs is not None and self.stream:
+            raise ValueError("prompt_logprobs are not streamed: ask without stream")
+        return self
 
     @field_validator("stop")
     @classmethod

@@ -17,6 +17,7 @@ class TokenLogprob:
     token: int
     logprob: float
     top: list[tuple[int, float]] = field(default_factory=list)  # (token, logprob), most likely first
+    rank: int = 0  # the token's place in its row, 1 = the most likely (0: not known)
 
 
 def token_logprobs(logits: torch.Tensor, tokens: Sequence[int], top: int) -> list[TokenLogprob]:
@@ -24,9 +25,12 @@ def token_logprobs(logits: torch.Tensor, tokens: Sequence[int], top: int) -> lis
     alternatives each; one host copy for all rows."""
     logp = torch.log_softmax(logits.float(), dim=-1)
     ids = torch.as_tensor(list(tokens), dtype=torch.long, device=logp.device)
-    chosen = logp.gather(1, ids[:, None])[:, 0].tolist()
+    chosen = logp.gather(1, ids[:, None])
+    ranks = ((logp > chosen).sum(-1) + 1).tolist()
+    chosen = chosen[:, 0].tolist()
     tops: list[list[tuple[int, float]]] = [[] for _ in chosen]
     if top:
         values, indices = torch.topk(logp, top, dim=-1)
         tops = [list(zip(i, v)) for i, v in zip(indices.tolist(), values.tolist())]
-    return [TokenLogprob(t, c, alternatives) for t, c, alternatives in zip(ids.tolist(), chosen, tops)]
+    return [TokenLogprob(t, c, alternatives, rank)
+            for t, c, alternatives, rank in zip(ids.tolist(), chosen, tops, ranks)]

@@ -10,10 +10,11 @@ from ..v1 import worker_pb2
 
 
 def logprobs_to_proto(items: Iterable[TokenLogprob] | None) -> list[worker_pb2.TokenLogprob]:
-    return [worker_pb2.TokenLogprob(token_id=lp.token, logprob=lp.logprob,
+    return [worker_pb2.TokenLogprob(token_id=lp.token, logprob=lp.logprob, rank=lp.rank,
                                     top=[worker_pb2.TopLogprob(token_id=t, logprob=v) for t, v in lp.top])
             for lp in items or ()]
 
 
 def logprobs_from_proto(items: Iterable[worker_pb2.TokenLogprob]) -> list[TokenLogprob]:
-    return [TokenLogprob(lp.token_id, lp.logprob, [(t.token_id, t.logprob) for t in lp.top]) for lp in items]
+    return [TokenLogprob(lp.token_id, lp.logprob, [(t.token_id, t.logprob) for t in lp.top], lp.rank)
+            for lp in items]

@@ -131,6 +131,32 @@ def test_echo_scores_the_prompt_as_the_model_does(client, tiny_model, tiny_check
     assert text.choices[0].text.startswith("Once upon a time")
 
 
+def test_vllms_prompt_logprobs(client, tiny_model):
+    """prompt_logprobs (vLLM's extension): None for the first token, then the prompt token's
+    logprob and rank first, and the n most likely with theirs; a chat's at the reply's top level;
+    refused when streamed."""
+    ids = [0, 1000, 2000, 3000, 4000]
+    with torch.inference_mode():
+        logp = torch.log_softmax(prompt_logits(tiny_model, torch.tensor(ids)), -1)
+    out = client.completions.create(model="m", prompt=ids, max_tokens=1, temperature=0, logprobs=0, echo=True,
+                                    extra_body={"prompt_logprobs": 2})
+    got = out.choices[0].model_extra["prompt_logprobs"]
+    assert got[0] is None and len(got) == len(ids)
+    for row, token, entry in zip(logp, ids[1:], got[1:]):
+        assert list(entry)[0] == str(token) and 2 <= len(entry) <= 3
+        assert abs(entry[str(token)]["logprob"] - row[token]) < 1e-3
+        assert entry[str(token)]["rank"] == int((row > row[token]).sum()) + 1
+        for rank, best in enumerate(torch.topk(row, 2).indices.tolist(), 1):
+            assert entry[str(best)]["rank"] == rank and entry[str(best)]["decoded_token"] is not None
+    assert all(top == {} for top in out.choices[0].logprobs.top_logprobs[1:])  # echo's own count: logprobs=0
+    chat = client.chat.completions.create(model="m", messages=USER, max_tokens=1,
+                                          extra_body={"prompt_logprobs": 0, "thinking": {"type": "disabled"}})
+    whole = chat.model_extra["prompt_logprobs"]
+    assert whole[0] is None and len(whole) == chat.usage.prompt_tokens and all(len(e) == 1 for e in whole[1:])
+    with pytest.raises(openai.BadRequestError, match="not streamed"):
+        client.completions.create(model="m", prompt=ids, max_tokens=1, stream=True, extra_body={"prompt_logprobs": 1})
+
+
 def test_a_batch_of_prompts_equals_each_alone(client, tiny_model):
     """OpenAI numbers a batch's choices prompt by prompt, n each; every one is its prompt's greedy
     output, streamed or not, and the usage adds the prompts up."""
