@@ -237,6 +237,12 @@ class DecodeWorker:
         except BaseException:
             cache.release()
             raise
+        if prompt_logprobs is not None and len(reply.prompt_logprobs) != len(tokens) - 1:
+            # a prefill worker of an older version does not score: the prompt is computed here
+            cache.release()
+            log.warning("prefill on %s sent %d prompt scores for %d tokens: recomputing here", address,
+                        len(reply.prompt_logprobs), len(tokens))
+            return None, None, info
         logits = torch.frombuffer(bytearray(reply.last_logits), dtype=torch.float32)
         taps = None
         if reply.taps_rows:

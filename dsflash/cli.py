@@ -32,6 +32,9 @@ def _add(parser: argparse.ArgumentParser, flag: str, **kwargs) -> None:
             kwargs["default"] = value.lower() in ("1", "true", "yes", "on")
         else:
             kwargs["default"] = kwargs["type"](value) if "type" in kwargs else value
+            # argparse checks choices on the command line only, never on a default
+            if "choices" in kwargs and kwargs["default"] not in kwargs["choices"]:
+                raise SystemExit(f"{env}={value!r}: must be one of {', '.join(map(str, kwargs['choices']))}")
         kwargs["required"] = False
     kwargs["help"] = (kwargs.get("help", "") + f" [env {env}]").strip()
     parser.add_argument(flag, **kwargs)

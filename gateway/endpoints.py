@@ -22,6 +22,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ValidationError
 
+from ..serving.logprob_protos import most_scored_tokens
 from ..v1 import worker_pb2
 from . import responses as R
 from . import special_tokens as st
@@ -60,6 +61,7 @@ class Context:
     clients: DecodeClients
     metrics: Any
     replies: ReplyMemory = field(default_factory=ReplyMemory)  # generated ids of recent replies
+    canary: asyncio.Future | None = None  # /health_generate's, while one runs
 
 
 async def read_body(request: Request, model: type[BaseModel], limit: int):
@@ -122,6 +124,17 @@ def request_id_of(request: Request, prefix: str) -> str:
     return f"{prefix}-{client}-{uuid.uuid4().hex[:8]}" if client else f"{prefix}-{uuid.uuid4().hex}"
 
 
+def _check_scored(prompts: list[list[int]], top: int | None, param: str) -> None:
+    """Prompt scores (top alternatives each) travel in one gRPC message: a prompt too long for it
+    gets a 400 here, not a failed prefill and a recompute."""
+    if top is None:
+        return
+    most = most_scored_tokens(top)
+    if any(len(p) > most for p in prompts):
+        raise invalid(f"a prompt's scores with {top} alternatives each fit at most {most} tokens; this prompt has "
+                      f"{max(len(p) for p in prompts)}: ask for fewer alternatives", param=param)
+
+
 def conversation_of(request: Request, req: SamplingFields) -> str | None:
     return request.headers.get("x-conversation-id") or req.conversation_id or req.user or None
 
@@ -145,23 +158,38 @@ async def route(ctx: Context, conversation: str | None, prompt: list[int]):
 
 async def health_generate(ctx: Context) -> JSONResponse:
     """A canary: one greedy token of a one-token prompt through a prefill and a decode worker, as
-    SGLang's /health_generate does. Readiness sees registered workers; this sees a wedged engine
-    or a broken handoff. No conversation keeps its cache."""
-    began = time.monotonic()
+    SGLang's /health_generate does. Readiness sees registered workers; this sees a wedged engine,
+    or a prefill tier the decode worker had to do without (it recomputes the prompt itself, and
+    says so in the reply's stats). Probes that arrive together share one canary; no
+    conversation keeps its cache."""
+    if ctx.canary is None or ctx.canary.done():
+        ctx.canary = asyncio.ensure_future(_canary(ctx))
+    ok, body = await asyncio.shield(ctx.canary)  # one probe hanging up leaves the others' canary running
+    return JSONResponse(body, status_code=200 if ok else 503)
+
+
+async def _canary(ctx: Context) -> tuple[bool, dict]:
+    began, choice = time.monotonic(), None
     try:
-        to = replace(await ctx.router.route(None, [st.BOS.id]), conversation_id="")
-        spec = GenerationSpec(request_id=f"health-{uuid.uuid4().hex}", prompt=[st.BOS.id], n=1, route=to, chat=False,
-                              sampling=worker_pb2.SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True),
-                              timeout_s=ctx.settings.health_generate_timeout_s)
         async with asyncio.timeout(ctx.settings.health_generate_timeout_s):
-            async for _update in relay([spec], ctx.clients, ctx.tokenizer):
-                pass
+            to = replace(await ctx.router.route(None, [st.BOS.id]), conversation_id="")
+            spec = GenerationSpec(request_id=f"health-{uuid.uuid4().hex}", prompt=[st.BOS.id], n=1, route=to,
+                                  chat=False, timeout_s=ctx.settings.health_generate_timeout_s,
+                                  sampling=worker_pb2.SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True))
+            async for update in relay([spec], ctx.clients, ctx.tokenizer):
+                choice = update.choice
     except (NoWorkers, APIError, TimeoutError) as exc:
-        reason = "timed out" if isinstance(exc, TimeoutError) else str(exc)
-        return JSONResponse(APIError(503, f"the canary generation failed: {reason}",
-                                     type="service_unavailable").body(), status_code=503)
-    return JSONResponse({"status": "ok", "decode_worker": to.decode, "prefill_worker": to.prefill,
-                         "ms": round((time.monotonic() - began) * 1000.0, 1)})
+        return False, _canary_failed("timed out" if isinstance(exc, TimeoutError) else str(exc))
+    stats = choice.finished.stats if choice is not None and choice.finished is not None else None
+    if stats is None or not stats.prefill_worker:
+        return False, _canary_failed(f"the decode worker {to.decode} computed the prompt itself: the prefill "
+                                     f"worker {to.prefill or '(none)'} failed it or was unreachable (see its log)")
+    return True, {"status": "ok", "decode_worker": to.decode, "prefill_worker": stats.prefill_worker,
+                  "transport": stats.transport, "ms": round((time.monotonic() - began) * 1000.0, 1)}
+
+
+def _canary_failed(reason: str) -> dict:
+    return APIError(503, f"the canary generation failed: {reason}", type="service_unavailable").body()
 
 
 # ------------------------------------------------------------------ chat
@@ -191,6 +219,7 @@ async def chat_completions(ctx: Context, request: Request):
         prompt = prompt + encode_segments(ctx.tokenizer, segments)
         forced_text = spell(segments)
     max_tokens = budget(ctx, len(prompt), req.limit, "max_tokens")
+    _check_scored([prompt], req.prompt_logprobs, "prompt_logprobs")
     top = req.top_logprobs or 0
     spec = GenerationSpec(
         request_id=request_id_of(request, "chatcmpl"), prompt=prompt,
@@ -269,8 +298,9 @@ async def completions(ctx: Context, request: Request):
     req = await read_body(request, CompletionRequest, ctx.settings.max_body_bytes)
     prompts = await _prompts(ctx, req.prompt, req.n)
     want = req.logprobs is not None
-    # echo's logprobs score the prompt too, as vLLM's prompt_logprobs do: the workers score it once, for both
+    # echo's logprobs score the prompt too, as vLLM's prompt_logprobs do: one scoring (a choice's) serves both
     scored = max((k for k in (req.prompt_logprobs, req.logprobs if req.echo else None) if k is not None), default=None)
+    _check_scored(prompts, scored, "prompt_logprobs" if req.prompt_logprobs is not None else "logprobs")
     samplings = [sampling_proto(req, budget(ctx, len(p), req.limit, "max_tokens"), want, req.logprobs or 0, scored)
                  for p in prompts]  # all checked before any is routed
     # A conversation continues one prompt; a batch's prompts are routed by their prefixes alone.
@@ -329,7 +359,7 @@ class _CompletionFormat(_ChatFormat):
                  prompt_tokens: int, echoes: list[R.Echo] | None):
         super().__init__(ctx, spec, req, include_usage, prompt_tokens)
         self.echoes = echoes  # echo: each prompt's, put before its choices' text
-        self._sent: dict[int, int] = {}  # characters streamed a choice: its logprobs' text_offset goes on from there
+        self._offsets: dict[int, R.TextOffsets] = {}  # a streamed choice's: its text_offset goes on from chunk to chunk
 
     def opening(self) -> list[dict]:
         return []
@@ -339,18 +369,15 @@ class _CompletionFormat(_ChatFormat):
 
     def chunk(self, update) -> dict | None:
         index, tokenizer = update.choice.index, self.ctx.tokenizer
-        echo = self._echo(update.choice) if index not in self._sent else None  # a choice's first chunk
+        echo = self._echo(update.choice) if index not in self._offsets else None  # a choice's first chunk
         if not update.text and not update.done and not update.logprobs and echo is None:
             return None
+        offsets = self._offsets.setdefault(index, R.TextOffsets(tokenizer))
         text = (echo.text if echo is not None else "") + update.text
         logprobs = None
         if self.req.logprobs is not None:
-            start = self._sent.get(index, 0) + (len(echo.text) if echo is not None else 0)
-            logprobs = R.completion_logprobs(tokenizer, update.logprobs, start)
-            if echo is not None:
-                logprobs = R.joined_logprobs(echo.logprobs(tokenizer, update.choice.prompt_logprobs, self.req.logprobs),
-                                             logprobs)
-        self._sent[index] = self._sent.get(index, 0) + len(text)
+            logprobs = R.completion_logprobs(tokenizer, update.logprobs, offsets, self.req.logprobs, echo,
+                                             update.choice.prompt_logprobs)
         choice = {"index": index, "text": text, "logprobs": logprobs,
                   "finish_reason": update.choice.finish_reason if update.done else None}
         if update.done and self.req.return_token_ids:

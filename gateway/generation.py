@@ -187,10 +187,10 @@ def _apply(choice: Choice, message: worker_pb2.GenerateResponse | None) -> Updat
         tokens.append(token)
         if i < len(message.chunk.logprobs):
             logprobs.append(message.chunk.logprobs[i])
-        if choice.detok.is_stopped:
+        if choice.detok.is_stopped:  # the update keeps its tokens and logprobs, as the whole reply does
             choice.token_ids += tokens
             choice.logprobs += logprobs
-            return _finish(choice, "stop", [], [], "".join(text))
+            return _finish(choice, "stop", tokens, logprobs, "".join(text))
     choice.token_ids += tokens
     choice.logprobs += logprobs
     piece = "".join(text)

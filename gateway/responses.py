@@ -3,6 +3,7 @@ and logprobs, built from the relayed choices."""
 
 from __future__ import annotations
 
+import codecs
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -61,31 +62,52 @@ class Echo:
     text: str
     token_ids: list[int]
 
-    def logprobs(self, tokenizer: Tokenizer, scored: list[worker_pb2.TokenLogprob], top: int) -> dict:
-        """The prompt's part of the logprobs: its first token has none (nothing came before it),
-        the others the workers' scores, with `top` alternatives each."""
-        out = completion_logprobs(tokenizer, [worker_pb2.TokenLogprob(token_id=self.token_ids[0])] + list(scored),
-                                  top=top)
-        out["token_logprobs"][0] = out["top_logprobs"][0] = None
-        return out
+
+class TextOffsets:
+    """Where each token's text starts in a completion's text (the legacy logprobs' text_offset):
+    the characters decoded before it, a character split over tokens counted where it completes,
+    so a stream's offsets and its whole reply's agree."""
+
+    def __init__(self, tokenizer: Tokenizer):
+        self.tokenizer = tokenizer
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._chars = 0
+
+    def take(self, token_id: int) -> int:
+        at = self._chars
+        self._chars += len(self._decoder.decode(self.tokenizer.token_bytes(token_id)))
+        return at
+
+    def end_text(self) -> None:
+        """The echoed prompt ends here: its text was decoded alone, a character it left split as
+        U+FFFD, and the completion's text starts afresh."""
+        self._chars += len(self._decoder.decode(b"", final=True))
+        self._decoder.reset()
 
 
-def joined_logprobs(first: dict, then: dict) -> dict:
-    return {key: first[key] + then[key] for key in first}
+def completion_logprobs(tokenizer: Tokenizer, items: list[worker_pb2.TokenLogprob], offsets: TextOffsets,
+                        top: int | None = None, echo: Echo | None = None,
+                        scored: list[worker_pb2.TokenLogprob] = ()) -> dict:
+    """The legacy logprobs object of `items`, with `top` alternatives each (default: all the
+    workers sent); where `echo` is given, the prompt's come first: its first token unscored
+    (nothing came before it), the others `scored`."""
+    out = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
 
+    def add(token: int, logprob: float | None, alternatives) -> None:
+        out["tokens"].append(_token_text(tokenizer, token)[0])
+        out["token_logprobs"].append(logprob)
+        out["top_logprobs"].append(None if alternatives is None else
+                                   {_token_text(tokenizer, t.token_id)[0]: t.logprob for t in alternatives[:top]})
+        out["text_offset"].append(offsets.take(token))
 
-def completion_logprobs(tokenizer: Tokenizer, items: list[worker_pb2.TokenLogprob], offset: int = 0,
-                        top: int | None = None) -> dict:
-    """The legacy logprobs object; `top` alternatives a token (default: all the workers sent)."""
-    tokens, values, tops, offsets = [], [], [], []
+    if echo is not None:
+        add(echo.token_ids[0], None, None)
+        for lp in scored:
+            add(lp.token_id, lp.logprob, lp.top)
+        offsets.end_text()
     for lp in items:
-        text, _ = _token_text(tokenizer, lp.token_id)
-        tokens.append(text)
-        values.append(lp.logprob)
-        tops.append({_token_text(tokenizer, t.token_id)[0]: t.logprob for t in lp.top[:top]})
-        offsets.append(offset)
-        offset += len(text)
-    return {"tokens": tokens, "token_logprobs": values, "top_logprobs": tops, "text_offset": offsets}
+        add(lp.token_id, lp.logprob, lp.top)
+    return out
 
 
 def name_reasoning(out: dict, field: str) -> dict:
@@ -132,9 +154,8 @@ def completion_choice(choice: Choice, tokenizer: Tokenizer, logprobs_top: int | 
     before = echo.text if echo is not None else ""
     logprobs = None
     if logprobs_top is not None:
-        logprobs = completion_logprobs(tokenizer, choice.logprobs, len(before))
-        if echo is not None:
-            logprobs = joined_logprobs(echo.logprobs(tokenizer, choice.prompt_logprobs, logprobs_top), logprobs)
+        logprobs = completion_logprobs(tokenizer, choice.logprobs, TextOffsets(tokenizer), logprobs_top, echo,
+                                       choice.prompt_logprobs)
     out = {"index": choice.index, "text": before + text, "finish_reason": choice.finish_reason, "logprobs": logprobs}
     if want_ids:
         out["token_ids"] = choice.token_ids

@@ -20,17 +20,23 @@ class TokenLogprob:
     rank: int = 0  # the token's place in its row, 1 = the most likely (0: not known)
 
 
-def token_logprobs(logits: torch.Tensor, tokens: Sequence[int], top: int) -> list[TokenLogprob]:
+def token_logprobs(logits: torch.Tensor, tokens: Sequence[int], top: int, rank: bool = False) -> list[TokenLogprob]:
     """logits [n, V] (row i chose or was followed by tokens[i]) -> n TokenLogprobs with `top`
-    alternatives each; one host copy for all rows."""
+    alternatives each, and each token's rank where asked; one copy to the host for all."""
     logp = torch.log_softmax(logits.float(), dim=-1)
     ids = torch.as_tensor(list(tokens), dtype=torch.long, device=logp.device)
     chosen = logp.gather(1, ids[:, None])
-    ranks = ((logp > chosen).sum(-1) + 1).tolist()
-    chosen = chosen[:, 0].tolist()
-    tops: list[list[tuple[int, float]]] = [[] for _ in chosen]
+    columns = [chosen]
+    if rank:
+        columns.append((logp > chosen).sum(-1, keepdim=True) + 1)
     if top:
         values, indices = torch.topk(logp, top, dim=-1)
-        tops = [list(zip(i, v)) for i, v in zip(indices.tolist(), values.tolist())]
-    return [TokenLogprob(t, c, alternatives, rank)
-            for t, c, alternatives, rank in zip(ids.tolist(), chosen, tops, ranks)]
+        columns += [values, indices]
+    # float64 holds the fp32 logprobs and every token id and rank exactly
+    rows = torch.cat([c.double() for c in columns], 1).tolist()
+    out = []
+    for token, row in zip(ids.tolist(), rows):
+        alternatives = row[1 + rank:]
+        out.append(TokenLogprob(token, row[0], [(int(t), v) for v, t in zip(alternatives[:top], alternatives[top:])],
+                                int(row[1]) if rank else 0))
+    return out

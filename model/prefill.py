@@ -7,8 +7,9 @@ tokens are encoded, one decoder pass over that tail produces the last logits (bo
 replay). Either way the job ends with the logits of its last position and the DSpark taps
 of its last ring-capacity positions. A job asked for prompt logprobs (echo, evaluation
 harnesses) runs exact, takes every row's logits, chunk by chunk of at most
-PROMPT_LOGPROBS_ROWS rows (a chunk's [rows, vocab] fp32 logits: 0.5 GB at 1,024), and scores
-each of its tokens after the first by the rows before it.
+PROMPT_LOGPROBS_ROWS rows, each in a forward of its own (a chunk's [rows, vocab] fp32 logits:
+0.5 GB at 1,024, and as much again for their log-softmax), and scores each of its tokens after
+the first by the row before it.
 """
 
 from __future__ import annotations
@@ -68,9 +69,13 @@ class PrefillJob:
     def finished(self) -> bool:
         return self.output is not None
 
+    @property
+    def next_chunk_limit(self) -> int:
+        """The most tokens the next chunk may take: what is left, or a scoring job's row cap."""
+        return min(self.remaining, PROMPT_LOGPROBS_ROWS) if self.prompt_logprobs is not None else self.remaining
+
     def next_run(self, max_tokens: int) -> SeqRun:
-        if self.prompt_logprobs is not None:  # (the scheduler reserved pages for more: harmless)
-            max_tokens = min(max_tokens, PROMPT_LOGPROBS_ROWS)
+        max_tokens = min(max_tokens, self.next_chunk_limit)
         piece = self.tokens[self.done: self.done + max_tokens]
         return SeqRun(cache=self.cache, tokens=piece, start=self.cache.num_tokens, history=list(self.cache.history))
 
@@ -84,7 +89,7 @@ class PrefillJob:
         """logits: the chunk's last row, or all its rows for a job scoring its tokens."""
         if self.prompt_logprobs is not None:  # row i is followed by token done + i + 1
             following = self.tokens[self.done + 1: self.done + run.n + 1].tolist()
-            self._scored += token_logprobs(logits[:len(following)], following, self.prompt_logprobs)
+            self._scored += token_logprobs(logits[:len(following)], following, self.prompt_logprobs, rank=True)
         self.cache.commit(run.tokens.tolist())
         self.done += run.n
         if taps is not None:
@@ -141,10 +146,11 @@ def prefill_step(model: DeepseekV41, chunks: list[tuple[PrefillJob, int]]) -> No
     decoder pass here, batched."""
     exact = [(job, job.next_run(size)) for job, size in chunks if not job.ced and job.remaining]
     ced = [(job, job.next_run(size)) for job, size in chunks if job.ced and job.remaining]
-    # Jobs scoring their tokens take every row's logits, in a forward of their own.
-    for scoring in (False, True):
-        _exact_forward(model, [(job, run) for job, run in exact if (job.prompt_logprobs is not None) == scoring],
-                       "all" if scoring else "last")
+    # A job scoring its tokens takes every row's logits, in a forward of its own: one chunk's
+    # [rows, vocab] fp32 logits at a time.
+    _exact_forward(model, [(job, run) for job, run in exact if job.prompt_logprobs is None], "last")
+    for pair in [(job, run) for job, run in exact if job.prompt_logprobs is not None]:
+        _exact_forward(model, [pair], "all")
     if ced:
         runs = [run for _, run in ced]
         X, pre = model.encode(runs)

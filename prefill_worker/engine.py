@@ -169,7 +169,7 @@ class PrefillEngine:
         """One forward over the scheduled chunks; returns the requests that finished."""
         self._start_waiting()
         running = [r for r in self.requests.values() if r.status is PrefillStatus.RUNNING]
-        chunks = self.scheduler.schedule([(r.request_id, r.remaining) for r in running], self._reserve)
+        chunks = self.scheduler.schedule([(r.request_id, r.job.next_chunk_limit) for r in running], self._reserve)
         if not chunks and running and not any(r.status is PrefillStatus.WAITING for r in self.requests.values()):
             self._relieve_memory(running)
             return []

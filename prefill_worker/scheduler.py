@@ -37,8 +37,9 @@ class PrefillScheduler:
         self.config = config
 
     def schedule(self, remaining: list[tuple[str, int]], can_reserve) -> list[Chunk]:
-        """remaining: (request id, tokens left) in arrival order; can_reserve(id, n) says whether
-        memory for n more tokens of that request can be reserved now (and reserves it)."""
+        """remaining: (request id, tokens it may take this step: what is left, or its own cap) in
+        arrival order; can_reserve(id, n) says whether memory for n more tokens of that request
+        can be reserved now (and reserves it)."""
         budget, chunks = self.config.token_budget, []
         for request_id, left in remaining:
             if budget <= 0 or len(chunks) >= self.config.max_requests_per_step:

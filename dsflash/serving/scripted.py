@@ -17,6 +17,7 @@ class ScriptedDecode(worker_pb2_grpc.DecodeServicer):
         self.script, self.delay_s, self.on_send = script, delay_s, on_send
         self.requests: list[worker_pb2.GenerateRequest] = []
         self.cancelled: list[str] = []
+        self.recomputes = False  # report the prompt computed here, not by the prefill worker asked for
 
     async def Generate(self, request, context):
         self.requests.append(request)
@@ -32,15 +33,22 @@ class ScriptedDecode(worker_pb2_grpc.DecodeServicer):
                 logprobs = [worker_pb2.TokenLogprob(token_id=t, logprob=-0.5,
                                                     top=[worker_pb2.TopLogprob(token_id=t, logprob=-0.5)])
                             for t in chunk] if request.sampling.logprobs else []
+                # asked for, the first chunk scores the prompt's tokens after its first (logprob -1, rank 2)
+                scored = [worker_pb2.TokenLogprob(token_id=t, logprob=-1.0, rank=2, top=[
+                    worker_pb2.TopLogprob(token_id=t, logprob=-0.5)] * request.sampling.prompt_logprobs)
+                    for t in request.token_ids[1:]] if request.sampling.HasField("prompt_logprobs") and not sent else []
                 if self.on_send is not None:
                     self.on_send(request.request_id, sent)
-                yield worker_pb2.GenerateResponse(chunk=worker_pb2.TokenChunk(token_ids=chunk, logprobs=logprobs))
+                yield worker_pb2.GenerateResponse(chunk=worker_pb2.TokenChunk(token_ids=chunk, logprobs=logprobs,
+                                                                              prompt_logprobs=scored))
                 sent += len(chunk)
                 if self.delay_s:
                     await asyncio.sleep(self.delay_s)
             yield worker_pb2.GenerateResponse(finished=worker_pb2.Finished(
                 finish_reason=reason, usage=worker_pb2.Usage(prompt_tokens=len(request.token_ids),
-                                                             completion_tokens=sent, cached_tokens=3)))
+                                                             completion_tokens=sent, cached_tokens=3),
+                stats=worker_pb2.RequestStats(prefill_worker="" if self.recomputes else request.prefill_address,
+                                              transport="scripted")))
         except (asyncio.CancelledError, GeneratorExit):
             # a cancel that finds this generator waiting in its sleep arrives as CancelledError;
             # one that finds it at a yield (its message being sent) ends the call's task there,

@@ -243,3 +243,21 @@ def test_prompt_logprobs_refuse_a_cached_prefix(golden_model, golden):
         engine.add(PrefillRequest("many", ids, prompt_logprobs=21))
     prefix.cache.release()
     assert pool.is_empty()
+
+
+def test_a_scored_prompt_is_charged_its_capped_chunk_and_others_move_beside_it(golden_model, golden, monkeypatch):
+    """The scheduler charges a scoring job the rows it will run, so a short prompt behind a long
+    scored one still finishes in the first step (charged the whole chunk, it waited for every
+    one of the scored prompt's capped chunks)."""
+    monkeypatch.setattr(prefill_module, "PROMPT_LOGPROBS_ROWS", 8)
+    pool = make_pool(golden_model)
+    engine = PrefillEngine(golden_model, pool, _config(budget=64, chunk=64))
+    engine.add(PrefillRequest("scored", golden[3]["input_ids"].tolist()[:200], prompt_logprobs=0))
+    engine.add(PrefillRequest("plain", golden[0]["input_ids"].tolist()))
+    first = engine.step()
+    assert [r.request_id for r in first] == ["plain"]
+    done, steps = _drain(engine)
+    assert len(done["scored"].output.prompt_logprobs) == 199 and steps == 200 // 8 - 1
+    for request in first + [done["scored"]]:
+        request.cache.release()
+    assert pool.is_empty()

@@ -5,6 +5,7 @@ import torch
 
 from dsflash.decode_worker.sampling import RequestSampler, SamplingError, SamplingParams
 from dsflash.decode_worker.spec import accept_block, accept_greedy, greedy_targets
+from dsflash.model.logprobs import token_logprobs
 
 V = 8
 
@@ -133,3 +134,22 @@ def test_the_workers_params_come_whole_from_the_proto():
     assert sampling_from_proto(msg) == SamplingParams(max_tokens=9, temperature=0.5, top_k=4, stop_token_ids=(3,),
                                                       ignore_eos=True, min_tokens=2, seed=7, logprobs=True,
                                                       top_logprobs=2)
+
+
+def test_token_logprobs_rows_alternatives_and_ranks():
+    """token_logprobs against log_softmax row by row: the chosen token's logprob, the top
+    alternatives most likely first, and its 1-based rank where asked (0 where not)."""
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(5, 50, generator=g)
+    tokens = [7, 0, 49, 21, 3]
+    logp = torch.log_softmax(logits, -1)
+    ranked = token_logprobs(logits, tokens, 3, rank=True)
+    for row, token, got in zip(logp, tokens, ranked):
+        assert got.token == token and abs(got.logprob - float(row[token])) < 1e-6
+        assert got.rank == int((row > row[token]).sum()) + 1
+        best = torch.topk(row, 3)
+        assert [t for t, _ in got.top] == best.indices.tolist()
+        assert all(abs(v - float(b)) < 1e-6 for (_, v), b in zip(got.top, best.values))
+    plain = token_logprobs(logits, tokens, 0)
+    assert [lp.rank for lp in plain] == [0] * 5 and all(lp.top == [] for lp in plain)
+    assert [lp.logprob for lp in plain] == [lp.logprob for lp in ranked]

@@ -48,6 +48,9 @@ CASES = [
     ("prompt wrong type", TEXT, {"prompt": {"a": 1}}, 400, "prompt"),
     ("suffix unsupported", TEXT, {"prompt": "x", "suffix": "y"}, 400, None),
     ("echo logprobs out of range", TEXT, {"prompt": "x", "echo": True, "logprobs": 21}, 400, "logprobs"),
+    ("echo scores past a message", TEXT, {"prompt": [5] * 250_000, "echo": True, "logprobs": 20}, 400, "logprobs"),
+    ("prompt scores past a message", TEXT, {"prompt": [5] * 250_000, "prompt_logprobs": 20}, 400, "prompt_logprobs"),
+    ("prompt scores streamed", TEXT, {"prompt": "x", "prompt_logprobs": 1, "stream": True}, 400, None),
     ("body too large", TEXT, {"prompt": "x" * (3 << 20)}, 413, None),
     ("unknown endpoint", "/v1/embeddings", {"input": "x"}, 404, None),
 ]

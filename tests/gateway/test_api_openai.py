@@ -90,12 +90,13 @@ def test_completions_text_and_token_ids(client, tiny_model):
     assert len(out.choices[0].logprobs.token_logprobs) == 6
 
 
-def test_echo_scores_the_prompt_as_the_model_does(client, tiny_model, tiny_checkpoint):
+def test_echo_scores_the_prompt_as_the_model_does(serve, client, tiny_model, tiny_checkpoint):
     """echo with logprobs (what evaluation harnesses send to score a text): the prompt's text and
     tokens come first, its first token unscored, the others at the model's own logprobs; the
     same streamed. A conversation's next turn, whose start a worker holds, is computed whole
     when scored (nothing cached) and reused again when not."""
     tokenizer = load_tokenizer(tiny_checkpoint)
+    recomputed = serve.log_path.read_text().count("recomputing here")
     conversation = {"X-Conversation-Id": "echo-turns"}
     first = client.completions.create(model="m", prompt=[0, 1000, 2000, 3000], max_tokens=3, temperature=0,
                                       extra_headers=conversation, extra_body={"return_token_ids": True})
@@ -129,6 +130,7 @@ def test_echo_scores_the_prompt_as_the_model_does(client, tiny_model, tiny_check
     assert streamed[0] is None and streamed[1:] == lp.token_logprobs[1:] and offsets == lp.text_offset
     text = client.completions.create(model="m", prompt="Once upon a time", max_tokens=3, temperature=0, echo=True)
     assert text.choices[0].text.startswith("Once upon a time")
+    assert serve.log_path.read_text().count("recomputing here") == recomputed  # the prefill worker scored them
 
 
 def test_vllms_prompt_logprobs(client, tiny_model):

@@ -3,6 +3,7 @@ SSE framing, worker failures as errors (never a 200 with empty content)."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import time
 
@@ -221,15 +222,23 @@ def test_a_batchs_seeds_and_conversations(tok):
 
 
 def test_health_generate_is_a_canary_through_a_worker(tok):
-    """GET /health_generate: one greedy token of a one-token prompt (no conversation kept); a
-    worker's error or a generation past the bound is a 503, and the canary is cancelled."""
-    gw = ScriptedGateway(lambda r: ([[5]], "length"))
+    """GET /health_generate: one greedy token of a one-token prompt (no conversation kept), and
+    probes that arrive together share it; a worker's error, a prompt the decode worker had to
+    compute itself, or a generation past the bound is a 503, and the canary is cancelled."""
+    gw = ScriptedGateway(lambda r: ([[5]], "length"), delay_s=0.5)
     try:
         ok = httpx.get(f"{gw.url}/health_generate", timeout=30)
         assert ok.status_code == 200 and ok.json()["status"] == "ok" and ok.json()["decode_worker"]
+        assert ok.json()["prefill_worker"] == "127.0.0.1:1"  # the harness's static prefill address
         canary = gw.backend.requests[-1]
         assert list(canary.token_ids) == [st.BOS.id] and canary.sampling.max_tokens == 1
         assert canary.sampling.temperature == 0 and not canary.conversation_id
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            probes = list(pool.map(lambda _: httpx.get(f"{gw.url}/health_generate", timeout=30), range(4)))
+        assert [p.status_code for p in probes] == [200] * 4 and len(gw.backend.requests) == 2  # one canary for all
+        gw.backend.recomputes = True
+        alone = httpx.get(f"{gw.url}/health_generate", timeout=30)
+        assert alone.status_code == 503 and "computed the prompt itself" in alone.json()["error"]["message"]
     finally:
         gw.close()
     gw = ScriptedGateway(lambda r: (grpc.StatusCode.UNAVAILABLE, "engine wedged"))
@@ -272,5 +281,30 @@ def test_the_reasoning_field_is_named_as_configured(tok, field):
         assert deltas and all({k for k in d if k.startswith("reasoning")} == names for d in deltas)
         for name in names:
             assert "".join(d[name] for d in deltas) == "Let me think."
+    finally:
+        gw.close()
+
+
+def test_echo_stream_and_whole_reply_agree_across_split_characters_and_a_stop(tok):
+    """Echo with logprobs: a token's text_offset counts the characters decoded before it (one
+    split over tokens counts where it completes), so offsets never go back; the stream's tokens,
+    scores and offsets equal the whole reply's, the chunk that a stop string ends included."""
+    prompt = "😀😀😀😀😀 a"
+    generated = _ids(tok, [" 世界 ok. more"])
+    gw = ScriptedGateway(lambda r: ([[t] for t in generated], "length"))
+    try:
+        body = {"model": "m", "prompt": prompt, "echo": True, "logprobs": 1, "max_tokens": 16, "stop": ["."]}
+        whole = httpx.post(f"{gw.url}/v1/completions", json=body, timeout=30).json()["choices"][0]
+        with httpx.stream("POST", f"{gw.url}/v1/completions", json={**body, "stream": True}, timeout=30) as r:
+            data = [json.loads(e[6:]) for e in r.read().decode().split("\n\n") if e.startswith("data: {")]
+        chunks = [d["choices"][0] for d in data]
+        assert whole["text"] == prompt + " 世界 ok" == "".join(c["text"] for c in chunks)
+        lp = whole["logprobs"]
+        n = len(tok.encode_text(prompt))
+        assert lp["token_logprobs"][:2] == [None, -1.0] and lp["token_logprobs"][n:] == [-0.5] * (len(lp["tokens"]) - n)
+        assert lp["text_offset"] == sorted(lp["text_offset"]) and lp["text_offset"][n] == len(prompt)
+        assert lp["tokens"][-1] == "." and whole["finish_reason"] == "stop"  # the stop's token keeps its score
+        for key in ("tokens", "token_logprobs", "top_logprobs", "text_offset"):
+            assert [v for c in chunks for v in c["logprobs"][key]] == lp[key], key
     finally:
         gw.close()

@@ -1,4 +1,4 @@
-"""Worker flags checked where the configuration is read (dsflash/commands.py worker_settings):
+"""Flags checked where the configuration is read (dsflash/cli.py _add, dsflash/commands.py worker_settings):
 a bad value stops the command with its reason, before anything loads."""
 
 from __future__ import annotations
@@ -45,3 +45,12 @@ def test_the_drain_grace_is_a_flag_with_its_environment_twin(role, monkeypatch):
     assert _settings(role).drain_grace_s == 90.0
     with pytest.raises(SystemExit, match="drain-grace-s"):
         _settings(role, "--drain-grace-s", "-1")
+
+
+def test_an_environment_twin_outside_a_flags_choices_is_refused(monkeypatch):
+    """argparse checks choices on the command line only: a twin's value is checked by _add."""
+    monkeypatch.setenv("DSFLASH_REASONING_FIELD", "reasoning")
+    assert build_parser().parse_args(["gateway"]).reasoning_field == "reasoning"
+    monkeypatch.setenv("DSFLASH_REASONING_FIELD", "Reasoning_Content")
+    with pytest.raises(SystemExit, match="DSFLASH_REASONING_FIELD='Reasoning_Content': must be one of"):
+        build_parser()
