@@ -7,9 +7,10 @@ from dsflash.decode_worker.request import DecodeRequest
 from dsflash.decode_worker.sampling import SamplingParams
 from dsflash.kvcache.layout import CacheLayout
 from dsflash.kvcache.paged import PagedCache
-from dsflash.kvcache.pool import CachePool
+from dsflash.kvcache.pool import CachePool, plain_allocator
 from dsflash.kvcache.transport.checksum import SealedSums, checksum
 from dsflash.model import prefill as prefill_module
+from dsflash.model.deepseek_v41 import DeepseekV41
 from dsflash.prefill_worker import engine as engine_module
 from dsflash.prefill_worker.engine import PrefillEngine, PrefillEngineConfig, PrefillError, PrefillRequest
 from dsflash.prefill_worker.scheduler import PrefillSchedulerConfig
@@ -261,3 +262,27 @@ def test_a_scored_prompt_is_charged_its_capped_chunk_and_others_move_beside_it(g
     for request in first + [done["scored"]]:
         request.cache.release()
     assert pool.is_empty()
+
+
+@pytest.mark.gpu
+def test_prompt_logprobs_on_the_kernel_path_match_the_golden_rows(golden_dir, golden):
+    """A scored prompt on the GPU (Triton kernels, the pool on the device): every row's logits in
+    the capped chunks, each scored chunk in its own forward, within the golden tolerance."""
+    model = DeepseekV41.from_checkpoint(golden_dir, device="cuda")
+    model.use_kernels()
+    layout = CacheLayout.for_model(model.config, page_entries=16)
+    pool = CachePool(layout, 600, 4, plain_allocator(model.device))
+    engine = PrefillEngine(model, pool, _config(budget=128, chunk=128))
+    scored = golden[3]
+    ids = scored["input_ids"].tolist()
+    engine.add(PrefillRequest("scored", ids, prompt_logprobs=2))
+    engine.add(PrefillRequest("plain", golden[2]["input_ids"].tolist()))
+    done, _ = _drain(engine)
+    got = done["scored"].output.prompt_logprobs
+    assert [lp.token for lp in got] == ids[1:] and done["plain"].output.prompt_logprobs is None
+    ref = _reference_logprobs(scored["logits"], ids)
+    assert (torch.tensor([lp.logprob for lp in got]) - ref).abs().max() < 0.1
+    ranks = torch.log_softmax(scored["logits"][:-1].float(), -1)
+    assert sum(lp.rank == int((row > row[t]).sum()) + 1 for lp, row, t in zip(got, ranks, ids[1:])) >= 0.95 * len(got)
+    for request in done.values():
+        request.cache.release()
