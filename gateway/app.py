@@ -35,7 +35,7 @@ def create_app(ctx: Context) -> FastAPI:
 
     @app.middleware("http")
     async def authenticate(request: Request, call_next):
-        if keys and request.url.path.startswith("/v1/"):
+        if keys and (request.url.path.startswith("/v1/") or request.url.path in ("/tokenize", "/detokenize")):
             header = request.headers.get("authorization", "")
             token = header[7:].strip() if header.lower().startswith("bearer ") else ""
             if not any(hmac.compare_digest(token, k) for k in keys):
@@ -87,6 +87,14 @@ def create_app(ctx: Context) -> FastAPI:
     @app.post("/v1/completions")
     async def completions(request: Request):
         return await endpoints.completions(ctx, request)
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request):
+        return await endpoints.tokenize(ctx, request)
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request):
+        return await endpoints.detokenize(ctx, request)
 
     @app.api_route("/v1/{path:path}", methods=["GET", "POST", "PUT", "DELETE", "PATCH"])
     async def unknown(path: str):

@@ -15,6 +15,7 @@ import logging
 import re
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -26,7 +27,7 @@ from ..serving.logprob_protos import most_scored_tokens
 from ..v1 import worker_pb2
 from . import responses as R
 from . import special_tokens as st
-from .chat_encoding import encode_chat, encode_segments
+from .chat_encoding import EncodedChat, encode_chat, encode_segments
 from .chat_errors import ChatEncodingError
 from .dsml import forced_call_opening
 from .segments import SegmentBuilder, spell
@@ -34,7 +35,8 @@ from .errors import APIError, invalid
 from .generation import DecodeClients, GenerationSpec, relay
 from .replies import ReplyMemory
 from .router import NoWorkers, Router
-from .schema import MAX_CHOICES, ChatCompletionRequest, CompletionRequest, SamplingFields
+from .schema import (MAX_CHOICES, ChatCompletionRequest, ChatPrompt, CompletionRequest, DetokenizeRequest,
+                     SamplingFields, TokenizeChat, TokenizeText)
 from .tokenizer import Tokenizer
 
 log = logging.getLogger("dsflash.gateway")
@@ -64,7 +66,8 @@ class Context:
     canary: asyncio.Future | None = None  # /health_generate's, while one runs
 
 
-async def read_body(request: Request, model: type[BaseModel], limit: int):
+async def read_body(request: Request, model: type[BaseModel] | Callable[[dict], type[BaseModel]], limit: int):
+    """The request's JSON body as `model` (or as the model `model(body)` picks), or a 4xx."""
     raw = await request.body()
     if len(raw) > limit:
         raise APIError(413, f"request body exceeds {limit} bytes", code="request_too_large")
@@ -74,6 +77,8 @@ async def read_body(request: Request, model: type[BaseModel], limit: int):
         raise invalid(f"the body is not valid JSON: {exc}") from None
     if not isinstance(data, dict):
         raise invalid("the body must be a JSON object")
+    if not isinstance(model, type):
+        model = model(data)
     try:
         return model.model_validate(data)
     except ValidationError as exc:
@@ -192,32 +197,65 @@ def _canary_failed(reason: str) -> dict:
     return APIError(503, f"the canary generation failed: {reason}", type="service_unavailable").body()
 
 
+# ------------------------------------------------------------------ vLLM's tokenizer endpoints
+
+
+async def tokenize(ctx: Context, request: Request) -> dict:
+    """The ids a completion of `prompt`, or a chat completion of `messages` (the same rendering
+    options), would send: `count` is its usage's prompt_tokens."""
+    req = await read_body(request, lambda body: TokenizeChat if "messages" in body else TokenizeText,
+                          ctx.settings.max_body_bytes)
+    if isinstance(req, TokenizeChat):
+        ids = (await _chat_prompt(ctx, req))[0]
+    else:
+        ids = await asyncio.get_running_loop().run_in_executor(None, lambda: ctx.tokenizer.encode_text(req.prompt))
+    strs = [R.token_text(ctx.tokenizer, t) for t in ids] if req.return_token_strs else None
+    return {"count": len(ids), "max_model_len": ctx.settings.max_context_tokens, "tokens": ids, "token_strs": strs}
+
+
+async def detokenize(ctx: Context, request: Request) -> dict:
+    req = await read_body(request, DetokenizeRequest, ctx.settings.max_body_bytes)
+    _check_vocab(ctx, req.tokens, "tokens")
+    return {"prompt": ctx.tokenizer.decode(req.tokens)}
+
+
+def _check_vocab(ctx: Context, ids: list[int], param: str) -> None:
+    vocab = ctx.tokenizer.vocab_size
+    bad = [t for t in ids if not 0 <= t < vocab]
+    if bad:
+        raise invalid(f"token ids must be in [0, {vocab}): {bad[:5]}", param=param, code="invalid_token_id")
+
+
 # ------------------------------------------------------------------ chat
 
 
-async def chat_completions(ctx: Context, request: Request):
-    req = await read_body(request, ChatCompletionRequest, ctx.settings.max_body_bytes)
-    thinking = req.thinking.type == "enabled" if req.thinking is not None else True
+async def _chat_prompt(ctx: Context, req: ChatPrompt) -> tuple[list[int], EncodedChat, str]:
+    """A chat's prompt ids, its rendering, and the output the prompt forces (a forced tool call's
+    opening, which the parser reads as if generated; "" when none)."""
     try:
         encoded = await asyncio.get_running_loop().run_in_executor(None, lambda: encode_chat(
             ctx.tokenizer, req.messages, tools=req.tools, tool_choice=req.tool_choice,
-            response_format=req.response_format, thinking=thinking, reasoning_effort=req.reasoning_effort,
+            response_format=req.response_format, thinking=req.thinking_on, reasoning_effort=req.reasoning_effort,
             replies=ctx.replies.lookup))
     except ChatEncodingError as exc:
         raise invalid(str(exc), param=exc.param, code=exc.code) from None
     prompt = encoded.token_ids
-    forced_text = ""
     forced = _forced_tool(req)
-    if forced is not None and encoded.rendered.tools_enabled:
-        # tool_choice forces a call: the prompt goes on with the call's opening (after an empty
-        # reasoning when thinking), and the parser reads it as if generated.
-        out = SegmentBuilder()
-        if encoded.rendered.starts_in_reasoning:
-            out.special(st.THINK_END)
-        forced_call_opening(out, forced or None)
-        segments = out.build()
-        prompt = prompt + encode_segments(ctx.tokenizer, segments)
-        forced_text = spell(segments)
+    if forced is None or not encoded.rendered.tools_enabled:
+        return prompt, encoded, ""
+    # tool_choice forces a call: the prompt goes on with the call's opening (after an empty
+    # reasoning when thinking)
+    out = SegmentBuilder()
+    if encoded.rendered.starts_in_reasoning:
+        out.special(st.THINK_END)
+    forced_call_opening(out, forced or None)
+    segments = out.build()
+    return prompt + encode_segments(ctx.tokenizer, segments), encoded, spell(segments)
+
+
+async def chat_completions(ctx: Context, request: Request):
+    req = await read_body(request, ChatCompletionRequest, ctx.settings.max_body_bytes)
+    prompt, encoded, forced_text = await _chat_prompt(ctx, req)
     max_tokens = budget(ctx, len(prompt), req.limit, "max_tokens")
     _check_scored([prompt], req.prompt_logprobs, "prompt_logprobs")
     top = req.top_logprobs or 0
@@ -231,7 +269,7 @@ async def chat_completions(ctx: Context, request: Request):
     return await _respond(ctx, request, [spec], req.stream, _ChatFormat(ctx, spec, req, include_usage))
 
 
-def _forced_tool(req: ChatCompletionRequest) -> str | None:
+def _forced_tool(req: ChatPrompt) -> str | None:
     """"" for tool_choice "required", the function name for a named choice, None otherwise."""
     choice = req.tool_choice
     if choice == "required":
@@ -336,12 +374,8 @@ async def _prompts(ctx: Context, prompt, n: int) -> list[list[int]]:
             None, lambda: [ctx.tokenizer.encode_text(t) for t in batch])
     else:
         prompts = [list(p) for p in batch]
-        vocab = ctx.tokenizer.vocab_size
         for ids in prompts:
-            bad = [t for t in ids if not 0 <= t < vocab]
-            if bad:
-                raise invalid(f"token ids must be in [0, {vocab}): {bad[:5]}", param="prompt",
-                              code="invalid_token_id")
+            _check_vocab(ctx, ids, "prompt")
     if not all(prompts):
         raise invalid("a prompt must have at least one token", param="prompt")
     return prompts

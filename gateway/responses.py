@@ -44,6 +44,11 @@ def _token_text(tokenizer: Tokenizer, token: int) -> tuple[str, list[int]]:
     return data.decode("utf-8", errors="replace"), list(data)
 
 
+def token_text(tokenizer: Tokenizer, token: int) -> str:
+    """A token's own text (a piece of a character split over tokens as U+FFFD)."""
+    return _token_text(tokenizer, token)[0]
+
+
 def chat_logprobs(tokenizer: Tokenizer, items: list[worker_pb2.TokenLogprob]) -> dict:
     content = []
     for lp in items:

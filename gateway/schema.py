@@ -82,17 +82,28 @@ class SamplingFields(BaseModel):
         return [self.stop] if isinstance(self.stop, str) else list(self.stop)
 
 
-class ChatCompletionRequest(SamplingFields):
+class ChatPrompt(BaseModel):
+    """What renders a chat into its prompt: a chat completion's, or /tokenize's."""
+
+    model_config = ConfigDict(extra="ignore")
+
     messages: list[dict[str, Any]] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1, le=MAX_CONTEXT_TOKENS)
-    logprobs: bool = False
-    top_logprobs: int | None = Field(default=None, ge=0, le=20)
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     response_format: dict[str, Any] | None = None
     thinking: Thinking | None = None
     reasoning_effort: str | int | None = None
     parallel_tool_calls: bool | None = None
+
+    @property
+    def thinking_on(self) -> bool:
+        return self.thinking.type == "enabled" if self.thinking is not None else True  # DeepSeek's default
+
+
+class ChatCompletionRequest(SamplingFields, ChatPrompt):
+    max_completion_tokens: int | None = Field(default=None, ge=1, le=MAX_CONTEXT_TOKENS)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
 
     @model_validator(mode="after")
     def _logprobs(self):
@@ -130,3 +141,23 @@ class CompletionRequest(SamplingFields):
     @property
     def limit(self) -> int | None:
         return self.max_tokens
+
+
+class TokenizeChat(ChatPrompt):
+    """vLLM's /tokenize of a chat: the prompt a chat completion of these messages would send."""
+    model: str | None = None
+    return_token_strs: bool = False
+
+
+class TokenizeText(BaseModel):
+    """vLLM's /tokenize of a text: the prompt a completion of it would send."""
+    model_config = ConfigDict(extra="ignore")
+    model: str | None = None
+    prompt: str
+    return_token_strs: bool = False
+
+
+class DetokenizeRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    model: str | None = None
+    tokens: list[int]

@@ -53,6 +53,10 @@ CASES = [
     ("prompt scores streamed", TEXT, {"prompt": "x", "prompt_logprobs": 1, "stream": True}, 400, None),
     ("body too large", TEXT, {"prompt": "x" * (3 << 20)}, 413, None),
     ("unknown endpoint", "/v1/embeddings", {"input": "x"}, 404, None),
+    ("tokenize nothing", "/tokenize", {}, 400, "prompt"),
+    ("tokenize no messages", "/tokenize", {"messages": []}, 400, "messages"),
+    ("tokenize a bad message", "/tokenize", {"messages": [{"role": "wizard", "content": "x"}]}, 400, None),
+    ("detokenize a bad id", "/detokenize", {"tokens": [1, 10_000_000]}, 400, "tokens"),
 ]
 
 

@@ -308,3 +308,27 @@ def test_echo_stream_and_whole_reply_agree_across_split_characters_and_a_stop(to
             assert [v for c in chunks for v in c["logprobs"][key]] == lp[key], key
     finally:
         gw.close()
+
+
+def test_tokenize_gives_the_prompt_a_completion_would_send(tok):
+    """vLLM's /tokenize: a text's ids, or a chat's as its chat completion sends them (a forced
+    tool call's opening included), `count` its prompt_tokens; /detokenize inverts; both ask
+    for the API key where one is set."""
+    gw = ScriptedGateway(lambda r: ([_ids(tok, ["ok"])], "stop"), settings=GatewaySettings(api_keys=("k",)))
+    auth = {"Authorization": "Bearer k"}
+    try:
+        assert httpx.post(f"{gw.url}/tokenize", json={"prompt": "x"}, timeout=30).status_code == 401
+        text = httpx.post(f"{gw.url}/tokenize", json={"prompt": "Hello there", "return_token_strs": True},
+                          headers=auth, timeout=30).json()
+        assert text["tokens"] == tok.encode_text("Hello there") and text["count"] == len(text["tokens"])
+        assert "".join(text["token_strs"]) == "Hello there" and text["max_model_len"] == 1_048_576
+        for extra in ({}, {"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}):
+            body = {"messages": [{"role": "user", "content": "weather?"}], **extra}
+            chat = httpx.post(f"{gw.url}/tokenize", json=body, headers=auth, timeout=30).json()
+            reply = httpx.post(f"{gw.url}/v1/chat/completions", json=body, headers=auth, timeout=30).json()
+            assert chat["tokens"] == list(gw.backend.requests[-1].token_ids)
+            assert chat["count"] == reply["usage"]["prompt_tokens"] and chat["token_strs"] is None
+        back = httpx.post(f"{gw.url}/detokenize", json={"tokens": text["tokens"]}, headers=auth, timeout=30).json()
+        assert back == {"prompt": "Hello there"}
+    finally:
+        gw.close()
