@@ -80,21 +80,10 @@ def create_app(ctx: Context) -> FastAPI:
         return {"object": "list", "data": [{"id": ctx.settings.model_name, "object": "model", "created": started,
                                             "owned_by": "dsflash"}]}
 
-    @app.post("/v1/chat/completions")
-    async def chat(request: Request):
-        return await endpoints.chat_completions(ctx, request)
-
-    @app.post("/v1/completions")
-    async def completions(request: Request):
-        return await endpoints.completions(ctx, request)
-
-    @app.post("/tokenize")
-    async def tokenize(request: Request):
-        return await endpoints.tokenize(ctx, request)
-
-    @app.post("/detokenize")
-    async def detokenize(request: Request):
-        return await endpoints.detokenize(ctx, request)
+    for path, handler in (("/v1/chat/completions", endpoints.chat_completions),
+                          ("/v1/completions", endpoints.completions),
+                          ("/tokenize", endpoints.tokenize), ("/detokenize", endpoints.detokenize)):
+        app.add_api_route(path, _with_context(handler, ctx), methods=["POST"])
 
     @app.api_route("/v1/{path:path}", methods=["GET", "POST", "PUT", "DELETE", "PATCH"])
     async def unknown(path: str):
@@ -102,3 +91,11 @@ def create_app(ctx: Context) -> FastAPI:
 
     return app
 
+
+
+def _with_context(handler, ctx: Context):
+    """A POST route of the handler: it reads the request's body itself."""
+    async def route(request: Request):
+        return await handler(ctx, request)
+
+    return route
