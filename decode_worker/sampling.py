@@ -1,4 +1,5 @@
-"""Per-request sampling: penalties, temperature, top-k / top-p / min-p, min_tokens, seeds, logprobs.
+"""Per-request sampling: logit bias, penalties, temperature, top-k / top-p / min-p, min_tokens,
+seeds, logprobs.
 
 Each request owns a `RequestSampler` with its own seeded generator, so its random draws
 depend only on its own tokens (reproducible, and the same alone or in a batch). The
@@ -38,6 +39,7 @@ class SamplingParams:
     top_logprobs: int = 0
     min_tokens: int = 0  # EOS (unless ignore_eos) and stop_token_ids are masked out before this many
     prompt_logprobs: int | None = None  # score the prompt's tokens, this many alternatives each (None: off)
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token, bias) added to its logit before sampling
 
     def __post_init__(self):
         checks = [
@@ -54,6 +56,8 @@ class SamplingParams:
             (self.prompt_logprobs is None or 0 <= self.prompt_logprobs <= MAX_TOP, "prompt_logprobs",
              f"must be in [0, {MAX_TOP}]"),
         ]
+        checks.append((all(t >= 0 and math.isfinite(b) and -100.0 <= b <= 100.0 for t, b in self.logit_bias),
+                       "logit_bias", "takes token ids to biases in [-100, 100]"))
         for ok, name, msg in checks:
             if not ok:
                 raise SamplingError(f"{name} {msg}")
@@ -72,9 +76,9 @@ class SamplingParams:
 
     @property
     def plain_greedy(self) -> bool:
-        """Greedy on the logits as they are (no penalty changes them): a batch's tokens can
-        then be taken with one argmax over all its rows."""
-        return self.greedy and not self.penalized
+        """Greedy on the logits as they are (no penalty or bias changes them): a batch's tokens
+        can then be taken with one argmax over all its rows."""
+        return self.greedy and not self.penalized and not self.logit_bias
 
 
 class RequestSampler:
@@ -87,6 +91,9 @@ class RequestSampler:
         ends = params.stop_token_ids + (() if params.ignore_eos or eos_token_id is None else (eos_token_id,))
         ends = sorted({t for t in ends if 0 <= t < vocab_size})
         self.held_off = torch.tensor(ends, dtype=torch.long) if params.min_tokens and ends else None
+        biased = [(t, b) for t, b in params.logit_bias if t < vocab_size]
+        self.bias_ids = torch.tensor([t for t, _ in biased], dtype=torch.long) if biased else None
+        self.bias = torch.tensor([b for _, b in biased], dtype=torch.float32) if biased else None
         self.generator = torch.Generator()
         self.generator.manual_seed(params.seed if params.seed is not None else int(torch.randint(0, 2**62, ()).item()))
         # The penalties' state, kept only where a penalty reads it: recording a token costs the
@@ -118,6 +125,10 @@ class RequestSampler:
         = -inf), for the output token after the recorded ones and `extra`."""
         p = self.params
         x = logits.float().clone()
+        if self.bias_ids is not None:
+            if self.bias_ids.device != x.device:  # once, as the penalty state below
+                self.bias_ids, self.bias = self.bias_ids.to(x.device), self.bias.to(x.device)
+            x[self.bias_ids] += self.bias
         if self.held_off is not None and self.generated + len(extra) < p.min_tokens:
             if self.held_off.device != x.device:  # once, as the penalty state below
                 self.held_off = self.held_off.to(x.device)

@@ -26,7 +26,8 @@ def sampling_from_proto(msg: worker_pb2.SamplingParams) -> SamplingParams:
         frequency_penalty=msg.frequency_penalty, seed=msg.seed if msg.HasField("seed") else None,
         stop_token_ids=tuple(msg.stop_token_ids), stop=tuple(msg.stop), ignore_eos=msg.ignore_eos,
         logprobs=msg.logprobs, top_logprobs=msg.top_logprobs, min_tokens=msg.min_tokens,
-        prompt_logprobs=msg.prompt_logprobs if msg.HasField("prompt_logprobs") else None)
+        prompt_logprobs=msg.prompt_logprobs if msg.HasField("prompt_logprobs") else None,
+        logit_bias=tuple(sorted(msg.logit_bias.items())))
 
 
 def chunk_to_proto(event) -> worker_pb2.GenerateResponse:

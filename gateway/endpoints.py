@@ -95,7 +95,7 @@ def _is_union_tag(part) -> bool:
     return isinstance(part, str) and ("[" in part or part in _TYPE_TAGS)
 
 
-def sampling_proto(req: SamplingFields, max_tokens: int, logprobs: bool, top_logprobs: int,
+def sampling_proto(ctx: Context, req: SamplingFields, max_tokens: int, logprobs: bool, top_logprobs: int,
                    prompt_logprobs: int | None = None) -> worker_pb2.SamplingParams:
     if req.min_tokens > max_tokens:
         raise invalid(f"min_tokens ({req.min_tokens}) is more than the {max_tokens} tokens this request may generate",
@@ -109,6 +109,10 @@ def sampling_proto(req: SamplingFields, max_tokens: int, logprobs: bool, top_log
         params.seed = req.seed
     if prompt_logprobs is not None:
         params.prompt_logprobs = prompt_logprobs
+    if req.logit_bias:
+        bias = {int(token): value for token, value in req.logit_bias.items()}
+        _check_vocab(ctx, list(bias), "logit_bias")
+        params.logit_bias.update(bias)
     return params
 
 
@@ -261,7 +265,7 @@ async def chat_completions(ctx: Context, request: Request):
     top = req.top_logprobs or 0
     spec = GenerationSpec(
         request_id=request_id_of(request, "chatcmpl"), prompt=prompt,
-        sampling=sampling_proto(req, max_tokens, req.logprobs, top, req.prompt_logprobs), n=req.n,
+        sampling=sampling_proto(ctx, req, max_tokens, req.logprobs, top, req.prompt_logprobs), n=req.n,
         route=await route(ctx, conversation_of(request, req), prompt), stops=req.stop_list(), chat=True,
         starts_in_reasoning=encoded.rendered.starts_in_reasoning, tools_enabled=encoded.rendered.tools_enabled,
         forced_text=forced_text, timeout_s=ctx.settings.request_timeout_s)
@@ -339,7 +343,7 @@ async def completions(ctx: Context, request: Request):
     # echo's logprobs score the prompt too, as vLLM's prompt_logprobs do: one scoring (a choice's) serves both
     scored = max((k for k in (req.prompt_logprobs, req.logprobs if req.echo else None) if k is not None), default=None)
     _check_scored(prompts, scored, "prompt_logprobs" if req.prompt_logprobs is not None else "logprobs")
-    samplings = [sampling_proto(req, budget(ctx, len(p), req.limit, "max_tokens"), want, req.logprobs or 0, scored)
+    samplings = [sampling_proto(ctx, req, budget(ctx, len(p), req.limit, "max_tokens"), want, req.logprobs or 0, scored)
                  for p in prompts]  # all checked before any is routed
     # A conversation continues one prompt; a batch's prompts are routed by their prefixes alone.
     conversation = conversation_of(request, req) if len(prompts) == 1 else None

@@ -50,6 +50,17 @@ class SamplingFields(BaseModel):
     return_token_ids: bool = False  # extension: the generated token ids in each choice
     # vLLM's extension: each prompt token's logprob, rank and this many alternatives (not streamed)
     prompt_logprobs: int | None = Field(default=None, ge=0, le=20)
+    logit_bias: dict[str, float] | None = None  # OpenAI's: token id (as a string) -> bias in [-100, 100]
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _logit_bias(cls, value):
+        for token, bias in (value or {}).items():
+            if not token.isdigit():
+                raise ValueError(f"keys are token ids, not {token!r}")
+            if not -100.0 <= bias <= 100.0:
+                raise ValueError(f"biases are in [-100, 100], not {bias}")
+        return value
 
     @model_validator(mode="after")
     def _prompt_logprobs_whole(self):

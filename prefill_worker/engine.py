@@ -143,7 +143,8 @@ class PrefillEngine:
         if request.prompt_logprobs is not None and not 0 <= request.prompt_logprobs <= MAX_TOP:
             raise PrefillError(f"prompt_logprobs must be in [0, {MAX_TOP}]")
         if request.prompt_logprobs is not None and request.cache is not None and request.cache.num_tokens:
-            raise PrefillError("prompt logprobs score every prompt token: the prompt is computed whole, no cached prefix")
+            raise PrefillError("prompt logprobs score every prompt token: the prompt is computed whole, "
+                               "no cached prefix")
         self.requests[request.request_id] = request
         return request
 

@@ -129,6 +129,28 @@ def test_min_tokens_holds_off_a_stop_id_and_speculation_stays_exact(tiny_model, 
     assert outs[0] == outs[1]
 
 
+def test_logit_bias_bans_and_forces_tokens_and_speculation_stays_exact(tiny_model, oracle):
+    """logit_bias: -100 on the greedy output's third token keeps it out of the output, which
+    leaves plain greedy there, the same with speculative blocks as without (the drafter's
+    choices and the verification both see the bias); +100 on one token makes every token it."""
+    prompt = _prompts(1, seed=7)[0]
+    ref = oracle(tiny_model, prompt, 10)
+    banned = ref[2]
+    first = ref.index(banned)
+    outs = []
+    for spec in (0, 5):
+        pool = make_pool(tiny_model)
+        done = run_to_end(engine_with(tiny_model, pool, spec),
+                          [greedy_request("ban", prompt, 10, logit_bias=((banned, -100.0),)),
+                           greedy_request("force", prompt, 6, logit_bias=((4321, 100.0),))])
+        out = done["ban"].output
+        assert out[:first] == ref[:first] and banned not in out and len(out) == 10
+        assert done["force"].output == [4321] * 6
+        outs.append(out)
+        assert pool.is_empty()
+    assert outs[0] == outs[1]
+
+
 def test_a_stop_string_held_off_by_min_tokens_counts_again_after():
     """The worker's stop strings wait out min_tokens, and one seen in those tokens' text does
     not hide the same string ending later."""

@@ -159,6 +159,19 @@ def test_vllms_prompt_logprobs(client, tiny_model):
         client.completions.create(model="m", prompt=ids, max_tokens=1, stream=True, extra_body={"prompt_logprobs": 1})
 
 
+def test_logit_bias_reaches_the_sampler(client, tiny_model):
+    """OpenAI's logit_bias: +100 on one token makes every token it; -100 on greedy's first token
+    makes the first token another."""
+    ids = [0, 1000, 2000, 3000]
+    forced = client.completions.create(model="m", prompt=ids, max_tokens=4, temperature=0, logit_bias={"4321": 100},
+                                       extra_body={"return_token_ids": True})
+    assert forced.choices[0].model_extra["token_ids"] == [4321] * 4
+    first = greedy(tiny_model, torch.tensor(ids), 1)[0]
+    banned = client.completions.create(model="m", prompt=ids, max_tokens=1, temperature=0,
+                                       logit_bias={str(first): -100}, extra_body={"return_token_ids": True})
+    assert banned.choices[0].model_extra["token_ids"] != [first]
+
+
 def test_a_batch_of_prompts_equals_each_alone(client, tiny_model):
     """OpenAI numbers a batch's choices prompt by prompt, n each; every one is its prompt's greedy
     output, streamed or not, and the usage adds the prompts up."""

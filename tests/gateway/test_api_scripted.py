@@ -277,7 +277,8 @@ def test_the_reasoning_field_is_named_as_configured(tok, field):
         assert all(message[k] == "Let me think." for k in names)
         with httpx.stream("POST", f"{gw.url}/v1/chat/completions", json={**body, "stream": True}, timeout=30) as r:
             data = [json.loads(e[6:]) for e in r.read().decode().split("\n\n") if e.startswith("data: {")]
-        deltas = [d["choices"][0]["delta"] for d in data if any(k.startswith("reasoning") for k in d["choices"][0]["delta"])]
+        deltas = [delta for delta in (d["choices"][0]["delta"] for d in data)
+                  if any(k.startswith("reasoning") for k in delta)]
         assert deltas and all({k for k in d if k.startswith("reasoning")} == names for d in deltas)
         for name in names:
             assert "".join(d[name] for d in deltas) == "Let me think."
