@@ -115,18 +115,25 @@ def test_min_tokens_holds_off_a_stop_id_and_speculation_stays_exact(tiny_model, 
     ref = oracle(tiny_model, prompt, 10)
     stop_at = ref[4]
     first = ref.index(stop_at)
-    outs = []
-    for spec in (0, 5):
-        pool = make_pool(tiny_model)
-        done = run_to_end(engine_with(tiny_model, pool, spec),
-                          [greedy_request("mt", prompt, 12, stop_token_ids=(stop_at,), min_tokens=7)])
+    runs = _with_and_without_speculation(
+        tiny_model, lambda: [greedy_request("mt", prompt, 12, stop_token_ids=(stop_at,), min_tokens=7)])
+    for done in runs:
         out = done["mt"]
         assert out.output[:first] == ref[:first] and out.output[first] != stop_at
         assert len(out.output) >= 7 and stop_at not in out.output[:7]
         assert out.finish_reason is (FinishReason.STOP if out.output[-1] == stop_at else FinishReason.LENGTH)
-        outs.append(out.output)
+    assert runs[0]["mt"].output == runs[1]["mt"].output
+
+
+def _with_and_without_speculation(model, make_requests) -> list[dict]:
+    """Fresh requests run on an engine without speculative blocks, then with them ({id: request}
+    each); every cache released after."""
+    runs = []
+    for spec in (0, 5):
+        pool = make_pool(model)
+        runs.append(run_to_end(engine_with(model, pool, spec), make_requests()))
         assert pool.is_empty()
-    assert outs[0] == outs[1]
+    return runs
 
 
 def test_logit_bias_bans_and_forces_tokens_and_speculation_stays_exact(tiny_model, oracle):
@@ -137,18 +144,14 @@ def test_logit_bias_bans_and_forces_tokens_and_speculation_stays_exact(tiny_mode
     ref = oracle(tiny_model, prompt, 10)
     banned = ref[2]
     first = ref.index(banned)
-    outs = []
-    for spec in (0, 5):
-        pool = make_pool(tiny_model)
-        done = run_to_end(engine_with(tiny_model, pool, spec),
-                          [greedy_request("ban", prompt, 10, logit_bias=((banned, -100.0),)),
-                           greedy_request("force", prompt, 6, logit_bias=((4321, 100.0),))])
+    runs = _with_and_without_speculation(tiny_model, lambda: [
+        greedy_request("ban", prompt, 10, logit_bias=((banned, -100.0),)),
+        greedy_request("force", prompt, 6, logit_bias=((4321, 100.0),))])
+    for done in runs:
         out = done["ban"].output
         assert out[:first] == ref[:first] and banned not in out and len(out) == 10
         assert done["force"].output == [4321] * 6
-        outs.append(out)
-        assert pool.is_empty()
-    assert outs[0] == outs[1]
+    assert runs[0]["ban"].output == runs[1]["ban"].output
 
 
 def test_a_stop_string_held_off_by_min_tokens_counts_again_after():
