@@ -268,7 +268,8 @@ async def chat_completions(ctx: Context, request: Request):
         sampling=sampling_proto(ctx, req, max_tokens, req.logprobs, top, req.prompt_logprobs), n=req.n,
         route=await route(ctx, conversation_of(request, req), prompt), stops=req.stop_list(), chat=True,
         starts_in_reasoning=encoded.rendered.starts_in_reasoning, tools_enabled=encoded.rendered.tools_enabled,
-        forced_text=forced_text, timeout_s=ctx.settings.request_timeout_s)
+        forced_text=forced_text, timeout_s=ctx.settings.request_timeout_s,
+        max_tool_calls=1 if req.parallel_tool_calls is False else None)
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
     return await _respond(ctx, request, [spec], req.stream, _ChatFormat(ctx, spec, req, include_usage))
 

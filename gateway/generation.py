@@ -40,6 +40,7 @@ class GenerationSpec:
     forced_text: str = ""  # output the prompt already forced (a tool call's opening): primes the parser
     timeout_s: float = 3600.0
     first_index: int = 0  # its first choice's index in the reply (a batch's later prompts)
+    max_tool_calls: int | None = None  # parallel_tool_calls: false: the first call only
 
     @property
     def history_drops_reply(self) -> bool:
@@ -132,8 +133,8 @@ def _choice(spec: GenerationSpec, index: int, tokenizer: Tokenizer) -> Choice:
     stop_after = st.THINK_END.id if spec.chat and spec.starts_in_reasoning else None
     detok = StreamingDetokenizer(tokenizer, spec.stops, stop_after_token=stop_after,
                                  min_tokens=spec.sampling.min_tokens)
-    parser = OutputParser(starts_in_reasoning=spec.starts_in_reasoning,
-                          tools_enabled=spec.tools_enabled) if spec.chat else None
+    parser = OutputParser(starts_in_reasoning=spec.starts_in_reasoning, tools_enabled=spec.tools_enabled,
+                          max_calls=spec.max_tool_calls) if spec.chat else None
     return Choice(index, detok, parser, spec.chat and spec.starts_in_reasoning)
 
 

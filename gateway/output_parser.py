@@ -39,9 +39,11 @@ def random_call_id() -> str:
 
 class OutputParser:
     def __init__(self, *, starts_in_reasoning: bool, tools_enabled: bool = True,
-                 new_call_id: Callable[[], str] = random_call_id):
+                 new_call_id: Callable[[], str] = random_call_id, max_calls: int | None = None):
+        """max_calls: tool calls beyond this many are dropped (parallel_tool_calls: false: one)."""
         self._mode = _Mode.REASONING if starts_in_reasoning else _Mode.CONTENT
         self._tools_enabled = tools_enabled
+        self._max_calls = max_calls
         self._new_call_id = new_call_id
         self._buf = ""
         self._block: DsmlBlockParser | None = None
@@ -57,7 +59,7 @@ class OutputParser:
     def finish(self) -> tuple[ParserDelta, ParsedMessage]:
         """End of generation: the last delta, and the whole message."""
         delta = self._run(final=True)
-        return delta, ParsedMessage("".join(self._content), "".join(self._reasoning), list(self._calls))
+        return delta, ParsedMessage("".join(self._content), "".join(self._reasoning), self._calls[:self._max_calls])
 
     def _run(self, *, final: bool) -> ParserDelta:
         delta = ParserDelta()
@@ -95,6 +97,8 @@ class OutputParser:
                 self._block = None
                 self._buf = step.rest
                 self._mode = _Mode.CONTENT
+        if self._max_calls is not None:
+            delta.tool_calls = [piece for piece in delta.tool_calls if piece.index < self._max_calls]
         self._reasoning.append(delta.reasoning_content)
         self._content.append(delta.content)
         return delta
@@ -107,9 +111,9 @@ class OutputParser:
 
 
 def parse_completion(text: str, *, starts_in_reasoning: bool, tools_enabled: bool = True,
-                     new_call_id: Callable[[], str] = random_call_id) -> ParsedMessage:
+                     new_call_id: Callable[[], str] = random_call_id, max_calls: int | None = None) -> ParsedMessage:
     """Parse a whole completion (non-streaming); text after an EOS spelling is ignored."""
     parser = OutputParser(starts_in_reasoning=starts_in_reasoning, tools_enabled=tools_enabled,
-                          new_call_id=new_call_id)
+                          new_call_id=new_call_id, max_calls=max_calls)
     parser.feed(text.split(st.EOS.text, 1)[0])
     return parser.finish()[1]

@@ -333,3 +333,27 @@ def test_tokenize_gives_the_prompt_a_completion_would_send(tok):
         assert back == {"prompt": "Hello there"}
     finally:
         gw.close()
+
+
+def test_parallel_tool_calls_off_answers_with_the_first_call(tok):
+    """parallel_tool_calls: false: two generated calls reach the client as one, whole or streamed."""
+    calls = SegmentBuilder()
+    render_calls(calls, [("get_weather", {"city": "Paris"}), ("get_weather", {"city": "Rome"})])
+    ids = _ids(tok, [spell(calls.build())]) + [st.EOS.id]
+    gw = ScriptedGateway(lambda r: (_chunks(ids), "stop"))
+    try:
+        client = openai.OpenAI(base_url=f"{gw.url}/v1", api_key="x", max_retries=0)
+        options = dict(model="m", messages=[{"role": "user", "content": "weather?"}], tools=TOOLS,
+                       extra_body={"thinking": {"type": "disabled"}})
+        def cities(reply):
+            return [json.loads(c.function.arguments)["city"] for c in reply.choices[0].message.tool_calls]
+
+        assert cities(client.chat.completions.create(**options)) == ["Paris", "Rome"]
+        one = client.chat.completions.create(parallel_tool_calls=False, **options)
+        assert cities(one) == ["Paris"]
+        assert one.choices[0].finish_reason == "tool_calls"
+        stream = client.chat.completions.create(parallel_tool_calls=False, stream=True, **options)
+        pieces = [p for c in stream if c.choices for p in c.choices[0].delta.tool_calls or []]
+        assert {p.index for p in pieces} == {0} and "Rome" not in "".join(p.function.arguments or "" for p in pieces)
+    finally:
+        gw.close()

@@ -157,6 +157,17 @@ def test_text_after_the_block_and_a_second_block_are_parsed():
     assert [c.name for c in message.tool_calls] == ["get_weather", "ns::noop"]
 
 
+def test_one_call_kept_where_parallel_calls_are_off():
+    """max_calls=1 (parallel_tool_calls: false): the first call streams and ends the message's
+    calls; the second neither streams nor stays, in one block or in the next."""
+    one_block, two_blocks = calls_markup(CALLS[:2]), calls_markup(CALLS[:1]) + " b" + calls_markup(CALLS[2:])
+    for text in ("ok" + one_block, "ok" + two_blocks):
+        message = assert_same_everywhere(text, starts_in_reasoning=False, max_calls=1)
+        assert [c.name for c in message.tool_calls] == ["get_weather"]
+        deltas, _ = stream(text, list(range(1, len(text))), starts_in_reasoning=False, max_calls=1)
+        assert {piece.index for d in deltas for piece in d.tool_calls} == {0}
+
+
 def test_tools_disabled_and_markup_in_reasoning_stay_text():
     text = "x" + calls_markup(CALLS[:1])
     assert parse_completion(text, starts_in_reasoning=False, tools_enabled=False).content == text
