@@ -132,6 +132,7 @@ class CompletionRequest(SamplingFields):
     logprobs: int | None = Field(default=None, ge=0, le=20)  # legacy: top-k per position
     echo: bool = False  # the prompt before the completion (its tokens scored, with logprobs)
     suffix: str | None = None
+    best_of: int | None = None
 
     @field_validator("prompt")
     @classmethod
@@ -147,6 +148,8 @@ class CompletionRequest(SamplingFields):
     def _unsupported(self):
         if self.suffix:
             raise ValueError("suffix is not supported")
+        if self.best_of is not None and self.best_of != self.n:
+            raise ValueError("best_of is not supported: ask for n choices and pick among them")
         return self
 
     @property

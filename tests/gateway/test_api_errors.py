@@ -47,6 +47,7 @@ CASES = [
     ("a batch's prompt too long", TEXT, {"prompt": [[5], [5] * 1_048_500], "max_tokens": 100}, 400, "max_tokens"),
     ("prompt wrong type", TEXT, {"prompt": {"a": 1}}, 400, "prompt"),
     ("suffix unsupported", TEXT, {"prompt": "x", "suffix": "y"}, 400, None),
+    ("best_of unsupported", TEXT, {"prompt": "x", "best_of": 3}, 400, None),
     ("echo logprobs out of range", TEXT, {"prompt": "x", "echo": True, "logprobs": 21}, 400, "logprobs"),
     ("echo scores past a message", TEXT, {"prompt": [5] * 250_000, "echo": True, "logprobs": 20}, 400, "logprobs"),
     ("prompt scores past a message", TEXT, {"prompt": [5] * 250_000, "prompt_logprobs": 20}, 400, "prompt_logprobs"),
