@@ -282,7 +282,10 @@ def test_prompt_logprobs_on_the_kernel_path_match_the_golden_rows(golden_dir, go
     assert [lp.token for lp in got] == ids[1:] and done["plain"].output.prompt_logprobs is None
     ref = _reference_logprobs(scored["logits"], ids)
     assert (torch.tensor([lp.logprob for lp in got]) - ref).abs().max() < 0.1
-    ranks = torch.log_softmax(scored["logits"][:-1].float(), -1)
-    assert sum(lp.rank == int((row > row[t]).sum()) + 1 for lp, row, t in zip(got, ranks, ids[1:])) >= 0.95 * len(got)
+    # a rank among near-equal logits moves with the kernels' rounding: it must lie where the
+    # golden row puts the token, give or take the logits' tolerance
+    rows = scored["logits"][:-1].float()
+    for lp, row, t in zip(got, rows, ids[1:]):
+        assert int((row > row[t] + 0.1).sum()) + 1 <= lp.rank <= int((row > row[t] - 0.1).sum()) + 1
     for request in done.values():
         request.cache.release()
