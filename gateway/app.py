@@ -92,7 +92,6 @@ def create_app(ctx: Context) -> FastAPI:
     return app
 
 
-
 def _with_context(handler, ctx: Context):
     """A POST route of the handler: it reads the request's body itself."""
     async def route(request: Request):

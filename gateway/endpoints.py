@@ -110,9 +110,8 @@ def sampling_proto(ctx: Context, req: SamplingFields, max_tokens: int, logprobs:
     if prompt_logprobs is not None:
         params.prompt_logprobs = prompt_logprobs
     if req.logit_bias:
-        bias = {int(token): value for token, value in req.logit_bias.items()}
-        _check_vocab(ctx, list(bias), "logit_bias")
-        params.logit_bias.update(bias)
+        _check_vocab(ctx, list(req.logit_bias), "logit_bias")
+        params.logit_bias.update(req.logit_bias)
     return params
 
 
@@ -209,18 +208,24 @@ async def tokenize(ctx: Context, request: Request) -> dict:
     options), would send: `count` is its usage's prompt_tokens."""
     req = await read_body(request, lambda body: TokenizeChat if "messages" in body else TokenizeText,
                           ctx.settings.max_body_bytes)
+    loop = asyncio.get_running_loop()  # long texts: off the event loop, as every stream's relay runs on it
     if isinstance(req, TokenizeChat):
         ids = (await _chat_prompt(ctx, req))[0]
     else:
-        ids = await asyncio.get_running_loop().run_in_executor(None, lambda: ctx.tokenizer.encode_text(req.prompt))
-    strs = [R.token_text(ctx.tokenizer, t) for t in ids] if req.return_token_strs else None
+        ids = await loop.run_in_executor(None, lambda: ctx.tokenizer.encode_text(req.prompt))
+    strs = None
+    if req.return_token_strs:
+        strs = await loop.run_in_executor(None, lambda: [R.token_text(ctx.tokenizer, t) for t in ids])
     return {"count": len(ids), "max_model_len": ctx.settings.max_context_tokens, "tokens": ids, "token_strs": strs}
 
 
 async def detokenize(ctx: Context, request: Request) -> dict:
     req = await read_body(request, DetokenizeRequest, ctx.settings.max_body_bytes)
+    if len(req.tokens) > ctx.settings.max_context_tokens:
+        raise invalid(f"at most {ctx.settings.max_context_tokens} tokens (the model's context)", param="tokens")
     _check_vocab(ctx, req.tokens, "tokens")
-    return {"prompt": ctx.tokenizer.decode(req.tokens)}
+    text = await asyncio.get_running_loop().run_in_executor(None, lambda: ctx.tokenizer.decode(req.tokens))
+    return {"prompt": text}
 
 
 def _check_vocab(ctx: Context, ids: list[int], param: str) -> None:

@@ -207,7 +207,8 @@ def _finish(choice: Choice, reason: str, tokens, logprobs, text: str = "") -> Up
     if choice.parser is not None:
         last, choice.message = choice.parser.finish()
         delta = _merge(delta, last.to_openai() if last else None)
-        if choice.message.has_tool_calls and reason == "stop":
+        # a call dropped by parallel_tool_calls: false may have run out of tokens; the kept one is whole
+        if choice.message.has_tool_calls and (reason == "stop" or choice.parser.dropped_calls):
             reason = "tool_calls"
     choice.finish_reason = reason
     return Update(choice, tokens, text, delta, logprobs, done=True)

@@ -44,6 +44,7 @@ class OutputParser:
         self._mode = _Mode.REASONING if starts_in_reasoning else _Mode.CONTENT
         self._tools_enabled = tools_enabled
         self._max_calls = max_calls
+        self.dropped_calls = False  # a call past max_calls began: the calls kept are complete
         self._new_call_id = new_call_id
         self._buf = ""
         self._block: DsmlBlockParser | None = None
@@ -98,7 +99,9 @@ class OutputParser:
                 self._buf = step.rest
                 self._mode = _Mode.CONTENT
         if self._max_calls is not None:
-            delta.tool_calls = [piece for piece in delta.tool_calls if piece.index < self._max_calls]
+            kept = [piece for piece in delta.tool_calls if piece.index < self._max_calls]
+            self.dropped_calls |= len(kept) < len(delta.tool_calls)
+            delta.tool_calls = kept
         self._reasoning.append(delta.reasoning_content)
         self._content.append(delta.content)
         return delta

@@ -4,9 +4,10 @@ in detail by chat_encoding, which knows the format."""
 
 from __future__ import annotations
 
+import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 MAX_CONTEXT_TOKENS = 1_048_576
 MAX_STOP_STRINGS = 16
@@ -32,7 +33,7 @@ class SamplingFields(BaseModel):
     max_tokens: int | None = Field(default=None, ge=1, le=MAX_CONTEXT_TOKENS)
     temperature: float = Field(default=1.0, ge=0.0, le=2.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    top_k: int = Field(default=0, ge=-1)
+    top_k: int = Field(default=0, ge=-1, le=2**31 - 1)  # (the worker's field is an int32)
     min_p: float = Field(default=0.0, ge=0.0, le=1.0)
     presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
@@ -50,17 +51,24 @@ class SamplingFields(BaseModel):
     return_token_ids: bool = False  # extension: the generated token ids in each choice
     # vLLM's extension: each prompt token's logprob, rank and this many alternatives (not streamed)
     prompt_logprobs: int | None = Field(default=None, ge=0, le=20)
-    logit_bias: dict[str, float] | None = None  # OpenAI's: token id (as a string) -> bias in [-100, 100]
+    # OpenAI's: token id (as a string) -> bias in [-100, 100]; validated into {id: bias}
+    logit_bias: dict[str, float] | None = None
 
     @field_validator("logit_bias")
     @classmethod
     def _logit_bias(cls, value):
-        for token, bias in (value or {}).items():
-            if not token.isdigit():
+        if value is None:
+            return None
+        out: dict[int, float] = {}
+        for token, bias in value.items():
+            if not re.fullmatch(r"[0-9]{1,10}", token):  # ASCII digits: int() would take "²" or "٣"
                 raise ValueError(f"keys are token ids, not {token!r}")
             if not -100.0 <= bias <= 100.0:
                 raise ValueError(f"biases are in [-100, 100], not {bias}")
-        return value
+            if int(token) in out:
+                raise ValueError(f"token {int(token)} is named twice")
+            out[int(token)] = bias
+        return out
 
     @model_validator(mode="after")
     def _prompt_logprobs_whole(self):
@@ -83,8 +91,8 @@ class SamplingFields(BaseModel):
     @field_validator("stop_token_ids")
     @classmethod
     def _stop_ids(cls, value):
-        if value is not None and any(t < 0 for t in value):
-            raise ValueError("token ids are non-negative")
+        if value is not None and any(not 0 <= t < 2**32 for t in value):
+            raise ValueError("token ids are non-negative 32-bit integers")
         return value
 
     def stop_list(self) -> list[str]:
@@ -134,6 +142,13 @@ class CompletionRequest(SamplingFields):
     suffix: str | None = None
     best_of: int | None = None
 
+    @field_validator("best_of")
+    @classmethod
+    def _best_of(cls, value, info: ValidationInfo):
+        if value is not None and value != info.data.get("n", 1):
+            raise ValueError("is not supported (other than n): ask for n choices and pick among them")
+        return value
+
     @field_validator("prompt")
     @classmethod
     def _prompt(cls, value):
@@ -148,8 +163,6 @@ class CompletionRequest(SamplingFields):
     def _unsupported(self):
         if self.suffix:
             raise ValueError("suffix is not supported")
-        if self.best_of is not None and self.best_of != self.n:
-            raise ValueError("best_of is not supported: ask for n choices and pick among them")
         return self
 
     @property

@@ -331,6 +331,8 @@ def test_tokenize_gives_the_prompt_a_completion_would_send(tok):
             assert chat["count"] == reply["usage"]["prompt_tokens"] and chat["token_strs"] is None
         back = httpx.post(f"{gw.url}/detokenize", json={"tokens": text["tokens"]}, headers=auth, timeout=30).json()
         assert back == {"prompt": "Hello there"}
+        long = httpx.post(f"{gw.url}/detokenize", json={"tokens": [5] * 1_048_577}, headers=auth, timeout=30)
+        assert long.status_code == 400 and long.json()["error"]["param"] == "tokens"  # past the model's context
     finally:
         gw.close()
 
@@ -355,5 +357,15 @@ def test_parallel_tool_calls_off_answers_with_the_first_call(tok):
         stream = client.chat.completions.create(parallel_tool_calls=False, stream=True, **options)
         pieces = [p for c in stream if c.choices for p in c.choices[0].delta.tool_calls or []]
         assert {p.index for p in pieces} == {0} and "Rome" not in "".join(p.function.arguments or "" for p in pieces)
+    finally:
+        gw.close()
+    # max_tokens ran out inside the dropped second call: the kept first one is whole
+    cut = _ids(tok, [spell(calls.build())[:-40]])
+    gw = ScriptedGateway(lambda r: (_chunks(cut), "length"))
+    try:
+        client = openai.OpenAI(base_url=f"{gw.url}/v1", api_key="x", max_retries=0)
+        one = client.chat.completions.create(parallel_tool_calls=False, **options)
+        assert cities(one) == ["Paris"] and one.choices[0].finish_reason == "tool_calls"
+        assert client.chat.completions.create(**options).choices[0].finish_reason == "length"
     finally:
         gw.close()
