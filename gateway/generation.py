@@ -197,6 +197,12 @@ def _apply(choice: Choice, message: worker_pb2.GenerateResponse | None) -> Updat
     piece = "".join(text)
     choice.text.append(piece)
     delta = _delta(choice, piece)
+    if choice.parser is not None and choice.parser.dropped_calls:
+        # parallel_tool_calls: false and a second call began: nothing after it reaches the client,
+        # so the stream ends here (and the relay cancels the worker's), as at a stop string
+        update = _finish(choice, "stop", tokens, logprobs)
+        update.text, update.delta = piece + update.text, _merge(delta, update.delta)
+        return update
     return Update(choice, tokens, piece, delta, logprobs, done=False)
 
 

@@ -338,22 +338,30 @@ def test_tokenize_gives_the_prompt_a_completion_would_send(tok):
 
 
 def test_parallel_tool_calls_off_answers_with_the_first_call(tok):
-    """parallel_tool_calls: false: two generated calls reach the client as one, whole or streamed."""
+    """parallel_tool_calls: false: two generated calls reach the client as one, whole or streamed,
+    and the second call's start ends the worker's stream; where max_tokens cut that call, the
+    reply still ends in tool_calls."""
     calls = SegmentBuilder()
     render_calls(calls, [("get_weather", {"city": "Paris"}), ("get_weather", {"city": "Rome"})])
     ids = _ids(tok, [spell(calls.build())]) + [st.EOS.id]
-    gw = ScriptedGateway(lambda r: (_chunks(ids), "stop"))
+    gw = ScriptedGateway(lambda r: (_chunks(ids), "stop"), delay_s=0.02)
     try:
         client = openai.OpenAI(base_url=f"{gw.url}/v1", api_key="x", max_retries=0)
         options = dict(model="m", messages=[{"role": "user", "content": "weather?"}], tools=TOOLS,
                        extra_body={"thinking": {"type": "disabled"}})
+
         def cities(reply):
             return [json.loads(c.function.arguments)["city"] for c in reply.choices[0].message.tool_calls]
 
         assert cities(client.chat.completions.create(**options)) == ["Paris", "Rome"]
         one = client.chat.completions.create(parallel_tool_calls=False, **options)
-        assert cities(one) == ["Paris"]
-        assert one.choices[0].finish_reason == "tool_calls"
+        assert cities(one) == ["Paris"] and one.choices[0].finish_reason == "tool_calls"
+        assert one.usage.completion_tokens < len(ids)  # the second call's start ended the stream
+        for _ in range(100):
+            if gw.backend.cancelled:
+                break
+            time.sleep(0.05)
+        assert gw.backend.cancelled == [gw.backend.requests[-1].request_id]  # no worker decodes for nobody
         stream = client.chat.completions.create(parallel_tool_calls=False, stream=True, **options)
         pieces = [p for c in stream if c.choices for p in c.choices[0].delta.tool_calls or []]
         assert {p.index for p in pieces} == {0} and "Rome" not in "".join(p.function.arguments or "" for p in pieces)
