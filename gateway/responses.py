@@ -153,15 +153,18 @@ def prompt_logprobs(tokenizer: Tokenizer, scored: list[worker_pb2.TokenLogprob],
 
 
 def completion_choice(choice: Choice, tokenizer: Tokenizer, logprobs_top: int | None, want_ids: bool,
-                      echo: Echo | None = None) -> dict:
-    """logprobs_top: the request's `logprobs` (None: none asked for)."""
-    text = "".join(choice.text)
+                      echo: Echo | None = None, prompt_only: bool = False) -> dict:
+    """logprobs_top: the request's `logprobs` (None: none asked for); prompt_only: max_tokens 0,
+    the echoed prompt alone (the workers' one token dropped)."""
+    text = "" if prompt_only else "".join(choice.text)
+    generated = [] if prompt_only else choice.logprobs
     before = echo.text if echo is not None else ""
     logprobs = None
     if logprobs_top is not None:
-        logprobs = completion_logprobs(tokenizer, choice.logprobs, TextOffsets(tokenizer), logprobs_top, echo,
+        logprobs = completion_logprobs(tokenizer, generated, TextOffsets(tokenizer), logprobs_top, echo,
                                        choice.prompt_logprobs)
-    out = {"index": choice.index, "text": before + text, "finish_reason": choice.finish_reason, "logprobs": logprobs}
+    out = {"index": choice.index, "text": before + text, "finish_reason": "length" if prompt_only else
+           choice.finish_reason, "logprobs": logprobs}
     if want_ids:
-        out["token_ids"] = choice.token_ids
+        out["token_ids"] = [] if prompt_only else choice.token_ids
     return out

@@ -137,6 +137,8 @@ class ChatCompletionRequest(SamplingFields, ChatPrompt):
 
 class CompletionRequest(SamplingFields):
     prompt: str | list[str] | list[int] | list[list[int]]
+    # 0 with echo: the prompt alone, scored with logprobs (what older evaluation harnesses send)
+    max_tokens: int | None = Field(default=None, ge=0, le=MAX_CONTEXT_TOKENS)
     logprobs: int | None = Field(default=None, ge=0, le=20)  # legacy: top-k per position
     echo: bool = False  # the prompt before the completion (its tokens scored, with logprobs)
     suffix: str | None = None
@@ -163,11 +165,18 @@ class CompletionRequest(SamplingFields):
     def _unsupported(self):
         if self.suffix:
             raise ValueError("suffix is not supported")
+        if self.max_tokens == 0 and not self.echo:
+            raise ValueError("max_tokens 0 asks for the prompt alone: it needs echo: true")
         return self
 
     @property
+    def prompt_only(self) -> bool:
+        return self.max_tokens == 0
+
+    @property
     def limit(self) -> int | None:
-        return self.max_tokens
+        """The workers' max_tokens: one for a prompt alone (they always generate one; it is dropped)."""
+        return 1 if self.prompt_only else self.max_tokens
 
 
 class TokenizeChat(ChatPrompt):

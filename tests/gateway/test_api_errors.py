@@ -48,6 +48,8 @@ CASES = [
     ("prompt wrong type", TEXT, {"prompt": {"a": 1}}, 400, "prompt"),
     ("suffix unsupported", TEXT, {"prompt": "x", "suffix": "y"}, 400, None),
     ("best_of unsupported", TEXT, {"prompt": "x", "best_of": 3}, 400, "best_of"),
+    ("max_tokens 0 without echo", TEXT, {"prompt": "x", "max_tokens": 0}, 400, None),
+    ("chat max_tokens 0", CHAT, {"messages": MSG, "max_tokens": 0}, 400, "max_tokens"),
     ("echo logprobs out of range", TEXT, {"prompt": "x", "echo": True, "logprobs": 21}, 400, "logprobs"),
     ("echo scores past a message", TEXT, {"prompt": [5] * 250_000, "echo": True, "logprobs": 20}, 400, "logprobs"),
     ("prompt scores past a message", TEXT, {"prompt": [5] * 250_000, "prompt_logprobs": 20}, 400, "prompt_logprobs"),

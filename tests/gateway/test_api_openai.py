@@ -133,6 +133,25 @@ def test_echo_scores_the_prompt_as_the_model_does(serve, client, tiny_model, tin
     assert serve.log_path.read_text().count("recomputing here") == recomputed  # the prefill worker scored them
 
 
+def test_max_tokens_0_with_echo_scores_the_prompt_alone(client, tiny_model, tiny_checkpoint):
+    """max_tokens 0 with echo and logprobs (older evaluation harnesses): the prompt alone, scored,
+    no completion tokens, whole or streamed."""
+    ids = [0, 1000, 2000, 3000, 4000]
+    prompt_text = load_tokenizer(tiny_checkpoint).decode(ids)
+    with torch.inference_mode():
+        logp = torch.log_softmax(prompt_logits(tiny_model, torch.tensor(ids)), -1)
+    want = logp[torch.arange(len(ids) - 1), torch.tensor(ids[1:])].tolist()
+    out = client.completions.create(model="m", prompt=ids, max_tokens=0, echo=True, logprobs=1)
+    choice = out.choices[0]
+    assert choice.text == prompt_text and choice.finish_reason == "length" and out.usage.completion_tokens == 0
+    assert len(choice.logprobs.tokens) == len(ids) and choice.logprobs.token_logprobs[0] is None
+    assert max(abs(a - b) for a, b in zip(choice.logprobs.token_logprobs[1:], want)) < 1e-3
+    chunks = [c.choices[0] for c in client.completions.create(model="m", prompt=ids, max_tokens=0, echo=True,
+                                                                logprobs=1, stream=True) if c.choices]
+    assert "".join(c.text for c in chunks) == prompt_text
+    assert [v for c in chunks for v in c.logprobs.token_logprobs] == choice.logprobs.token_logprobs
+
+
 def test_vllms_prompt_logprobs(client, tiny_model):
     """prompt_logprobs (vLLM's extension): None for the first token, then the prompt token's
     logprob and rank first, and the n most likely with theirs; a chat's at the reply's top level;
