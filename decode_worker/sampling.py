@@ -55,9 +55,9 @@ class SamplingParams:
             (0 <= self.min_tokens <= self.max_tokens, "min_tokens", "must be in [0, max_tokens]"),
             (self.prompt_logprobs is None or 0 <= self.prompt_logprobs <= MAX_TOP, "prompt_logprobs",
              f"must be in [0, {MAX_TOP}]"),
+            (all(t >= 0 and math.isfinite(b) and -100.0 <= b <= 100.0 for t, b in self.logit_bias),
+             "logit_bias", "takes token ids to biases in [-100, 100]"),
         ]
-        checks.append((all(t >= 0 and math.isfinite(b) and -100.0 <= b <= 100.0 for t, b in self.logit_bias),
-                       "logit_bias", "takes token ids to biases in [-100, 100]"))
         for ok, name, msg in checks:
             if not ok:
                 raise SamplingError(f"{name} {msg}")

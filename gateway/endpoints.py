@@ -362,7 +362,7 @@ async def completions(ctx: Context, request: Request):
         continued.add(to.conversation_id)
         specs.append(GenerationSpec(request_id=request_id, prompt=p, sampling=sampling, n=req.n, route=to,
                                     stops=req.stop_list(), chat=False, timeout_s=ctx.settings.request_timeout_s,
-                                    first_index=i * req.n))
+                                    first_index=i * req.n, hide_output=req.prompt_only))
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
     echoes = None
     if req.echo:  # a text prompt as sent, token ids as their text
@@ -411,34 +411,27 @@ class _CompletionFormat(_ChatFormat):
     def _echo(self, choice) -> R.Echo | None:
         return self.echoes[choice.index // self.spec.n] if self.echoes is not None else None
 
-    def usage(self, choices) -> dict:
-        out = super().usage(choices)
-        if self.req.prompt_only:  # the workers' one token was dropped
-            out.update(completion_tokens=0, total_tokens=out["prompt_tokens"])
-        return out
-
     def chunk(self, update) -> dict | None:
-        index, tokenizer, prompt_only = update.choice.index, self.ctx.tokenizer, self.req.prompt_only
+        index, tokenizer = update.choice.index, self.ctx.tokenizer
         echo = self._echo(update.choice) if index not in self._offsets else None  # a choice's first chunk
-        generated, items = ("", []) if prompt_only else (update.text, update.logprobs)
-        if not generated and not update.done and not items and echo is None:
+        if not update.text and not update.done and not update.logprobs and echo is None:
             return None
         offsets = self._offsets.setdefault(index, R.TextOffsets(tokenizer))
-        text = (echo.text if echo is not None else "") + generated
+        text = (echo.text if echo is not None else "") + update.text
         logprobs = None
         if self.req.logprobs is not None:
-            logprobs = R.completion_logprobs(tokenizer, items, offsets, self.req.logprobs, echo,
+            logprobs = R.completion_logprobs(tokenizer, update.logprobs, offsets, self.req.logprobs, echo,
                                              update.choice.prompt_logprobs)
-        finish = "length" if prompt_only else update.choice.finish_reason
-        choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish if update.done else None}
+        choice = {"index": index, "text": text, "logprobs": logprobs,
+                  "finish_reason": update.choice.finish_reason if update.done else None}
         if update.done and self.req.return_token_ids:
-            choice["token_ids"] = [] if prompt_only else update.choice.token_ids
+            choice["token_ids"] = update.choice.token_ids
         return {**self.head(), "object": self.object, "choices": [choice], **self._usage_null()}
 
     def body(self, choices) -> dict:
         return {**self.head(), "object": self.object, "system_fingerprint": None,
                 "choices": [{**R.completion_choice(c, self.ctx.tokenizer, self.req.logprobs, self.req.return_token_ids,
-                                                   self._echo(c), self.req.prompt_only), **self._prompt_logprobs(c)}
+                                                   self._echo(c)), **self._prompt_logprobs(c)}
                             for c in choices],
                 "usage": self.usage(choices)}
 

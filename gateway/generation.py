@@ -41,6 +41,7 @@ class GenerationSpec:
     timeout_s: float = 3600.0
     first_index: int = 0  # its first choice's index in the reply (a batch's later prompts)
     max_tool_calls: int | None = None  # parallel_tool_calls: false: the first call only
+    hide_output: bool = False  # max_tokens 0 (echo): the workers' one token is not the client's
 
     @property
     def history_drops_reply(self) -> bool:
@@ -62,6 +63,7 @@ class Choice:
     finish_reason: str | None = None
     finished: worker_pb2.Finished | None = None
     message: ParsedMessage | None = None
+    hides_output: bool = False  # GenerationSpec.hide_output: no token, text or logprob, finish "length"
 
     @property
     def reasoning_tokens(self) -> int:
@@ -135,7 +137,7 @@ def _choice(spec: GenerationSpec, index: int, tokenizer: Tokenizer) -> Choice:
                                  min_tokens=spec.sampling.min_tokens)
     parser = OutputParser(starts_in_reasoning=spec.starts_in_reasoning, tools_enabled=spec.tools_enabled,
                           max_calls=spec.max_tool_calls) if spec.chat else None
-    return Choice(index, detok, parser, spec.chat and spec.starts_in_reasoning)
+    return Choice(index, detok, parser, spec.chat and spec.starts_in_reasoning, hides_output=spec.hide_output)
 
 
 def _generate_request(spec: GenerationSpec, index: int) -> worker_pb2.GenerateRequest:
@@ -183,6 +185,8 @@ def _apply(choice: Choice, message: worker_pb2.GenerateResponse | None) -> Updat
     tokens, logprobs, text = [], [], []
     if message.chunk.prompt_logprobs:  # the first chunk's
         choice.prompt_logprobs = list(message.chunk.prompt_logprobs)
+    if choice.hides_output:
+        return Update(choice, [], "", None, [], done=False)
     for i, token in enumerate(message.chunk.token_ids):
         text.append(choice.detok.push(token))
         tokens.append(token)
@@ -216,7 +220,7 @@ def _finish(choice: Choice, reason: str, tokens, logprobs, text: str = "") -> Up
         # a call dropped by parallel_tool_calls: false may have run out of tokens; the kept one is whole
         if choice.message.has_tool_calls and (reason == "stop" or choice.parser.dropped_calls):
             reason = "tool_calls"
-    choice.finish_reason = reason
+    choice.finish_reason = "length" if choice.hides_output else reason
     return Update(choice, tokens, text, delta, logprobs, done=True)
 
 

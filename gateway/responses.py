@@ -99,10 +99,10 @@ def completion_logprobs(tokenizer: Tokenizer, items: list[worker_pb2.TokenLogpro
     out = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
 
     def add(token: int, logprob: float | None, alternatives) -> None:
-        out["tokens"].append(_token_text(tokenizer, token)[0])
+        out["tokens"].append(token_text(tokenizer, token))
         out["token_logprobs"].append(logprob)
         out["top_logprobs"].append(None if alternatives is None else
-                                   {_token_text(tokenizer, t.token_id)[0]: t.logprob for t in alternatives[:top]})
+                                   {token_text(tokenizer, t.token_id): t.logprob for t in alternatives[:top]})
         out["text_offset"].append(offsets.take(token))
 
     if echo is not None:
@@ -144,27 +144,24 @@ def prompt_logprobs(tokenizer: Tokenizer, scored: list[worker_pb2.TokenLogprob],
     out: list[dict | None] = [None]
     for lp in scored:
         entry = {str(lp.token_id): {"logprob": lp.logprob, "rank": lp.rank,
-                                    "decoded_token": _token_text(tokenizer, lp.token_id)[0]}}
+                                    "decoded_token": token_text(tokenizer, lp.token_id)}}
         for rank, t in enumerate(lp.top[:top], 1):
             entry.setdefault(str(t.token_id), {"logprob": t.logprob, "rank": rank,
-                                               "decoded_token": _token_text(tokenizer, t.token_id)[0]})
+                                               "decoded_token": token_text(tokenizer, t.token_id)})
         out.append(entry)
     return out
 
 
 def completion_choice(choice: Choice, tokenizer: Tokenizer, logprobs_top: int | None, want_ids: bool,
-                      echo: Echo | None = None, prompt_only: bool = False) -> dict:
-    """logprobs_top: the request's `logprobs` (None: none asked for); prompt_only: max_tokens 0,
-    the echoed prompt alone (the workers' one token dropped)."""
-    text = "" if prompt_only else "".join(choice.text)
-    generated = [] if prompt_only else choice.logprobs
+                      echo: Echo | None = None) -> dict:
+    """logprobs_top: the request's `logprobs` (None: none asked for)."""
     before = echo.text if echo is not None else ""
     logprobs = None
     if logprobs_top is not None:
-        logprobs = completion_logprobs(tokenizer, generated, TextOffsets(tokenizer), logprobs_top, echo,
+        logprobs = completion_logprobs(tokenizer, choice.logprobs, TextOffsets(tokenizer), logprobs_top, echo,
                                        choice.prompt_logprobs)
-    out = {"index": choice.index, "text": before + text, "finish_reason": "length" if prompt_only else
-           choice.finish_reason, "logprobs": logprobs}
+    out = {"index": choice.index, "text": before + "".join(choice.text), "finish_reason": choice.finish_reason,
+           "logprobs": logprobs}
     if want_ids:
-        out["token_ids"] = [] if prompt_only else choice.token_ids
+        out["token_ids"] = choice.token_ids
     return out
