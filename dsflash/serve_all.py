@@ -44,7 +44,7 @@ async def serve(args) -> None:
     await decode.start()
     keys = tuple(k.strip() for k in (args.api_key or "").split(",") if k.strip())
     ctx, channels = build_context(GatewaySettings(api_keys=keys, reasoning_field=args.reasoning_field),
-                                  directory=directory, tokenizer_dir=checkpoint,
+                                  directory=directory, redis_url=args.redis_url, tokenizer_dir=checkpoint,
                                   metrics=metrics)
     ready = asyncio.Event()
     http = asyncio.create_task(serve_http(ctx, args.host, args.port, ready))

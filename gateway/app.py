@@ -9,7 +9,7 @@ import time
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from . import endpoints
+from . import endpoints, responses_api
 from .endpoints import Context
 from .errors import APIError
 
@@ -84,6 +84,20 @@ def create_app(ctx: Context) -> FastAPI:
                           ("/v1/completions", endpoints.completions),
                           ("/tokenize", endpoints.tokenize), ("/detokenize", endpoints.detokenize)):
         app.add_api_route(path, _with_context(handler, ctx), methods=["POST"])
+
+    app.add_api_route("/v1/responses", _with_context(responses_api.create, ctx), methods=["POST"])
+
+    @app.get("/v1/responses/{response_id}")
+    async def retrieve_response(response_id: str):
+        return await responses_api.retrieve(ctx, response_id)
+
+    @app.delete("/v1/responses/{response_id}")
+    async def delete_response(response_id: str):
+        return await responses_api.delete(ctx, response_id)
+
+    @app.get("/v1/responses/{response_id}/input_items")
+    async def response_input_items(response_id: str, request: Request):
+        return await responses_api.input_item_list(ctx, response_id, request.query_params)
 
     @app.api_route("/v1/{path:path}", methods=["GET", "POST", "PUT", "DELETE", "PATCH"])
     async def unknown(path: str):

@@ -34,6 +34,7 @@ from .segments import SegmentBuilder, spell
 from .errors import APIError, invalid
 from .generation import DecodeClients, GenerationSpec, relay
 from .replies import ReplyMemory
+from .response_store import MemoryResponseStore
 from .router import NoWorkers, Router
 from .schema import (MAX_CHOICES, ChatCompletionRequest, ChatPrompt, CompletionRequest, DetokenizeRequest,
                      SamplingFields, TokenizeChat, TokenizeText)
@@ -63,6 +64,7 @@ class Context:
     clients: DecodeClients
     metrics: Any
     replies: ReplyMemory = field(default_factory=ReplyMemory)  # generated ids of recent replies
+    responses: Any = field(default_factory=MemoryResponseStore)  # the Responses API's stored responses
     canary: asyncio.Future | None = None  # /health_generate's, while one runs
 
 
@@ -210,7 +212,7 @@ async def tokenize(ctx: Context, request: Request) -> dict:
                           ctx.settings.max_body_bytes)
     loop = asyncio.get_running_loop()  # long texts: off the event loop, as every stream's relay runs on it
     if isinstance(req, TokenizeChat):
-        ids = (await _chat_prompt(ctx, req))[0]
+        ids = (await chat_prompt(ctx, req))[0]
     else:
         ids = await loop.run_in_executor(None, lambda: ctx.tokenizer.encode_text(req.prompt))
     strs = None
@@ -238,7 +240,7 @@ def _check_vocab(ctx: Context, ids: list[int], param: str) -> None:
 # ------------------------------------------------------------------ chat
 
 
-async def _chat_prompt(ctx: Context, req: ChatPrompt) -> tuple[list[int], EncodedChat, str]:
+async def chat_prompt(ctx: Context, req: ChatPrompt) -> tuple[list[int], EncodedChat, str]:
     """A chat's prompt ids, its rendering, and the output the prompt forces (a forced tool call's
     opening, which the parser reads as if generated; "" when none)."""
     try:
@@ -264,7 +266,7 @@ async def _chat_prompt(ctx: Context, req: ChatPrompt) -> tuple[list[int], Encode
 
 async def chat_completions(ctx: Context, request: Request):
     req = await read_body(request, ChatCompletionRequest, ctx.settings.max_body_bytes)
-    prompt, encoded, forced_text = await _chat_prompt(ctx, req)
+    prompt, encoded, forced_text = await chat_prompt(ctx, req)
     max_tokens = budget(ctx, len(prompt), req.limit, "max_tokens")
     _check_scored([prompt], req.prompt_logprobs, "prompt_logprobs")
     top = req.top_logprobs or 0
@@ -276,7 +278,7 @@ async def chat_completions(ctx: Context, request: Request):
         forced_text=forced_text, timeout_s=ctx.settings.request_timeout_s,
         max_tool_calls=1 if req.parallel_tool_calls is False else None)
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
-    return await _respond(ctx, request, [spec], req.stream, _ChatFormat(ctx, spec, req, include_usage))
+    return await respond(ctx, request, [spec], req.stream, _ChatFormat(ctx, spec, req, include_usage))
 
 
 def _forced_tool(req: ChatPrompt) -> str | None:
@@ -330,6 +332,26 @@ class _ChatFormat:
                                            self.ctx.settings.reasoning_field) for c in choices],
                 "usage": self.usage(choices), **self._prompt_logprobs(choices[0] if choices else None)}
 
+    # the framing `respond` asks a format for: OpenAI's chunks as `data:` lines, then [DONE]
+
+    def stream_start(self) -> list[str]:
+        return [R.sse(chunk) for chunk in self.opening()]
+
+    def stream_update(self, update) -> list[str]:
+        chunk = self.chunk(update)
+        return [R.sse(chunk)] if chunk is not None else []
+
+    def stream_failed(self, error: APIError) -> list[str]:
+        return [R.sse(error.body()), R.SSE_DONE]
+
+    async def stream_end(self, choices) -> list[str]:
+        usage = [R.sse({**self.head(), "object": self.chunk_object, "choices": [],
+                        "usage": self.usage(choices)})]
+        return (usage if self.include_usage else []) + [R.SSE_DONE]
+
+    async def reply(self, choices) -> dict:
+        return self.body(choices)
+
     def _prompt_logprobs(self, choice) -> dict:
         """vLLM's prompt_logprobs, where asked for: the reply's (a chat has one prompt), or a
         completion choice's (its prompt's)."""
@@ -369,7 +391,7 @@ async def completions(ctx: Context, request: Request):
         echoes = [R.Echo(t if isinstance(t, str) else ctx.tokenizer.decode(p), p)
                   for t, p in zip(_batch(req.prompt), prompts)]
     fmt = _CompletionFormat(ctx, specs[0], req, include_usage, sum(len(p) for p in prompts), echoes)
-    return await _respond(ctx, request, specs, req.stream, fmt)
+    return await respond(ctx, request, specs, req.stream, fmt)
 
 
 async def _prompts(ctx: Context, prompt, n: int) -> list[list[int]]:
@@ -439,8 +461,10 @@ class _CompletionFormat(_ChatFormat):
 # ------------------------------------------------------------------ relaying
 
 
-async def _respond(ctx: Context, request: Request, specs: list[GenerationSpec], stream: bool, fmt):
-    """The reply to the request whose prompts' generations are `specs`, streamed or whole."""
+async def respond(ctx: Context, request: Request, specs: list[GenerationSpec], stream: bool, fmt):
+    """The reply to the request whose prompts' generations are `specs`, streamed or whole, in
+    `fmt`'s form (_ChatFormat's framing methods: stream_start, stream_update, stream_failed,
+    stream_end, reply)."""
     metrics = ctx.metrics.start(fmt.prompt_tokens, fmt.spec.n)
     headers = {"X-Request-Id": fmt.spec.request_id}  # (app.echo_request_id puts a client's own id back)
     if stream:
@@ -454,7 +478,7 @@ async def _respond(ctx: Context, request: Request, specs: list[GenerationSpec], 
         raise APIError(499, "client closed the request", code="client_closed") from None
     finally:
         watcher.cancel()
-    return JSONResponse(fmt.body(choices), headers=headers)
+    return JSONResponse(await fmt.reply(choices), headers=headers)
 
 
 class _ClosingStream(StreamingResponse):
@@ -493,8 +517,8 @@ async def _cancel_on_disconnect(request: Request, task: asyncio.Future) -> None:
 
 
 async def _stream(ctx: Context, specs: list[GenerationSpec], fmt, metrics):
-    for chunk in fmt.opening():
-        yield R.sse(chunk)
+    for text in fmt.stream_start():
+        yield text
     queue: asyncio.Queue = asyncio.Queue()
 
     async def pump():
@@ -521,19 +545,16 @@ async def _stream(ctx: Context, specs: list[GenerationSpec], fmt, metrics):
                 break
             if isinstance(item, APIError):
                 metrics.failed()
-                yield R.sse(item.body())
-                yield R.SSE_DONE
+                for text in fmt.stream_failed(item):
+                    yield text
                 return
             metrics.tokens(item)
             choices[item.choice.index] = item.choice
-            chunk = fmt.chunk(item)
-            if chunk is not None:
-                yield R.sse(chunk)
+            for text in fmt.stream_update(item):
+                yield text
         ordered = [choices[i] for i in sorted(choices)]
         metrics.finished(ordered)
-        if fmt.include_usage:
-            yield R.sse({**fmt.head(), "object": fmt.chunk_object, "choices": [],
-                         "usage": fmt.usage(ordered)})
-        yield R.SSE_DONE
+        for text in await fmt.stream_end(ordered):
+            yield text
     finally:
         task.cancel()

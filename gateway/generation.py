@@ -67,9 +67,14 @@ class Choice:
 
     @property
     def reasoning_tokens(self) -> int:
+        return self.reasoning_tokens_in(len(self.token_ids))
+
+    def reasoning_tokens_in(self, n: int) -> int:
+        """The reasoning tokens (`</think>` included) among the reply's first n."""
         if not self.starts_in_reasoning:
             return 0
-        return self.token_ids.index(st.THINK_END.id) + 1 if st.THINK_END.id in self.token_ids else len(self.token_ids)
+        head = self.token_ids[:n]
+        return head.index(st.THINK_END.id) + 1 if st.THINK_END.id in head else n
 
 
 @dataclass
@@ -80,6 +85,10 @@ class Update:
     delta: dict | None  # chat: the OpenAI delta of this update (None when nothing to send)
     logprobs: list[worker_pb2.TokenLogprob]
     done: bool
+    reply_tokens: int = field(init=False, default=0)  # the reply's length at this update (its choice goes on)
+
+    def __post_init__(self):
+        self.reply_tokens = len(self.choice.token_ids)
 
 
 class DecodeClients:

@@ -197,3 +197,84 @@ class DetokenizeRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
     model: str | None = None
     tokens: list[int]
+
+
+class ReasoningOptions(BaseModel):
+    """The Responses API's `reasoning`: its effort (summaries are not made: the reasoning itself
+    comes back)."""
+    model_config = ConfigDict(extra="ignore")
+    effort: str | int | None = None
+    summary: str | None = None
+
+
+class TextFormat(BaseModel):
+    model_config = ConfigDict(extra="allow")  # json_schema's name, schema, strict, description
+    type: Literal["text", "json_object", "json_schema"] = "text"
+
+
+class TextOptions(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    format: TextFormat | None = None
+
+
+class ResponsesRequest(SamplingFields):
+    """POST /v1/responses (OpenAI's Responses API): `input` (a text, or message, reasoning,
+    function_call and function_call_output items), `instructions`, flat function `tools`, and
+    `previous_response_id` to continue a stored response. The sampling extras of the other
+    endpoints (top_k, seed, stop, ...) are accepted as vLLM's Responses endpoint accepts them."""
+
+    input: str | list[dict[str, Any]]
+    instructions: str | None = None
+    previous_response_id: str | None = Field(default=None, min_length=1, max_length=128)
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    max_output_tokens: int | None = Field(default=None, ge=1, le=MAX_CONTEXT_TOKENS)
+    reasoning: ReasoningOptions | None = None
+    thinking: Thinking | None = None  # DeepSeek's switch, as in chat completions
+    text: TextOptions | None = None
+    store: bool = True
+    include: list[str] | None = None
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    metadata: dict[str, str] | None = None
+    truncation: Literal["disabled", "auto"] | None = None
+    background: bool = False
+    conversation: Any = None
+    prompt: Any = None  # (the Responses API's stored prompt templates)
+
+    @field_validator("input")
+    @classmethod
+    def _input(cls, value):
+        if isinstance(value, list) and not value:
+            raise ValueError("input must not be empty")
+        return value
+
+    @field_validator("metadata")
+    @classmethod
+    def _metadata(cls, value):
+        if value is not None and (len(value) > 16 or any(len(k) > 64 or len(v) > 512 for k, v in value.items())):
+            raise ValueError("at most 16 pairs, keys of at most 64 characters, values of at most 512")
+        return value
+
+    def unsupported(self) -> tuple[str, str] | None:
+        """(field, why) for the first field set that this server does not serve, else None."""
+        for name, why in (("background", "responses are answered while the request is open"),
+                          ("conversation", "continue a response with previous_response_id"),
+                          ("prompt", "stored prompt templates are not kept: send the input itself")):
+            if getattr(self, name) not in (None, False):
+                return name, f"{name} is not supported: {why}"
+        if self.truncation == "auto":
+            return "truncation", "truncation 'auto' is not supported: a prompt past the context gets a 400"
+        if self.n != 1:
+            return "n", "n is not part of the Responses API: send one request a response"
+        if self.prompt_logprobs is not None:
+            return "prompt_logprobs", "prompt_logprobs is not served here: use /v1/completions"
+        return None
+
+    @property
+    def limit(self) -> int | None:
+        return self.max_output_tokens or self.max_tokens
+
+    @property
+    def wants_logprobs(self) -> bool:
+        return "message.output_text.logprobs" in (self.include or [])

@@ -15,6 +15,7 @@ from .app import create_app
 from .endpoints import Context, GatewaySettings
 from .generation import DecodeClients
 from .metrics import GatewayMetrics
+from .response_store import open_response_store
 from .router import Router
 from .tokenizer import load_tokenizer
 
@@ -28,7 +29,8 @@ def build_context(settings: GatewaySettings, *, redis_url: str | None = None, di
         directory = open_directory(DirectoryConfig(redis_url=redis_url))
     channels = PeerChannels()
     ctx = Context(settings=settings, router=Router(directory, prefill, decode), tokenizer=load_tokenizer(tokenizer_dir),
-                  clients=DecodeClients(channels), metrics=GatewayMetrics(metrics or Metrics()))
+                  clients=DecodeClients(channels), metrics=GatewayMetrics(metrics or Metrics()),
+                  responses=open_response_store(redis_url))
     return ctx, channels
 
 

@@ -287,3 +287,20 @@ def test_thinking_conversation_reuses_the_turn_before_its_reply(client):
                       {"role": "user", "content": "And another."}]
     second = client.chat.completions.create(model="m", messages=history, max_tokens=6, extra_headers=conversation)
     assert second.usage.prompt_tokens_details.cached_tokens == first.usage.prompt_tokens - 1
+
+
+def test_responses_api_answers_as_chat_and_continues_from_the_cache(client):
+    """/v1/responses through the whole stack: greedy, its text is the chat completion's for the
+    same messages; turn two (previous_response_id) reuses turn one's cache on the decode worker."""
+    off = {"thinking": {"type": "disabled"}}
+    chat = client.chat.completions.create(model="m", messages=USER, max_tokens=6, temperature=0.0, extra_body=off)
+    first = client.responses.create(model="m", input=USER, max_output_tokens=6, temperature=0.0, extra_body=off)
+    assert first.output_text == chat.choices[0].message.content and first.status == "incomplete"
+    assert first.usage.input_tokens == chat.usage.prompt_tokens and first.usage.output_tokens == 6
+    second = client.responses.create(model="m", input="And another.", previous_response_id=first.id,
+                                     max_output_tokens=4, temperature=0.0, extra_body=off)
+    held = first.usage.input_tokens + first.usage.output_tokens
+    assert held - 1 <= second.usage.input_tokens_details.cached_tokens < second.usage.input_tokens
+    streamed = list(client.responses.create(model="m", input=USER, max_output_tokens=6, temperature=0.0,
+                                            stream=True, extra_body=off))
+    assert streamed[-1].type == "response.incomplete" and streamed[-1].response.output_text == first.output_text

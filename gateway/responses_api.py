@@ -1,0 +1,252 @@
+"""OpenAI's Responses API over the chat path: POST /v1/responses, GET and DELETE
+/v1/responses/{id}, GET /v1/responses/{id}/input_items.
+
+A request's input items (after those of the stored responses its previous_response_id
+continues) become chat messages, rendered, routed and relayed exactly as a chat completion's;
+the reply's deltas become output items and, streamed, the API's typed events. A stored
+response (`store`, default true) keeps its input and output items, and the router's
+conversation id, so the next turn reaches the decode worker that holds the cache.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from typing import Any
+
+from fastapi import Request
+
+from . import responses as R
+from .chat_errors import ChatEncodingError
+from .endpoints import (Context, budget, chat_prompt, conversation_of, read_body, request_id_of, respond, route,
+                        sampling_proto)
+from .errors import APIError, invalid
+from .generation import GenerationSpec
+from .response_store import StoredResponse, StoreUnavailable
+from .responses_items import (ChatForm, chat_effort, chat_messages, chat_response_format, chat_tool_choice,
+                              chat_tools, input_items, new_id)
+from .responses_stream import OutputEvents
+from .schema import ChatPrompt, ResponsesRequest
+
+log = logging.getLogger("dsflash.gateway")
+
+MAX_CHAIN = 10_000  # stored responses one previous_response_id may reach back through
+INPUT_ID_PREFIXES = {"message": "msg", "reasoning": "rs", "function_call": "fc", "function_call_output": "fco"}
+
+
+async def create(ctx: Context, request: Request):
+    req = await read_body(request, ResponsesRequest, ctx.settings.max_body_bytes)
+    refused = req.unsupported()
+    if refused is not None:
+        raise invalid(refused[1], param=refused[0])
+    earlier, conversation = await _history(ctx, req.previous_response_id)
+    items = _with_ids(input_items(req.input))
+    named = [(f"input[{i}]" if isinstance(req.input, list) else "input", item) for i, item in enumerate(items)]
+    form = ChatForm()
+    try:
+        form = chat_messages(earlier + named, req.instructions)
+        text_format = req.text.format.model_dump() if req.text and req.text.format else None
+        chat = ChatPrompt(messages=form.messages, tools=chat_tools(req.tools),
+                          tool_choice=chat_tool_choice(req.tool_choice),
+                          response_format=chat_response_format(text_format), thinking=req.thinking,
+                          reasoning_effort=chat_effort(req.reasoning.effort if req.reasoning else None),
+                          parallel_tool_calls=req.parallel_tool_calls)
+        prompt, encoded, forced_text = await chat_prompt(ctx, chat)
+    except ChatEncodingError as exc:
+        raise invalid(exc.message, param=_param(exc.param, form), code=exc.code) from None
+    except APIError as exc:
+        exc.param = _param(exc.param, form)
+        raise
+    max_tokens = budget(ctx, len(prompt), req.limit, "max_output_tokens")
+    spec = GenerationSpec(
+        request_id=request_id_of(request, "resp"), prompt=prompt,
+        sampling=sampling_proto(ctx, req, max_tokens, req.wants_logprobs, req.top_logprobs or 0), n=1,
+        route=await route(ctx, conversation_of(request, req) or conversation, prompt), stops=req.stop_list(),
+        chat=True, starts_in_reasoning=encoded.rendered.starts_in_reasoning,
+        tools_enabled=encoded.rendered.tools_enabled, forced_text=forced_text, timeout_s=ctx.settings.request_timeout_s,
+        max_tool_calls=1 if req.parallel_tool_calls is False else None)
+    return await respond(ctx, request, [spec], req.stream, ResponsesFormat(ctx, spec, req, items))
+
+
+async def retrieve(ctx: Context, response_id: str) -> dict:
+    return (await _stored_or_404(ctx, response_id)).response
+
+
+async def delete(ctx: Context, response_id: str) -> dict:
+    if not await _store_call(ctx.responses.delete(response_id)):
+        raise _not_found(response_id)
+    return {"id": response_id, "object": "response.deleted", "deleted": True}
+
+
+async def input_item_list(ctx: Context, response_id: str, query) -> dict:
+    """A stored response's input items, a page at a time (OpenAI's limit, order and after)."""
+    limit, order, after = query.get("limit", "20"), query.get("order", "desc"), query.get("after")
+    if not limit.isdigit() or not 1 <= int(limit) <= 100:
+        raise invalid("limit must be an integer in [1, 100]", param="limit")
+    limit = int(limit)
+    if order not in ("asc", "desc"):
+        raise invalid("order must be 'asc' or 'desc'", param="order")
+    items = (await _stored_or_404(ctx, response_id)).input
+    items = items if order == "asc" else items[::-1]
+    if after is not None:
+        ids = [item.get("id") for item in items]
+        if after not in ids:
+            raise invalid(f"no input item {after!r} in response {response_id!r}", param="after")
+        items = items[ids.index(after) + 1:]
+    page = items[:limit]
+    return {"object": "list", "data": page, "first_id": page[0]["id"] if page else None,
+            "last_id": page[-1]["id"] if page else None, "has_more": len(items) > limit}
+
+
+class ResponsesFormat:
+    """A response's framing for `respond`: the response object whole, or its events streamed
+    (`event:` and `data:` lines; no [DONE], the last event says how it ended)."""
+
+    def __init__(self, ctx: Context, spec: GenerationSpec, req: ResponsesRequest, items: list[dict[str, Any]]):
+        self.ctx, self.spec, self.req, self.items = ctx, spec, req, items
+        self.prompt_tokens = len(spec.prompt)
+        self.id, self.created = new_id("resp"), int(time.time())
+        self.events = OutputEvents()  # a stream's
+
+    def response(self, status: str, output: list[dict], usage: dict | None = None, error: dict | None = None) -> dict:
+        req = self.req
+        text_format = req.text.format.model_dump() if req.text and req.text.format else {"type": "text"}
+        return {"id": self.id, "object": "response", "created_at": self.created, "status": status,
+                "background": False, "error": error,
+                "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
+                "instructions": req.instructions, "max_output_tokens": req.max_output_tokens, "max_tool_calls": None,
+                "model": self.ctx.settings.model_name, "output": output,
+                "parallel_tool_calls": req.parallel_tool_calls is not False,
+                "previous_response_id": req.previous_response_id,
+                "reasoning": {"effort": req.reasoning.effort if req.reasoning else None, "summary": None},
+                "store": req.store, "temperature": req.temperature, "text": {"format": text_format},
+                "tool_choice": req.tool_choice or "auto", "tools": req.tools or [],
+                "top_logprobs": req.top_logprobs or 0,
+                "top_p": req.top_p, "truncation": "disabled", "usage": usage, "user": req.user,
+                "metadata": req.metadata or {}}
+
+    def stream_start(self) -> list[str]:
+        shell = self.response("in_progress", [])
+        return [_sse(self.events.event("response.created", response=shell)),
+                _sse(self.events.event("response.in_progress", response=shell))]
+
+    def stream_update(self, update) -> list[str]:
+        first = update.reply_tokens - len(update.tokens)  # the update's first token's place in the reply
+        reasoning = update.choice.reasoning_tokens_in(update.reply_tokens)
+        logprobs = self._text_logprobs(update.logprobs[max(0, reasoning - first):])
+        return [_sse(e) for e in self.events.update(update.delta, logprobs)]
+
+    def stream_failed(self, error: APIError) -> list[str]:
+        failed = self.response("failed", self.events.items, error={"code": error.code or error.type,
+                                                                   "message": error.message})
+        return [_sse(self.events.event("response.failed", response=failed))]
+
+    async def stream_end(self, choices) -> list[str]:
+        events = self.events.finish(_complete(choices[0]))
+        final = await self._finished(choices[0], self.events.items)
+        kind = "response.completed" if final["status"] == "completed" else "response.incomplete"
+        return [_sse(e) for e in events + [self.events.event(kind, response=final)]]
+
+    async def reply(self, choices) -> dict:
+        """The whole reply, through the same items a stream makes."""
+        choice, events = choices[0], OutputEvents()
+        message = choice.message.to_openai() if choice.message is not None else None
+        events.update(message, self._text_logprobs(choice.logprobs[choice.reasoning_tokens:]))
+        events.finish(_complete(choice))
+        return await self._finished(choice, events.items)
+
+    def _text_logprobs(self, items) -> list[dict]:
+        """The logprobs of the reply's tokens after its reasoning, in output_text's form."""
+        return R.chat_logprobs(self.ctx.tokenizer, items)["content"] if self.req.wants_logprobs and items else []
+
+    async def _finished(self, choice, output: list[dict]) -> dict:
+        final = self.response("completed" if _complete(choice) else "incomplete", output,
+                              _usage(R.usage(self.prompt_tokens, [choice])))
+        if self.req.store:
+            record = StoredResponse(self.id, final, self.items, self.req.previous_response_id,
+                                    self.spec.route.conversation_id)
+            try:
+                await self.ctx.responses.put(record)
+            except StoreUnavailable as exc:  # the reply stands; a turn continuing it gets a clear 400
+                log.warning("response_not_stored id=%s reason=%s", self.id, exc)
+        return final
+
+
+def _complete(choice) -> bool:
+    return choice.finish_reason != "length"
+
+
+def _usage(chat: dict) -> dict:
+    return {"input_tokens": chat["prompt_tokens"],
+            "input_tokens_details": {"cached_tokens": chat["prompt_tokens_details"]["cached_tokens"]},
+            "output_tokens": chat["completion_tokens"],
+            "output_tokens_details": {"reasoning_tokens": chat.get("completion_tokens_details", {})
+                                      .get("reasoning_tokens", 0)},
+            "total_tokens": chat["total_tokens"]}
+
+
+def _sse(event: dict) -> str:
+    return f"event: {event['type']}\n{R.sse(event)}"
+
+
+def _with_ids(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The input items as stored and listed: each with an id (the client's, or a new one)."""
+    return [item if not isinstance(item, dict) or item.get("id") else
+            {**item, "id": new_id(INPUT_ID_PREFIXES.get(item.get("type", "message"), "item"))} for item in items]
+
+
+async def _history(ctx: Context, previous_id: str | None) -> tuple[list[tuple[str, Any]], str | None]:
+    """The stored chain's items, oldest first, and its conversation id."""
+    chain, response_id = [], previous_id
+    while response_id is not None:
+        record = await _store_call(ctx.responses.get(response_id))
+        if record is None:
+            raise invalid(f"previous response {response_id!r} was not found: it expired or was deleted, was made "
+                          "with store: false, or never existed", param="previous_response_id",
+                          code="previous_response_not_found")
+        chain.append(record)
+        if len(chain) > MAX_CHAIN:
+            raise invalid(f"previous_response_id reaches back through more than {MAX_CHAIN} responses",
+                          param="previous_response_id")
+        response_id = record.previous
+    items = [("previous_response_id", item) for record in reversed(chain)
+             for item in record.input + record.response["output"]]
+    return items, chain[0].conversation if chain else None
+
+
+async def _stored_or_404(ctx: Context, response_id: str) -> StoredResponse:
+    record = await _store_call(ctx.responses.get(response_id))
+    if record is None:
+        raise _not_found(response_id)
+    return record
+
+
+def _not_found(response_id: str) -> APIError:
+    return APIError(404, f"no stored response {response_id!r}", code="not_found", param="response_id")
+
+
+async def _store_call(op):
+    try:
+        return await op
+    except StoreUnavailable as exc:
+        raise APIError(503, str(exc), type="service_unavailable", code="response_store_unavailable") from None
+
+
+_MESSAGE_PARAM = re.compile(r"messages\[(\d+)\]")
+
+
+def _param(param: str | None, form: ChatForm) -> str | None:
+    """A chat field's name as this request names it: a message by the input item it came from,
+    a tool without chat's `function` level, response_format as text.format."""
+    if param is None:
+        return None
+    message = _MESSAGE_PARAM.match(param)
+    if message:
+        j = int(message.group(1))
+        return form.sources[j] if j < len(form.sources) else "input"
+    if param.startswith("tools["):
+        return param.replace(".function", "")
+    if param.startswith("response_format"):
+        return "text.format" + param[len("response_format"):].replace(".json_schema", "")
+    return {"reasoning_effort": "reasoning.effort"}.get(param, param)
