@@ -59,6 +59,7 @@ async def serve(args) -> None:
         await http
     finally:
         await channels.close()
+        await ctx.responses.close()
         await decode.close()
         await prefill.close()
 

@@ -8,6 +8,7 @@ import time
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
+from starlette.datastructures import Headers, MutableHeaders
 
 from . import endpoints, responses_api
 from .endpoints import Context
@@ -28,30 +29,16 @@ def create_app(ctx: Context) -> FastAPI:
     @app.exception_handler(Exception)
     async def internal_error(request: Request, exc: Exception):
         log.exception("unhandled error")
-        # Starlette answers this outside every middleware, echo_request_id's too: the id is put back here.
+        # Starlette answers this outside every middleware, _EchoRequestId too: the id is put back here.
         client = endpoints.client_request_id(request)
         return JSONResponse(APIError(500, "internal error", type="server_error").body(), status_code=500,
                             headers={"X-Request-Id": client} if client else None)
 
-    @app.middleware("http")
-    async def authenticate(request: Request, call_next):
-        if keys and (request.url.path.startswith("/v1/") or request.url.path in ("/tokenize", "/detokenize")):
-            header = request.headers.get("authorization", "")
-            token = header[7:].strip() if header.lower().startswith("bearer ") else ""
-            if not any(hmac.compare_digest(token, k) for k in keys):
-                return JSONResponse(APIError(401, "invalid or missing API key", type="authentication_error",
-                                             code="invalid_api_key").body(), status_code=401)
-        return await call_next(request)
-
-    @app.middleware("http")
-    async def echo_request_id(request: Request, call_next):
-        """A client's X-Request-Id back on every reply, errors and refusals too (added last, so
-        outermost: around authenticate's 401s)."""
-        response = await call_next(request)
-        client = endpoints.client_request_id(request)
-        if client:
-            response.headers["X-Request-Id"] = client
-        return response
+    # Plain ASGI middleware, not @app.middleware("http"): Starlette's BaseHTTPMiddleware hands
+    # the endpoint a `receive` that never reports the client's hang-up, so a whole (unstreamed)
+    # request whose client had gone kept its worker decoding to the end. Added last: outermost.
+    app.add_middleware(_Authenticate, keys=keys)
+    app.add_middleware(_EchoRequestId)
 
     @app.get("/healthz")
     async def healthz():
@@ -104,6 +91,45 @@ def create_app(ctx: Context) -> FastAPI:
         return JSONResponse(APIError(404, f"unknown endpoint /v1/{path}", code="not_found").body(), status_code=404)
 
     return app
+
+
+class _Authenticate:
+    """The API key on /v1/ and the tokenizer routes, where keys are set: else a 401."""
+
+    def __init__(self, app, keys: tuple[str, ...]):
+        self.app, self.keys = app, keys
+
+    async def __call__(self, scope, receive, send):
+        path = scope.get("path", "")
+        if scope["type"] == "http" and self.keys and (path.startswith("/v1/") or path in ("/tokenize", "/detokenize")):
+            header = Headers(scope=scope).get("authorization", "")
+            token = header[7:].strip() if header.lower().startswith("bearer ") else ""
+            if not any(hmac.compare_digest(token, k) for k in self.keys):
+                refusal = JSONResponse(APIError(401, "invalid or missing API key", type="authentication_error",
+                                                code="invalid_api_key").body(), status_code=401)
+                await refusal(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+class _EchoRequestId:
+    """A client's X-Request-Id back on every reply, errors and refusals too."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        client = endpoints.client_request_id(Request(scope)) if scope["type"] == "http" else None
+        if client is None:
+            await self.app(scope, receive, send)
+            return
+
+        async def send_with_id(message):
+            if message["type"] == "http.response.start":
+                MutableHeaders(scope=message)["X-Request-Id"] = client
+            await send(message)
+
+        await self.app(scope, receive, send_with_id)
 
 
 def _with_context(handler, ctx: Context):

@@ -133,7 +133,7 @@ def _text(content: Any, where: str, *, allow_none: bool = False) -> str:
         raise ChatEncodingError(f"{where} must be a string or a list of content parts", where)
     texts = []
     for j, part in enumerate(content):
-        kind = part.get("type") if isinstance(part, dict) else None
+        kind = part.get("type") if isinstance(part, dict) and isinstance(part.get("type"), str) else None
         if kind not in TEXT_PART_TYPES:
             raise ChatEncodingError(f"{where}[{j}]: content part type {kind!r} is not supported; "
                                     "this model accepts text only", f"{where}[{j}].type", "unsupported_content_type")

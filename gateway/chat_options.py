@@ -77,7 +77,7 @@ def tools_for_prompt(functions: list[dict[str, Any]], tool_choice: Any) -> list[
     if isinstance(tool_choice, dict) and tool_choice.get("type") == "function":
         function = tool_choice.get("function")
         name = function.get("name") if isinstance(function, dict) else None
-        if name not in {f["name"] for f in functions}:
+        if not isinstance(name, str) or name not in {f["name"] for f in functions}:
             raise ChatEncodingError(f"tool_choice names function {name!r}, which is not in tools", "tool_choice")
         return functions
     raise ChatEncodingError("tool_choice must be 'none', 'auto', 'required' or "

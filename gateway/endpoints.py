@@ -79,6 +79,9 @@ async def read_body(request: Request, model: type[BaseModel] | Callable[[dict], 
         raise invalid(f"the body is not valid JSON: {exc}") from None
     if not isinstance(data, dict):
         raise invalid("the body must be a JSON object")
+    if _SURROGATE_ESCAPE.search(raw) and _holds_lone_surrogate(data):
+        raise invalid("a string in the body holds an unpaired UTF-16 surrogate escape (\\uD800-\\uDFFF alone): it "
+                      "is not text", code="invalid_unicode")
     if not isinstance(model, type):
         model = model(data)
     try:
@@ -90,6 +93,20 @@ async def read_body(request: Request, model: type[BaseModel] | Callable[[dict], 
 
 
 _TYPE_TAGS = {"str", "int", "float", "bool", "dict", "list", "none"}
+# a surrogate escaped, or its bytes (json.loads decodes with surrogatepass); a body without either
+# (nearly all) is not walked
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89abcdefABCDEF]|\xed[\xa0-\xbf]")
+
+
+def _holds_lone_surrogate(data) -> bool:
+    """JSON lets a string escape half a UTF-16 pair; Python keeps it as a code point that no
+    UTF-8 encoder takes, so a field holding one (a user name, metadata, a conversation id)
+    would fail where it is written out: in a reply, a log line or a gRPC message."""
+    try:
+        json.dumps(data, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
 
 
 def _is_union_tag(part) -> bool:
@@ -145,8 +162,12 @@ def _check_scored(prompts: list[list[int]], top: int | None, param: str) -> None
                       f"{max(len(p) for p in prompts)}: ask for fewer alternatives", param=param)
 
 
-def conversation_of(request: Request, req: SamplingFields) -> str | None:
-    return request.headers.get("x-conversation-id") or req.conversation_id or req.user or None
+def conversation_of(request: Request, req: SamplingFields, continued: str | None = None) -> str | None:
+    """The conversation a request continues, by the most specific name it gives: the header or
+    `conversation_id`, the stored response it continues (`continued`), OpenAI's
+    `prompt_cache_key`, its `user`."""
+    return (request.headers.get("x-conversation-id") or req.conversation_id or continued or req.prompt_cache_key
+            or req.user or None)
 
 
 def budget(ctx: Context, prompt_len: int, asked: int | None, param: str) -> int:

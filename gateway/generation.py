@@ -44,6 +44,12 @@ class GenerationSpec:
     hide_output: bool = False  # max_tokens 0 (echo): the workers' one token is not the client's
 
     @property
+    def reply_in_reasoning(self) -> bool:
+        """The workers' tokens begin as reasoning: thinking, unless the prompt forced a tool call
+        (whose opening, after an empty reasoning's `</think>`, is the prompt's)."""
+        return self.chat and self.starts_in_reasoning and not self.forced_text
+
+    @property
     def history_drops_reply(self) -> bool:
         """Thinking without tools: the next turn's history drops this reply's reasoning, so it
         extends the prompt minus its closing `<think>`, not the reply (chat_encoding._render)."""
@@ -64,6 +70,7 @@ class Choice:
     finished: worker_pb2.Finished | None = None
     message: ParsedMessage | None = None
     hides_output: bool = False  # GenerationSpec.hide_output: no token, text or logprob, finish "length"
+    reasoning_ends: int | None = None  # the reply's length through its first `</think>`, once generated
 
     @property
     def reasoning_tokens(self) -> int:
@@ -73,8 +80,13 @@ class Choice:
         """The reasoning tokens (`</think>` included) among the reply's first n."""
         if not self.starts_in_reasoning:
             return 0
-        head = self.token_ids[:n]
-        return head.index(st.THINK_END.id) + 1 if st.THINK_END.id in head else n
+        return n if self.reasoning_ends is None else min(n, self.reasoning_ends)
+
+    def extend(self, tokens: list[int], logprobs: list[worker_pb2.TokenLogprob]) -> None:
+        if self.reasoning_ends is None and st.THINK_END.id in tokens:
+            self.reasoning_ends = len(self.token_ids) + tokens.index(st.THINK_END.id) + 1
+        self.token_ids += tokens
+        self.logprobs += logprobs
 
 
 @dataclass
@@ -141,12 +153,12 @@ async def relay(specs: list[GenerationSpec], clients: DecodeClients, tokenizer: 
 
 
 def _choice(spec: GenerationSpec, index: int, tokenizer: Tokenizer) -> Choice:
-    stop_after = st.THINK_END.id if spec.chat and spec.starts_in_reasoning else None
+    stop_after = st.THINK_END.id if spec.reply_in_reasoning else None
     detok = StreamingDetokenizer(tokenizer, spec.stops, stop_after_token=stop_after,
                                  min_tokens=spec.sampling.min_tokens)
     parser = OutputParser(starts_in_reasoning=spec.starts_in_reasoning, tools_enabled=spec.tools_enabled,
                           max_calls=spec.max_tool_calls) if spec.chat else None
-    return Choice(index, detok, parser, spec.chat and spec.starts_in_reasoning, hides_output=spec.hide_output)
+    return Choice(index, detok, parser, spec.reply_in_reasoning, hides_output=spec.hide_output)
 
 
 def _generate_request(spec: GenerationSpec, index: int) -> worker_pb2.GenerateRequest:
@@ -202,11 +214,9 @@ def _apply(choice: Choice, message: worker_pb2.GenerateResponse | None) -> Updat
         if i < len(message.chunk.logprobs):
             logprobs.append(message.chunk.logprobs[i])
         if choice.detok.is_stopped:  # the update keeps its tokens and logprobs, as the whole reply does
-            choice.token_ids += tokens
-            choice.logprobs += logprobs
+            choice.extend(tokens, logprobs)
             return _finish(choice, "stop", tokens, logprobs, "".join(text))
-    choice.token_ids += tokens
-    choice.logprobs += logprobs
+    choice.extend(tokens, logprobs)
     piece = "".join(text)
     choice.text.append(piece)
     delta = _delta(choice, piece)

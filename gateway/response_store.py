@@ -74,6 +74,9 @@ class MemoryResponseStore:
         with self._lock:
             return self._drop(response_id)
 
+    async def close(self) -> None:
+        pass
+
     def _drop(self, response_id: str) -> bool:
         text = self._records.pop(response_id, None)
         if text is not None:

@@ -32,7 +32,7 @@ from .schema import ChatPrompt, ResponsesRequest
 log = logging.getLogger("dsflash.gateway")
 
 MAX_CHAIN = 10_000  # stored responses one previous_response_id may reach back through
-INPUT_ID_PREFIXES = {"message": "msg", "reasoning": "rs", "function_call": "fc", "function_call_output": "fco"}
+HISTORY_READ_S = 10.0  # a chain read one record a turn: a slow store gets a 503, not a stalled request
 
 
 async def create(ctx: Context, request: Request):
@@ -41,7 +41,8 @@ async def create(ctx: Context, request: Request):
     if refused is not None:
         raise invalid(refused[1], param=refused[0])
     earlier, conversation = await _history(ctx, req.previous_response_id)
-    items = _with_ids(input_items(req.input))
+    items = input_items(req.input)
+    _check_unique_ids(items)
     named = [(f"input[{i}]" if isinstance(req.input, list) else "input", item) for i, item in enumerate(items)]
     form = ChatForm()
     try:
@@ -54,15 +55,15 @@ async def create(ctx: Context, request: Request):
                           parallel_tool_calls=req.parallel_tool_calls)
         prompt, encoded, forced_text = await chat_prompt(ctx, chat)
     except ChatEncodingError as exc:
-        raise invalid(exc.message, param=_param(exc.param, form), code=exc.code) from None
+        raise invalid(exc.message, param=_param(exc.param, form, req.tools), code=exc.code) from None
     except APIError as exc:
-        exc.param = _param(exc.param, form)
+        exc.param = _param(exc.param, form, req.tools)
         raise
     max_tokens = budget(ctx, len(prompt), req.limit, "max_output_tokens")
     spec = GenerationSpec(
         request_id=request_id_of(request, "resp"), prompt=prompt,
         sampling=sampling_proto(ctx, req, max_tokens, req.wants_logprobs, req.top_logprobs or 0), n=1,
-        route=await route(ctx, conversation_of(request, req) or conversation, prompt), stops=req.stop_list(),
+        route=await route(ctx, conversation_of(request, req, conversation), prompt), stops=req.stop_list(),
         chat=True, starts_in_reasoning=encoded.rendered.starts_in_reasoning,
         tools_enabled=encoded.rendered.tools_enabled, forced_text=forced_text, timeout_s=ctx.settings.request_timeout_s,
         max_tool_calls=1 if req.parallel_tool_calls is False else None)
@@ -82,7 +83,7 @@ async def delete(ctx: Context, response_id: str) -> dict:
 async def input_item_list(ctx: Context, response_id: str, query) -> dict:
     """A stored response's input items, a page at a time (OpenAI's limit, order and after)."""
     limit, order, after = query.get("limit", "20"), query.get("order", "desc"), query.get("after")
-    if not limit.isdigit() or not 1 <= int(limit) <= 100:
+    if not re.fullmatch(r"[0-9]{1,3}", limit) or not 1 <= int(limit) <= 100:
         raise invalid("limit must be an integer in [1, 100]", param="limit")
     limit = int(limit)
     if order not in ("asc", "desc"):
@@ -113,9 +114,11 @@ class ResponsesFormat:
         req = self.req
         text_format = req.text.format.model_dump() if req.text and req.text.format else {"type": "text"}
         return {"id": self.id, "object": "response", "created_at": self.created, "status": status,
+                "completed_at": int(time.time()) if status == "completed" else None,
                 "background": False, "error": error,
                 "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
-                "instructions": req.instructions, "max_output_tokens": req.max_output_tokens, "max_tool_calls": None,
+                "instructions": req.instructions, "max_output_tokens": req.max_output_tokens,
+                "max_tool_calls": req.max_tool_calls,
                 "model": self.ctx.settings.model_name, "output": output,
                 "parallel_tool_calls": req.parallel_tool_calls is not False,
                 "previous_response_id": req.previous_response_id,
@@ -124,6 +127,7 @@ class ResponsesFormat:
                 "tool_choice": req.tool_choice or "auto", "tools": req.tools or [],
                 "top_logprobs": req.top_logprobs or 0,
                 "top_p": req.top_p, "truncation": "disabled", "usage": usage, "user": req.user,
+                "prompt_cache_key": req.prompt_cache_key,
                 "metadata": req.metadata or {}}
 
     def stream_start(self) -> list[str]:
@@ -138,9 +142,12 @@ class ResponsesFormat:
         return [_sse(e) for e in self.events.update(update.delta, logprobs)]
 
     def stream_failed(self, error: APIError) -> list[str]:
-        failed = self.response("failed", self.events.items, error={"code": error.code or error.type,
-                                                                   "message": error.message})
-        return [_sse(self.events.event("response.failed", response=failed))]
+        """The open item closed as incomplete, then response.failed with OpenAI's error code (its
+        list has no name for a worker's failure: server_error) and our message."""
+        events = self.events.finish(complete=False) if self.events.opened else []
+        code = "rate_limit_exceeded" if error.status == 429 else "server_error"
+        failed = self.response("failed", self.events.items, error={"code": code, "message": error.message})
+        return [_sse(e) for e in events + [self.events.event("response.failed", response=failed)]]
 
     async def stream_end(self, choices) -> list[str]:
         events = self.events.finish(_complete(choices[0]))
@@ -179,7 +186,8 @@ def _complete(choice) -> bool:
 
 def _usage(chat: dict) -> dict:
     return {"input_tokens": chat["prompt_tokens"],
-            "input_tokens_details": {"cached_tokens": chat["prompt_tokens_details"]["cached_tokens"]},
+            "input_tokens_details": {"cached_tokens": chat["prompt_tokens_details"]["cached_tokens"],
+                                     "cache_write_tokens": 0},
             "output_tokens": chat["completion_tokens"],
             "output_tokens_details": {"reasoning_tokens": chat.get("completion_tokens_details", {})
                                       .get("reasoning_tokens", 0)},
@@ -190,16 +198,28 @@ def _sse(event: dict) -> str:
     return f"event: {event['type']}\n{R.sse(event)}"
 
 
-def _with_ids(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The input items as stored and listed: each with an id (the client's, or a new one)."""
-    return [item if not isinstance(item, dict) or item.get("id") else
-            {**item, "id": new_id(INPUT_ID_PREFIXES.get(item.get("type", "message"), "item"))} for item in items]
+def _check_unique_ids(items: list) -> None:
+    """Input items are listed by id (`after` pages from one): two with one id get a 400."""
+    seen: dict[str, int] = {}
+    for i, item in enumerate(items):
+        item_id = item.get("id") if isinstance(item, dict) else None
+        if isinstance(item_id, str) and item_id in seen:
+            raise invalid(f"input[{i}] has the id of input[{seen[item_id]}] ({item_id!r}): ids name one item each",
+                          param=f"input[{i}].id")
+        if not isinstance(item_id, (str, type(None))):
+            raise invalid(f"input[{i}].id must be a string", param=f"input[{i}].id")
+        seen.setdefault(item_id, i)
 
 
 async def _history(ctx: Context, previous_id: str | None) -> tuple[list[tuple[str, Any]], str | None]:
     """The stored chain's items, oldest first, and its conversation id."""
     chain, response_id = [], previous_id
+    began = time.monotonic()
     while response_id is not None:
+        if time.monotonic() - began > HISTORY_READ_S:
+            raise APIError(503, f"reading the {len(chain)} stored responses before {previous_id!r} took over "
+                                f"{HISTORY_READ_S:.0f} s: the response store is too slow", type="service_unavailable",
+                           code="response_store_unavailable")
         record = await _store_call(ctx.responses.get(response_id))
         if record is None:
             raise invalid(f"previous response {response_id!r} was not found: it expired or was deleted, was made "
@@ -234,19 +254,21 @@ async def _store_call(op):
 
 
 _MESSAGE_PARAM = re.compile(r"messages\[(\d+)\]")
+_TOOL_PARAM = re.compile(r"tools\[(\d+)\]\.function")
 
 
-def _param(param: str | None, form: ChatForm) -> str | None:
+def _param(param: str | None, form: ChatForm, tools: list | None) -> str | None:
     """A chat field's name as this request names it: a message by the input item it came from,
-    a tool without chat's `function` level, response_format as text.format."""
+    a flat tool without chat's `function` level, response_format as text.format."""
     if param is None:
         return None
     message = _MESSAGE_PARAM.match(param)
     if message:
         j = int(message.group(1))
         return form.sources[j] if j < len(form.sources) else "input"
-    if param.startswith("tools["):
-        return param.replace(".function", "")
+    tool = _TOOL_PARAM.match(param)
+    if tool and tools and int(tool.group(1)) < len(tools) and "function" not in tools[int(tool.group(1))]:
+        return f"tools[{tool.group(1)}]" + param[tool.end():]
     if param.startswith("response_format"):
         return "text.format" + param[len("response_format"):].replace(".json_schema", "")
-    return {"reasoning_effort": "reasoning.effort"}.get(param, param)
+    return {"reasoning_effort": "reasoning.effort", "messages": "input"}.get(param, param)

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .chat_errors import ChatEncodingError
-from .chat_messages import TEXT_PART_TYPES
+from .chat_messages import PART_SEPARATOR, TEXT_PART_TYPES
 
 # OpenAI's effort names that DeepSeek's table lacks, as DeepSeek's API maps them
 EFFORT_ALIASES = {"minimal": "low", "xhigh": "high"}
@@ -59,21 +59,41 @@ def chat_messages(items: list[tuple[str, Any]], instructions: str | None) -> Cha
 
 
 def input_items(value: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The request's input as items: a text is one user message."""
-    if isinstance(value, str):
-        return [{"type": "message", "role": "user", "content": value}]
-    return value
+    """The request's input as the items OpenAI stores and lists: a text is one user message; a
+    message is typed, its text a part; each item has an id and a status. (What is not an item
+    passes as it is, for the conversion to refuse.)"""
+    return [_as_stored(item) for item in ([{"role": "user", "content": value}] if isinstance(value, str) else value)]
+
+
+_ID_PREFIXES = {"message": "msg", "reasoning": "rs", "function_call": "fc", "function_call_output": "fco"}
+
+
+def _as_stored(item: Any) -> Any:
+    if not isinstance(item, dict):
+        return item
+    kind = item.get("type", "message" if "role" in item else None)
+    if not isinstance(kind, str):
+        return item  # (the conversion refuses it)
+    out = {**item, "type": kind}
+    if kind == "message" and isinstance(out.get("content"), str):
+        out["content"] = [{"type": "output_text", "text": out["content"], "annotations": []}
+                          if out.get("role") == "assistant" else {"type": "input_text", "text": out["content"]}]
+    if kind in ("message", "function_call", "function_call_output"):
+        out.setdefault("status", "completed")
+    out.setdefault("id", new_id(_ID_PREFIXES.get(kind, "item")))
+    return out
 
 
 def _add_item(form: ChatForm, item: Any, where: str) -> None:
     if not isinstance(item, dict):
         raise ChatEncodingError(f"{where} must be an object", where)
     kind = item.get("type", "message" if "role" in item else None)
+    kind = kind if isinstance(kind, str) else repr(kind)
     if kind == "message":
         role = item.get("role")
         if role == "assistant":
             turn = form.assistant(where)
-            turn["content"] += _text(item.get("content"), f"{where}.content")
+            turn["content"] = _joined(turn["content"], _text(item.get("content"), f"{where}.content"))
         elif role in ("system", "developer", "user"):
             form.add({"role": role, "content": _text(item.get("content"), f"{where}.content")}, where)
         else:
@@ -81,7 +101,7 @@ def _add_item(form: ChatForm, item: Any, where: str) -> None:
                                     f"{where}.role")
     elif kind == "reasoning":
         turn = form.assistant(where)
-        turn["reasoning_content"] += _reasoning_text(item, where)
+        turn["reasoning_content"] = _joined(turn["reasoning_content"], _reasoning_text(item, where))
     elif kind == "function_call":
         name, call_id = item.get("name"), item.get("call_id")
         if not isinstance(name, str) or not name:
@@ -107,6 +127,11 @@ def _add_item(form: ChatForm, item: Any, where: str) -> None:
                                 "function_call_output items are", f"{where}.type", "unsupported_item_type")
 
 
+def _joined(before: str, text: str) -> str:
+    """Two items' texts in one turn, apart as chat keeps two text parts."""
+    return PART_SEPARATOR.join(t for t in (before, text) if t)
+
+
 def _text(content: Any, where: str) -> str:
     """A text, or text parts (input_text, output_text; a refusal's text) joined as chat joins them."""
     if isinstance(content, str):
@@ -115,7 +140,7 @@ def _text(content: Any, where: str) -> str:
         raise ChatEncodingError(f"{where} must be a string or a list of content parts", where)
     texts = []
     for j, part in enumerate(content):
-        kind = part.get("type") if isinstance(part, dict) else None
+        kind = part.get("type") if isinstance(part, dict) and isinstance(part.get("type"), str) else None
         key = "refusal" if kind == "refusal" else "text"
         if kind not in TEXT_PART_TYPES and kind != "refusal":
             raise ChatEncodingError(f"{where}[{j}]: content part type {kind!r} is not supported; this model accepts "
@@ -123,7 +148,7 @@ def _text(content: Any, where: str) -> str:
         if not isinstance(part.get(key), str):
             raise ChatEncodingError(f"{where}[{j}].{key} must be a string", f"{where}[{j}].{key}")
         texts.append(part[key])
-    return "\n\n".join(texts)
+    return PART_SEPARATOR.join(texts)
 
 
 def _reasoning_text(item: dict[str, Any], where: str) -> str:
@@ -140,7 +165,7 @@ def _reasoning_text(item: dict[str, Any], where: str) -> str:
                                         f"{where}.{key}[{j}]")
             texts.append(part["text"])
         if texts:
-            return "\n\n".join(texts)
+            return PART_SEPARATOR.join(texts)
     return ""
 
 

@@ -53,6 +53,11 @@ class OutputEvents:
             events += self._extend("call", function.get("arguments") or "")
         return events
 
+    @property
+    def opened(self) -> bool:
+        """An item is open (its closing events not yet sent)."""
+        return self._open is not None
+
     def finish(self, complete: bool) -> list[dict[str, Any]]:
         """Close the open item (complete: False where the token budget ran out). A reply with
         nothing in it is one empty message."""

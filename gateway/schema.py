@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationInfo, field_validator, model_validator
 
 MAX_CONTEXT_TOKENS = 1_048_576
 MAX_STOP_STRINGS = 16
@@ -48,11 +48,22 @@ class SamplingFields(BaseModel):
     stream_options: StreamOptions | None = None
     user: str | None = None
     conversation_id: str | None = None
+    prompt_cache_key: str | None = None  # OpenAI's: requests that share it share a cache (here: a conversation)
     return_token_ids: bool = False  # extension: the generated token ids in each choice
     # vLLM's extension: each prompt token's logprob, rank and this many alternatives (not streamed)
     prompt_logprobs: int | None = Field(default=None, ge=0, le=20)
     # OpenAI's: token id (as a string) -> bias in [-100, 100]; validated into {id: bias}
     logit_bias: dict[str, float] | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _nulls_as_defaults(cls, data):
+        """An explicit null is the field's default, as OpenAI's API takes it (clients that build
+        bodies from typed objects send `"temperature": null`)."""
+        if isinstance(data, dict):
+            return {k: v for k, v in data.items() if v is not None or k not in cls.model_fields
+                    or cls.model_fields[k].default is None}
+        return data
 
     @field_validator("logit_bias")
     @classmethod
@@ -203,7 +214,7 @@ class ReasoningOptions(BaseModel):
     """The Responses API's `reasoning`: its effort (summaries are not made: the reasoning itself
     comes back)."""
     model_config = ConfigDict(extra="ignore")
-    effort: str | int | None = None
+    effort: str | StrictInt | None = None  # (an integer 1-100: DeepSeek's scale, as in chat)
     summary: str | None = None
 
 
@@ -236,6 +247,7 @@ class ResponsesRequest(SamplingFields):
     store: bool = True
     include: list[str] | None = None
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    max_tool_calls: int | None = Field(default=None, ge=1)  # (it bounds hosted tools' calls: none here)
     metadata: dict[str, str] | None = None
     truncation: Literal["disabled", "auto"] | None = None
     background: bool = False

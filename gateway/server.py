@@ -63,3 +63,4 @@ async def run(args, settings: GatewaySettings) -> None:
         await serve_http(ctx, args.host, args.port)
     finally:
         await channels.close()
+        await ctx.responses.close()

@@ -47,8 +47,8 @@ def _steps(script: Path) -> list[list[str]]:
         sourced = re.fullmatch(r"\s*source (bench/device/call_\w+\.sh)", line)
         if sourced:
             steps += _steps(REPO / sourced.group(1))
-        elif line.startswith("step "):
-            steps.append(shlex.split(line)[3:])
+        elif line.lstrip().startswith("step "):  # (also inside an if that picks by card)
+            steps.append(shlex.split(line.strip())[3:])
     return steps
 
 

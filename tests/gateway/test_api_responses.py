@@ -59,6 +59,14 @@ def _without_ids(items):
     return [{k: v for k, v in item.items() if k != "id"} for item in items]
 
 
+def _sdk_valid(kind, value):
+    """`value` as the SDK's pydantic type `kind` validates it: every field the SDK requires,
+    of its type (the client itself reads replies without validating them)."""
+    from pydantic import TypeAdapter
+
+    return TypeAdapter(kind).validate_python(value)
+
+
 def _events(gw, body) -> list[dict]:
     with httpx.stream("POST", f"{gw.url}/v1/responses", json={**body, "stream": True}, timeout=30) as r:
         assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
@@ -69,6 +77,7 @@ def _events(gw, body) -> list[dict]:
             name, data = block.split("\n", 1)
             event = json.loads(data[len("data: "):])
             assert name == f"event: {event['type']}"
+            _sdk_valid(openai.types.responses.ResponseStreamEvent, event)
             events.append(event)
     assert "[DONE]" not in raw  # the Responses API's stream ends with its last event
     return events
@@ -87,6 +96,7 @@ def test_reasoning_and_text_whole_and_streamed(tok):
         assert whole.usage.input_tokens == len(prompt) and whole.usage.output_tokens == len(ids)
         assert whole.usage.output_tokens_details.reasoning_tokens == ids.index(st.THINK_END.id) + 1
         assert whole.usage.input_tokens_details.cached_tokens == 3  # as the scripted worker reports
+        _sdk_valid(openai.types.responses.Response, whole.model_dump(exclude_unset=True))
         # instructions are a system message before the input: the chat completion's prompt
         chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]
         client.chat.completions.create(model="m", messages=chat)
@@ -157,11 +167,20 @@ def test_the_next_turn_goes_to_the_conversation_that_holds_the_cache(tok):
         client = _client(gw)
         first = client.responses.create(model="m", input="one", extra_body={"thinking": {"type": "disabled"}})
         conversation = gw.backend.requests[-1].conversation_id
-        client.responses.create(model="m", input="two", previous_response_id=first.id,
+        client.responses.create(model="m", input="two", previous_response_id=first.id, user="someone",
                                 extra_body={"thinking": {"type": "disabled"}})
-        assert conversation and gw.backend.requests[-1].conversation_id == conversation
+        assert conversation and gw.backend.requests[-1].conversation_id == conversation  # (the chain's, not user's)
         prompt = tok.decode(list(gw.backend.requests[-1].token_ids))
         assert prompt.index("one") < prompt.index("ok") < prompt.index("two")
+        keyed = client.responses.create(model="m", input="one", prompt_cache_key="shared-docs")
+        assert gw.backend.requests[-1].conversation_id == "shared-docs" and keyed.prompt_cache_key == "shared-docs"
+        # an explicit null is the field's default, in every endpoint's sampling fields
+        nulls = {"temperature": None, "top_p": None, "stream": None, "store": None, "max_output_tokens": None}
+        r = httpx.post(f"{gw.url}/v1/responses", json={"model": "m", "input": "x", **nulls}, timeout=30)
+        assert r.status_code == 200 and r.json()["temperature"] == 1.0 and r.json()["store"] is True
+        r = httpx.post(f"{gw.url}/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}],
+                                                               "temperature": None, "n": None}, timeout=30)
+        assert r.status_code == 200
     finally:
         gw.close()
 
@@ -174,14 +193,17 @@ def test_stored_responses_are_read_listed_and_deleted(tok):
                                                           {"role": "user", "content": "two"}])
         read = client.responses.retrieve(first.id)
         assert read.model_dump() == first.model_dump()
-        listed = httpx.get(f"{gw.url}/v1/responses/{first.id}/input_items", params={"order": "asc"}).json()
-        assert [item["content"] for item in listed["data"]] == ["one", "two"] and not listed["has_more"]
+        listed = client.responses.input_items.list(first.id, order="asc")
+        assert [item.content[0].text for item in listed.data] == ["one", "two"] and not listed.has_more
+        assert {(item.type, item.status, item.content[0].type) for item in listed.data} == {
+            ("message", "completed", "input_text")}  # stored as OpenAI stores an easy message
         page = httpx.get(f"{gw.url}/v1/responses/{first.id}/input_items", params={"limit": 1}).json()
-        assert [item["content"] for item in page["data"]] == ["two"] and page["has_more"]
+        assert [item["content"][0]["text"] for item in page["data"]] == ["two"] and page["has_more"]
         after = httpx.get(f"{gw.url}/v1/responses/{first.id}/input_items", params={"after": page["last_id"]}).json()
-        assert [item["content"] for item in after["data"]] == ["one"]
-        bad = httpx.get(f"{gw.url}/v1/responses/{first.id}/input_items", params={"limit": "0"})
-        assert bad.status_code == 400 and bad.json()["error"]["param"] == "limit"
+        assert [item["content"][0]["text"] for item in after["data"]] == ["one"]
+        for limit in ("0", "²", "١"):  # (non-ASCII digits too)
+            bad = httpx.get(f"{gw.url}/v1/responses/{first.id}/input_items", params={"limit": limit})
+            assert bad.status_code == 400 and bad.json()["error"]["param"] == "limit"
         assert client.responses.delete(first.id) is None  # (the SDK returns nothing for a delete)
         for call in (lambda: client.responses.retrieve(first.id), lambda: client.responses.delete(first.id)):
             with pytest.raises(openai.NotFoundError):
@@ -211,12 +233,21 @@ def test_stored_responses_are_read_listed_and_deleted(tok):
     ({"tools": [TOOL], "tool_choice": {"type": "function", "name": "other"}}, "tool_choice"),
     ({"max_output_tokens": 2_000_000}, "max_output_tokens"),
     ({"input": []}, "input"),
+    ({"input": [{"type": ["message"], "role": "user", "content": "x"}]}, "input[0].type"),
+    ({"input": [{"role": "user", "content": [{"type": ["input_text"], "text": "x"}]}]}, "input[0].content[0].type"),
+    ({"tools": [TOOL], "tool_choice": {"type": "function", "name": ["get_weather"]}}, "tool_choice"),
+    ({"input": [{"id": "m1", "role": "user", "content": "a"}, {"id": "m1", "role": "user", "content": "b"}]},
+     "input[1].id"),
+    ({"metadata": {"k": "\ud800"}}, None),  # (unpaired surrogates: the body's, not one field's)
+    ({"user": "a\ud800"}, None),
 ])
 def test_what_is_not_served_is_a_400_naming_its_field(tok, body, param):
     gw = ScriptedGateway(lambda r: ([[st.EOS.id]], "stop"))
     try:
-        r = httpx.post(f"{gw.url}/v1/responses", json={"model": "m", "input": "hi", **body}, timeout=30)
+        sent = json.dumps({"model": "m", "input": "hi", **body})  # (ASCII: escapes an unpaired surrogate)
+        r = httpx.post(f"{gw.url}/v1/responses", content=sent, timeout=30)
         assert r.status_code == 400 and r.json()["error"]["param"] == param, r.json()
+        assert param is not None or r.json()["error"]["code"] == "invalid_unicode"
         assert not gw.backend.requests  # nothing reached a worker
     finally:
         gw.close()
@@ -250,7 +281,12 @@ def test_a_worker_failing_mid_stream_fails_the_response(tok):
     try:
         events = _events(gw, {"model": "m", "input": "hi", "thinking": {"type": "disabled"}})
         assert events[-1]["type"] == "response.failed"
-        assert events[-1]["response"]["status"] == "failed" and events[-1]["response"]["error"]["message"]
+        failed = events[-1]["response"]
+        assert failed["status"] == "failed" and failed["error"]["code"] == "server_error" and failed["error"]["message"]
+        # the message the worker had begun is closed, incomplete, and is the failed response's output
+        assert [e["type"] for e in events[-3:-1]] == ["response.content_part.done", "response.output_item.done"]
+        assert failed["output"] == [events[-2]["item"]] and failed["output"][0]["status"] == "incomplete"
+        assert failed["output"][0]["content"][0]["text"] == "partial"
         r = httpx.post(f"{gw.url}/v1/responses", json={"model": "m", "input": "hi"}, timeout=30)
         assert r.status_code == 503
     finally:
@@ -323,6 +359,7 @@ def test_input_items_become_chat_turns():
         ("input[4]", {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"}),
         ("input[5]", {"type": "function_call_output", "call_id": "c1", "output": "r"}),
         ("input[6]", {"type": "message", "role": "assistant", "content": [{"type": "refusal", "refusal": "no"}]}),
+        ("input[7]", {"type": "message", "role": "assistant", "content": "and more"}),  # (an item after: apart)
     ], instructions="sys")
     assert form.messages == [
         {"role": "system", "content": "sys"}, {"role": "developer", "content": "rules"},
@@ -330,7 +367,7 @@ def test_input_items_become_chat_turns():
         {"role": "assistant", "content": "a", "reasoning_content": "s", "tool_calls": [
             {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
         {"role": "tool", "tool_call_id": "c1", "content": "r"},
-        {"role": "assistant", "content": "no", "reasoning_content": "", "tool_calls": []}]
+        {"role": "assistant", "content": "no\n\nand more", "reasoning_content": "", "tool_calls": []}]
     assert form.sources == ["instructions", "input[0]", "input[1]", "input[2]", "input[5]", "input[6]"]
 
 
@@ -349,13 +386,58 @@ def test_a_streamed_updates_logprobs_are_split_where_it_was_made(tok):
     fmt = ResponsesFormat(SimpleNamespace(tokenizer=tok, settings=None), spec, req, [])
     choice = Choice(0, detok=None, parser=None, starts_in_reasoning=True)
     thought, text = _ids(tok, "hm"), _ids(tok, "ok")
-    choice.token_ids += thought
+    choice.extend(thought, [])
     update = Update(choice, thought, "", {"reasoning_content": "hm"},
                     [worker_pb2.TokenLogprob(token_id=t, logprob=-1.0) for t in thought], done=False)
-    choice.token_ids += [st.THINK_END.id] + text  # the relay went on
+    choice.extend([st.THINK_END.id] + text, [])  # the relay went on
     events = fmt.stream_update(update)
     assert not any('"logprob"' in e for e in events)
     later = Update(choice, text, "ok", {"content": "ok"},
                    [worker_pb2.TokenLogprob(token_id=t, logprob=-1.0) for t in text], done=False)
     logged = [json.loads(e.split("data: ", 1)[1]) for e in fmt.stream_update(later)]
     assert [len(e["logprobs"]) for e in logged if e["type"] == "response.output_text.delta"] == [len(text)]
+
+
+def test_a_forced_call_is_no_reasoning_and_stop_strings_hold(tok):
+    """tool_choice forces a call: the prompt ends the (empty) reasoning, so the reply has no
+    reasoning tokens, and a stop string is matched in it (chat and responses alike)."""
+    calls = SegmentBuilder()
+    render_calls(calls, [("get_weather", {"city": "Paris"})])
+    full = spell(calls.build())
+    rest = _ids(tok, full[full.index('">\n') + 3:]) + [st.EOS.id]
+    gw = ScriptedGateway(lambda r: (_chunks(rest), "stop"))
+    try:
+        client = _client(gw)
+        forced = client.responses.create(model="m", input="weather?", tools=[TOOL],
+                                         tool_choice={"type": "function", "name": "get_weather"})
+        assert [i.type for i in forced.output] == ["function_call"]
+        assert json.loads(forced.output[0].arguments) == {"city": "Paris"}
+        assert forced.usage.output_tokens_details.reasoning_tokens == 0
+        chat = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "weather?"}],
+                                              tools=[CHAT_TOOL], tool_choice="required", stop=["Paris"])
+        assert chat.usage.completion_tokens < len(rest)  # the stop string held: the reply ended there
+    finally:
+        gw.close()
+
+
+def test_a_client_hanging_up_on_a_whole_reply_cancels_the_worker(tok):
+    """Not streamed, too: the hang-up reaches the endpoint (no middleware hides it), the worker
+    stops, and the response is not stored."""
+    import time
+
+    word = _ids(tok, "word ")
+    gw = ScriptedGateway(lambda r: ([word] * 60 + [[st.EOS.id]], "stop"), delay_s=0.1)
+    try:
+        for path, body in (("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
+                           ("/v1/responses", {"input": "hi"})):
+            before = len(gw.backend.cancelled)
+            with pytest.raises(httpx.ReadTimeout):
+                httpx.post(f"{gw.url}{path}", json={"model": "m", **body}, timeout=0.8)
+            for _ in range(60):
+                if len(gw.backend.cancelled) > before:
+                    break
+                time.sleep(0.1)
+            assert len(gw.backend.cancelled) == before + 1, path
+        assert not gw.ctx.responses._records
+    finally:
+        gw.close()
