@@ -108,7 +108,7 @@ class ResponsesFormat:
         self.ctx, self.spec, self.req, self.items = ctx, spec, req, items
         self.prompt_tokens = len(spec.prompt)
         self.id, self.created = new_id("resp"), int(time.time())
-        self.events = OutputEvents()  # a stream's
+        self.events = OutputEvents(req.seals_reasoning)  # a stream's
 
     def response(self, status: str, output: list[dict], usage: dict | None = None, error: dict | None = None) -> dict:
         req = self.req
@@ -157,7 +157,7 @@ class ResponsesFormat:
 
     async def reply(self, choices) -> dict:
         """The whole reply, through the same items a stream makes."""
-        choice, events = choices[0], OutputEvents()
+        choice, events = choices[0], OutputEvents(self.req.seals_reasoning)
         message = choice.message.to_openai() if choice.message is not None else None
         events.update(message, self._text_logprobs(choice.logprobs[choice.reasoning_tokens:]))
         events.finish(_complete(choice))

@@ -13,6 +13,7 @@ wrote them.
 
 from __future__ import annotations
 
+import base64
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -152,8 +153,12 @@ def _text(content: Any, where: str) -> str:
 
 
 def _reasoning_text(item: dict[str, Any], where: str) -> str:
-    """A reasoning item's text: its reasoning_text parts, else its summary's (another server's
-    item may carry only a summary; encrypted content cannot be read here and is dropped)."""
+    """A reasoning item's text: its reasoning_text parts, else its sealed text where this
+    server sealed it (clients with store: false send only that back), else its summary's
+    (another server's item may carry only a summary; another's encrypted content is dropped)."""
+    unsealed = unseal_reasoning(item.get("encrypted_content"))
+    if unsealed is not None and not item.get("content"):
+        return unsealed
     for key, part_type in (("content", "reasoning_text"), ("summary", "summary_text")):
         parts = item.get(key) or []
         if not isinstance(parts, list):
@@ -219,8 +224,30 @@ def chat_effort(effort: str | int | None) -> str | int | None:
 # ------------------------------------------------------------------ output
 
 
-def reasoning_item(item_id: str, text: str) -> dict[str, Any]:
-    return {"type": "reasoning", "id": item_id, "summary": [], "content": [{"type": "reasoning_text", "text": text}]}
+def reasoning_item(item_id: str, text: str, sealed: bool = False) -> dict[str, Any]:
+    """sealed: with `encrypted_content` (include: ["reasoning.encrypted_content"])."""
+    item = {"type": "reasoning", "id": item_id, "summary": [], "content": [{"type": "reasoning_text", "text": text}]}
+    return {**item, "encrypted_content": seal_reasoning(text)} if sealed else item
+
+
+# OpenAI's encrypted_content carries reasoning a client cannot read and sends back in its next
+# turn (agents running with store: false). This server shows the reasoning anyway, so "sealing"
+# only marks and encodes it; what matters is that the text comes back whole for the prompt.
+SEAL_PREFIX = "dsflash-reasoning-v1:"
+
+
+def seal_reasoning(text: str) -> str:
+    return SEAL_PREFIX + base64.b64encode(text.encode("utf-8")).decode("ascii")
+
+
+def unseal_reasoning(value: Any) -> str | None:
+    """The text of a reasoning item this server sealed, else None."""
+    if not isinstance(value, str) or not value.startswith(SEAL_PREFIX):
+        return None
+    try:
+        return base64.b64decode(value[len(SEAL_PREFIX):], validate=True).decode("utf-8")
+    except (ValueError, UnicodeDecodeError):
+        return None
 
 
 def text_part(text: str, logprobs: list[dict] | None) -> dict[str, Any]:

@@ -19,7 +19,8 @@ ITEM_ID_PREFIXES = {"reasoning": "rs", "message": "msg", "call": "fc"}
 
 
 class OutputEvents:
-    def __init__(self):
+    def __init__(self, seal_reasoning: bool = False):
+        self.seal_reasoning = seal_reasoning  # reasoning items carry encrypted_content when done
         self.items: list[dict[str, Any]] = []  # closed items, in output order
         self._sequence = 0
         self._open: str | None = None  # "reasoning", "message" or "call"
@@ -92,7 +93,7 @@ class OutputEvents:
     def _item(self, status: str) -> dict[str, Any]:
         text = "".join(self._text)
         if self._open == "reasoning":
-            return reasoning_item(self._id, text)
+            return reasoning_item(self._id, text, self.seal_reasoning and status != "in_progress")
         if self._open == "message":
             return message_item(self._id, text, self._logprobs, status)
         call_id, name = self._call

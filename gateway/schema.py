@@ -290,3 +290,9 @@ class ResponsesRequest(SamplingFields):
     @property
     def wants_logprobs(self) -> bool:
         return "message.output_text.logprobs" in (self.include or [])
+
+    @property
+    def seals_reasoning(self) -> bool:
+        """Reasoning items carry `encrypted_content`, for a client that keeps the history itself
+        (store: false) and sends them back."""
+        return "reasoning.encrypted_content" in (self.include or [])

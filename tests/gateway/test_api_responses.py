@@ -441,3 +441,33 @@ def test_a_client_hanging_up_on_a_whole_reply_cancels_the_worker(tok):
         assert not gw.ctx.responses._records
     finally:
         gw.close()
+
+
+def test_sealed_reasoning_comes_back_whole_from_a_stateless_client(tok):
+    """store: false with include ["reasoning.encrypted_content"] (how agent CLIs run): the
+    reasoning item carries its text sealed, and sent back with nothing else it renders the same
+    prompt as the stored chain does."""
+    ids = _call_reply(tok)
+    gw = ScriptedGateway(lambda r: (_chunks(ids), "stop"))
+    try:
+        client = _client(gw)
+        first = client.responses.create(model="m", input="weather?", tools=[TOOL], store=False,
+                                        include=["reasoning.encrypted_content"])
+        reasoning, call = first.output
+        assert reasoning.encrypted_content and call.type == "function_call"
+        output = {"type": "function_call_output", "call_id": call.call_id, "output": "sunny"}
+        stripped = {"type": "reasoning", "id": reasoning.id, "summary": [],
+                    "encrypted_content": reasoning.encrypted_content}
+        client.responses.create(model="m", input=[{"role": "user", "content": "weather?"}, stripped,
+                                                  call.model_dump(exclude_unset=True), output], tools=[TOOL])
+        stateless = list(gw.backend.requests[-1].token_ids)
+        stored = client.responses.create(model="m", input="weather?", tools=[TOOL])
+        client.responses.create(model="m", input=[output], tools=[TOOL], previous_response_id=stored.id)
+        assert list(gw.backend.requests[-1].token_ids) == stateless
+        assert "Need the weather." in tok.decode(stateless)
+        events = _events(gw, {"model": "m", "input": "weather?", "tools": [TOOL],
+                              "include": ["reasoning.encrypted_content"]})
+        done = [e["item"] for e in events if e["type"] == "response.output_item.done"]
+        assert done[0]["encrypted_content"] == reasoning.encrypted_content
+    finally:
+        gw.close()
