@@ -71,6 +71,7 @@ class Choice:
     message: ParsedMessage | None = None
     hides_output: bool = False  # GenerationSpec.hide_output: no token, text or logprob, finish "length"
     reasoning_ends: int | None = None  # the reply's length through its first `</think>`, once generated
+    remembered: tuple[str, list[int]] | None = None  # (text, ids) as the ReplyMemory took them
 
     @property
     def reasoning_tokens(self) -> int:
@@ -194,7 +195,8 @@ def _remember(replies: ReplyMemory, tokenizer: Tokenizer, choice: Choice) -> Non
     ids = choice.token_ids
     if ids and ids[-1] == st.EOS.id:
         ids = ids[:-1]
-    replies.remember(tokenizer.decode(ids), ids)
+    choice.remembered = (tokenizer.decode(ids), list(ids))
+    replies.remember(*choice.remembered)
 
 
 def _apply(choice: Choice, message: worker_pb2.GenerateResponse | None) -> Update:

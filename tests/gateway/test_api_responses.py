@@ -471,3 +471,24 @@ def test_sealed_reasoning_comes_back_whole_from_a_stateless_client(tok):
         assert done[0]["encrypted_content"] == reasoning.encrypted_content
     finally:
         gw.close()
+
+
+def test_another_replica_quotes_the_reply_with_the_ids_the_worker_cached(tok, redis_server):
+    """A sampled reply may re-tokenize to other ids than the model generated; the replica that
+    made it quotes it with the generated ids (its ReplyMemory), and so does another replica
+    continuing it through Redis, or the worker's cached turn would not match."""
+    spelled = _ids(tok, "Hel") + _ids(tok, "lo there")
+    assert tok.decode(spelled) == "Hello there" and _ids(tok, "Hello there") != spelled
+    gateways = [ScriptedGateway(lambda r: ([spelled, [st.EOS.id]], "stop")) for _ in range(2)]
+    for gw in gateways:
+        gw.ctx.responses = RedisResponseStore.from_url(redis_server.url)
+    try:
+        a, b = (_client(gw) for gw in gateways)
+        off = {"thinking": {"type": "disabled"}}
+        first = a.responses.create(model="m", input="one", extra_body=off)
+        b.responses.create(model="m", input="two", previous_response_id=first.id, extra_body=off)
+        prompt = list(gateways[1].backend.requests[-1].token_ids)
+        assert any(prompt[i:i + len(spelled)] == spelled for i in range(len(prompt)))
+    finally:
+        for gw in gateways:
+            gw.close()
