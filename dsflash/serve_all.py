@@ -60,6 +60,7 @@ async def serve(args) -> None:
     finally:
         await channels.close()
         await ctx.responses.close()
+        await ctx.replies.close()
         await decode.close()
         await prefill.close()
 

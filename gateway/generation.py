@@ -71,7 +71,6 @@ class Choice:
     message: ParsedMessage | None = None
     hides_output: bool = False  # GenerationSpec.hide_output: no token, text or logprob, finish "length"
     reasoning_ends: int | None = None  # the reply's length through its first `</think>`, once generated
-    remembered: tuple[str, list[int]] | None = None  # (text, ids) as the ReplyMemory took them
 
     @property
     def reasoning_tokens(self) -> int:
@@ -195,8 +194,7 @@ def _remember(replies: ReplyMemory, tokenizer: Tokenizer, choice: Choice) -> Non
     ids = choice.token_ids
     if ids and ids[-1] == st.EOS.id:
         ids = ids[:-1]
-    choice.remembered = (tokenizer.decode(ids), list(ids))
-    replies.remember(*choice.remembered)
+    replies.remember(tokenizer.decode(ids), ids)
 
 
 def _apply(choice: Choice, message: worker_pb2.GenerateResponse | None) -> Update:

@@ -38,9 +38,6 @@ class StoredResponse:
     input: list[dict[str, Any]]  # this turn's input items (with ids)
     previous: str | None  # the response it continued
     conversation: str  # the router's conversation id: the next turn goes to the worker holding its cache
-    # the reply's (text, generated ids) as the gateway's ReplyMemory took them: another replica
-    # continuing this response quotes the reply with the ids the worker cached
-    reply: tuple[str, list[int]] | None = None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":"), ensure_ascii=False)

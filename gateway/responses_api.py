@@ -172,7 +172,7 @@ class ResponsesFormat:
                               _usage(R.usage(self.prompt_tokens, [choice])))
         if self.req.store:
             record = StoredResponse(self.id, final, self.items, self.req.previous_response_id,
-                                    self.spec.route.conversation_id, choice.remembered)
+                                    self.spec.route.conversation_id)
             try:
                 await self.ctx.responses.put(record)
             except StoreUnavailable as exc:  # the reply stands; a turn continuing it gets a clear 400
@@ -230,9 +230,6 @@ async def _history(ctx: Context, previous_id: str | None) -> tuple[list[tuple[st
             raise invalid(f"previous_response_id reaches back through more than {MAX_CHAIN} responses",
                           param="previous_response_id")
         response_id = record.previous
-    for record in chain:  # (a response made by another gateway replica: its reply's generated ids)
-        if record.reply and ctx.replies.lookup(record.reply[0]) is None:
-            ctx.replies.remember(*record.reply)
     items = [("previous_response_id", item) for record in reversed(chain)
              for item in record.input + record.response["output"]]
     return items, chain[0].conversation if chain else None

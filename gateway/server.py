@@ -15,6 +15,7 @@ from .app import create_app
 from .endpoints import Context, GatewaySettings
 from .generation import DecodeClients
 from .metrics import GatewayMetrics
+from .replies import ReplyMemory, SharedReplies
 from .response_store import open_response_store
 from .router import Router
 from .tokenizer import load_tokenizer
@@ -30,7 +31,8 @@ def build_context(settings: GatewaySettings, *, redis_url: str | None = None, di
     channels = PeerChannels()
     ctx = Context(settings=settings, router=Router(directory, prefill, decode), tokenizer=load_tokenizer(tokenizer_dir),
                   clients=DecodeClients(channels), metrics=GatewayMetrics(metrics or Metrics()),
-                  responses=open_response_store(redis_url))
+                  responses=open_response_store(redis_url),
+                  replies=ReplyMemory(shared=SharedReplies(redis_url) if redis_url else None))
     return ctx, channels
 
 
@@ -64,3 +66,4 @@ async def run(args, settings: GatewaySettings) -> None:
     finally:
         await channels.close()
         await ctx.responses.close()
+        await ctx.replies.close()

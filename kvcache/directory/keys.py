@@ -9,6 +9,7 @@ key has a TTL, so nothing leaks when a worker dies without cleaning up.
 | `dsflash:conv:{<cid>}` | hash | `owner`, `incarnation`, `epoch`, `num_cached_tokens`, `prefix_hash`, `lease_expires_ms` | at the lease expiry (PEXPIREAT): a lapsed lease is simply gone |
 | `dsflash:conv:{<cid>}:epoch` | string | the last epoch issued for the conversation, so a claim after a release or a lapsed lease still gets a larger one | `epoch_retention_s` (default 1 day) after the last claim |
 | `dsflash:prefix:<block_hash>` | string | the conversation id that last recorded this block hash | the TTL given to `record_prefix` |
+| `dsflash:reply:<digest>` | string | a reply's generated token ids (packed uint32) under a digest of its text, for the gateways' ReplyMemory (`gateway/replies.py`) | a day after it was written |
 | `dsflash:response:<response_id>` | string | a stored response of the gateway's Responses API (JSON: `gateway/response_store.py`) | 30 days after it was stored |
 | `dsflash:events` | pub/sub channel | one JSON `OwnershipEvent` per change, published by the same Lua script that makes the change, so subscribers see changes in commit order | (channels hold nothing) |
 
@@ -49,6 +50,9 @@ class KeyLayout:
 
     def prefix_block(self, block_hash: str) -> str:
         return f"{self.prefix}prefix:{block_hash}"
+
+    def reply(self, digest: str) -> str:
+        return f"{self.prefix}reply:{digest}"
 
     def response(self, response_id: str) -> str:
         return f"{self.prefix}response:{response_id}"

@@ -476,12 +476,16 @@ def test_sealed_reasoning_comes_back_whole_from_a_stateless_client(tok):
 def test_another_replica_quotes_the_reply_with_the_ids_the_worker_cached(tok, redis_server):
     """A sampled reply may re-tokenize to other ids than the model generated; the replica that
     made it quotes it with the generated ids (its ReplyMemory), and so does another replica
-    continuing it through Redis, or the worker's cached turn would not match."""
+    continuing it through Redis (the replies' memory shared there), or the worker's cached turn
+    would not match."""
+    from dsflash.gateway.replies import ReplyMemory, SharedReplies
+
     spelled = _ids(tok, "Hel") + _ids(tok, "lo there")
     assert tok.decode(spelled) == "Hello there" and _ids(tok, "Hello there") != spelled
     gateways = [ScriptedGateway(lambda r: ([spelled, [st.EOS.id]], "stop")) for _ in range(2)]
     for gw in gateways:
         gw.ctx.responses = RedisResponseStore.from_url(redis_server.url)
+        gw.ctx.replies = ReplyMemory(shared=SharedReplies(redis_server.url))
     try:
         a, b = (_client(gw) for gw in gateways)
         off = {"thinking": {"type": "disabled"}}
@@ -490,5 +494,53 @@ def test_another_replica_quotes_the_reply_with_the_ids_the_worker_cached(tok, re
         prompt = list(gateways[1].backend.requests[-1].token_ids)
         assert any(prompt[i:i + len(spelled)] == spelled for i in range(len(prompt)))
     finally:
+        for gw in gateways:
+            gw.close()
+
+
+def test_chat_turns_on_another_replica_quote_the_reply_as_generated(tok, redis_server):
+    """Chat completions keep no stored response: the gateways share their reply memories
+    through Redis, so turn two on another replica still quotes turn one's reply with its
+    generated ids. Without Redis it does not (the control). A Redis that stops answering is
+    asked once, then skipped: the turn is served, re-tokenized."""
+    from dsflash.gateway.replies import ReplyMemory, SharedReplies
+
+    spelled = _ids(tok, "Hel") + _ids(tok, "lo there")
+    history = [{"role": "user", "content": "one"}, {"role": "assistant", "content": "Hello there"},
+               {"role": "user", "content": "two"}]
+    off = {"thinking": {"type": "disabled"}}
+
+    def turns(gateways) -> list[int]:
+        a, b = (_client(gw) for gw in gateways)
+        a.chat.completions.create(model="m", messages=history[:1], extra_body=off)
+        b.chat.completions.create(model="m", messages=history, extra_body=off)
+        return list(gateways[1].backend.requests[-1].token_ids)
+
+    def quoted(prompt) -> bool:
+        return any(prompt[i:i + len(spelled)] == spelled for i in range(len(prompt)))
+
+    for shared in (True, False):
+        gateways = [ScriptedGateway(lambda r: ([spelled, [st.EOS.id]], "stop")) for _ in range(2)]
+        if shared:
+            for gw in gateways:
+                gw.ctx.replies = ReplyMemory(shared=SharedReplies(redis_server.url))
+        try:
+            assert quoted(turns(gateways)) == shared
+        finally:
+            for gw in gateways:
+                gw.close()
+    gateways = [ScriptedGateway(lambda r: ([spelled, [st.EOS.id]], "stop")) for _ in range(2)]
+    reads = []
+    for gw in gateways:
+        gw.ctx.replies = ReplyMemory(shared=SharedReplies(redis_server.url))
+        reader = gw.ctx.replies.shared._reader  # (counts what reaches Redis)
+        reader.get = lambda name, get=reader.get: reads.append(name) or get(name)
+    history += [{"role": "assistant", "content": "Another reply"}, {"role": "user", "content": "three"}]
+    redis_server.pause()
+    try:
+        assert not quoted(turns(gateways))
+        assert len(reads) == 1  # two replies to look up: the failed read switched Redis off for the second
+    finally:
+        redis_server.resume()
         for gw in gateways:
             gw.close()
