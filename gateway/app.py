@@ -104,7 +104,8 @@ class _Authenticate:
         if scope["type"] == "http" and self.keys and (path.startswith("/v1/") or path in ("/tokenize", "/detokenize")):
             header = Headers(scope=scope).get("authorization", "")
             token = header[7:].strip() if header.lower().startswith("bearer ") else ""
-            if not any(hmac.compare_digest(token, k) for k in self.keys):
+            token_bytes = token.encode("latin-1", "replace")  # (a header's text; compare_digest takes ASCII str only)
+            if not any(hmac.compare_digest(token_bytes, k.encode()) for k in self.keys):
                 refusal = JSONResponse(APIError(401, "invalid or missing API key", type="authentication_error",
                                                 code="invalid_api_key").body(), status_code=401)
                 await refusal(scope, receive, send)

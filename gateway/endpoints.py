@@ -74,8 +74,8 @@ async def read_body(request: Request, model: type[BaseModel] | Callable[[dict], 
     if len(raw) > limit:
         raise APIError(413, f"request body exceeds {limit} bytes", code="request_too_large")
     try:
-        data = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        data = json.loads(raw.decode("utf-8"))  # (json.loads would take UTF-16 and -32 bodies too)
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         raise invalid(f"the body is not valid JSON: {exc}") from None
     if not isinstance(data, dict):
         raise invalid("the body must be a JSON object")
@@ -93,9 +93,8 @@ async def read_body(request: Request, model: type[BaseModel] | Callable[[dict], 
 
 
 _TYPE_TAGS = {"str", "int", "float", "bool", "dict", "list", "none"}
-# a surrogate escaped, or its bytes (json.loads decodes with surrogatepass); a body without either
-# (nearly all) is not walked
-_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89abcdefABCDEF]|\xed[\xa0-\xbf]")
+# a surrogate's escape (its UTF-8 bytes fail the body's decode); a body without one is not walked
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89abcdefABCDEF]")
 
 
 def _holds_lone_surrogate(data) -> bool:
@@ -164,10 +163,11 @@ def _check_scored(prompts: list[list[int]], top: int | None, param: str) -> None
 
 def conversation_of(request: Request, req: SamplingFields, continued: str | None = None) -> str | None:
     """The conversation a request continues, by the most specific name it gives: the header or
-    `conversation_id`, the stored response it continues (`continued`), OpenAI's
-    `prompt_cache_key`, its `user`."""
-    return (request.headers.get("x-conversation-id") or req.conversation_id or continued or req.prompt_cache_key
-            or req.user or None)
+    `conversation_id`, the stored response it continues (`continued`), its `user`. (Not
+    OpenAI's `prompt_cache_key`: many requests that share a prefix share it, and one
+    conversation holds one cache, so it would pin them to one worker and reuse nothing the
+    prefix match does not.)"""
+    return request.headers.get("x-conversation-id") or req.conversation_id or continued or req.user or None
 
 
 def budget(ctx: Context, prompt_len: int, asked: int | None, param: str) -> int:

@@ -81,7 +81,8 @@ def _as_stored(item: Any) -> Any:
                           if out.get("role") == "assistant" else {"type": "input_text", "text": out["content"]}]
     if kind in ("message", "function_call", "function_call_output"):
         out.setdefault("status", "completed")
-    out.setdefault("id", new_id(_ID_PREFIXES.get(kind, "item")))
+    if out.get("id") is None:
+        out["id"] = new_id(_ID_PREFIXES.get(kind, "item"))
     return out
 
 

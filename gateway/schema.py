@@ -48,7 +48,7 @@ class SamplingFields(BaseModel):
     stream_options: StreamOptions | None = None
     user: str | None = None
     conversation_id: str | None = None
-    prompt_cache_key: str | None = None  # OpenAI's: requests that share it share a cache (here: a conversation)
+    prompt_cache_key: str | None = None  # OpenAI's cache hint: accepted (and echoed); prefixes are matched anyway
     return_token_ids: bool = False  # extension: the generated token ids in each choice
     # vLLM's extension: each prompt token's logprob, rank and this many alternatives (not streamed)
     prompt_logprobs: int | None = Field(default=None, ge=0, le=20)

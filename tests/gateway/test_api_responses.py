@@ -173,7 +173,7 @@ def test_the_next_turn_goes_to_the_conversation_that_holds_the_cache(tok):
         prompt = tok.decode(list(gw.backend.requests[-1].token_ids))
         assert prompt.index("one") < prompt.index("ok") < prompt.index("two")
         keyed = client.responses.create(model="m", input="one", prompt_cache_key="shared-docs")
-        assert gw.backend.requests[-1].conversation_id == "shared-docs" and keyed.prompt_cache_key == "shared-docs"
+        assert gw.backend.requests[-1].conversation_id != "shared-docs" and keyed.prompt_cache_key == "shared-docs"
         # an explicit null is the field's default, in every endpoint's sampling fields
         nulls = {"temperature": None, "top_p": None, "stream": None, "store": None, "max_output_tokens": None}
         r = httpx.post(f"{gw.url}/v1/responses", json={"model": "m", "input": "x", **nulls}, timeout=30)
@@ -190,13 +190,14 @@ def test_stored_responses_are_read_listed_and_deleted(tok):
     try:
         client = _client(gw)
         first = client.responses.create(model="m", input=[{"role": "user", "content": "one"},
-                                                          {"role": "user", "content": "two"}])
+                                                          {"role": "user", "content": "two", "id": None}])
         read = client.responses.retrieve(first.id)
         assert read.model_dump() == first.model_dump()
         listed = client.responses.input_items.list(first.id, order="asc")
         assert [item.content[0].text for item in listed.data] == ["one", "two"] and not listed.has_more
         assert {(item.type, item.status, item.content[0].type) for item in listed.data} == {
             ("message", "completed", "input_text")}  # stored as OpenAI stores an easy message
+        assert all(item.id for item in listed.data)
         page = httpx.get(f"{gw.url}/v1/responses/{first.id}/input_items", params={"limit": 1}).json()
         assert [item["content"][0]["text"] for item in page["data"]] == ["two"] and page["has_more"]
         after = httpx.get(f"{gw.url}/v1/responses/{first.id}/input_items", params={"after": page["last_id"]}).json()
@@ -239,6 +240,7 @@ def test_stored_responses_are_read_listed_and_deleted(tok):
     ({"input": [{"id": "m1", "role": "user", "content": "a"}, {"id": "m1", "role": "user", "content": "b"}]},
      "input[1].id"),
     ({"metadata": {"k": "\ud800"}}, None),  # (unpaired surrogates: the body's, not one field's)
+    ({"metadata": {"k": [[[[[]]]]] }}, "metadata.k"),
     ({"user": "a\ud800"}, None),
 ])
 def test_what_is_not_served_is_a_400_naming_its_field(tok, body, param):

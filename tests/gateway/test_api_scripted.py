@@ -143,6 +143,24 @@ def test_api_keys(tok):
         good = httpx.post(f"{gw.url}/v1/completions", json=body, headers={"Authorization": "Bearer k2"})
         assert good.status_code == 200 and good.json()["choices"][0]["text"] == "ok"
         assert httpx.get(f"{gw.url}/healthz").status_code == 200  # probes need no key
+        odd = httpx.post(f"{gw.url}/v1/completions", json=body, headers={"Authorization": b"Bearer k\xe9"})
+        assert odd.status_code == 401  # (a non-ASCII token: compare_digest refuses non-ASCII text)
+    finally:
+        gw.close()
+
+
+def test_bodies_that_are_not_utf8_json_text_are_400s(tok):
+    """A body in UTF-16, one nested past the parser's recursion, one with an unpaired surrogate
+    escape: a 400 each, before any field is read (a 500 where one reached a gRPC message)."""
+    gw = ScriptedGateway(lambda r: ([[st.EOS.id]], "stop"))
+    try:
+        chat = {"messages": [{"role": "user", "content": "hi"}]}
+        for raw in (json.dumps({**chat, "user": "\ud800"}).encode("utf-16-le"),
+                    json.dumps({**chat, "user": "\ud800"}).encode(),
+                    b'{"messages": [], "metadata": ' + b"[" * 50_000 + b"]" * 50_000 + b"}"):
+            r = httpx.post(f"{gw.url}/v1/chat/completions", content=raw, timeout=30)
+            assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
+        assert not gw.backend.requests
     finally:
         gw.close()
 
