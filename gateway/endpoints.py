@@ -267,7 +267,7 @@ async def chat_prompt(ctx: Context, req: ChatPrompt) -> tuple[list[int], Encoded
     try:
         encoded = await asyncio.get_running_loop().run_in_executor(None, lambda: encode_chat(
             ctx.tokenizer, req.messages, tools=req.tools, tool_choice=req.tool_choice,
-            response_format=req.response_format, thinking=req.thinking_on, reasoning_effort=req.reasoning_effort,
+            response_format=req.response_format, thinking=req.thinking_on, reasoning_effort=req.effort,
             replies=ctx.replies.lookup))
     except ChatEncodingError as exc:
         raise invalid(str(exc), param=exc.param, code=exc.code) from None

@@ -124,10 +124,36 @@ class ChatPrompt(BaseModel):
     thinking: Thinking | None = None
     reasoning_effort: str | int | None = None
     parallel_tool_calls: bool | None = None
+    # vLLM's and SGLang's way to the same switches (clients written for them send these):
+    # thinking / enable_thinking (true or false), thinking_mode ("thinking" or "chat"),
+    # reasoning_effort; the fields above win where both are given
+    chat_template_kwargs: dict[str, Any] | None = None
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _template_switches(cls, value):
+        for key in ("thinking", "enable_thinking"):
+            if value and key in value and not isinstance(value[key], bool):
+                raise ValueError(f"{key} must be true or false")
+        if value and value.get("thinking_mode", "thinking") not in ("thinking", "chat"):
+            raise ValueError("thinking_mode must be 'thinking' or 'chat'")
+        return value
 
     @property
     def thinking_on(self) -> bool:
-        return self.thinking.type == "enabled" if self.thinking is not None else True  # DeepSeek's default
+        if self.thinking is not None:
+            return self.thinking.type == "enabled"
+        switches = self.chat_template_kwargs or {}
+        for key in ("thinking", "enable_thinking"):
+            if key in switches:
+                return switches[key]
+        return switches.get("thinking_mode", "thinking") == "thinking"  # DeepSeek's default: on
+
+    @property
+    def effort(self) -> str | int | None:
+        if self.reasoning_effort is not None:
+            return self.reasoning_effort
+        return (self.chat_template_kwargs or {}).get("reasoning_effort")
 
 
 class ChatCompletionRequest(SamplingFields, ChatPrompt):

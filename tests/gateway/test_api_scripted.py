@@ -395,3 +395,28 @@ def test_parallel_tool_calls_off_answers_with_the_first_call(tok):
         assert client.chat.completions.create(**options).choices[0].finish_reason == "length"
     finally:
         gw.close()
+
+
+def test_vllm_and_sglang_thinking_switches_in_chat_template_kwargs(tok):
+    """Clients written for vLLM or SGLang switch thinking with chat_template_kwargs: each form
+    renders the prompt of DeepSeek's own `thinking` field; that field wins where both are sent."""
+    gw = ScriptedGateway(lambda r: ([_ids(tok, ["ok"]), [st.EOS.id]], "stop"))
+    try:
+        def prompt(**extra) -> list[int]:
+            body = {"messages": [{"role": "user", "content": "hi"}], **extra}
+            r = httpx.post(f"{gw.url}/v1/chat/completions", json=body, timeout=30)
+            assert r.status_code == 200, r.json()
+            return list(gw.backend.requests[-1].token_ids)
+
+        on, off = prompt(thinking={"type": "enabled"}), prompt(thinking={"type": "disabled"})
+        assert on != off and prompt() == on
+        for switch in ({"thinking": False}, {"enable_thinking": False}, {"thinking_mode": "chat"}):
+            assert prompt(chat_template_kwargs=switch) == off, switch
+        assert prompt(chat_template_kwargs={"thinking": True}) == on
+        assert prompt(chat_template_kwargs={"thinking": False}, thinking={"type": "enabled"}) == on
+        assert prompt(chat_template_kwargs={"reasoning_effort": "max"}) == prompt(reasoning_effort="max") != on
+        bad = httpx.post(f"{gw.url}/v1/chat/completions", timeout=30, json={
+            "messages": [{"role": "user", "content": "hi"}], "chat_template_kwargs": {"thinking": "no"}})
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "chat_template_kwargs"
+    finally:
+        gw.close()
