@@ -10,6 +10,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.datastructures import Headers, MutableHeaders
 
+from .. import __version__
 from . import endpoints, responses_api
 from .endpoints import Context
 from .errors import APIError
@@ -62,10 +63,24 @@ def create_app(ctx: Context) -> FastAPI:
         body, content_type = ctx.metrics.render()
         return Response(body, media_type=content_type)
 
+    def model_card() -> dict:
+        return {"id": ctx.settings.model_name, "object": "model", "created": started, "owned_by": "dsflash",
+                "max_model_len": ctx.settings.max_context_tokens}
+
     @app.get("/v1/models")
     async def models():
-        return {"object": "list", "data": [{"id": ctx.settings.model_name, "object": "model", "created": started,
-                                            "owned_by": "dsflash"}]}
+        return {"object": "list", "data": [model_card()]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str):
+        if model_id != ctx.settings.model_name:
+            raise APIError(404, f"the model {model_id!r} is not served here; {ctx.settings.model_name!r} is",
+                           param="model", code="model_not_found")
+        return model_card()
+
+    @app.get("/version")
+    async def version():
+        return {"version": __version__}
 
     for path, handler in (("/v1/chat/completions", endpoints.chat_completions),
                           ("/v1/completions", endpoints.completions),

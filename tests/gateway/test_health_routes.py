@@ -57,3 +57,17 @@ def test_an_unhandled_error_is_a_500_error_object_that_keeps_the_client_id():
         assert broken.status_code == 500 and broken.json()["error"]["type"] == "server_error"
         assert broken.headers["x-request-id"] == "lb-43"
         assert "x-request-id" not in client.get("/health").headers  # none sent, none invented
+
+
+def test_a_model_is_retrieved_by_its_name_and_the_version_needs_no_key(probes):
+    _router, client = probes
+    key = {"Authorization": "Bearer secret"}
+    card = client.get("/v1/models/deepseek-v4.1-flash", headers=key).json()
+    assert card["id"] == "deepseek-v4.1-flash" and card["object"] == "model" and card["max_model_len"] == 1_048_576
+    assert card == client.get("/v1/models", headers=key).json()["data"][0]
+    other = client.get("/v1/models/gpt-4o", headers=key)
+    assert other.status_code == 404 and other.json()["error"]["code"] == "model_not_found"
+    assert client.get("/v1/models/deepseek-v4.1-flash").status_code == 401
+    from dsflash import __version__
+
+    assert client.get("/version").json() == {"version": __version__}
