@@ -321,6 +321,8 @@ class _ChatFormat:
         self.ctx, self.spec, self.req, self.include_usage = ctx, spec, req, include_usage
         self.prompt_tokens = len(spec.prompt) if prompt_tokens is None else prompt_tokens
         self.created = int(time.time())
+        self.continuous_usage = include_usage and req.stream_options.continuous_usage_stats
+        self._framed: dict[int, int] = {}  # each choice's tokens in the chunks framed so far
 
     def usage(self, choices) -> dict:
         return R.usage(self.prompt_tokens, choices, self.spec.n)
@@ -333,8 +335,15 @@ class _ChatFormat:
             {"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
             for i in range(self.spec.n)], **self._usage_null()}]
 
-    def _usage_null(self) -> dict:
-        return {"usage": None} if self.include_usage else {}
+    def _usage_null(self, update=None) -> dict:
+        """A chunk's usage: none, null, or (continuous_usage_stats) the tokens framed so far."""
+        if not self.continuous_usage:
+            return {"usage": None} if self.include_usage else {}
+        if update is not None:
+            self._framed[update.choice.index] = update.reply_tokens
+        done = sum(self._framed.values())
+        return {"usage": {"prompt_tokens": self.prompt_tokens, "completion_tokens": done,
+                          "total_tokens": self.prompt_tokens + done}}
 
     def chunk(self, update) -> dict | None:
         delta = R.name_reasoning(update.delta or {}, self.ctx.settings.reasoning_field)
@@ -345,7 +354,7 @@ class _ChatFormat:
                   "finish_reason": update.choice.finish_reason if update.done else None}
         if update.done and self.req.return_token_ids:
             choice["token_ids"] = update.choice.token_ids
-        return {**self.head(), "object": self.chunk_object, "choices": [choice], **self._usage_null()}
+        return {**self.head(), "object": self.chunk_object, "choices": [choice], **self._usage_null(update)}
 
     def body(self, choices) -> dict:
         return {**self.head(), "object": self.object, "system_fingerprint": None,
@@ -469,7 +478,7 @@ class _CompletionFormat(_ChatFormat):
                   "finish_reason": update.choice.finish_reason if update.done else None}
         if update.done and self.req.return_token_ids:
             choice["token_ids"] = update.choice.token_ids
-        return {**self.head(), "object": self.object, "choices": [choice], **self._usage_null()}
+        return {**self.head(), "object": self.object, "choices": [choice], **self._usage_null(update)}
 
     def body(self, choices) -> dict:
         return {**self.head(), "object": self.object, "system_fingerprint": None,

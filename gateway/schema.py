@@ -17,6 +17,7 @@ MAX_CHOICES = 64  # a completion request's prompts times n
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="ignore")
     include_usage: bool = False
+    continuous_usage_stats: bool = False  # vLLM's: with include_usage, every chunk carries the usage so far
 
 
 class Thinking(BaseModel):

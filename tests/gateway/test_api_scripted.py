@@ -420,3 +420,22 @@ def test_vllm_and_sglang_thinking_switches_in_chat_template_kwargs(tok):
         assert bad.status_code == 400 and bad.json()["error"]["param"] == "chat_template_kwargs"
     finally:
         gw.close()
+
+
+def test_continuous_usage_stats_count_the_tokens_framed_so_far(tok):
+    """vLLM's stream_options.continuous_usage_stats: every chunk's usage, its completion tokens
+    those of the chunks sent so far, ending where the closing usage chunk does (n choices too)."""
+    ids = _ids(tok, ["one two three four five six"]) + [st.EOS.id]
+    gw = ScriptedGateway(lambda r: (_chunks(ids, 2), "stop"))
+    try:
+        for path, body in (("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "n": 2,
+                                                      "thinking": {"type": "disabled"}}),
+                           ("/v1/completions", {"prompt": [1, 2, 3]})):
+            body = {**body, "stream": True, "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+            raw = httpx.post(f"{gw.url}{path}", json=body, timeout=30).text
+            chunks = [json.loads(e[6:]) for e in raw.split("\n\n") if e.startswith("data: {")]
+            counts = [c["usage"]["completion_tokens"] for c in chunks]
+            assert all(c["usage"]["prompt_tokens"] == chunks[-1]["usage"]["prompt_tokens"] for c in chunks)
+            assert counts == sorted(counts) and counts[-2] == counts[-1] == len(ids) * body.get("n", 1), counts
+    finally:
+        gw.close()
