@@ -11,9 +11,9 @@ from fastapi.responses import JSONResponse, Response
 from starlette.datastructures import Headers, MutableHeaders
 
 from .. import __version__
-from . import endpoints, responses_api
+from . import endpoints, messages_api, responses_api
 from .endpoints import Context
-from .errors import APIError
+from .errors import APIError, anthropic_path
 
 log = logging.getLogger("dsflash.gateway")
 
@@ -24,16 +24,18 @@ def create_app(ctx: Context) -> FastAPI:
     keys = tuple(k for k in ctx.settings.api_keys if k)
 
     @app.exception_handler(APIError)
-    async def api_error(_request: Request, exc: APIError):
-        return JSONResponse(exc.body(), status_code=exc.status)
+    async def api_error(request: Request, exc: APIError):
+        body = exc.anthropic_body() if anthropic_path(request.url.path) else exc.body()
+        return JSONResponse(body, status_code=exc.status)
 
     @app.exception_handler(Exception)
     async def internal_error(request: Request, exc: Exception):
         log.exception("unhandled error")
         # Starlette answers this outside every middleware, _EchoRequestId too: the id is put back here.
         client = endpoints.client_request_id(request)
-        return JSONResponse(APIError(500, "internal error", type="server_error").body(), status_code=500,
-                            headers={"X-Request-Id": client} if client else None)
+        error = APIError(500, "internal error", type="server_error")
+        return JSONResponse(error.anthropic_body() if anthropic_path(request.url.path) else error.body(),
+                            status_code=500, headers={"X-Request-Id": client} if client else None)
 
     # Plain ASGI middleware, not @app.middleware("http"): Starlette's BaseHTTPMiddleware hands
     # the endpoint a `receive` that never reports the client's hang-up, so a whole (unstreamed)
@@ -88,6 +90,8 @@ def create_app(ctx: Context) -> FastAPI:
         app.add_api_route(path, _with_context(handler, ctx), methods=["POST"])
 
     app.add_api_route("/v1/responses", _with_context(responses_api.create, ctx), methods=["POST"])
+    app.add_api_route("/v1/messages", _with_context(messages_api.create, ctx), methods=["POST"])
+    app.add_api_route("/v1/messages/count_tokens", _with_context(messages_api.count_tokens, ctx), methods=["POST"])
 
     @app.get("/v1/responses/{response_id}")
     async def retrieve_response(response_id: str):
@@ -103,7 +107,7 @@ def create_app(ctx: Context) -> FastAPI:
 
     @app.api_route("/v1/{path:path}", methods=["GET", "POST", "PUT", "DELETE", "PATCH"])
     async def unknown(path: str):
-        return JSONResponse(APIError(404, f"unknown endpoint /v1/{path}", code="not_found").body(), status_code=404)
+        raise APIError(404, f"unknown endpoint /v1/{path}", code="not_found")
 
     return app
 
@@ -117,12 +121,15 @@ class _Authenticate:
     async def __call__(self, scope, receive, send):
         path = scope.get("path", "")
         if scope["type"] == "http" and self.keys and (path.startswith("/v1/") or path in ("/tokenize", "/detokenize")):
-            header = Headers(scope=scope).get("authorization", "")
-            token = header[7:].strip() if header.lower().startswith("bearer ") else ""
+            headers = Headers(scope=scope)
+            header = headers.get("authorization", "")
+            # OpenAI's clients send a bearer token, Anthropic's an x-api-key
+            token = header[7:].strip() if header.lower().startswith("bearer ") else headers.get("x-api-key", "")
             token_bytes = token.encode("latin-1", "replace")  # (a header's text; compare_digest takes ASCII str only)
             if not any(hmac.compare_digest(token_bytes, k.encode()) for k in self.keys):
-                refusal = JSONResponse(APIError(401, "invalid or missing API key", type="authentication_error",
-                                                code="invalid_api_key").body(), status_code=401)
+                error = APIError(401, "invalid or missing API key", type="authentication_error", code="invalid_api_key")
+                refusal = JSONResponse(error.anthropic_body() if anthropic_path(path) else error.body(),
+                                       status_code=401)
                 await refusal(scope, receive, send)
                 return
         await self.app(scope, receive, send)

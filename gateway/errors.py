@@ -15,6 +15,23 @@ class APIError(Exception):
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
+    def anthropic_body(self) -> dict:
+        """The error in Anthropic's shape, for the Messages API's paths (the field it names
+        goes into the message: the shape has no place for it)."""
+        kind = "not_found_error" if self.status == 404 else _ANTHROPIC_TYPES.get(self.type, "api_error")
+        message = f"{self.param}: {self.message}" if self.param and not self.message.startswith(self.param) \
+            else self.message
+        return {"type": "error", "error": {"type": kind, "message": message}}
+
+
+_ANTHROPIC_TYPES = {"invalid_request_error": "invalid_request_error", "authentication_error": "authentication_error",
+                    "rate_limit_error": "rate_limit_error", "service_unavailable": "overloaded_error"}
+
+
+def anthropic_path(path: str) -> bool:
+    """Anthropic's Messages API answers its errors in its own shape."""
+    return path == "/v1/messages" or path.startswith("/v1/messages/")
+
 
 def invalid(message: str, param: str | None = None, code: str | None = None) -> APIError:
     return APIError(400, message, param=param, code=code)

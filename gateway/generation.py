@@ -143,7 +143,7 @@ async def relay(specs: list[GenerationSpec], clients: DecodeClients, tokenizer: 
                 open_choices -= 1
                 calls[index].cancel()  # no-op once the stream ended; stops it after a stop string
                 if replies is not None and index == 0 and specs[0].chat and not specs[0].forced_text:
-                    _remember(replies, tokenizer, choice)
+                    await _remember(replies, tokenizer, choice)
             yield update
     finally:
         for call in calls.values():
@@ -187,14 +187,14 @@ async def _pump(index: int, call, queue: asyncio.Queue) -> None:
             await queue.put((index, None, from_grpc(exc)))
 
 
-def _remember(replies: ReplyMemory, tokenizer: Tokenizer, choice: Choice) -> None:
+async def _remember(replies: ReplyMemory, tokenizer: Tokenizer, choice: Choice) -> None:
     """The reply's ids under the text a next turn quotes; the renderer writes the EOS itself.
     (Only choice 0 continues the conversation, and a forced call's opening was prompt, not
     reply, so neither is remembered.)"""
     ids = choice.token_ids
     if ids and ids[-1] == st.EOS.id:
         ids = ids[:-1]
-    replies.remember(tokenizer.decode(ids), ids)
+    await replies.publish(tokenizer.decode(ids), ids)
 
 
 def _apply(choice: Choice, message: worker_pb2.GenerateResponse | None) -> Update:

@@ -48,14 +48,21 @@ class ReplyMemory:
         self._held = 0
         self._lock = threading.Lock()  # remember() runs on the event loop, lookup() in encoders
 
-    def remember(self, text: str, ids) -> None:
+    def remember(self, text: str, ids) -> bytes | None:
+        """In this process (its key, or None where nothing was kept)."""
         ids = tuple(ids)
         if not text or not ids or len(ids) > self.max_tokens:
-            return
+            return None
         key = _key(text)
         self._keep(key, ids)
-        if self.shared is not None:
-            self.shared.put(key, ids)
+        return key
+
+    async def publish(self, text: str, ids) -> None:
+        """Remember, and write it to Redis before returning: an agent's next turn may follow
+        within milliseconds, on another replica."""
+        key = self.remember(text, ids)
+        if key is not None and self.shared is not None:
+            await self.shared.put(key, tuple(ids))
 
     def _keep(self, key: bytes, ids: tuple[int, ...]) -> None:
         with self._lock:
@@ -93,10 +100,10 @@ class ReplyMemory:
 
 
 class SharedReplies:
-    """The replies in Redis, under `dsflash:reply:<digest>` as packed 32-bit ids. Writes go out
-    from the event loop without being waited for; reads come from the encoders' threads (a
-    blocking client, bounded by SHARED_TIMEOUT_S). Any failure is logged once and switches
-    Redis off for SHARED_BACKOFF_S."""
+    """The replies in Redis, under `dsflash:reply:<digest>` as packed 32-bit ids. Writes come
+    from the event loop, reads from the encoders' threads (a blocking client), each bounded
+    by SHARED_TIMEOUT_S. Any failure is logged once and switches Redis off for
+    SHARED_BACKOFF_S."""
 
     def __init__(self, url: str, keys: KeyLayout = KeyLayout(), ttl_s: float = SHARED_TTL_S):
         import redis
@@ -107,7 +114,6 @@ class SharedReplies:
         self._writer = redis.asyncio.Redis.from_url(url, **options)
         self._keys, self._ttl_s = keys, int(ttl_s)
         self._off_until = 0.0
-        self._writes: set[asyncio.Task] = set()
 
     def _key(self, key: bytes) -> str:
         return self._keys.reply(key.hex())
@@ -121,17 +127,12 @@ class SharedReplies:
                         what, type(exc).__name__, exc, SHARED_BACKOFF_S)
         self._off_until = time.monotonic() + SHARED_BACKOFF_S
 
-    def put(self, key: bytes, ids: tuple[int, ...]) -> None:
+    async def put(self, key: bytes, ids: tuple[int, ...]) -> None:
         if not self._available():
             return
         data = array.array("I", ids).tobytes()
-        task = asyncio.ensure_future(self._put(self._key(key), data))
-        self._writes.add(task)
-        task.add_done_callback(self._writes.discard)
-
-    async def _put(self, name: str, data: bytes) -> None:
         try:
-            await asyncio.wait_for(self._writer.set(name, data, ex=self._ttl_s), SHARED_TIMEOUT_S)
+            await asyncio.wait_for(self._writer.set(self._key(key), data, ex=self._ttl_s), SHARED_TIMEOUT_S)
         except Exception as exc:  # a lost write costs a recompute at most
             self._failed("write", exc)
 
@@ -148,7 +149,5 @@ class SharedReplies:
         return tuple(array.array("I", data))
 
     async def close(self) -> None:
-        for task in list(self._writes):
-            task.cancel()
         self._reader.close()
         await self._writer.aclose()

@@ -19,6 +19,11 @@ def sse(payload: dict | str) -> str:
 
 
 SSE_DONE = "data: [DONE]\n\n"
+
+
+def typed_sse(event: dict) -> str:
+    """An event of a typed stream (the Responses and Messages APIs): its type on the event line."""
+    return f"event: {event['type']}\n{sse(event)}"
 SSE_KEEPALIVE = ": keep-alive\n\n"
 
 

@@ -132,14 +132,14 @@ class ResponsesFormat:
 
     def stream_start(self) -> list[str]:
         shell = self.response("in_progress", [])
-        return [_sse(self.events.event("response.created", response=shell)),
-                _sse(self.events.event("response.in_progress", response=shell))]
+        return [R.typed_sse(self.events.event("response.created", response=shell)),
+                R.typed_sse(self.events.event("response.in_progress", response=shell))]
 
     def stream_update(self, update) -> list[str]:
         first = update.reply_tokens - len(update.tokens)  # the update's first token's place in the reply
         reasoning = update.choice.reasoning_tokens_in(update.reply_tokens)
         logprobs = self._text_logprobs(update.logprobs[max(0, reasoning - first):])
-        return [_sse(e) for e in self.events.update(update.delta, logprobs)]
+        return [R.typed_sse(e) for e in self.events.update(update.delta, logprobs)]
 
     def stream_failed(self, error: APIError) -> list[str]:
         """The open item closed as incomplete, then response.failed with OpenAI's error code (its
@@ -147,13 +147,13 @@ class ResponsesFormat:
         events = self.events.finish(complete=False) if self.events.opened else []
         code = "rate_limit_exceeded" if error.status == 429 else "server_error"
         failed = self.response("failed", self.events.items, error={"code": code, "message": error.message})
-        return [_sse(e) for e in events + [self.events.event("response.failed", response=failed)]]
+        return [R.typed_sse(e) for e in events + [self.events.event("response.failed", response=failed)]]
 
     async def stream_end(self, choices) -> list[str]:
         events = self.events.finish(_complete(choices[0]))
         final = await self._finished(choices[0], self.events.items)
         kind = "response.completed" if final["status"] == "completed" else "response.incomplete"
-        return [_sse(e) for e in events + [self.events.event(kind, response=final)]]
+        return [R.typed_sse(e) for e in events + [self.events.event(kind, response=final)]]
 
     async def reply(self, choices) -> dict:
         """The whole reply, through the same items a stream makes."""
@@ -193,9 +193,6 @@ def _usage(chat: dict) -> dict:
                                       .get("reasoning_tokens", 0)},
             "total_tokens": chat["total_tokens"]}
 
-
-def _sse(event: dict) -> str:
-    return f"event: {event['type']}\n{R.sse(event)}"
 
 
 def _check_unique_ids(items: list) -> None:

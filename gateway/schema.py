@@ -91,14 +91,7 @@ class SamplingFields(BaseModel):
     @field_validator("stop")
     @classmethod
     def _stop(cls, value):
-        if isinstance(value, list):
-            if len(value) > MAX_STOP_STRINGS:
-                raise ValueError(f"at most {MAX_STOP_STRINGS} stop sequences")
-            if any(not s for s in value):
-                raise ValueError("stop sequences must be non-empty strings")
-        elif value == "":
-            raise ValueError("stop must be a non-empty string")
-        return value
+        return checked_stops(value)
 
     @field_validator("stop_token_ids")
     @classmethod
@@ -111,6 +104,17 @@ class SamplingFields(BaseModel):
         if self.stop is None:
             return []
         return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+
+
+def checked_stops(value):
+    if isinstance(value, list):
+        if len(value) > MAX_STOP_STRINGS:
+            raise ValueError(f"at most {MAX_STOP_STRINGS} stop sequences")
+        if any(not s for s in value):
+            raise ValueError("stop sequences must be non-empty strings")
+    elif value == "":
+        raise ValueError("stop must be a non-empty string")
+    return value
 
 
 class ChatPrompt(BaseModel):
@@ -323,3 +327,47 @@ class ResponsesRequest(SamplingFields):
         """Reasoning items carry `encrypted_content`, for a client that keeps the history itself
         (store: false) and sends them back."""
         return "reasoning.encrypted_content" in (self.include or [])
+
+
+class MessagesRequest(SamplingFields):
+    """POST /v1/messages (Anthropic's Messages API): `system`, `messages` of content blocks
+    (text, tool_use, tool_result, thinking), tools with an `input_schema`, `tool_choice`,
+    `thinking`, `stop_sequences`; `max_tokens` is required, as Anthropic's API has it."""
+
+    max_tokens: int = Field(ge=1, le=MAX_CONTEXT_TOKENS)
+    messages: list[dict[str, Any]] = Field(min_length=1)
+    system: str | list[dict[str, Any]] | None = None
+    stop_sequences: list[str] | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: dict[str, Any] | None = None
+    thinking: dict[str, Any] | None = None
+    metadata: dict[str, Any] | None = None
+
+    @field_validator("stop_sequences")
+    @classmethod
+    def _stop_sequences(cls, value):
+        return checked_stops(value)
+
+    @model_validator(mode="after")
+    def _stops(self):
+        if self.stop_sequences:
+            self.stop = self.stop_sequences
+        return self
+
+    def unsupported(self) -> tuple[str, str] | None:
+        if self.n != 1:
+            return "n", "n is not part of the Messages API: send one request a reply"
+        if self.prompt_logprobs is not None:
+            return "prompt_logprobs", "prompt_logprobs is not served here: use /v1/completions"
+        return None
+
+
+class CountTokensRequest(BaseModel):
+    """POST /v1/messages/count_tokens: what a Messages request's prompt would take."""
+    model_config = ConfigDict(extra="ignore")
+    model: str | None = None
+    messages: list[dict[str, Any]] = Field(min_length=1)
+    system: str | list[dict[str, Any]] | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: dict[str, Any] | None = None
+    thinking: dict[str, Any] | None = None

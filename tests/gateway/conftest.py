@@ -62,3 +62,11 @@ def reference_ids(hf_reference, tokenizer_spec):
         return hf_reference.encode(prompt, add_special_tokens=False).ids
 
     return encode
+
+
+@pytest.fixture(scope="session")
+def tok():
+    """The tokenizer a gateway built without a checkpoint directory loads (the scripted ones)."""
+    from dsflash.gateway.tokenizer import load_tokenizer
+
+    return load_tokenizer()

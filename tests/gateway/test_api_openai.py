@@ -304,3 +304,16 @@ def test_responses_api_answers_as_chat_and_continues_from_the_cache(client):
     streamed = list(client.responses.create(model="m", input=USER, max_output_tokens=6, temperature=0.0,
                                             stream=True, extra_body=off))
     assert streamed[-1].type == "response.incomplete" and streamed[-1].response.output_text == first.output_text
+
+
+def test_messages_api_answers_as_chat(serve):
+    """/v1/messages through the whole stack, Anthropic's client: greedy, its text is the chat
+    completion's for the same messages (thinking off in both: the Messages API's default)."""
+    import anthropic
+
+    chat = openai.OpenAI(base_url=f"{serve.url}/v1", api_key="unused", max_retries=0).chat.completions.create(
+        model="m", messages=USER, max_tokens=6, temperature=0.0, extra_body={"thinking": {"type": "disabled"}})
+    claude = anthropic.Anthropic(base_url=serve.url, api_key="unused", max_retries=0)
+    reply = claude.messages.create(model="m", messages=USER, max_tokens=6, extra_body={"temperature": 0.0})
+    assert reply.content[0].text == chat.choices[0].message.content and reply.stop_reason == "max_tokens"
+    assert reply.usage.input_tokens + reply.usage.cache_read_input_tokens == chat.usage.prompt_tokens

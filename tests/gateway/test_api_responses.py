@@ -18,74 +18,33 @@ from dsflash.gateway.response_store import RedisResponseStore
 from dsflash.gateway.responses_items import chat_messages
 from dsflash.gateway.responses_stream import OutputEvents
 from dsflash.gateway.segments import SegmentBuilder, spell
-from dsflash.gateway.tokenizer import load_tokenizer
 from tests.support.gateway_harness import ScriptedGateway
+from tests.support.scripted_replies import chunked, reply_ids, sdk_valid, text_ids, typed_events, without_ids
 
 TOOL = {"type": "function", "name": "get_weather", "description": "weather",
         "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}
 CHAT_TOOL = {"type": "function", "function": {k: v for k, v in TOOL.items() if k != "type"}}
 
 
-@pytest.fixture(scope="module")
-def tok():
-    return load_tokenizer()
-
-
-def _ids(tok, text: str) -> list[int]:
-    from dsflash.gateway.chat_encoding import encode_segments
-
-    return encode_segments(tok, [text])
-
-
-def _chunks(ids, size=2):
-    return [ids[i:i + size] for i in range(0, len(ids), size)]
-
-
 def _thought_and_text(tok):
-    return _ids(tok, "Let me think.") + [st.THINK_END.id] + _ids(tok, "Hello there!") + [st.EOS.id]
+    return reply_ids(tok, "Let me think.", "Hello there!")
 
 
 def _call_reply(tok):
-    calls = SegmentBuilder()
-    render_calls(calls, [("get_weather", {"city": "Paris"})])
-    return _ids(tok, "Need the weather.") + [st.THINK_END.id] + _ids(tok, spell(calls.build())) + [st.EOS.id]
+    return reply_ids(tok, "Need the weather.", calls=[("get_weather", {"city": "Paris"})])
 
 
 def _client(gw):
     return openai.OpenAI(base_url=f"{gw.url}/v1", api_key="x", max_retries=0)
 
 
-def _without_ids(items):
-    return [{k: v for k, v in item.items() if k != "id"} for item in items]
-
-
-def _sdk_valid(kind, value):
-    """`value` as the SDK's pydantic type `kind` validates it: every field the SDK requires,
-    of its type (the client itself reads replies without validating them)."""
-    from pydantic import TypeAdapter
-
-    return TypeAdapter(kind).validate_python(value)
-
-
 def _events(gw, body) -> list[dict]:
-    with httpx.stream("POST", f"{gw.url}/v1/responses", json={**body, "stream": True}, timeout=30) as r:
-        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
-        raw = r.read().decode()
-    events = []
-    for block in raw.split("\n\n"):
-        if block.startswith("event: "):
-            name, data = block.split("\n", 1)
-            event = json.loads(data[len("data: "):])
-            assert name == f"event: {event['type']}"
-            _sdk_valid(openai.types.responses.ResponseStreamEvent, event)
-            events.append(event)
-    assert "[DONE]" not in raw  # the Responses API's stream ends with its last event
-    return events
+    return typed_events(f"{gw.url}/v1/responses", body, openai.types.responses.ResponseStreamEvent)
 
 
 def test_reasoning_and_text_whole_and_streamed(tok):
     ids = _thought_and_text(tok)
-    gw = ScriptedGateway(lambda r: (_chunks(ids), "stop"))
+    gw = ScriptedGateway(lambda r: (chunked(ids), "stop"))
     try:
         client = _client(gw)
         whole = client.responses.create(model="m", input="hi", instructions="Be brief.")
@@ -96,7 +55,7 @@ def test_reasoning_and_text_whole_and_streamed(tok):
         assert whole.usage.input_tokens == len(prompt) and whole.usage.output_tokens == len(ids)
         assert whole.usage.output_tokens_details.reasoning_tokens == ids.index(st.THINK_END.id) + 1
         assert whole.usage.input_tokens_details.cached_tokens == 3  # as the scripted worker reports
-        _sdk_valid(openai.types.responses.Response, whole.model_dump(exclude_unset=True))
+        sdk_valid(openai.types.responses.Response, whole.model_dump(exclude_unset=True))
         # instructions are a system message before the input: the chat completion's prompt
         chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]
         client.chat.completions.create(model="m", messages=chat)
@@ -116,7 +75,7 @@ def test_reasoning_and_text_whole_and_streamed(tok):
         final = events[-1]["response"]
         assert final["id"] == events[0]["response"]["id"] and final["status"] == "completed"
         assert final["output"] == [e["item"] for e in events if e["type"] == "response.output_item.done"]
-        assert _without_ids(final["output"]) == _without_ids(whole.model_dump(exclude_unset=True)["output"])
+        assert without_ids(final["output"]) == without_ids(whole.model_dump(exclude_unset=True)["output"])
         # the SDK reads the stream into its typed events
         streamed = list(client.responses.create(model="m", input="hi", stream=True))
         assert streamed[-1].type == "response.completed" and streamed[-1].response.output_text == "Hello there!"
@@ -128,7 +87,7 @@ def test_a_tool_call_continued_renders_as_the_chat_completion_would(tok):
     """Turn two (the call's output, by previous_response_id) reaches the worker as the same
     ids as a chat completion that sends the whole history, reasoning included (tools keep it)."""
     ids = _call_reply(tok)
-    gw = ScriptedGateway(lambda r: (_chunks(ids), "stop"))
+    gw = ScriptedGateway(lambda r: (chunked(ids), "stop"))
     try:
         client = _client(gw)
         first = client.responses.create(model="m", input="weather?", tools=[TOOL])
@@ -162,7 +121,7 @@ def test_a_tool_call_continued_renders_as_the_chat_completion_would(tok):
 
 
 def test_the_next_turn_goes_to_the_conversation_that_holds_the_cache(tok):
-    gw = ScriptedGateway(lambda r: ([_ids(tok, "ok"), [st.EOS.id]], "stop"))
+    gw = ScriptedGateway(lambda r: ([text_ids(tok, "ok"), [st.EOS.id]], "stop"))
     try:
         client = _client(gw)
         first = client.responses.create(model="m", input="one", extra_body={"thinking": {"type": "disabled"}})
@@ -186,7 +145,7 @@ def test_the_next_turn_goes_to_the_conversation_that_holds_the_cache(tok):
 
 
 def test_stored_responses_are_read_listed_and_deleted(tok):
-    gw = ScriptedGateway(lambda r: ([_ids(tok, "ok"), [st.EOS.id]], "stop"))
+    gw = ScriptedGateway(lambda r: ([text_ids(tok, "ok"), [st.EOS.id]], "stop"))
     try:
         client = _client(gw)
         first = client.responses.create(model="m", input=[{"role": "user", "content": "one"},
@@ -257,7 +216,7 @@ def test_what_is_not_served_is_a_400_naming_its_field(tok, body, param):
 
 def test_a_cut_reply_is_incomplete_and_logprobs_cover_its_text(tok):
     ids = _thought_and_text(tok)[:-2]  # cut inside the text: max_output_tokens ran out
-    gw = ScriptedGateway(lambda r: (_chunks(ids), "length"))
+    gw = ScriptedGateway(lambda r: (chunked(ids), "length"))
     try:
         body = dict(model="m", input="hi", max_output_tokens=len(ids), include=["message.output_text.logprobs"],
                     top_logprobs=1)
@@ -279,7 +238,7 @@ def test_a_cut_reply_is_incomplete_and_logprobs_cover_its_text(tok):
 
 
 def test_a_worker_failing_mid_stream_fails_the_response(tok):
-    gw = ScriptedGateway(lambda r: ([_ids(tok, "partial"), grpc.StatusCode.UNAVAILABLE], "stop"))
+    gw = ScriptedGateway(lambda r: ([text_ids(tok, "partial"), grpc.StatusCode.UNAVAILABLE], "stop"))
     try:
         events = _events(gw, {"model": "m", "input": "hi", "thinking": {"type": "disabled"}})
         assert events[-1]["type"] == "response.failed"
@@ -299,7 +258,7 @@ def test_two_gateways_share_stored_responses_through_redis(tok, redis_server):
     """A turn may reach another gateway replica: with Redis it continues the first one's
     response. A Redis that stops answering gives a 503 naming the store, never a hang, and a
     reply that could not be stored still reaches the client."""
-    gateways = [ScriptedGateway(lambda r: ([_ids(tok, "ok"), [st.EOS.id]], "stop")) for _ in range(2)]
+    gateways = [ScriptedGateway(lambda r: ([text_ids(tok, "ok"), [st.EOS.id]], "stop")) for _ in range(2)]
     for gw in gateways:
         gw.ctx.responses = RedisResponseStore.from_url(redis_server.url)
     try:
@@ -344,7 +303,7 @@ def test_a_streamed_reply_and_the_whole_one_make_the_same_items():
         {"index": 0, "id": "call_1", "function": {"name": "f", "arguments": "{\"a\": 1}"}},
         {"index": 1, "id": "call_2", "function": {"name": "g", "arguments": "{}"}}]})
     whole.finish(complete=True)
-    assert _without_ids(streamed.items) == _without_ids(whole.items)
+    assert without_ids(streamed.items) == without_ids(whole.items)
     assert [i["type"] for i in whole.items] == ["reasoning", "message", "function_call", "function_call"]
     assert len({i["id"] for i in streamed.items}) == 4
     empty = OutputEvents()
@@ -387,7 +346,7 @@ def test_a_streamed_updates_logprobs_are_split_where_it_was_made(tok):
     spec = SimpleNamespace(prompt=[1, 2])
     fmt = ResponsesFormat(SimpleNamespace(tokenizer=tok, settings=None), spec, req, [])
     choice = Choice(0, detok=None, parser=None, starts_in_reasoning=True)
-    thought, text = _ids(tok, "hm"), _ids(tok, "ok")
+    thought, text = text_ids(tok, "hm"), text_ids(tok, "ok")
     choice.extend(thought, [])
     update = Update(choice, thought, "", {"reasoning_content": "hm"},
                     [worker_pb2.TokenLogprob(token_id=t, logprob=-1.0) for t in thought], done=False)
@@ -406,8 +365,8 @@ def test_a_forced_call_is_no_reasoning_and_stop_strings_hold(tok):
     calls = SegmentBuilder()
     render_calls(calls, [("get_weather", {"city": "Paris"})])
     full = spell(calls.build())
-    rest = _ids(tok, full[full.index('">\n') + 3:]) + [st.EOS.id]
-    gw = ScriptedGateway(lambda r: (_chunks(rest), "stop"))
+    rest = text_ids(tok, full[full.index('">\n') + 3:]) + [st.EOS.id]
+    gw = ScriptedGateway(lambda r: (chunked(rest), "stop"))
     try:
         client = _client(gw)
         forced = client.responses.create(model="m", input="weather?", tools=[TOOL],
@@ -427,7 +386,7 @@ def test_a_client_hanging_up_on_a_whole_reply_cancels_the_worker(tok):
     stops, and the response is not stored."""
     import time
 
-    word = _ids(tok, "word ")
+    word = text_ids(tok, "word ")
     gw = ScriptedGateway(lambda r: ([word] * 60 + [[st.EOS.id]], "stop"), delay_s=0.1)
     try:
         for path, body in (("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
@@ -450,7 +409,7 @@ def test_sealed_reasoning_comes_back_whole_from_a_stateless_client(tok):
     reasoning item carries its text sealed, and sent back with nothing else it renders the same
     prompt as the stored chain does."""
     ids = _call_reply(tok)
-    gw = ScriptedGateway(lambda r: (_chunks(ids), "stop"))
+    gw = ScriptedGateway(lambda r: (chunked(ids), "stop"))
     try:
         client = _client(gw)
         first = client.responses.create(model="m", input="weather?", tools=[TOOL], store=False,
@@ -482,8 +441,8 @@ def test_another_replica_quotes_the_reply_with_the_ids_the_worker_cached(tok, re
     would not match."""
     from dsflash.gateway.replies import ReplyMemory, SharedReplies
 
-    spelled = _ids(tok, "Hel") + _ids(tok, "lo there")
-    assert tok.decode(spelled) == "Hello there" and _ids(tok, "Hello there") != spelled
+    spelled = text_ids(tok, "Hel") + text_ids(tok, "lo there")
+    assert tok.decode(spelled) == "Hello there" and text_ids(tok, "Hello there") != spelled
     gateways = [ScriptedGateway(lambda r: ([spelled, [st.EOS.id]], "stop")) for _ in range(2)]
     for gw in gateways:
         gw.ctx.responses = RedisResponseStore.from_url(redis_server.url)
@@ -507,7 +466,7 @@ def test_chat_turns_on_another_replica_quote_the_reply_as_generated(tok, redis_s
     asked once, then skipped: the turn is served, re-tokenized."""
     from dsflash.gateway.replies import ReplyMemory, SharedReplies
 
-    spelled = _ids(tok, "Hel") + _ids(tok, "lo there")
+    spelled = text_ids(tok, "Hel") + text_ids(tok, "lo there")
     history = [{"role": "user", "content": "one"}, {"role": "assistant", "content": "Hello there"},
                {"role": "user", "content": "two"}]
     off = {"thinking": {"type": "disabled"}}
