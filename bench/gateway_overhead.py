@@ -7,10 +7,11 @@ by processes on one host); the client records when each token arrives, once stra
 gRPC and once through the gateway as SSE. Latency per token = arrival - send; the gateway's
 share is the difference of the medians. Relay throughput: several concurrent streams of
 tokens sent back to back. Target (issue 7): <= 0.3 ms p50 added per token. `--endpoint`
-picks the stream: /v1/completions' chunks, or /v1/responses' typed events (a chat prompt,
-thinking off, each token an output_text.delta).
+picks the stream: /v1/completions' chunks, or the typed events of /v1/responses or
+/v1/messages (a chat prompt, thinking off, each token an output_text.delta or a
+content_block_delta).
 
-    python bench/gateway_overhead.py [--tokens 2000] [--interval-ms 2] [--streams 8] [--endpoint responses]
+    python bench/gateway_overhead.py [--tokens 2000] [--interval-ms 2] [--streams 8] [--endpoint messages]
 """
 
 from __future__ import annotations
@@ -97,13 +98,16 @@ def _request(endpoint: str, max_tokens: int) -> tuple[str, dict]:
     if endpoint == "responses":
         return "/v1/responses", {"input": "hi", "max_output_tokens": max_tokens, "stream": True,
                                  "thinking": {"type": "disabled"}}
+    if endpoint == "messages":
+        return "/v1/messages", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": max_tokens,
+                                "stream": True}
     return "/v1/completions", {"prompt": [1, 2], "max_tokens": max_tokens, "stream": True}
 
 
 def _carries_text(data: dict) -> bool:
     if "choices" in data:
         return bool(data["choices"] and data["choices"][0]["text"])
-    return data.get("type") == "response.output_text.delta"
+    return data.get("type") in ("response.output_text.delta", "content_block_delta")
 
 
 def _via_gateway(url: str, max_tokens: int, endpoint: str) -> tuple[str, list[int]]:
@@ -147,7 +151,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=2000)
     parser.add_argument("--interval-ms", type=float, default=2.0)
     parser.add_argument("--streams", type=int, default=8)
-    parser.add_argument("--endpoint", choices=["completions", "responses"], default="completions")
+    parser.add_argument("--endpoint", choices=["completions", "responses", "messages"], default="completions")
     args = parser.parse_args()
     ctx = mp.get_context("spawn")
     to_backend, backend_end = ctx.Pipe()

@@ -87,9 +87,14 @@ async def read_body(request: Request, model: type[BaseModel] | Callable[[dict], 
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        param = ".".join(str(p) for p in first["loc"] if not _is_union_tag(p)) or None
-        raise invalid(f"{param}: {first['msg']}" if param else first["msg"], param=param) from None
+        raise invalid_from(exc) from None
+
+
+def invalid_from(exc: ValidationError) -> APIError:
+    """A 400 naming the first field pydantic refused."""
+    first = exc.errors()[0]
+    param = ".".join(str(p) for p in first["loc"] if not _is_union_tag(p)) or None
+    return invalid(f"{param}: {first['msg']}" if param else first["msg"], param=param)
 
 
 _TYPE_TAGS = {"str", "int", "float", "bool", "dict", "list", "none"}

@@ -18,14 +18,16 @@ class APIError(Exception):
     def anthropic_body(self) -> dict:
         """The error in Anthropic's shape, for the Messages API's paths (the field it names
         goes into the message: the shape has no place for it)."""
-        kind = "not_found_error" if self.status == 404 else _ANTHROPIC_TYPES.get(self.type, "api_error")
+        kind = ("not_found_error" if self.status == 404 else "request_too_large" if self.status == 413
+                else _ANTHROPIC_TYPES.get(self.type, "api_error"))
         message = f"{self.param}: {self.message}" if self.param and not self.message.startswith(self.param) \
             else self.message
         return {"type": "error", "error": {"type": kind, "message": message}}
 
 
 _ANTHROPIC_TYPES = {"invalid_request_error": "invalid_request_error", "authentication_error": "authentication_error",
-                    "rate_limit_error": "rate_limit_error", "service_unavailable": "overloaded_error"}
+                    "rate_limit_error": "rate_limit_error", "service_unavailable": "overloaded_error",
+                    "timeout": "timeout_error"}
 
 
 def anthropic_path(path: str) -> bool:

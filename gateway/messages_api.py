@@ -14,16 +14,18 @@ import time
 from typing import Any
 
 from fastapi import Request
+from pydantic import ValidationError
 
 from . import responses as R
 from .chat_errors import ChatEncodingError
 from .delta_blocks import DeltaBlocks, Step
-from .endpoints import Context, budget, chat_prompt, read_body, request_id_of, respond, route, sampling_proto
+from .endpoints import (Context, budget, chat_prompt, invalid_from, read_body, request_id_of, respond, route,
+                        sampling_proto)
 from .errors import APIError, invalid
 from .generation import GenerationSpec
 from .messages_items import (chat_messages, chat_tool_choice, chat_tools, text_block, thinking_block, thinking_effort,
                              tool_use_block)
-from .responses_items import ChatForm, new_id, seal_reasoning
+from .responses_items import ChatForm, chat_response_format, new_id, seal_reasoning
 from .schema import ChatPrompt, CountTokensRequest, MessagesRequest
 
 
@@ -42,7 +44,8 @@ async def create(ctx: Context, request: Request):
         stops=req.stop_list(), chat=True, starts_in_reasoning=encoded.rendered.starts_in_reasoning,
         tools_enabled=encoded.rendered.tools_enabled, forced_text=forced_text,
         timeout_s=ctx.settings.request_timeout_s, max_tool_calls=None if parallel else 1)
-    return await respond(ctx, request, [spec], req.stream, MessagesFormat(ctx, spec))
+    omit = (req.thinking or {}).get("display") == "omitted"
+    return await respond(ctx, request, [spec], req.stream, MessagesFormat(ctx, spec, omit_thinking=omit))
 
 
 async def count_tokens(ctx: Context, request: Request) -> dict:
@@ -54,11 +57,15 @@ async def _prompt(ctx: Context, req: MessagesRequest | CountTokensRequest):
     form = ChatForm()
     try:
         form = chat_messages(req.system, req.messages)
-        thinking, effort = thinking_effort(req.thinking)
+        output = req.output_config or {}
+        thinking, effort = thinking_effort(req.thinking, output.get("effort"))
         chat = ChatPrompt(messages=form.messages, tools=chat_tools(req.tools),
                           tool_choice=chat_tool_choice(req.tool_choice),
+                          response_format=chat_response_format(output.get("format")),
                           thinking={"type": "enabled" if thinking else "disabled"}, reasoning_effort=effort)
         return await chat_prompt(ctx, chat)
+    except ValidationError as exc:  # (a shape the chat request's own fields refuse)
+        raise invalid_from(exc) from None
     except ChatEncodingError as exc:
         raise invalid(exc.message, param=_param(exc.param, form), code=exc.code) from None
     except APIError as exc:
@@ -83,8 +90,10 @@ class MessagesFormat:
     """A reply's framing for `respond`: the message whole, or its events streamed (`event:` and
     `data:` lines, Anthropic's; no [DONE])."""
 
-    def __init__(self, ctx: Context, spec: GenerationSpec):
-        self.ctx, self.spec = ctx, spec
+    def __init__(self, ctx: Context, spec: GenerationSpec, omit_thinking: bool = False):
+        """omit_thinking: thinking.display "omitted": thinking blocks carry their signature (the
+        sealed text, so the next turn has it) and no text."""
+        self.ctx, self.spec, self.omit_thinking = ctx, spec, omit_thinking
         self.prompt_tokens = len(spec.prompt)
         self.id, self.created = new_id("msg"), int(time.time())
         self.blocks = DeltaBlocks()  # a stream's
@@ -99,13 +108,13 @@ class MessagesFormat:
         return [R.typed_sse({"type": "message_start", "message": self.message([], None, None, usage)})]
 
     def stream_update(self, update) -> list[str]:
-        return [R.typed_sse(e) for step in self.blocks.feed(update.delta) for e in _events(step)]
+        return [R.typed_sse(e) for step in self.blocks.feed(update.delta) for e in self._events(step)]
 
     def stream_failed(self, error: APIError) -> list[str]:
         return [R.typed_sse(error.anthropic_body())]
 
     async def stream_end(self, choices) -> list[str]:
-        events = [e for step in self.blocks.finish() for e in _events(step)]
+        events = [e for step in self.blocks.finish() for e in self._events(step)]
         reason, sequence = _stop(choices[0])
         events += [{"type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": sequence},
                     "usage": _usage(self.prompt_tokens, choices[0])},
@@ -117,32 +126,32 @@ class MessagesFormat:
         choice, blocks = choices[0], DeltaBlocks()
         blocks.feed(choice.message.to_openai() if choice.message is not None else None)
         blocks.finish()
-        content = [_content(block) for block in blocks.closed]
+        content = [self._content(block) for block in blocks.closed]
         return self.message(content, *_stop(choice), _usage(self.prompt_tokens, choice))
 
+    def _content(self, block) -> dict[str, Any]:
+        if block.kind == "reasoning":
+            return {**thinking_block(block.text), **({"thinking": ""} if self.omit_thinking else {})}
+        if block.kind == "text":
+            return text_block(block.text)
+        return tool_use_block(block.call_id, block.name, block.text)
 
-def _content(block) -> dict[str, Any]:
-    if block.kind == "reasoning":
-        return thinking_block(block.text)
-    if block.kind == "text":
-        return text_block(block.text)
-    return tool_use_block(block.call_id, block.name, block.text)
-
-
-def _events(step: Step) -> list[dict[str, Any]]:
-    block = step.block
-    if step.action == "open":
-        start = {"reasoning": {"type": "thinking", "thinking": "", "signature": ""}, "text": text_block(""),
-                 "call": {"type": "tool_use", "id": block.call_id, "name": block.name, "input": {}}}[block.kind]
-        return [{"type": "content_block_start", "index": block.index, "content_block": start}]
-    if step.action == "text":
-        kind, field = BLOCK_DELTAS[block.kind]
-        return [{"type": "content_block_delta", "index": block.index, "delta": {"type": kind, field: step.piece}}]
-    events = []
-    if block.kind == "reasoning":
-        events.append({"type": "content_block_delta", "index": block.index,
-                       "delta": {"type": "signature_delta", "signature": seal_reasoning(block.text)}})
-    return events + [{"type": "content_block_stop", "index": block.index}]
+    def _events(self, step: Step) -> list[dict[str, Any]]:
+        block = step.block
+        if step.action == "open":
+            start = {"reasoning": {"type": "thinking", "thinking": "", "signature": ""}, "text": text_block(""),
+                     "call": {"type": "tool_use", "id": block.call_id, "name": block.name, "input": {}}}[block.kind]
+            return [{"type": "content_block_start", "index": block.index, "content_block": start}]
+        if step.action == "text":
+            if block.kind == "reasoning" and self.omit_thinking:
+                return []
+            kind, field = BLOCK_DELTAS[block.kind]
+            return [{"type": "content_block_delta", "index": block.index, "delta": {"type": kind, field: step.piece}}]
+        events = []
+        if block.kind == "reasoning":
+            events.append({"type": "content_block_delta", "index": block.index,
+                           "delta": {"type": "signature_delta", "signature": seal_reasoning(block.text)}})
+        return events + [{"type": "content_block_stop", "index": block.index}]
 
 
 def _stop(choice) -> tuple[str, str | None]:

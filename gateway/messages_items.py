@@ -18,11 +18,12 @@ from typing import Any
 
 from .chat_errors import ChatEncodingError
 from .chat_messages import PART_SEPARATOR
-from .responses_items import ChatForm, seal_reasoning
+from .responses_items import ChatForm, chat_effort, joined, seal_reasoning, unseal_reasoning
 
 # budget_tokens -> DeepSeek's effort: below 4K tokens "low", below 16K "high", else "max"
 # (Claude Code's think / think hard / ultrathink ask about 4K, 10K and 32K)
 EFFORT_BUDGETS = ((4096, "low"), (16384, "high"))
+THINKING_ON = ("enabled", "adaptive", "between_tools")
 CHAT_TOOL_KEYS = {"name": "name", "description": "description", "input_schema": "parameters"}
 UNSERVED_BLOCKS = frozenset({"image", "document", "search_result", "container_upload"})
 
@@ -40,6 +41,8 @@ def chat_messages(system: Any, messages: list[Any]) -> ChatForm:
             _user(form, blocks, where)
         else:
             _assistant(form, blocks, where)
+    if not form.messages or all(m["role"] == "system" for m in form.messages):
+        raise ChatEncodingError("messages hold no content: at least one message needs a block", "messages")
     return form
 
 
@@ -90,7 +93,8 @@ def _assistant(form: ChatForm, blocks: list[tuple[str, dict[str, Any]]], where: 
         elif block["type"] == "thinking":
             if not isinstance(block.get("thinking"), str):
                 raise ChatEncodingError(f"{at}.thinking must be a string", f"{at}.thinking")
-            reasoning.append(block["thinking"])
+            # (shown "omitted", the text is empty and its signature holds it)
+            reasoning.append(block["thinking"] or unseal_reasoning(block.get("signature")) or "")
         elif block["type"] == "redacted_thinking":
             continue  # another server's: unreadable here
         elif block["type"] == "tool_use":
@@ -104,8 +108,10 @@ def _assistant(form: ChatForm, blocks: list[tuple[str, dict[str, Any]]], where: 
         else:
             raise ChatEncodingError(f"{at}: an assistant message takes text, thinking and tool_use blocks, not "
                                     f"{block['type']}", f"{at}.type", "unsupported_content_type")
-    form.add({"role": "assistant", "content": PART_SEPARATOR.join(texts),
-              "reasoning_content": PART_SEPARATOR.join(reasoning), "tool_calls": calls}, where)
+    turn = form.assistant(where)  # (assistant messages in a row are one turn, as Anthropic's API takes them)
+    turn["content"] = joined(turn["content"], PART_SEPARATOR.join(texts))
+    turn["reasoning_content"] = joined(turn["reasoning_content"], PART_SEPARATOR.join(reasoning))
+    turn["tool_calls"] += calls
 
 
 def _text(block: dict[str, Any], where: str) -> str:
@@ -136,7 +142,7 @@ def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | Non
         return None
     out = []
     for i, tool in enumerate(tools):
-        if tool.get("type", "custom") != "custom":
+        if (tool.get("type") or "custom") != "custom":
             raise ChatEncodingError(f"tools[{i}].type {tool.get('type')!r} is not served: only client tools "
                                     "(name, description, input_schema) are", f"tools[{i}].type",
                                     "unsupported_tool_type")
@@ -160,12 +166,15 @@ def chat_tool_choice(choice: dict[str, Any] | None) -> str | dict[str, Any] | No
     raise ChatEncodingError("tool_choice.type must be 'auto', 'any', 'tool' or 'none'", "tool_choice.type")
 
 
-def thinking_effort(thinking: dict[str, Any] | None) -> tuple[bool, str | None]:
-    """(thinking on, effort) from Anthropic's `thinking`: off unless enabled (or adaptive)."""
+def thinking_effort(thinking: dict[str, Any] | None, effort: Any = None) -> tuple[bool, str | None]:
+    """(thinking on, effort) from Anthropic's `thinking`: off unless enabled (or adaptive).
+    effort: output_config.effort, which wins over the budget (xhigh is DeepSeek's high)."""
     if thinking is None or thinking.get("type") == "disabled":
         return False, None
-    if thinking.get("type") not in ("enabled", "adaptive"):
-        raise ChatEncodingError("thinking.type must be 'enabled', 'adaptive' or 'disabled'", "thinking.type")
+    if thinking.get("type") not in THINKING_ON:
+        raise ChatEncodingError(f"thinking.type must be one of {', '.join(THINKING_ON)} or disabled", "thinking.type")
+    if effort is not None:
+        return True, chat_effort(effort)
     budget = thinking.get("budget_tokens")
     if budget is None:
         return True, None

@@ -16,11 +16,12 @@ import time
 from typing import Any
 
 from fastapi import Request
+from pydantic import ValidationError
 
 from . import responses as R
 from .chat_errors import ChatEncodingError
-from .endpoints import (Context, budget, chat_prompt, conversation_of, read_body, request_id_of, respond, route,
-                        sampling_proto)
+from .endpoints import (Context, budget, chat_prompt, conversation_of, invalid_from, read_body, request_id_of,
+                        respond, route, sampling_proto)
 from .errors import APIError, invalid
 from .generation import GenerationSpec
 from .response_store import StoredResponse, StoreUnavailable
@@ -54,6 +55,8 @@ async def create(ctx: Context, request: Request):
                           reasoning_effort=chat_effort(req.reasoning.effort if req.reasoning else None),
                           parallel_tool_calls=req.parallel_tool_calls)
         prompt, encoded, forced_text = await chat_prompt(ctx, chat)
+    except ValidationError as exc:  # (a shape the chat request's own fields refuse)
+        raise invalid_from(exc) from None
     except ChatEncodingError as exc:
         raise invalid(exc.message, param=_param(exc.param, form, req.tools), code=exc.code) from None
     except APIError as exc:

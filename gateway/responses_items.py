@@ -95,7 +95,7 @@ def _add_item(form: ChatForm, item: Any, where: str) -> None:
         role = item.get("role")
         if role == "assistant":
             turn = form.assistant(where)
-            turn["content"] = _joined(turn["content"], _text(item.get("content"), f"{where}.content"))
+            turn["content"] = joined(turn["content"], _text(item.get("content"), f"{where}.content"))
         elif role in ("system", "developer", "user"):
             form.add({"role": role, "content": _text(item.get("content"), f"{where}.content")}, where)
         else:
@@ -103,7 +103,7 @@ def _add_item(form: ChatForm, item: Any, where: str) -> None:
                                     f"{where}.role")
     elif kind == "reasoning":
         turn = form.assistant(where)
-        turn["reasoning_content"] = _joined(turn["reasoning_content"], _reasoning_text(item, where))
+        turn["reasoning_content"] = joined(turn["reasoning_content"], _reasoning_text(item, where))
     elif kind == "function_call":
         name, call_id = item.get("name"), item.get("call_id")
         if not isinstance(name, str) or not name:
@@ -129,7 +129,7 @@ def _add_item(form: ChatForm, item: Any, where: str) -> None:
                                 "function_call_output items are", f"{where}.type", "unsupported_item_type")
 
 
-def _joined(before: str, text: str) -> str:
+def joined(before: str, text: str) -> str:
     """Two items' texts in one turn, apart as chat keeps two text parts."""
     return PART_SEPARATOR.join(t for t in (before, text) if t)
 

@@ -341,6 +341,7 @@ class MessagesRequest(SamplingFields):
     tools: list[dict[str, Any]] | None = None
     tool_choice: dict[str, Any] | None = None
     thinking: dict[str, Any] | None = None
+    output_config: dict[str, Any] | None = None  # its effort (thinking's) and format (a JSON schema)
     metadata: dict[str, Any] | None = None
 
     @field_validator("stop_sequences")
@@ -371,3 +372,4 @@ class CountTokensRequest(BaseModel):
     tools: list[dict[str, Any]] | None = None
     tool_choice: dict[str, Any] | None = None
     thinking: dict[str, Any] | None = None
+    output_config: dict[str, Any] | None = None

@@ -147,6 +147,7 @@ def test_stop_reasons(tok):
     ({"max_tokens": None}, "max_tokens"),
     ({"tool_choice": {"type": "sometimes"}}, "tool_choice.type"),
     ({"thinking": {"type": "enabled", "budget_tokens": "lots"}}, "thinking.budget_tokens"),
+    ({"messages": [{"role": "user", "content": []}]}, "messages"),
 ])
 def test_errors_take_anthropics_shape(tok, body, where):
     gw = ScriptedGateway(lambda r: ([[st.EOS.id]], "stop"))
@@ -181,5 +182,52 @@ def test_keys_unknown_paths_and_a_failing_worker(tok):
         assert last["type"] == "error" and last["error"]["type"] == "overloaded_error"
         openai_shape = httpx.post(f"{gw.url}/v1/chat/completions", headers={"x-api-key": "nope"}, json={})
         assert openai_shape.status_code == 401 and "code" in openai_shape.json()["error"]  # other paths: OpenAI's
+    finally:
+        gw.close()
+
+
+def test_what_anthropics_clients_also_send(tok):
+    """Assistant messages in a row are one turn; output_config's effort and format; a tool
+    typed null; thinking shown "omitted" (the signature carries the text into the next turn);
+    413 and 504 in Anthropic's types."""
+    from dsflash.gateway.errors import APIError
+
+    ids = reply_ids(tok, "Hidden thought.", "Shown.")
+    gw = ScriptedGateway(lambda r: (chunked(ids), "stop"), settings=GatewaySettings(max_body_bytes=4096))
+    try:
+        client = _client(gw)
+
+        def prompt(via_chat=False, **options) -> list[int]:
+            if via_chat:
+                httpx.post(f"{gw.url}/v1/chat/completions", json=options, timeout=30)
+            else:
+                client.messages.create(model="m", max_tokens=10, **options)
+            return list(gw.backend.requests[-1].token_ids)
+
+        two = prompt(messages=USER + [{"role": "assistant", "content": "A1"}, {"role": "assistant", "content": "A2"}])
+        assert two == prompt(True, messages=USER + [{"role": "assistant", "content": "A1\n\nA2"}],
+                             thinking={"type": "disabled"})
+        thinking = {"type": "adaptive"}
+        assert prompt(messages=USER, thinking=thinking, extra_body={"output_config": {"effort": "low"}}) == \
+            prompt(True, messages=USER, reasoning_effort="low")
+        schema = {"type": "object", "properties": {"a": {"type": "string"}}}
+        output = {"format": {"type": "json_schema", "schema": schema}}
+        assert prompt(messages=USER, extra_body={"output_config": output}) == prompt(True, messages=USER, thinking={"type": "disabled"},
+                      response_format={"type": "json_schema", "json_schema": {"schema": schema}})
+        assert prompt(messages=USER, tools=[{**TOOL, "type": None}]) == prompt(messages=USER, tools=[TOOL])
+        hidden = client.messages.create(model="m", max_tokens=50, messages=USER,
+                                        thinking={"type": "enabled", "budget_tokens": 2000, "display": "omitted"})
+        assert hidden.content[0].thinking == "" and hidden.content[1].text == "Shown."
+        events = _events(gw, {"model": "m", "max_tokens": 50, "messages": USER,
+                              "thinking": {"type": "enabled", "budget_tokens": 2000, "display": "omitted"}})
+        assert not any(e.get("delta", {}).get("type") == "thinking_delta" for e in events)
+        back = USER + [{"role": "assistant", "content": [b.model_dump(exclude_unset=True) for b in hidden.content]},
+                       {"role": "user", "content": "more"}]
+        client.messages.create(model="m", max_tokens=50, messages=back, tools=[TOOL],
+                               thinking={"type": "enabled", "budget_tokens": 8000})
+        assert "Hidden thought." in tok.decode(list(gw.backend.requests[-1].token_ids))  # (tools keep reasoning)
+        big = httpx.post(f"{gw.url}/v1/messages", content=b"x" * 5000, timeout=30)
+        assert big.status_code == 413 and big.json()["error"]["type"] == "request_too_large"
+        assert APIError(504, "slow", type="timeout").anthropic_body()["error"]["type"] == "timeout_error"
     finally:
         gw.close()
