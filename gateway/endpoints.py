@@ -503,8 +503,24 @@ async def respond(ctx: Context, request: Request, specs: list[GenerationSpec], s
     metrics = ctx.metrics.start(fmt.prompt_tokens, fmt.spec.n)
     headers = {"X-Request-Id": fmt.spec.request_id}  # (app.echo_request_id puts a client's own id back)
     if stream:
-        return _ClosingStream(_stream(ctx, specs, fmt, metrics), media_type="text/event-stream",
-                              headers={"Cache-Control": "no-cache", **headers})
+        # The headers wait for the first update, up to a keep-alive period: a request the
+        # workers refuse at once (overloaded, no worker) gets its real status, which clients
+        # retry on, not a 200 and an error event. A long prefill starts the stream at the
+        # period's end, and its keep-alives hold proxies from there.
+        pump = _Pump(ctx, specs)
+        try:
+            first = await pump.next(ctx.settings.keepalive_s)
+        except asyncio.TimeoutError:
+            first = None
+        except BaseException:
+            pump.close()
+            raise
+        if isinstance(first, APIError):
+            pump.close()
+            metrics.failed()
+            raise first
+        return _ClosingStream(_stream(ctx, pump, first, fmt, metrics), on_close=pump.close,
+                              media_type="text/event-stream", headers={"Cache-Control": "no-cache", **headers})
     task = asyncio.ensure_future(_collect(ctx, specs, metrics))
     watcher = asyncio.ensure_future(_cancel_on_disconnect(request, task))
     try:
@@ -520,13 +536,19 @@ class _ClosingStream(StreamingResponse):
     """A StreamingResponse that closes its generator however the response ends. Starlette
     leaves a generator a disconnect interrupted suspended at its yield, to be closed when it is
     garbage collected: its `finally` (which cancels the worker's stream) ran seconds later or
-    not at all, so a worker kept decoding for a client that had gone."""
+    not at all, so a worker kept decoding for a client that had gone. on_close: also called
+    (the relay it streams began before it: a body never started has no finally of its own)."""
+
+    def __init__(self, content, *, on_close, **options):
+        super().__init__(content, **options)
+        self.on_close = on_close
 
     async def __call__(self, scope, receive, send) -> None:
         try:
             await super().__call__(scope, receive, send)
         finally:
             await self.body_iterator.aclose()
+            self.on_close()
 
 
 async def _collect(ctx: Context, specs: list[GenerationSpec], metrics):
@@ -551,32 +573,50 @@ async def _cancel_on_disconnect(request: Request, task: asyncio.Future) -> None:
         await asyncio.sleep(0.25)
 
 
-async def _stream(ctx: Context, specs: list[GenerationSpec], fmt, metrics):
-    for text in fmt.stream_start():
-        yield text
-    queue: asyncio.Queue = asyncio.Queue()
+class _Pump:
+    """A request's relay running into a queue: its updates, then None, or an APIError."""
 
-    async def pump():
+    def __init__(self, ctx: Context, specs: list[GenerationSpec]):
+        self.queue: asyncio.Queue = asyncio.Queue()
+        self.task = asyncio.create_task(self._run(ctx, specs))
+
+    async def _run(self, ctx: Context, specs: list[GenerationSpec]) -> None:
         try:
             async for update in relay(specs, ctx.clients, ctx.tokenizer, ctx.replies):
-                await queue.put(update)
-            await queue.put(None)
+                await self.queue.put(update)
+            await self.queue.put(_ENDED)
         except APIError as exc:
-            await queue.put(exc)
+            await self.queue.put(exc)
         except Exception:  # the stream must end, not wait on keep-alives: ours, a 500
             log.exception("relaying a stream failed")
-            await queue.put(APIError(500, "internal error", type="server_error"))
+            await self.queue.put(APIError(500, "internal error", type="server_error"))
 
-    task = asyncio.create_task(pump())
+    async def next(self, timeout_s: float):
+        return await asyncio.wait_for(self.queue.get(), timeout_s)
+
+    def close(self) -> None:
+        self.task.cancel()
+
+
+_ENDED = object()  # the relay's last item
+
+
+async def _stream(ctx: Context, pump: _Pump, first, fmt, metrics):
+    """first: the relay's first item, taken before the headers went (None: none came yet)."""
+    for text in fmt.stream_start():
+        yield text
     choices = {}
     try:
         while True:
-            try:
-                item = await asyncio.wait_for(queue.get(), ctx.settings.keepalive_s)
-            except asyncio.TimeoutError:
-                yield R.SSE_KEEPALIVE  # a long prefill: keep proxies from closing the stream
-                continue
-            if item is None:
+            if first is not None:
+                item, first = first, None
+            else:
+                try:
+                    item = await pump.next(ctx.settings.keepalive_s)
+                except asyncio.TimeoutError:
+                    yield R.SSE_KEEPALIVE  # a long prefill: keep proxies from closing the stream
+                    continue
+            if item is _ENDED:
                 break
             if isinstance(item, APIError):
                 metrics.failed()
@@ -592,4 +632,4 @@ async def _stream(ctx: Context, specs: list[GenerationSpec], fmt, metrics):
         for text in await fmt.stream_end(ordered):
             yield text
     finally:
-        task.cancel()
+        pump.close()

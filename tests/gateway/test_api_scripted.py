@@ -439,3 +439,23 @@ def test_continuous_usage_stats_count_the_tokens_framed_so_far(tok):
             assert counts == sorted(counts) and counts[-2] == counts[-1] == len(ids) * body.get("n", 1), counts
     finally:
         gw.close()
+
+
+def test_a_stream_the_workers_refuse_at_once_gets_its_real_status(tok):
+    """The headers wait for the first update: a refusal before any token is a 429 (or 503, 400)
+    that clients retry on or show, on every streamed endpoint and in each API's shape, not a
+    200 and an error event; nothing stays running."""
+    gw = ScriptedGateway(lambda r: (grpc.StatusCode.RESOURCE_EXHAUSTED, "the decode worker is full"))
+    try:
+        chat = {"messages": [{"role": "user", "content": "hi"}]}
+        for path, body in (("/v1/chat/completions", chat), ("/v1/completions", {"prompt": [1, 2]}),
+                           ("/v1/responses", {"input": "hi"}), ("/v1/messages", {**chat, "max_tokens": 5})):
+            r = httpx.post(f"{gw.url}{path}", json={**body, "stream": True}, timeout=30)
+            assert r.status_code == 429, (path, r.text)
+            error = r.json()["error"]
+            assert error["type"] == "rate_limit_error" and "full" in error["message"]
+        with pytest.raises(openai.RateLimitError):
+            openai.OpenAI(base_url=f"{gw.url}/v1", api_key="x", max_retries=0).chat.completions.create(
+                model="m", stream=True, **chat)
+    finally:
+        gw.close()
