@@ -509,16 +509,14 @@ async def respond(ctx: Context, request: Request, specs: list[GenerationSpec], s
         # period's end, and its keep-alives hold proxies from there.
         pump = _Pump(ctx, specs)
         try:
-            first = await pump.next(ctx.settings.keepalive_s)
-        except asyncio.TimeoutError:
-            first = None
+            first = await _first_items(request, pump, ctx.settings.keepalive_s)
         except BaseException:
             pump.close()
             raise
-        if isinstance(first, APIError):
+        if first and isinstance(first[-1], APIError):
             pump.close()
             metrics.failed()
-            raise first
+            raise first[-1]
         return _ClosingStream(_stream(ctx, pump, first, fmt, metrics), on_close=pump.close,
                               media_type="text/event-stream", headers={"Cache-Control": "no-cache", **headers})
     task = asyncio.ensure_future(_collect(ctx, specs, metrics))
@@ -570,11 +568,32 @@ async def _cancel_on_disconnect(request: Request, task: asyncio.Future) -> None:
         if await request.is_disconnected():
             task.cancel()
             return
-        await asyncio.sleep(0.25)
+        await asyncio.sleep(DISCONNECT_POLL_S)
+
+
+async def _first_items(request: Request, pump: _Pump, wait_s: float) -> list:
+    """The relay's items up to its first token (a forced call's opening comes before any), an
+    error or its end, as many as come within wait_s; a client that leaves meanwhile is a 499
+    (the caller closes the relay)."""
+    items, deadline = [], time.monotonic() + wait_s
+    while (left := deadline - time.monotonic()) > 0:
+        try:
+            item = await pump.next(min(left, DISCONNECT_POLL_S))
+        except asyncio.TimeoutError:
+            if await request.is_disconnected():
+                raise APIError(499, "client closed the request", code="client_closed") from None
+            continue
+        items.append(item)
+        if item is _ENDED or isinstance(item, APIError) or item.tokens or item.done:
+            break
+    return items
+
+
+DISCONNECT_POLL_S = 0.25
 
 
 class _Pump:
-    """A request's relay running into a queue: its updates, then None, or an APIError."""
+    """A request's relay running into a queue: its updates, then _ENDED, or an APIError."""
 
     def __init__(self, ctx: Context, specs: list[GenerationSpec]):
         self.queue: asyncio.Queue = asyncio.Queue()
@@ -601,15 +620,15 @@ class _Pump:
 _ENDED = object()  # the relay's last item
 
 
-async def _stream(ctx: Context, pump: _Pump, first, fmt, metrics):
-    """first: the relay's first item, taken before the headers went (None: none came yet)."""
+async def _stream(ctx: Context, pump: _Pump, first: list, fmt, metrics):
+    """first: the relay's items taken before the headers went."""
     for text in fmt.stream_start():
         yield text
     choices = {}
     try:
         while True:
-            if first is not None:
-                item, first = first, None
+            if first:
+                item = first.pop(0)
             else:
                 try:
                     item = await pump.next(ctx.settings.keepalive_s)

@@ -45,6 +45,7 @@ _GRPC_TO_HTTP = {
     grpc.StatusCode.FAILED_PRECONDITION: (400, "invalid_request_error"),
     grpc.StatusCode.RESOURCE_EXHAUSTED: (429, "rate_limit_error"),
     grpc.StatusCode.UNAVAILABLE: (503, "service_unavailable"),
+    grpc.StatusCode.CANCELLED: (503, "service_unavailable"),  # (by the worker: shutting down)
     grpc.StatusCode.DEADLINE_EXCEEDED: (504, "timeout"),
 }
 

@@ -133,11 +133,11 @@ async def relay(specs: list[GenerationSpec], clients: DecodeClients, tokenizer: 
                     yield Update(choices[index], [], "", delta.to_openai() if delta else None, [], done=False)
         while open_choices:
             index, message, error = await queue.get()
-            if error is not None:
-                raise error
             choice = choices[index]
             if choice.finish_reason is not None:
-                continue
+                continue  # (a stream this relay cancelled at a stop string may end in an error)
+            if error is not None:
+                raise error
             update = _apply(choice, message)
             if update.done:
                 open_choices -= 1
@@ -183,8 +183,9 @@ async def _pump(index: int, call, queue: asyncio.Queue) -> None:
     except asyncio.CancelledError:
         raise
     except grpc.aio.AioRpcError as exc:
-        if exc.code() != grpc.StatusCode.CANCELLED:
-            await queue.put((index, None, from_grpc(exc)))
+        # CANCELLED too: a worker that ends a stream so (shutting down) must not leave the
+        # client waiting; where this relay cancelled it, the choice had finished (skipped)
+        await queue.put((index, None, from_grpc(exc)))
 
 
 async def _remember(replies: ReplyMemory, tokenizer: Tokenizer, choice: Choice) -> None:

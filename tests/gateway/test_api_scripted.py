@@ -457,5 +457,34 @@ def test_a_stream_the_workers_refuse_at_once_gets_its_real_status(tok):
         with pytest.raises(openai.RateLimitError):
             openai.OpenAI(base_url=f"{gw.url}/v1", api_key="x", max_retries=0).chat.completions.create(
                 model="m", stream=True, **chat)
+        # a forced tool call's opening goes out before any token: it does not start the stream
+        forced = {**chat, "tools": TOOLS, "tool_choice": "required", "stream": True}
+        assert httpx.post(f"{gw.url}/v1/chat/completions", json=forced, timeout=30).status_code == 429
+    finally:
+        gw.close()
+    # a worker that ends the stream as CANCELLED (shutting down): a 503, not a client left waiting
+    gw = ScriptedGateway(lambda r: (grpc.StatusCode.CANCELLED, "the worker is draining"))
+    try:
+        for stream in (True, False):
+            r = httpx.post(f"{gw.url}/v1/completions", json={"prompt": [1, 2], "stream": stream}, timeout=30)
+            assert r.status_code == 503 and "draining" in r.json()["error"]["message"]
+    finally:
+        gw.close()
+
+
+def test_a_client_leaving_before_the_first_token_stops_the_worker(tok):
+    """The headers wait for the first update: a client gone meanwhile (a long prefill) is
+    noticed there, and the worker's stream cancelled, not when the stream would have begun."""
+    ids = _ids(tok, ["late"])
+    settings = GatewaySettings(keepalive_s=30.0)
+    gw = ScriptedGateway(lambda r: ([[], ids], "stop"), delay_s=20.0, settings=settings)  # (first token at 20 s)
+    try:
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(f"{gw.url}/v1/completions", json={"prompt": [1, 2], "stream": True}, timeout=0.5)
+        for _ in range(60):
+            if gw.backend.cancelled:
+                break
+            time.sleep(0.1)
+        assert gw.backend.cancelled
     finally:
         gw.close()
