@@ -35,6 +35,7 @@ from .errors import APIError, invalid
 from .generation import DecodeClients, GenerationSpec, relay
 from .replies import ReplyMemory
 from .response_store import MemoryResponseStore
+from .responses_items import ChatForm
 from .router import NoWorkers, Router
 from .schema import (MAX_CHOICES, ChatCompletionRequest, ChatPrompt, CompletionRequest, DetokenizeRequest,
                      SamplingFields, TokenizeChat, TokenizeText)
@@ -290,6 +291,32 @@ async def chat_prompt(ctx: Context, req: ChatPrompt) -> tuple[list[int], Encoded
     return prompt + encode_segments(ctx.tokenizer, segments), encoded, spell(segments)
 
 
+async def converted_chat_prompt(ctx: Context, to_form: Callable[[], ChatForm],
+                                to_chat: Callable[[ChatForm], ChatPrompt],
+                                name: Callable[[str | None, ChatForm], str | None]):
+    """chat_prompt of a request another API's shape converts into chat messages (to_form) and
+    options (to_chat): what the chat side refuses is a 400 named as that request names the
+    field (name: a chat field's name, and the form whose sources say where each message came
+    from)."""
+    form = ChatForm()
+    try:
+        form = to_form()
+        return await chat_prompt(ctx, to_chat(form))
+    except ValidationError as exc:  # (a shape the chat request's own fields refuse)
+        raise invalid_from(exc) from None
+    except ChatEncodingError as exc:
+        raise invalid(exc.message, param=name(exc.param, form), code=exc.code) from None
+    except APIError as exc:
+        exc.param = name(exc.param, form)
+        raise
+
+
+def refuse_unsupported(refused: tuple[str, str] | None) -> None:
+    """A request model's `unsupported()`: (field, why) as a 400 naming the field."""
+    if refused is not None:
+        raise invalid(refused[1], param=refused[0])
+
+
 async def chat_completions(ctx: Context, request: Request):
     req = await read_body(request, ChatCompletionRequest, ctx.settings.max_body_bytes)
     prompt, encoded, forced_text = await chat_prompt(ctx, req)
@@ -501,7 +528,7 @@ async def respond(ctx: Context, request: Request, specs: list[GenerationSpec], s
     `fmt`'s form (_ChatFormat's framing methods: stream_start, stream_update, stream_failed,
     stream_end, reply)."""
     metrics = ctx.metrics.start(fmt.prompt_tokens, fmt.spec.n)
-    headers = {"X-Request-Id": fmt.spec.request_id}  # (app.echo_request_id puts a client's own id back)
+    headers = {"X-Request-Id": fmt.spec.request_id}  # (app._EchoRequestId puts a client's own id back)
     if stream:
         # The headers wait for the first update, up to a keep-alive period: a request the
         # workers refuse at once (overloaded, no worker) gets its real status, which clients
@@ -621,34 +648,32 @@ _ENDED = object()  # the relay's last item
 
 
 async def _stream(ctx: Context, pump: _Pump, first: list, fmt, metrics):
-    """first: the relay's items taken before the headers went."""
+    """first: the relay's items taken before the headers went. (The response closes the relay:
+    _ClosingStream's on_close.)"""
     for text in fmt.stream_start():
         yield text
     choices = {}
-    try:
-        while True:
-            if first:
-                item = first.pop(0)
-            else:
-                try:
-                    item = await pump.next(ctx.settings.keepalive_s)
-                except asyncio.TimeoutError:
-                    yield R.SSE_KEEPALIVE  # a long prefill: keep proxies from closing the stream
-                    continue
-            if item is _ENDED:
-                break
-            if isinstance(item, APIError):
-                metrics.failed()
-                for text in fmt.stream_failed(item):
-                    yield text
-                return
-            metrics.tokens(item)
-            choices[item.choice.index] = item.choice
-            for text in fmt.stream_update(item):
+    while True:
+        if first:
+            item = first.pop(0)
+        else:
+            try:
+                item = await pump.next(ctx.settings.keepalive_s)
+            except asyncio.TimeoutError:
+                yield R.SSE_KEEPALIVE  # a long prefill: keep proxies from closing the stream
+                continue
+        if item is _ENDED:
+            break
+        if isinstance(item, APIError):
+            metrics.failed()
+            for text in fmt.stream_failed(item):
                 yield text
-        ordered = [choices[i] for i in sorted(choices)]
-        metrics.finished(ordered)
-        for text in await fmt.stream_end(ordered):
+            return
+        metrics.tokens(item)
+        choices[item.choice.index] = item.choice
+        for text in fmt.stream_update(item):
             yield text
-    finally:
-        pump.close()
+    ordered = [choices[i] for i in sorted(choices)]
+    metrics.finished(ordered)
+    for text in await fmt.stream_end(ordered):
+        yield text

@@ -14,14 +14,12 @@ import time
 from typing import Any
 
 from fastapi import Request
-from pydantic import ValidationError
 
 from . import responses as R
-from .chat_errors import ChatEncodingError
 from .delta_blocks import DeltaBlocks, Step
-from .endpoints import (Context, budget, chat_prompt, invalid_from, read_body, request_id_of, respond, route,
-                        sampling_proto)
-from .errors import APIError, invalid
+from .endpoints import (Context, budget, converted_chat_prompt, read_body, refuse_unsupported, request_id_of, respond,
+                        route, sampling_proto)
+from .errors import APIError
 from .generation import GenerationSpec
 from .messages_items import (chat_messages, chat_tool_choice, chat_tools, text_block, thinking_block, thinking_effort,
                              tool_use_block)
@@ -31,9 +29,7 @@ from .schema import ChatPrompt, CountTokensRequest, MessagesRequest
 
 async def create(ctx: Context, request: Request):
     req = await read_body(request, MessagesRequest, ctx.settings.max_body_bytes)
-    refused = req.unsupported()
-    if refused is not None:
-        raise invalid(refused[1], param=refused[0])
+    refuse_unsupported(req.unsupported())
     prompt, encoded, forced_text = await _prompt(ctx, req)
     max_tokens = budget(ctx, len(prompt), req.max_tokens, "max_tokens")
     parallel = not (req.tool_choice or {}).get("disable_parallel_tool_use", False)
@@ -54,31 +50,20 @@ async def count_tokens(ctx: Context, request: Request) -> dict:
 
 
 async def _prompt(ctx: Context, req: MessagesRequest | CountTokensRequest):
-    form = ChatForm()
-    try:
-        form = chat_messages(req.system, req.messages)
+    def to_chat(form: ChatForm) -> ChatPrompt:
         output = req.output_config or {}
         thinking, effort = thinking_effort(req.thinking, output.get("effort"))
-        chat = ChatPrompt(messages=form.messages, tools=chat_tools(req.tools),
+        return ChatPrompt(messages=form.messages, tools=chat_tools(req.tools),
                           tool_choice=chat_tool_choice(req.tool_choice),
                           response_format=chat_response_format(output.get("format")),
                           thinking={"type": "enabled" if thinking else "disabled"}, reasoning_effort=effort)
-        return await chat_prompt(ctx, chat)
-    except ValidationError as exc:  # (a shape the chat request's own fields refuse)
-        raise invalid_from(exc) from None
-    except ChatEncodingError as exc:
-        raise invalid(exc.message, param=_param(exc.param, form), code=exc.code) from None
-    except APIError as exc:
-        exc.param = _param(exc.param, form)
-        raise
+
+    return await converted_chat_prompt(ctx, lambda: chat_messages(req.system, req.messages), to_chat, _param)
 
 
 def _param(param: str | None, form: ChatForm) -> str | None:
     """A chat message's name as this request names it: the block or message it came from."""
-    if param and param.startswith("messages["):
-        j = int(param[len("messages["):param.index("]")])
-        return form.sources[j] if j < len(form.sources) else "messages"
-    return param
+    return (form.source(param, "messages") or param) if param else param
 
 
 STOP_REASONS = {"length": "max_tokens", "tool_calls": "tool_use"}

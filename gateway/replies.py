@@ -62,7 +62,7 @@ class ReplyMemory:
         within milliseconds, on another replica."""
         key = self.remember(text, ids)
         if key is not None and self.shared is not None:
-            await self.shared.put(key, tuple(ids))
+            await self.shared.put(key, ids)
 
     def _keep(self, key: bytes, ids: tuple[int, ...]) -> None:
         with self._lock:
@@ -127,7 +127,7 @@ class SharedReplies:
                         what, type(exc).__name__, exc, SHARED_BACKOFF_S)
         self._off_until = time.monotonic() + SHARED_BACKOFF_S
 
-    async def put(self, key: bytes, ids: tuple[int, ...]) -> None:
+    async def put(self, key: bytes, ids) -> None:
         if not self._available():
             return
         data = array.array("I", ids).tobytes()

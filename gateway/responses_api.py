@@ -16,12 +16,10 @@ import time
 from typing import Any
 
 from fastapi import Request
-from pydantic import ValidationError
 
 from . import responses as R
-from .chat_errors import ChatEncodingError
-from .endpoints import (Context, budget, chat_prompt, conversation_of, invalid_from, read_body, request_id_of,
-                        respond, route, sampling_proto)
+from .endpoints import (Context, budget, conversation_of, converted_chat_prompt, read_body, refuse_unsupported,
+                        request_id_of, respond, route, sampling_proto)
 from .errors import APIError, invalid
 from .generation import GenerationSpec
 from .response_store import StoredResponse, StoreUnavailable
@@ -38,30 +36,23 @@ HISTORY_READ_S = 10.0  # a chain read one record a turn: a slow store gets a 503
 
 async def create(ctx: Context, request: Request):
     req = await read_body(request, ResponsesRequest, ctx.settings.max_body_bytes)
-    refused = req.unsupported()
-    if refused is not None:
-        raise invalid(refused[1], param=refused[0])
+    refuse_unsupported(req.unsupported())
     earlier, conversation = await _history(ctx, req.previous_response_id)
     items = input_items(req.input)
     _check_unique_ids(items)
     named = [(f"input[{i}]" if isinstance(req.input, list) else "input", item) for i, item in enumerate(items)]
-    form = ChatForm()
-    try:
-        form = chat_messages(earlier + named, req.instructions)
-        text_format = req.text.format.model_dump() if req.text and req.text.format else None
-        chat = ChatPrompt(messages=form.messages, tools=chat_tools(req.tools),
+    text_format = req.text.format.model_dump() if req.text and req.text.format else None
+
+    def to_chat(form: ChatForm) -> ChatPrompt:
+        return ChatPrompt(messages=form.messages, tools=chat_tools(req.tools),
                           tool_choice=chat_tool_choice(req.tool_choice),
                           response_format=chat_response_format(text_format), thinking=req.thinking,
                           reasoning_effort=chat_effort(req.reasoning.effort if req.reasoning else None),
                           parallel_tool_calls=req.parallel_tool_calls)
-        prompt, encoded, forced_text = await chat_prompt(ctx, chat)
-    except ValidationError as exc:  # (a shape the chat request's own fields refuse)
-        raise invalid_from(exc) from None
-    except ChatEncodingError as exc:
-        raise invalid(exc.message, param=_param(exc.param, form, req.tools), code=exc.code) from None
-    except APIError as exc:
-        exc.param = _param(exc.param, form, req.tools)
-        raise
+
+    prompt, encoded, forced_text = await converted_chat_prompt(
+        ctx, lambda: chat_messages(earlier + named, req.instructions), to_chat,
+        lambda param, form: _param(param, form, req.tools))
     max_tokens = budget(ctx, len(prompt), req.limit, "max_output_tokens")
     spec = GenerationSpec(
         request_id=request_id_of(request, "resp"), prompt=prompt,
@@ -253,7 +244,6 @@ async def _store_call(op):
         raise APIError(503, str(exc), type="service_unavailable", code="response_store_unavailable") from None
 
 
-_MESSAGE_PARAM = re.compile(r"messages\[(\d+)\]")
 _TOOL_PARAM = re.compile(r"tools\[(\d+)\]\.function")
 
 
@@ -262,10 +252,9 @@ def _param(param: str | None, form: ChatForm, tools: list | None) -> str | None:
     a flat tool without chat's `function` level, response_format as text.format."""
     if param is None:
         return None
-    message = _MESSAGE_PARAM.match(param)
-    if message:
-        j = int(message.group(1))
-        return form.sources[j] if j < len(form.sources) else "input"
+    source = form.source(param, "input")
+    if source is not None:
+        return source
     tool = _TOOL_PARAM.match(param)
     if tool and tools and int(tool.group(1)) < len(tools) and "function" not in tools[int(tool.group(1))]:
         return f"tools[{tool.group(1)}]" + param[tool.end():]

@@ -41,6 +41,14 @@ class ChatForm:
         self.sources.append(source)
         self._assistant = None
 
+    def source(self, param: str, otherwise: str) -> str | None:
+        """For a chat field naming message j ("messages[3]..."), where message j came from
+        (otherwise, where none is known); None for any other field."""
+        if not param.startswith("messages["):
+            return None
+        j = int(param[len("messages["):param.index("]")])
+        return self.sources[j] if j < len(self.sources) else otherwise
+
     def assistant(self, source: str) -> dict[str, Any]:
         if self._assistant is None:
             self.add({"role": "assistant", "content": "", "reasoning_content": "", "tool_calls": []}, source)

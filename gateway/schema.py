@@ -100,6 +100,14 @@ class SamplingFields(BaseModel):
             raise ValueError("token ids are non-negative 32-bit integers")
         return value
 
+    def one_reply_only(self, api: str, reply: str) -> tuple[str, str] | None:
+        """(field, why) for what an API answering with one reply and no prompt scores refuses."""
+        if self.n != 1:
+            return "n", f"n is not part of {api}: send one request {reply}"
+        if self.prompt_logprobs is not None:
+            return "prompt_logprobs", "prompt_logprobs is not served here: use /v1/completions"
+        return None
+
     def stop_list(self) -> list[str]:
         if self.stop is None:
             return []
@@ -308,11 +316,7 @@ class ResponsesRequest(SamplingFields):
                 return name, f"{name} is not supported: {why}"
         if self.truncation == "auto":
             return "truncation", "truncation 'auto' is not supported: a prompt past the context gets a 400"
-        if self.n != 1:
-            return "n", "n is not part of the Responses API: send one request a response"
-        if self.prompt_logprobs is not None:
-            return "prompt_logprobs", "prompt_logprobs is not served here: use /v1/completions"
-        return None
+        return self.one_reply_only("the Responses API", "a response")
 
     @property
     def limit(self) -> int | None:
@@ -329,19 +333,27 @@ class ResponsesRequest(SamplingFields):
         return "reasoning.encrypted_content" in (self.include or [])
 
 
-class MessagesRequest(SamplingFields):
+class MessagesPrompt(BaseModel):
+    """What renders an Anthropic Messages request into its prompt: a request's, or
+    count_tokens'."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    messages: list[dict[str, Any]] = Field(min_length=1)
+    system: str | list[dict[str, Any]] | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: dict[str, Any] | None = None
+    thinking: dict[str, Any] | None = None
+    output_config: dict[str, Any] | None = None  # its effort (thinking's) and format (a JSON schema)
+
+
+class MessagesRequest(SamplingFields, MessagesPrompt):
     """POST /v1/messages (Anthropic's Messages API): `system`, `messages` of content blocks
     (text, tool_use, tool_result, thinking), tools with an `input_schema`, `tool_choice`,
     `thinking`, `stop_sequences`; `max_tokens` is required, as Anthropic's API has it."""
 
     max_tokens: int = Field(ge=1, le=MAX_CONTEXT_TOKENS)
-    messages: list[dict[str, Any]] = Field(min_length=1)
-    system: str | list[dict[str, Any]] | None = None
     stop_sequences: list[str] | None = None
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: dict[str, Any] | None = None
-    thinking: dict[str, Any] | None = None
-    output_config: dict[str, Any] | None = None  # its effort (thinking's) and format (a JSON schema)
     metadata: dict[str, Any] | None = None
 
     @field_validator("stop_sequences")
@@ -356,20 +368,9 @@ class MessagesRequest(SamplingFields):
         return self
 
     def unsupported(self) -> tuple[str, str] | None:
-        if self.n != 1:
-            return "n", "n is not part of the Messages API: send one request a reply"
-        if self.prompt_logprobs is not None:
-            return "prompt_logprobs", "prompt_logprobs is not served here: use /v1/completions"
-        return None
+        return self.one_reply_only("the Messages API", "a reply")
 
 
-class CountTokensRequest(BaseModel):
+class CountTokensRequest(MessagesPrompt):
     """POST /v1/messages/count_tokens: what a Messages request's prompt would take."""
-    model_config = ConfigDict(extra="ignore")
     model: str | None = None
-    messages: list[dict[str, Any]] = Field(min_length=1)
-    system: str | list[dict[str, Any]] | None = None
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: dict[str, Any] | None = None
-    thinking: dict[str, Any] | None = None
-    output_config: dict[str, Any] | None = None

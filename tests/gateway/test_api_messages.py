@@ -15,7 +15,7 @@ import pytest
 from dsflash.gateway import special_tokens as st
 from dsflash.gateway.endpoints import GatewaySettings
 from tests.support.gateway_harness import ScriptedGateway
-from tests.support.scripted_replies import chunked, reply_ids, sdk_valid, text_ids, typed_events, without_ids
+from tests.support.scripted_replies import chunked, reply_ids, says, sdk_valid, text_ids, typed_events, without_ids
 
 TOOL = {"name": "get_weather", "description": "weather",
         "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}}}
@@ -101,7 +101,7 @@ def test_a_tool_loop_renders_as_the_chat_completion_would(tok):
 
 
 def test_thinking_is_off_unless_asked_and_its_budget_picks_the_effort(tok):
-    gw = ScriptedGateway(lambda r: ([text_ids(tok, "ok"), [st.EOS.id]], "stop"))
+    gw = ScriptedGateway(says(tok, "ok"))
     try:
         client = _client(gw)
 
@@ -212,8 +212,9 @@ def test_what_anthropics_clients_also_send(tok):
             prompt(True, messages=USER, reasoning_effort="low")
         schema = {"type": "object", "properties": {"a": {"type": "string"}}}
         output = {"format": {"type": "json_schema", "schema": schema}}
-        assert prompt(messages=USER, extra_body={"output_config": output}) == prompt(True, messages=USER, thinking={"type": "disabled"},
-                      response_format={"type": "json_schema", "json_schema": {"schema": schema}})
+        assert prompt(messages=USER, extra_body={"output_config": output}) == prompt(
+            True, messages=USER, thinking={"type": "disabled"},
+            response_format={"type": "json_schema", "json_schema": {"schema": schema}})
         assert prompt(messages=USER, tools=[{**TOOL, "type": None}]) == prompt(messages=USER, tools=[TOOL])
         hidden = client.messages.create(model="m", max_tokens=50, messages=USER,
                                         thinking={"type": "enabled", "budget_tokens": 2000, "display": "omitted"})

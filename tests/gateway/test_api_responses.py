@@ -19,7 +19,7 @@ from dsflash.gateway.responses_items import chat_messages
 from dsflash.gateway.responses_stream import OutputEvents
 from dsflash.gateway.segments import SegmentBuilder, spell
 from tests.support.gateway_harness import ScriptedGateway
-from tests.support.scripted_replies import chunked, reply_ids, sdk_valid, text_ids, typed_events, without_ids
+from tests.support.scripted_replies import chunked, reply_ids, says, sdk_valid, text_ids, typed_events, without_ids
 
 TOOL = {"type": "function", "name": "get_weather", "description": "weather",
         "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}
@@ -121,7 +121,7 @@ def test_a_tool_call_continued_renders_as_the_chat_completion_would(tok):
 
 
 def test_the_next_turn_goes_to_the_conversation_that_holds_the_cache(tok):
-    gw = ScriptedGateway(lambda r: ([text_ids(tok, "ok"), [st.EOS.id]], "stop"))
+    gw = ScriptedGateway(says(tok, "ok"))
     try:
         client = _client(gw)
         first = client.responses.create(model="m", input="one", extra_body={"thinking": {"type": "disabled"}})
@@ -145,7 +145,7 @@ def test_the_next_turn_goes_to_the_conversation_that_holds_the_cache(tok):
 
 
 def test_stored_responses_are_read_listed_and_deleted(tok):
-    gw = ScriptedGateway(lambda r: ([text_ids(tok, "ok"), [st.EOS.id]], "stop"))
+    gw = ScriptedGateway(says(tok, "ok"))
     try:
         client = _client(gw)
         first = client.responses.create(model="m", input=[{"role": "user", "content": "one"},
@@ -258,7 +258,7 @@ def test_two_gateways_share_stored_responses_through_redis(tok, redis_server):
     """A turn may reach another gateway replica: with Redis it continues the first one's
     response. A Redis that stops answering gives a 503 naming the store, never a hang, and a
     reply that could not be stored still reaches the client."""
-    gateways = [ScriptedGateway(lambda r: ([text_ids(tok, "ok"), [st.EOS.id]], "stop")) for _ in range(2)]
+    gateways = [ScriptedGateway(says(tok, "ok")) for _ in range(2)]
     for gw in gateways:
         gw.ctx.responses = RedisResponseStore.from_url(redis_server.url)
     try:

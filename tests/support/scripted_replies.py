@@ -32,6 +32,12 @@ def reply_ids(tok, reasoning: str, text: str = "", calls=()) -> list[int]:
     return out + [st.EOS.id]
 
 
+def says(tok, text: str):
+    """A scripted worker's script: every request answered with `text`, then EOS."""
+    reply = [text_ids(tok, text), [st.EOS.id]]
+    return lambda request: (reply, "stop")
+
+
 def without_ids(items: list[dict]) -> list[dict]:
     return [{k: v for k, v in item.items() if k != "id"} for item in items]
 
